@@ -1,0 +1,103 @@
+"""Pipeline overhead: images/s of the whole pipeline (images already decoded) / images/s of the core
+forward alone, at one batch size, per backend. Rounds alternate the two in one process, because
+timings of small models drift between processes; the reported ratio is the median over rounds.
+
+    python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from harness.data.coco import CocoDataset
+from harness.measure.device import parse_device
+from harness.models.registry import get_detector
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.preprocess import decode_image, preprocess_batch
+from harness.pipeline.stage_timer import StageTimer
+
+
+def _images_per_s(fn, batch_size: int, iterations: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iterations):
+        fn()
+    return batch_size * iterations / (time.perf_counter() - start)
+
+
+def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str) -> dict:
+    device = parse_device(device_spec)
+    detector = get_detector(model)
+    spec = detector.preprocess
+    core = detector.load_core(backend, device, "fp32", spec.input_size, threads=torch.get_num_threads())
+    d = detector.defaults
+    pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det))
+    dataset = CocoDataset()
+    records = dataset.records(dataset.variant("sample"))[:batch_size]
+    images = [decode_image(r.path) for r in records]
+    batch, _ = preprocess_batch(images, spec)
+    if pipeline.input_device is not None:
+        batch = batch.to(pipeline.input_device)
+    timer = StageTimer(device)
+
+    def forward_only():
+        core(batch)
+        device.synchronize()
+
+    def whole_pipeline():
+        pipeline.run_batch(records, timer, images=images)
+
+    for _ in range(3):  # warm-up both paths
+        forward_only()
+        whole_pipeline()
+    forward_ips, pipeline_ips, ratios = [], [], []
+    for _ in range(rounds):
+        f = _images_per_s(forward_only, batch_size, iterations)
+        p = _images_per_s(whole_pipeline, batch_size, iterations)
+        forward_ips.append(f)
+        pipeline_ips.append(p)
+        ratios.append(p / f)
+    return {
+        "model": model, "backend": backend, "batch_size": batch_size, "device": str(device),
+        "forward_images_per_s": round(statistics.median(forward_ips), 2),
+        "pipeline_images_per_s": round(statistics.median(pipeline_ips), 2),
+        "ratio_median": round(statistics.median(ratios), 4),
+        "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4), "rounds": rounds,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="yolox-nano")
+    parser.add_argument("--backend", action="append", help="repeatable; default: all the model's backends")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--target", type=float, default=0.90)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    backends = args.backend or list(get_detector(args.model).backends)
+    results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device) for b in backends]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"pipeline overhead, batch {args.batch_size} (target ratio >= {args.target})")
+        for col in ("backend", "forward img/s", "pipeline img/s", "ratio (median)", "ratio range"):
+            table.add_column(col, justify="right")
+        for r in results:
+            table.add_row(r["backend"], f"{r['forward_images_per_s']:.1f}", f"{r['pipeline_images_per_s']:.1f}",
+                          f"{r['ratio_median']:.3f}", f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f}")
+        Console().print(table)
+    return 0 if all(r["ratio_median"] >= args.target for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""COCO val2017 on disk: discovery, annotations (pycocotools), and variant resolution."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from pycocotools.coco import COCO
+
+from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
+from harness.errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV_COCO_DIR = "VA_BENCH_COCO"
+# Searched in this order after --coco-dir and $VA_BENCH_COCO.
+DEFAULT_COCO_DIRS = (REPO_ROOT / "datasets" / "coco", REPO_ROOT.parent / "shared" / "assets" / "coco")
+# The official full file first; a subset file holds the official records of the images present.
+ANNOTATION_FILES = ("instances_val2017.json", "instances_val2017_subset.json")
+HOW_TO_GET_COCO = (
+    "get COCO val2017 (images + annotations, see datasets/README.md) and pass --coco-dir or set "
+    f"${ENV_COCO_DIR}"
+)
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One image of the dataset, as the pipeline needs it."""
+
+    image_id: int
+    path: Path
+    width: int
+    height: int
+
+
+def find_coco_dir(coco_dir: str | Path | None = None) -> Path:
+    """The COCO root: --coco-dir, then $VA_BENCH_COCO, then datasets/coco, then ../shared/assets/coco."""
+    if coco_dir is not None:
+        candidates = [Path(coco_dir)]
+    elif os.environ.get(ENV_COCO_DIR):
+        candidates = [Path(os.environ[ENV_COCO_DIR])]
+    else:
+        candidates = list(DEFAULT_COCO_DIRS)
+    for candidate in candidates:
+        if _annotation_file(candidate) is not None:
+            return candidate.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise UsageError(f"no COCO val2017 annotations found (looked in {tried}); {HOW_TO_GET_COCO}")
+
+
+def _annotation_file(root: Path) -> Path | None:
+    for name in ANNOTATION_FILES:
+        path = root / "annotations" / name
+        if path.is_file():
+            return path
+    return None
+
+
+class CocoDataset:
+    """COCO val2017 rooted at `root` (annotations/ + val2017/)."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = find_coco_dir(root)
+        self.annotation_file = _annotation_file(self.root)
+        self.image_dir = self.root / "val2017"
+
+    @cached_property
+    def coco(self) -> COCO:
+        # pycocotools prints progress unconditionally; keep the CLI output clean.
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                return COCO(str(self.annotation_file))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise UsageError(
+                    f"{self.annotation_file} is not a COCO instances file ({exc}); {HOW_TO_GET_COCO}"
+                ) from exc
+
+    def record(self, image_id: int) -> ImageRecord:
+        info = self.coco.imgs[image_id]
+        return ImageRecord(image_id, self.image_dir / info["file_name"], info["width"], info["height"])
+
+    def records(self, variant: DatasetVariant) -> list[ImageRecord]:
+        return [self.record(i) for i in variant.image_ids]
+
+    def _present(self, image_ids) -> tuple[list[int], int, int]:
+        """Split ids into present ones and counts of (not annotated, file missing)."""
+        present, not_annotated, no_file = [], 0, 0
+        for image_id in image_ids:
+            info = self.coco.imgs.get(image_id)
+            if info is None:
+                not_annotated += 1
+            elif not (self.image_dir / info["file_name"]).is_file():
+                no_file += 1
+            else:
+                present.append(image_id)
+        return present, not_annotated, no_file
+
+    def variant(self, name: str, limit: int | None = None) -> DatasetVariant:
+        """Resolve a variant; every image it names must be present, or this is a UsageError.
+
+        `limit` keeps the first N sorted ids of the variant and labels the result `subsetN`.
+        """
+        if limit is not None and limit < 1:
+            raise UsageError(f"--limit must be a positive number of images, got {limit}")
+        if name == "full":
+            wanted = sorted(self.coco.imgs) if len(self.coco.imgs) >= VAL2017_NUM_IMAGES else None
+            expected = VAL2017_NUM_IMAGES
+        elif name == "mini500":
+            wanted, expected = list(mini500_ids()), 500
+        elif name == "sample":
+            wanted = sorted(self.coco.imgs)
+            expected = len(wanted)
+        else:
+            raise UsageError(f"unknown dataset variant {name!r}; use one of full, mini500, sample (+ --limit N)")
+        if wanted is None:  # the annotation file cannot describe full val2017
+            raise UsageError(
+                f"dataset variant 'full' needs all {expected} val2017 images, but {self.annotation_file} "
+                f"describes only {len(self.coco.imgs)}; {HOW_TO_GET_COCO}, or use --subset sample"
+            )
+        if limit is not None:
+            wanted = wanted[:limit]
+        present, not_annotated, no_file = self._present(wanted)
+        missing = len(wanted) - len(present)
+        if missing:
+            label = name if limit is None else f"the first {len(wanted)} images of {name}"
+            raise UsageError(
+                f"dataset variant {label!r} needs {len(wanted)} images but {missing} are missing under "
+                f"{self.root} ({not_annotated} not in {self.annotation_file.name}, {no_file} image files "
+                f"absent); {HOW_TO_GET_COCO}, or use --subset sample / --limit N"
+            )
+        if not present:
+            raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file}")
+        final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
+        return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)

@@ -1,0 +1,53 @@
+"""Hardware catalogue (configs/hardware.yaml): ids, name patterns, metadata; id derivation."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+CATALOGUE = Path(__file__).resolve().parents[1] / "configs" / "hardware.yaml"
+
+
+@cache
+def catalogue(path: Path = CATALOGUE) -> tuple[dict, ...]:
+    """The hardware entries (safe YAML)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return tuple(data.get("hardware", []))
+
+
+def slugify(text: str) -> str:
+    """'NVIDIA GeForce RTX 5070 Ti' -> 'nvidia_geforce_rtx_5070_ti' (also strips (R)/(TM) marks)."""
+    text = re.sub(r"\((r|tm|c)\)", "", text, flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def derive_hardware_id(gpu: str | None, cpu: str | None) -> str:
+    """A hardware id from device names: a catalogue match (GPU first), else a slug of the name.
+
+    A GPU of "Orin (nvgpu)" becomes jetson_orin; a machine without a GPU gets cpu_<cpu slug>.
+    """
+    gpu = (gpu or "").strip()
+    if gpu.lower() in {"", "none", "n/a", "unknown", "cpu"}:
+        gpu = ""
+    cpu = (cpu or "").strip()
+    for name in (gpu, cpu):
+        if not name:
+            continue
+        for entry in catalogue():
+            if any(p.lower() in name.lower() for p in entry.get("match", [])):
+                return entry["id"]
+    if gpu:
+        return slugify(gpu)
+    if cpu and cpu.lower() != "unknown":
+        return "cpu_" + slugify(cpu)
+    return "unknown"
+
+
+def hardware_metadata(hardware_id: str) -> dict | None:
+    for entry in catalogue():
+        if entry["id"] == hardware_id:
+            return {k: v for k, v in entry.items() if k != "match"}
+    return None

@@ -1,0 +1,156 @@
+"""The environment of a run: hardware, software versions, threads, TF32, allocator, harness commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import psutil
+import torch
+
+from harness import __version__
+from harness.hardware import derive_hardware_id
+from harness.measure.device import Device
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
+            "pycocotools", "faster-coco-eval", "scipy")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo on Linux, platform otherwise)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_governor() -> str | None:
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    except OSError:
+        return None
+
+
+def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
+    """(commit, dirty) of the harness checkout; ("unknown", None) outside a git checkout."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return "unknown", None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, (None if status is None else bool(status))
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not-installed"
+    return out
+
+
+def allocator() -> dict[str, str | None]:
+    """Which malloc the process runs with: glibc tunables and/or a preloaded tcmalloc/jemalloc."""
+    preload = os.environ.get("LD_PRELOAD")
+    tunables = os.environ.get("GLIBC_TUNABLES")
+    if preload and re.search(r"tcmalloc|jemalloc", preload):
+        kind = "tcmalloc" if "tcmalloc" in preload else "jemalloc"
+    elif tunables and "malloc" in tunables:
+        kind = "glibc (tuned)"
+    else:
+        kind = "glibc (default)"
+    return {"allocator": kind, "GLIBC_TUNABLES": tunables, "LD_PRELOAD": preload}
+
+
+def apply_tf32(mode: str) -> None:
+    """Pin TF32 for CUDA matmul/cuDNN: 'on', 'off', or 'default' (leave torch's defaults)."""
+    if mode == "default":
+        return
+    enabled = mode == "on"
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def tf32_state(mode: str) -> dict:
+    return {
+        "mode": mode,
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+    }
+
+
+def hardware_block(device: Device, hardware_id: str | None) -> dict:
+    """The site's hardware block: id, gpu, cpu, ram_gb (+ gpu memory, driver, CUDA)."""
+    cpu = cpu_model()
+    gpu_name, gpu_mem, driver, cuda = "none", 0.0, "N/A", "N/A"
+    if device.is_cuda:
+        props = torch.cuda.get_device_properties(device.index)
+        gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 1)
+        cuda = torch.version.cuda or "N/A"
+        driver = _nvidia_driver() or "unknown"
+    return {
+        "id": hardware_id or derive_hardware_id(gpu_name if device.is_cuda else None, cpu),
+        "id_source": "--hardware-id" if hardware_id else "derived",
+        "gpu": gpu_name,
+        "gpu_memory_gb": gpu_mem,
+        "driver_version": driver,
+        "cuda_version": cuda,
+        "cpu": cpu,
+        "cpu_cores": psutil.cpu_count(logical=False) or os.cpu_count(),
+        "cpu_threads": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+    }
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no NVML: the driver version is simply not known
+        return None
+
+
+def collect_environment(device: Device, tf32_mode: str, argv: list[str], threads: int) -> dict:
+    """Everything that could make two runs differ, recorded once per run."""
+    commit, dirty = git_state()
+    return {
+        "harness_version": __version__,
+        "harness_commit": commit,
+        "harness_dirty": dirty,
+        "argv": list(argv),
+        "command": "va-bench " + shlex.join(argv),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "software": package_versions(),
+        "cuda": {"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()
+                 if torch.backends.cudnn.is_available() else None},
+        "threads": {"torch_intra_op": threads, "torch_inter_op": torch.get_num_interop_threads(),
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+        "tf32": tf32_state(tf32_mode),
+        "memory_allocator": allocator(),
+        "cpu_governor": cpu_governor(),
+        "device": str(device),
+    }

@@ -1,0 +1,152 @@
+"""YOLOX family: official ONNX exports, run by ONNX Runtime or (via onnx2torch) by PyTorch.
+
+Raw output [B, N, 85] per anchor point at strides 8/16/32: (dx, dy, log w, log h) in grid units,
+objectness and 80 class probabilities (already sigmoid). Input: BGR, 0-255, no normalisation,
+aspect-preserving resize with top-left padding of value 114 (YOLOX's ValTransform, legacy=False).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+
+import onnx
+import torch
+
+from harness.data.categories import COCO80_TO_91
+from harness.errors import UsageError
+from harness.measure.device import Device
+from harness.models.backends import (
+    OnnxRuntimeCore,
+    TorchCore,
+    count_flops,
+    make_batch_dynamic,
+    onnx_param_count,
+    onnx_to_torch,
+)
+from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
+from harness.models.weights import file_sha256, weights_dir
+
+# variant -> native input size (the official release's export size)
+VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}
+RELEASE_URL = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/yolox_{variant}.onnx"
+STRIDES = (8, 16, 32)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OFFLINE_DIR = REPO_ROOT.parent / "shared" / "assets" / "onnx"
+
+
+def weight_candidates(variant: str) -> list[Path]:
+    """Where yolox-<variant> weights are looked for, in order."""
+    filename = f"yolox_{variant}.onnx"
+    candidates = []
+    env = os.environ.get(f"VA_BENCH_YOLOX_{variant.upper()}")
+    if env:
+        candidates.append(Path(env))
+    candidates += [weights_dir() / filename, OFFLINE_DIR / filename]
+    return candidates
+
+
+class YoloxDetector:
+    """A YOLOX model from an ONNX file."""
+
+    family = "yolox"
+    backends = ("onnxruntime", "pytorch")
+    class_map = COCO80_TO_91
+    defaults = ProtocolDefaults(conf=0.001, iou=0.6, max_det=300)
+
+    def __init__(self, variant: str, weights: str | Path | None = None):
+        if variant not in VARIANTS:
+            raise UsageError(f"unknown YOLOX variant {variant!r}; known: {', '.join(VARIANTS)}")
+        self.variant = variant
+        self.model_id = f"yolox-{variant}"
+        self.path = self._resolve(weights)
+        self.weights = WeightsInfo(
+            file=self.path.name,
+            sha256=file_sha256(self.path),
+            source="--weights" if weights else "official YOLOX release (ONNX export)",
+        )
+        size = self._native_input_size()
+        self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
+                                         pad_value=114, channel_order="BGR", scale=1.0)
+        self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _resolve(self, weights: str | Path | None) -> Path:
+        if weights is not None:
+            path = Path(weights)
+            if not path.is_file():
+                raise UsageError(f"--weights {path}: no such file")
+            return path
+        for candidate in weight_candidates(self.variant):
+            if candidate.is_file():
+                return candidate
+        raise UsageError(
+            f"weights for {self.model_id} not found (looked in "
+            f"{', '.join(str(c) for c in weight_candidates(self.variant))}); run "
+            f"`va-bench models fetch {self.model_id}` or pass --weights PATH"
+        )
+
+    @cached_property
+    def onnx_model(self) -> onnx.ModelProto:
+        try:
+            model = onnx.load(str(self.path))
+        except Exception as exc:  # onnx raises DecodeError and friends
+            raise UsageError(f"{self.path} is not a readable ONNX model ({exc})") from exc
+        outputs = model.graph.output
+        if len(outputs) != 1 or outputs[0].type.tensor_type.shape.dim[-1].dim_value != 85:
+            raise UsageError(f"{self.path} does not look like a COCO YOLOX export (want one output [B,N,85])")
+        return make_batch_dynamic(model)
+
+    def _native_input_size(self) -> tuple[int, int]:
+        dims = onnx.load(str(self.path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        h, w = dims[2].dim_value, dims[3].dim_value
+        return (h, w) if h and w else (VARIANTS[self.variant],) * 2
+
+    def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
+                  threads: int | None = None):
+        if backend == "onnxruntime":
+            return OnnxRuntimeCore(self.onnx_model, device, threads, precision)
+        if backend == "pytorch":
+            return TorchCore(onnx_to_torch(self.onnx_model), device, precision)
+        raise UsageError(f"{self.model_id} has no backend {backend!r}; use one of {', '.join(self.backends)}")
+
+    def _grid(self, input_size: tuple[int, int], device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (input_size, str(device), dtype)
+        if key not in self._grids:
+            grids, strides = [], []
+            for stride in STRIDES:
+                h, w = input_size[0] // stride, input_size[1] // stride
+                ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+                grids.append(torch.stack((xs, ys), -1).reshape(-1, 2))
+                strides.append(torch.full((h * w, 1), stride))
+            self._grids[key] = (torch.cat(grids).to(device, dtype), torch.cat(strides).to(device, dtype))
+        return self._grids[key]
+
+    def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> list[Candidates]:
+        out = raw[0]
+        grid, strides = self._grid(input_size, out.device, out.dtype)
+        if out.shape[1] != grid.shape[0]:
+            raise UsageError(f"{self.model_id}: head has {out.shape[1]} anchors, input size {input_size} "
+                             f"implies {grid.shape[0]}; is --input-size a multiple of 32?")
+        per_image = []
+        # score = objectness x best class probability <= objectness, so anchors whose objectness is
+        # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
+        keep_obj = out[..., 4] >= conf
+        for i in range(out.shape[0]):
+            idx = keep_obj[i].nonzero().squeeze(1)
+            rows = out[i, idx]
+            class_prob, labels = rows[:, 5:].max(dim=1)
+            scores = rows[:, 4] * class_prob
+            xy = (rows[:, 0:2] + grid[idx]) * strides[idx]
+            half_wh = torch.exp(rows[:, 2:4]) * strides[idx] / 2
+            per_image.append(Candidates(boxes=torch.cat((xy - half_wh, xy + half_wh), dim=1),
+                                        scores=scores, labels=labels))
+        return per_image
+
+    def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
+        stats = ModelStats(params_millions=round(onnx_param_count(self.onnx_model) / 1e6, 4))
+        try:
+            stats.gflops = round(count_flops(onnx_to_torch(self.onnx_model), input_size) / 1e9, 4)
+        except Exception as exc:  # a converter gap must not sink the benchmark; say why
+            stats.notes["gflops"] = f"FLOP count failed: {exc}"
+        return stats

@@ -1,0 +1,82 @@
+"""StageTimer: per-batch wall-clock time of each pipeline stage and substep.
+
+Clocks are `time.perf_counter_ns`. The device owns synchronisation: with `stage_sync` (latency
+mode) every stage boundary waits for the device, so GPU work is charged to the stage that queued
+it; without it (throughput mode) only the batch end waits. On CPU sync is a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from harness.measure.device import Device
+
+STAGES = ("preprocess", "transfer", "forward", "postprocess")
+SUBSTEPS = ("preprocess.decode", "postprocess.nms", "postprocess.boxes")
+
+
+@dataclass
+class BatchTiming:
+    """One batch: its size, total wall time and time per stage/substep (nanoseconds)."""
+
+    size: int
+    total_ns: int = 0
+    stages: dict[str, int] = field(default_factory=dict)
+
+    def ms(self, name: str) -> float:
+        return (self.total_ns if name == "total" else self.stages.get(name, 0)) / 1e6
+
+
+class StageTimer:
+    """Times batches; use `begin_batch`, `stage(...)`/`substep(...)` blocks, then `end_batch`."""
+
+    def __init__(self, device: Device, stage_sync: bool = True):
+        self.device = device
+        self.stage_sync = stage_sync
+        self.batches: list[BatchTiming] = []
+        self._current: BatchTiming | None = None
+        self._stage: str | None = None
+        self._t0 = 0
+
+    def begin_batch(self, size: int) -> None:
+        self.device.synchronize()
+        self._current = BatchTiming(size=size)
+        self._t0 = time.perf_counter_ns()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter_ns()
+        self._stage = name
+        try:
+            yield
+        finally:
+            if self.stage_sync:
+                self.device.synchronize()
+            self._add(name, time.perf_counter_ns() - start)
+            self._stage = None
+
+    @contextmanager
+    def substep(self, name: str) -> Iterator[None]:
+        """A part of the current stage; repeated calls within a batch add up (e.g. per-image NMS)."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            if self.stage_sync:
+                self.device.synchronize()
+            self._add(f"{self._stage}.{name}" if self._stage else name, time.perf_counter_ns() - start)
+
+    def _add(self, name: str, ns: int) -> None:
+        if self._current is not None:
+            self._current.stages[name] = self._current.stages.get(name, 0) + ns
+
+    def end_batch(self) -> BatchTiming:
+        self.device.synchronize()
+        batch = self._current
+        batch.total_ns = time.perf_counter_ns() - self._t0
+        self.batches.append(batch)
+        self._current = None
+        return batch

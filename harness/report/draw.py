@@ -1,0 +1,28 @@
+"""Images with their detections drawn (outputs/<run_id>/images/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+
+from harness.data.categories import COCO80_NAMES
+from harness.pipeline.postprocess import ImageDetections
+from harness.pipeline.preprocess import decode_image
+
+MIN_SCORE = 0.3
+
+
+def draw_detections(path: Path, detections: ImageDetections, class_map: tuple[int, ...]) -> bytes:
+    """JPEG bytes of the image with boxes scoring >= 0.3 and their class names."""
+    image = decode_image(path)
+    for box, score, label in zip(detections.boxes, detections.scores, detections.labels, strict=True):
+        if score < MIN_SCORE:
+            continue
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        name = COCO80_NAMES[label] if len(class_map) == len(COCO80_NAMES) else str(class_map[label])
+        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 200, 0), 2)
+        cv2.putText(image, f"{name} {score:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.45,
+                    (0, 200, 0), 1, cv2.LINE_AA)
+    ok, encoded = cv2.imencode(".jpg", image)
+    return encoded.tobytes()

@@ -1,0 +1,56 @@
+"""The end-of-run summary: a rich table for people, a dict for --json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from harness.results.records import CellRecord
+
+
+def _split(record: CellRecord) -> str:
+    """Stage split of the batch time, e.g. 'pre 8% / fwd 80% / post 12%'."""
+    t = record.timing
+    total = t.batch_ms.mean
+    parts = []
+    for name, short in (("preprocess", "pre"), ("forward", "fwd"), ("postprocess", "post")):
+        s = t.stages_ms.get(name)
+        if s is not None and total > 0:
+            parts.append(f"{short} {100 * s.mean / total:.0f}%")
+    return " / ".join(parts)
+
+
+def summary_table(records: list[CellRecord]) -> Table:
+    table = Table(title="va-bench run summary")
+    for col in ("model", "backend", "size", "batch", "img/s", "p50 ms/batch", "p95 ms/batch", "p50 ms/img",
+                "stage split", "mAP", "b-invariance"):
+        table.add_column(col, justify="right" if col not in ("model", "backend", "stage split") else "left")
+    for r in records:
+        t = r.timing
+        m_ap = f"{r.accuracy.stats['mAP_50_95']:.4f}" if r.accuracy else "-"
+        inv = f"{100 * r.invariance.match_rate:.2f}%" if r.invariance else "-"
+        table.add_row(escape(r.cell.load.model), escape(r.cell.load.backend), str(r.cell.load.input_size[0]),
+                      str(t.batch_size), f"{t.images_per_s:.1f}", f"{t.batch_ms.p50:.2f}", f"{t.batch_ms.p95:.2f}",
+                      f"{t.image_ms.p50:.2f}", _split(r), m_ap, inv)
+    return table
+
+
+def summary_json(run_dir: Path, records: list[CellRecord]) -> dict:
+    cells, warnings = [], []
+    for r in records:
+        t = r.timing
+        cells.append({
+            "cell": r.cell.label,
+            "submission": r.artifacts.get("submission"),
+            "images_per_s": round(t.images_per_s, 3),
+            "batch_ms": t.batch_ms.to_dict(),
+            "image_ms_p50": round(t.image_ms.p50, 4),
+            "stages_ms_mean": {k: round(v.mean, 4) for k, v in t.stages_ms.items()},
+            "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
+            "batch_invariance": r.invariance.to_dict() if r.invariance else None,
+            "warnings": t.warnings,
+        })
+        warnings += [f"{r.cell.label}: {w}" for w in t.warnings]
+    return {"run_dir": str(run_dir), "cells": cells, "warnings": warnings}

@@ -1,0 +1,34 @@
+"""steps_timer.csv in the shape of seed 001 (stage, total, count, avg, std, min, max, total %), one
+block per cell; times in seconds, `total_pct` relative to the cell's whole batch time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.results.records import CellRecord
+from harness.results.writer import atomic_write_csv
+
+HEADER = ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count", "avg", "std",
+          "min", "max", "total_pct"]
+ORDER = ("total", "preprocess", "preprocess.decode", "transfer", "forward", "postprocess", "postprocess.nms",
+         "postprocess.boxes")
+
+
+def steps_rows(record: CellRecord) -> list[list]:
+    timing = record.timing
+    load = record.cell.load
+    summaries = {"total": timing.batch_ms, **timing.stages_ms}
+    grand_total = timing.batch_ms.mean * timing.batch_ms.count
+    names = [n for n in ORDER if n in summaries] + sorted(set(summaries) - set(ORDER))
+    rows = []
+    for name in names:
+        s = summaries[name]
+        total = s.mean * s.count
+        rows.append([load.model, load.backend, load.precision, load.input_size[0], record.cell.batch_size, name,
+                     round(total / 1e3, 6), s.count, round(s.mean / 1e3, 6), round(s.std / 1e3, 6),
+                     round(s.min / 1e3, 6), round(s.max / 1e3, 6), round(100 * total / grand_total, 3)])
+    return rows
+
+
+def write_steps_csv(path: Path, records: list[CellRecord]) -> Path:
+    return atomic_write_csv(path, HEADER, [row for r in records for row in steps_rows(r)])

@@ -1,0 +1,106 @@
+"""Build `va.submission.v1` documents from cell records.
+
+The site's blocks and field names are kept exactly (see the corpus in ../shared/corpus); what we
+add lives in extra keys v1 readers ignore. `timing.total_ms` is per image (batch latency / batch
+size, so fps = 1000 / ms at every batch size, as the site computes); per-batch latency is in
+`timing.batch_ms`, per-stage times (per batch) in `timing.stages_ms`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from harness import HARNESS_NAME, __version__
+from harness.hardware import slugify
+from harness.results.records import CellRecord
+
+SCHEMA_VERSION = "va.submission.v1"
+
+
+def _ts(created_at: str) -> str:
+    """'2026-11-22T03:15:00.123456Z' -> '20261122T031500123456Z' (the site's file-name stamp)."""
+    return created_at.replace("-", "").replace(":", "").replace(".", "")
+
+
+def submission_filename(record: CellRecord) -> str:
+    """{model}__{format}__{provider}__{hardware_id}__b{batch}__{timestamp}.json, every part sanitised."""
+    parts = [record.model["id"], record.runtime["format"], record.runtime["provider"]]
+    safe = [re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-.") or "x" for p in parts]
+    safe.append(slugify(record.hardware["id"]) or "unknown")
+    return "__".join(safe) + f"__b{record.cell.batch_size}__{_ts(record.created_at)}.json"
+
+
+def _stage_mean(record: CellRecord, name: str) -> float | None:
+    s = record.timing.stages_ms.get(name)
+    return None if s is None else round(s.mean / record.cell.batch_size, 4)
+
+
+def build_submission(record: CellRecord) -> dict:
+    """One complete submission document for one cell."""
+    t = record.timing
+    load = record.cell.load
+    model = record.model
+    size = load.input_size[0]
+    env = record.environment
+    dataset = record.dataset
+    image = t.image_ms
+    submission_id = "-".join([model["id"], record.runtime["format"], record.runtime["provider"],
+                              record.hardware["id"], f"b{t.batch_size}", f"{size}", _ts(record.created_at)])
+    accuracy = (dict(record.accuracy.stats) if record.accuracy
+                else {"status": "unavailable", "reason": "accuracy pass skipped (--no-accuracy)"})
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "submission_id": submission_id,
+        "created_at": record.created_at,
+        "benchmark": {"harness": HARNESS_NAME, "harness_version": __version__},
+        "model": {"id": model["id"], "name": model["id"], "family": model["family"], "variant": model["variant"],
+                  "source": model["weights"]["source"], "weights": model["weights"]["file"], "input_size": size},
+        "dataset": {"id": "coco2017", "split": "val2017", "num_images": dataset["num_images"],
+                    "variant": dataset["variant"], "base_variant": dataset["base_variant"],
+                    "image_id_sha256": dataset["image_id_sha256"]},
+        "config": {"batch_size": t.batch_size, "input_size": size, "conf": record.thresholds["conf"],
+                   "iou": record.thresholds["iou"], "max_det": record.thresholds["max_det"]},
+        "hardware": {k: v for k, v in record.hardware.items() if k != "id_source"},
+        "software": env["software"],
+        "accuracy": accuracy,
+        "timing": {
+            "batch_size": t.batch_size,
+            "num_images": t.timed_images,
+            "total_ms": {"mean": round(image.mean, 4), "std": round(image.std, 4), "p50": round(image.p50, 4),
+                         "p95": round(image.p95, 4), "p99": round(image.p99, 4),
+                         "preprocess_ms": _stage_mean(record, "preprocess"),
+                         "inference_ms": _stage_mean(record, "forward"),
+                         "postprocess_ms": _stage_mean(record, "postprocess")},
+            "per_image_ms": image.to_dict(),
+            "batch_ms": t.batch_ms.to_dict(),
+            "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
+            "timed_batches": t.timed_batches,
+            "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds},
+            "stage_sync": t.stage_sync,
+            "short_batch": t.short_batch,
+            "warnings": t.warnings,
+        },
+        "throughput": {"fps_mean": round(1000.0 / image.mean, 3), "fps_p50": round(1000.0 / image.p50, 3),
+                       "images_per_s": round(t.images_per_s, 3)},
+        "model_stats": record.model_stats,
+        "memory": {"peak_ram_mb": None, "peak_vram_mb": None,
+                   "status": "unavailable", "reason": "memory probe not run in this pass"},
+        "metadata": {"benchmark_date": record.created_at, "benchmark_version": __version__,
+                     "run_id": record.run_id},
+        "eval": {"dataset": "coco", "split": "val2017", "numImages": dataset["num_images"],
+                 "evaluator": record.accuracy.evaluator if record.accuracy else None,
+                 "batch_size": record.accuracy.batch_size if record.accuracy else None,
+                 "status": "ok" if record.accuracy else "skipped (--no-accuracy)"},
+        "runtime": {**{k: v for k, v in record.runtime.items()}, "tf32": env["tf32"]},
+        "batch_invariance": (record.invariance.to_dict() | {
+            "reference_batch_size": record.accuracy.batch_size}) if record.invariance else None,
+        "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
+                  "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
+                  "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],
+                              "num_images": dataset["num_images"]},
+                  "weights": model["weights"]},
+        "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
+                                            "device")},
+        "artifacts": record.artifacts,
+    }
+    return doc

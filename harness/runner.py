@@ -1,0 +1,226 @@
+"""Executes a run: loads each (model, backend, precision, input size) once, runs the accuracy pass,
+then one timing pass per batch size, and writes every artifact under outputs/<run_id>/."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from harness.config import RunConfig
+from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.variants import DatasetVariant
+from harness.errors import UsageError
+from harness.eval.coco_eval import evaluate_bbox, evaluator_version
+from harness.eval.matching import match_detections
+from harness.measure.device import Device, parse_device
+from harness.measure.env import apply_tf32, collect_environment, hardware_block
+from harness.measure.stats import summarize
+from harness.models.protocol import Detector
+from harness.models.registry import get_detector
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.postprocess import ImageDetections
+from harness.pipeline.stage_timer import StageTimer
+from harness.plan import Cell, LoadKey, plan_cells
+from harness.report.draw import draw_detections
+from harness.report.progress import SilentProgress
+from harness.results.records import AccuracyRecord, CellRecord, TimingRecord
+from harness.results.steps_csv import write_steps_csv
+from harness.results.submission import build_submission, submission_filename
+from harness.results.writer import atomic_write_bytes, atomic_write_json
+
+
+@dataclass
+class RunPlan:
+    """Everything resolved and checked before the first file is written."""
+
+    config: RunConfig
+    run_id: str
+    run_dir: Path
+    device: Device
+    dataset: CocoDataset
+    variant: DatasetVariant
+    records: list[ImageRecord]
+    detectors: dict[str, Detector]
+    groups: list[tuple[LoadKey, list[Cell]]]
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def prepare(config: RunConfig) -> RunPlan:
+    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
+    device = parse_device(config.device)
+    dataset = CocoDataset(config.coco_dir)
+    variant = dataset.variant(config.subset, config.limit)
+    if config.weights and len(config.models) > 1:
+        raise UsageError("--weights applies to a single --model; run one model at a time with it")
+    detectors = {}
+    for spec in config.models:
+        detector = get_detector(spec, config.weights)
+        detectors[detector.model_id] = detector
+    groups = plan_cells(config, detectors, variant.num_images)
+    run_id = config.run_id or new_run_id()
+    run_dir = Path(config.output_dir) / run_id
+    if run_dir.exists():
+        raise UsageError(f"{run_dir} already exists; pick another --run-id")
+    return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups)
+
+
+class Runner:
+    """Runs a prepared plan. `progress` shows bars; results go to disk and are returned as records."""
+
+    def __init__(self, plan: RunPlan, argv: list[str], progress=None):
+        self.plan = plan
+        self.config = plan.config
+        self.progress = progress or SilentProgress()
+        self.argv = argv
+
+    def run(self) -> list[CellRecord]:
+        plan, config = self.plan, self.config
+        threads = config.threads or torch.get_num_threads()
+        torch.set_num_threads(threads)
+        apply_tf32(config.tf32)
+        environment = collect_environment(plan.device, config.tf32, self.argv, threads)
+        hardware = hardware_block(plan.device, config.hardware_id)
+        plan.run_dir.mkdir(parents=True)
+        status = {c.label: "pending" for _, cells in plan.groups for c in cells}
+        self._write_run_json(environment, hardware, status)
+        records: list[CellRecord] = []
+        for key, cells in plan.groups:
+            detector = plan.detectors[key.model]
+            spec = detector.preprocess.with_input_size(key.input_size)
+            core = detector.load_core(key.backend, plan.device, key.precision, key.input_size, threads=threads)
+            d = detector.defaults
+            thresholds = Thresholds(config.conf if config.conf is not None else d.conf,
+                                    config.iou if config.iou is not None else d.iou,
+                                    config.max_det if config.max_det is not None else d.max_det)
+            pipeline = DetectorPipeline(detector, core, plan.device, spec, thresholds)
+            accuracy, reference = (self._accuracy_pass(key, pipeline) if config.accuracy else (None, None))
+            stats = detector.model_stats(key.input_size).to_dict()
+            for cell in cells:
+                timing, detections = self._timing_pass(cell, pipeline)
+                invariance = match_detections(reference, detections) if reference is not None else None
+                record = CellRecord(
+                    run_id=plan.run_id,
+                    created_at=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
+                    cell=cell,
+                    model={"id": detector.model_id, "family": detector.family, "variant": detector.variant,
+                           "weights": detector.weights.__dict__},
+                    runtime={"format": core.format, "provider": core.provider, "precision": key.precision,
+                             "device": "gpu" if plan.device.is_cuda else "cpu", **core.info()},
+                    dataset=plan.variant.describe(),
+                    thresholds=thresholds.__dict__,
+                    hardware=hardware,
+                    environment=environment,
+                    model_stats=stats,
+                    timing=timing,
+                    accuracy=accuracy,
+                    invariance=invariance,
+                )
+                path = plan.run_dir / "submissions" / submission_filename(record)
+                record.artifacts = {"run_dir": str(plan.run_dir), "submission": str(path)}
+                if accuracy is not None:
+                    record.artifacts["detections"] = accuracy.detections_file
+                record.artifacts["steps_timer"] = str(plan.run_dir / "steps_timer.csv")
+                atomic_write_json(path, build_submission(record))
+                records.append(record)
+                status[cell.label] = "ok"
+                self._write_run_json(environment, hardware, status)
+                write_steps_csv(plan.run_dir / "steps_timer.csv", records)
+        return records
+
+    def _write_run_json(self, environment: dict, hardware: dict, status: dict) -> None:
+        plan = self.plan
+        atomic_write_json(plan.run_dir / "run.json", {
+            "run_id": plan.run_id,
+            "config": self.config.model_dump(),
+            "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
+                        "annotation_file": str(plan.dataset.annotation_file)},
+            "device": str(plan.device),
+            "hardware": hardware,
+            "environment": environment,
+            "cells": [{"cell": label, "status": s} for label, s in status.items()],
+        })
+
+    def _accuracy_pass(self, key: LoadKey, pipeline: DetectorPipeline):
+        """Every image of the variant once; COCO eval of the detections; they are the invariance reference."""
+        plan = self.plan
+        size = self.config.accuracy_batch_size
+        timer = StageTimer(plan.device)
+        detections: list[ImageDetections] = []
+        batches = [plan.records[i:i + size] for i in range(0, len(plan.records), size)]
+        with self.progress.task(f"accuracy {key.model} {key.backend}", len(plan.records)) as advance:
+            for batch in batches:
+                detections += pipeline.run_batch(batch, timer)
+                advance(len(batch))
+        class_map = pipeline.detector.class_map
+        coco_dets = [d for det in detections for d in det.to_coco(class_map)]
+        name = f"{key.model}__{key.backend}__{key.precision}__{key.input_size[0]}.json"
+        path = atomic_write_json(plan.run_dir / "detections" / name, coco_dets, indent=None)
+        stats = evaluate_bbox(plan.dataset.coco, coco_dets, list(plan.variant.image_ids), self.config.evaluator)
+        if self.config.draw_images:
+            for det, record in zip(detections[: self.config.draw_images], plan.records, strict=False):
+                image = draw_detections(record.path, det, class_map)
+                atomic_write_bytes(plan.run_dir / "images" / f"{key.model}__{key.backend}__{record.image_id}.jpg", image)
+        record = AccuracyRecord(stats=stats, evaluator=evaluator_version(self.config.evaluator),
+                                num_images=len(detections), num_detections=len(coco_dets),
+                                batch_size=size, detections_file=str(path))
+        return record, detections
+
+    def _timing_pass(self, cell: Cell, pipeline: DetectorPipeline) -> tuple[TimingRecord, list[ImageDetections]]:
+        """Warm-up (by count and by time, untimed), then timed full batches; the short last batch is
+        run and recorded on its own, never mixed into the batch statistics."""
+        config, plan = self.config, self.plan
+        size = cell.batch_size
+        batches = [plan.records[i:i + size] for i in range(0, len(plan.records), size)]
+        short = batches.pop() if len(batches[-1]) < size else None
+        scratch = StageTimer(plan.device, config.stage_sync)
+        warm_count, start = 0, time.perf_counter()
+        with self.progress.task(f"warm-up {cell.label}", config.warmup_batches or None) as advance:
+            while warm_count < config.warmup_batches or time.perf_counter() - start < config.warmup_seconds:
+                pipeline.run_batch(batches[warm_count % len(batches)], scratch)
+                warm_count += 1
+                advance()
+        warm_seconds = time.perf_counter() - start
+        n_timed = max(len(batches), config.min_timed_batches)
+        if config.max_timed_batches:
+            n_timed = min(n_timed, config.max_timed_batches)
+        timer = StageTimer(plan.device, config.stage_sync)
+        detections: list[ImageDetections] = []
+        with self.progress.task(f"timing {cell.label}", n_timed) as advance:
+            for i in range(n_timed):
+                out = pipeline.run_batch(batches[i % len(batches)], timer)
+                if i < len(batches):  # first pass over the data: keep for the invariance check
+                    detections += out
+                advance()
+        short_record = None
+        if short is not None and n_timed >= len(batches):
+            short_timer = StageTimer(plan.device, config.stage_sync)
+            detections += pipeline.run_batch(short, short_timer)
+            short_record = {"size": len(short), "total_ms": round(short_timer.batches[0].ms("total"), 4),
+                            "note": "the last batch of the variant is short; run once, excluded from statistics"}
+        totals = [b.ms("total") for b in timer.batches]
+        names = sorted({n for b in timer.batches for n in b.stages})
+        stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
+        batch_ms = summarize(totals)
+        image_ms = summarize([t / size for t in totals])
+        timed_images = size * len(timer.batches)
+        record = TimingRecord(
+            batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
+            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), stage_sync=config.stage_sync,
+            batch_ms=batch_ms, image_ms=image_ms, stages_ms=stages,
+            images_per_s=timed_images / (sum(totals) / 1000.0),
+            short_batch=short_record, warnings=list(batch_ms.warnings),
+        )
+        return record, detections
+
+
+def load_run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
