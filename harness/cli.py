@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -45,35 +44,35 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
 
 @app.command()
 def run(
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML preset (configs/*.yaml); flags override it"),
-    model: Optional[list[str]] = typer.Option(None, "--model", help="registry id or path/to/file.py:factory"),
-    weights: Optional[str] = typer.Option(None, "--weights", help="weights file for a single --model"),
-    backend: Optional[list[str]] = typer.Option(None, "--backend", help="onnxruntime, pytorch"),
-    precision: Optional[list[str]] = typer.Option(None, "--precision"),
-    input_size: Optional[list[int]] = typer.Option(None, "--input-size", "--input-sizes"),
-    batch_sizes: Optional[list[int]] = typer.Option(None, "--batch-sizes", "--batch-size"),
-    subset: Optional[str] = typer.Option(None, "--subset", help="full, mini500 or sample"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="first N images of the variant (-> subsetN)"),
-    coco_dir: Optional[str] = typer.Option(None, "--coco-dir", help="COCO root (annotations/ + val2017/)"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:N"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the core (default: all)"),
-    warmup_batches: Optional[int] = typer.Option(None, "--warmup-batches"),
-    warmup_seconds: Optional[float] = typer.Option(None, "--warmup-seconds"),
-    min_timed_batches: Optional[int] = typer.Option(None, "--min-timed-batches"),
-    max_timed_batches: Optional[int] = typer.Option(None, "--max-timed-batches"),
-    stage_sync: Optional[bool] = typer.Option(None, "--stage-sync/--no-stage-sync",
+    config: Path | None = typer.Option(None, "--config", help="YAML preset (configs/*.yaml); flags override it"),
+    model: list[str] | None = typer.Option(None, "--model", help="registry id or path/to/file.py:factory"),
+    weights: str | None = typer.Option(None, "--weights", help="weights file for a single --model"),
+    backend: list[str] | None = typer.Option(None, "--backend", help="onnxruntime, pytorch"),
+    precision: list[str] | None = typer.Option(None, "--precision"),
+    input_size: list[int] | None = typer.Option(None, "--input-size", "--input-sizes"),
+    batch_sizes: list[int] | None = typer.Option(None, "--batch-sizes", "--batch-size"),
+    subset: str | None = typer.Option(None, "--subset", help="full, mini500 or sample"),
+    limit: int | None = typer.Option(None, "--limit", help="first N images of the variant (-> subsetN)"),
+    coco_dir: str | None = typer.Option(None, "--coco-dir", help="COCO root (annotations/ + val2017/)"),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N"),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for the core (default: all)"),
+    warmup_batches: int | None = typer.Option(None, "--warmup-batches"),
+    warmup_seconds: float | None = typer.Option(None, "--warmup-seconds"),
+    min_timed_batches: int | None = typer.Option(None, "--min-timed-batches"),
+    max_timed_batches: int | None = typer.Option(None, "--max-timed-batches"),
+    stage_sync: bool | None = typer.Option(None, "--stage-sync/--no-stage-sync",
                                               help="sync the device at every stage (latency) or per batch"),
-    accuracy: Optional[bool] = typer.Option(None, "--accuracy/--no-accuracy"),
-    accuracy_batch_size: Optional[int] = typer.Option(None, "--accuracy-batch-size"),
-    evaluator: Optional[str] = typer.Option(None, "--evaluator", help="pycocotools or faster-coco-eval"),
-    conf: Optional[float] = typer.Option(None, "--conf"),
-    iou: Optional[float] = typer.Option(None, "--iou"),
-    max_det: Optional[int] = typer.Option(None, "--max-det"),
-    tf32: Optional[str] = typer.Option(None, "--tf32", help="on, off or default"),
-    hardware_id: Optional[str] = typer.Option(None, "--hardware-id"),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir"),
-    run_id: Optional[str] = typer.Option(None, "--run-id"),
-    draw_images: Optional[int] = typer.Option(None, "--draw-images", help="images with boxes to save"),
+    accuracy: bool | None = typer.Option(None, "--accuracy/--no-accuracy"),
+    accuracy_batch_size: int | None = typer.Option(None, "--accuracy-batch-size"),
+    evaluator: str | None = typer.Option(None, "--evaluator", help="pycocotools or faster-coco-eval"),
+    conf: float | None = typer.Option(None, "--conf"),
+    iou: float | None = typer.Option(None, "--iou"),
+    max_det: int | None = typer.Option(None, "--max-det"),
+    tf32: str | None = typer.Option(None, "--tf32", help="on, off or default"),
+    hardware_id: str | None = typer.Option(None, "--hardware-id"),
+    output_dir: str | None = typer.Option(None, "--output-dir"),
+    run_id: str | None = typer.Option(None, "--run-id"),
+    draw_images: int | None = typer.Option(None, "--draw-images", help="images with boxes to save"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
 ) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell)."""
@@ -154,7 +153,7 @@ def main() -> None:
     except VaBenchError as exc:
         if debug:
             raise
-        err_console.print("[red]error[/]: " + escape(str(exc)), highlight=False)
+        err_console.print("[red]error[/]: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except (typer.Exit, SystemExit) as exc:
         sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
@@ -171,6 +170,7 @@ def main() -> None:
             sys.exit(1)
         if debug:
             raise
-        err_console.print("[red]error[/]: " + escape(f"{type(exc).__name__}: {exc}") + " (rerun with --debug for the traceback)",
-                          highlight=False)
+        message = escape(f"{type(exc).__name__}: {exc}")
+        err_console.print(f"[red]error[/]: {message} (rerun with --debug for the traceback)",
+                          highlight=False, soft_wrap=True)
         sys.exit(1)

@@ -168,7 +168,8 @@ class Runner:
         if self.config.draw_images:
             for det, record in zip(detections[: self.config.draw_images], plan.records, strict=False):
                 image = draw_detections(record.path, det, class_map)
-                atomic_write_bytes(plan.run_dir / "images" / f"{key.model}__{key.backend}__{record.image_id}.jpg", image)
+                name = f"{key.model}__{key.backend}__{record.image_id}.jpg"
+                atomic_write_bytes(plan.run_dir / "images" / name, image)
         record = AccuracyRecord(stats=stats, evaluator=evaluator_version(self.config.evaluator),
                                 num_images=len(detections), num_detections=len(coco_dets),
                                 batch_size=size, detections_file=str(path))

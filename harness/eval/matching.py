@@ -72,3 +72,19 @@ def match_detections(a: list[ImageDetections], b: list[ImageDetections], iou_thr
         matched += m
         worst = max(worst, w)
     return MatchReport(images, n_a, n_b, matched, worst, iou_threshold, score_tolerance)
+
+
+def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
+    """COCO-format results (bbox xywh) -> per-image detections; labels are the COCO category ids."""
+    import numpy as np
+
+    grouped: dict[int, list[dict]] = {}
+    for r in results:
+        grouped.setdefault(r["image_id"], []).append(r)
+    out = []
+    for image_id, rows in grouped.items():
+        xywh = np.array([r["bbox"] for r in rows], dtype=np.float64).reshape(-1, 4)
+        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        out.append(ImageDetections(image_id, boxes, np.array([r["score"] for r in rows]),
+                                   np.array([r["category_id"] for r in rows])))
+    return out

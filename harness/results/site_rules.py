@@ -1,0 +1,137 @@
+"""The vision-analysis site's own acceptance rules for a submission (its validator, re-implemented
+so a harness user learns of a rejection before opening a pull request), plus its JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REQUIRED_BLOCKS = {
+    "schema_version": str, "submission_id": str, "created_at": str, "model": dict, "config": dict,
+    "hardware": dict, "runtime": dict, "accuracy": dict, "timing": dict, "throughput": dict,
+    "model_stats": dict, "metadata": dict, "benchmark": dict,
+}
+NON_NEGATIVE_BLOCKS = ("config", "hardware", "accuracy", "timing", "throughput", "model_stats")
+CONFIG_FIELDS = ("batch_size", "input_size", "conf", "iou", "max_det")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem in one file: where (a JSON path like `timing.total_ms.p50`) and what."""
+
+    path: str
+    message: str
+    rule: str
+    severity: str = "error"  # error | warning
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "message": self.message, "rule": self.rule, "severity": self.severity}
+
+
+def parse_iso8601(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def site_findings(doc: Any, support: dict | None) -> list[Finding]:
+    """The site validator's rules; `support` is its support-matrix.json (None skips allow-lists)."""
+    if not isinstance(doc, dict):
+        return [Finding("$", "a submission must be a JSON object", "site.type")]
+    out: list[Finding] = []
+    for key, kind in REQUIRED_BLOCKS.items():
+        if key not in doc:
+            out.append(Finding(key, f"missing {key}", "site.required"))
+        elif not isinstance(doc[key], kind):
+            out.append(Finding(key, f"{key} must be {'an object' if kind is dict else 'a string'}", "site.type"))
+
+    def block(name: str) -> dict:
+        value = doc.get(name)
+        return value if isinstance(value, dict) else {}
+
+    if isinstance(doc.get("schema_version"), str) and doc["schema_version"] != "va.submission.v1":
+        out.append(Finding("schema_version", "schema_version must be va.submission.v1", "site.schema_version"))
+    for path, value in (("created_at", doc.get("created_at")),
+                        ("metadata.benchmark_date", block("metadata").get("benchmark_date", 0))):
+        if value is None and path == "created_at":
+            continue
+        if not isinstance(value, str):
+            if "metadata" in doc and path != "created_at":
+                out.append(Finding(path, f"{path} must be a string", "site.date"))
+            continue
+        try:
+            parse_iso8601(value)
+        except ValueError:
+            out.append(Finding(path, f"{path} is not valid ISO-8601: {value[:40]!r}", "site.date"))
+    if "submission_id" in doc and isinstance(doc["submission_id"], str) and not doc["submission_id"].strip():
+        out.append(Finding("submission_id", "submission_id must be non-empty", "site.required"))
+
+    model = block("model")
+    model_id = str(model.get("id", "")).strip()
+    if "model" in doc and not model_id:
+        out.append(Finding("model.id", "model.id must be non-empty", "site.required"))
+    elif support is not None and model_id and model_id not in set(support.get("models", [])):
+        out.append(Finding("model.id", f"model.id {model_id} is not in the support matrix", "site.support_matrix"))
+
+    runtime = block("runtime")
+    if support is not None and runtime:
+        runtimes = {r.get("backend"): r for r in support.get("runtimes", []) if isinstance(r, dict)}
+        fmt, provider, precision = runtime.get("format"), runtime.get("provider"), runtime.get("precision")
+        if fmt not in runtimes:
+            out.append(Finding("runtime.format", f"runtime.format {fmt} is not in the support matrix",
+                               "site.support_matrix"))
+        else:
+            if provider not in runtimes[fmt].get("providers", []):
+                out.append(Finding("runtime.provider", f"runtime.provider {provider} is not supported for {fmt}",
+                                   "site.support_matrix"))
+            if precision not in runtimes[fmt].get("precisions", []):
+                out.append(Finding("runtime.precision", f"runtime.precision {precision} is not supported for "
+                                   f"{fmt}", "site.support_matrix"))
+
+    for name in NON_NEGATIVE_BLOCKS:  # the site looks one level deep
+        for key, value in block(name).items():
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for sub, v in items:
+                path = f"{name}.{key}" + (f".{sub}" if sub is not None else "")
+                if _number(v) and (v < 0 or (isinstance(v, float) and math.isnan(v))):
+                    out.append(Finding(path, f"{path} must be non-negative (is {v})", "site.non_negative"))
+
+    config = block("config")
+    if "config" in doc:
+        for field in CONFIG_FIELDS:
+            if field not in config:
+                out.append(Finding(f"config.{field}", f"missing config.{field}", "site.required"))
+    if "hardware" in doc and not str(block("hardware").get("id", "")).strip():
+        out.append(Finding("hardware.id", "hardware.id must be non-empty", "site.required"))
+
+    commit = block("benchmark").get("libreyolo_commit")
+    allowed = support.get("supported_libreyolo_identifier") if support else None
+    allowed = [allowed] if isinstance(allowed, str) else [a for a in (allowed or []) if isinstance(a, str)]
+    if allowed and commit and commit != "unknown" and commit not in allowed:
+        out.append(Finding("benchmark.libreyolo_commit", f"libreyolo_commit {commit} is not in the support matrix",
+                           "site.support_matrix"))
+    return out
+
+
+@cache
+def load_json_file(path: str) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def schema_findings(doc: Any, schema: dict) -> list[Finding]:
+    """JSON Schema (draft 2020-12) violations, one finding each."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema)
+    out = []
+    for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(p) for p in error.absolute_path) or "$"
+        out.append(Finding(path, error.message[:300], "schema"))
+    return out

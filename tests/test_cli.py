@@ -1,0 +1,77 @@
+"""The CLI as a user runs it: exit codes, one-line errors, no partial output, plugins."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, REPO, requires_coco, requires_yolox
+
+from harness.cli import expand_multi_value_options
+
+
+def va_bench(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_multi_value_options_expand():
+    assert expand_multi_value_options(["run", "--batch-sizes", "1", "2", "--subset", "sample"]) == [
+        "run", "--batch-sizes", "1", "--batch-sizes", "2", "--subset", "sample"]
+    assert expand_multi_value_options(["run", "--backend", "a", "b", "--limit", "3"]) == [
+        "run", "--backend", "a", "--backend", "b", "--limit", "3"]
+
+
+@requires_coco
+@requires_yolox
+def test_mini500_on_the_sample_exits_2_with_one_line_and_no_files(tmp_path):
+    out = tmp_path / "outputs"
+    result = va_bench("run", "--subset", "mini500", "--coco-dir", str(COCO_DIR), "--output-dir", str(out))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "mini500" in lines[0] and "missing" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--model", "yolox-huge"], "unknown model"),
+    (["--backend", "tensorflow"], "no backend"),
+    (["--batch-sizes", "0"], "positive"),
+    (["--limit", "4", "--batch-sizes", "8"], "larger than the 4 images"),
+    (["--weights", "/nonexistent.onnx"], "no such file"),
+    (["--device", "tpu"], "unknown --device"),
+])
+@requires_coco
+@requires_yolox
+def test_bad_input_exits_2(tmp_path, args, expect):
+    result = va_bench("run", "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path / "o"), *args)
+    assert result.returncode == 2, result.stderr
+    assert expect in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@requires_coco
+def test_plugin_forward_stage_matches_its_known_cost(tmp_path):
+    from plugins.synthetic_detector import FORWARD_MS
+
+    plugin = Path(__file__).parent / "plugins" / "synthetic_detector.py"
+    result = va_bench("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--subset", "sample",
+                      "--limit", "24", "--batch-sizes", "4", "--coco-dir", str(COCO_DIR), "--output-dir",
+                      str(tmp_path), "--warmup-batches", "1", "--warmup-seconds", "0", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    (cell,) = summary["cells"]
+    forward = cell["stages_ms_mean"]["forward"]
+    assert forward == pytest.approx(FORWARD_MS, rel=0.03)
+    doc = json.loads(Path(cell["submission"]).read_text())
+    assert doc["model"]["id"] == "synthetic-sleepy"
+    assert doc["timing"]["stages_ms"]["forward"]["count"] == 10  # 6 batches, cycled up to the minimum of 10
+
+
+def test_broken_plugin_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def make():\n    return object()\n")
+    result = va_bench("run", "--model", f"{bad}:make", "--output-dir", str(tmp_path / "o"))
+    assert result.returncode == 2 and "returned an object without" in result.stderr

@@ -1,0 +1,131 @@
+"""The real pipeline end to end: YOLOX-Nano on the 206 genuine COCO images, both backends."""
+
+import csv
+import json
+
+import pytest
+from conftest import CORPUS, YOLOX_NANO, requires_corpus
+from reference_yolox import coco_detections
+
+from harness.data.categories import COCO80_TO_91
+from harness.eval.coco_eval import evaluate_bbox
+from harness.eval.matching import detections_from_coco, match_detections
+from harness.results.site_rules import schema_findings, site_findings
+
+
+def _by_batch(records):
+    return {r.cell.batch_size: r for r in records}
+
+
+def test_map_equals_independent_batch1_reference(ort_run):
+    plan, records = ort_run
+    ids = list(plan.variant.image_ids)
+    reference = coco_detections(YOLOX_NANO, [(r.image_id, r.path) for r in plan.records], COCO80_TO_91)
+    ref_stats = evaluate_bbox(plan.dataset.coco, reference, ids)
+    ours = _by_batch(records)[1].accuracy.stats
+    assert ref_stats["mAP_50_95"] > 0.25  # a real detector on real images
+    assert abs(ours["mAP_50_95"] - ref_stats["mAP_50_95"]) <= 0.003
+    assert abs(ours["mAP_50"] - ref_stats["mAP_50"]) <= 0.003
+
+
+def test_accuracy_is_pycocotools_on_the_written_detections(ort_run):
+    plan, records = ort_run
+    acc = _by_batch(records)[1].accuracy
+    detections = json.loads(open(acc.detections_file).read())
+    assert len(detections) == acc.num_detections
+    assert evaluate_bbox(plan.dataset.coco, detections, list(plan.variant.image_ids)) == acc.stats
+
+
+def test_faster_coco_eval_is_bit_identical_to_pycocotools(ort_run):
+    plan, records = ort_run
+    detections = json.loads(open(_by_batch(records)[1].accuracy.detections_file).read())
+    ids = list(plan.variant.image_ids)
+    assert (evaluate_bbox(plan.dataset.coco, detections, ids, "faster-coco-eval")
+            == pytest.approx(evaluate_bbox(plan.dataset.coco, detections, ids, "pycocotools"), abs=1e-12))
+
+
+def test_backends_agree_on_map(ort_run, torch_run):
+    ort_ap = ort_run[1][0].accuracy.stats["mAP_50_95"]
+    torch_ap = torch_run[1][0].accuracy.stats["mAP_50_95"]
+    assert abs(ort_ap - torch_ap) <= 0.001
+
+
+def test_batch8_detections_match_batch1(ort_run, torch_run):
+    for _, records in (ort_run, torch_run):
+        for record in records:
+            inv = record.invariance
+            assert inv.images == 206
+            assert inv.match_rate >= 0.99, inv.to_dict()
+
+
+def test_short_last_batch_is_recorded_not_mixed(ort_run):
+    b8 = _by_batch(ort_run[1])[8].timing
+    assert b8.short_batch["size"] == 206 % 8
+    assert b8.batch_ms.count == b8.timed_batches == 206 // 8
+    assert b8.timed_images == 8 * (206 // 8)
+
+
+def test_stage_times_add_up_to_the_batch_total(ort_run, torch_run):
+    for _, records in (ort_run, torch_run):
+        for r in records:
+            t = r.timing
+            stages = sum(t.stages_ms[s].mean for s in ("preprocess", "transfer", "forward", "postprocess"))
+            assert stages == pytest.approx(t.batch_ms.mean, rel=0.05)
+            assert t.stages_ms["preprocess.decode"].mean <= t.stages_ms["preprocess"].mean
+            assert t.stages_ms["postprocess.nms"].mean <= t.stages_ms["postprocess"].mean
+
+
+def test_run_artifacts(ort_run):
+    plan, records = ort_run
+    run = json.loads((plan.run_dir / "run.json").read_text())
+    assert [c["status"] for c in run["cells"]] == ["ok", "ok"]
+    rows = list(csv.DictReader(open(plan.run_dir / "steps_timer.csv")))
+    assert {"total", "preprocess", "preprocess.decode", "forward", "postprocess", "postprocess.nms"} <= {
+        r["stage"] for r in rows}
+    assert list(rows[0]) == ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count",
+                             "avg", "std", "min", "max", "total_pct"]
+    assert len(list((plan.run_dir / "images").glob("*.jpg"))) == 1
+    assert len(list((plan.run_dir / "submissions").glob("*.json"))) == 2
+    assert not list(plan.run_dir.rglob("*.tmp"))
+
+
+@requires_corpus
+def test_submissions_pass_the_site_schema_and_rules(ort_run, torch_run):
+    schema = json.loads((CORPUS / "schemas" / "submission.v1.json").read_text())
+    support = json.loads((CORPUS / "support-matrix.json").read_text())
+    seen = set()
+    for plan, _ in (ort_run, torch_run):
+        for path in (plan.run_dir / "submissions").glob("*.json"):
+            doc = json.loads(path.read_text())
+            assert schema_findings(doc, schema) == []
+            assert site_findings(doc, support) == [], path.name
+            assert doc["submission_id"] not in seen
+            seen.add(doc["submission_id"])
+            assert doc["dataset"]["variant"] == "sample" and doc["dataset"]["num_images"] == 206
+            assert doc["repro"]["dataset"]["image_id_sha256"] == plan.variant.image_id_sha256
+            assert doc["hardware"]["id"] and doc["runtime"]["tf32"]["float32_matmul_precision"]
+            assert doc["runtime"]["format"] in ("onnx", "pytorch") and doc["runtime"]["provider"] == "cpu"
+            assert doc["batch_invariance"]["match_rate"] >= 0.99
+            assert doc["memory"]["peak_ram_mb"] != 0
+
+
+def test_site_rules_catch_a_broken_submission(ort_run):
+    plan, _ = ort_run
+    doc = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    doc["runtime"]["format"] = "onnx"
+    doc["runtime"]["provider"] = "hailort"
+    doc["timing"]["total_ms"]["p50"] = -1
+    del doc["config"]["iou"]
+    doc["created_at"] = "yesterday"
+    support = {"models": ["yolox-nano"], "runtimes": [{"backend": "onnx", "providers": ["cpu"],
+                                                        "precisions": ["fp32"]}]}
+    rules = {f.path for f in site_findings(doc, support)}
+    assert rules == {"runtime.provider", "timing.total_ms.p50", "config.iou", "created_at"}
+
+
+def test_cross_backend_detections_match(ort_run, torch_run):
+    """PyTorch (onnx2torch) at batch 8 reproduces ONNX Runtime at batch 1, image by image."""
+    ort_dets = detections_from_coco(json.loads(open(ort_run[1][0].accuracy.detections_file).read()))
+    torch_dets = detections_from_coco(json.loads(open(torch_run[1][0].accuracy.detections_file).read()))
+    report = match_detections(ort_dets, torch_dets, iou_threshold=0.99, score_tolerance=1e-3)
+    assert report.images == 206 and report.match_rate >= 0.99, report.to_dict()
