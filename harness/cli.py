@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from harness.errors import UsageError, VaBenchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
 models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weights.")
 app.add_typer(models_app, name="models")
@@ -104,6 +104,86 @@ def run(
         console.print(f"artifacts: {plan.run_dir}")
 
 
+@app.command()
+def validate(
+    paths: list[Path] = typer.Argument(..., help="submission files or folders of them"),
+    support_matrix: Path | None = typer.Option(None, "--support-matrix",
+                                                  help="the site's support-matrix.json (allow-lists)"),
+    warnings: bool = typer.Option(True, "--warnings/--no-warnings", help="list warnings too"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Check submissions: site schema and rules, commit guard, coordinates, dataset fingerprint,
+    degenerate statistics. Exit 0 clean, 1 errors found, 2 bad usage."""
+    from harness.report.progress import RichProgress, SilentProgress
+    from harness.results.validate import load_support_matrix, validate_paths
+
+    support = load_support_matrix(support_matrix)
+    progress = SilentProgress() if as_json else RichProgress(err_console)
+    reports = validate_paths(paths, support, progress)
+    n_errors = sum(len(r.errors) for r in reports)
+    bad_files = sum(1 for r in reports if r.errors)
+    if as_json:
+        console.print_json(json.dumps({"files": len(reports), "files_with_errors": bad_files, "errors": n_errors,
+                                       "reports": [r.to_dict() for r in reports]}))
+    else:
+        for r in reports:
+            for f in r.findings:
+                if f.severity == "error" or warnings:
+                    color = "red" if f.severity == "error" else "yellow"
+                    console.print(f"[{color}]{f.severity}[/] {escape(str(r.path))}: {escape(f.path)}: "
+                                  f"{escape(f.message)} [dim]({f.rule})[/]", highlight=False, soft_wrap=True)
+        n_warn = sum(1 for r in reports for f in r.findings if f.severity == "warning")
+        console.print(f"{len(reports)} files: {bad_files} with errors ({n_errors} errors), {n_warn} warnings")
+    raise typer.Exit(1 if n_errors else 0)
+
+
+@app.command()
+def aggregate(
+    paths: list[Path] = typer.Argument(..., help="folders or files of submissions"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="write the leaderboard JSON here"),
+    reference_hardware: str = typer.Option("a100", "--reference-hardware",
+                                           help="hardware whose full-val runs give the canonical accuracy"),
+    fallback_hardware: list[str] | None = typer.Option(None, "--fallback-hardware",
+                                                          help="order to try when the reference has no run"),
+    tolerance: float = typer.Option(0.3, "--tolerance", help="agreement gate, in mAP points"),
+    support_matrix: Path | None = typer.Option(None, "--support-matrix"),
+    strict: bool = typer.Option(False, "--strict", help="exit 1 when the agreement gate finds drift"),
+    as_json: bool = typer.Option(False, "--json", help="print the leaderboard JSON on stdout"),
+) -> None:
+    """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
+    from harness.report.leaderboard import gate_table, leaderboard_table
+    from harness.report.progress import RichProgress, SilentProgress
+    from harness.results.aggregate import aggregate as build
+    from harness.results.validate import load_support_matrix, validate_paths
+    from harness.results.writer import atomic_write_json
+
+    if tolerance < 0:
+        raise UsageError("--tolerance must be >= 0 (mAP points)")
+    support = load_support_matrix(support_matrix)
+    reports = validate_paths(paths, support, SilentProgress() if as_json else RichProgress(err_console))
+    board = build(reports, reference_hardware, tolerance, fallback_hardware)
+    if output is not None:
+        atomic_write_json(output, board)
+    if as_json:
+        console.print_json(json.dumps(board))
+    else:
+        console.print(leaderboard_table(board))
+        console.print(gate_table(board))
+        c = board["counts"]
+        console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules), "
+                      f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings"
+                      + (f"; written to {output}" if output else ""))
+    raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
+
+
+@app.command()
+def schema() -> None:
+    """Print the extended va.submission.v1 JSON Schema (a superset of the site's)."""
+    from harness.results.validate import EXTENDED_SCHEMA
+
+    sys.stdout.write(EXTENDED_SCHEMA.read_text())
+
+
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """Registered models and whether their weights are present locally."""
@@ -149,25 +229,17 @@ def main() -> None:
     argv = expand_multi_value_options([a for a in argv if a != "--debug"])
     sys.argv = [sys.argv[0], *argv]
     try:
-        app(args=argv, prog_name="va-bench", standalone_mode=False)
+        # standalone mode: click reports its own usage errors (exit 2) and turns typer.Exit into sys.exit
+        app(args=argv, prog_name="va-bench")
     except VaBenchError as exc:
         if debug:
             raise
         err_console.print("[red]error[/]: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except (typer.Exit, SystemExit) as exc:
-        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
     except KeyboardInterrupt:
         err_console.print("interrupted: finished cells are kept in outputs/<run_id>/")
         sys.exit(130)
-    except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(1)
+    except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:
             raise
         message = escape(f"{type(exc).__name__}: {exc}")

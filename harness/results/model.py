@@ -1,0 +1,165 @@
+"""Typed view of `va.submission.v1` (pydantic): reads the site's files unchanged (legacy
+`eval.numImages`, no `dataset` block, `benchmark.libreyolo_commit`) and the additions va-bench
+writes. Every block allows extra keys: v1 is open, and nothing a submission carries is dropped."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.data.variants import KNOWN_FINGERPRINTS, VAL2017_NUM_IMAGES
+from harness.hardware import derive_hardware_id
+from harness.results.site_rules import parse_iso8601
+
+
+class Block(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ModelBlock(Block):
+    id: str | None = None
+    family: str | None = None
+    variant: str | None = None
+    input_size: float | None = None
+
+
+class ConfigBlock(Block):
+    batch_size: int | None = None
+    input_size: float | None = None
+    conf: float | None = None
+    iou: float | None = None
+    max_det: int | None = None
+
+
+class HardwareBlock(Block):
+    id: str | None = None
+    gpu: str | None = None
+    cpu: str | None = None
+    ram_gb: float | None = None
+
+
+class RuntimeBlock(Block):
+    format: str | None = None
+    precision: str | None = None
+    provider: str | None = None
+    device: str | None = None
+    tf32: dict[str, Any] | None = None
+
+
+class DatasetBlock(Block):
+    id: str | None = None
+    split: str | None = None
+    num_images: int | None = None
+    variant: str | None = None
+    image_id_sha256: str | None = None
+
+
+class EvalBlock(Block):
+    num_images: int | None = Field(None, alias="numImages")
+
+
+class BenchmarkBlock(Block):
+    harness: str | None = None
+    harness_version: str | None = None
+    libreyolo_commit: str | None = None
+
+
+class Submission(Block):
+    """One submission; blocks the site requires are Optional here so that validation, not parsing,
+    reports what is missing."""
+
+    schema_version: str | None = None
+    submission_id: str | None = None
+    created_at: str | None = None
+    benchmark: BenchmarkBlock = Field(default_factory=BenchmarkBlock)
+    model: ModelBlock = Field(default_factory=ModelBlock)
+    config: ConfigBlock = Field(default_factory=ConfigBlock)
+    hardware: HardwareBlock = Field(default_factory=HardwareBlock)
+    runtime: RuntimeBlock = Field(default_factory=RuntimeBlock)
+    dataset: DatasetBlock | None = None
+    eval: EvalBlock | None = None
+    accuracy: dict[str, Any] = Field(default_factory=dict)
+    timing: dict[str, Any] = Field(default_factory=dict)
+    throughput: dict[str, Any] = Field(default_factory=dict)
+    memory: dict[str, Any] | None = None
+    model_stats: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    repro: dict[str, Any] | None = None
+
+    # -- coordinates, derived the same way everywhere ------------------------------------------
+    @property
+    def num_images(self) -> int | None:
+        for value in (self.dataset.num_images if self.dataset else None,
+                      self.eval.num_images if self.eval else None, self.timing.get("num_images")):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    @property
+    def image_id_sha256(self) -> str | None:
+        if self.dataset and self.dataset.image_id_sha256:
+            return self.dataset.image_id_sha256
+        dataset = (self.repro or {}).get("dataset")
+        return dataset.get("image_id_sha256") if isinstance(dataset, dict) else None
+
+    @property
+    def dataset_id(self) -> str:
+        return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
+
+    @property
+    def dataset_variant(self) -> str | None:
+        """Declared variant, else derived from the image count (5000 -> full, 500 -> mini500)."""
+        if self.dataset and self.dataset.variant:
+            return self.dataset.variant
+        n = self.num_images
+        if n is None:
+            return None
+        if self.dataset_id != "coco2017":
+            return f"{self.dataset_id}-{n}"
+        if n == VAL2017_NUM_IMAGES:
+            return "full"
+        if n == KNOWN_FINGERPRINTS["mini500"][0]:
+            return "mini500"
+        return f"subset{n}"
+
+    @property
+    def is_full_val(self) -> bool:
+        return self.dataset_variant == "full"
+
+    @property
+    def hardware_id(self) -> str:
+        """Trust hardware.id; derive from GPU/CPU names only when it is absent."""
+        if self.hardware.id and str(self.hardware.id).strip():
+            return str(self.hardware.id).strip()
+        return derive_hardware_id(self.hardware.gpu, self.hardware.cpu)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.config.batch_size if self.config.batch_size is not None else self.timing.get("batch_size")
+
+    @property
+    def input_size(self) -> int | None:
+        size = self.config.input_size if self.config.input_size is not None else self.model.input_size
+        return int(size) if isinstance(size, (int, float)) else None
+
+    @property
+    def commit(self) -> tuple[str | None, bool | None, str]:
+        """(commit, dirty, where): the harness commit when recorded, else the model library's."""
+        repro = self.repro or {}
+        if repro.get("harness_commit"):
+            return repro.get("harness_commit"), repro.get("harness_dirty"), "repro.harness_commit"
+        extra = self.benchmark.model_extra or {}
+        return self.benchmark.libreyolo_commit, extra.get("libreyolo_dirty"), "benchmark.libreyolo_commit"
+
+    @property
+    def timestamp(self) -> datetime | None:
+        for value in (self.created_at, self.metadata.get("benchmark_date")):
+            if isinstance(value, str):
+                try:
+                    stamp = parse_iso8601(value)
+                except ValueError:
+                    continue
+                return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+        return None

@@ -1,0 +1,230 @@
+"""`va-bench validate`: the site's rules plus ours (commit guard, coordinate completeness, dataset
+fingerprint, degenerate statistics) over files or folders of submissions. Never crashes on a file:
+anything unreadable is a finding."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from harness.data.variants import KNOWN_FINGERPRINTS
+from harness.errors import UsageError
+from harness.results.model import Submission
+from harness.results.site_rules import Finding, schema_findings, site_findings
+
+MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
+MIN_IMAGES_FOR_SPREAD = 10
+EXTENDED_SCHEMA = Path(__file__).with_name("submission.v1.extended.schema.json")
+
+
+def is_site_rule(finding: Finding) -> bool:
+    """Findings the site itself would reject a file for (as opposed to va-bench's stricter rules)."""
+    return finding.rule.startswith(("site.", "schema", "file.", "type"))
+
+
+@dataclass
+class FileReport:
+    """Findings for one file; `submission` is set when the file parsed."""
+
+    path: Path
+    findings: list[Finding] = field(default_factory=list)
+    submission: Submission | None = None
+    raw: dict | None = None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    def to_dict(self) -> dict:
+        return {"file": str(self.path), "ok": not self.errors, "findings": [f.to_dict() for f in self.findings]}
+
+
+def collect_files(paths: list[str | Path]) -> list[Path]:
+    """Files named, plus *.json under folders named (sorted); a missing path is a usage error."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(x for x in p.rglob("*.json") if x.is_file())
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"{p}: no such file or folder")
+    return files
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(path: Path) -> tuple[Any, Finding | None]:
+    """Parse a file defensively: size cap, strict numbers (no NaN/Infinity), nesting, encoding."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return None, Finding("$", f"file is {size / 2**20:.1f} MiB; a submission is at most "
+                                      f"{MAX_FILE_BYTES // 2**20} MiB", "file.size")
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text, parse_constant=_reject_constant), None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
+    except ValueError as exc:  # NaN/Infinity, integers beyond the digit limit
+        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
+    except RecursionError:
+        return None, Finding("$", "not valid JSON: nested too deeply", "file.json")
+    except OSError as exc:
+        return None, Finding("$", f"cannot read: {exc.strerror}", "file.read")
+
+
+def _walk_numbers(obj: Any, path: str = ""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk_numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk_numbers(v, f"{path}[{i}]")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield path, obj
+
+
+def our_findings(doc: dict, sub: Submission) -> list[Finding]:
+    """The harness's rules on top of the site's."""
+    out: list[Finding] = []
+    variant = sub.dataset_variant
+    # commit guard: full-val accuracy must come from a pinned, clean tree
+    commit, dirty, where = sub.commit
+    has_accuracy = isinstance(sub.accuracy.get("mAP_50_95"), (int, float))
+    if has_accuracy:
+        problem = None
+        if not commit or commit == "unknown":
+            problem = f"{where} is {commit or 'missing'}"
+        elif dirty:
+            problem = f"{where} {commit[:12]} was dirty"
+        if problem:
+            if sub.is_full_val:
+                out.append(Finding(where, f"full-val accuracy needs a pinned, clean commit: {problem}",
+                                   "commit_guard"))
+            else:
+                out.append(Finding(where, f"unpinned commit on a subset run: {problem}", "commit_guard",
+                                   "warning"))
+    # coordinate completeness
+    coords = {"hardware.id": sub.hardware_id if sub.hardware_id != "unknown" else None,
+              "config.batch_size": sub.batch_size, "config.input_size": sub.input_size,
+              "runtime.precision": sub.runtime.precision, "dataset.num_images": sub.num_images}
+    for path, value in coords.items():
+        if value in (None, ""):
+            out.append(Finding(path, f"coordinate {path} is missing and cannot be derived", "coordinates"))
+    if not (sub.hardware.id and str(sub.hardware.id).strip()) and coords["hardware.id"]:
+        out.append(Finding("hardware.id", f"hardware.id absent; derived {coords['hardware.id']!r} from device names",
+                           "coordinates", "warning"))
+    # dataset fingerprint
+    n, sha = sub.num_images, sub.image_id_sha256
+    if variant in KNOWN_FINGERPRINTS:
+        want_n, want_sha = KNOWN_FINGERPRINTS[variant]
+        if n is not None and n != want_n:
+            out.append(Finding("dataset.num_images", f"variant {variant} has {want_n} images, file says {n}",
+                               "dataset_fingerprint"))
+        if sha and sha != want_sha:
+            out.append(Finding("dataset.image_id_sha256", f"image ids are not the {variant} set "
+                               f"(sha256 {sha[:12]}…, expected {want_sha[:12]}…)", "dataset_fingerprint"))
+    elif sha and n is not None:
+        for name, (known_n, known_sha) in KNOWN_FINGERPRINTS.items():
+            if sha == known_sha and n != known_n:
+                out.append(Finding("dataset.num_images", f"image ids are the {name} set but num_images is {n}",
+                                   "dataset_fingerprint"))
+    legacy_n = sub.eval.num_images if sub.eval else None
+    if isinstance(legacy_n, int) and n is not None and legacy_n != n:
+        out.append(Finding("eval.numImages", f"eval.numImages {legacy_n} disagrees with dataset.num_images {n}",
+                           "dataset_fingerprint"))
+    # degenerate statistics
+    total = sub.timing.get("total_ms")
+    timed = sub.timing.get("num_images") or n or 0
+    if isinstance(total, dict):
+        std, p50, p95, p99 = (total.get(k) for k in ("std", "p50", "p95", "p99"))
+        if std == 0 and p50 is not None and p50 == p95 == p99 and timed >= MIN_IMAGES_FOR_SPREAD:
+            out.append(Finding("timing.total_ms", f"degenerate timing: std 0 and p50 = p95 = p99 = {p50} over "
+                               f"{timed} images (a constant, not a measurement)", "degenerate"))
+        if isinstance(p50, (int, float)) and p50 == 0:
+            out.append(Finding("timing.total_ms.p50", "latency of 0 ms is not a measurement", "degenerate"))
+    memory = doc.get("memory") if isinstance(doc.get("memory"), dict) else {}
+    for key in ("peak_ram_mb", "peak_vram_mb"):
+        if memory.get(key) == 0:
+            # a CPU-only run has no VRAM: 0 there is misleading rather than wrong
+            cpu_only = key == "peak_vram_mb" and sub.runtime.device == "cpu"
+            out.append(Finding(f"memory.{key}", f"memory.{key} is 0: an unmeasured value must be null "
+                               "(unavailable), not 0", "degenerate", "warning" if cpu_only else "error"))
+    for key, value in sub.accuracy.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value <= 1:
+            out.append(Finding(f"accuracy.{key}", f"accuracy.{key} = {value} is outside [0, 1]", "degenerate"))
+    for path, value in _walk_numbers(doc):
+        if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > 1e15:
+            out.append(Finding(path, f"{path} = {value} is not a plausible measurement", "degenerate"))
+    return out
+
+
+def validate_file(path: Path, support: dict | None, schema: dict) -> FileReport:
+    report = FileReport(path)
+    doc, problem = read_json(path)
+    if problem:
+        report.findings.append(problem)
+        return report
+    report.findings += schema_findings(doc, schema)
+    report.findings += site_findings(doc, support)
+    if not isinstance(doc, dict):
+        return report
+    report.raw = doc
+    try:
+        report.submission = Submission.model_validate(doc)
+    except ValidationError as exc:
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err["loc"])
+            report.findings.append(Finding(where, f"{where}: {err['msg']}", "type"))
+        return report
+    report.findings += our_findings(doc, report.submission)
+    # one finding per (path, rule): the schema and the site rules often see the same problem
+    unique, seen = [], set()
+    for f in report.findings:
+        if (f.path, f.message) not in seen:
+            seen.add((f.path, f.message))
+            unique.append(f)
+    report.findings = unique
+    return report
+
+
+def validate_paths(paths: list[str | Path], support: dict | None, progress=None) -> list[FileReport]:
+    """Validate every file, then the cross-file rule (unique submission_id)."""
+    schema = json.loads(EXTENDED_SCHEMA.read_text())
+    files = collect_files(paths)
+    reports = []
+    if progress is None:
+        reports = [validate_file(f, support, schema) for f in files]
+    else:
+        with progress.task("validate", len(files)) as advance:
+            for f in files:
+                reports.append(validate_file(f, support, schema))
+                advance()
+    owners: dict[str, Path] = {}
+    for r in reports:
+        sid = r.raw.get("submission_id") if r.raw else None
+        if isinstance(sid, str):
+            if sid in owners:
+                r.findings.append(Finding("submission_id", f"duplicate submission_id {sid} (also in "
+                                          f"{owners[sid].name})", "site.unique_id"))
+            else:
+                owners[sid] = r.path
+    return reports
+
+
+def load_support_matrix(path: str | Path | None) -> dict | None:
+    if path is None:
+        return None
+    path = Path(path)
+    doc, problem = read_json(path) if path.is_file() else (None, Finding("$", "no such file", "file.read"))
+    if problem or not isinstance(doc, dict) or not isinstance(doc.get("runtimes", []), list):
+        reason = problem.message if problem else "not a support matrix (want models + runtimes)"
+        raise UsageError(f"--support-matrix {path}: {reason}")
+    return doc
