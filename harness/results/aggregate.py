@@ -17,7 +17,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from harness.hardware import catalogue
-from harness.results.model import Submission
 from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
@@ -94,6 +93,12 @@ def row_from(report: FileReport) -> PerfRow:
     )
 
 
+def _derivable_hardware_id(report: FileReport, finding) -> bool:
+    """A missing hardware.id does not exclude a file whose GPU/CPU names identify the hardware."""
+    about_id = finding.path == "hardware.id" or (finding.path == "hardware" and "'id'" in finding.message)
+    return about_id and report.submission is not None and report.submission.hardware_id != "unknown"
+
+
 def dedup(rows: list[PerfRow]) -> list[PerfRow]:
     """Latest timestamp wins within a performance identity; the losers are listed on the winner."""
     groups: dict[tuple, list[PerfRow]] = {}
@@ -129,7 +134,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     """Build the leaderboard document from validated files (files with errors are left out)."""
     rows, excluded = [], []
     for report in reports:
-        site_errors = [f for f in report.errors if is_site_rule(f)]
+        site_errors = [f for f in report.errors if is_site_rule(f) and not _derivable_hardware_id(report, f)]
         if report.submission is None or site_errors:
             excluded.append({"file": str(report.path), "errors": [f.message for f in site_errors][:5]})
             continue
