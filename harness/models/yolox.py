@@ -128,20 +128,19 @@ class YoloxDetector:
         if out.shape[1] != grid.shape[0]:
             raise UsageError(f"{self.model_id}: head has {out.shape[1]} anchors, input size {input_size} "
                              f"implies {grid.shape[0]}; is --input-size a multiple of 32?")
-        per_image = []
         # score = objectness x best class probability <= objectness, so anchors whose objectness is
         # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
-        keep_obj = out[..., 4] >= conf
-        for i in range(out.shape[0]):
-            idx = keep_obj[i].nonzero().squeeze(1)
-            rows = out[i, idx]
-            class_prob, labels = rows[:, 5:].max(dim=1)
-            scores = rows[:, 4] * class_prob
-            xy = (rows[:, 0:2] + grid[idx]) * strides[idx]
-            half_wh = torch.exp(rows[:, 2:4]) * strides[idx] / 2
-            per_image.append(Candidates(boxes=torch.cat((xy - half_wh, xy + half_wh), dim=1),
-                                        scores=scores, labels=labels))
-        return per_image
+        # One set of tensor ops for the whole batch, then split per image.
+        image_idx, anchor_idx = (out[..., 4] >= conf).nonzero(as_tuple=True)
+        rows = out[image_idx, anchor_idx]
+        class_prob, labels = rows[:, 5:].max(dim=1)
+        scores = rows[:, 4] * class_prob
+        xy = (rows[:, 0:2] + grid[anchor_idx]) * strides[anchor_idx]
+        half_wh = torch.exp(rows[:, 2:4]) * strides[anchor_idx] / 2
+        boxes = torch.cat((xy - half_wh, xy + half_wh), dim=1)
+        counts = torch.bincount(image_idx, minlength=out.shape[0]).tolist()
+        return [Candidates(boxes=b, scores=s, labels=lab)
+                for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
         stats = ModelStats(params_millions=round(onnx_param_count(self.onnx_model) / 1e6, 4))
