@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from harness.errors import UsageError, VaBenchError
+
+# torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
@@ -73,12 +77,16 @@ def run(
     output_dir: str | None = typer.Option(None, "--output-dir"),
     run_id: str | None = typer.Option(None, "--run-id"),
     draw_images: int | None = typer.Option(None, "--draw-images", help="images with boxes to save"),
+    layers: bool | None = typer.Option(None, "--layers/--no-layers", help="per-layer timing pass"),
+    profile: bool | None = typer.Option(None, "--profile/--no-profile", help="torch.profiler pass + trace.json"),
+    energy: bool | None = typer.Option(None, "--energy/--no-energy", help="energy over the timing window"),
+    memory: bool | None = typer.Option(None, "--memory/--no-memory", help="peak RSS / VRAM + memory.csv"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
 ) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell)."""
     from harness.config import load_config
     from harness.report.progress import RichProgress, SilentProgress
-    from harness.report.tables import summary_json, summary_table
+    from harness.report.tables import probe_lines, probe_table, summary_json, summary_table
     from harness.runner import Runner, prepare
 
     overrides = dict(models=model, weights=weights, backends=backend, precisions=precision, input_sizes=input_size,
@@ -87,7 +95,8 @@ def run(
                      min_timed_batches=min_timed_batches, max_timed_batches=max_timed_batches,
                      stage_sync=stage_sync, accuracy=accuracy, accuracy_batch_size=accuracy_batch_size,
                      evaluator=evaluator, conf=conf, iou=iou, max_det=max_det, tf32=tf32, hardware_id=hardware_id,
-                     output_dir=output_dir, run_id=run_id, draw_images=draw_images)
+                     output_dir=output_dir, run_id=run_id, draw_images=draw_images, layers=layers, profile=profile,
+                     energy=energy, memory=memory)
     cfg = load_config(config, overrides)
     plan = prepare(cfg)
     if not as_json:
@@ -99,6 +108,10 @@ def run(
         console.print_json(json.dumps(summary_json(plan.run_dir, records)))
     else:
         console.print(summary_table(records))
+        if cfg.memory or cfg.energy:
+            console.print(probe_table(records))
+        for line in probe_lines(records):
+            console.print(escape(line), highlight=False, soft_wrap=True)
         for line in summary_json(plan.run_dir, records)["warnings"]:
             console.print(f"[yellow]warning[/]: {line}", markup=True, highlight=False)
         console.print(f"artifacts: {plan.run_dir}")

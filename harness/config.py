@@ -43,6 +43,13 @@ class RunConfig(BaseModel):
     output_dir: str = "outputs"
     run_id: str | None = None
     draw_images: int = Field(4, ge=0)
+    # probes: each in its own pass (layers, profile) or a cheap window around the timed batches
+    layers: bool = False
+    layer_batches: int = Field(3, ge=1)
+    profile: bool = False
+    profile_batches: int = Field(2, ge=1)
+    energy: bool = True
+    memory: bool = True
 
     @field_validator("batch_sizes", "input_sizes")
     @classmethod

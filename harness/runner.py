@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +20,9 @@ from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox, evaluator_version
 from harness.eval.matching import match_detections
 from harness.measure.device import Device, parse_device
+from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.env import apply_tf32, collect_environment, hardware_block
+from harness.measure.memory import MemoryMonitor
 from harness.measure.stats import summarize
 from harness.models.protocol import Detector
 from harness.models.registry import get_detector
@@ -27,8 +30,10 @@ from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.postprocess import ImageDetections
 from harness.pipeline.stage_timer import StageTimer
 from harness.plan import Cell, LoadKey, plan_cells
+from harness.probes import layer_pass, profile_pass
 from harness.report.draw import draw_detections
 from harness.report.progress import SilentProgress
+from harness.results.artifacts import ProbeArtifacts
 from harness.results.records import AccuracyRecord, CellRecord, TimingRecord
 from harness.results.steps_csv import write_steps_csv
 from harness.results.submission import build_submission, submission_filename
@@ -81,6 +86,7 @@ class Runner:
         self.config = plan.config
         self.progress = progress or SilentProgress()
         self.argv = argv
+        self._all_records: list[CellRecord] = []
 
     def run(self) -> list[CellRecord]:
         plan, config = self.plan, self.config
@@ -93,48 +99,91 @@ class Runner:
         status = {c.label: "pending" for _, cells in plan.groups for c in cells}
         self._write_run_json(environment, hardware, status)
         records: list[CellRecord] = []
-        for key, cells in plan.groups:
-            detector = plan.detectors[key.model]
-            spec = detector.preprocess.with_input_size(key.input_size)
-            core = detector.load_core(key.backend, plan.device, key.precision, key.input_size, threads=threads)
-            d = detector.defaults
-            thresholds = Thresholds(config.conf if config.conf is not None else d.conf,
-                                    config.iou if config.iou is not None else d.iou,
-                                    config.max_det if config.max_det is not None else d.max_det)
-            pipeline = DetectorPipeline(detector, core, plan.device, spec, thresholds)
-            accuracy, reference = (self._accuracy_pass(key, pipeline) if config.accuracy else (None, None))
-            stats = detector.model_stats(key.input_size).to_dict()
-            for cell in cells:
-                timing, detections = self._timing_pass(cell, pipeline)
-                invariance = match_detections(reference, detections) if reference is not None else None
-                record = CellRecord(
-                    run_id=plan.run_id,
-                    created_at=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
-                    cell=cell,
-                    model={"id": detector.model_id, "family": detector.family, "variant": detector.variant,
-                           "weights": detector.weights.__dict__},
-                    runtime={"format": core.format, "provider": core.provider, "precision": key.precision,
-                             "device": "gpu" if plan.device.is_cuda else "cpu", **core.info()},
-                    dataset=plan.variant.describe(),
-                    thresholds=thresholds.__dict__,
-                    hardware=hardware,
-                    environment=environment,
-                    model_stats=stats,
-                    timing=timing,
-                    accuracy=accuracy,
-                    invariance=invariance,
-                )
-                path = plan.run_dir / "submissions" / submission_filename(record)
-                record.artifacts = {"run_dir": str(plan.run_dir), "submission": str(path)}
-                if accuracy is not None:
-                    record.artifacts["detections"] = accuracy.detections_file
-                record.artifacts["steps_timer"] = str(plan.run_dir / "steps_timer.csv")
-                atomic_write_json(path, build_submission(record))
-                records.append(record)
-                status[cell.label] = "ok"
-                self._write_run_json(environment, hardware, status)
-                write_steps_csv(plan.run_dir / "steps_timer.csv", records)
+        self.energy_probe = EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None) \
+            if config.energy else None
+        self.monitor = MemoryMonitor(plan.device) if config.memory else None
+        self.artifacts = ProbeArtifacts(plan.run_dir)
+        with self.monitor or nullcontext():
+            for key, cells in plan.groups:
+                records += self._run_group(key, cells, threads, environment, hardware, status)
+        if self.monitor is not None:
+            self.artifacts.write_memory(self.monitor.samples)
         return records
+
+    def _run_group(self, key: LoadKey, cells: list[Cell], threads: int, environment: dict, hardware: dict,
+                   status: dict) -> list[CellRecord]:
+        """One (model, backend, precision, input size): load once, accuracy pass, then every batch size."""
+        plan, config = self.plan, self.config
+        detector = plan.detectors[key.model]
+        spec = detector.preprocess.with_input_size(key.input_size)
+        core = detector.load_core(key.backend, plan.device, key.precision, key.input_size, threads=threads)
+        d = detector.defaults
+        thresholds = Thresholds(config.conf if config.conf is not None else d.conf,
+                                config.iou if config.iou is not None else d.iou,
+                                config.max_det if config.max_det is not None else d.max_det)
+        pipeline = DetectorPipeline(detector, core, plan.device, spec, thresholds)
+        accuracy, reference = (self._accuracy_pass(key, pipeline) if config.accuracy else (None, None))
+        stats = detector.model_stats(key.input_size).to_dict()
+        records = []
+        for cell in cells:
+            timing, detections, probes = self._timing_pass(cell, pipeline)
+            if cell is cells[-1]:  # the optional passes once per group, at its largest batch size
+                probes.update(self._optional_passes(key, cell, pipeline))
+            invariance = match_detections(reference, detections) if reference is not None else None
+            record = CellRecord(
+                run_id=plan.run_id,
+                created_at=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
+                cell=cell,
+                model={"id": detector.model_id, "family": detector.family, "variant": detector.variant,
+                       "weights": detector.weights.__dict__},
+                runtime={"format": core.format, "provider": core.provider, "precision": key.precision,
+                         "device": "gpu" if plan.device.is_cuda else "cpu", **core.info()},
+                dataset=plan.variant.describe(),
+                thresholds=thresholds.__dict__,
+                hardware=hardware,
+                environment=environment,
+                model_stats=stats,
+                timing=timing,
+                accuracy=accuracy,
+                invariance=invariance,
+                energy=probes["energy"],
+                memory=probes["memory"],
+                layers=probes.get("layers"),
+                profiler=probes.get("profiler"),
+            )
+            path = plan.run_dir / "submissions" / submission_filename(record)
+            record.artifacts = {"run_dir": str(plan.run_dir), "submission": str(path),
+                                "steps_timer": str(plan.run_dir / "steps_timer.csv"), **self.artifacts.files}
+            if accuracy is not None:
+                record.artifacts["detections"] = accuracy.detections_file
+            atomic_write_json(path, build_submission(record))
+            records.append(record)
+            status[cell.label] = "ok"
+            self._write_run_json(environment, hardware, status)
+            write_steps_csv(plan.run_dir / "steps_timer.csv", self._all_records + records)
+            if self.energy_probe is not None:
+                self.artifacts.add_energy(cell.label, probes.get("energy_window"))
+        self._all_records += records
+        return records
+
+    def _optional_passes(self, key: LoadKey, cell: Cell, pipeline: DetectorPipeline) -> dict:
+        config, plan = self.config, self.plan
+        size = cell.batch_size
+        full = [plan.records[i:i + size] for i in range(0, len(plan.records) - size + 1, size)]
+        out = {}
+        if config.layers:
+            batches = [full[i % len(full)] for i in range(config.layer_batches)]
+            with self.progress.task(f"layers {cell.label}", None):
+                layers = layer_pass(pipeline, batches, plan.run_dir)
+            self.artifacts.add_layers(cell, layers)
+            out["layers"] = layers.summary()
+        if config.profile:
+            batches = [full[i % len(full)] for i in range(config.profile_batches)]
+            with self.progress.task(f"profiler {cell.label}", None):
+                profile = profile_pass(pipeline, batches, self.artifacts.trace_path(key))
+            self.artifacts.add_profile(cell, profile)
+            out["profiler"] = profile.summary()
+        return out
 
     def _write_run_json(self, environment: dict, hardware: dict, status: dict) -> None:
         plan = self.plan
@@ -175,7 +224,7 @@ class Runner:
                                 batch_size=size, detections_file=str(path))
         return record, detections
 
-    def _timing_pass(self, cell: Cell, pipeline: DetectorPipeline) -> tuple[TimingRecord, list[ImageDetections]]:
+    def _timing_pass(self, cell: Cell, pipeline: DetectorPipeline) -> tuple[TimingRecord, list[ImageDetections], dict]:
         """Warm-up (by count and by time, untimed), then timed full batches; the short last batch is
         run and recorded on its own, never mixed into the batch statistics."""
         config, plan = self.config, self.plan
@@ -195,12 +244,20 @@ class Runner:
             n_timed = min(n_timed, config.max_timed_batches)
         timer = StageTimer(plan.device, config.stage_sync)
         detections: list[ImageDetections] = []
-        with self.progress.task(f"timing {cell.label}", n_timed) as advance:
+        energy_window: dict = {}
+        if self.monitor is not None:
+            self.monitor.begin_window(f"timing {cell.label}")
+        energy = self.energy_probe.window(energy_window) if self.energy_probe else nullcontext()
+        with self.progress.task(f"timing {cell.label}", n_timed) as advance, energy:
             for i in range(n_timed):
                 out = pipeline.run_batch(batches[i % len(batches)], timer)
                 if i < len(batches):  # first pass over the data: keep for the invariance check
                     detections += out
                 advance()
+        memory = self.monitor.end_window() if self.monitor is not None else {
+            "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
+        if plan.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
+            memory.update(peak_vram_mb=None, vram_reason="ONNX Runtime allocates outside torch's allocator")
         short_record = None
         if short is not None and n_timed >= len(batches):
             short_timer = StageTimer(plan.device, config.stage_sync)
@@ -220,7 +277,11 @@ class Runner:
             images_per_s=timed_images / (sum(totals) / 1000.0),
             short_batch=short_record, warnings=list(batch_ms.warnings),
         )
-        return record, detections
+        timed_images = size * len(timer.batches)
+        probes = {"memory": memory, "energy_window": energy_window or None,
+                  "energy": energy_block(energy_window, self.energy_probe, timed_images) if self.energy_probe
+                  else {"status": "unavailable", "reason": "--no-energy"}}
+        return record, detections, probes
 
 
 def load_run(run_dir: Path) -> dict:

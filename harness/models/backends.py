@@ -96,6 +96,7 @@ class OnnxRuntimeCore:
         if device.is_cuda:
             available = ort.get_available_providers()
             wanted = [p for p in ("CUDAExecutionProvider",) if p in available] + wanted
+        self._model, self._wanted = model, wanted
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=wanted)
         self.input_name = self.session.get_inputs()[0].name
         self.execution_provider = self.session.get_providers()[0]
@@ -105,6 +106,23 @@ class OnnxRuntimeCore:
         self.allow_spinning = allow_spinning
         self.device = device
         self.torch_module = None
+
+    def profiling_copy(self, prefix: str) -> OnnxRuntimeCore:
+        """A second session of the same model with ORT's per-node profiler on (for the layer pass);
+        `end_profiling()` on its session writes the Chrome-trace JSON and returns its path."""
+        import onnxruntime as ort
+
+        copy = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
+        copy.__dict__.update(self.__dict__)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        options.log_severity_level = 3
+        options.enable_profiling = True
+        options.profile_file_prefix = prefix
+        copy.session = ort.InferenceSession(self._model.SerializeToString(), options, providers=self._wanted)
+        return copy
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         outputs = self.session.run(None, {self.input_name: batch.numpy()})

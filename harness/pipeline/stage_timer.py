@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 from harness.measure.device import Device
 
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
@@ -33,9 +35,10 @@ class BatchTiming:
 class StageTimer:
     """Times batches; use `begin_batch`, `stage(...)`/`substep(...)` blocks, then `end_batch`."""
 
-    def __init__(self, device: Device, stage_sync: bool = True):
+    def __init__(self, device: Device, stage_sync: bool = True, profiler_ranges: bool = False):
         self.device = device
         self.stage_sync = stage_sync
+        self.profiler_ranges = profiler_ranges  # label stages in torch.profiler traces (profiler pass only)
         self.batches: list[BatchTiming] = []
         self._current: BatchTiming | None = None
         self._stage: str | None = None
@@ -51,7 +54,11 @@ class StageTimer:
         start = time.perf_counter_ns()
         self._stage = name
         try:
-            yield
+            if self.profiler_ranges:
+                with torch.profiler.record_function(name):
+                    yield
+            else:
+                yield
         finally:
             if self.stage_sync:
                 self.device.synchronize()

@@ -37,6 +37,38 @@ def summary_table(records: list[CellRecord]) -> Table:
     return table
 
 
+def probe_table(records: list[CellRecord]) -> Table:
+    """Memory and energy per cell."""
+    table = Table(title="memory and energy (timing window)")
+    for col in ("cell", "peak RAM MB", "peak VRAM MB", "J/image", "images/J"):
+        table.add_column(col, justify="left" if col == "cell" else "right")
+    for r in records:
+        e = r.energy or {}
+        ok = e.get("status") == "ok"
+        table.add_row(escape(r.cell.label), str(r.memory.get("peak_ram_mb", "-")),
+                      str(r.memory.get("peak_vram_mb") or "-"),
+                      str(e.get("joules_per_image")) if ok else "unavailable",
+                      str(e.get("images_per_joule")) if ok else "-")
+    return table
+
+
+def probe_lines(records: list[CellRecord], top: int = 6) -> list[str]:
+    """One line per probe result worth reading: layer types, profiler top ops, why energy is missing."""
+    lines = []
+    for r in records:
+        if r.layers:
+            types = ", ".join(f"{t['layer_type']} {t['share_pct']:.0f}%" for t in r.layers["by_type_top"][:top])
+            cover = ", ".join(f"{c:.2f}" for c in r.layers["layer_sum_over_forward"])
+            lines.append(f"time per layer type ({r.cell.label}): {types}  [layer sum / forward: {cover}]")
+        if r.profiler:
+            ops = ", ".join(f"{o['name']} {o.get('self_cpu_ms', 0):.1f} ms" for o in r.profiler["top_ops"][:top])
+            lines.append(f"profiler top self-CPU ops ({r.cell.label}): {ops}  -> {r.profiler['trace']}")
+    reasons = {r.energy.get("reason") for r in records if r.energy and r.energy.get("status") != "ok"}
+    for reason in sorted(filter(None, reasons)):
+        lines.append(f"energy unavailable: {reason}")
+    return lines
+
+
 def summary_json(run_dir: Path, records: list[CellRecord]) -> dict:
     cells, warnings = [], []
     for r in records:
@@ -51,6 +83,10 @@ def summary_json(run_dir: Path, records: list[CellRecord]) -> dict:
             "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
             "batch_invariance": r.invariance.to_dict() if r.invariance else None,
             "warnings": t.warnings,
+            "memory": r.memory,
+            "energy": r.energy,
+            "layers": r.layers,
+            "profiler": r.profiler,
         })
         warnings += [f"{r.cell.label}: {w}" for w in t.warnings]
     return {"run_dir": str(run_dir), "cells": cells, "warnings": warnings}

@@ -57,4 +57,8 @@ class CellRecord:
     timing: TimingRecord
     accuracy: AccuracyRecord | None
     invariance: MatchReport | None
+    energy: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    layers: dict[str, Any] | None = None
+    profiler: dict[str, Any] | None = None
     artifacts: dict[str, str] = field(default_factory=dict)

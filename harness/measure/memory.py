@@ -1,0 +1,97 @@
+"""Host and GPU memory: a true peak RSS (the kernel's VmHWM high-water mark, reset per window, plus a
+psutil sampling thread for the timeline) and CUDA peak allocated/reserved memory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from harness.measure.device import Device
+
+MIB = 2**20
+
+
+def _vm_hwm_mb() -> float | None:
+    """The process's peak resident set size since start or the last reset (Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_vm_hwm() -> bool:
+    """Writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class MemoryMonitor:
+    """Samples RSS (and CUDA memory) every `interval_s` on a thread for the run's timeline, and
+    measures per-window peaks. The sampler is light (one /proc read per 50 ms)."""
+
+    def __init__(self, device: Device, interval_s: float = 0.05):
+        self.device = device
+        self.interval_s = interval_s
+        self.process = psutil.Process()
+        self.samples: list[tuple[float, str, float, float | None]] = []  # (time, tag, rss MiB, cuda MiB)
+        self.tag = "start"
+        self._window_peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._hwm_resettable = False
+
+    def _rss_mb(self) -> float:
+        return self.process.memory_info().rss / MIB
+
+    def _sample(self) -> None:
+        rss = self._rss_mb()
+        cuda = torch.cuda.memory_allocated(self.device.index) / MIB if self.device.is_cuda else None
+        self._window_peak = max(self._window_peak, rss)
+        self.samples.append((time.time(), self.tag, round(rss, 2), None if cuda is None else round(cuda, 2)))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> MemoryMonitor:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def begin_window(self, tag: str) -> None:
+        """Start a measured window: reset the kernel high-water mark and the CUDA peak counters."""
+        self.tag = tag
+        self._hwm_resettable = _reset_vm_hwm()
+        self._window_peak = self._rss_mb()
+        if self.device.is_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device.index)
+
+    def end_window(self) -> dict:
+        """Peaks since `begin_window`: the larger of VmHWM (exact, if it could be reset) and samples."""
+        self._sample()
+        hwm = _vm_hwm_mb() if self._hwm_resettable else None
+        peak = max(self._window_peak, hwm or 0.0)
+        out = {"peak_ram_mb": round(peak, 2), "ram_method": "VmHWM (reset per window) + psutil sampling"
+               if hwm is not None else f"psutil RSS sampling every {int(self.interval_s * 1000)} ms"}
+        if self.device.is_cuda:
+            out["peak_vram_mb"] = round(torch.cuda.max_memory_allocated(self.device.index) / MIB, 2)
+            out["peak_vram_reserved_mb"] = round(torch.cuda.max_memory_reserved(self.device.index) / MIB, 2)
+        else:
+            out["peak_vram_mb"] = None
+            out["vram_reason"] = "CPU run: no device memory"
+        self.tag = "between"
+        return out
