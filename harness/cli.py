@@ -197,6 +197,30 @@ def schema() -> None:
     sys.stdout.write(EXTENDED_SCHEMA.read_text())
 
 
+@app.command()
+def hw(as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+    """What this machine is (hardware id, CPU, GPU, RAM) and which probes work here, or why not."""
+    from rich.table import Table
+
+    from harness.measure.machine import machine_report
+
+    report = machine_report()
+    if as_json:
+        console.print_json(json.dumps(report))
+        return
+    h = report["hardware"]
+    console.print(f"hardware.id [bold]{escape(h['id'])}[/]: {escape(h['cpu'])} ({h['cpu_cores']} cores, "
+                  f"governor {escape(report['cpu']['governor'])}), {h['ram_gb']} GB RAM, GPU {escape(h['gpu'])}")
+    table = Table(title="measurement probes")
+    for col in ("probe", "status", "detail"):
+        table.add_column(col)
+    for name, p in report["probes"].items():
+        detail = p.get("reason") or p.get("method") or ", ".join(p.get("providers", []))
+        color = "green" if p["status"] == "ok" else "yellow"
+        table.add_row(name, f"[{color}]{p['status']}[/]", escape(str(detail)))
+    console.print(table)
+
+
 @models_app.command("list")
 def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """Registered models and whether their weights are present locally."""

@@ -49,7 +49,8 @@ def ort_run(tmp_path_factory):
     """yolox-nano on ONNX Runtime, batch 1 and 8, the whole local sample (206 images)."""
     if not (SUBSET_ANNOTATIONS.is_file() and YOLOX_NANO.is_file()):
         pytest.skip("offline assets missing (../shared/assets)")
-    return run_benchmark(tmp_path_factory, "ort", backends=["onnxruntime"], batch_sizes=[1, 8])
+    return run_benchmark(tmp_path_factory, "ort", backends=["onnxruntime"], batch_sizes=[1, 8], layers=True,
+                         profile=True)
 
 
 @pytest.fixture(scope="session")
@@ -58,4 +59,4 @@ def torch_run(tmp_path_factory):
     if not (SUBSET_ANNOTATIONS.is_file() and YOLOX_NANO.is_file()):
         pytest.skip("offline assets missing (../shared/assets)")
     return run_benchmark(tmp_path_factory, "torch", backends=["pytorch"], batch_sizes=[8], accuracy_batch_size=8,
-                         min_timed_batches=5)
+                         min_timed_batches=5, layers=True, profile=True)

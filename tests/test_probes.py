@@ -1,0 +1,215 @@
+"""Measurement probes: energy sources against fake sysfs/NVML, peak memory, layer timing, profiler."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+from harness.measure.device import Device
+from harness.measure.energy import (
+    EnergyProbe,
+    EnergyUnavailable,
+    JetsonRailsSource,
+    NvmlSource,
+    RaplSource,
+    energy_block,
+)
+from harness.measure.layers import hook_leaf_modules
+from harness.measure.memory import MemoryMonitor
+
+
+def _rapl_tree(root: Path, package_uj: int, core_uj: int, dram_uj: int, max_uj: int = 262143328850) -> Path:
+    api = root / "intel-rapl"
+    pkg = api / "intel-rapl:0"
+    for folder, name, value in ((pkg, "package-0", package_uj), (pkg / "intel-rapl:0:0", "core", core_uj),
+                                (pkg / "intel-rapl:0:1", "dram", dram_uj)):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "name").write_text(name + "\n")
+        (folder / "energy_uj").write_text(f"{value}\n")
+        (folder / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return api
+
+
+def test_rapl_exact_joules_with_wraparound(tmp_path):
+    api = _rapl_tree(tmp_path, package_uj=1_000_000, core_uj=500_000, dram_uj=262143328850 - 2_000_000)
+    source = RaplSource(str(api))
+    assert sorted(source.names) == ["core_0", "dram_0", "package_0"]
+    source.start()
+    _rapl_tree(tmp_path, package_uj=13_500_000, core_uj=4_500_000, dram_uj=1_000_000)  # dram counter wrapped
+    reading = source.stop()
+    assert reading.joules == {"package_0": 12.5, "core_0": 4.0, "dram_0": 3.0}
+    assert reading.total_j == 15.5  # package + dram; core is inside package
+
+
+def test_rapl_unreadable_says_how_to_fix(tmp_path, monkeypatch):
+    api = _rapl_tree(tmp_path, 1, 1, 1)
+
+    def denied(self):
+        raise PermissionError("energy_uj")
+
+    monkeypatch.setattr(RaplSource, "_read", denied)
+    with pytest.raises(EnergyUnavailable, match="chmod"):
+        RaplSource(str(api))
+    with pytest.raises(EnergyUnavailable, match="no RAPL interface"):
+        RaplSource(str(tmp_path / "absent"))
+
+
+class FakeNvml:
+    """Stands in for pynvml: a GPU whose energy counter (mJ) the test advances."""
+
+    def __init__(self):
+        self.energy_mj = 5_000_000
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"gpu{index}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self.energy_mj
+
+
+def test_nvml_exact_joules():
+    nvml = FakeNvml()
+    source = NvmlSource(0, nvml=nvml)
+    source.start()
+    nvml.energy_mj += 42_500
+    assert source.stop().joules == {"nvidia_gpu_0": 42.5}
+
+
+def test_nvml_error_is_unavailable():
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    with pytest.raises(EnergyUnavailable, match="NVML"):
+        NvmlSource(0, nvml=Broken())
+
+
+def test_jetson_rails_integrate_exactly(tmp_path):
+    hwmon = tmp_path / "1-0040" / "hwmon" / "hwmon3"
+    hwmon.mkdir(parents=True)
+    for n, label, mv, ma in ((1, "VDD_IN", 5000, 1000), (2, "VDD_CPU_GPU_CV", 5000, 400)):
+        (hwmon / f"in{n}_label").write_text(label + "\n")
+        (hwmon / f"in{n}_input").write_text(str(mv))
+        (hwmon / f"curr{n}_input").write_text(str(ma))
+    source = JetsonRailsSource(str(tmp_path / "*" / "hwmon" / "hwmon*"))
+    source.start(threaded=False)
+    source.samples = [(0.0, source.read_watts())]
+    (hwmon / "curr1_input").write_text("2000")  # VDD_IN goes from 5 W to 10 W
+    source.sample(now=2.0)
+    source.sample(now=4.0)
+    reading = source.integrate()
+    assert reading.joules["VDD_IN"] == pytest.approx(0.5 * (5 + 10) * 2 + 10 * 2)  # trapezoid: 35 J
+    assert reading.joules["VDD_CPU_GPU_CV"] == pytest.approx(2.0 * 4)
+    assert reading.total_domains == ["VDD_IN"]
+
+
+def test_energy_block_reports_per_image_and_unavailable(tmp_path):
+    api = _rapl_tree(tmp_path, 0, 0, 0)
+    probe = EnergyProbe(sources=[RaplSource(str(api))], unavailable={"nvml": "no CUDA device in this run"})
+    window: dict = {}
+    with probe.window(window):
+        _rapl_tree(tmp_path, 20_000_000, 10_000_000, 4_000_000)
+    block = energy_block(window, probe, images=48)
+    assert block["status"] == "ok" and block["joules_total"] == 24.0
+    assert block["joules_per_image"] == 0.5 and block["images_per_joule"] == 2.0
+    assert block["domains"]["package_0"]["avg_w"] == pytest.approx(20.0 / window["duration_s"], rel=1e-3)
+    empty = energy_block({}, EnergyProbe(unavailable={"rapl": "absent"}), 10)
+    assert empty == {"status": "unavailable", "reason": "rapl: absent"}
+
+
+def test_this_machine_says_why_energy_is_unavailable():
+    probe = EnergyProbe.detect(None)
+    if probe.sources:
+        pytest.skip("this machine exposes an energy counter")
+    assert {"rapl", "jetson", "nvml"} <= set(probe.unavailable)
+    assert all(reason for reason in probe.unavailable.values())
+
+
+def test_peak_rss_sees_a_buffer_allocated_inside_the_window():
+    size_mb = 256
+    with MemoryMonitor(Device("cpu"), interval_s=0.01) as monitor:
+        monitor.begin_window("baseline")
+        baseline = monitor.end_window()["peak_ram_mb"]
+        monitor.begin_window("alloc")
+        buffer = np.ones(size_mb * 2**20, dtype=np.uint8)  # touches every page
+        del buffer
+        peak = monitor.end_window()
+    assert peak["peak_ram_mb"] - baseline >= size_mb * 0.95
+    assert peak["peak_vram_mb"] is None and "CPU" in peak["vram_reason"]
+    assert any(tag == "alloc" for _, tag, _, _ in monitor.samples)
+
+
+def test_layer_hooks_are_removed_after_the_pass():
+    nested = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), nested)
+    with hook_leaf_modules(model, Device("cpu"), lambda: 0) as calls:
+        model(torch.zeros(2, 3, 8, 8))
+    assert [c.type for c in calls] == ["Conv2d", "ReLU", "Conv2d"]
+    assert calls[0].input_shapes == "2x3x8x8" and calls[0].output_shapes == "2x4x6x6"
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_layer_pass_artifacts_add_up(ort_run, torch_run):
+    for plan, records in (ort_run, torch_run):
+        run_dir = plan.run_dir
+        layered = [r for r in records if r.layers]
+        assert len(layered) == 1 and layered[0].cell.batch_size == 8  # once per group, at the largest batch
+        for coverage in layered[0].layers["layer_sum_over_forward"]:
+            assert 0.85 <= coverage <= 1.0
+        rows = list(csv.DictReader(open(run_dir / "layer_timer.csv")))
+        assert {r["batch"] for r in rows} == {"0", "1", "2"}
+        assert all(float(r["ms"]) >= 0 for r in rows)
+        types = list(csv.DictReader(open(run_dir / "layer_types.csv")))
+        assert sum(float(t["share_pct"]) for t in types) == pytest.approx(100, abs=0.1)
+        conv = "Conv2d" if records[0].cell.load.backend == "pytorch" else "Conv"
+        assert types[0]["layer_type"] == conv
+
+
+def test_profiler_trace_is_chrome_json_with_the_forward_ops(ort_run, torch_run):
+    trace = json.loads((torch_run[0].run_dir / "trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"aten::conv2d", "forward", "preprocess", "postprocess"} <= names
+    assert all("ph" in e for e in trace["traceEvents"][:100])
+    ops = list(csv.DictReader(open(torch_run[0].run_dir / "profiler_ops.csv")))
+    assert any(o["name"] == "aten::mkldnn_convolution" for o in ops)
+    ort_dir = ort_run[0].run_dir
+    assert {"forward", "torchvision::nms"} <= {e.get("name") for e in
+                                               json.loads((ort_dir / "trace.json").read_text())["traceEvents"]}
+    ort_nodes = json.loads(next(ort_dir.glob("ort_profile__*.json")).read_text())
+    assert any(e.get("args", {}).get("op_name") == "Conv" for e in ort_nodes)
+
+
+def test_probe_results_in_submissions(ort_run):
+    plan, records = ort_run
+    for path in (plan.run_dir / "submissions").glob("*.json"):
+        doc = json.loads(path.read_text())
+        assert doc["memory"]["peak_ram_mb"] > 100
+        energy = doc["energy"]
+        assert energy["status"] in ("ok", "unavailable")
+        if energy["status"] == "unavailable":
+            assert energy["reason"]
+    energy_rows = list(csv.DictReader(open(plan.run_dir / "energy.csv")))
+    assert len(energy_rows) == 2 and all(float(r["duration"]) > 0 for r in energy_rows)
+    memory_rows = list(csv.DictReader(open(plan.run_dir / "memory.csv")))
+    assert len(memory_rows) > 5 and all(float(r["rss_mb"]) > 0 for r in memory_rows)
+
+
+def test_hw_json_names_every_probe():
+    result = subprocess.run([sys.executable, "-m", "harness", "hw", "--json"], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["hardware"]["id"]
+    assert {"energy.rapl", "energy.nvml", "energy.jetson", "memory.host_peak", "memory.cuda_peak", "profiler.cpu",
+            "profiler.cuda", "onnxruntime"} <= set(report["probes"])
+    assert all(p["status"] in ("ok", "unavailable") for p in report["probes"].values())
+    assert all(p.get("reason") for p in report["probes"].values() if p["status"] == "unavailable")
