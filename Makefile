@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: setup bench bench-overhead test lint clean
+.PHONY: setup bench bench-overhead bench-hooks test lint clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,9 @@ bench: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m harness.bench.overhead --batch-size 8
+
+bench-hooks: $(STAMP)
+	$(BIN)/python -m harness.bench.hook_leak --backend pytorch --batch-size 8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
