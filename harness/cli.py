@@ -14,7 +14,7 @@ from rich.markup import escape
 from harness.errors import UsageError, VaBenchError
 
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
@@ -29,6 +29,13 @@ err_console = Console(stderr=True)
 # for options, so main() rewrites them into repeated flags before Typer parses argv.
 MULTI_VALUE_OPTIONS = {"--model", "--backend", "--precision", "--input-size", "--input-sizes",
                        "--batch-sizes", "--batch-size"}
+
+
+def _progress(quiet: bool):
+    """Live bars on a terminal; nothing when output is captured (logs, --json)."""
+    from harness.report.progress import RichProgress, SilentProgress
+
+    return SilentProgress() if quiet or not err_console.is_terminal else RichProgress(err_console)
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
@@ -85,7 +92,6 @@ def run(
 ) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell)."""
     from harness.config import load_config
-    from harness.report.progress import RichProgress, SilentProgress
     from harness.report.tables import probe_lines, probe_table, summary_json, summary_table
     from harness.runner import Runner, prepare
 
@@ -102,7 +108,7 @@ def run(
     if not as_json:
         console.print(f"run [bold]{plan.run_id}[/]: {plan.variant.name} ({plan.variant.num_images} images), "
                       f"{sum(len(c) for _, c in plan.groups)} cells on {plan.device}")
-    progress = SilentProgress() if as_json else RichProgress(err_console)
+    progress = _progress(as_json)
     records = Runner(plan, sys.argv[1:], progress).run()
     if as_json:
         console.print_json(json.dumps(summary_json(plan.run_dir, records)))
@@ -127,11 +133,10 @@ def validate(
 ) -> None:
     """Check submissions: site schema and rules, commit guard, coordinates, dataset fingerprint,
     degenerate statistics. Exit 0 clean, 1 errors found, 2 bad usage."""
-    from harness.report.progress import RichProgress, SilentProgress
     from harness.results.validate import load_support_matrix, validate_paths
 
     support = load_support_matrix(support_matrix)
-    progress = SilentProgress() if as_json else RichProgress(err_console)
+    progress = _progress(as_json)
     reports = validate_paths(paths, support, progress)
     n_errors = sum(len(r.errors) for r in reports)
     bad_files = sum(1 for r in reports if r.errors)
@@ -165,7 +170,6 @@ def aggregate(
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
     from harness.report.leaderboard import gate_table, leaderboard_table
-    from harness.report.progress import RichProgress, SilentProgress
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
     from harness.results.writer import atomic_write_json
@@ -173,7 +177,7 @@ def aggregate(
     if tolerance < 0:
         raise UsageError("--tolerance must be >= 0 (mAP points)")
     support = load_support_matrix(support_matrix)
-    reports = validate_paths(paths, support, SilentProgress() if as_json else RichProgress(err_console))
+    reports = validate_paths(paths, support, _progress(as_json))
     board = build(reports, reference_hardware, tolerance, fallback_hardware)
     if output is not None:
         atomic_write_json(output, board)
