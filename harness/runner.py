@@ -3,7 +3,6 @@ then one timing pass per batch size, and writes every artifact under outputs/<ru
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from contextlib import nullcontext
@@ -282,7 +281,3 @@ class Runner:
                   "energy": energy_block(energy_window, self.energy_probe, timed_images) if self.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}
         return record, detections, probes
-
-
-def load_run(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())

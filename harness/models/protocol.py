@@ -12,8 +12,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from harness.data.categories import COCO80_TO_91
-
 
 @dataclass(frozen=True)
 class PreprocessSpec:
@@ -117,5 +115,3 @@ class ModelStats:
             out["unavailable"] = self.notes
         return out
 
-
-DEFAULT_CLASS_MAP = COCO80_TO_91

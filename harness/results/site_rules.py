@@ -3,12 +3,9 @@ so a harness user learns of a rejection before opening a pull request), plus its
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 REQUIRED_BLOCKS = {
@@ -118,11 +115,6 @@ def site_findings(doc: Any, support: dict | None) -> list[Finding]:
         out.append(Finding("benchmark.libreyolo_commit", f"libreyolo_commit {commit} is not in the support matrix",
                            "site.support_matrix"))
     return out
-
-
-@cache
-def load_json_file(path: str) -> Any:
-    return json.loads(Path(path).read_text())
 
 
 def schema_findings(doc: Any, schema: dict) -> list[Finding]:
