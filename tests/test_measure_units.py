@@ -93,3 +93,15 @@ def test_letterbox_matches_yolox_reference_transform():
     assert batch.shape == (1, 3, 416, 416) and batch.dtype == torch.float32
     assert np.array_equal(batch[0].permute(1, 2, 0).numpy(), ref.astype(np.float32))
     assert tr.ratio == (r, r) and tr.pad == (0.0, 0.0)
+
+
+def test_matching_counts_identical_zero_area_boxes():
+    from harness.eval.matching import match_detections
+    from harness.pipeline.postprocess import ImageDetections
+
+    boxes = np.array([[10, 10, 10, 30], [0, 0, 5, 5]], dtype=np.float32)  # the first has zero width
+    a = ImageDetections(1, boxes, np.array([0.5, 0.4]), np.array([0, 1]))
+    b = ImageDetections(1, boxes.copy(), np.array([0.5, 0.4005]), np.array([0, 1]))
+    report = match_detections([a], [b])
+    assert report.matched == 2 and report.match_rate == 1.0
+    assert report.max_score_delta == pytest.approx(0.0005)

@@ -39,7 +39,11 @@ def _match_image(a: ImageDetections, b: ImageDetections, iou_thr: float, tol: fl
     """Greedy one-to-one matching in score order: same class, IoU >= thr, |score delta| <= tol."""
     if len(a.scores) == 0 or len(b.scores) == 0:
         return 0, 0.0
-    iou = box_iou(torch.from_numpy(a.boxes).double(), torch.from_numpy(b.boxes).double())
+    boxes_a, boxes_b = torch.from_numpy(a.boxes).double(), torch.from_numpy(b.boxes).double()
+    iou = box_iou(boxes_a, boxes_b)
+    # a box clipped to zero area has IoU 0/0 = NaN even with itself: identical boxes match exactly
+    identical = (boxes_a[:, None, :] == boxes_b[None, :, :]).all(dim=-1)
+    iou = torch.where(identical, torch.ones_like(iou), torch.nan_to_num(iou, nan=0.0))
     same = torch.from_numpy(a.labels)[:, None] == torch.from_numpy(b.labels)[None, :]
     delta = (torch.from_numpy(a.scores).double()[:, None] - torch.from_numpy(b.scores).double()[None, :]).abs()
     ok = same & (iou >= iou_thr) & (delta <= tol)
