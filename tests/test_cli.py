@@ -70,6 +70,14 @@ def test_plugin_forward_stage_matches_its_known_cost(tmp_path):
     assert doc["timing"]["stages_ms"]["forward"]["count"] == 10  # 6 batches, cycled up to the minimum of 10
 
 
+def test_corrupt_weights_are_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    result = va_bench("run", "--weights", str(bad), "--output-dir", str(tmp_path / "o"))
+    assert result.returncode == 2 and "not a readable ONNX model" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_broken_plugin_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def make():\n    return object()\n")

@@ -84,44 +84,43 @@ class OnnxRuntimeCore:
                  allow_spinning: bool = False):
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        # ORT's idle workers spin after each Run() by default and steal the cores the harness's own
-        # pre/post-processing needs; measured here, end-to-end throughput is equal or better without it.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         wanted = ["CPUExecutionProvider"]
         if device.is_cuda:
             available = ort.get_available_providers()
             wanted = [p for p in ("CUDAExecutionProvider",) if p in available] + wanted
         self._model, self._wanted = model, wanted
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=wanted)
+        self.threads = threads
+        self.allow_spinning = allow_spinning
+        self.session = self._session()
         self.input_name = self.session.get_inputs()[0].name
         self.execution_provider = self.session.get_providers()[0]
         self.provider = ORT_PROVIDER_NAMES.get(self.execution_provider, self.execution_provider.lower())
         self.precision = precision
-        self.threads = threads
-        self.allow_spinning = allow_spinning
         self.device = device
         self.torch_module = None
 
-    def profiling_copy(self, prefix: str) -> OnnxRuntimeCore:
-        """A second session of the same model with ORT's per-node profiler on (for the layer pass);
-        `end_profiling()` on its session writes the Chrome-trace JSON and returns its path."""
+    def _session(self, profile_prefix: str | None = None):
         import onnxruntime as ort
 
-        copy = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
-        copy.__dict__.update(self.__dict__)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if self.threads:
             options.intra_op_num_threads = self.threads
         options.log_severity_level = 3
-        options.enable_profiling = True
-        options.profile_file_prefix = prefix
-        copy.session = ort.InferenceSession(self._model.SerializeToString(), options, providers=self._wanted)
+        # ORT's idle workers spin after each Run() by default and steal the cores the harness's own
+        # pre/post-processing needs; measured here, end-to-end throughput is equal or better without it.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.allow_spinning else "0")
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        return ort.InferenceSession(self._model.SerializeToString(), options, providers=self._wanted)
+
+    def profiling_copy(self, prefix: str) -> OnnxRuntimeCore:
+        """A second session of the same model with ORT's per-node profiler on (for the layer pass);
+        `end_profiling()` on its session writes the Chrome-trace JSON and returns its path."""
+        copy = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
+        copy.__dict__.update(self.__dict__)
+        copy.session = self._session(profile_prefix=prefix)
         return copy
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:

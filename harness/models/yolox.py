@@ -66,6 +66,7 @@ class YoloxDetector:
             sha256=file_sha256(self.path),
             source="--weights" if weights else "official YOLOX release (ONNX export)",
         )
+        self._raw_model = self._load(self.path)
         size = self._native_input_size()
         self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
                                          pad_value=114, channel_order="BGR", scale=1.0)
@@ -86,19 +87,24 @@ class YoloxDetector:
             f"`va-bench models fetch {self.model_id}` or pass --weights PATH"
         )
 
-    @cached_property
-    def onnx_model(self) -> onnx.ModelProto:
+    @staticmethod
+    def _load(path: Path) -> onnx.ModelProto:
         try:
-            model = onnx.load(str(self.path))
+            model = onnx.load(str(path))
         except Exception as exc:  # onnx raises DecodeError and friends
-            raise UsageError(f"{self.path} is not a readable ONNX model ({exc})") from exc
+            raise UsageError(f"{path} is not a readable ONNX model ({exc})") from exc
         outputs = model.graph.output
         if len(outputs) != 1 or outputs[0].type.tensor_type.shape.dim[-1].dim_value != 85:
-            raise UsageError(f"{self.path} does not look like a COCO YOLOX export (want one output [B,N,85])")
-        return make_batch_dynamic(model)
+            raise UsageError(f"{path} does not look like a COCO YOLOX export (want one output [B,N,85])")
+        return model
+
+    @cached_property
+    def onnx_model(self) -> onnx.ModelProto:
+        """The export with symbolic batch/height/width (see make_batch_dynamic)."""
+        return make_batch_dynamic(self._raw_model)
 
     def _native_input_size(self) -> tuple[int, int]:
-        dims = onnx.load(str(self.path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        dims = self._raw_model.graph.input[0].type.tensor_type.shape.dim
         h, w = dims[2].dim_value, dims[3].dim_value
         return (h, w) if h and w else (VARIANTS[self.variant],) * 2
 

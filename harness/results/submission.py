@@ -93,7 +93,7 @@ def build_submission(record: CellRecord) -> dict:
                  "evaluator": record.accuracy.evaluator if record.accuracy else None,
                  "batch_size": record.accuracy.batch_size if record.accuracy else None,
                  "status": "ok" if record.accuracy else "skipped (--no-accuracy)"},
-        "runtime": {**{k: v for k, v in record.runtime.items()}, "tf32": env["tf32"]},
+        "runtime": {**record.runtime, "tf32": env["tf32"]},
         "batch_invariance": (record.invariance.to_dict() | {
             "reference_batch_size": record.accuracy.batch_size}) if record.invariance else None,
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
