@@ -168,7 +168,7 @@ class Runner:
     def _optional_passes(self, key: LoadKey, cell: Cell, pipeline: DetectorPipeline) -> dict:
         config, plan = self.config, self.plan
         size = cell.batch_size
-        full = [plan.records[i:i + size] for i in range(0, len(plan.records) - size + 1, size)]
+        full = [b for b in self._batches(size) if len(b) == size]
         out = {}
         if config.layers:
             batches = [full[i % len(full)] for i in range(config.layer_batches)]
@@ -183,6 +183,11 @@ class Runner:
             self.artifacts.add_profile(cell, profile)
             out["profiler"] = profile.summary()
         return out
+
+    def _batches(self, size: int) -> list[list[ImageRecord]]:
+        """The variant's images in order, `size` at a time (the last batch may be short)."""
+        records = self.plan.records
+        return [records[i:i + size] for i in range(0, len(records), size)]
 
     def _write_run_json(self, environment: dict, hardware: dict, status: dict) -> None:
         plan = self.plan
@@ -203,7 +208,7 @@ class Runner:
         size = self.config.accuracy_batch_size
         timer = StageTimer(plan.device)
         detections: list[ImageDetections] = []
-        batches = [plan.records[i:i + size] for i in range(0, len(plan.records), size)]
+        batches = self._batches(size)
         with self.progress.task(f"accuracy {key.model} {key.backend}", len(plan.records)) as advance:
             for batch in batches:
                 detections += pipeline.run_batch(batch, timer)
@@ -228,7 +233,7 @@ class Runner:
         run and recorded on its own, never mixed into the batch statistics."""
         config, plan = self.config, self.plan
         size = cell.batch_size
-        batches = [plan.records[i:i + size] for i in range(0, len(plan.records), size)]
+        batches = self._batches(size)
         short = batches.pop() if len(batches[-1]) < size else None
         scratch = StageTimer(plan.device, config.stage_sync)
         warm_count, start = 0, time.perf_counter()
@@ -276,7 +281,6 @@ class Runner:
             images_per_s=timed_images / (sum(totals) / 1000.0),
             short_batch=short_record, warnings=list(batch_ms.warnings),
         )
-        timed_images = size * len(timer.batches)
         probes = {"memory": memory, "energy_window": energy_window or None,
                   "energy": energy_block(energy_window, self.energy_probe, timed_images) if self.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}

@@ -131,3 +131,17 @@ def test_cross_backend_detections_match(ort_run, torch_run):
     torch_dets = detections_from_coco(json.loads(open(torch_run[1][0].accuracy.detections_file).read()))
     report = match_detections(ort_dets, torch_dets, iou_threshold=0.99, score_tolerance=1e-3)
     assert report.images == 206 and report.match_rate >= 0.99, report.to_dict()
+
+
+def test_model_stats_match_the_published_yolox_nano_figures(ort_run):
+    """YOLOX's model zoo lists YOLOX-Nano at 0.91 M parameters and 1.08 GFLOPs (416x416)."""
+    stats = ort_run[1][0].model_stats
+    assert stats["params_millions"] == pytest.approx(0.91, rel=0.02)
+    assert stats["gflops"] == pytest.approx(1.08, rel=0.05)
+
+
+def test_throughput_is_consistent_with_the_batch_latencies(ort_run):
+    for record in ort_run[1]:
+        t = record.timing
+        assert t.images_per_s == pytest.approx(t.batch_size * 1000 / t.batch_ms.mean, rel=1e-9)
+        assert t.image_ms.mean == pytest.approx(t.batch_ms.mean / t.batch_size, rel=1e-9)
