@@ -73,6 +73,9 @@ def run(
     max_timed_batches: int | None = typer.Option(None, "--max-timed-batches"),
     stage_sync: bool | None = typer.Option(None, "--stage-sync/--no-stage-sync",
                                               help="sync the device at every stage (latency) or per batch"),
+    overlap: bool | None = typer.Option(None, "--overlap/--no-overlap",
+                                        help="throughput mode: prepare/post-process neighbouring batches "
+                                             "while the core runs (stage times then overlap)"),
     accuracy: bool | None = typer.Option(None, "--accuracy/--no-accuracy"),
     accuracy_batch_size: int | None = typer.Option(None, "--accuracy-batch-size"),
     evaluator: str | None = typer.Option(None, "--evaluator", help="pycocotools or faster-coco-eval"),
@@ -99,7 +102,7 @@ def run(
                      batch_sizes=batch_sizes, subset=subset, limit=limit, coco_dir=coco_dir, device=device,
                      threads=threads, warmup_batches=warmup_batches, warmup_seconds=warmup_seconds,
                      min_timed_batches=min_timed_batches, max_timed_batches=max_timed_batches,
-                     stage_sync=stage_sync, accuracy=accuracy, accuracy_batch_size=accuracy_batch_size,
+                     stage_sync=stage_sync, overlap=overlap, accuracy=accuracy, accuracy_batch_size=accuracy_batch_size,
                      evaluator=evaluator, conf=conf, iou=iou, max_det=max_det, tf32=tf32, hardware_id=hardware_id,
                      output_dir=output_dir, run_id=run_id, draw_images=draw_images, layers=layers, profile=profile,
                      energy=energy, memory=memory)

@@ -84,9 +84,12 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], run
 def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], trace_path: Path) -> ProfilePassRecord:
     """torch.profiler over a few batches, stages labelled; Chrome trace + key averages."""
     timer = StageTimer(pipeline.device, profiler_ranges=True)
+    # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
+    on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
+                                      pipeline.thresholds, host_workers=1)
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
-            pipeline.run_batch(batch, timer)
+            on_this_thread.run_batch(batch, timer)
     export_trace(prof, trace_path)
     notes = []
     if getattr(pipeline.core, "torch_module", None) is None:

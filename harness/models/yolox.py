@@ -70,7 +70,7 @@ class YoloxDetector:
         size = self._native_input_size()
         self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
                                          pad_value=114, channel_order="BGR", scale=1.0)
-        self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._grids: dict[tuple, torch.Tensor] = {}
 
     def _resolve(self, weights: str | Path | None) -> Path:
         if weights is not None:
@@ -116,35 +116,39 @@ class YoloxDetector:
             return TorchCore(onnx_to_torch(self.onnx_model), device, precision)
         raise UsageError(f"{self.model_id} has no backend {backend!r}; use one of {', '.join(self.backends)}")
 
-    def _grid(self, input_size: tuple[int, int], device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _grid(self, input_size: tuple[int, int], device, dtype) -> torch.Tensor:
+        """[anchors, 3]: grid x, grid y and stride of every anchor, in the head's order."""
         key = (input_size, str(device), dtype)
         if key not in self._grids:
-            grids, strides = [], []
+            cells = []
             for stride in STRIDES:
                 h, w = input_size[0] // stride, input_size[1] // stride
                 ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-                grids.append(torch.stack((xs, ys), -1).reshape(-1, 2))
-                strides.append(torch.full((h * w, 1), stride))
-            self._grids[key] = (torch.cat(grids).to(device, dtype), torch.cat(strides).to(device, dtype))
+                cells.append(torch.stack((xs, ys, torch.full_like(xs, stride)), -1).reshape(-1, 3))
+            self._grids[key] = torch.cat(cells).to(device, dtype)
         return self._grids[key]
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> list[Candidates]:
         out = raw[0]
-        grid, strides = self._grid(input_size, out.device, out.dtype)
-        if out.shape[1] != grid.shape[0]:
-            raise UsageError(f"{self.model_id}: head has {out.shape[1]} anchors, input size {input_size} "
+        batch, anchors, width = out.shape
+        grid = self._grid(input_size, out.device, out.dtype)
+        if anchors != grid.shape[0]:
+            raise UsageError(f"{self.model_id}: head has {anchors} anchors, input size {input_size} "
                              f"implies {grid.shape[0]}; is --input-size a multiple of 32?")
         # score = objectness x best class probability <= objectness, so anchors whose objectness is
         # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
         # One set of tensor ops for the whole batch, then split per image.
-        image_idx, anchor_idx = (out[..., 4] >= conf).nonzero(as_tuple=True)
-        rows = out[image_idx, anchor_idx]
+        flat = out.reshape(batch * anchors, width)
+        hits = (flat[:, 4] >= conf).nonzero().squeeze(1)
+        rows = flat.index_select(0, hits)
         class_prob, labels = rows[:, 5:].max(dim=1)
-        scores = rows[:, 4] * class_prob
-        xy = (rows[:, 0:2] + grid[anchor_idx]) * strides[anchor_idx]
-        half_wh = torch.exp(rows[:, 2:4]) * strides[anchor_idx] / 2
+        box = rows[:, :5].contiguous()  # contiguous, so exp below takes the vectorised path
+        scores = box[:, 4] * class_prob
+        cell = grid.index_select(0, hits % anchors)  # (x, y, stride) of each hit's anchor
+        xy = (box[:, 0:2] + cell[:, 0:2]) * cell[:, 2:3]
+        half_wh = torch.exp(box[:, 2:4]) * cell[:, 2:3] / 2
         boxes = torch.cat((xy - half_wh, xy + half_wh), dim=1)
-        counts = torch.bincount(image_idx, minlength=out.shape[0]).tolist()
+        counts = torch.bincount(hits // anchors, minlength=batch).tolist()
         return [Candidates(boxes=b, scores=s, labels=lab)
                 for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
 

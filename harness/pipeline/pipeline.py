@@ -1,17 +1,31 @@
-"""DetectorPipeline: one batch through decode -> letterbox -> collate -> forward -> decode -> NMS -> rescale."""
+"""DetectorPipeline: one batch through decode -> letterbox -> collate -> forward -> decode -> NMS -> rescale.
+
+Two ways to run batches:
+- `run_batch` (latency mode): the stages of one batch run one after another on the calling thread,
+  so each stage's time is its own and the stages add up to the batch time.
+- `run_overlapped` (throughput mode): a host worker prepares batch k+1 and post-processes batch k-1
+  while the core runs batch k, as a deployed pipeline would. Stage times overlap; each batch's
+  total is its end-to-end latency through the pipeline (queueing included), and throughput is
+  images over the wall time of the whole stream.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
+import torch
 
 from harness.data.coco import ImageRecord
 from harness.measure.device import Device
 from harness.models.protocol import Core, Detector, PreprocessSpec
-from harness.pipeline.postprocess import ImageDetections, nms_per_image, to_original
-from harness.pipeline.preprocess import decode_image, preprocess_batch
-from harness.pipeline.stage_timer import StageTimer
+from harness.pipeline.postprocess import BatchCandidates, ImageDetections, nms_batch, split_by_image, to_original
+from harness.pipeline.preprocess import ImageTransform, decode_image, preprocess_batch
+from harness.pipeline.stage_timer import BatchTiming, StageTimer
 
 
 @dataclass(frozen=True)
@@ -21,11 +35,28 @@ class Thresholds:
     max_det: int
 
 
+@cache
+def _host_pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per process for per-image host work (NMS); its threads idle between batches."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="va-host")
+
+
+@cache
+def _stream_worker() -> ThreadPoolExecutor:
+    """The single host worker of `run_overlapped` (one thread: batches stay in order)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="va-stream")
+
+
 class DetectorPipeline:
-    """The harness side of a detector: everything but the core forward is shared code."""
+    """The harness side of a detector: everything but the core forward is shared code.
+
+    In latency mode per-image NMS runs on `host_workers` threads (default: torch's thread count),
+    inside the postprocess stage, so stage times still add up to the batch time."""
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
-                 thresholds: Thresholds):
+                 thresholds: Thresholds, host_workers: int | None = None):
+        workers = host_workers or torch.get_num_threads()
+        self.host_executor = _host_pool(workers) if workers > 1 else None
         self.detector = detector
         self.core = core
         self.device = device
@@ -38,30 +69,84 @@ class DetectorPipeline:
                   images: list[np.ndarray] | None = None) -> list[ImageDetections]:
         """Run one batch; `images` (already decoded) skips the decode substep."""
         timer.begin_batch(len(records))
+        batch, transforms = self._preprocess(records, timer, images)
+        raw = self._forward(batch, timer)
+        detections = self._postprocess(records, raw, transforms, timer, self.host_executor)
+        timer.end_batch()
+        return detections
+
+    def run_stream(self, batches: Sequence[list[ImageRecord]], timer: StageTimer,
+                   overlap: bool = False) -> Iterator[list[ImageDetections]]:
+        """Run batches in latency mode (`run_batch`) or overlapped (`run_overlapped`); either way
+        each batch's timing lands in `timer.batches` and its detections are yielded in order."""
+        if not overlap:
+            for records in batches:
+                yield self.run_batch(records, timer)
+            return
+        for detections, timing in self.run_overlapped(batches):
+            timer.batches.append(timing)
+            yield detections
+
+    def run_overlapped(self, batches: Sequence[list[ImageRecord]],
+                       images: Sequence[list[np.ndarray]] | None = None,
+                       ) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
+        """Throughput mode (see the module docstring): yields each batch's detections and timing, in order."""
+        worker = _stream_worker()
+
+        def prepare(k: int) -> tuple[StageTimer, torch.Tensor, list[ImageTransform]]:
+            timer = StageTimer(self.device, stage_sync=False, batch_sync=False)
+            timer.begin_batch(len(batches[k]))
+            batch, transforms = self._preprocess(batches[k], timer, images[k] if images is not None else None)
+            return timer, batch, transforms
+
+        # On CUDA the worker decodes on its own stream: on the default stream its kernels would queue
+        # behind the next batch's forward (raw is complete: the forward stage synchronised).
+        side_stream = torch.cuda.Stream(device=self.device.torch_device) if self.device.is_cuda else None
+
+        def finish(k: int, timer: StageTimer, raw: list[torch.Tensor], transforms: list[ImageTransform]):
+            with torch.cuda.stream(side_stream) if side_stream is not None else nullcontext():
+                detections = self._postprocess(batches[k], raw, transforms, timer, executor=None)
+            return detections, timer.end_batch()
+
+        if not batches:
+            return
+        prepared = worker.submit(prepare, 0)
+        finishing: Future | None = None
+        for k in range(len(batches)):
+            timer, batch, transforms = prepared.result()
+            if k + 1 < len(batches):
+                prepared = worker.submit(prepare, k + 1)
+            raw = self._forward(batch, timer, sync=True)  # the worker reads raw only once it is ready
+            if finishing is not None:
+                yield finishing.result()
+            finishing = worker.submit(finish, k, timer, raw, transforms)
+        yield finishing.result()
+
+    def _preprocess(self, records: list[ImageRecord], timer: StageTimer,
+                    images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:
         with timer.stage("preprocess"):
             if images is None:
                 with timer.substep("decode"):
                     images = [decode_image(r.path) for r in records]
-            batch, transforms = preprocess_batch(images, self.spec)
+            return preprocess_batch(images, self.spec)
+
+    def _forward(self, batch: torch.Tensor, timer: StageTimer, sync: bool = False) -> list[torch.Tensor]:
         with timer.stage("transfer"):
             if self.input_device is not None and self.input_device.type != "cpu":
                 batch = batch.to(self.input_device, non_blocking=True)
         with timer.stage("forward"):
             raw = self.core(batch)
+            if sync:
+                self.device.synchronize()
+        return raw
+
+    def _postprocess(self, records: list[ImageRecord], raw: list[torch.Tensor], transforms: list[ImageTransform],
+                     timer: StageTimer, executor: ThreadPoolExecutor | None) -> list[ImageDetections]:
+        t = self.thresholds
         with timer.stage("postprocess"):
-            t = self.thresholds
-            candidates = self.detector.decode(raw, self.spec.input_size, t.conf)
+            candidates = BatchCandidates.from_images(self.detector.decode(raw, self.spec.input_size, t.conf), t.conf)
             with timer.substep("nms"):
-                kept = [nms_per_image(c, t.conf, t.iou, t.max_det) for c in candidates]
+                kept = nms_batch(candidates, t.iou, t.max_det, executor)
             with timer.substep("boxes"):
-                detections = [
-                    ImageDetections(
-                        image_id=record.image_id,
-                        boxes=to_original(boxes, transform).cpu().numpy(),
-                        scores=scores.cpu().numpy(),
-                        labels=labels.cpu().numpy(),
-                    )
-                    for record, transform, (boxes, scores, labels) in zip(records, transforms, kept, strict=True)
-                ]
-        timer.end_batch()
-        return detections
+                boxes = to_original(kept, transforms)
+                return split_by_image(kept, boxes, [r.image_id for r in records])

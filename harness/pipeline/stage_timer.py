@@ -35,9 +35,13 @@ class BatchTiming:
 class StageTimer:
     """Times batches; use `begin_batch`, `stage(...)`/`substep(...)` blocks, then `end_batch`."""
 
-    def __init__(self, device: Device, stage_sync: bool = True, profiler_ranges: bool = False):
+    def __init__(self, device: Device, stage_sync: bool = True, profiler_ranges: bool = False,
+                 batch_sync: bool = True):
         self.device = device
         self.stage_sync = stage_sync
+        # Overlapped mode times each batch from another thread than the forward's: a device-wide
+        # sync there would wait for the *next* batch's forward, so only the forward stage syncs.
+        self.batch_sync = batch_sync
         self.profiler_ranges = profiler_ranges  # label stages in torch.profiler traces (profiler pass only)
         self.batches: list[BatchTiming] = []
         self._current: BatchTiming | None = None
@@ -45,7 +49,8 @@ class StageTimer:
         self._t0 = 0
 
     def begin_batch(self, size: int) -> None:
-        self.device.synchronize()
+        if self.batch_sync:
+            self.device.synchronize()
         self._current = BatchTiming(size=size)
         self._t0 = time.perf_counter_ns()
 
@@ -81,7 +86,8 @@ class StageTimer:
             self._current.stages[name] = self._current.stages.get(name, 0) + ns
 
     def end_batch(self) -> BatchTiming:
-        self.device.synchronize()
+        if self.batch_sync:
+            self.device.synchronize()
         batch = self._current
         batch.total_ns = time.perf_counter_ns() - self._t0
         self.batches.append(batch)

@@ -23,7 +23,9 @@ def _split(record: CellRecord) -> str:
 
 
 def summary_table(records: list[CellRecord]) -> Table:
-    table = Table(title="va-bench run summary")
+    overlapped = any(r.timing.mode == "overlapped" for r in records)
+    table = Table(title="va-bench run summary" + (" (overlapped: img/s over wall time; batch times are end-to-end "
+                                                  "latencies with queueing, stages overlap)" if overlapped else ""))
     for col in ("model", "backend", "size", "batch", "img/s", "p50 ms/batch", "p95 ms/batch", "p50 ms/img",
                 "stage split", "mAP", "b-invariance"):
         table.add_column(col, justify="right" if col not in ("model", "backend", "stage split") else "left")
@@ -76,6 +78,7 @@ def summary_json(run_dir: Path, records: list[CellRecord]) -> dict:
         cells.append({
             "cell": r.cell.label,
             "submission": r.artifacts.get("submission"),
+            "mode": t.mode,
             "images_per_s": round(t.images_per_s, 3),
             "batch_ms": t.batch_ms.to_dict(),
             "image_ms_p50": round(t.image_ms.p50, 4),

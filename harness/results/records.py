@@ -32,6 +32,7 @@ class TimingRecord:
     warmup_batches: int
     warmup_seconds: float
     stage_sync: bool
+    mode: str  # "latency": stages in sequence; "overlapped": host work overlaps the forward
     batch_ms: Summary
     image_ms: Summary
     stages_ms: dict[str, Summary]  # per batch, keyed by stage / "stage.substep"

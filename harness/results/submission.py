@@ -3,7 +3,10 @@
 The site's blocks and field names are kept exactly (see the corpus in ../shared/corpus); what we
 add lives in extra keys v1 readers ignore. `timing.total_ms` is per image (batch latency / batch
 size, so fps = 1000 / ms at every batch size, as the site computes); per-batch latency is in
-`timing.batch_ms`, per-stage times (per batch) in `timing.stages_ms`.
+`timing.batch_ms`, per-stage times (per batch) in `timing.stages_ms`. `timing.mode` says how the
+batches ran: "latency" (one after another: stage times add up to the batch time) or "overlapped"
+(throughput mode: a batch's time is its end-to-end latency with queueing, and
+`throughput.images_per_s` is images over the wall time of the stream).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def build_submission(record: CellRecord) -> dict:
             "timed_batches": t.timed_batches,
             "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds},
             "stage_sync": t.stage_sync,
+            "mode": t.mode,
             "short_batch": t.short_batch,
             "warnings": t.warnings,
         },
