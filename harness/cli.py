@@ -74,7 +74,7 @@ def run(
     stage_sync: bool | None = typer.Option(None, "--stage-sync/--no-stage-sync",
                                               help="sync the device at every stage (latency) or per batch"),
     overlap: bool | None = typer.Option(None, "--overlap/--no-overlap",
-                                        help="throughput mode: prepare/post-process neighbouring batches "
+                                        help="overlapped mode: prepare/post-process neighbouring batches "
                                              "while the core runs (stage times then overlap)"),
     accuracy: bool | None = typer.Option(None, "--accuracy/--no-accuracy"),
     accuracy_batch_size: int | None = typer.Option(None, "--accuracy-batch-size"),

@@ -32,7 +32,7 @@ class RunConfig(BaseModel):
     min_timed_batches: int = Field(10, ge=1)
     max_timed_batches: int | None = Field(None, ge=1)
     stage_sync: bool = True
-    overlap: bool = False  # throughput mode: host work of neighbouring batches overlaps the forward
+    overlap: bool = False  # overlapped mode: host work of neighbouring batches overlaps the forward
     accuracy: bool = True
     accuracy_batch_size: int = Field(1, ge=1)
     evaluator: Literal["pycocotools", "faster-coco-eval"] = "pycocotools"

@@ -3,10 +3,10 @@
 Two ways to run batches:
 - `run_batch` (latency mode): the stages of one batch run one after another on the calling thread,
   so each stage's time is its own and the stages add up to the batch time.
-- `run_overlapped` (throughput mode): a host worker prepares batch k+1 and post-processes batch k-1
-  while the core runs batch k, as a deployed pipeline would. Stage times overlap; each batch's
-  total is its end-to-end latency through the pipeline (queueing included), and throughput is
-  images over the wall time of the whole stream.
+- `run_overlapped` (overlapped mode, for throughput): a host worker prepares batch k+1 and
+  post-processes batch k-1 while the core runs batch k, as a deployed pipeline would. Stage times
+  overlap; each batch's total is its end-to-end latency through the pipeline (queueing included),
+  and throughput is images over the wall time of the whole stream.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class DetectorPipeline:
     def run_overlapped(self, batches: Sequence[list[ImageRecord]],
                        images: Sequence[list[np.ndarray]] | None = None,
                        ) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
-        """Throughput mode (see the module docstring): yields each batch's detections and timing, in order."""
+        """Overlapped mode (see the module docstring): yields each batch's detections and timing, in order."""
         worker = _stream_worker()
 
         def prepare(k: int) -> tuple[StageTimer, torch.Tensor, list[ImageTransform]]:

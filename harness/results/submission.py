@@ -5,7 +5,7 @@ add lives in extra keys v1 readers ignore. `timing.total_ms` is per image (batch
 size, so fps = 1000 / ms at every batch size, as the site computes); per-batch latency is in
 `timing.batch_ms`, per-stage times (per batch) in `timing.stages_ms`. `timing.mode` says how the
 batches ran: "latency" (one after another: stage times add up to the batch time) or "overlapped"
-(throughput mode: a batch's time is its end-to-end latency with queueing, and
+(overlapped mode: a batch's time is its end-to-end latency with queueing, and
 `throughput.images_per_s` is images over the wall time of the stream).
 """
 
