@@ -2,6 +2,7 @@
 
 import csv
 import json
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -140,8 +141,13 @@ def test_peak_rss_sees_a_buffer_allocated_inside_the_window():
         monitor.begin_window("baseline")
         baseline = monitor.end_window()["peak_ram_mb"]
         monitor.begin_window("alloc")
-        buffer = np.ones(size_mb * 2**20, dtype=np.uint8)  # touches every page
-        del buffer
+        # fresh pages from the kernel: a malloc'd buffer could reuse heap earlier tests freed but
+        # glibc kept resident (the Makefile's GLIBC_TUNABLES disable trimming), and not raise RSS
+        region = mmap.mmap(-1, size_mb * 2**20)
+        pages = np.frombuffer(region, dtype=np.uint8)
+        pages[:] = 1  # touches every page
+        del pages
+        region.close()
         peak = monitor.end_window()
     assert peak["peak_ram_mb"] - baseline >= size_mb * 0.95
     assert peak["peak_vram_mb"] is None and "CPU" in peak["vram_reason"]
