@@ -25,7 +25,7 @@ from harness.measure.memory import MemoryMonitor
 from harness.measure.stats import summarize
 from harness.models.protocol import Detector
 from harness.models.registry import get_detector
-from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds, stream_worker_priority
 from harness.pipeline.postprocess import ImageDetections
 from harness.pipeline.stage_timer import StageTimer
 from harness.plan import Cell, LoadKey, plan_cells
@@ -93,6 +93,8 @@ class Runner:
         torch.set_num_threads(threads)
         apply_tf32(config.tf32)
         environment = collect_environment(plan.device, config.tf32, self.argv, threads)
+        if config.overlap:
+            environment["threads"]["overlapped_host_worker"] = {"threads": 1, **stream_worker_priority()}
         hardware = hardware_block(plan.device, config.hardware_id)
         plan.run_dir.mkdir(parents=True)
         status = {c.label: "pending" for _, cells in plan.groups for c in cells}

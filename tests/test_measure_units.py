@@ -1,5 +1,9 @@
-"""Units of the measurement layer: device sync ownership, the stage timer, statistics, letterbox."""
+"""Units of the measurement layer: device sync ownership, the stage timer, statistics, letterbox,
+the overlapped-mode worker's priority."""
 
+import os
+import sys
+import threading
 import time
 
 import numpy as np
@@ -9,6 +13,7 @@ import torch
 from harness.measure.device import Device
 from harness.measure.stats import summarize
 from harness.models.protocol import PreprocessSpec
+from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_worker, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
 from harness.pipeline.stage_timer import StageTimer
 
@@ -79,20 +84,43 @@ def test_summarize_matches_numpy_and_flags_instability():
     assert any("only" in w for w in summarize([1.0, 2.0]).warnings)
 
 
-def test_letterbox_matches_yolox_reference_transform():
+def _reference_transform(img: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
+    """The straightforward way: resize, paste onto a canvas full of the pad value."""
     import cv2
 
+    (in_h, in_w), (h, w) = spec.input_size, img.shape[:2]
+    if spec.resize == "stretch":
+        return cv2.resize(img, (in_w, in_h), interpolation=cv2.INTER_LINEAR)
+    r = min(in_h / h, in_w / w)
+    new_h, new_w = int(h * r), int(w * r)
+    top, left = ((in_h - new_h) // 2, (in_w - new_w) // 2) if spec.pad_position == "center" else (0, 0)
+    canvas = np.full((in_h, in_w, 3), spec.pad_value, np.uint8)
+    canvas[top:top + new_h, left:left + new_w] = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    return canvas
+
+
+@pytest.mark.parametrize("options", [
+    {},  # YOLOX: top-left padding
+    {"pad_position": "center"},
+    {"resize": "stretch"},
+    {"input_size": (320, 480), "pad_position": "center"},
+])
+def test_letterbox_writes_every_pixel_as_the_reference_transform(options, monkeypatch):
     rng = np.random.default_rng(1)
-    img = rng.integers(0, 255, (300, 500, 3), dtype=np.uint8)
-    spec = PreprocessSpec(input_size=(416, 416))
-    batch, (tr,) = preprocess_batch([img], spec)
-    r = min(416 / 300, 416 / 500)
-    ref = np.full((416, 416, 3), 114, np.uint8)
-    resized = cv2.resize(img, (int(500 * r), int(300 * r)), interpolation=cv2.INTER_LINEAR)
-    ref[: int(300 * r), : int(500 * r)] = resized
-    assert batch.shape == (1, 3, 416, 416) and batch.dtype == torch.float32
-    assert np.array_equal(batch[0].permute(1, 2, 0).numpy(), ref.astype(np.float32))
-    assert tr.ratio == (r, r) and tr.pad == (0.0, 0.0)
+    images = [rng.integers(0, 255, shape, dtype=np.uint8) for shape in ((300, 500, 3), (500, 300, 3), (416, 416, 3))]
+    spec = PreprocessSpec(input_size=options.get("input_size", (416, 416)), **{
+        k: v for k, v in options.items() if k != "input_size"})
+    # The canvas is allocated uninitialised: make that memory a value no pixel should have.
+    real_empty = np.empty
+    monkeypatch.setattr(np, "empty", lambda shape, dtype=float: np.full(shape, 7, dtype) if dtype == np.uint8
+                        else real_empty(shape, dtype))
+    batch, transforms = preprocess_batch(images, spec)
+    assert batch.shape == (3, 3, *spec.input_size) and batch.dtype == torch.float32
+    for image, got, tr in zip(images, batch, transforms, strict=True):
+        assert np.array_equal(got.permute(1, 2, 0).numpy(), _reference_transform(image, spec).astype(np.float32))
+        h, w = image.shape[:2]
+        x_in = np.array([w, h]) * tr.ratio + tr.pad  # the bottom-right corner maps inside the canvas
+        assert (x_in <= np.array(spec.input_size[::-1]) + 1e-6).all()
 
 
 def test_matching_counts_identical_zero_area_boxes():
@@ -105,3 +133,15 @@ def test_matching_counts_identical_zero_area_boxes():
     report = match_detections([a], [b])
     assert report.matched == 2 and report.match_rate == 1.0
     assert report.max_score_delta == pytest.approx(0.0005)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is a Linux feature")
+def test_overlapped_host_worker_yields_to_the_forward():
+    """The worker runs at a lower priority than the thread that runs the forward; the caller's stays as it was."""
+    def own_nice():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = own_nice()
+    worker_nice = _stream_worker().submit(own_nice).result()
+    assert worker_nice == min(19, before + STREAM_WORKER_NICE) and own_nice() == before
+    assert stream_worker_priority() == {"nice_increment": STREAM_WORKER_NICE}

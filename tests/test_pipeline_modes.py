@@ -105,6 +105,8 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     # batches are in flight together: images over the stream's wall time beat one batch's latency
     assert t.images_per_s > t.batch_size * 1000 / t.batch_ms.mean
     assert record.invariance.match_rate == 1.0
+    assert record.environment["threads"]["overlapped_host_worker"]["threads"] == 1
+
 
 
 @requires_corpus

@@ -11,6 +11,9 @@ Two ways to run batches:
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -41,10 +44,35 @@ def _host_pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="va-host")
 
 
+# How much lower the overlapped-mode host worker's priority is than the forward's (a nice increment).
+# When host work and the forward want the same cores, the scheduler then runs host work in the forward's
+# gaps instead of preempting one of its threads mid-operator, which stalls the whole operator at its
+# barrier. Measured (2 cores, ONNX Runtime, batch 8, 12 alternating rounds): overhead ratio 0.889 -> 0.914.
+STREAM_WORKER_NICE = 8
+
+
+def stream_worker_priority() -> dict:
+    """How the overlapped-mode worker is scheduled, for the environment record."""
+    return {"nice_increment": STREAM_WORKER_NICE if sys.platform.startswith("linux") else 0}
+
+
+def _lower_own_priority() -> None:
+    # Linux only: there PRIO_PROCESS with a thread id renices just that thread (and the threads it
+    # starts); elsewhere it would renice the whole process, forward included.
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + STREAM_WORKER_NICE))
+    except OSError:  # a sandbox may forbid it; the mode still works, only less well
+        pass
+
+
 @cache
 def _stream_worker() -> ThreadPoolExecutor:
-    """The single host worker of `run_overlapped` (one thread: batches stay in order)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="va-stream")
+    """The single host worker of `run_overlapped` (one thread: batches stay in order), at a lower
+    priority than the forward (see STREAM_WORKER_NICE)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="va-stream", initializer=_lower_own_priority)
 
 
 class DetectorPipeline:

@@ -31,25 +31,39 @@ def decode_image(path: Path) -> np.ndarray:
     return image
 
 
-def _place(image: np.ndarray, canvas: np.ndarray, spec: PreprocessSpec) -> ImageTransform:
-    """Resize one BGR image into its canvas slot [H,W,3] (in place)."""
+def _resize_into(image: np.ndarray, target: np.ndarray) -> None:
+    """Bilinear resize of `image` into the view `target`, in place where OpenCV can write to the view."""
+    h, w = target.shape[:2]
+    resized = cv2.resize(image, (w, h), dst=target, interpolation=cv2.INTER_LINEAR)
+    if resized.ctypes.data != target.ctypes.data:  # this OpenCV allocated a new image instead
+        target[:] = resized
+
+
+def _place(image: np.ndarray, slot: np.ndarray, spec: PreprocessSpec) -> ImageTransform:
+    """Resize one BGR image straight into its canvas slot [H,W,3] and fill the rest with the pad value.
+
+    cv2.resize writes into the slot's view (no intermediate image), and only the pad area is filled:
+    this stage is memory-bound, and after a forward has run the host's data is no longer in cache."""
     h, w = image.shape[:2]
     in_h, in_w = spec.input_size
     if spec.resize == "stretch":
-        canvas[:] = cv2.resize(image, (in_w, in_h), interpolation=cv2.INTER_LINEAR)
+        _resize_into(image, slot)
         return ImageTransform((in_w / w, in_h / h), (0.0, 0.0), (h, w))
     r = min(in_h / h, in_w / w)
     new_h, new_w = int(h * r), int(w * r)  # truncation, as YOLOX's reference transform does
-    resized = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
     top, left = ((in_h - new_h) // 2, (in_w - new_w) // 2) if spec.pad_position == "center" else (0, 0)
-    canvas[top:top + new_h, left:left + new_w] = resized
+    _resize_into(image, slot[top:top + new_h, left:left + new_w])
+    slot[:top] = spec.pad_value
+    slot[top + new_h:] = spec.pad_value
+    slot[top:top + new_h, :left] = spec.pad_value
+    slot[top:top + new_h, left + new_w:] = spec.pad_value
     return ImageTransform((r, r), (float(left), float(top)), (h, w))
 
 
 def preprocess_batch(images: list[np.ndarray], spec: PreprocessSpec) -> tuple[torch.Tensor, list[ImageTransform]]:
     """Letterbox/resize each BGR image into one uint8 buffer, then one conversion to float [B,3,H,W]."""
     in_h, in_w = spec.input_size
-    canvas = np.full((len(images), in_h, in_w, 3), spec.pad_value, dtype=np.uint8)
+    canvas = np.empty((len(images), in_h, in_w, 3), dtype=np.uint8)
     transforms = [_place(image, canvas[i], spec) for i, image in enumerate(images)]
     hwc = torch.from_numpy(canvas)
     if spec.channel_order == "RGB":
