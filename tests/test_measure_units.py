@@ -144,4 +144,16 @@ def test_overlapped_host_worker_yields_to_the_forward():
     before = own_nice()
     worker_nice = _stream_worker().submit(own_nice).result()
     assert worker_nice == min(19, before + STREAM_WORKER_NICE) and own_nice() == before
-    assert stream_worker_priority() == {"nice_increment": STREAM_WORKER_NICE}
+    assert stream_worker_priority() == {"torch_intra_op": 1, "nice_increment": STREAM_WORKER_NICE}
+
+
+def test_overlapped_host_worker_is_single_threaded_and_leaves_the_callers_threads_alone():
+    """A torch thread team in the worker slows the caller's PyTorch forward for good (see _init_stream_worker);
+    making the worker single-threaded must not change the caller's count or the default of later threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = torch.get_num_threads()
+    assert _stream_worker().submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == before
+    with ThreadPoolExecutor(1) as later:
+        assert later.submit(torch.get_num_threads).result() == before
