@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(r["backend"], name, f"{r['forward_images_per_s']:.1f}",
                               f"{m['images_per_s']:.1f}", f"{m['ratio_median']:.3f}",
                               f"{m['ratio_min']:.2f}-{m['ratio_max']:.2f}")
-        Console().print(table)
-        Console().print("* the backend's throughput mode (the better one), judged against the target")
+        console = Console(width=max(100, Console().width))  # the table's rows stay whole in a log too
+        console.print(table)
+        console.print("* the backend's throughput mode (the better one), judged against the target")
     return 0 if all(r[r["throughput_mode"]]["ratio_median"] >= args.target for r in results) else 1
 
 
