@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = mode.replace("_mode", "") + (" *" if mode == r["throughput_mode"] else "")
                 table.add_row(r["backend"], name, f"{r['forward_images_per_s']:.1f}",
                               f"{m['images_per_s']:.1f}", f"{m['ratio_median']:.3f}",
-                              f"{m['ratio_min']:.2f}-{m['ratio_max']:.2f}")
+                              f"{m['ratio_min']:.3f}-{m['ratio_max']:.3f}")
         console = Console(width=max(100, Console().width))  # the table's rows stay whole in a log too
         console.print(table)
         console.print("* the backend's throughput mode (the better one), judged against the target")
