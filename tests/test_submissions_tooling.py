@@ -161,6 +161,20 @@ def test_latest_timestamp_wins_within_one_identity(tmp_path, base_doc):
     assert row["fps_mean"] == 20.0 and row["superseded"] == ["s0.json"]
 
 
+def test_overlapped_and_latency_runs_stay_separate_rows(tmp_path, base_doc):
+    latency = _variant(base_doc, throughput__fps_mean=20.0)
+    latency["created_at"] = "2026-01-01T00:00:00Z"
+    overlapped = _variant(base_doc, throughput__fps_mean=30.0, timing__mode="overlapped")
+    overlapped["created_at"] = "2026-02-01T00:00:00Z"  # newer, yet it must not replace the latency run
+    board = aggregate(_write(tmp_path / "modes", [latency, overlapped]))
+    assert sorted((r["timing_mode"], r["fps_mean"]) for r in board["cube"]) == [("latency", 20.0),
+                                                                               ("overlapped", 30.0)]
+    assert board["counts"]["superseded"] == 0
+    assert [(r["timing_mode"], r["fps_mean"]) for r in board["leaderboard"]] == [("latency", 20.0)]
+    only_overlapped = aggregate(_write(tmp_path / "only_overlapped", [overlapped]))
+    assert [r["timing_mode"] for r in only_overlapped["leaderboard"]] == ["overlapped"]
+
+
 def test_hardware_id_is_trusted_else_derived(tmp_path, base_doc):
     jetson = copy.deepcopy(base_doc)
     del jetson["hardware"]["id"]

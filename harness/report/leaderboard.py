@@ -18,9 +18,10 @@ def leaderboard_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     for r in rows[:max_rows]:
         shown = "-" if r["accuracy_shown"] is None else f"{r['accuracy_shown']:.4f}"
         source = "subset" if r["subset"] else ("full" if r["accuracy_shown"] is not None else "-")
+        variant = r["dataset_variant"] + (f" ({r['timing_mode']} timing)" if r["timing_mode"] != "latency" else "")
         table.add_row(*(escape(str(v)) for v in (
             r["hardware"], r["model"], r["format"], r["provider"], r["precision"], r["input_size"],
-            r["dataset_variant"], shown, source, r["latency_ms_p50"], r["fps_mean"], len(r["flags"]) or "")))
+            variant, shown, source, r["latency_ms_p50"], r["fps_mean"], len(r["flags"]) or "")))
     return table
 
 

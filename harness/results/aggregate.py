@@ -1,7 +1,11 @@
 """`va-bench aggregate`: many submissions -> one leaderboard (seed 000, steps 1-2).
 
 * Performance identity: model | hardware | format | provider | precision | input size | batch size |
-  dataset variant. Within one identity the latest timestamp wins; nothing else collapses.
+  dataset variant | timing mode. Within one identity the latest timestamp wins; nothing else collapses.
+  Timing mode is `timing.mode` ("latency", the site's own view and the default for files without it,
+  or "overlapped"): an overlapped run's latency includes queueing and its throughput overlaps batches,
+  so the two never replace each other. The leaderboard shows a coordinate's latency-mode row where
+  there is one.
 * Accuracy identity: model | dataset variant | precision. The canonical number comes from the
   reference hardware (default a100), else the first hardware of the fallback order; within a
   hardware PyTorch first, then the newest run. The source is recorded.
@@ -34,6 +38,7 @@ class PerfRow:
     input_size: int | None
     batch_size: int | None
     dataset_variant: str
+    timing_mode: str
     num_images: int | None
     created_at: str
     file: str
@@ -55,7 +60,7 @@ class PerfRow:
     @property
     def perf_key(self) -> tuple:
         return (self.model, self.hardware, self.format, self.provider, self.precision, self.input_size,
-                self.batch_size, self.dataset_variant)
+                self.batch_size, self.dataset_variant, self.timing_mode)
 
     @property
     def accuracy_key(self) -> tuple:
@@ -82,6 +87,7 @@ def row_from(report: FileReport) -> PerfRow:
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
+        timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
         num_images=sub.num_images, created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
         latency_ms_mean=_num(total.get("mean")), fps_mean=_num(sub.throughput.get("fps_mean")),
@@ -178,14 +184,16 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
             row.accuracy_shown, row.accuracy_source = None, "no accuracy for this model/variant/precision"
 
     default_size = _default_input_sizes(cube)
-    leaderboard = [r for r in cube if r.batch_size == 1 and r.input_size == default_size.get(r.model)]
+    with_latency_row = {r.perf_key[:-1] for r in cube if r.timing_mode == "latency"}
+    leaderboard = [r for r in cube if r.batch_size == 1 and r.input_size == default_size.get(r.model)
+                   and (r.timing_mode == "latency" or r.perf_key[:-1] not in with_latency_row)]
     leaderboard.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
     return {
         "schema_version": "va-bench.leaderboard.v1",
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
                    "tolerance_points": tolerance_points,
                    "performance_identity": ["model", "hardware", "format", "provider", "precision", "input_size",
-                                            "batch_size", "dataset_variant"],
+                                            "batch_size", "dataset_variant", "timing_mode"],
                    "accuracy_identity": ["model", "dataset_variant", "precision"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate)},
