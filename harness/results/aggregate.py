@@ -58,9 +58,14 @@ class PerfRow:
     accuracy_trusted: bool = True  # False: unpinned full-val commit or implausible accuracy
 
     @property
-    def perf_key(self) -> tuple:
+    def coordinate(self) -> tuple:
+        """What was measured, whatever the timing mode."""
         return (self.model, self.hardware, self.format, self.provider, self.precision, self.input_size,
-                self.batch_size, self.dataset_variant, self.timing_mode)
+                self.batch_size, self.dataset_variant)
+
+    @property
+    def perf_key(self) -> tuple:
+        return (*self.coordinate, self.timing_mode)
 
     @property
     def accuracy_key(self) -> tuple:
@@ -184,9 +189,9 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
             row.accuracy_shown, row.accuracy_source = None, "no accuracy for this model/variant/precision"
 
     default_size = _default_input_sizes(cube)
-    with_latency_row = {r.perf_key[:-1] for r in cube if r.timing_mode == "latency"}
+    with_latency_row = {r.coordinate for r in cube if r.timing_mode == "latency"}
     leaderboard = [r for r in cube if r.batch_size == 1 and r.input_size == default_size.get(r.model)
-                   and (r.timing_mode == "latency" or r.perf_key[:-1] not in with_latency_row)]
+                   and (r.timing_mode == "latency" or r.coordinate not in with_latency_row)]
     leaderboard.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
     return {
         "schema_version": "va-bench.leaderboard.v1",
