@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: setup bench bench-overhead bench-hooks test lint clean
+.PHONY: setup bench bench-overhead bench-hooks test report-check lint clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ bench-hooks: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# `va-bench report`'s HTML rendered in headless Chromium (installs Debian's chromium; needs root)
+report-check: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/python -m pytest -q tests/test_report.py -k chromium
 
 lint: $(STAMP)
 	$(BIN)/ruff check harness tests

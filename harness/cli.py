@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 
 import typer
@@ -21,30 +23,52 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weights.")
 app.add_typer(models_app, name="models")
 console = Console()
-if not console.is_terminal:  # piped/CI output: don't squeeze the summary table into 80 columns
-    console = Console(width=160)
+if not console.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
+    console = Console(width=int(os.environ.get("COLUMNS", "160")) if os.environ.get("COLUMNS", "").isdigit() else 160)
 err_console = Console(stderr=True)
+ORIGINAL_ARGV: list[str] = []  # set by main(): argv as the user typed it (before multi-value expansion)
 
-# Options that take several values after one flag (`--batch-sizes 1 2 4 8`). Click has no nargs=-1
-# for options, so main() rewrites them into repeated flags before Typer parses argv.
-MULTI_VALUE_OPTIONS = {"--model", "--backend", "--precision", "--input-size", "--input-sizes",
-                       "--batch-sizes", "--batch-size"}
 
+def _version(value: bool) -> None:
+    if value:
+        from harness import __version__
+
+        console.print(f"va-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="print the version and exit"),
+             debug: bool = typer.Option(False, "--debug", help="show tracebacks of errors")) -> None:
+    """Benchmark object detectors: latency, throughput, memory, energy and COCO mAP."""
 
 def _progress(quiet: bool):
-    """Live bars on a terminal; nothing when output is captured (logs, --json)."""
-    from harness.report.progress import RichProgress, SilentProgress
+    """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
+    from harness.report.progress import PlainProgress, RichProgress, SilentProgress
 
-    return SilentProgress() if quiet or not err_console.is_terminal else RichProgress(err_console)
+    if quiet:
+        return SilentProgress()
+    return RichProgress(err_console) if err_console.is_terminal else PlainProgress(sys.stderr)
+
+
+def multi_value_flags() -> set[str]:
+    """Flags of list-typed run options: they take several values after one flag (`--batch-sizes 1 2 4`)."""
+    from harness.config import run_option_fields
+
+    return {flag for f in run_option_fields().values() if typing.get_origin(f.annotation) is list
+            for flag in f.json_schema_extra["flags"]}
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
-    """['--batch-sizes', '1', '2'] -> ['--batch-sizes', '1', '--batch-sizes', '2']."""
+    """['--batch-sizes', '1', '2'] -> ['--batch-sizes', '1', '--batch-sizes', '2'] (Click has no nargs=-1
+    for options, so main() rewrites them into repeated flags before Typer parses argv)."""
+    multi = multi_value_flags()
     out: list[str] = []
     current = None
     for token in argv:
         if token.startswith("-"):
-            current = token if token in MULTI_VALUE_OPTIONS else None
+            current = token if token in multi else None
             out.append(token)
         elif current is not None and out[-1] != current:
             out += [current, token]
@@ -53,77 +77,105 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
-@app.command()
-def run(
-    config: Path | None = typer.Option(None, "--config", help="YAML preset (configs/*.yaml); flags override it"),
-    model: list[str] | None = typer.Option(None, "--model", help="registry id or path/to/file.py:factory"),
-    weights: str | None = typer.Option(None, "--weights", help="weights file for a single --model"),
-    backend: list[str] | None = typer.Option(None, "--backend", help="onnxruntime, pytorch"),
-    precision: list[str] | None = typer.Option(None, "--precision"),
-    input_size: list[int] | None = typer.Option(None, "--input-size", "--input-sizes"),
-    batch_sizes: list[int] | None = typer.Option(None, "--batch-sizes", "--batch-size"),
-    subset: str | None = typer.Option(None, "--subset", help="full, mini500 or sample"),
-    limit: int | None = typer.Option(None, "--limit", help="first N images of the variant (-> subsetN)"),
-    coco_dir: str | None = typer.Option(None, "--coco-dir", help="COCO root (annotations/ + val2017/)"),
-    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N"),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for the core (default: all)"),
-    warmup_batches: int | None = typer.Option(None, "--warmup-batches"),
-    warmup_seconds: float | None = typer.Option(None, "--warmup-seconds"),
-    min_timed_batches: int | None = typer.Option(None, "--min-timed-batches"),
-    max_timed_batches: int | None = typer.Option(None, "--max-timed-batches"),
-    stage_sync: bool | None = typer.Option(None, "--stage-sync/--no-stage-sync",
-                                              help="sync the device at every stage (latency) or per batch"),
-    overlap: bool | None = typer.Option(None, "--overlap/--no-overlap",
-                                        help="overlapped mode: prepare/post-process neighbouring batches "
-                                             "while the core runs (stage times then overlap)"),
-    accuracy: bool | None = typer.Option(None, "--accuracy/--no-accuracy"),
-    accuracy_batch_size: int | None = typer.Option(None, "--accuracy-batch-size"),
-    evaluator: str | None = typer.Option(None, "--evaluator", help="pycocotools or faster-coco-eval"),
-    conf: float | None = typer.Option(None, "--conf"),
-    iou: float | None = typer.Option(None, "--iou"),
-    max_det: int | None = typer.Option(None, "--max-det"),
-    tf32: str | None = typer.Option(None, "--tf32", help="on, off or default"),
-    hardware_id: str | None = typer.Option(None, "--hardware-id"),
-    output_dir: str | None = typer.Option(None, "--output-dir"),
-    run_id: str | None = typer.Option(None, "--run-id"),
-    draw_images: int | None = typer.Option(None, "--draw-images", help="images with boxes to save"),
-    layers: bool | None = typer.Option(None, "--layers/--no-layers", help="per-layer timing pass"),
-    profile: bool | None = typer.Option(None, "--profile/--no-profile", help="torch.profiler pass + trace.json"),
-    energy: bool | None = typer.Option(None, "--energy/--no-energy", help="energy over the timing window"),
-    memory: bool | None = typer.Option(None, "--memory/--no-memory", help="peak RSS / VRAM + memory.csv"),
-    as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
-) -> None:
-    """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell)."""
-    from harness.config import load_config
-    from harness.report.tables import probe_lines, probe_table, summary_json, summary_table
-    from harness.runner import Runner, prepare
+def _cli_type(annotation):
+    """The Typer type of a RunConfig field: Optional of it (None = "not given"); Literals as str."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        return list[typing.get_args(annotation)[0]] | None
+    if origin is typing.Literal:
+        return str | None
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return (args[0] if args else annotation) | None
 
-    overrides = dict(models=model, weights=weights, backends=backend, precisions=precision, input_sizes=input_size,
-                     batch_sizes=batch_sizes, subset=subset, limit=limit, coco_dir=coco_dir, device=device,
-                     threads=threads, warmup_batches=warmup_batches, warmup_seconds=warmup_seconds,
-                     min_timed_batches=min_timed_batches, max_timed_batches=max_timed_batches,
-                     stage_sync=stage_sync, overlap=overlap, accuracy=accuracy, accuracy_batch_size=accuracy_batch_size,
-                     evaluator=evaluator, conf=conf, iou=iou, max_det=max_det, tf32=tf32, hardware_id=hardware_id,
-                     output_dir=output_dir, run_id=run_id, draw_images=draw_images, layers=layers, profile=profile,
-                     energy=energy, memory=memory)
-    cfg = load_config(config, overrides)
-    plan = prepare(cfg)
-    if not as_json:
-        console.print(f"run [bold]{plan.run_id}[/]: {plan.variant.name} ({plan.variant.num_images} images), "
-                      f"{sum(len(c) for _, c in plan.groups)} cells on {plan.device}")
-    progress = _progress(as_json)
-    records = Runner(plan, sys.argv[1:], progress).run()
-    if as_json:
-        console.print_json(json.dumps(summary_json(plan.run_dir, records)))
+
+def _default_text(field) -> str:
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "-"
+    return "-" if value is None else str(value)
+
+
+def _run_options() -> list[inspect.Parameter]:
+    """`va-bench run`'s options, built from RunConfig's field declarations (each option is declared once)."""
+    from harness.config import run_option_fields
+
+    params = []
+    for name, field in run_option_fields().items():
+        flags = field.json_schema_extra["flags"]
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
+        help_text = field.description + (f" ({', '.join(choices)})" if choices else "")
+        option = typer.Option(None, *flags, help=f"{help_text}  [default: {_default_text(field)}]",
+                              show_default=False)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                        annotation=_cli_type(field.annotation)))
+    return params
+
+
+RUN_FLAGS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                      default=typer.Option(None, "--config", help="YAML preset (configs/*.yaml); flags override it")),
+    inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                      default=typer.Option(None, "--resume", metavar="RUN_ID",
+                                           help="continue the run folder --output-dir/RUN_ID: run its pending and "
+                                                "interrupted cells")),
+    inspect.Parameter("retry_failed", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--retry-failed",
+                                           help="with --resume: also re-run failed, oom and skipped cells")),
+    inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--force", help="with --resume: accept other options, another "
+                                                                  "harness commit or another machine")),
+    inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--json", help="print the run summary as JSON")),
+]
+
+
+def run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,
+                force: bool = False, as_json: bool = False, **options) -> None:
+    """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell).
+
+    Exit 0 when every cell is ok, 1 when a cell failed (the others still run), 2 for bad input,
+    130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
+    from harness.config import given, load_config
+    from harness.report.tables import print_summary, summary_json
+    from harness.run.scheduler import prepare, prepare_resume, run_with_interrupts
+
+    if resume is not None:
+        if config is not None:
+            raise UsageError("--resume continues a run with its own configuration; drop --config")
+        plan = prepare_resume(resume, options.get("output_dir"), given(options), force, retry_failed)
     else:
-        console.print(summary_table(records))
-        if cfg.memory or cfg.energy:
-            console.print(probe_table(records))
-        for line in probe_lines(records):
-            console.print(escape(line), highlight=False, soft_wrap=True)
-        for line in summary_json(plan.run_dir, records)["warnings"]:
-            console.print(f"[yellow]warning[/]: {line}", markup=True, highlight=False)
-        console.print(f"artifacts: {plan.run_dir}")
+        if retry_failed or force:
+            raise UsageError("--retry-failed and --force go with --resume RUN_ID")
+        plan = prepare(load_config(config, options))
+    if not as_json:
+        console.print(f"{'resuming' if plan.resume else 'run'} [bold]{escape(plan.run_id)}[/]: "
+                      f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "
+                      f"{plan.device}", highlight=False)
+    outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
+    if as_json:
+        console.print_json(json.dumps(summary_json(plan.run_dir, outcome)))
+    else:
+        print_summary(console, outcome)
+    raise typer.Exit(1 if outcome.problems else 0)
+
+
+def _register_run() -> None:
+    params = RUN_FLAGS + _run_options()
+    fixed = {p.name for p in RUN_FLAGS}
+
+    def run(**kwargs) -> None:
+        run_command(**{k: v for k, v in kwargs.items() if k in fixed},
+                    **{k: v for k, v in kwargs.items() if k not in fixed})
+
+    run.__signature__ = inspect.Signature(params)
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    run.__doc__ = run_command.__doc__
+    app.command("run")(run)
+
+
+_register_run()
 
 
 @app.command()
@@ -134,19 +186,23 @@ def validate(
     warnings: bool = typer.Option(True, "--warnings/--no-warnings", help="list warnings too"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
-    """Check submissions: site schema and rules, commit guard, coordinates, dataset fingerprint,
-    degenerate statistics. Exit 0 clean, 1 errors found, 2 bad usage."""
+    """Check submissions: site schema and rules, numeric types, commit guard, coordinates, dataset
+    fingerprint, degenerate statistics, protocol, random weights, the run's detections (a run folder:
+    its submissions/ only). Exit 0 clean, 1 errors found, 2 bad usage."""
     from harness.results.validate import load_support_matrix, validate_paths
 
     support = load_support_matrix(support_matrix)
     progress = _progress(as_json)
-    reports = validate_paths(paths, support, progress)
+    validation = validate_paths(paths, support, progress)
+    reports = validation.reports
     n_errors = sum(len(r.errors) for r in reports)
     bad_files = sum(1 for r in reports if r.errors)
     if as_json:
         console.print_json(json.dumps({"files": len(reports), "files_with_errors": bad_files, "errors": n_errors,
-                                       "reports": [r.to_dict() for r in reports]}))
+                                       "notes": validation.notes, "reports": [r.to_dict() for r in reports]}))
     else:
+        for note in validation.notes:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         for r in reports:
             for f in r.findings:
                 if f.severity == "error" or warnings:
@@ -169,6 +225,8 @@ def aggregate(
     tolerance: float = typer.Option(0.3, "--tolerance", help="agreement gate, in mAP points"),
     support_matrix: Path | None = typer.Option(None, "--support-matrix"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when the agreement gate finds drift"),
+    leaderboard_variant: str = typer.Option("full", "--leaderboard-variant",
+                                            help="the leaderboard shows this variant's canonical accuracy only"),
     as_json: bool = typer.Option(False, "--json", help="print the leaderboard JSON on stdout"),
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
@@ -180,17 +238,20 @@ def aggregate(
     if tolerance < 0:
         raise UsageError("--tolerance must be >= 0 (mAP points)")
     support = load_support_matrix(support_matrix)
-    reports = validate_paths(paths, support, _progress(as_json))
-    board = build(reports, reference_hardware, tolerance, fallback_hardware)
+    validation = validate_paths(paths, support, _progress(as_json))
+    board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant)
     if output is not None:
         atomic_write_json(output, board)
     if as_json:
         console.print_json(json.dumps(board))
     else:
+        for note in validation.notes:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         console.print(leaderboard_table(board))
         console.print(gate_table(board))
         c = board["counts"]
-        console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules), "
+        console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
+                      "random weights), "
                       f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings"
                       + (f"; written to {output}" if output else ""))
     raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
@@ -266,23 +327,135 @@ def models_fetch(model_id: str = typer.Argument(..., help="registry id, e.g. yol
     console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)})")
 
 
+
+@app.command()
+def compare(
+    runs: list[Path] = typer.Argument(..., help="run folders (outputs/<run_id>/), submission files or COCO "
+                                                 "detection files: A B, or with --baseline one or more"),
+    baseline: Path | None = typer.Option(None, "--baseline", help="compare each RUN against this one (A)"),
+    iou: float = typer.Option(0.5, "--iou", help="IoU for pairing detections (same image and class)"),
+    conf: float = typer.Option(0.4, "--conf", help="score cut of the detection diff"),
+    alpha: float = typer.Option(0.05, "--alpha", help="significance level of the latency verdict"),
+    fail_on: list[str] | None = typer.Option(None, "--fail-on", help="METRIC:THRESHOLD gate, e.g. map:-0.005, "
+                                                  "latency:+10%, throughput:-5% (see above)"),
+    as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
+) -> None:
+    """Compare runs: mAP deltas, detection diff, latency deltas with a significance verdict.
+
+    B is compared with A (B - A, B/A). Exit 0; 1 when a --fail-on gate fails; 2 on bad usage.
+
+    --fail-on METRIC:THRESHOLD (repeatable) fails when B - A crosses THRESHOLD in any paired cell. \
+METRIC: map (mAP_50_95), map50, any accuracy name (AR100, mAP_small, ...), latency (p50 per image), \
+latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall larger than it, '+' on a \
+rise larger than it; a trailing % makes it relative to A. Latency and throughput gates skip changes the \
+significance test calls noise; a gate with nothing to check fails.
+    """
+    from harness.compare import check_gate, compare_paths, parse_gate
+    from harness.report.compare_view import render_comparison, render_gates
+
+    gates = [parse_gate(spec) for spec in fail_on or []]
+    if baseline is None and len(runs) != 2:
+        raise UsageError(f"compare takes two runs A B (got {len(runs)}), or --baseline A and one or more runs")
+    base, others = (baseline, runs) if baseline is not None else (runs[0], runs[1:])
+    comparisons = compare_paths(base, others, iou=iou, conf=conf, alpha=alpha)
+    results = [[check_gate(g, c) for g in gates] for c in comparisons]
+    failed = any(r.status != "ok" for rs in results for r in rs)
+    if as_json:
+        console.print_json(json.dumps({"comparisons": [c.to_dict() | {"gates": [r.to_dict() for r in rs]}
+                                                       for c, rs in zip(comparisons, results, strict=True)],
+                                       "failed": failed}))
+    else:
+        for c, rs in zip(comparisons, results, strict=True):
+            console.print(render_comparison(c), highlight=False)
+            if rs:
+                console.print(render_gates(rs), highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command("inspect")
+def inspect_command(
+    model: str | None = typer.Argument(None, help="registry id (yolox-nano) or path/to/file.py:factory"),
+    weights: Path | None = typer.Option(None, "--weights", help="an ONNX file (alone, or the weights of MODEL)"),
+    input_size: list[int] | None = typer.Option(None, "--input-size", help="square input size (default: native)"),
+    top: int = typer.Option(15, "--top", help="rows of the per-layer table, by FLOPs (0: all)"),
+    csv_path: Path | None = typer.Option(None, "--csv", help="write the full per-layer table here"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Parameters, FLOPs (FLOP = 2 x MAC), per-layer table, weight sparsity and ONNX graph metrics."""
+    from harness.models.inspect import inspect_model
+    from harness.report.inspect_view import render_inspect
+    from harness.results.writer import atomic_write_csv
+
+    if input_size and len(input_size) > 1:
+        raise UsageError(f"--input-size: give one size (got {' '.join(map(str, input_size))})")
+    report = inspect_model(model, weights, input_size[0] if input_size else None)
+    if csv_path is not None:
+        atomic_write_csv(csv_path, *report.csv_rows())
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+    else:
+        console.print(render_inspect(report.to_dict(), top), highlight=False)
+        if csv_path is not None:
+            console.print(f"per-layer table: {csv_path}")
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run folder, outputs/<run_id>/"),
+    log: Path | None = typer.Option(None, "--log", help="append this run's dated section to a Markdown benchmark "
+                                                       "log, e.g. BENCHMARKS.md (never rewrites earlier sections)"),
+    gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (default: configs/gates.yaml)"),
+    fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET"),
+) -> None:
+    """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends
+    the run to the benchmark log with its gates. Exit 0; 1 with --fail-on-gates when a gate is NOT MET; 2 on
+    bad input."""
+    from harness.report.gates import NOT_MEASURED
+    from harness.report.run_report import make_report
+
+    outcome = make_report(run_dir, gates, log, require_gates=fail_on_gates)
+    console.print(f"report: {escape(str(outcome.html))}", highlight=False)
+    console.print("plots: " + escape(", ".join(p.name for p in outcome.pngs)), highlight=False)
+    for plot in outcome.plots:
+        if plot.png is None:
+            console.print(f"[yellow]{escape(plot.title)}[/]: {escape(plot.unavailable or '')}", highlight=False,
+                          soft_wrap=True)
+    if outcome.gates is not None:
+        results = outcome.gates
+        unmeasured = sum(r.status == NOT_MEASURED for r in results)
+        not_met = outcome.gates_not_met
+        console.print(f"gates ({escape(outcome.gate_source)}): {len(results) - unmeasured - len(not_met)} met, "
+                      f"{len(not_met)} NOT MET, {unmeasured} not measured", highlight=False)
+        for r in not_met:
+            console.print(f"[red]NOT MET[/] {escape(r.gate.title)} on {escape(r.cell)}: target "
+                          f"{escape(r.gate.target_text)}, today {escape(r.today_text())}", highlight=False)
+    if log is not None:
+        console.print(f"log: appended run {escape(outcome.run_id)} to {escape(str(log))}", highlight=False)
+    raise typer.Exit(1 if fail_on_gates and outcome.gates_not_met else 0)
+
+
 def main() -> None:
     """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug."""
-    argv = sys.argv[1:]
-    debug = "--debug" in argv
-    argv = expand_multi_value_options([a for a in argv if a != "--debug"])
+    from harness.run.signals import Interrupted, interrupt_handling
+
+    global ORIGINAL_ARGV
+    ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
+    debug = "--debug" in sys.argv[1:]
+    argv = expand_multi_value_options(ORIGINAL_ARGV)
     sys.argv = [sys.argv[0], *argv]
     try:
-        # standalone mode: click reports its own usage errors (exit 2) and turns typer.Exit into sys.exit
-        app(args=argv, prog_name="va-bench")
+        with interrupt_handling():
+            # standalone mode: click reports its own usage errors (exit 2) and turns typer.Exit into sys.exit
+            app(args=argv, prog_name="va-bench")
     except VaBenchError as exc:
         if debug:
             raise
-        err_console.print("[red]error[/]: " + escape(str(exc)), highlight=False, soft_wrap=True)
+        prefix = getattr(exc, "prefix", None) or "[red]error[/]"
+        err_console.print(f"{prefix}: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("interrupted: finished cells are kept in outputs/<run_id>/")
-        sys.exit(130)
+    except Interrupted as exc:  # before a run folder existed: nothing to keep
+        err_console.print(f"interrupted ({exc}): nothing was written", highlight=False)
+        sys.exit(exc.exit_code)
     except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:
             raise

@@ -1,14 +1,31 @@
-"""RunConfig: what `va-bench run` does, from a YAML preset (configs/*.yaml) plus CLI overrides."""
+"""RunConfig: what `va-bench run` does, from a YAML preset (configs/*.yaml) plus CLI overrides.
+
+Every run option is declared once, here: its type, default, validation, help text and command-line
+flags. The CLI builds `va-bench run`'s options from these fields (harness/cli.py: run_options).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.errors import UsageError
+
+# A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
+SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+
+
+def option(default: Any, flags: str | list[str], help: str, **constraints: Any) -> Any:
+    """A RunConfig field that is also a `va-bench run` option: flags[0] is the main flag; a bool field's
+    flag pair is `--x/--no-x`; list fields take several values after one flag (`--batch-sizes 1 2 4`)."""
+    flags = [flags] if isinstance(flags, str) else flags
+    extra = {"flags": flags}
+    if callable(default):
+        return Field(default_factory=default, description=help, json_schema_extra=extra, **constraints)
+    return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
 class RunConfig(BaseModel):
@@ -16,41 +33,54 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(default_factory=lambda: ["yolox-nano"])
-    weights: str | None = None  # only with a single model
-    backends: list[str] = Field(default_factory=lambda: ["onnxruntime"])
-    precisions: list[str] = Field(default_factory=lambda: ["fp32"])
-    input_sizes: list[int] = Field(default_factory=list)  # empty: each model's native size
-    batch_sizes: list[int] = Field(default_factory=lambda: [1])
-    subset: str = "sample"
-    limit: int | None = None
-    coco_dir: str | None = None
-    device: str = "cpu"
-    threads: int | None = None  # None: all logical cores
-    warmup_batches: int = Field(3, ge=0)
-    warmup_seconds: float = Field(1.0, ge=0)
-    min_timed_batches: int = Field(10, ge=1)
-    max_timed_batches: int | None = Field(None, ge=1)
-    stage_sync: bool = True
-    overlap: bool = False  # overlapped mode: host work of neighbouring batches overlaps the forward
-    accuracy: bool = True
-    accuracy_batch_size: int = Field(1, ge=1)
-    evaluator: Literal["pycocotools", "faster-coco-eval"] = "pycocotools"
-    conf: float | None = None
-    iou: float | None = None
-    max_det: int | None = None
-    tf32: Literal["on", "off", "default"] = "default"
-    hardware_id: str | None = None
-    output_dir: str = "outputs"
-    run_id: str | None = None
-    draw_images: int = Field(4, ge=0)
+    models: list[str] = option(lambda: ["yolox-nano"], "--model",
+                               "registry id (`va-bench models list`) or path/to/file.py:factory")
+    weights: str | None = option(None, "--weights", "weights file for a single --model")
+    backends: list[str] = option(lambda: ["onnxruntime"], "--backend", "onnxruntime, pytorch")
+    precisions: list[str] = option(lambda: ["fp32"], "--precision", "fp32")
+    input_sizes: list[int] = option(list, ["--input-size", "--input-sizes"],
+                                    "square input sizes (multiples of 32); default: each model's native size")
+    batch_sizes: list[int] = option(lambda: [1], ["--batch-sizes", "--batch-size"],
+                                    "one timing+scoring pass and one submission per batch size")
+    subset: str = option("sample", "--subset", "dataset variant: full, mini500 or sample")
+    limit: int | None = option(None, "--limit", "first N images of the variant (-> subsetN)", ge=1)
+    coco_dir: str | None = option(None, "--coco-dir",
+                                  "COCO root (annotations/ + val2017/); else $VA_BENCH_COCO, datasets/coco")
+    device: str = option("cpu", "--device", "cpu, cuda or cuda:N")
+    threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores", ge=1)
+    warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed)", ge=0)
+    warmup_seconds: float = option(1.0, "--warmup-seconds", "warm-up: and at least this long", ge=0)
+    min_timed_batches: int = option(10, "--min-timed-batches",
+                                    "timed batches at least (the variant's batches are cycled)", ge=1)
+    max_timed_batches: int | None = option(None, "--max-timed-batches",
+                                           "timed batches at most (the rest of the variant is scored untimed)",
+                                           ge=1)
+    stage_sync: bool = option(True, "--stage-sync/--no-stage-sync",
+                              "sync the device at every stage boundary (latency) or once per batch")
+    overlap: bool = option(False, "--overlap/--no-overlap",
+                           "overlapped mode: prepare/post-process neighbouring batches while the core runs")
+    accuracy: bool = option(True, "--accuracy/--no-accuracy", "COCO-evaluate each cell's detections")
+    evaluator: Literal["pycocotools", "faster-coco-eval"] = option("pycocotools", "--evaluator",
+                                                                   "pycocotools or faster-coco-eval")
+    conf: float | None = option(None, "--conf", "score threshold; default: the family's (site: 0.001)",
+                                ge=0, lt=1)
+    iou: float | None = option(None, "--iou", "NMS IoU threshold; default: the family's (site: 0.6)", gt=0, le=1)
+    max_det: int | None = option(None, "--max-det", "detections kept per image; default: the family's (site: 300)",
+                                 ge=1)
+    tf32: Literal["on", "off", "default"] = option("default", "--tf32", "TF32 on CUDA: on, off or default")
+    hardware_id: str | None = option(None, "--hardware-id", "override the derived hardware id (a slug)",
+                                     pattern=SAFE_ID)
+    output_dir: str = option("outputs", "--output-dir", "where run folders are created")
+    run_id: str | None = option(None, "--run-id", "name of the run folder (a slug); default: time + random",
+                                pattern=SAFE_ID)
+    draw_images: int = option(4, "--draw-images", "images saved with their boxes drawn", ge=0)
     # probes: each in its own pass (layers, profile) or a cheap window around the timed batches
-    layers: bool = False
-    layer_batches: int = Field(3, ge=1)
-    profile: bool = False
-    profile_batches: int = Field(2, ge=1)
-    energy: bool = True
-    memory: bool = True
+    layers: bool = option(False, "--layers/--no-layers", "per-layer timing pass (layer_timer.csv)")
+    layer_batches: int = option(3, "--layer-batches", "batches in the layer pass", ge=1)
+    profile: bool = option(False, "--profile/--no-profile", "torch.profiler pass (trace.json)")
+    profile_batches: int = option(2, "--profile-batches", "batches in the profiler pass", ge=1)
+    energy: bool = option(True, "--energy/--no-energy", "energy over each timing window")
+    memory: bool = option(True, "--memory/--no-memory", "peak RSS / VRAM per timing window + memory.csv")
 
     @field_validator("batch_sizes", "input_sizes")
     @classmethod
@@ -66,24 +96,64 @@ class RunConfig(BaseModel):
             raise ValueError("needs at least one value")
         return values
 
+    @field_validator("run_id", "hardware_id")
+    @classmethod
+    def _no_dots_only(cls, value: str | None) -> str | None:
+        if value is not None and set(value) <= {"."}:
+            raise ValueError("must name something, not '.' or '..'")
+        return value
 
-def load_config(path: str | Path | None, overrides: dict) -> RunConfig:
-    """Load a YAML preset (safe_load) and apply CLI overrides (None means "not given")."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise UsageError(f"--config {path}: no such file")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise UsageError(f"--config {path} is not valid YAML ({exc.__class__.__name__}); fix the file") from exc
-        if not isinstance(data, dict):
-            raise UsageError(f"--config {path} must be a YAML mapping of RunConfig fields")
-    data.update({k: v for k, v in overrides.items() if v is not None and v != []})
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same sweep (for --resume): everything but where it is written."""
+        return self.model_dump(exclude={"run_id", "output_dir"})
+
+
+def run_option_fields() -> dict[str, Any]:
+    """RunConfig's fields that are `va-bench run` options: name -> pydantic FieldInfo."""
+    return {name: f for name, f in RunConfig.model_fields.items() if f.json_schema_extra}
+
+
+def _validation_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    field = RunConfig.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+    flag = f" ({field.json_schema_extra['flags'][0].split('/')[0]})" if field and field.json_schema_extra else ""
+    return f"invalid run configuration: {where}{flag}: {err['msg']}"
+
+
+def build_config(data: dict) -> RunConfig:
+    """RunConfig from plain data; a validation error becomes one UsageError line naming the option."""
     try:
         return RunConfig(**data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"invalid run configuration: {where}: {err['msg']}") from exc
+        raise UsageError(_validation_message(exc)) from exc
+
+
+def read_preset(path: str | Path) -> dict:
+    """A YAML preset (safe_load) as a dict; YAML errors name the line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise UsageError(f"--config {path} is not valid YAML{where} ({problem}); fix the file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path} could not be read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path} must be a YAML mapping of RunConfig fields")
+    return data
+
+
+def given(overrides: dict) -> dict:
+    """The overrides the user actually gave (None / [] mean "not given")."""
+    return {k: v for k, v in overrides.items() if v is not None and v != []}
+
+
+def load_config(path: str | Path | None, overrides: dict) -> RunConfig:
+    """Load a YAML preset (safe_load) and apply CLI overrides (None means "not given")."""
+    data = read_preset(path) if path is not None else {}
+    return build_config({**data, **given(overrides)})

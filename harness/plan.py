@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from harness.config import RunConfig
 from harness.errors import UsageError
 from harness.models.protocol import Detector
-
-
-@dataclass(frozen=True)
-class LoadKey:
-    """What is loaded once: (model, backend, precision, input size)."""
-
-    model: str
-    backend: str
-    precision: str
-    input_size: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One performance coordinate; one submission file."""
-
-    load: LoadKey
-    batch_size: int
-
-    @property
-    def label(self) -> str:
-        h, w = self.load.input_size
-        size = str(h) if h == w else f"{h}x{w}"
-        return f"{self.load.model} {self.load.backend} {self.load.precision} {size} b{self.batch_size}"
+from harness.records import Cell, LoadKey
 
 
 def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: int) -> list[tuple[LoadKey, list[Cell]]]:
-    """Cells grouped by what must be loaded; checks every combination before anything runs."""
+    """Cells grouped by what must be loaded, batch sizes ascending (an OOM at one batch size skips the
+    larger ones); checks every combination before anything runs."""
     too_big = [b for b in config.batch_sizes if b > num_images]
     if too_big:
         raise UsageError(f"batch size {max(too_big)} is larger than the {num_images} images of the dataset "
@@ -52,5 +28,5 @@ def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: in
                     if size[0] % 32 or size[1] % 32:
                         raise UsageError(f"input size {size[0]} is not a multiple of 32 (detector strides)")
                     key = LoadKey(model_id, backend, precision, size)
-                    groups.append((key, [Cell(key, b) for b in config.batch_sizes]))
+                    groups.append((key, [Cell(key, b) for b in sorted(config.batch_sizes)]))
     return groups

@@ -34,14 +34,14 @@ def _asset_env():
 def run_benchmark(tmp_path_factory, name: str, **overrides):
     """Run the real pipeline through the library entry points; returns (plan, records)."""
     from harness.config import RunConfig
-    from harness.runner import Runner, prepare
+    from harness.run.scheduler import Scheduler, prepare
 
     settings = dict(models=["yolox-nano"], subset="sample", warmup_batches=2, warmup_seconds=0.0,
                     min_timed_batches=10, output_dir=str(tmp_path_factory.mktemp(name)), draw_images=1,
                     coco_dir=str(COCO_DIR))
     settings.update(overrides)
     plan = prepare(RunConfig(**settings))
-    return plan, Runner(plan, ["run", "--test", name]).run()
+    return plan, Scheduler(plan, ["run", "--test", name]).run().records
 
 
 @pytest.fixture(scope="session")
@@ -58,5 +58,5 @@ def torch_run(tmp_path_factory):
     """yolox-nano on PyTorch (onnx2torch), batch 8, the whole local sample."""
     if not (SUBSET_ANNOTATIONS.is_file() and YOLOX_NANO.is_file()):
         pytest.skip("offline assets missing (../shared/assets)")
-    return run_benchmark(tmp_path_factory, "torch", backends=["pytorch"], batch_sizes=[8], accuracy_batch_size=8,
+    return run_benchmark(tmp_path_factory, "torch", backends=["pytorch"], batch_sizes=[8],
                          min_timed_batches=5, layers=True, profile=True)

@@ -53,9 +53,7 @@ def test_bad_input_exits_2(tmp_path, args, expect):
 
 
 @requires_coco
-def test_plugin_forward_stage_matches_its_known_cost(tmp_path):
-    from plugins.synthetic_detector import FORWARD_MS
-
+def test_plugin_run_through_the_cli(tmp_path):
     plugin = Path(__file__).parent / "plugins" / "synthetic_detector.py"
     result = va_bench("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--subset", "sample",
                       "--limit", "24", "--batch-sizes", "4", "--coco-dir", str(COCO_DIR), "--output-dir",
@@ -63,11 +61,32 @@ def test_plugin_forward_stage_matches_its_known_cost(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     (cell,) = summary["cells"]
-    forward = cell["stages_ms_mean"]["forward"]
-    assert forward == pytest.approx(FORWARD_MS, rel=0.03)
+    assert cell["status"] == "ok"
     doc = json.loads(Path(cell["submission"]).read_text())
     assert doc["model"]["id"] == "synthetic-sleepy"
     assert doc["timing"]["stages_ms"]["forward"]["count"] == 10  # 6 batches, cycled up to the minimum of 10
+    assert len(doc["timing"]["batch_samples_ms"]) == 10
+
+
+@requires_coco
+def test_forward_stage_agrees_with_the_cores_own_clock(tmp_path_factory):
+    """The forward stage clock vs the plugin's own clock around its sleep: medians of the same batches.
+    No absolute duration is asserted (a loaded machine oversleeps); only that the stage adds little."""
+    import statistics
+    import sys
+
+    from conftest import run_benchmark
+
+    plugin = Path(__file__).parent / "plugins" / "synthetic_detector.py"
+    _, (record,) = run_benchmark(tmp_path_factory, "plugin-clock", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=24, batch_sizes=[4], warmup_batches=1,
+                                 energy=False, memory=False, accuracy=False, draw_images=0)
+    measured = sys.modules["va_bench_plugin_synthetic_detector"].MEASURED_MS
+    assert record.timing.short_batch is None  # 24 images in batches of 4: the timed batches are the last calls
+    core_p50 = statistics.median(measured[-record.timing.timed_batches:])
+    stage_p50 = record.timing.stages_ms["forward"].p50
+    assert core_p50 <= stage_p50 + 0.05
+    assert stage_p50 - core_p50 < 5.0
 
 
 def test_corrupt_weights_are_a_usage_error(tmp_path):

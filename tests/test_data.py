@@ -75,3 +75,20 @@ def test_missing_image_file_is_reported(tmp_path):
 def test_no_coco_anywhere_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="no COCO val2017 annotations"):
         CocoDataset(tmp_path)
+
+
+@requires_coco
+def test_variant_checks_only_its_own_image_files(tmp_path):
+    """A broken image outside the variant (past --limit) does not stop it; inside, it is a UsageError."""
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "val2017").mkdir()
+    (tmp_path / "annotations" / "instances_val2017_subset.json").write_text(SUBSET_ANNOTATIONS.read_text())
+    for path in (COCO_DIR / "val2017").glob("*.jpg"):
+        (tmp_path / "val2017" / path.name).symlink_to(path)
+    ds = CocoDataset(tmp_path)
+    last = ds.record(max(ds.coco.imgs)).path
+    last.unlink()
+    last.write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    assert ds.variant("sample", limit=10).num_images == 10
+    with pytest.raises(UsageError, match=f"{last.name} is truncated"):
+        ds.variant("sample")

@@ -125,7 +125,7 @@ def test_letterbox_writes_every_pixel_as_the_reference_transform(options, monkey
 
 def test_matching_counts_identical_zero_area_boxes():
     from harness.eval.matching import match_detections
-    from harness.pipeline.postprocess import ImageDetections
+    from harness.records import ImageDetections
 
     boxes = np.array([[10, 10, 10, 30], [0, 0, 5, 5]], dtype=np.float32)  # the first has zero width
     a = ImageDetections(1, boxes, np.array([0.5, 0.4]), np.array([0, 1]))

@@ -104,7 +104,8 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     assert t.mode == "overlapped"
     # batches are in flight together: images over the stream's wall time beat one batch's latency
     assert t.images_per_s > t.batch_size * 1000 / t.batch_ms.mean
-    assert record.invariance.match_rate == 1.0
+    assert record.invariance is None  # one batch size: nothing to compare (detections equal latency mode: above)
+    assert record.accuracy.num_images == 48  # overlapped batches are scored too
     assert record.environment["threads"]["overlapped_host_worker"]["threads"] == 1
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 from conftest import CORPUS, REPO, requires_corpus
 
+from harness.errors import UsageError
 from harness.results.aggregate import aggregate
 from harness.results.site_rules import schema_findings
 from harness.results.validate import EXTENDED_SCHEMA, validate_paths
@@ -25,7 +26,7 @@ def va_bench(*args):
 def corpus_reports():
     if not SUBMISSIONS.is_dir():
         pytest.skip(f"vision-analysis corpus not found at {CORPUS}: set VA_BENCH_CORPUS")
-    return validate_paths([SUBMISSIONS], json.loads(SUPPORT.read_text()))
+    return validate_paths([SUBMISSIONS], json.loads(SUPPORT.read_text())).reports
 
 
 def _findings(reports, rule, path_prefix=""):
@@ -72,7 +73,7 @@ def test_extended_schema_is_a_superset_of_the_sites():
 
 def test_our_own_submissions_validate_clean(ort_run):
     plan, _ = ort_run
-    reports = validate_paths([plan.run_dir / "submissions"], None)
+    reports = validate_paths([plan.run_dir / "submissions"], None).reports
     assert len(reports) == 2
     for r in reports:
         assert r.errors == [], r.to_dict()
@@ -104,7 +105,7 @@ def test_hostile_files_give_findings_never_a_crash(tmp_path):
         fh.write(b'{"pad": "')
         fh.write(b"x" * (50 * 2**20))
         fh.write(b'"}')
-    reports = {r.path.name: r for r in validate_paths([tmp_path], None)}
+    reports = {r.path.name: r for r in validate_paths([tmp_path], None).reports}
     assert set(reports) == {*HOSTILE, "wrong_types.json", "big.json"}
     for name, report in reports.items():
         assert report.errors, name
@@ -129,7 +130,7 @@ def _write(folder, docs):
         doc = copy.deepcopy(doc)
         doc["submission_id"] = f"synthetic-{i}"
         (folder / f"s{i}.json").write_text(json.dumps(doc))
-    return validate_paths([folder], None)
+    return validate_paths([folder], None).reports
 
 
 def _variant(doc, **changes):
@@ -235,3 +236,209 @@ def test_aggregate_cli_strict(tmp_path):
     assert lenient.returncode == 0 and json.loads(out.read_text())["counts"]["rows"] == 708
     assert va_bench("aggregate", SUBMISSIONS, "--strict", "--json").returncode == 1
     assert va_bench("aggregate", SUBMISSIONS, "--tolerance", "-1").returncode == 2
+
+
+# --- issue 14 (results side), issue 15 item 5, issue 11 item 2 ------------------------------------------------
+
+
+def _errors(report, rule):
+    return [f for f in report.findings if f.rule == rule and f.severity == "error"]
+
+
+def test_string_where_the_site_reads_a_number_is_an_error_and_not_aggregated(tmp_path, base_doc):
+    bad = copy.deepcopy(base_doc)
+    bad["timing"]["total_ms"]["p50"] = "57.3"
+    bad["config"]["batch_size"] = 1.0
+    bad["memory"]["peak_ram_mb"] = None  # may be unavailable: null is fine here
+    good = _variant(base_doc, hardware__id="other_box")
+    reports = _write(tmp_path / "types", [bad, good])
+    typed = {f.path: f for f in reports[0].findings if f.rule == "type.number"}
+    assert set(typed) == {"timing.total_ms.p50", "config.batch_size"}
+    assert "must be a number" in typed["timing.total_ms.p50"].message
+    assert "must be an integer" in typed["config.batch_size"].message
+    assert not [f for f in reports[1].findings if f.rule.startswith("type")]
+    board = aggregate(reports)
+    assert [r["hardware"] for r in board["cube"]] == ["other_box"] and board["counts"]["excluded"] == 1
+
+
+@requires_corpus
+def test_every_number_the_site_reads_is_typed_in_the_real_corpus(corpus_reports):
+    assert not [f for r in corpus_reports for f in r.findings if f.rule.startswith("type")]
+    # the corpus's own non-standard runs: hailo yolov8 (iou 0.6, max_det 100), yolov9 (0.65, 500), yolox (0.65)
+    protocol = _findings(corpus_reports, "nonstandard-protocol")
+    assert len(protocol) == 10 and all(f.severity == "warning" for _, f in protocol)
+    assert not [n for n, _ in protocol if n.startswith(("yolo11", "yolo26", "yolov5u"))]  # their family's iou 0.7
+
+
+def test_nonstandard_protocol_is_a_warning_unless_the_family_documents_it(tmp_path, base_doc):
+    standard = base_doc  # yolox: conf 0.001, iou 0.6, max_det 300
+    loose = _variant(base_doc, config__conf=0.25, config__max_det=100)
+    ultralytics = _variant(base_doc, config__iou=0.7, model__family="yolov8")
+    yolox_07 = _variant(base_doc, config__iou=0.7)
+    reports = _write(tmp_path / "protocol", [standard, loose, ultralytics, yolox_07])
+    found = [[f for f in r.findings if f.rule == "nonstandard-protocol"] for r in reports]
+    assert [len(f) for f in found] == [0, 1, 0, 1]
+    assert found[1][0].severity == "warning" and "conf 0.25, max_det 100" in found[1][0].message
+
+
+def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
+    by_model = _variant(base_doc, model__weights="random")
+    by_repro = copy.deepcopy(base_doc)
+    by_repro["repro"] = {"weights": {"file": "none", "sha256": None, "source": "random"}}
+    reports = _write(tmp_path / "random", [by_model, by_repro, base_doc])
+    assert [len(_errors(r, "random-weights")) for r in reports] == [1, 1, 0]
+    board = aggregate(reports)
+    assert board["counts"]["excluded"] == 2 and [r["file"] for r in board["cube"]] == ["s2.json"]
+
+
+def _with_weights(doc, sha256=None, source="--weights", created="2026-01-01T00:00:00Z"):
+    doc = copy.deepcopy(doc)
+    doc["repro"] = {"weights": {"file": "w.onnx", "sha256": sha256, "source": source}}
+    doc["created_at"] = created
+    return doc
+
+
+def test_other_weights_never_supersede_a_run(tmp_path, base_doc):
+    official = _with_weights(base_doc, "a" * 64, created="2026-01-01T00:00:00Z")
+    other = _with_weights(base_doc, "b" * 64, created="2026-02-01T00:00:00Z")  # newer, other weights
+    rerun = _with_weights(base_doc, "a" * 64, created="2026-03-01T00:00:00Z")  # newer, same weights
+    no_sha = _with_weights(base_doc, None, source="plugin")
+    board = aggregate(_write(tmp_path / "weights", [official, other, rerun, no_sha]))
+    rows = {r["weights"]: r for r in board["cube"]}
+    assert set(rows) == {f"sha256:{'a' * 64}", f"sha256:{'b' * 64}", "source:plugin"}
+    assert rows[f"sha256:{'a' * 64}"]["superseded"] == ["s0.json"]
+    assert rows[f"sha256:{'b' * 64}"]["superseded"] == []
+    assert board["counts"]["superseded"] == 1
+
+
+def _full_val(doc, m, hardware="a100", created="2026-01-01T00:00:00Z", tf32=None, device="gpu"):
+    doc = _variant(doc, accuracy__mAP_50_95=m, hardware__id=hardware, dataset__num_images=5000,
+                   eval__numImages=5000, timing__num_images=5000, runtime__device=device)
+    doc["benchmark"]["libreyolo_commit"] = "5f12ee96d5f3099eaede265187a5df70a5f70c08"
+    doc["created_at"] = created
+    if tf32 is not None:
+        doc["runtime"]["tf32"] = tf32
+    return doc
+
+
+TF32_ON = {"mode": "on", "matmul_allow_tf32": True, "cudnn_allow_tf32": True, "float32_matmul_precision": "high"}
+TF32_OFF = {"mode": "off", "matmul_allow_tf32": False, "cudnn_allow_tf32": False,
+            "float32_matmul_precision": "highest"}
+TF32_DEFAULT = {"mode": "default", "matmul_allow_tf32": False, "cudnn_allow_tf32": True,
+                "float32_matmul_precision": "highest"}
+
+
+def test_tf32_on_fp32_never_becomes_the_canonical_fp32_accuracy(tmp_path, base_doc):
+    off = _full_val(base_doc, 0.450, created="2026-01-01T00:00:00Z", tf32=TF32_OFF)
+    on = _full_val(base_doc, 0.447, created="2026-02-01T00:00:00Z", tf32=TF32_ON)  # newer, same a100
+    board = aggregate(_write(tmp_path / "tf32", [off, on]))
+    canonical = {c["precision"]: c for c in board["canonical_accuracy"]}
+    assert canonical["fp32"]["mAP_50_95"] == 0.450 and canonical["fp32"]["file"] == "s0.json"
+    assert canonical["fp32+tf32"]["mAP_50_95"] == 0.447
+    assert sorted(r["tf32"] for r in board["cube"]) == ["off", "on"]  # two rows: TF32 on never supersedes off
+    # TF32-on alone on the reference: still not canonical fp32; an fp32 run elsewhere is
+    elsewhere = _full_val(base_doc, 0.451, hardware="nvidia_geforce_rtx_5070_ti", tf32=TF32_OFF)
+    default = _full_val(base_doc, 0.446, created="2026-03-01T00:00:00Z", tf32=TF32_DEFAULT)  # cudnn TF32 on
+    board = aggregate(_write(tmp_path / "tf32_alone", [on, elsewhere, default]))
+    canonical = {c["precision"]: c for c in board["canonical_accuracy"]}
+    assert canonical["fp32"]["mAP_50_95"] == 0.451 and canonical["fp32"]["policy"].startswith("fallback")
+    assert canonical["fp32+tf32"]["mAP_50_95"] in (0.447, 0.446)
+    # on a CPU the TF32 flags do nothing: fp32 stays fp32
+    cpu = _full_val(base_doc, 0.452, hardware="a100", tf32=TF32_DEFAULT, device="cpu")
+    board = aggregate(_write(tmp_path / "tf32_cpu", [cpu]))
+    assert [c["precision"] for c in board["canonical_accuracy"]] == ["fp32"]
+
+
+def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):
+    subset = _variant(base_doc, accuracy__mAP_50_95=0.40)  # mini500 on the 5070 Ti
+    board = aggregate(_write(tmp_path / "only_subset", [subset]))
+    (row,) = board["leaderboard"]
+    assert row["accuracy_shown"] is None and "no canonical full" in row["accuracy_source"]
+    assert board["cube"][0]["accuracy_shown"] == 0.40 and board["cube"][0]["subset"] is True  # the cube keeps it
+    board = aggregate(_write(tmp_path / "only_subset_mini", [subset]), leaderboard_variant="mini500")
+    (row,) = board["leaderboard"]
+    assert row["accuracy_shown"] == 0.40 and row["subset"] is True
+    assert board["policy"]["leaderboard_variant"] == "mini500"
+
+    full_a100 = _full_val(base_doc, 0.45)
+    full_here = _full_val(base_doc, 0.449, hardware="nvidia_geforce_rtx_5070_ti")
+    board = aggregate(_write(tmp_path / "with_full", [subset, full_a100, full_here]))
+    assert len(board["cube"]) == 3  # every variant stays in the cube
+    rows = {r["hardware"]: r for r in board["leaderboard"]}
+    assert set(rows) == {"a100", "nvidia_geforce_rtx_5070_ti"}  # one row per coordinate
+    assert rows["nvidia_geforce_rtx_5070_ti"]["dataset_variant"] == "full"  # the full-val run's timing
+    assert all(r["accuracy_shown"] == 0.45 and r["subset"] is False for r in rows.values())
+    with pytest.raises(UsageError, match="--leaderboard-variant 'mini50'"):
+        aggregate(_write(tmp_path / "typo", [subset]), leaderboard_variant="mini50")
+
+
+def _run_folder(root, doc, detections):
+    """outputs/<run_id>/ as `run` writes it: run.json, submissions/, detections/, a trace."""
+    (root / "submissions").mkdir(parents=True)
+    (root / "detections").mkdir()
+    (root / "run.json").write_text(json.dumps({"run_id": root.name, "cells": []}))
+    (root / "trace.json").write_text(json.dumps({"traceEvents": []}))
+    doc = copy.deepcopy(doc)
+    doc["artifacts"] = {"detections": "detections/m.json"}
+    (root / "submissions" / "s.json").write_text(json.dumps(doc))
+    (root / "detections" / "m.json").write_text(json.dumps(detections))
+    return root
+
+
+DETS = [{"image_id": 139, "category_id": 1, "bbox": [1.0, 2.0, 30.5, 40.0], "score": 0.9},
+        {"image_id": 139, "category_id": 3, "bbox": [5.0, 6.0, 7.0, 8.0], "score": 0.1}]
+
+
+def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(tmp_path, base_doc):
+    run = _run_folder(tmp_path / "outputs" / "r1", base_doc, DETS)
+    validation = validate_paths([run], None)
+    assert [r.path.name for r in validation.reports] == ["s.json"]
+    assert not _findings(validation.reports, "detections")
+    (note,) = validation.notes
+    assert "run folder" in note and "3 other JSON files skipped" in note
+    # pointed at outputs/ with several runs: each run folder is read the same way
+    broken = [dict(DETS[0], bbox=[None, None, None, None]), DETS[1], dict(DETS[1], score=None)]
+    other = _variant(base_doc, hardware__id="box2")
+    other["submission_id"] = "another-run"
+    _run_folder(tmp_path / "outputs" / "r2", other, broken)
+    validation = validate_paths([tmp_path / "outputs"], None)
+    assert len(validation.reports) == 2 and len(validation.notes) == 2
+    ((name, finding),) = _findings(validation.reports, "detections")
+    assert finding.severity == "error" and "2 of 3 detections are unusable" in finding.message
+    assert "[0] bbox [None, None, None, None]" in finding.message
+    board = aggregate(validation.reports)
+    assert sorted(r["accuracy_trusted"] for r in board["cube"]) == [False, True]
+    result = va_bench("validate", tmp_path / "outputs" / "r2")
+    assert result.returncode == 1 and "run folder" in result.stdout and "unusable" in result.stdout
+
+
+def test_detections_reference_cannot_leave_the_run_folder(tmp_path, base_doc):
+    run = _run_folder(tmp_path / "r1", base_doc, DETS)
+    (tmp_path / "secret.json").write_text(json.dumps([{"bbox": None}]))
+    doc = json.loads((run / "submissions" / "s.json").read_text())
+    doc["artifacts"]["detections"] = "../../secret.json"
+    (run / "submissions" / "s.json").write_text(json.dumps(doc))
+    ((_, finding),) = _findings(validate_paths([run], None).reports, "detections")
+    assert finding.severity == "warning" and "secret.json is not in" in finding.message  # looked in detections/
+
+
+@pytest.mark.parametrize("command", ["validate", "aggregate"])
+def test_empty_input_is_exit_2_with_one_line(tmp_path, command):
+    (tmp_path / "empty").mkdir()
+    result = va_bench(command, tmp_path / "empty")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no submission files" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_json_writer_refuses_nan_and_keeps_none(tmp_path):
+    from harness.results.writer import NonFiniteNumberError, atomic_write_json
+
+    for bad, where in (({"timing": {"total_ms": {"p50": float("nan")}}}, "timing.total_ms.p50"),
+                       ([{"bbox": [1.0, float("inf"), 2.0, 3.0]}], "$[0].bbox[1]")):
+        with pytest.raises(NonFiniteNumberError) as err:
+            atomic_write_json(tmp_path / "x.json", bad)
+        assert where in str(err.value) and err.value.exit_code == 1
+        assert list(tmp_path.iterdir()) == []  # nothing written, no temp file left
+    atomic_write_json(tmp_path / "ok.json", {"peak_vram_mb": None, "p50": 1.5})
+    assert json.loads((tmp_path / "ok.json").read_text()) == {"peak_vram_mb": None, "p50": 1.5}

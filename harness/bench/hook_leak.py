@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -18,7 +20,7 @@ from harness.measure.device import Device
 from harness.models.registry import get_detector
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.stage_timer import StageTimer
-from harness.probes import layer_pass
+from harness.run.executor import layer_pass
 
 
 def forward_p50(pipeline: DetectorPipeline, batches, device: Device) -> float:
@@ -48,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     batches = [records[i:i + args.batch_size] for i in range(0, args.batch_size * args.batches, args.batch_size)]
     forward_p50(pipeline, batches[:3], device)  # warm-up
     before, after = [], []
-    for _ in range(args.rounds):
-        before.append(forward_p50(pipeline, batches, device))
-        layer_pass(pipeline, batches[:3], run_dir=None)
-        after.append(forward_p50(pipeline, batches, device))
+    with tempfile.TemporaryDirectory(prefix="va-bench-hook-leak-") as work:
+        for _ in range(args.rounds):
+            before.append(forward_p50(pipeline, batches, device))
+            layer_pass(pipeline, batches[:3], Path(work), Path(work) / "ort_profile.json")
+            after.append(forward_p50(pipeline, batches, device))
     changes = [a / b - 1 for a, b in zip(after, before, strict=True)]
     result = {"backend": args.backend, "batch_size": args.batch_size, "forward_p50_ms_before": before,
               "forward_p50_ms_after_layer_pass": after, "relative_change": [round(c, 4) for c in changes],

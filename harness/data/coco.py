@@ -1,4 +1,4 @@
-"""COCO val2017 on disk: discovery, annotations (pycocotools), and variant resolution."""
+"""COCO val2017 on disk: discovery, annotations (validated, then pycocotools), and variant resolution."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pycocotools.coco import COCO
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.data.images import check_image_files
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
 from harness.errors import UsageError
 
@@ -25,6 +28,102 @@ HOW_TO_GET_COCO = (
     "get COCO val2017 (images + annotations, see datasets/README.md) and pass --coco-dir or set "
     f"${ENV_COCO_DIR}"
 )
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Image(_Strict):
+    id: int
+    file_name: str = Field(min_length=1)
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+
+
+class _Annotation(_Strict):
+    """The fields pycocotools' bbox evaluation reads (segmentation is not used for bbox AP)."""
+
+    id: int
+    image_id: int
+    category_id: int
+    bbox: Annotated[list[FiniteFloat], Field(min_length=4, max_length=4)]
+    area: FiniteFloat = Field(ge=0)
+    iscrowd: Literal[0, 1]
+
+
+class _Category(_Strict):
+    id: int
+    name: str
+
+
+class _Instances(_Strict):
+    images: list[_Image]
+    annotations: list[_Annotation]
+    categories: list[_Category] = Field(min_length=1)
+
+
+def _where(loc: tuple) -> str:
+    """('annotations', 17, 'bbox', 2) -> 'annotations[17].bbox[2]'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "top level"
+
+
+def _structure_problems(data) -> list[str]:
+    """Everything pycocotools and the harness rely on, checked up front: pycocotools itself raises a bare
+    AssertionError, KeyError or Exception on such files, some only at evaluation, after the run started."""
+    if not isinstance(data, dict):
+        return [f"the top level is a JSON {type(data).__name__}, not an object with images, annotations and "
+                "categories"]
+    try:
+        instances = _Instances.model_validate(data)
+    except ValidationError as exc:
+        return [f"{_where(e['loc'])}: {e['msg'][0].lower()}{e['msg'][1:]}"
+                + ("" if e["type"] == "missing" else f" (got {str(e['input'])[:40]!r})") for e in exc.errors()]
+    problems = []
+    image_ids = [img.id for img in instances.images]
+    if len(set(image_ids)) != len(image_ids):
+        problems.append("images: image ids are not unique")
+    for i, img in enumerate(instances.images):
+        # a file name from an untrusted file must name a file inside val2017/, nothing else
+        name = img.file_name
+        if Path(name).name != name or name in (".", "..") or "\\" in name or "\0" in name:
+            problems.append(f"images[{i}].file_name: {name[:60]!r} is not a plain file name")
+    known_images, known_cats = set(image_ids), {c.id for c in instances.categories}
+    for i, ann in enumerate(instances.annotations):
+        if ann.image_id not in known_images:
+            problems.append(f"annotations[{i}].image_id: {ann.image_id} is not in images")
+        if ann.category_id not in known_cats:
+            problems.append(f"annotations[{i}].category_id: {ann.category_id} is not in categories")
+        if ann.bbox[2] < 0 or ann.bbox[3] < 0:
+            problems.append(f"annotations[{i}].bbox: negative width or height {ann.bbox}")
+    return problems
+
+
+def load_instances(path: Path) -> COCO:
+    """A pycocotools COCO index of a validated instances file; any problem is one UsageError line."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not valid JSON ({str(exc)[:80]}); {HOW_TO_GET_COCO}") from exc
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read ({exc.strerror})") from exc
+    except RecursionError as exc:
+        raise UsageError(f"{path} is not a COCO instances file (nested too deeply); {HOW_TO_GET_COCO}") from exc
+    problems = _structure_problems(data)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise UsageError(f"{path} is not a valid COCO instances file: {problems[0]}{more}; {HOW_TO_GET_COCO}")
+    coco = COCO()  # built from the checked dict, so the file is read once
+    coco.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress unconditionally
+        coco.createIndex()
+    return coco
 
 
 @dataclass(frozen=True)
@@ -70,14 +169,7 @@ class CocoDataset:
 
     @cached_property
     def coco(self) -> COCO:
-        # pycocotools prints progress unconditionally; keep the CLI output clean.
-        with contextlib.redirect_stdout(io.StringIO()):
-            try:
-                return COCO(str(self.annotation_file))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise UsageError(
-                    f"{self.annotation_file} is not a COCO instances file ({exc}); {HOW_TO_GET_COCO}"
-                ) from exc
+        return load_instances(self.annotation_file)
 
     def record(self, image_id: int) -> ImageRecord:
         info = self.coco.imgs[image_id]
@@ -100,7 +192,8 @@ class CocoDataset:
         return present, not_annotated, no_file
 
     def variant(self, name: str, limit: int | None = None) -> DatasetVariant:
-        """Resolve a variant; every image it names must be present, or this is a UsageError.
+        """Resolve a variant; every image it names must be present and look whole (size, first and last
+        bytes: `check_image_files`), or this is a UsageError.
 
         `limit` keeps the first N sorted ids of the variant and labels the result `subsetN`.
         """
@@ -134,5 +227,6 @@ class CocoDataset:
             )
         if not present:
             raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file}")
+        check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)

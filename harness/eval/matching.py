@@ -2,37 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torchvision.ops import box_iou
 
-from harness.pipeline.postprocess import ImageDetections
-
-
-@dataclass(frozen=True)
-class MatchReport:
-    """How well detections B reproduce detections A."""
-
-    images: int
-    detections_a: int
-    detections_b: int
-    matched: int
-    max_score_delta: float
-    iou_threshold: float
-    score_tolerance: float
-
-    @property
-    def match_rate(self) -> float:
-        """Matched pairs over the larger of the two detection counts (1.0 when both are empty)."""
-        denom = max(self.detections_a, self.detections_b)
-        return 1.0 if denom == 0 else self.matched / denom
-
-    def to_dict(self) -> dict:
-        return {"images": self.images, "detections_reference": self.detections_a,
-                "detections_compared": self.detections_b, "matched": self.matched,
-                "match_rate": round(self.match_rate, 6), "max_score_delta": round(self.max_score_delta, 8),
-                "iou_threshold": self.iou_threshold, "score_tolerance": self.score_tolerance}
+from harness.records import ImageDetections, MatchReport
 
 
 def _match_image(a: ImageDetections, b: ImageDetections, iou_thr: float, tol: float) -> tuple[int, float]:
@@ -76,19 +49,3 @@ def match_detections(a: list[ImageDetections], b: list[ImageDetections], iou_thr
         matched += m
         worst = max(worst, w)
     return MatchReport(images, n_a, n_b, matched, worst, iou_threshold, score_tolerance)
-
-
-def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
-    """COCO-format results (bbox xywh) -> per-image detections; labels are the COCO category ids."""
-    import numpy as np
-
-    grouped: dict[int, list[dict]] = {}
-    for r in results:
-        grouped.setdefault(r["image_id"], []).append(r)
-    out = []
-    for image_id, rows in grouped.items():
-        xywh = np.array([r["bbox"] for r in rows], dtype=np.float64).reshape(-1, 4)
-        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
-        out.append(ImageDetections(image_id, boxes, np.array([r["score"] for r in rows]),
-                                   np.array([r["category_id"] for r in rows])))
-    return out

@@ -42,7 +42,9 @@ def cpu_governor() -> str | None:
 
 
 def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
-    """(commit, dirty) of the harness checkout; ("unknown", None) outside a git checkout."""
+    """(commit, dirty) of the harness's own checkout; ("unknown", None) when the harness is not the root of
+    a git checkout (an installed package, or a copy inside some other repository, whose commit says
+    nothing about this code)."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
@@ -50,6 +52,9 @@ def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
         except (OSError, subprocess.SubprocessError):
             return None
 
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root.resolve():
+        return "unknown", None
     commit = git("rev-parse", "HEAD")
     if not commit:
         return "unknown", None

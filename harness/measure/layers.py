@@ -9,24 +9,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from harness.measure.device import Device
-
-
-@dataclass(frozen=True)
-class LayerCall:
-    """One execution of one layer (module or ONNX node) within one batch."""
-
-    batch: int
-    name: str
-    type: str
-    input_shapes: str
-    output_shapes: str
-    ms: float
+from harness.records import LayerCall
 
 
 def _shapes(obj) -> str:

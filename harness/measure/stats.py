@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 import numpy as np
 from scipy import stats as scipy_stats
+
+from harness.records import Summary
 
 MIN_SAMPLES = 10
 CV_WARN = 0.10
 FIRST_SAMPLE_WARN = 2.0
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Distribution of one measured quantity (milliseconds unless stated)."""
-
-    count: int
-    mean: float
-    std: float
-    min: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    max: float
-    median_ci95: tuple[float, float] | None  # bootstrap CI of the median; None with < 2 samples
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self, digits: int = 4) -> dict:
-        out = {k: (round(v, digits) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        if self.median_ci95 is not None:
-            out["median_ci95"] = [round(v, digits) for v in self.median_ci95]
-        return out
 
 
 def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:

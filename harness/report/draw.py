@@ -7,15 +7,16 @@ from pathlib import Path
 import cv2
 
 from harness.data.categories import COCO80_NAMES
-from harness.pipeline.postprocess import ImageDetections
-from harness.pipeline.preprocess import decode_image
+from harness.records import ImageDetections
 
 MIN_SCORE = 0.3
 
 
 def draw_detections(path: Path, detections: ImageDetections, class_map: tuple[int, ...]) -> bytes:
     """JPEG bytes of the image with boxes scoring >= 0.3 and their class names."""
-    image = decode_image(path)
+    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"{path} could not be decoded for drawing")
     for box, score, label in zip(detections.boxes, detections.scores, detections.labels, strict=True):
         if score < MIN_SCORE:
             continue

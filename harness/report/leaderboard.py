@@ -8,20 +8,36 @@ from rich.table import Table
 MAX_ROWS = 40
 
 
+def _model_label(row: dict, several_weights: set[str]) -> str:
+    """The model id, plus a short weights tag where one model id comes with several weights."""
+    if row["model"] not in several_weights:
+        return row["model"]
+    kind, _, value = row["weights"].partition(":")
+    return f"{row['model']} [{value[:8] if kind == 'sha256' else value or kind}]"
+
+
 def leaderboard_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
+    """Batch-1 rows with the pinned accuracy: `full` (canonical full-val) or the variant it came from."""
     rows = board["leaderboard"]
-    table = Table(title=f"leaderboard (batch 1, default input size): {len(rows)} rows"
+    variant = board["policy"].get("leaderboard_variant", "full")
+    weights_of: dict[str, set] = {}
+    for r in board["cube"]:
+        weights_of.setdefault(r["model"], set()).add(r["weights"])
+    several = {m for m, w in weights_of.items() if len(w) > 1}
+    label = "full-val" if variant == "full" else variant
+    table = Table(title=f"leaderboard (batch 1, default input size; mAP: canonical {label} only): {len(rows)} rows"
                   + (f", first {max_rows} shown (-o for all)" if len(rows) > max_rows else ""))
-    for col in ("hardware", "model", "format", "provider", "precision", "size", "variant", "mAP", "source",
+    for col in ("hardware", "model", "format", "provider", "precision", "size", "timed on", "mAP", "mAP of",
                 "p50 ms", "fps", "flags"):
         table.add_column(col)
     for r in rows[:max_rows]:
         shown = "-" if r["accuracy_shown"] is None else f"{r['accuracy_shown']:.4f}"
-        source = "subset" if r["subset"] else ("full" if r["accuracy_shown"] is not None else "-")
-        variant = r["dataset_variant"] + (f" ({r['timing_mode']} timing)" if r["timing_mode"] != "latency" else "")
+        source = "-" if r["accuracy_shown"] is None else (f"{variant} (subset)" if r["subset"] else "full")
+        timed_on = r["dataset_variant"] + (f" ({r['timing_mode']} timing)" if r["timing_mode"] != "latency" else "")
+        precision = r["precision"] + ("+tf32" if r["tf32"] == "on" else "")
         table.add_row(*(escape(str(v)) for v in (
-            r["hardware"], r["model"], r["format"], r["provider"], r["precision"], r["input_size"],
-            variant, shown, source, r["latency_ms_p50"], r["fps_mean"], len(r["flags"]) or "")))
+            r["hardware"], _model_label(r, several), r["format"], r["provider"], precision, r["input_size"],
+            timed_on, shown, source, r["latency_ms_p50"], r["fps_mean"], len(r["flags"]) or "")))
     return table
 
 

@@ -1,9 +1,11 @@
-"""Progress display: rich bars for the CLI, a silent sink for library use and tests."""
+"""Progress display: rich bars on a terminal, plain lines when piped, a silent sink for library use."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,7 +24,7 @@ class SilentProgress:
 
 
 class RichProgress(SilentProgress):
-    """One rich bar per pass (accuracy, warm-up, timing); labels escaped (rich eats [brackets])."""
+    """One rich bar per pass (warm-up, timing, ...); labels escaped (rich eats [brackets])."""
 
     def __init__(self, console: Console):
         self.console = console
@@ -36,3 +38,26 @@ class RichProgress(SilentProgress):
 
     def log(self, message: str) -> None:
         self.console.print(escape(message))
+
+
+class PlainProgress(SilentProgress):
+    """One line per finished pass, for logs and CI (no terminal): what ran, how many steps, how long."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    @contextmanager
+    def task(self, description: str, total: int | None) -> Iterator:
+        done = [0]
+        start = time.perf_counter()
+
+        def advance(n: int = 1) -> None:
+            done[0] += n
+
+        yield advance
+        steps = f" {done[0]}/{total}" if total else (f" {done[0]} steps" if done[0] else "")
+        self.log(f"{description}:{steps} done in {time.perf_counter() - start:.1f} s")
+
+    def log(self, message: str) -> None:
+        self.stream.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+        self.stream.flush()

@@ -1,56 +1,91 @@
-"""The end-of-run summary: a rich table for people, a dict for --json."""
+"""The end-of-run summary: rich tables that fit 80 columns for people, a dict for --json.
+
+One small table per group (model, backend, precision, input size), one row per batch size, every
+cell of the run listed with its status; the reasons of cells that did not finish ok follow it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rich import box
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.results.records import CellRecord
+from harness.records import CellRecord, LoadKey
 
 
-def _split(record: CellRecord) -> str:
-    """Stage split of the batch time, e.g. 'pre 8% / fwd 80% / post 12%'."""
+def stage_split(record: CellRecord) -> str:
+    """Stage split of the batch time in %, preprocess/forward/postprocess, e.g. '8/80/12'."""
     t = record.timing
     total = t.batch_ms.mean
     parts = []
-    for name, short in (("preprocess", "pre"), ("forward", "fwd"), ("postprocess", "post")):
+    for name in ("preprocess", "forward", "postprocess"):
         s = t.stages_ms.get(name)
-        if s is not None and total > 0:
-            parts.append(f"{short} {100 * s.mean / total:.0f}%")
-    return " / ".join(parts)
+        parts.append(f"{100 * s.mean / total:.0f}" if s is not None and total > 0 else "-")
+    return "/".join(parts)
 
 
-def summary_table(records: list[CellRecord]) -> Table:
-    overlapped = any(r.timing.mode == "overlapped" for r in records)
-    table = Table(title="va-bench run summary" + (" (overlapped: img/s over wall time; batch times are end-to-end "
-                                                  "latencies with queueing, stages overlap)" if overlapped else ""))
-    for col in ("model", "backend", "size", "batch", "img/s", "p50 ms/batch", "p95 ms/batch", "p50 ms/img",
-                "stage split", "mAP", "b-invariance"):
-        table.add_column(col, justify="right" if col not in ("model", "backend", "stage split") else "left")
-    for r in records:
-        t = r.timing
-        m_ap = f"{r.accuracy.stats['mAP_50_95']:.4f}" if r.accuracy else "-"
-        inv = f"{100 * r.invariance.match_rate:.2f}%" if r.invariance else "-"
-        table.add_row(escape(r.cell.load.model), escape(r.cell.load.backend), str(r.cell.load.input_size[0]),
-                      str(t.batch_size), f"{t.images_per_s:.1f}", f"{t.batch_ms.p50:.2f}", f"{t.batch_ms.p95:.2f}",
-                      f"{t.image_ms.p50:.2f}", _split(r), m_ap, inv)
-    return table
+def _invariance(record: CellRecord) -> str:
+    inv = record.invariance
+    if inv is None:
+        return "-"
+    if inv.report is None:
+        return "ref"
+    return f"{100 * inv.report.match_rate:.1f}%"
 
 
-def probe_table(records: list[CellRecord]) -> Table:
-    """Memory and energy per cell."""
-    table = Table(title="memory and energy (timing window)")
-    for col in ("cell", "peak RAM MB", "peak VRAM MB", "J/image", "images/J"):
-        table.add_column(col, justify="left" if col == "cell" else "right")
-    for r in records:
-        e = r.energy or {}
-        ok = e.get("status") == "ok"
-        table.add_row(escape(r.cell.label), str(r.memory.get("peak_ram_mb", "-")),
-                      str(r.memory.get("peak_vram_mb") or "-"),
-                      str(e.get("joules_per_image")) if ok else "unavailable",
-                      str(e.get("images_per_joule")) if ok else "-")
+# Columns of a group table, dropped from the end of DROP_ORDER while the table is wider than the console.
+DROP_ORDER = ("J/img", "RAM MB", "p95 ms", "split %")
+
+
+def _group_rows(statuses: list, records: dict[str, CellRecord], energy: bool) -> list[dict[str, str]]:
+    rows = []
+    for status in statuses:
+        r = records.get(status.cell.label)
+        row = {"batch": str(status.cell.batch_size),
+               "status": status.state if r is not None or status.state != "ok" else "ok*"}
+        if r is not None:
+            t = r.timing
+            row.update({"img/s": f"{t.images_per_s:.1f}", "p50 ms": f"{t.batch_ms.p50:.2f}",
+                        "p95 ms": f"{t.batch_ms.p95:.2f}", "split %": stage_split(r),
+                        "mAP": f"{r.accuracy.stats['mAP_50_95']:.4f}" if r.accuracy else "-",
+                        "b-inv": _invariance(r),
+                        "RAM MB": f"{r.memory['peak_ram_mb']:.0f}" if r.memory.get("peak_ram_mb") is not None else "-"})
+            if energy:
+                row["J/img"] = f"{r.energy['joules_per_image']:.3g}" if r.energy.get("status") == "ok" else "-"
+        rows.append(row)
+    return rows
+
+
+def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], width: int = 80) -> Table:
+    """One group's cells: status, throughput, latency, stage split (pre/fwd/post), mAP, batch invariance,
+    peak RAM, energy; columns are dropped (least useful first) until the table fits `width`."""
+    energy = any((r.energy or {}).get("status") == "ok" for r in records.values())
+    columns = ["batch", "status", "img/s", "p50 ms", "p95 ms", "split %", "mAP", "b-inv", "RAM MB"]
+    columns += ["J/img"] if energy else []
+    rows = _group_rows(statuses, records, energy)
+    title = escape(" · ".join([key.model, key.backend, key.precision, key.label.rsplit(" ", 1)[1]]))
+    dropped: list[str] = []
+    while True:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                      collapse_padding=True)
+        for col in columns:
+            table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row.get(col, "-") for col in columns))
+        needed = sum(max([len(col)] + [len(row.get(col, "-")) for row in rows]) for col in columns)
+        needed += 3 * (len(columns) - 1)  # what SIMPLE_HEAD puts between columns
+        droppable = [c for c in DROP_ORDER if c in columns]
+        if needed <= width or not droppable:
+            break
+        columns.remove(droppable[0])
+        dropped.append(droppable[0])
+    table.caption = "split %: preprocess/forward/postprocess share of the batch time"
+    if dropped:
+        table.caption += f"; not shown for width: {', '.join(dropped)} (see --json)"
+    table.caption_justify = "left"
     return table
 
 
@@ -71,25 +106,67 @@ def probe_lines(records: list[CellRecord], top: int = 6) -> list[str]:
     return lines
 
 
-def summary_json(run_dir: Path, records: list[CellRecord]) -> dict:
-    cells, warnings = [], []
+def run_warnings(records: list[CellRecord]) -> list[str]:
+    """Timing warnings per cell and batch invariance below 99 %."""
+    out = []
     for r in records:
-        t = r.timing
-        cells.append({
-            "cell": r.cell.label,
-            "submission": r.artifacts.get("submission"),
-            "mode": t.mode,
-            "images_per_s": round(t.images_per_s, 3),
-            "batch_ms": t.batch_ms.to_dict(),
-            "image_ms_p50": round(t.image_ms.p50, 4),
-            "stages_ms_mean": {k: round(v.mean, 4) for k, v in t.stages_ms.items()},
-            "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
-            "batch_invariance": r.invariance.to_dict() if r.invariance else None,
-            "warnings": t.warnings,
-            "memory": r.memory,
-            "energy": r.energy,
-            "layers": r.layers,
-            "profiler": r.profiler,
-        })
-        warnings += [f"{r.cell.label}: {w}" for w in t.warnings]
-    return {"run_dir": str(run_dir), "cells": cells, "warnings": warnings}
+        out += [f"{r.cell.label}: {w}" for w in r.timing.warnings]
+        inv = r.invariance
+        if inv is not None and inv.report is not None and inv.report.match_rate < 0.99:
+            out.append(f"{r.cell.label}: batch invariance {100 * inv.report.match_rate:.2f}% < 99% against "
+                       f"batch {inv.reference_batch_size}: detections depend on the batch size")
+    return out
+
+
+def print_summary(console: Console, outcome) -> None:
+    """Everything a person reads at the end of `va-bench run`."""
+    state, records = outcome.state, {r.cell.label: r for r in outcome.records}
+    groups: dict[LoadKey, list] = {}
+    for status in state.cells.values():
+        groups.setdefault(status.cell.load, []).append(status)
+    for key, statuses in groups.items():
+        console.print(group_table(key, statuses, records, console.width))
+    if any(s.state == "ok" and s.cell.label not in records for s in state.cells.values()):
+        console.print("ok* finished by an earlier process of this run (see its submission)", highlight=False)
+    for label, problem in outcome.problems.items():
+        console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
+    for line in probe_lines(outcome.records):
+        console.print(escape(line), highlight=False)
+    for line in run_warnings(outcome.records):
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
+    counts = ", ".join(f"{n} {s}" for s, n in state.counts().items())
+    console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False)
+    if outcome.problems:
+        console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
+                      f"--resume {escape(state.run_id)} --output-dir {escape(str(state.run_dir.parent))} "
+                      "--retry-failed", highlight=False)
+
+
+def summary_json(run_dir: Path, outcome) -> dict:
+    """The run summary for scripts: every cell's status, and the measurements of those run now."""
+    records = {r.cell.label: r for r in outcome.records}
+    cells = []
+    for label, status in outcome.state.cells.items():
+        entry = status.to_dict()
+        if status.submission:
+            entry["submission"] = str(run_dir / status.submission)
+        r = records.get(label)
+        if r is not None:
+            t = r.timing
+            entry.update({
+                "mode": t.mode,
+                "images_per_s": round(t.images_per_s, 3),
+                "batch_ms": t.batch_ms.to_dict(),
+                "image_ms_p50": round(t.image_ms.p50, 4),
+                "stages_ms_mean": {k: round(v.mean, 4) for k, v in t.stages_ms.items()},
+                "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
+                "batch_invariance": r.invariance.to_dict() if r.invariance else None,
+                "warnings": t.warnings,
+                "memory": r.memory,
+                "energy": r.energy,
+                "layers": r.layers,
+                "profiler": r.profiler,
+            })
+        cells.append(entry)
+    return {"run_id": outcome.state.run_id, "run_dir": str(run_dir), "cells": cells,
+            "counts": outcome.state.counts(), "warnings": run_warnings(outcome.records)}

@@ -1,29 +1,42 @@
-"""`va-bench aggregate`: many submissions -> one leaderboard (seed 000, steps 1-2).
+"""`va-bench aggregate`: many submissions -> one leaderboard (seed 000, steps 1-3).
 
-* Performance identity: model | hardware | format | provider | precision | input size | batch size |
-  dataset variant | timing mode. Within one identity the latest timestamp wins; nothing else collapses.
-  Timing mode is `timing.mode` ("latency", the site's own view and the default for files without it,
-  or "overlapped"): an overlapped run's latency includes queueing and its throughput overlaps batches,
-  so the two never replace each other. The leaderboard shows a coordinate's latency-mode row where
-  there is one.
-* Accuracy identity: model | dataset variant | precision. The canonical number comes from the
-  reference hardware (default a100), else the first hardware of the fallback order; within a
-  hardware PyTorch first, then the newest run. The source is recorded.
+* Performance identity: model | weights | hardware | format | provider | precision | TF32 | input size |
+  batch size | dataset variant | timing mode. Within one identity the latest timestamp wins; nothing
+  else collapses. Weights are `repro.weights.sha256`, else its source, else "unrecorded" (the site's
+  older files): other weights never supersede a run. Timing mode is `timing.mode` ("latency", the
+  site's own view and the default for files without it, or "overlapped"): an overlapped run's latency
+  includes queueing and its throughput overlaps batches, so the two never replace each other. The
+  leaderboard shows a coordinate's latency-mode row where there is one.
+* Accuracy identity: model | weights | dataset variant | precision, where fp32 run with TF32 on (see
+  `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32 number. The
+  canonical number comes from the reference hardware (default a100), else the first hardware of the
+  fallback order; within a hardware PyTorch first, then the newest run. The source is recorded.
 * Agreement gate: every other run of an accuracy identity is compared with the canonical value;
   |delta mAP| above the tolerance (in mAP points, 0.3 = 0.003) is a finding.
-* Displayed accuracy prefers the canonical full-val number; subset accuracy is shown only with a
-  `subset` badge, never as full-val.
+* Cube rows: displayed accuracy prefers the canonical full-val number; subset accuracy is shown only
+  with a `subset` badge, never as full-val.
+* Leaderboard (batch 1, default input size, every dataset variant's timing): displayed accuracy is
+  pinned to the canonical number of `leaderboard_variant` (default "full"); a model without one shows
+  none rather than a subset number. Another variant (e.g. "mini500") shows its canonical numbers with
+  the `subset` badge.
+* Files the site would reject, and random-weights runs, are left out.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
+KNOWN_VARIANTS = ("full", "mini500")
+# Our rules that keep a file out of the leaderboard altogether (the site's own rules always do).
+UNPUBLISHABLE = {"random-weights"}
+# Our rules that keep a file's accuracy out of the canonical numbers (its timing still counts).
+DISTRUST_ACCURACY = {"commit_guard", "degenerate", "detections"}
 
 
 @dataclass
@@ -39,6 +52,8 @@ class PerfRow:
     batch_size: int | None
     dataset_variant: str
     timing_mode: str
+    weights: str  # sha256:..., source:..., or unrecorded
+    tf32: str  # on | off | unrecorded
     num_images: int | None
     created_at: str
     file: str
@@ -59,17 +74,22 @@ class PerfRow:
 
     @property
     def coordinate(self) -> tuple:
-        """What was measured, whatever the timing mode."""
-        return (self.model, self.hardware, self.format, self.provider, self.precision, self.input_size,
-                self.batch_size, self.dataset_variant)
+        """What was measured, whatever the timing mode and dataset variant."""
+        return (self.model, self.weights, self.hardware, self.format, self.provider, self.precision, self.tf32,
+                self.input_size, self.batch_size)
 
     @property
     def perf_key(self) -> tuple:
-        return (*self.coordinate, self.timing_mode)
+        return (*self.coordinate, self.dataset_variant, self.timing_mode)
+
+    @property
+    def accuracy_precision(self) -> str:
+        """The accuracy lineage: fp32 with TF32 on is not IEEE fp32."""
+        return f"{self.precision}+tf32" if self.precision == "fp32" and self.tf32 == "on" else self.precision
 
     @property
     def accuracy_key(self) -> tuple:
-        return (self.model, self.dataset_variant, self.precision)
+        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision)
 
 
 def _num(value) -> float | None:
@@ -87,20 +107,20 @@ def row_from(report: FileReport) -> PerfRow:
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
-    distrust = {"commit_guard", "degenerate"}
     return PerfRow(
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
         timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
-        num_images=sub.num_images, created_at=sub.timestamp.isoformat() if sub.timestamp else "",
+        weights=sub.weights_identity, tf32=sub.tf32, num_images=sub.num_images,
+        created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
         latency_ms_mean=_num(total.get("mean")), fps_mean=_num(sub.throughput.get("fps_mean")),
         peak_vram_mb=_positive(memory.get("peak_vram_mb")), peak_ram_mb=_positive(memory.get("peak_ram_mb")),
         map_50_95=_num(sub.accuracy.get("mAP_50_95")), map_50=_num(sub.accuracy.get("mAP_50")),
         flags=[f"{f.severity}: {f.message}" for f in ours],
-        accuracy_trusted=not any(f.severity == "error" and f.rule in distrust and
-                                 (f.rule == "commit_guard" or f.path.startswith("accuracy")) for f in ours),
+        accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
+                                 (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
     )
 
 
@@ -141,16 +161,22 @@ def pick_canonical(rows: list[PerfRow], order: list[str]) -> PerfRow:
 
 
 def aggregate(reports: list[FileReport], reference_hardware: str = "a100", tolerance_points: float = 0.3,
-              fallback_hardware: list[str] | None = None) -> dict:
-    """Build the leaderboard document from validated files (files with errors are left out)."""
+              fallback_hardware: list[str] | None = None, leaderboard_variant: str = "full") -> dict:
+    """Build the leaderboard document from validated files (files the site would reject, and
+    random-weights runs, are left out)."""
     rows, excluded = [], []
     for report in reports:
-        site_errors = [f for f in report.errors if is_site_rule(f) and not _derivable_hardware_id(report, f)]
-        if report.submission is None or site_errors:
-            excluded.append({"file": str(report.path), "errors": [f.message for f in site_errors][:5]})
+        blocking = [f for f in report.errors if (is_site_rule(f) and not _derivable_hardware_id(report, f))
+                    or f.rule in UNPUBLISHABLE]
+        if report.submission is None or blocking:
+            excluded.append({"file": str(report.path), "errors": [f.message for f in blocking][:5]})
             continue
         rows.append(row_from(report))
     cube = dedup(rows)
+    variants = {r.dataset_variant for r in cube}
+    if leaderboard_variant not in (*KNOWN_VARIANTS, *variants):
+        raise UsageError(f"--leaderboard-variant {leaderboard_variant!r} is not a dataset variant of these files; "
+                         f"use one of {', '.join(sorted({*KNOWN_VARIANTS, *variants}))}")
     order = hardware_order(reference_hardware, fallback_hardware)
 
     by_accuracy: dict[tuple, list[PerfRow]] = {}
@@ -161,45 +187,46 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     for key, group in sorted(by_accuracy.items()):
         best = pick_canonical(group, order)
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
-        canonical[key] = {"model": key[0], "dataset_variant": key[1], "precision": key[2],
-                          "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
-                          "format": best.format, "file": best.file, "policy": policy}
+        identity = {"model": key[0], "weights": key[1], "dataset_variant": key[2], "precision": key[3]}
+        canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
+                          "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
             if other is best:
                 continue
             delta = 100 * (other.map_50_95 - best.map_50_95)
             if abs(delta) > tolerance_points:
-                gate.append({"model": key[0], "dataset_variant": key[1], "precision": key[2],
-                             "canonical": round(best.map_50_95, 4), "canonical_file": best.file,
+                gate.append({**identity, "canonical": round(best.map_50_95, 4), "canonical_file": best.file,
                              "canonical_hardware": best.hardware, "other": round(other.map_50_95, 4),
                              "other_file": other.file, "other_hardware": other.hardware,
                              "other_format": other.format, "delta_points": round(delta, 2)})
 
-    for row in cube:
-        full = canonical.get((row.model, "full", row.precision))
-        own = canonical.get(row.accuracy_key)
-        if full is not None:
-            row.accuracy_shown, row.subset = full["mAP_50_95"], False
-            row.accuracy_source = f"canonical full-val ({full['hardware']}, {full['format']}): {full['file']}"
-        elif own is not None:
-            row.accuracy_shown, row.subset = own["mAP_50_95"], row.dataset_variant != "full"
-            row.accuracy_source = (f"canonical {row.dataset_variant} ({own['hardware']}, {own['format']}): "
-                                   f"{own['file']}")
-        else:
-            row.accuracy_shown, row.accuracy_source = None, "no accuracy for this model/variant/precision"
+    def canonical_of(row: PerfRow, variant: str) -> dict | None:
+        return canonical.get((row.model, row.weights, variant, row.accuracy_precision))
 
-    default_size = _default_input_sizes(cube)
-    with_latency_row = {r.coordinate for r in cube if r.timing_mode == "latency"}
-    leaderboard = [r for r in cube if r.batch_size == 1 and r.input_size == default_size.get(r.model)
-                   and (r.timing_mode == "latency" or r.coordinate not in with_latency_row)]
+    def show(row: PerfRow, entry: dict | None, variant: str) -> None:
+        if entry is None:
+            row.accuracy_shown, row.subset = None, False
+            row.accuracy_source = f"no canonical {variant} accuracy for this model/weights/precision"
+            return
+        label = "full-val" if variant == "full" else variant
+        row.accuracy_shown, row.subset = entry["mAP_50_95"], variant != "full"
+        row.accuracy_source = f"canonical {label} ({entry['hardware']}, {entry['format']}): {entry['file']}"
+
+    for row in cube:  # the cube: full-val when there is one, else the row's own variant, badged
+        full = canonical_of(row, "full")
+        show(row, full or canonical_of(row, row.dataset_variant), "full" if full else row.dataset_variant)
+
+    leaderboard = [replace(r) for r in _leaderboard_rows(cube, leaderboard_variant)]
+    for row in leaderboard:  # pinned: the leaderboard variant's canonical number or nothing
+        show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
     leaderboard.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
     return {
         "schema_version": "va-bench.leaderboard.v1",
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
-                   "tolerance_points": tolerance_points,
-                   "performance_identity": ["model", "hardware", "format", "provider", "precision", "input_size",
-                                            "batch_size", "dataset_variant", "timing_mode"],
-                   "accuracy_identity": ["model", "dataset_variant", "precision"]},
+                   "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
+                   "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
+                                            "input_size", "batch_size", "dataset_variant", "timing_mode"],
+                   "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate)},
         "leaderboard": [asdict(r) for r in leaderboard],
@@ -208,6 +235,22 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         "cube": [asdict(r) for r in cube],
         "excluded": excluded,
     }
+
+
+def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
+    """Batch 1 at the model's default input size, one row per coordinate: the latency-mode run over an
+    overlapped one, then a run on `variant`, then the most images, then the newest."""
+    def rank(r: PerfRow) -> tuple:
+        return r.timing_mode == "latency", r.dataset_variant == variant, r.num_images or 0, r.created_at, r.file
+
+    default_size = _default_input_sizes(cube)
+    best: dict[tuple, PerfRow] = {}
+    for r in cube:
+        if r.batch_size == 1 and r.input_size == default_size.get(r.model):
+            current = best.get(r.coordinate)
+            if current is None or rank(r) > rank(current):
+                best[r.coordinate] = r
+    return list(best.values())
 
 
 def _default_input_sizes(rows: list[PerfRow]) -> dict[str, int | None]:

@@ -3,11 +3,27 @@ trace*.json, energy.csv, memory.csv. Every file is rewritten atomically as cells
 
 from __future__ import annotations
 
+import csv
+import re
 from pathlib import Path
 
-from harness.plan import Cell, LoadKey
-from harness.probes import LayerPassRecord, ProfilePassRecord
+from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord
 from harness.results.writer import atomic_write_csv
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-.") or "x"
+
+
+def load_slug(key: LoadKey) -> str:
+    """A file-name-safe name of a group: {model}__{backend}__{precision}__{size}."""
+    h, w = key.input_size
+    return "__".join(_slug(p) for p in (key.model, key.backend, key.precision, str(h) if h == w else f"{h}x{w}"))
+
+
+def cell_slug(cell: Cell) -> str:
+    """A file-name-safe name of a cell: {model}__{backend}__{precision}__{size}__b{batch}."""
+    return f"{load_slug(cell.load)}__b{cell.batch_size}"
 
 
 def _cell_cols(cell: Cell) -> list:
@@ -18,23 +34,42 @@ def _cell_cols(cell: Cell) -> list:
 CELL_HEADER = ["model", "backend", "precision", "input_size", "batch_size"]
 
 
+LAYER_HEADER = CELL_HEADER + ["batch", "module", "type", "input_shapes", "output_shapes", "ms"]
+TYPE_HEADER = CELL_HEADER + ["layer_type", "total_ms", "count", "share_pct"]
+MEMORY_HEADER = ["timestamp", "tag", "rss_mb", "cuda_allocated_mb"]
+
+
 class ProbeArtifacts:
-    """Accumulates probe rows for the run and keeps the files on disk current."""
+    """Accumulates probe rows for the run and keeps the files on disk current. A resumed run starts from
+    the rows its files already hold, so earlier cells' rows are kept as they were."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self.files: dict[str, str] = {}
-        self._layer_rows: list[list] = []
-        self._type_rows: list[list] = []
-        self._op_rows: list[list] = []
-        self._energy_rows: list[dict] = []
-        self._traces = 0
+        self.files: dict[str, str] = {}  # name -> path relative to the run folder
+        self._layer_rows = self._existing("layer_timer.csv", "layer_timer")
+        self._type_rows = self._existing("layer_types.csv", "layer_types")
+        self._op_header, self._op_rows = self._existing_with_header("profiler_ops.csv", "profiler_ops")
+        energy_header, energy_rows = self._existing_with_header("energy.csv", "energy")
+        self._energy_rows = [{k: v for k, v in zip(energy_header, row, strict=False) if v != ""}
+                             for row in energy_rows]
+        self._memory_rows = self._existing("memory.csv", "memory")
+
+    def _existing_with_header(self, name: str, key: str) -> tuple[list[str], list[list]]:
+        path = self.run_dir / name
+        if not path.is_file():
+            return [], []
+        self.files[key] = name
+        with open(path, newline="") as fh:
+            rows = list(csv.reader(fh))
+        return (rows[0], rows[1:]) if rows else ([], [])
+
+    def _existing(self, name: str, key: str) -> list[list]:
+        return self._existing_with_header(name, key)[1]
 
     def trace_path(self, key: LoadKey) -> Path:
-        """trace.json for the first profiled group, trace__<model>__<backend>__<size>.json after that."""
-        self._traces += 1
-        name = "trace.json" if self._traces == 1 else f"trace__{key.model}__{key.backend}__{key.input_size[0]}.json"
-        return self.run_dir / name
+        """trace.json for the first profiled group, trace__<model>__<backend>__<precision>__<size>.json after."""
+        first = self.run_dir / "trace.json"
+        return self.run_dir / f"trace__{load_slug(key)}.json" if first.exists() else first
 
     def add_layers(self, cell: Cell, layers: LayerPassRecord) -> None:
         cols = _cell_cols(cell)
@@ -42,22 +77,22 @@ class ProbeArtifacts:
                              for c in layers.calls]
         self._type_rows += [cols + [t["layer_type"], t["total_ms"], t["count"], t["share_pct"]]
                             for t in layers.by_type]
-        atomic_write_csv(self.run_dir / "layer_timer.csv",
-                         CELL_HEADER + ["batch", "module", "type", "input_shapes", "output_shapes", "ms"],
-                         self._layer_rows)
-        atomic_write_csv(self.run_dir / "layer_types.csv",
-                         CELL_HEADER + ["layer_type", "total_ms", "count", "share_pct"], self._type_rows)
-        self.files["layer_timer"] = str(self.run_dir / "layer_timer.csv")
-        self.files["layer_types"] = str(self.run_dir / "layer_types.csv")
+        atomic_write_csv(self.run_dir / "layer_timer.csv", LAYER_HEADER, self._layer_rows)
+        atomic_write_csv(self.run_dir / "layer_types.csv", TYPE_HEADER, self._type_rows)
+        self.files["layer_timer"] = "layer_timer.csv"
+        self.files["layer_types"] = "layer_types.csv"
         if layers.ort_trace:
-            self.files[f"ort_profile__{cell.load.model}__{cell.load.backend}"] = layers.ort_trace
+            self.files[f"ort_profile__{load_slug(cell.load)}"] = layers.ort_trace
 
     def add_profile(self, cell: Cell, profile: ProfilePassRecord) -> None:
         cols = _cell_cols(cell)
         keys = list(profile.ops[0]) if profile.ops else ["name", "calls", "self_cpu_ms", "cpu_total_ms"]
+        if self._op_header and self._op_header != CELL_HEADER + keys:  # another device's columns: keep theirs
+            keys = self._op_header[len(CELL_HEADER):]
+        self._op_header = CELL_HEADER + keys
         self._op_rows += [cols + [op.get(k) for k in keys] for op in profile.ops]
-        atomic_write_csv(self.run_dir / "profiler_ops.csv", CELL_HEADER + keys, self._op_rows)
-        self.files["profiler_ops"] = str(self.run_dir / "profiler_ops.csv")
+        atomic_write_csv(self.run_dir / "profiler_ops.csv", self._op_header, self._op_rows)
+        self.files["profiler_ops"] = "profiler_ops.csv"
         self.files[Path(profile.trace_file).stem] = profile.trace_file
 
     def add_energy(self, tag: str, window: dict | None) -> None:
@@ -74,9 +109,9 @@ class ProbeArtifacts:
         domains += ["note"] if any("note" in r for r in self._energy_rows) else []
         header = ["timestamp", "tag", "duration", *domains]
         atomic_write_csv(self.run_dir / "energy.csv", header, [[r.get(h) for h in header] for r in self._energy_rows])
-        self.files["energy"] = str(self.run_dir / "energy.csv")
+        self.files["energy"] = "energy.csv"
 
     def write_memory(self, samples: list[tuple]) -> None:
-        atomic_write_csv(self.run_dir / "memory.csv", ["timestamp", "tag", "rss_mb", "cuda_allocated_mb"],
-                         [list(s) for s in samples])
-        self.files["memory"] = str(self.run_dir / "memory.csv")
+        """memory.csv: the rows of earlier processes of this run, then this process's samples."""
+        atomic_write_csv(self.run_dir / "memory.csv", MEMORY_HEADER, self._memory_rows + [list(s) for s in samples])
+        self.files["memory"] = "memory.csv"

@@ -154,6 +154,43 @@ class Submission(Block):
         return self.benchmark.libreyolo_commit, extra.get("libreyolo_dirty"), "benchmark.libreyolo_commit"
 
     @property
+    def weights_identity(self) -> str:
+        """What tells two runs' weights apart: `sha256:<digest>` from repro.weights, else `source:<source>`,
+        else "unrecorded". model.weights is not used: it is a display name (the site's corpus names one
+        checkpoint both "LibreYOLOXs.pt" and "yolox-s")."""
+        weights = (self.repro or {}).get("weights")
+        weights = weights if isinstance(weights, dict) else {}
+        if isinstance(weights.get("sha256"), str) and weights["sha256"].strip():
+            return f"sha256:{weights['sha256'].strip()}"
+        if isinstance(weights.get("source"), str) and weights["source"].strip():
+            return f"source:{weights['source'].strip()}"
+        return "unrecorded"
+
+    @property
+    def random_weights(self) -> bool:
+        """A timing-only run on randomly initialised weights (its accuracy means nothing)."""
+        weights = (self.repro or {}).get("weights")
+        source = weights.get("source") if isinstance(weights, dict) else None
+        return (self.model.model_extra or {}).get("weights") == "random" or source == "random"
+
+    @property
+    def tf32(self) -> str:
+        """Whether fp32 ran with TF32 tensor-core math: "on", "off", or "unrecorded" (no runtime.tf32).
+
+        TF32 is in effect on a GPU when it was pinned on, or when torch's flags allowed it (mode
+        "default" keeps torch's defaults, and cudnn.allow_tf32 defaults to True), or the float32
+        matmul precision is below "highest". On a CPU the flags do nothing."""
+        state = self.runtime.tf32
+        if not isinstance(state, dict):
+            return "unrecorded"
+        if self.runtime.device == "cpu":
+            return "off"
+        on = (state.get("mode") == "on" or state.get("matmul_allow_tf32") is True
+              or state.get("cudnn_allow_tf32") is True
+              or state.get("float32_matmul_precision") in ("high", "medium"))
+        return "on" if on else "off"
+
+    @property
     def timestamp(self) -> datetime | None:
         for value in (self.created_at, self.metadata.get("benchmark_date")):
             if isinstance(value, str):

@@ -15,6 +15,29 @@ REQUIRED_BLOCKS = {
 }
 NON_NEGATIVE_BLOCKS = ("config", "hardware", "accuracy", "timing", "throughput", "model_stats")
 CONFIG_FIELDS = ("batch_size", "input_size", "conf", "iou", "max_det")
+ACCURACY_STATS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
+                  "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
+# Every numeric field the site reads, by JSON path: "int", "number", or with "?" also null (a figure
+# that may be unavailable). The site's schema leaves these blocks untyped, so a string p50 passes it
+# and then renders as garbage; types here are what the 708 real files hold.
+SITE_NUMBERS: dict[str, str] = {
+    "model.input_size": "number",
+    **{f"config.{k}": "int" for k in ("batch_size", "max_det")},
+    **{f"config.{k}": "number" for k in ("input_size", "conf", "iou")},
+    "hardware.ram_gb": "number", "hardware.gpu_memory_gb": "number?", "hardware.cpu_cores": "int?",
+    **{f"accuracy.{k}": "number" for k in ACCURACY_STATS},
+    "timing.batch_size": "int", "timing.num_images": "int",
+    **{f"timing.total_ms.{k}": "number" for k in ("mean", "std", "p50", "p95", "p99")},
+    **{f"timing.total_ms.{k}": "number?" for k in ("preprocess_ms", "inference_ms", "postprocess_ms")},
+    "throughput.fps_mean": "number", "throughput.fps_p50": "number",
+    "memory.peak_ram_mb": "number?", "memory.peak_vram_mb": "number?",
+    "model_stats.params_millions": "number?", "model_stats.gflops": "number?",
+    "dataset.num_images": "int", "eval.numImages": "int",
+}
+# The site's evaluation protocol (conf, iou, max_det), and the families that document another one:
+# Ultralytics' own val defaults are iou 0.7 (the corpus's yolov5u/yolov8/yolo11/yolo26 runs use it).
+SITE_PROTOCOL = {"conf": 0.001, "iou": 0.6, "max_det": 300}
+FAMILY_PROTOCOL = {family: {**SITE_PROTOCOL, "iou": 0.7} for family in ("yolov5u", "yolov8", "yolo11", "yolo26")}
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,53 @@ def site_findings(doc: Any, support: dict | None) -> list[Finding]:
         out.append(Finding("benchmark.libreyolo_commit", f"libreyolo_commit {commit} is not in the support matrix",
                            "site.support_matrix"))
     return out
+
+
+def _lookup(doc: dict, dotted: str) -> tuple[bool, Any]:
+    """(present, value) at a dotted path; absent when any block on the way is missing or not an object."""
+    value: Any = doc
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value
+
+
+def number_type_findings(doc: Any) -> list[Finding]:
+    """A finding for each SITE_NUMBERS field that is present with the wrong type (absent ones are the
+    required-field rules' business)."""
+    if not isinstance(doc, dict):
+        return []
+    out = []
+    for path, kind in SITE_NUMBERS.items():
+        present, value = _lookup(doc, path)
+        if not present or (value is None and kind.endswith("?")):
+            continue
+        want_int = kind.startswith("int")
+        ok = (isinstance(value, int) if want_int else _number(value)) and not isinstance(value, bool)
+        if not ok:
+            want = "an integer" if want_int else "a number"
+            out.append(Finding(path, f"{path} must be {want}{' or null' if kind.endswith('?') else ''}, "
+                               f"got {type(value).__name__} {str(value)[:30]!r}", "type.number"))
+    return out
+
+
+def protocol_findings(doc: Any) -> list[Finding]:
+    """A warning when conf/iou/max_det differ from the site's protocol (or the family's documented one)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        return []
+    family = doc["model"].get("family") if isinstance(doc.get("model"), dict) else None
+    family = family if isinstance(family, str) else None
+    protocol = FAMILY_PROTOCOL.get(family, SITE_PROTOCOL)
+    config = doc["config"]
+    off = {k: config[k] for k, want in protocol.items() if _number(config.get(k)) and config[k] != want}
+    if not off:
+        return []
+    got = ", ".join(f"{k} {v}" for k, v in off.items())
+    want = ", ".join(f"{k} {protocol[k]}" for k in off)
+    whose = f"the {family} family's" if family in FAMILY_PROTOCOL else "the site's"
+    return [Finding("config", f"non-standard protocol: {got} ({whose} protocol is {want}); its accuracy is "
+                    "not comparable with standard runs", "nonstandard-protocol", "warning")]
 
 
 def schema_findings(doc: Any, schema: dict) -> list[Finding]:

@@ -3,9 +3,10 @@ block per cell; times in seconds, `total_pct` relative to the cell's whole batch
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
-from harness.results.records import CellRecord
+from harness.records import CellRecord
 from harness.results.writer import atomic_write_csv
 
 HEADER = ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count", "avg", "std",
@@ -30,5 +31,13 @@ def steps_rows(record: CellRecord) -> list[list]:
     return rows
 
 
-def write_steps_csv(path: Path, records: list[CellRecord]) -> Path:
-    return atomic_write_csv(path, HEADER, [row for r in records for row in steps_rows(r)])
+def write_steps_csv(path: Path, rows: list[list]) -> Path:
+    return atomic_write_csv(path, HEADER, rows)
+
+
+def existing_rows(path: Path) -> list[list]:
+    """Rows an earlier process of this run wrote (kept as they are on --resume)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as fh:
+        return list(csv.reader(fh))[1:]

@@ -15,7 +15,7 @@ import re
 
 from harness import HARNESS_NAME, __version__
 from harness.hardware import slugify
-from harness.results.records import CellRecord
+from harness.records import CellRecord
 
 SCHEMA_VERSION = "va.submission.v1"
 
@@ -50,7 +50,7 @@ def build_submission(record: CellRecord) -> dict:
     submission_id = "-".join([model["id"], record.runtime["format"], record.runtime["provider"],
                               record.hardware["id"], f"b{t.batch_size}", f"{size}", _ts(record.created_at)])
     accuracy = (dict(record.accuracy.stats) if record.accuracy
-                else {"status": "unavailable", "reason": "accuracy pass skipped (--no-accuracy)"})
+                else {"status": "unavailable", "reason": record.accuracy_reason or "not evaluated"})
     doc = {
         "schema_version": SCHEMA_VERSION,
         "submission_id": submission_id,
@@ -77,6 +77,7 @@ def build_submission(record: CellRecord) -> dict:
             "per_image_ms": image.to_dict(),
             "batch_ms": t.batch_ms.to_dict(),
             "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
+            "batch_samples_ms": t.batch_samples_ms,
             "timed_batches": t.timed_batches,
             "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds},
             "stage_sync": t.stage_sync,
@@ -96,10 +97,10 @@ def build_submission(record: CellRecord) -> dict:
         "eval": {"dataset": "coco", "split": "val2017", "numImages": dataset["num_images"],
                  "evaluator": record.accuracy.evaluator if record.accuracy else None,
                  "batch_size": record.accuracy.batch_size if record.accuracy else None,
-                 "status": "ok" if record.accuracy else "skipped (--no-accuracy)"},
+                 "detections": record.accuracy.detections_file if record.accuracy else None,
+                 "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"},
         "runtime": {**record.runtime, "tf32": env["tf32"]},
-        "batch_invariance": (record.invariance.to_dict() | {
-            "reference_batch_size": record.accuracy.batch_size}) if record.invariance else None,
+        "batch_invariance": record.invariance.to_dict() if record.invariance else None,
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
                   "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],

@@ -1,6 +1,7 @@
-"""`va-bench validate`: the site's rules plus ours (commit guard, coordinate completeness, dataset
-fingerprint, degenerate statistics) over files or folders of submissions. Never crashes on a file:
-anything unreadable is a finding."""
+"""`va-bench validate`: the site's rules plus ours (numeric types of the fields the site reads, commit
+guard, coordinate completeness, dataset fingerprint, degenerate statistics, non-standard protocol,
+random weights, the run's detections file) over files or folders of submissions. Never crashes on a
+file: anything unreadable is a finding."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ from pydantic import ValidationError
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
 from harness.results.model import Submission
-from harness.results.site_rules import Finding, schema_findings, site_findings
+from harness.results.site_rules import (
+    Finding,
+    number_type_findings,
+    protocol_findings,
+    schema_findings,
+    site_findings,
+)
 
 MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
+MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
+RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 MIN_IMAGES_FOR_SPREAD = 10
 EXTENDED_SCHEMA = Path(__file__).with_name("submission.v1.extended.schema.json")
 
@@ -44,17 +53,41 @@ class FileReport:
         return {"file": str(self.path), "ok": not self.errors, "findings": [f.to_dict() for f in self.findings]}
 
 
-def collect_files(paths: list[str | Path]) -> list[Path]:
-    """Files named, plus *.json under folders named (sorted); a missing path is a usage error."""
+@dataclass
+class Validation:
+    """The reports of one validate call, and notes on what was (not) read."""
+
+    reports: list[FileReport]
+    notes: list[str] = field(default_factory=list)
+
+
+def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
+    """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
+    run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
+    a note says so. A missing path, or no file at all, is a usage error."""
     files: list[Path] = []
+    notes: list[str] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(x for x in p.rglob("*.json") if x.is_file())
+            found = sorted(x for x in p.rglob("*.json") if x.is_file())
+            run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
+            for run_dir in run_dirs:
+                inside = [x for x in found if run_dir in x.parents]
+                keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
+                skipped = set(inside) - set(keep)
+                found = [x for x in found if x not in skipped]
+                notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
+                             f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
+                             "detections, traces)")
+            files += found
         elif p.is_file():
             files.append(p)
         else:
             raise UsageError(f"{p}: no such file or folder")
-    return files
+    if not files:
+        raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
+                         "files, folders of them, or a run folder outputs/<run_id>/")
+    return files, notes
 
 
 def _reject_constant(name: str):
@@ -163,28 +196,106 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     for path, value in _walk_numbers(doc):
         if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > 1e15:
             out.append(Finding(path, f"{path} = {value} is not a plausible measurement", "degenerate"))
+    if sub.random_weights:
+        out.append(Finding("repro.weights.source", "random weights (a timing-only run): not publishable, its "
+                           "accuracy means nothing; rerun with trained weights to publish", "random-weights"))
     return out
 
 
-def validate_file(path: Path, support: dict | None, schema: dict) -> FileReport:
+def _detection_problem(det: Any) -> str | None:
+    """Why one COCO-format detection is unusable, or None."""
+    if not isinstance(det, dict):
+        return "not an object"
+    box = det.get("bbox")
+    if not (isinstance(box, list) and len(box) == 4 and all(_finite_number(v) for v in box)):
+        return f"bbox {str(box)[:60]} is not 4 finite numbers"
+    if box[2] < 0 or box[3] < 0:
+        return f"bbox {box} has a negative width or height"
+    if not _finite_number(det.get("score")):
+        return f"score {str(det.get('score'))[:30]} is not a finite number"
+    for key in ("image_id", "category_id"):
+        if not isinstance(det.get(key), int) or isinstance(det.get(key), bool):
+            return f"{key} {str(det.get(key))[:30]} is not an integer"
+    return None
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def detections_file(path: Path, doc: dict) -> Path | None:
+    """The detections file a submission inside a run folder references (artifacts.detections), looked up
+    by name in that run's detections/ only (an untrusted path never leads outside it). None when the
+    submission is not in a run folder (a copy for the site: its artifacts point at another machine)."""
+    artifacts = doc.get("artifacts")
+    ref = artifacts.get("detections") if isinstance(artifacts, dict) else None
+    run_dir = path.parent.parent
+    if not isinstance(ref, str) or path.parent.name != SUBMISSIONS_DIR or not (run_dir / RUN_FILE).is_file():
+        return None
+    name = Path(ref.replace("\\", "/")).name
+    return run_dir / DETECTIONS_DIR / name if name not in ("", ".", "..") else None
+
+
+def detections_findings(file: Path) -> list[Finding]:
+    """Check a COCO-format detections file: every box 4 finite numbers (a NaN box written as null is an
+    error), non-negative sizes, finite scores, integer ids."""
+    where = "artifacts.detections"
+    if not file.is_file():
+        return [Finding(where, f"the detections file {file.name} is not in {file.parent}", "detections", "warning")]
+    size = file.stat().st_size
+    if size > MAX_DETECTIONS_BYTES:
+        return [Finding(where, f"{file.name} is {size / 2**30:.1f} GiB; not checked (limit "
+                        f"{MAX_DETECTIONS_BYTES // 2**30} GiB)", "detections", "warning")]
+    try:
+        dets = json.loads(file.read_bytes(), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return [Finding(where, f"{file.name} is not valid JSON: {str(exc)[:120]}", "detections")]
+    if not isinstance(dets, list):
+        return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
+    bad = [(i, problem) for i, d in enumerate(dets) if (problem := _detection_problem(d)) is not None]
+    if not bad:
+        return []
+    i, problem = bad[0]
+    return [Finding(where, f"{file.name}: {len(bad)} of {len(dets)} detections are unusable (first: [{i}] "
+                    f"{problem}); the model produced NaN/Inf or the file was edited: its accuracy is not "
+                    "trustworthy", "detections")]
+
+
+def validate_file(path: Path, support: dict | None, schema: dict,
+                  checked_detections: dict[Path, list[Finding]] | None = None) -> FileReport:
+    """Every rule on one file. `checked_detections` caches detections checks: a run's batch sizes share
+    one detections file."""
     report = FileReport(path)
     doc, problem = read_json(path)
     if problem:
         report.findings.append(problem)
         return report
+    if not isinstance(doc, dict):  # one line, not a schema dump of the whole document
+        what = "a COCO detections file? it is checked through the submission that references it" \
+            if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "bbox" in doc[0] else "not a submission"
+        report.findings.append(Finding("$", f"a JSON {type(doc).__name__}, not an object ({what})", "site.type"))
+        return report
     report.findings += schema_findings(doc, schema)
     report.findings += site_findings(doc, support)
-    if not isinstance(doc, dict):
-        return report
+    report.findings += number_type_findings(doc)
+    report.findings += protocol_findings(doc)
     report.raw = doc
     try:
         report.submission = Submission.model_validate(doc)
     except ValidationError as exc:
-        for err in exc.errors()[:5]:
+        typed = {f.path for f in report.findings}  # already said, in the site's terms
+        errors = [e for e in exc.errors() if ".".join(map(str, e["loc"])) not in typed]
+        for err in errors[:5]:
             where = ".".join(str(p) for p in err["loc"])
             report.findings.append(Finding(where, f"{where}: {err['msg']}", "type"))
         return report
     report.findings += our_findings(doc, report.submission)
+    detections = detections_file(path, doc)
+    if detections is not None:
+        cache = {} if checked_detections is None else checked_detections
+        if detections not in cache:
+            cache[detections] = detections_findings(detections)
+        report.findings += cache[detections]
     # one finding per (path, rule): the schema and the site rules often see the same problem
     unique, seen = [], set()
     for f in report.findings:
@@ -195,17 +306,18 @@ def validate_file(path: Path, support: dict | None, schema: dict) -> FileReport:
     return report
 
 
-def validate_paths(paths: list[str | Path], support: dict | None, progress=None) -> list[FileReport]:
+def validate_paths(paths: list[str | Path], support: dict | None, progress=None) -> Validation:
     """Validate every file, then the cross-file rule (unique submission_id)."""
     schema = json.loads(EXTENDED_SCHEMA.read_text())
-    files = collect_files(paths)
+    files, notes = collect_files(paths)
     reports = []
+    checked: dict[Path, list[Finding]] = {}
     if progress is None:
-        reports = [validate_file(f, support, schema) for f in files]
+        reports = [validate_file(f, support, schema, checked) for f in files]
     else:
         with progress.task("validate", len(files)) as advance:
             for f in files:
-                reports.append(validate_file(f, support, schema))
+                reports.append(validate_file(f, support, schema, checked))
                 advance()
     owners: dict[str, Path] = {}
     for r in reports:
@@ -216,7 +328,7 @@ def validate_paths(paths: list[str | Path], support: dict | None, progress=None)
                                           f"{owners[sid].name})", "site.unique_id"))
             else:
                 owners[sid] = r.path
-    return reports
+    return Validation(reports, notes)
 
 
 def load_support_matrix(path: str | Path | None) -> dict | None:

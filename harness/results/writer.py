@@ -1,5 +1,5 @@
 """Atomic writes: a temp file in the same folder, fsync, then rename. A killed run never leaves a
-half-written file under its final name."""
+half-written file under its final name. JSON is strict: NaN/inf are refused, not written as null."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import math
 import os
 import tempfile
 from pathlib import Path
+
+from harness.errors import VaBenchError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -32,19 +34,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
-def _finite(obj):
-    """NaN/inf are not JSON; a measurement that is not a number is recorded as null."""
+class NonFiniteNumberError(VaBenchError, ValueError):
+    """A NaN or infinity where a number belongs: a bug upstream (exit 1), never written as null."""
+
+
+def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:
+    """The JSON path and value of the first NaN/inf in `obj`, depth first."""
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return None if math.isfinite(obj) else (path, obj)
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+        items = ((f"{path}.{k}" if path != "$" else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for sub_path, value in items:
+        found = _first_non_finite(value, sub_path)
+        if found is not None:
+            return found
+    return None
 
 
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:
-    text = json.dumps(_finite(obj), indent=indent, allow_nan=False)
+    """Write `obj` as JSON atomically. NaN/inf are refused (NonFiniteNumberError naming the JSON path),
+    never turned into null: null means "not measured" and is written only where the caller put None."""
+    try:
+        text = json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError as exc:
+        found = _first_non_finite(obj)
+        if found is None:
+            raise
+        where, value = found
+        raise NonFiniteNumberError(
+            f"refusing to write {path}: {where} is {value}, not a number (a bug upstream: an unmeasured "
+            "value must be None, and a computed one finite); nothing was written") from exc
     return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 
 

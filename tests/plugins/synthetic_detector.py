@@ -1,17 +1,23 @@
-"""A synthetic detector plugin whose core forward costs a known time (FORWARD_MS per batch).
+"""Synthetic detector plugins for the tests (`--model tests/plugins/synthetic_detector.py:FACTORY`).
 
-Used by the tests through `--model tests/plugins/synthetic_detector.py:make_detector`.
+- make_detector: a core whose forward sleeps FORWARD_MS per batch (a known cost) and measures its own
+  sleep (MEASURED_MS), an independent reference for the harness's forward stage clock.
+- make_failing_detector: the same core, failing at the batch size given by $VA_BENCH_TEST_FAIL
+  ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError) - a cell that breaks
+  mid-sweep.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
 from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 
-FORWARD_MS = 40.0
+FORWARD_MS = float(os.environ.get("VA_BENCH_TEST_FORWARD_MS", "40"))
+MEASURED_MS: list[float] = []  # the core's own clock around each sleep
 
 
 class SleepyCore:
@@ -20,12 +26,19 @@ class SleepyCore:
     provider = "cpu"
     precision = "fp32"
 
-    def __init__(self):
+    def __init__(self, fail_at: int | None = None, fail_kind: str = "error"):
         self.torch_module = torch.nn.Identity()
+        self.fail_at, self.fail_kind = fail_at, fail_kind
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
-        time.sleep(FORWARD_MS / 1000.0)
         b = batch.shape[0]
+        if b == self.fail_at:
+            if self.fail_kind == "oom":
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (synthetic, batch {b})")
+            raise RuntimeError(f"synthetic failure at batch size {b}")
+        start = time.perf_counter()
+        time.sleep(FORWARD_MS / 1000.0)
+        MEASURED_MS.append((time.perf_counter() - start) * 1000.0)
         # one box per image covering the centre quarter of the input, class 0, score 0.9
         h, w = batch.shape[2:]
         row = torch.tensor([w / 4, h / 4, 3 * w / 4, 3 * h / 4, 0.9, 0.0])
@@ -45,8 +58,11 @@ class SyntheticDetector:
     class_map = (1,)
     weights = WeightsInfo(file="none", sha256=None, source="plugin")
 
+    def __init__(self, fail_at: int | None = None, fail_kind: str = "error"):
+        self.fail_at, self.fail_kind = fail_at, fail_kind
+
     def load_core(self, backend, device, precision, input_size, threads=None):
-        return SleepyCore()
+        return SleepyCore(self.fail_at, self.fail_kind)
 
     def decode(self, raw, input_size, conf):
         out = raw[0]
@@ -58,3 +74,8 @@ class SyntheticDetector:
 
 def make_detector():
     return SyntheticDetector()
+
+
+def make_failing_detector():
+    size, _, kind = os.environ.get("VA_BENCH_TEST_FAIL", "4:error").partition(":")
+    return SyntheticDetector(fail_at=int(size), fail_kind=kind or "error")

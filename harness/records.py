@@ -1,0 +1,279 @@
+"""The run's data model: cells, their status, timings, detections, accuracy and probe results.
+
+A torch-free leaf (numpy only): results/, eval/, compare and report import these types without
+loading torch or the pipeline. The runner produces them; everything downstream reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------- cells
+
+
+@dataclass(frozen=True)
+class LoadKey:
+    """What is loaded once: (model, backend, precision, input size)."""
+
+    model: str
+    backend: str
+    precision: str
+    input_size: tuple[int, int]
+
+    @property
+    def label(self) -> str:
+        h, w = self.input_size
+        size = str(h) if h == w else f"{h}x{w}"
+        return f"{self.model} {self.backend} {self.precision} {size}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One performance coordinate; one submission file."""
+
+    load: LoadKey
+    batch_size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.load.label} b{self.batch_size}"
+
+    def coordinates(self) -> dict[str, Any]:
+        """The cell's coordinates as plain JSON values (run.json, CSVs)."""
+        return {"model": self.load.model, "backend": self.load.backend, "precision": self.load.precision,
+                "input_size": list(self.load.input_size), "batch_size": self.batch_size}
+
+
+CellState = Literal["pending", "running", "ok", "failed", "oom", "skipped", "interrupted"]
+FINISHED_STATES = ("ok",)
+RETRYABLE_STATES = ("failed", "oom", "skipped")  # re-run on --resume only with --retry-failed
+
+
+@dataclass
+class CellStatus:
+    """Where one cell stands in a run (run.json's `cells` list)."""
+
+    cell: Cell
+    state: CellState = "pending"
+    reason: str | None = None
+    submission: str | None = None  # relative to the run folder
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cell": self.cell.label, **self.cell.coordinates(), "status": self.state, "reason": self.reason,
+                "submission": self.submission, "started_at": self.started_at, "finished_at": self.finished_at}
+
+
+# ------------------------------------------------------------------------------------------ statistics
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Distribution of one measured quantity (milliseconds unless stated)."""
+
+    count: int
+    mean: float
+    std: float
+    min: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+    median_ci95: tuple[float, float] | None  # bootstrap CI of the median; None with < 2 samples
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self, digits: int = 4) -> dict:
+        out = {k: (round(v, digits) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        if self.median_ci95 is not None:
+            out["median_ci95"] = [round(v, digits) for v in self.median_ci95]
+        return out
+
+
+# ------------------------------------------------------------------------------------------ detections
+
+
+@dataclass
+class ImageDetections:
+    """Final detections of one image, in original-image pixels (xyxy)."""
+
+    image_id: int
+    boxes: np.ndarray  # [K, 4] float32
+    scores: np.ndarray  # [K]
+    labels: np.ndarray  # [K] contiguous class index
+
+    def to_coco(self, class_map: tuple[int, ...]) -> list[dict]:
+        """COCO results format: bbox [x, y, w, h], category_id in the 91-id scheme."""
+        out = []
+        for (x1, y1, x2, y2), score, label in zip(self.boxes.tolist(), self.scores.tolist(),
+                                                   self.labels.tolist(), strict=True):
+            out.append({"image_id": self.image_id, "category_id": class_map[label],
+                        "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
+                        "score": round(score, 6)})
+        return out
+
+
+def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
+    """COCO-format results (bbox xywh) -> per-image detections; labels are the COCO category ids."""
+    grouped: dict[int, list[dict]] = {}
+    for r in results:
+        grouped.setdefault(r["image_id"], []).append(r)
+    out = []
+    for image_id, rows in grouped.items():
+        xywh = np.array([r["bbox"] for r in rows], dtype=np.float64).reshape(-1, 4)
+        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        out.append(ImageDetections(image_id, boxes, np.array([r["score"] for r in rows]),
+                                   np.array([r["category_id"] for r in rows])))
+    return out
+
+
+@dataclass(frozen=True)
+class MatchReport:
+    """How well detections B reproduce detections A."""
+
+    images: int
+    detections_a: int
+    detections_b: int
+    matched: int
+    max_score_delta: float
+    iou_threshold: float
+    score_tolerance: float
+
+    @property
+    def match_rate(self) -> float:
+        """Matched pairs over the larger of the two detection counts (1.0 when both are empty)."""
+        denom = max(self.detections_a, self.detections_b)
+        return 1.0 if denom == 0 else self.matched / denom
+
+    def to_dict(self) -> dict:
+        return {"images": self.images, "detections_reference": self.detections_a,
+                "detections_compared": self.detections_b, "matched": self.matched,
+                "match_rate": round(self.match_rate, 6), "max_score_delta": round(self.max_score_delta, 8),
+                "iou_threshold": self.iou_threshold, "score_tolerance": self.score_tolerance}
+
+
+# ------------------------------------------------------------------------------------- cell results
+
+
+@dataclass
+class AccuracyRecord:
+    """COCO evaluation of one cell's detections (its scored timing pass) on the dataset variant."""
+
+    stats: dict[str, float]
+    evaluator: str
+    num_images: int
+    num_detections: int
+    batch_size: int
+    detections_file: str  # relative to the run folder
+
+
+@dataclass
+class TimingRecord:
+    """The timing pass of one cell."""
+
+    batch_size: int
+    timed_batches: int
+    timed_images: int
+    warmup_batches: int
+    warmup_seconds: float
+    stage_sync: bool
+    mode: str  # "latency": stages in sequence; "overlapped": host work overlaps the forward
+    batch_ms: Summary
+    image_ms: Summary
+    stages_ms: dict[str, Summary]  # per batch, keyed by stage / "stage.substep"
+    images_per_s: float
+    short_batch: dict[str, Any] | None
+    batch_samples_ms: list[float] = field(default_factory=list)  # every timed batch, in order: the evidence
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Invariance:
+    """Batch invariance of a cell: its detections against the reference cell's (same group, smallest batch)."""
+
+    reference_batch_size: int
+    report: MatchReport | None  # None for the reference cell itself
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.report is None:
+            return {"reference_batch_size": self.reference_batch_size, "is_reference": True}
+        return {**self.report.to_dict(), "reference_batch_size": self.reference_batch_size}
+
+
+@dataclass
+class CellRecord:
+    """Everything measured for one cell, plus the coordinates and environment that identify it."""
+
+    run_id: str
+    created_at: str
+    cell: Cell
+    model: dict[str, Any]  # id, family, variant, weights {file, sha256, source}
+    runtime: dict[str, Any]  # format, provider, precision, device, backend details
+    dataset: dict[str, Any]  # variant, base_variant, num_images, image_id_sha256
+    thresholds: dict[str, Any]
+    hardware: dict[str, Any]
+    environment: dict[str, Any]
+    model_stats: dict[str, Any]
+    timing: TimingRecord
+    accuracy: AccuracyRecord | None
+    accuracy_reason: str | None  # why accuracy is None
+    invariance: Invariance | None
+    energy: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    layers: dict[str, Any] | None = None
+    profiler: dict[str, Any] | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- probes
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """One execution of one layer (module or ONNX node) within one batch."""
+
+    batch: int
+    name: str
+    type: str
+    input_shapes: str
+    output_shapes: str
+    ms: float
+
+
+@dataclass
+class LayerPassRecord:
+    """Per-layer timing of a few batches, with the forward stage time of the same batches."""
+
+    method: str
+    calls: list[LayerCall]
+    by_type: list[dict]
+    forward_ms: list[float]  # forward stage per batch, hooks included
+    layer_sum_ms: list[float]  # layer times summed per batch
+    ort_trace: str | None = None
+
+    @property
+    def coverage(self) -> list[float]:
+        """Summed layer time / forward stage time, per batch."""
+        return [s / f if f else 0.0 for s, f in zip(self.layer_sum_ms, self.forward_ms, strict=True)]
+
+    def summary(self, top: int = 10) -> dict:
+        return {"method": self.method, "batches": len(self.forward_ms), "layer_calls": len(self.calls),
+                "by_type_top": self.by_type[:top],
+                "layer_sum_over_forward": [round(c, 4) for c in self.coverage]}
+
+
+@dataclass
+class ProfilePassRecord:
+    """A torch.profiler pass: the Chrome trace it wrote and its key averages."""
+
+    trace_file: str
+    ops: list[dict]
+    batches: int
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self, top: int = 10) -> dict:
+        return {"trace": self.trace_file, "batches": self.batches, "top_ops": self.ops[:top], "notes": self.notes}

@@ -1,0 +1,158 @@
+"""report.html: one self-contained page per run (PNGs and sample images embedded as base64 data URIs,
+inline CSS, no script, no network), so it opens from disk or from a CI artefact store as is."""
+
+from __future__ import annotations
+
+import base64
+from collections import defaultdict
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+from urllib.parse import quote
+
+from harness import __version__
+from harness.report.gates import NOT_MEASURED, NOT_MET, GateResult, gate_table
+from harness.report.plots import Plot
+from harness.report.run_folder import RunFolder
+from harness.report.sections import (
+    Table,
+    accuracy_table,
+    accuracy_unavailable,
+    artefacts,
+    human_size,
+    notes,
+    performance_table,
+    repro_commands,
+    run_date,
+    setup_table,
+)
+
+MAX_SAMPLE_IMAGES = 4
+MAX_IMAGE_BYTES = 2 * 1024 * 1024
+IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+
+# the page may load nothing from anywhere: embedded images and its own inline style only (a browser blocks
+# and reports anything else, which the headless-Chromium test would see)
+CSP = ("<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; "
+       "style-src 'unsafe-inline'\">")
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328; margin: 0;
+       background: #f6f8fa; }
+main { max-width: 1240px; margin: 0 auto; padding: 24px 32px 48px; background: #fff; }
+h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 19px; margin: 32px 0 8px; border-bottom: 1px solid #d0d7de;
+     padding-bottom: 4px; } h3 { font-size: 15px; margin: 20px 0 6px; }
+.sub { color: #57606a; margin: 0 0 12px; } nav a { margin-right: 14px; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 12.5px; } .scroll { overflow-x: auto; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; vertical-align: top; } th { background: #f6f8fa; }
+td { white-space: nowrap; } table.wrap td { white-space: normal; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 8px 0 20px; } figure img { max-width: 100%; border: 1px solid #d0d7de; }
+figcaption, .note { color: #57606a; font-size: 12.5px; }
+.unavailable { color: #9a6700; background: #fff8c5; padding: 6px 10px; border-radius: 4px; }
+.met { color: #1a7f37; } .notmet { color: #cf222e; font-weight: 700; } .notmeasured { color: #9a6700; }
+pre { background: #f6f8fa; padding: 8px 12px; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }
+.images { display: flex; flex-wrap: wrap; gap: 12px; } .images figure { width: 290px; margin: 0; }
+.images img { width: 100%; }
+"""
+
+
+def _table(table: Table, status_col: int | None = None, wrap: bool = False) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in table.header)
+    body = []
+    for row in table.rows:
+        cells = []
+        for i, value in enumerate(row):
+            cls = ' class="num"' if table.numeric[i] else ""
+            if i == status_col:
+                cls = {NOT_MET: ' class="notmet"', NOT_MEASURED: ' class="notmeasured"'}.get(value, ' class="met"')
+            cells.append(f"<td{cls}>{escape(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    cls = ' class="wrap"' if wrap else ""
+    return (f'<div class="scroll"><table{cls}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+            "</table></div>")
+
+
+def _data_uri(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _plot(plot: Plot) -> str:
+    if plot.png is None:
+        return f'<h3>{escape(plot.title)}</h3><p class="unavailable">{escape(plot.unavailable or "unavailable")}</p>'
+    notes_html = "".join(f"<li>{escape(n)}</li>" for n in plot.notes)
+    return (f'<h3>{escape(plot.title)}</h3><figure><img alt="{escape(plot.title)}" '
+            f'src="{_data_uri(plot.png, "image/png")}"><figcaption>{escape(plot.name)}'
+            f'{f"<ul>{notes_html}</ul>" if notes_html else ""}</figcaption></figure>')
+
+
+def _sample_images(run: RunFolder) -> list[Path]:
+    """Up to MAX_SAMPLE_IMAGES drawn images, alternating between the models/backends that drew them."""
+    folder = run.path / "images"
+    if not folder.is_dir():
+        return []
+    groups: dict[str, list[Path]] = defaultdict(list)
+    for p in sorted(folder.iterdir()):
+        if p.suffix.lower() in IMAGE_TYPES and p.is_file() and p.stat().st_size <= MAX_IMAGE_BYTES:
+            groups[p.name.rsplit("__", 1)[0]].append(p)
+    picked: list[Path] = []
+    while len(picked) < MAX_SAMPLE_IMAGES and any(groups.values()):
+        for files in groups.values():
+            if files and len(picked) < MAX_SAMPLE_IMAGES:
+                picked.append(files.pop(0))
+    return picked
+
+
+def _images_section(run: RunFolder) -> str:
+    figs = []
+    for p in _sample_images(run):
+        uri = _data_uri(p.read_bytes(), IMAGE_TYPES[p.suffix.lower()])
+        name = escape(p.name)
+        figs.append(f"<figure><img alt='{name}' src='{uri}'><figcaption>{name}</figcaption></figure>")
+    if not figs:
+        return ""
+    return f"<h2 id='images'>Detections drawn by the run (images/)</h2><div class='images'>{''.join(figs)}</div>"
+
+
+def _artefacts_section(run: RunFolder) -> str:
+    rows = "".join(f"<li><a href='{escape(quote(name))}'>{escape(name)}</a> <span class='note'>{human_size(size)}"
+                   "</span></li>" for name, size in artefacts(run))
+    return (f"<h2 id='artefacts'>Artefacts</h2><p class='note'>{escape(str(run.path.resolve()))}</p>"
+            f"<ul>{rows}</ul>")
+
+
+def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | None, gate_source: str,
+                gate_notes: list[str]) -> str:
+    """The whole page as a string."""
+    title = f"va-bench report: {run.run_id}"
+    first = run.cells[0]
+    subtitle = (f"{run_date(run)} · {first.get('hardware.id') or '?'} · {first.get('dataset.variant') or '?'} "
+                f"({first.get('dataset.num_images') or '?'} images) · {len(run.cells)} cells")
+    parts = [f"<h1>{escape(title)}</h1><p class='sub'>{escape(subtitle)}</p>",
+             "<nav><a href='#performance'>Performance</a><a href='#plots'>Plots</a><a href='#accuracy'>Accuracy</a>"
+             "<a href='#gates'>Gates</a><a href='#notes'>Notes</a><a href='#environment'>Environment</a>"
+             "<a href='#artefacts'>Artefacts</a></nav>"]
+    parts.append("<h2 id='performance'>Performance</h2>" + _table(performance_table(run)))
+    parts.append("<p class='note'>img/s: images over the summed batch times (latency mode) or over the stream's "
+                 "wall time (overlapped); ms/batch percentiles over the timed batches; J/img over the timing "
+                 "window.</p>")
+    parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots))
+    acc = accuracy_table(run)
+    parts.append("<h2 id='accuracy'>Accuracy (COCO bbox, pycocotools statistics)</h2>"
+                 + (_table(acc) if acc else f"<p class='unavailable'>{escape(accuracy_unavailable(run))}</p>"))
+    parts.append(f"<h2 id='gates'>Gates</h2><p class='note'>targets from {escape(gate_source)}</p>")
+    if gates is not None:
+        parts.append(_table(gate_table(gates), status_col=4, wrap=True) if gates else "<p>no gates in the file</p>")
+        parts.append("".join(f"<p class='note'>{escape(n)}</p>" for n in gate_notes))
+    found = notes(run)
+    parts.append("<h2 id='notes'>Notes and warnings</h2>"
+                 + ("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in found) + "</ul>" if found else "<p>none</p>"))
+    parts.append("<h2 id='environment'>Setup and environment</h2>" + _table(setup_table(run), wrap=True))
+    parts.append("<h3>Reproduce</h3>" + "".join(f"<pre>{escape(c)}</pre>" for c in repro_commands(run)))
+    parts.append(_images_section(run))
+    parts.append(_artefacts_section(run))
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts.append(f"<p class='note'>generated by va-bench {escape(__version__)} at {stamp} from the run's records; "
+                 "nothing was re-run.</p>")
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>{CSP}<style>{CSS}</style></head>"
+            f"<body><main>{''.join(parts)}</main></body></html>\n")

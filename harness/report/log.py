@@ -1,0 +1,122 @@
+"""The benchmark log (seed 002): one dated Markdown section per run, appended to a file that is never
+rewritten. Setup, accuracy and performance tables, gates as target vs today, notes, the reproduce command
+and the artefact list. The file is opened in append mode only, so earlier sections stay byte-identical."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.report.gates import NOT_MET, GateResult, gate_table
+from harness.report.run_folder import RunFolder
+from harness.report.sections import (
+    Table,
+    accuracy_table,
+    accuracy_unavailable,
+    artefacts,
+    human_size,
+    notes,
+    performance_table,
+    repro_commands,
+    run_date,
+    setup_table,
+)
+
+LOG_HEADER = ("# Benchmark log\n\nAppend-only: `va-bench report RUN_DIR --log FILE` adds one dated section per run "
+              "and never rewrites earlier ones.\n")
+
+
+def marker(run_id: str) -> str:
+    """The HTML comment that opens a run's section (invisible when rendered; finds duplicates)."""
+    return f"<!-- va-bench run {run_id} -->"
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(table: Table, bold: str | None = None) -> str:
+    """A GitHub-flavoured Markdown table; cells equal to `bold` are emphasised (NOT MET, as in seed 002)."""
+    lines = ["| " + " | ".join(_cell(h) for h in table.header) + " |",
+             "|" + "|".join("---:" if num else "---" for num in table.numeric) + "|"]
+    for row in table.rows:
+        lines.append("| " + " | ".join(f"**{_cell(v)}**" if v == bold else _cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _artefact_lines(run: RunFolder) -> list[str]:
+    """Top-level files one per line; images/ summarised (count and size), every other file listed."""
+    lines, grouped = [], defaultdict(list)
+    for name, size in artefacts(run):
+        folder = name.split("/", 1)[0] if "/" in name else ""
+        if folder == "images":
+            grouped[folder].append(size)
+        else:
+            lines.append(f"- `{name}` {human_size(size)}")
+    for folder, sizes in grouped.items():
+        lines.append(f"- `{folder}/` {len(sizes)} files, {human_size(sum(sizes))}")
+    return lines
+
+
+def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, gate_notes: list[str]) -> str:
+    """The Markdown section of one run (starts with its marker, ends with a newline)."""
+    first = run.cells[0]
+    models = ", ".join(sorted({c.key.model for c in run.cells}))
+    hardware = ", ".join(sorted({str(c.get("hardware.id") or "?") for c in run.cells}))
+    out = [marker(run.run_id), f"## {run_date(run)} — run {run.run_id}: {models} on {hardware}", "",
+           "### Setup", "", markdown_table(setup_table(run)), ""]
+    acc = accuracy_table(run)
+    out += [f"### Accuracy ({first.get('dataset.variant') or '?'}, {first.get('dataset.num_images') or '?'} images)",
+            "", markdown_table(acc) if acc else accuracy_unavailable(run), ""]
+    out += ["### Performance", "", markdown_table(performance_table(run)), ""]
+    out += [f"### Gates ({gate_source})", ""]
+    if gates is None:
+        out += ["no gates file", ""]
+    else:
+        out += [markdown_table(gate_table(gates), bold=NOT_MET) if gates else "no gates in the file", ""]
+        out += [f"- {n}" for n in gate_notes] + ([""] if gate_notes else [])
+    found = notes(run)
+    out += ["### Notes", ""] + ([f"- {n}" for n in found] if found else ["none"]) + [""]
+    commit = str(first.get("repro.harness_commit") or "unknown")
+    dirty = " (dirty: uncommitted changes)" if first.get("repro.harness_dirty") else ""
+    out += ["### Reproduce", "", f"At harness commit `{commit}`{dirty}:", "", "```bash"]
+    out += repro_commands(run) or ["# no repro.command recorded in the submissions"]
+    out += ["```", "", "### Artefacts", "", f"Run folder `{run.path.resolve()}`:", ""]
+    out += _artefact_lines(run) + [""]
+    return "\n".join(out)
+
+
+def check_log(path: Path, run_id: str) -> None:
+    """Refuse before anything is written: a folder, a missing parent, or a run already logged."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--log {path} is a folder; pass a Markdown file, e.g. BENCHMARKS.md")
+    if not path.parent.is_dir():
+        raise UsageError(f"--log {path}: folder {path.parent} does not exist; create it or choose another path")
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"--log {path} is not UTF-8 text; pass a Markdown benchmark log") from None
+        if marker(run_id) in text:
+            raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
+
+
+def append_section(path: Path, text: str) -> None:
+    """Append one section in a single write; a new file gets the log's header first. Earlier bytes are never
+    touched: the file is only ever opened for appending."""
+    path = Path(path)
+    existing = path.stat().st_size if path.is_file() else 0
+    prefix = "" if existing else LOG_HEADER
+    if existing:
+        with path.open("rb") as fh:
+            fh.seek(-1, 2)
+            prefix = "\n" if fh.read(1) == b"\n" else "\n\n"
+    else:
+        prefix += "\n"
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(prefix + text)
+    except OSError as exc:
+        raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None

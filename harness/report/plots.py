@@ -1,0 +1,331 @@
+"""The report's plots (matplotlib, Agg, no pyplot state): each reads the run's records/CSVs, draws one PNG
+and returns the numbers it drew, so tests can hold them against the submissions. Nothing is re-run.
+
+A plot with nothing to draw returns `png=None` and says why (`unavailable`), never an empty chart.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: never pick an interactive backend on a headless box
+
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from harness.report.run_folder import Cell, RunFolder, number, short_labels  # noqa: E402
+
+DPI = 100
+STAGES = ("preprocess", "transfer", "forward", "postprocess")
+STAGE_COLORS = {"preprocess": "#4c72b0", "transfer": "#8172b2", "forward": "#dd8452", "postprocess": "#55a868",
+                "other": "#c8c8c8"}
+TOP_LAYER_TYPES = 12
+LOG_Y_RATIO = 20
+BAND_FROM_SAMPLES = "p5-p95 of the per-batch samples (timing.batch_samples_ms)"
+BAND_FROM_SUMMARY = "min-p95 from the summary (no per-batch samples recorded; the summary has no p5)"
+
+
+@dataclass
+class Plot:
+    """One figure of the report: the PNG, the numbers drawn, notes for the caption, or why it is absent."""
+
+    name: str  # PNG file name in the run folder
+    title: str
+    png: bytes | None
+    data: Any
+    notes: list[str] = field(default_factory=list)
+    unavailable: str | None = None
+
+
+@dataclass
+class LatencySeries:
+    """One line of the batch-size sweep (model, backend, precision, input size, mode)."""
+
+    label: str
+    mode: str
+    batch_sizes: list[int] = field(default_factory=list)
+    p50_ms: list[float] = field(default_factory=list)  # per batch
+    band_ms: list[tuple[float, float]] = field(default_factory=list)
+    band_source: list[str] = field(default_factory=list)
+    images_per_s: list[float] = field(default_factory=list)  # throughput.images_per_s as recorded
+    band_images_per_s: list[tuple[float, float] | None] = field(default_factory=list)
+
+
+@dataclass
+class StageBar:
+    """Mean time per image of each stage in one cell (stage means per batch / batch size)."""
+
+    label: str  # the cell
+    batch_size: int
+    mode: str
+    ms_per_image: dict[str, float]  # stage -> ms, plus "other": batch time the stages do not cover
+    total_ms_per_image: float  # timing.batch_ms.mean / batch size
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _unavailable(name: str, title: str, reason: str) -> Plot:
+    return Plot(name=name, title=title, png=None, data=None, unavailable=reason)
+
+
+def _bands(cell: Cell, p50: float) -> tuple[tuple[float, float], str, tuple[float, float]]:
+    """(latency band, its source, images/s band) for one cell."""
+    batch = cell.key.batch_size
+    samples = cell.get("timing.batch_samples_ms")
+    values = [v for v in samples if number(v) is not None] if isinstance(samples, list) else []
+    if values:
+        lo, hi = (float(v) for v in np.percentile(np.asarray(values, dtype=np.float64), [5, 95]))
+        source = BAND_FROM_SAMPLES
+    else:
+        lo = number(cell.get("timing.batch_ms.min"))
+        hi = number(cell.get("timing.batch_ms.p95"))
+        lo, hi = (p50 if lo is None else lo), (p50 if hi is None else hi)
+        source = BAND_FROM_SUMMARY
+    # a batch of `batch` images in t ms is batch * 1000 / t images/s: the slow end of the latency band is
+    # the low end of the throughput band
+    ips = (batch * 1000.0 / hi, batch * 1000.0 / lo) if lo > 0 and hi > 0 else (float("nan"), float("nan"))
+    return (lo, hi), source, ips
+
+
+def latency_throughput(run: RunFolder) -> Plot:
+    """p50 latency per batch and images/s vs batch size, one line per backend/precision/size/mode, with bands."""
+    name, title = "latency_throughput.png", "Latency and throughput vs batch size"
+    series: dict[str, LatencySeries] = {}
+    notes = []
+    for cell in run.cells:
+        p50 = number(cell.get("timing.batch_ms.p50"))
+        ips = number(cell.get("throughput.images_per_s"))
+        if p50 is None or ips is None:
+            notes.append(f"{cell.key.label}: no timing.batch_ms.p50 / throughput.images_per_s recorded; not plotted")
+            continue
+        s = series.setdefault(cell.key.series, LatencySeries(cell.key.series, cell.key.mode))
+        band, source, ips_band = _bands(cell, p50)
+        s.batch_sizes.append(cell.key.batch_size)
+        s.p50_ms.append(p50)
+        s.band_ms.append(band)
+        s.band_source.append(source)
+        s.images_per_s.append(ips)
+        # overlapped mode: images/s is over the stream's wall time, not 1 / batch latency, so no band
+        s.band_images_per_s.append(ips_band if cell.key.mode == "latency" else None)
+    if not series:
+        return _unavailable(name, title, "no cell has timing.batch_ms and throughput.images_per_s")
+    fig = Figure(figsize=(12, 4.6))
+    ax_lat, ax_ips = fig.subplots(1, 2)
+    all_batches = sorted({b for s in series.values() for b in s.batch_sizes})
+    for i, s in enumerate(series.values()):
+        color = f"C{i % 10}"
+        x = np.asarray(s.batch_sizes, dtype=float)
+        p50 = np.asarray(s.p50_ms)
+        lo, hi = np.asarray([b[0] for b in s.band_ms]), np.asarray([b[1] for b in s.band_ms])
+        ax_lat.errorbar(x, p50, yerr=[p50 - lo, hi - p50], marker="o", capsize=4, color=color, label=s.label)
+        ax_lat.fill_between(x, lo, hi, color=color, alpha=0.15)
+        ax_ips.plot(x, s.images_per_s, marker="o", color=color, label=s.label)
+        banded = [(b, band) for b, band in zip(s.batch_sizes, s.band_images_per_s, strict=True) if band]
+        if banded:
+            bx = np.asarray([b for b, _ in banded], dtype=float)
+            ax_ips.fill_between(bx, [band[0] for _, band in banded], [band[1] for _, band in banded], color=color,
+                                alpha=0.15)
+            ax_ips.vlines(bx, [band[0] for _, band in banded], [band[1] for _, band in banded], color=color,
+                          alpha=0.5)
+        if s.mode != "latency":
+            notes.append(f"{s.label}: images/s over the stream's wall time; no band (batch times include queueing)")
+    for ax, ylabel in ((ax_lat, "ms per batch (p50, band)"), (ax_ips, "images/s (band from per-batch times)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(all_batches, [str(b) for b in all_batches])
+        ax.minorticks_off()
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    for ax, values in ((ax_lat, [v for s in series.values() for v in s.p50_ms]),
+                       (ax_ips, [v for s in series.values() for v in s.images_per_s])):
+        positive = [v for v in values if v > 0]
+        if positive and max(positive) / min(positive) > LOG_Y_RATIO:  # else the fast lines sit flat on the axis
+            ax.set_yscale("log")
+            notes.append(f"{'latency' if ax is ax_lat else 'throughput'} axis is logarithmic (values span "
+                         f"{max(positive) / min(positive):.0f}x)")
+    ax_lat.set_title("latency per batch")
+    ax_ips.set_title("throughput")
+    ax_ips.legend(fontsize=8, loc="best")
+    sources = sorted({src for s in series.values() for src in s.band_source})
+    notes[:0] = [f"band: {src}" for src in sources]
+    fig.suptitle(title)
+    return Plot(name, title, _png(fig), list(series.values()), notes)
+
+
+def stage_breakdown(run: RunFolder) -> Plot:
+    """Stacked bars of the mean time per image in each stage, one bar per cell (grouped by series)."""
+    name, title = "stages.png", "Stage breakdown per batch size (mean ms per image)"
+    bars: list[StageBar] = []
+    notes = []
+    for cell in run.cells:
+        batch = cell.key.batch_size
+        total = number(cell.get("timing.batch_ms.mean"))
+        stages = {s: number(cell.get(f"timing.stages_ms.{s}.mean")) for s in STAGES}
+        if total is None or all(v is None for v in stages.values()):
+            notes.append(f"{cell.key.label}: no timing.stages_ms recorded; not plotted")
+            continue
+        ms = {s: v / batch for s, v in stages.items() if v is not None}
+        # what the stage clocks do not cover (harness overhead between stages); in overlapped mode the
+        # stages run concurrently and can add up to more than the batch time, then nothing is left over
+        ms["other"] = max(0.0, total / batch - sum(ms.values()))
+        bars.append(StageBar(cell.key.label, batch, cell.key.mode, ms, total / batch))
+        if cell.key.mode != "latency":
+            notes.append(f"{cell.key.label}: overlapped mode, stages run concurrently (busy time, not latency)")
+    if not bars:
+        return _unavailable(name, title, "no cell has timing.stages_ms")
+    fig = Figure(figsize=(max(6.0, 1.1 * len(bars) + 3), 4.8))
+    ax = fig.subplots()
+    x = np.arange(len(bars))
+    bottom = np.zeros(len(bars))
+    for stage in (*STAGES, "other"):
+        values = np.asarray([b.ms_per_image.get(stage, 0.0) for b in bars])
+        if not values.any():
+            continue
+        ax.bar(x, values, bottom=bottom, color=STAGE_COLORS[stage], label=stage, width=0.65)
+        bottom += values
+    short = short_labels([c.key for c in run.cells])
+    by_label = {c.key.label: "\n".join(short[c.key].rsplit(" ", 1)) for c in run.cells}
+    ax.set_xticks(x, [by_label[b.label] for b in bars], fontsize=8)
+    if len({c.key.series for c in run.cells}) == 1:  # the ticks name only the batch size: say what ran
+        ax.set_xlabel(run.cells[0].key.series)
+    ax.set_ylabel("ms per image")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(title)
+    notes.insert(0, "other = batch time not covered by the stage clocks")
+    return Plot(name, title, _png(fig), bars, notes)
+
+
+def layer_types(run: RunFolder) -> Plot:
+    """Time per layer type from layer_types.csv, one panel per cell that had a layer pass."""
+    name, title = "layer_types.png", "Time per layer type (layer pass)"
+    rows = run.csv_rows("layer_types.csv")
+    if not rows:
+        return _unavailable(name, title, "no layer pass in this run (layer_types.csv absent; run with --layers)")
+    groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for r in rows:
+        value = _float(r.get("total_ms"))
+        if value is None or not r.get("layer_type"):
+            continue
+        label = f"{r.get('model')} {r.get('backend')} {r.get('precision')} {r.get('input_size')} b{r.get('batch_size')}"
+        groups[label].append((str(r["layer_type"]), value))
+    if not groups:
+        return _unavailable(name, title, "layer_types.csv has no rows with layer_type and total_ms")
+    data = {label: sorted(types, key=lambda t: -t[1]) for label, types in groups.items()}
+    methods = {f"{k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c.get("layers.method")
+               for c in run.cells for k in [c.key] if c.get("layers.method")}
+    fig = Figure(figsize=(12, 0.32 * TOP_LAYER_TYPES * len(data) + 1.2 * len(data)))
+    axes = np.atleast_1d(fig.subplots(len(data), 1, squeeze=False)[:, 0])
+    notes = []
+    for ax, (label, types) in zip(axes, data.items(), strict=True):
+        shown = types[:TOP_LAYER_TYPES]
+        ax.barh([t for t, _ in shown][::-1], [v for _, v in shown][::-1], color="#dd8452")
+        rest = types[TOP_LAYER_TYPES:]
+        suffix = f"; {len(rest)} more types, {sum(v for _, v in rest):.2f} ms, not shown" if rest else ""
+        ax.set_title(f"{label}{suffix}", fontsize=9)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+        if label in methods:
+            notes.append(f"{label}: {methods[label]}")
+    axes[-1].set_xlabel("ms, summed over the layer pass's batches")
+    fig.suptitle(title)
+    return Plot(name, title, _png(fig), data, notes)
+
+
+def memory_timeline(run: RunFolder) -> Plot:
+    """Host RSS (and CUDA allocated memory when recorded) over the run, timing windows shaded (memory.csv)."""
+    name, title = "memory.png", "Memory over time (memory.csv)"
+    rows = run.csv_rows("memory.csv")
+    if not rows:
+        return _unavailable(name, title, "memory.csv absent (run with --memory)")
+    points = [(_float(r.get("timestamp")), _float(r.get("rss_mb")), _float(r.get("cuda_allocated_mb")),
+               str(r.get("tag") or "")) for r in rows]
+    points = [p for p in points if p[0] is not None and p[1] is not None]
+    if not points:
+        return _unavailable(name, title, "memory.csv has no rows with timestamp and rss_mb")
+    t0 = points[0][0]
+    t = [p[0] - t0 for p in points]
+    rss = [p[1] for p in points]
+    cuda = [p[2] for p in points]
+    spans: list[tuple[str, float, float]] = []  # consecutive samples with the same tag
+    for ti, (_, _, _, tag) in zip(t, points, strict=True):
+        if spans and spans[-1][0] == tag:
+            spans[-1] = (tag, spans[-1][1], ti)
+        else:
+            spans.append((tag, ti, ti))
+    fig = Figure(figsize=(12, 4.2))
+    ax = fig.subplots()
+    ax.plot(t, rss, color="C0", label="host RSS (MB)", linewidth=1.2)
+    if any(c is not None for c in cuda):
+        ax.plot(t, [np.nan if c is None else c for c in cuda], color="C3", label="CUDA allocated (MB)")
+    timing_spans = [s for s in spans if s[0].startswith("timing ")]
+    # the runner tags a timing window "timing <model> <backend> <precision> <size> b<batch>"
+    cells = {f"timing {k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c
+             for c in run.cells for k in [c.key]}
+    peaks = {}
+    for i, (tag, a, b) in enumerate(timing_spans):
+        color = f"C{(i % 9) + 1}"
+        ax.axvspan(a, b, color=color, alpha=0.15)
+        ax.text((a + b) / 2, 1.0, tag.removeprefix("timing "), transform=ax.get_xaxis_transform(), rotation=90,
+                fontsize=7, ha="center", va="top")
+        peak = number(cells[tag].get("memory.peak_ram_mb")) if tag in cells else None
+        if peak is not None:
+            peaks[tag] = peak
+            ax.hlines(peak, a, b, colors=color, linestyles="--", linewidth=1.5)
+    ax.set_xlabel("seconds since the first sample")
+    ax.set_ylabel("MB")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title)
+    data = {"t_s": t, "rss_mb": rss, "cuda_allocated_mb": cuda, "spans": spans, "peak_ram_mb": peaks}
+    notes = ["shaded: timing windows; dashed: the cell's peak RAM (memory.peak_ram_mb: the kernel's VmHWM over the "
+             "window, a true peak the 50 ms samples can miss)"]
+    return Plot(name, title, _png(fig), data, notes)
+
+
+def energy_per_image(run: RunFolder) -> Plot:
+    """Joules per image per cell where energy was measured; otherwise why not (from the submissions)."""
+    name, title = "energy.png", "Energy per image"
+    measured = [(c.key.label, number(c.get("energy.joules_per_image")), c.get("energy.methods") or [])
+                for c in run.cells if c.get("energy.status") == "ok"]
+    measured = [m for m in measured if m[1] is not None]
+    if not measured:
+        reasons = sorted({str(c.get("energy.reason") or "no energy block in the submission") for c in run.cells})
+        return _unavailable(name, title, "energy unavailable: " + " | ".join(reasons))
+    fig = Figure(figsize=(max(6.0, 1.0 * len(measured) + 3), 4.2))
+    ax = fig.subplots()
+    ax.bar(range(len(measured)), [m[1] for m in measured], color="#55a868")
+    ax.set_xticks(range(len(measured)), ["\n".join(m[0].rsplit(" ", 1)) for m in measured], fontsize=7)
+    ax.set_ylabel("J per image (timing window)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(title)
+    methods = sorted({m for _, _, ms in measured for m in ms})
+    missing = [c.key.label for c in run.cells if c.key.label not in {m[0] for m in measured}]
+    notes = [f"method: {', '.join(methods) or 'not recorded'}"]
+    notes += [f"not measured: {', '.join(missing)}"] if missing else []
+    return Plot(name, title, _png(fig), {m[0]: m[1] for m in measured}, notes)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image)
+PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png", "energy.png")
+
+
+def all_plots(run: RunFolder) -> list[Plot]:
+    """Every plot of the report, in the order the report shows them."""
+    return [make(run) for make in ALL_PLOTS]

@@ -1,0 +1,72 @@
+"""`va-bench report RUN_DIR`: read the run folder, draw the plots, write report.html + PNGs into it, and
+optionally append the run's section to the benchmark log. Everything that can be refused (bad run folder,
+bad gates file, a log that already has this run) is checked before the first byte is written."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.report.gates import DEFAULT_GATES, NOT_MET, GateResult, evaluate, gate_notes, load_gates
+from harness.report.html import render_html
+from harness.report.log import append_section, check_log, section
+from harness.report.plots import PLOT_NAMES, Plot, all_plots
+from harness.report.run_folder import load_run
+from harness.results.writer import atomic_write_bytes
+
+
+@dataclass
+class ReportOutcome:
+    run_id: str
+    html: Path
+    pngs: list[Path]
+    plots: list[Plot]
+    gates: list[GateResult] | None  # None: no gates file
+    gate_source: str
+    log: Path | None
+
+    @property
+    def gates_not_met(self) -> list[GateResult]:
+        return [g for g in self.gates or [] if g.status == NOT_MET]
+
+
+def _gate_source(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | None = None,
+                require_gates: bool = False) -> ReportOutcome:
+    """Write RUN_DIR/report.html and the PNGs; append to `log_path` when given. Gates come from `gates_path`,
+    else configs/gates.yaml when it exists (`require_gates`: refuse when there is none)."""
+    run = load_run(run_dir)
+    path = gates_path if gates_path is not None else (DEFAULT_GATES if DEFAULT_GATES.is_file() else None)
+    if path is None and require_gates:
+        raise UsageError(f"no gates file ({DEFAULT_GATES} absent): pass --gates PATH")
+    gates = load_gates(path) if path is not None else None
+    if log_path is not None:
+        check_log(log_path, run.run_id)
+    if not os.access(run.path, os.W_OK):
+        raise UsageError(f"cannot write the report into {run.path} (not writable); copy the run folder somewhere "
+                         "writable and report that")
+    results = evaluate(gates, run) if gates is not None else None
+    source = _gate_source(path) if path is not None else "no gates file"
+    notes = gate_notes(gates) if gates else []
+
+    plots = all_plots(run)
+    pngs = []
+    for plot in plots:
+        target = run.path / plot.name
+        if plot.png is not None:
+            pngs.append(atomic_write_bytes(target, plot.png))
+    for stale in set(PLOT_NAMES) - {p.name for p in pngs}:
+        (run.path / stale).unlink(missing_ok=True)  # a plot from an earlier report that has nothing to show now
+    html = atomic_write_bytes(run.path / "report.html",
+                              render_html(run, plots, results, source, notes).encode("utf-8"))
+    if log_path is not None:
+        append_section(log_path, section(run, results, source, notes))
+    return ReportOutcome(run.run_id, html, pngs, plots, results, source, log_path)

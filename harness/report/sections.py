@@ -1,0 +1,199 @@
+"""The report's tables as plain text rows (setup, performance, accuracy, artefacts, notes), built once from
+the run folder and rendered by both html.py and log.py, so the HTML and the benchmark log agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.report.run_folder import RunFolder, lookup, number
+
+COCO_METRICS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
+                "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]  # per column: right-align
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A number with `digits` decimals; '-' for a missing value (never 0 for 'not measured')."""
+    x = number(value)
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def run_date(run: RunFolder) -> str:
+    """YYYY-MM-DD of the run (its first cell's created_at, else the run id's stamp)."""
+    stamp = run.created_at or run.run_id
+    if len(stamp) >= 10 and stamp[4] == "-":
+        return stamp[:10]
+    return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}" if stamp[:8].isdigit() else "unknown date"
+
+
+def _hardware(run: RunFolder) -> str:
+    h = run.first("hardware", {}) or {}
+    gpu = h.get("gpu")
+    gpu_text = "no GPU" if gpu in (None, "", "none") else f"GPU {gpu} ({h.get('gpu_memory_gb')} GB, driver " \
+                                                           f"{h.get('driver_version')}, CUDA {h.get('cuda_version')})"
+    return (f"{h.get('id', '?')}: {h.get('cpu', '?')} ({h.get('cpu_cores', '?')} cores / "
+            f"{h.get('cpu_threads', '?')} threads), {h.get('ram_gb', '?')} GB RAM, {gpu_text}")
+
+
+def _on_off(value: Any) -> str:
+    return {True: "on", False: "off"}.get(value, "not recorded")
+
+
+def _span(values: list[Any]) -> str:
+    nums = sorted({int(v) for v in values if number(v) is not None})
+    if not nums:
+        return "-"
+    return str(nums[0]) if nums[0] == nums[-1] else f"{nums[0]}-{nums[-1]}"
+
+
+def cell_counts(run: RunFolder) -> str:
+    """'4 ok' or '3 ok, 1 failed (...)' from run.json's cell list (the submissions when run.json has none)."""
+    if not run.cell_status:
+        return f"{len(run.cells)} with submissions (run.json lists no cell status)"
+    by_status: dict[str, int] = {}
+    for c in run.cell_status:
+        by_status[str(c.get("status"))] = by_status.get(str(c.get("status")), 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(by_status.items(), key=lambda kv: kv[0] != "ok"))
+
+
+def setup_table(run: RunFolder) -> Table:
+    """Component | Value: what ran, where, on which data, with which protocol and software."""
+    env = run.first("environment", {}) or {}
+    software = run.first("environment.software") or run.first("software") or {}
+    threads = env.get("threads") or run.first("environment.threads") or {}
+    alloc = env.get("memory_allocator") or run.first("environment.memory_allocator") or {}
+    tf32 = run.first("runtime.tf32") or env.get("tf32") or {}
+    cells = run.cells
+    first = cells[0]
+    rows = [
+        ["Run", f"{run.run_id} ({run_date(run)})"],
+        ["Hardware", _hardware(run)],
+        ["Device", str(run.first("device") or first.get("runtime.device") or "?")],
+        ["Platform", str(run.first("environment.platform") or "?")],
+        ["Software", ", ".join(f"{k} {v}" for k, v in software.items()) or "?"],
+        ["Threads", ", ".join(f"{k} {'unset' if v is None else v}" for k, v in threads.items()
+                              if not isinstance(v, dict)) or "?"],
+        ["Memory allocator", " ".join(str(v) for v in (alloc.get("allocator"), alloc.get("GLIBC_TUNABLES")) if v)
+         or "?"],
+        ["TF32", f"mode {tf32.get('mode', '?')}, float32 matmul precision {tf32.get('float32_matmul_precision', '?')}"],
+        ["Dataset", f"{first.get('dataset.id') or 'coco2017'} {first.get('dataset.split') or 'val2017'}, variant "
+                    f"{first.get('dataset.variant') or '?'} ({first.get('dataset.num_images') or '?'} images), "
+                    f"image_id_sha256 {str(first.get('dataset.image_id_sha256') or '?')[:16]}…"],
+        ["Protocol", f"conf {first.get('config.conf')}, iou {first.get('config.iou')}, max_det "
+                     f"{first.get('config.max_det')}"],
+        ["Timing", f"warm-up {_span([c.get('timing.warmup.batches') for c in cells])} batches and "
+                   f"≥ {run.first('config.warmup_seconds', '?')} s; timed batches per cell "
+                   f"{_span([c.get('timing.timed_batches') for c in cells])}; mode "
+                   f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
+                   f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],
+        ["Accuracy pass", f"{first.get('eval.evaluator') or 'not run'}, batch size {first.get('eval.batch_size')}"],
+        ["Harness", f"va-bench {run.first('repro.harness_version') or '?'}, commit "
+                    f"{str(run.first('repro.harness_commit') or 'unknown')[:12]}"
+                    f"{' (dirty)' if run.first('repro.harness_dirty') else ''}"],
+        ["Cells", cell_counts(run)],
+    ]
+    return Table(["Component", "Value"], rows, [False, False])
+
+
+def _split(cell) -> str:
+    total = number(cell.get("timing.batch_ms.mean"))
+    parts = []
+    for stage, short in (("preprocess", "pre"), ("forward", "fwd"), ("postprocess", "post")):
+        s = number(cell.get(f"timing.stages_ms.{stage}.mean"))
+        if s is not None and total:
+            parts.append(f"{short} {100 * s / total:.0f}%")
+    return " / ".join(parts) or "-"
+
+
+def _energy(cell) -> str:
+    if cell.get("energy.status") == "ok":
+        return fmt(cell.get("energy.joules_per_image"), 4)
+    return "unavailable"
+
+
+def performance_table(run: RunFolder) -> Table:
+    """One row per cell: throughput, latency percentiles, stage split, peak memory, energy."""
+    header = ["model", "backend", "precision", "size", "batch", "mode", "timed batches", "img/s", "p50 ms/batch",
+              "p95 ms/batch", "p50 ms/img", "stage split", "peak RAM MB", "peak VRAM MB", "J/img"]
+    rows = []
+    for c in run.cells:
+        k = c.key
+        rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size), k.mode,
+                     fmt(c.get("timing.timed_batches"), 0), fmt(c.get("throughput.images_per_s")),
+                     fmt(c.get("timing.batch_ms.p50")), fmt(c.get("timing.batch_ms.p95")),
+                     fmt(c.get("timing.per_image_ms.p50")), _split(c), fmt(c.get("memory.peak_ram_mb"), 1),
+                     fmt(c.get("memory.peak_vram_mb"), 1), _energy(c)])
+    numeric = [False, False, False, True, True, False, True, True, True, True, True, False, True, True, True]
+    return Table(header, rows, numeric)
+
+
+def accuracy_table(run: RunFolder) -> Table | None:
+    """The 12 COCO metrics per cell; None when no cell has accuracy."""
+    rows = []
+    for c in run.cells:
+        acc = c.get("accuracy") or {}
+        if number(acc.get("mAP_50_95")) is None:
+            continue
+        k = c.key
+        rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size),
+                     fmt(c.get("dataset.num_images") or c.get("eval.numImages"), 0)]
+                    + [fmt(acc.get(m), 4) for m in COCO_METRICS])
+    if not rows:
+        return None
+    header = ["model", "backend", "precision", "size", "batch", "images", *COCO_METRICS]
+    return Table(header, rows, [False, False, False, True, True, True] + [True] * len(COCO_METRICS))
+
+
+def accuracy_unavailable(run: RunFolder) -> str:
+    reasons = sorted({str(c.get("accuracy.reason") or c.get("eval.status") or "no accuracy block") for c in run.cells})
+    return "accuracy unavailable: " + "; ".join(reasons)
+
+
+def notes(run: RunFolder) -> list[str]:
+    """What a reader must know before trusting the numbers: failed cells, timing warnings, batch invariance,
+    missing probes, files the reader superseded."""
+    out = []
+    for c in run.cell_status:
+        if c.get("status") != "ok":
+            why = c.get("reason") or c.get("error")
+            out.append(f"cell {c.get('cell')}: {c.get('status')}" + (f" ({why})" if why else ""))
+    for c in run.cells:
+        for w in c.get("timing.warnings") or []:
+            out.append(f"{c.key.label}: {w}")
+        rate = number(c.get("batch_invariance.match_rate"))
+        if rate is not None and rate < 1.0:
+            out.append(f"{c.key.label}: batch invariance {100 * rate:.2f}% of detections matched the reference pass")
+    energy = sorted({str(c.get("energy.reason")) for c in run.cells if c.get("energy.status") != "ok"})
+    out += [f"energy unavailable: {r}" for r in energy]
+    return out + run.notes
+
+
+def artefacts(run: RunFolder) -> list[tuple[str, int]]:
+    """(path relative to the run folder, bytes) of every file in it, submissions and images included."""
+    files = sorted(p for p in run.path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return [(str(p.relative_to(run.path)), p.stat().st_size) for p in files]
+
+
+def repro_commands(run: RunFolder) -> list[str]:
+    """The distinct `repro.command`s of the submissions (one per run unless it was resumed)."""
+    commands = [str(c.get("repro.command")) for c in run.cells if c.get("repro.command")]
+    if not commands and lookup(run.run, "environment.command"):
+        commands = [str(lookup(run.run, "environment.command"))]
+    return list(dict.fromkeys(commands))
+
+
+def human_size(n: float) -> str:
+    """1536 -> '1.5 KB'."""
+    units = ("B", "KB", "MB", "GB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return f"{int(n)} B" if i == 0 else f"{n:.1f} {units[i]}"

@@ -1,0 +1,1 @@
+"""Running a sweep: the scheduler (cells, status, resume, isolation, interrupts) and the executor of passes."""

@@ -1,0 +1,338 @@
+"""The passes of one group (model, backend, precision, input size), loaded once:
+
+- per cell (batch size): warm-up (untimed, unscored), then the timed pass over every image of the
+  variant, which is also the scored pass: its detections are saved (`detections/<cell>.json`) and
+  COCO-evaluated, so every cell has its own accuracy and batch invariance is the agreement between
+  cells of the group (each against the group's reference cell, its smallest batch size);
+- optional passes on their own, so they never pollute the timed pass: layers (hooks or ORT's node
+  profiler) and torch.profiler, once per group at its largest batch size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from harness.config import RunConfig
+from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.variants import DatasetVariant
+from harness.eval.coco_eval import evaluate_bbox, evaluator_version
+from harness.eval.matching import match_detections
+from harness.measure.device import Device
+from harness.measure.energy import EnergyProbe, energy_block
+from harness.measure.layers import hook_leaf_modules, ort_profile_calls, per_batch_totals, summarize_by_type
+from harness.measure.memory import MemoryMonitor
+from harness.measure.profiler import export_trace, op_rows, torch_profile
+from harness.measure.stats import summarize
+from harness.models.protocol import Detector
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.stage_timer import StageTimer
+from harness.records import (
+    AccuracyRecord,
+    Cell,
+    CellRecord,
+    ImageDetections,
+    Invariance,
+    LayerPassRecord,
+    LoadKey,
+    ProfilePassRecord,
+    TimingRecord,
+    detections_from_coco,
+)
+from harness.report.draw import draw_detections
+from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
+from harness.results.writer import atomic_write_bytes, atomic_write_json
+
+# Batch invariance: same class, IoU >= 0.99 and |score delta| <= 1e-3 between two cells' detections.
+INVARIANCE_IOU = 0.99
+INVARIANCE_SCORE_TOL = 1e-3
+
+
+@dataclass
+class RunContext:
+    """What every group of a run shares: resolved inputs, probes, and where files go."""
+
+    config: RunConfig
+    run_id: str
+    run_dir: Path
+    device: Device
+    dataset: CocoDataset
+    variant: DatasetVariant
+    records: list[ImageRecord]
+    environment: dict
+    hardware: dict
+    artifacts: ProbeArtifacts
+    energy_probe: EnergyProbe | None
+    monitor: MemoryMonitor | None
+    progress: object
+    threads: int
+
+    def batches(self, size: int) -> list[list[ImageRecord]]:
+        """The variant's images in order, `size` at a time (the last batch may be short)."""
+        return [self.records[i:i + size] for i in range(0, len(self.records), size)]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class GroupExecutor:
+    """One loaded (model, backend, precision, input size) and the passes run on it."""
+
+    def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey):
+        self.ctx, self.detector, self.key = ctx, detector, key
+        config = ctx.config
+        self.spec = detector.preprocess.with_input_size(key.input_size)
+        self.core = detector.load_core(key.backend, ctx.device, key.precision, key.input_size, threads=ctx.threads)
+        d = detector.defaults
+        self.thresholds = Thresholds(config.conf if config.conf is not None else d.conf,
+                                     config.iou if config.iou is not None else d.iou,
+                                     config.max_det if config.max_det is not None else d.max_det)
+        self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds)
+        self.stats = detector.model_stats(key.input_size).to_dict()
+        self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
+
+    def use_reference(self, batch_size: int, detections_file: Path) -> None:
+        """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
+        by_image = {d.image_id: d for d in detections_from_coco(json.loads(detections_file.read_text()))}
+        contiguous = {category: i for i, category in enumerate(self.detector.class_map)}
+        reference = []
+        for record in self.ctx.records:
+            d = by_image.get(record.image_id)
+            if d is None:  # an image without detections has no line in the COCO file
+                reference.append(ImageDetections(record.image_id, np.zeros((0, 4)), np.zeros(0), np.zeros(0, int)))
+            else:
+                labels = np.array([contiguous[int(c)] for c in d.labels], dtype=int)
+                reference.append(ImageDetections(record.image_id, d.boxes, d.scores, labels))
+        self.reference = (batch_size, reference)
+
+    # ------------------------------------------------------------------------------------ one cell
+
+    def run_cell(self, cell: Cell) -> CellRecord:
+        """The scored timing pass of one batch size (+ the optional passes if `cell` is the group's last)."""
+        ctx = self.ctx
+        load_start = os.getloadavg()
+        timing, detections, probes = self._timing_pass(cell)
+        detections_file, coco_dets = self._save_detections(cell, detections)
+        accuracy, accuracy_reason = self._evaluate(cell, coco_dets, detections_file, len(detections))
+        invariance = None
+        if self.reference is None:
+            self.reference = (cell.batch_size, detections)
+            self._draw(detections)
+            if len(ctx.config.batch_sizes) > 1:
+                invariance = Invariance(cell.batch_size, None)
+        else:
+            ref_size, ref = self.reference
+            invariance = Invariance(ref_size, match_detections(ref, detections, INVARIANCE_IOU, INVARIANCE_SCORE_TOL))
+        load_end = os.getloadavg()
+        record = CellRecord(
+            run_id=ctx.run_id,
+            created_at=_now(),
+            cell=cell,
+            model={"id": self.detector.model_id, "family": self.detector.family, "variant": self.detector.variant,
+                   "weights": self.detector.weights.__dict__},
+            runtime={"format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
+                     "device": "gpu" if ctx.device.is_cuda else "cpu", **self.core.info()},
+            dataset=ctx.variant.describe(),
+            thresholds=self.thresholds.__dict__,
+            hardware=ctx.hardware,
+            environment={**ctx.environment, "load_average": {"cell_start": [round(v, 2) for v in load_start],
+                                                             "cell_end": [round(v, 2) for v in load_end]}},
+            model_stats=self.stats,
+            timing=timing,
+            accuracy=accuracy,
+            accuracy_reason=accuracy_reason,
+            invariance=invariance,
+            energy=probes["energy"],
+            memory=probes["memory"],
+        )
+        busy = max(load_start[0], load_end[0])
+        cores = os.cpu_count() or 1
+        if busy > cores:
+            timing.warnings.append(f"machine busy: 1-min load average {busy:.1f} on {cores} cores during this cell; "
+                                   "timings are suspect")
+        if ctx.energy_probe is not None:
+            ctx.artifacts.add_energy(cell.label, probes.get("energy_window"))
+        return record
+
+    def run_optional_passes(self, cell: Cell, record: CellRecord) -> None:
+        """Layer and profiler passes (each on its own), once per group at its largest batch size."""
+        ctx, config = self.ctx, self.ctx.config
+        full = [b for b in ctx.batches(cell.batch_size) if len(b) == cell.batch_size]
+        if config.layers:
+            batches = [full[i % len(full)] for i in range(config.layer_batches)]
+            with ctx.progress.task(f"layers {cell.label}", None):
+                layers = layer_pass(self.pipeline, batches, ctx.run_dir,
+                                    ctx.run_dir / f"ort_profile__{load_slug(self.key)}.json")
+            if layers.ort_trace:
+                layers.ort_trace = str(Path(layers.ort_trace).relative_to(ctx.run_dir))
+            ctx.artifacts.add_layers(cell, layers)
+            record.layers = layers.summary()
+        if config.profile:
+            batches = [full[i % len(full)] for i in range(config.profile_batches)]
+            with ctx.progress.task(f"profiler {cell.label}", None):
+                profile = profile_pass(self.pipeline, batches, ctx.artifacts.trace_path(cell.load))
+            profile.trace_file = str(Path(profile.trace_file).relative_to(ctx.run_dir))
+            ctx.artifacts.add_profile(cell, profile)
+            record.profiler = profile.summary()
+
+    # ------------------------------------------------------------------------------------- passes
+
+    def _timing_pass(self, cell: Cell) -> tuple[TimingRecord, list[ImageDetections], dict]:
+        """Warm-up (by count and by time, untimed, unscored), then timed full batches: the first pass over
+        the variant's batches is also scored. The short last batch is run, timed on its own and scored,
+        never mixed into the batch statistics; with --max-timed-batches below the variant's batch count,
+        the remaining batches are run untimed so every image is still scored."""
+        ctx, config, pipeline = self.ctx, self.ctx.config, self.pipeline
+        size = cell.batch_size
+        batches = ctx.batches(size)
+        short = batches.pop() if len(batches[-1]) < size else None
+        scratch = StageTimer(ctx.device, config.stage_sync)
+        warm_count, start = 0, time.perf_counter()
+        with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
+            while warm_count < config.warmup_batches or time.perf_counter() - start < config.warmup_seconds:
+                pipeline.run_batch(batches[warm_count % len(batches)], scratch)
+                warm_count += 1
+                advance()
+        warm_seconds = time.perf_counter() - start
+        n_timed = max(len(batches), config.min_timed_batches)
+        if config.max_timed_batches:
+            n_timed = min(n_timed, config.max_timed_batches)
+        timer = StageTimer(ctx.device, config.stage_sync)
+        detections: list[ImageDetections] = []
+        energy_window: dict = {}
+        if ctx.monitor is not None:
+            ctx.monitor.begin_window(f"timing {cell.label}")
+        energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
+        timed = [batches[i % len(batches)] for i in range(n_timed)]
+        stream_start = time.perf_counter()
+        with ctx.progress.task(f"timing {cell.label}", n_timed) as advance, energy:
+            for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
+                if i < len(batches):  # the first pass over the data is the scored one
+                    detections += out
+                advance()
+        stream_seconds = time.perf_counter() - stream_start
+        memory = ctx.monitor.end_window() if ctx.monitor is not None else {
+            "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
+        if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
+            memory.update(peak_vram_mb=None, vram_reason="ONNX Runtime allocates outside torch's allocator")
+        untimed = StageTimer(ctx.device, config.stage_sync)
+        for batch in batches[n_timed:]:  # only with --max-timed-batches: scored, not timed
+            detections += pipeline.run_batch(batch, untimed)
+        short_record = None
+        if short is not None:
+            short_timer = StageTimer(ctx.device, config.stage_sync)
+            detections += pipeline.run_batch(short, short_timer)
+            short_record = {"size": len(short), "total_ms": round(short_timer.batches[0].ms("total"), 4),
+                            "note": "the last batch of the variant is short; run once, scored, excluded from "
+                                    "the timing statistics"}
+        totals = [b.ms("total") for b in timer.batches]
+        names = sorted({n for b in timer.batches for n in b.stages})
+        stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
+        batch_ms = summarize(totals)
+        timed_images = size * len(timer.batches)
+        # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
+        # batches are in flight together, so images over the wall time of the stream.
+        record = TimingRecord(
+            batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
+            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), stage_sync=config.stage_sync,
+            mode="overlapped" if config.overlap else "latency",
+            batch_ms=batch_ms, image_ms=summarize([t / size for t in totals]), stages_ms=stages,
+            images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
+            short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
+            warnings=list(batch_ms.warnings),
+        )
+        if n_timed < len(batches):
+            record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
+                                   "but not timed")
+        probes = {"memory": memory, "energy_window": energy_window or None,
+                  "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
+                  else {"status": "unavailable", "reason": "--no-energy"}}
+        return record, detections, probes
+
+    def _save_detections(self, cell: Cell, detections: list[ImageDetections]) -> tuple[str, list[dict]]:
+        """detections/<cell>.json (COCO results format); returns its path relative to the run folder."""
+        class_map = self.detector.class_map
+        coco_dets = [d for det in detections for d in det.to_coco(class_map)]
+        rel = f"detections/{cell_slug(cell)}.json"
+        atomic_write_json(self.ctx.run_dir / rel, coco_dets, indent=None)
+        return rel, coco_dets
+
+    def _evaluate(self, cell: Cell, coco_dets: list[dict], detections_file: str,
+                  num_images: int) -> tuple[AccuracyRecord | None, str | None]:
+        ctx = self.ctx
+        if getattr(self.detector.weights, "source", None) == "random":
+            return None, "random weights: a timing-only run, accuracy is not meaningful"
+        if not ctx.config.accuracy:
+            return None, "accuracy evaluation skipped (--no-accuracy)"
+        with ctx.progress.task(f"COCO eval {cell.label}", None):
+            stats = evaluate_bbox(ctx.dataset.coco, coco_dets, list(ctx.variant.image_ids), ctx.config.evaluator)
+        return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
+                              num_detections=len(coco_dets), batch_size=cell.batch_size,
+                              detections_file=detections_file), None
+
+    def _draw(self, detections: list[ImageDetections]) -> None:
+        ctx = self.ctx
+        for det, record in zip(detections[: ctx.config.draw_images], ctx.records, strict=False):
+            image = draw_detections(record.path, det, self.detector.class_map)
+            name = f"{load_slug(self.key)}__{record.image_id}.jpg"
+            atomic_write_bytes(ctx.run_dir / "images" / name, image)
+
+
+def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], work_dir: Path,
+               ort_trace: Path) -> LayerPassRecord:
+    """Per-layer timing of a few batches: hooks on leaf modules (PyTorch), or ORT's per-node profiler on a
+    second session whose Chrome trace lands at `ort_trace` (its temp files under `work_dir`)."""
+    core, device = pipeline.core, pipeline.device
+    timer = StageTimer(device)
+    if getattr(core, "torch_module", None) is not None:
+        with hook_leaf_modules(core.torch_module, device, lambda: len(timer.batches)) as calls:
+            for batch in batches:
+                pipeline.run_batch(batch, timer)
+        calls = list(calls)
+        method = "forward pre/post hooks on leaf modules (device-synced)"
+        trace = None
+    elif hasattr(core, "profiling_copy"):
+        tmp = tempfile.mkdtemp(prefix=".ort_profile_", dir=work_dir)
+        try:
+            profiled = DetectorPipeline(pipeline.detector, core.profiling_copy(str(Path(tmp) / "ort")), device,
+                                        pipeline.spec, pipeline.thresholds)
+            for batch in batches:
+                profiled.run_batch(batch, timer)
+            os.replace(profiled.core.session.end_profiling(), ort_trace)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        trace = str(ort_trace)
+        calls = ort_profile_calls(ort_trace)
+        method = "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
+    else:
+        raise ValueError(f"{type(core).__name__} has neither a torch module nor an ORT session to profile")
+    totals = per_batch_totals(calls)
+    return LayerPassRecord(method=method, calls=calls, by_type=summarize_by_type(calls),
+                           forward_ms=[b.ms("forward") for b in timer.batches],
+                           layer_sum_ms=[totals.get(i, 0.0) for i in range(len(timer.batches))], ort_trace=trace)
+
+
+def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], trace_path: Path) -> ProfilePassRecord:
+    """torch.profiler over a few batches, stages labelled; Chrome trace + key averages."""
+    timer = StageTimer(pipeline.device, profiler_ranges=True)
+    # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
+    on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
+                                      pipeline.thresholds, host_workers=1)
+    with torch_profile(pipeline.device) as prof:
+        for batch in batches:
+            on_this_thread.run_batch(batch, timer)
+    export_trace(prof, trace_path)
+    notes = []
+    if getattr(pipeline.core, "torch_module", None) is None:
+        notes.append("the core is not PyTorch: the forward shows as one range; see layer_timer.csv for its nodes")
+    return ProfilePassRecord(str(trace_path), op_rows(prof, pipeline.device), len(batches), notes)

@@ -1,0 +1,291 @@
+"""The scheduler of a run: resolves and checks the plan before anything is written, then runs its cells
+in order with an error boundary per cell, keeps run.json current after every cell, and resumes.
+
+Cell states: pending -> running -> ok | failed | oom | skipped | interrupted. A cell that raises is
+`failed` with the exception's one-line reason (traceback in errors.log); an out-of-memory error is
+`oom` and the larger batch sizes of its group are `skipped`; SIGINT/SIGTERM mark the running cell
+`interrupted` and stop the run. `--resume RUN_ID` runs what is not `ok` (failed/oom/skipped only with
+--retry-failed) in the same folder.
+"""
+
+from __future__ import annotations
+
+import secrets
+import traceback
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from harness.config import RunConfig, build_config
+from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.variants import DatasetVariant
+from harness.errors import RunInterrupted, UsageError
+from harness.measure.device import Device, parse_device
+from harness.measure.energy import EnergyProbe
+from harness.measure.env import apply_tf32, collect_environment, git_state, hardware_block
+from harness.measure.memory import MemoryMonitor
+from harness.models.protocol import Detector
+from harness.models.registry import get_detector
+from harness.pipeline.pipeline import stream_worker_priority
+from harness.plan import plan_cells
+from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
+from harness.report.progress import SilentProgress
+from harness.results.artifacts import ProbeArtifacts, cell_slug
+from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
+from harness.results.submission import build_submission, submission_filename
+from harness.results.writer import atomic_write_json
+from harness.run.executor import GroupExecutor, RunContext
+from harness.run.signals import Interrupted, interrupt_handling, protected
+from harness.run.state import RunState, read_run_json
+
+
+@dataclass
+class RunPlan:
+    """Everything resolved and checked before the first file is written."""
+
+    config: RunConfig
+    run_id: str
+    run_dir: Path
+    device: Device
+    dataset: CocoDataset
+    variant: DatasetVariant
+    records: list[ImageRecord]
+    detectors: dict[str, Detector]
+    groups: list[tuple[LoadKey, list[Cell]]]
+    resume: dict | None = None  # run.json of the run being resumed
+    retry_failed: bool = False
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [c for _, cells in self.groups for c in cells]
+
+
+@dataclass
+class RunOutcome:
+    """What a run (or a resumed part of it) produced."""
+
+    records: list[CellRecord]  # cells measured by this process
+    state: RunState
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """Cells that did not finish ok: label -> 'state: reason'."""
+        return {label: f"{s.state}: {s.reason}" if s.reason else s.state
+                for label, s in self.state.cells.items() if s.state != "ok"}
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def prepare(config: RunConfig) -> RunPlan:
+    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
+    device = parse_device(config.device)
+    dataset = CocoDataset(config.coco_dir)
+    variant = dataset.variant(config.subset, config.limit)
+    if config.weights and len(config.models) > 1:
+        raise UsageError("--weights applies to a single --model; run one model at a time with it")
+    detectors = {}
+    for spec in config.models:
+        detector = get_detector(spec, config.weights)
+        detectors[detector.model_id] = detector
+    groups = plan_cells(config, detectors, variant.num_images)
+    run_id = config.run_id or new_run_id()
+    run_dir = Path(config.output_dir) / run_id
+    if run_dir.exists():
+        raise UsageError(f"{run_dir} already exists; pick another --run-id or continue it with --resume {run_id}")
+    return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups)
+
+
+def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
+                   retry_failed: bool) -> RunPlan:
+    """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
+    harness commit or the hardware differ from the original run, unless `force`."""
+    run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
+    doc = read_run_json(run_dir, run_id)
+    original = build_config(doc["config"])
+    config = build_config({**doc["config"], **overrides, "run_id": run_id, "output_dir": str(run_dir.parent)})
+    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
+                if original.identity()[k] != v]
+    env = doc.get("environment", {})
+    commit, dirty = git_state()
+    if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
+        problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
+                        f"(dirty {dirty})")
+    if problems and not force:
+        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
+                         "incomparable cells: rerun with the original options or add --force")
+    plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
+    plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
+    plan.resume, plan.retry_failed = doc, retry_failed
+    if problems:
+        plan.resume = {**doc, "forced_differences": problems}
+    return plan
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA / host allocation failures (torch's OutOfMemoryError, ORT's 'Failed to allocate memory')."""
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "failed to allocate memory" in text
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+class Scheduler:
+    """Runs a prepared plan cell by cell; `progress` shows bars or lines; results go to disk as they finish."""
+
+    def __init__(self, plan: RunPlan, argv: list[str], progress=None):
+        self.plan = plan
+        self.config = plan.config
+        self.progress = progress or SilentProgress()
+        self.argv = argv
+
+    def run(self) -> RunOutcome:
+        plan, config = self.plan, self.config
+        threads = config.threads or torch.get_num_threads()
+        torch.set_num_threads(threads)
+        apply_tf32(config.tf32)
+        environment = collect_environment(plan.device, config.tf32, self.argv, threads)
+        if config.overlap:
+            environment["threads"]["overlapped_host_worker"] = {"threads": 1, **stream_worker_priority()}
+        hardware = hardware_block(plan.device, config.hardware_id)
+        state = self._open_state(environment, hardware)
+        ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
+                         dataset=plan.dataset, variant=plan.variant, records=plan.records, environment=environment,
+                         hardware=hardware, artifacts=ProbeArtifacts(plan.run_dir),
+                         energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
+                         if config.energy else None,
+                         monitor=MemoryMonitor(plan.device) if config.memory else None,
+                         progress=self.progress, threads=threads)
+        self._steps = existing_rows(plan.run_dir / "steps_timer.csv")
+        outcome = RunOutcome([], state)
+        try:
+            with ExitStack() as stack:
+                if ctx.monitor is not None:
+                    stack.enter_context(ctx.monitor)
+                for key, cells in plan.groups:
+                    self._run_group(ctx, key, cells, outcome)
+        except Interrupted as exc:
+            for status in state.cells.values():
+                if status.state == "running":
+                    status.state, status.reason = "interrupted", f"stopped by {exc}"
+            state.save()
+            self._write_memory(ctx)
+            done = state.counts().get("ok", 0)
+            raise RunInterrupted(
+                f"{exc} after {done} of {len(state.cells)} cells; finished cells are kept in {plan.run_dir}; "
+                f"resume with: va-bench run --resume {plan.run_id} --output-dir {plan.run_dir.parent}",
+                exc.exit_code) from None
+        finally:
+            state.close()
+        self._write_memory(ctx)
+        return outcome
+
+    def _open_state(self, environment: dict, hardware: dict) -> RunState:
+        plan = self.plan
+        header = {"config": self.config.model_dump(),
+                  "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
+                              "annotation_file": str(plan.dataset.annotation_file)},
+                  "device": str(plan.device), "hardware": hardware, "environment": environment}
+        if plan.resume is None:
+            return RunState.create(plan.run_dir, plan.run_id, header, plan.cells)
+        old = plan.resume
+        resumed = list(old.get("resumed", [])) + [{
+            "at": environment_time(), "argv": environment["argv"], "harness_commit": environment["harness_commit"],
+            "harness_dirty": environment["harness_dirty"], "hardware_id": hardware["id"],
+            "forced_differences": old.get("forced_differences", [])}]
+        # the original run's environment stays the run's; each resume is listed with what it ran under
+        header.update({k: old[k] for k in ("environment", "hardware", "device") if k in old}, resumed=resumed)
+        return RunState.reopen(plan.run_dir, plan.run_id, plan.cells, header)
+
+    def _runnable(self, state: RunState, cell: Cell) -> bool:
+        s = state.cells[cell.label].state
+        return s in ("pending", "interrupted") or (self.plan.retry_failed and s in RETRYABLE_STATES)
+
+    def _run_group(self, ctx: RunContext, key: LoadKey, cells: list[Cell], outcome: RunOutcome) -> None:
+        """One (model, backend, precision, input size): load once, then every runnable batch size."""
+        state = outcome.state
+        todo = [c for c in cells if self._runnable(state, c)]
+        if not todo:
+            return
+        try:
+            with ctx.progress.task(f"loading {key.label}", None):
+                executor = GroupExecutor(ctx, self.plan.detectors[key.model], key)
+        except Exception as exc:  # the group cannot run at all: each of its cells says why
+            reason = f"loading failed: {one_line(exc)}"
+            state.log_error(key.label, traceback.format_exc())
+            with protected():
+                for cell in todo:
+                    state.set(cell, "oom" if is_out_of_memory(exc) else "failed", reason)
+                state.save()
+            ctx.progress.log(f"{key.label}: {reason}")
+            return
+        reference = next((c for c in cells if state.cells[c.label].state == "ok"), None)
+        if reference is not None:  # resumed: invariance is measured against the cell finished earlier
+            executor.use_reference(reference.batch_size, ctx.run_dir / "detections" / f"{cell_slug(reference)}.json")
+        oom_at: int | None = None
+        for cell in todo:
+            if oom_at is not None:
+                with protected():
+                    state.set(cell, "skipped", f"batch size {oom_at} ran out of memory")
+                    state.save()
+                continue
+            with protected():
+                state.set(cell, "running", started_at=environment_time(), finished_at=None)
+                state.save()
+            try:
+                record = executor.run_cell(cell)
+                if cell is cells[-1]:
+                    executor.run_optional_passes(cell, record)
+            except Exception as exc:  # the error boundary of one cell
+                oom = is_out_of_memory(exc)
+                state.log_error(cell.label, traceback.format_exc())
+                if oom:
+                    oom_at = cell.batch_size
+                    if ctx.device.is_cuda:
+                        torch.cuda.empty_cache()
+                with protected():
+                    state.set(cell, "oom" if oom else "failed", one_line(exc), finished_at=environment_time())
+                    state.save()
+                ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
+                continue
+            self._finish_cell(ctx, cell, record, state)
+            outcome.records.append(record)
+
+    def _finish_cell(self, ctx: RunContext, cell: Cell, record: CellRecord, state: RunState) -> None:
+        """The cell's submission, steps rows and status, written together (a signal waits for this)."""
+        path = ctx.run_dir / "submissions" / submission_filename(record)
+        record.artifacts = {"submission": str(path.relative_to(ctx.run_dir)), "steps_timer": "steps_timer.csv",
+                            **ctx.artifacts.files}
+        if record.accuracy is not None:
+            record.artifacts["detections"] = record.accuracy.detections_file
+        with protected():
+            atomic_write_json(path, build_submission(record))
+            self._steps += steps_rows(record)
+            write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
+            state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=environment_time())
+            state.save()
+        self._write_memory(ctx)
+
+    @staticmethod
+    def _write_memory(ctx: RunContext) -> None:
+        if ctx.monitor is not None:
+            ctx.artifacts.write_memory(list(ctx.monitor.samples))
+
+
+def environment_time() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def run_with_interrupts(plan: RunPlan, argv: list[str], progress=None) -> RunOutcome:
+    """Run a plan with SIGINT/SIGTERM turned into a clean stop (see harness/run/signals.py)."""
+    with interrupt_handling():
+        return Scheduler(plan, argv, progress).run()

@@ -1,0 +1,137 @@
+"""The run folder and run.json: created exclusively, locked while a process writes to it, rewritten
+atomically after every cell so that a killed run is always consistent and can be resumed."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+from harness.records import Cell, CellStatus
+from harness.results.writer import atomic_write_json
+
+RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
+ERROR_LOG = "errors.log"
+
+
+def _lock(run_dir: Path, run_id: str) -> int:
+    """An exclusive lock on the run folder for this process's lifetime (released when it exits, even on kill -9)."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"run {run_id} is being written by another va-bench process; wait for it to finish "
+                         "or pick another --run-id") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def remove_leftovers(run_dir: Path) -> list[Path]:
+    """Temp files of writes a killed process never finished (atomic writes leave `.name.*.tmp`) and
+    ORT profiling folders; returns what was removed."""
+    removed = []
+    for path in list(run_dir.rglob(".*.tmp")) + list(run_dir.glob(".ort_profile_*")):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+@dataclass
+class RunState:
+    """A locked run folder and the status of its cells."""
+
+    run_dir: Path
+    run_id: str
+    header: dict[str, Any]  # config, dataset, device, hardware, environment: run.json minus the cells
+    cells: dict[str, CellStatus]  # by cell label, in plan order
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, run_dir: Path, run_id: str, header: dict, cells: list[Cell]) -> RunState:
+        """A new run folder (exclusive: an existing one is an error, two processes never share one)."""
+        try:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.mkdir()
+        except FileExistsError:
+            raise UsageError(f"{run_dir} already exists; pick another --run-id or resume it with "
+                             f"--resume {run_id}") from None
+        except OSError as exc:
+            raise UsageError(f"cannot create the run folder {run_dir} ({exc.strerror}); check --output-dir") from exc
+        state = cls(run_dir, run_id, header, {c.label: CellStatus(c) for c in cells})
+        state._lock_fd = _lock(run_dir, run_id)
+        state.save()
+        return state
+
+    @classmethod
+    def reopen(cls, run_dir: Path, run_id: str, cells: list[Cell], header: dict) -> RunState:
+        """An existing run folder for --resume: statuses as recorded; a cell that was `running` when the
+        process died is `interrupted`."""
+        doc = read_run_json(run_dir, run_id)
+        fd = _lock(run_dir, run_id)
+        remove_leftovers(run_dir)
+        recorded = {c.get("cell"): c for c in doc.get("cells", []) if isinstance(c, dict)}
+        statuses = {}
+        for cell in cells:
+            old = recorded.get(cell.label, {})
+            state = old.get("status", "pending")
+            status = CellStatus(cell, "interrupted" if state == "running" else state, old.get("reason"),
+                                old.get("submission"), old.get("started_at"), old.get("finished_at"))
+            if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
+                status.state, status.reason = "pending", "its submission file is missing"
+            statuses[cell.label] = status
+        state = cls(run_dir, run_id, header, statuses)
+        state._lock_fd = fd
+        state.save()
+        return state
+
+    def save(self) -> None:
+        atomic_write_json(self.run_dir / RUN_FILE,
+                          {"run_id": self.run_id, **self.header,
+                           "cells": [s.to_dict() for s in self.cells.values()]})
+
+    def set(self, cell: Cell, state: str, reason: str | None = None, **fields: Any) -> None:
+        status = self.cells[cell.label]
+        status.state, status.reason = state, reason
+        for k, v in fields.items():
+            setattr(status, k, v)
+
+    def log_error(self, cell_label: str, text: str) -> None:
+        """Tracebacks of failed cells, appended to errors.log in the run folder."""
+        with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
+            fh.write(f"=== {cell_label}\n{text.rstrip()}\n\n")
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.cells.values():
+            out[s.state] = out.get(s.state, 0) + 1
+        return out
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def read_run_json(run_dir: Path, run_id: str) -> dict:
+    """run.json of an existing run, or a UsageError saying why it cannot be resumed."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise UsageError(f"no run {run_id} to resume: {path} does not exist (check --output-dir)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({exc}); the run cannot be resumed") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise UsageError(f"{path} has no run configuration; the run cannot be resumed")
+    return doc

@@ -1,0 +1,197 @@
+"""Bad dataset input (issue 14, data rows): each broken annotation or image file is one clear line on
+stderr, exit 2, and nothing under --output-dir. The bad files are built from the real COCO sample."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pytest
+from conftest import COCO_DIR, REPO, SUBSET_ANNOTATIONS, requires_coco
+
+from harness.data.coco import load_instances
+from harness.data.images import check_image_files, find_corrupt_images, image_file_problem
+from harness.errors import UsageError
+
+N_IMAGES = 4
+ANNOTATIONS = "annotations/instances_val2017_subset.json"
+
+
+@pytest.fixture(scope="module")
+def sample():
+    """The annotations of the first N_IMAGES sample images, and their file names."""
+    if not SUBSET_ANNOTATIONS.is_file():
+        pytest.skip(f"COCO sample not found at {COCO_DIR}")
+    data = json.loads(SUBSET_ANNOTATIONS.read_text())
+    images = sorted(data["images"], key=lambda i: i["id"])[:N_IMAGES]
+    ids = {i["id"] for i in images}
+    data["images"] = images
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in ids]
+    return data
+
+
+def _coco_dir(tmp_path, data, sample):
+    """A COCO root in tmp_path: `data` as the annotation file, copies of the sample's real images."""
+    root = tmp_path / "coco"
+    (root / "annotations").mkdir(parents=True)
+    (root / "val2017").mkdir()
+    (root / ANNOTATIONS).write_text(json.dumps(data))
+    for image in sample["images"]:
+        shutil.copy(COCO_DIR / "val2017" / image["file_name"], root / "val2017")
+    return root
+
+
+def _edit(data, fn):
+    data = copy.deepcopy(data)
+    fn(data)
+    return data
+
+
+def _first_image(root, data):
+    return root / "val2017" / sorted(data["images"], key=lambda i: i["id"])[0]["file_name"]
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+ANNOTATION_ROWS = {
+    "annotations are a JSON list": (lambda d: [d], "top level is a JSON list"),
+    "image without file_name": (lambda d: _edit(d, lambda x: x["images"][1].pop("file_name")),
+                                "images[1].file_name: field required"),
+    "no categories": (lambda d: _edit(d, lambda x: x.pop("categories")), "categories: field required"),
+    'bbox: "x"': (lambda d: _edit(d, lambda x: x["annotations"][2].update(bbox="x")),
+                  "annotations[2].bbox: input should be a valid list"),
+}
+IMAGE_ROWS = {
+    "zero-byte JPEG": (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
+    "truncated JPEG": (_truncate, "is truncated"),
+    "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(5000)), "is not a JPEG or PNG image"),
+}
+
+
+def _run_cli(root, out):
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--coco-dir", str(root), "--subset", "sample", "--output-dir",
+         str(out), "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers",
+         "--no-profile"], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _assert_one_clean_line(result, out, expected):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and not re.search(r"\w+Error:", result.stderr), result.stderr
+    assert expected in lines[0], lines[0]
+    assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
+
+
+@requires_coco
+@pytest.mark.parametrize("row", ANNOTATION_ROWS, ids=list(ANNOTATION_ROWS))
+def test_bad_annotations_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
+    build, expected = ANNOTATION_ROWS[row]
+    root = _coco_dir(tmp_path, build(sample), sample)
+    out = tmp_path / "out"
+    result = _run_cli(root, out)
+    _assert_one_clean_line(result, out, expected)
+    assert str(root / ANNOTATIONS) in result.stderr  # names the file
+
+
+@requires_coco
+@pytest.mark.parametrize("row", IMAGE_ROWS, ids=list(IMAGE_ROWS))
+def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
+    damage, expected = IMAGE_ROWS[row]
+    root = _coco_dir(tmp_path, sample, sample)
+    image = _first_image(root, sample)
+    damage(image)
+    out = tmp_path / "out"
+    result = _run_cli(root, out)
+    _assert_one_clean_line(result, out, expected)
+    assert str(image) in result.stderr  # names the file
+
+
+@requires_coco
+@pytest.mark.parametrize("change, expected", [
+    (lambda x: x["images"][0].update(file_name="../../etc/passwd"), "is not a plain file name"),
+    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, float("nan"), 4.0]), "finite number"),
+    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, 3.0]), "annotations[0].bbox"),
+    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, -3.0, 4.0]), "negative width or height"),
+    (lambda x: x["annotations"][0].update(category_id=999), "999 is not in categories"),
+    (lambda x: x["annotations"][0].update(image_id=1), "1 is not in images"),
+    (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
+    (lambda x: x["annotations"][0].update(iscrowd=2), "annotations[0].iscrowd"),
+    (lambda x: x["images"].append(dict(x["images"][0])), "image ids are not unique"),
+], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "unknown category", "unknown image",
+        "no area", "iscrowd 2", "duplicate image id"])
+def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(_edit(sample, change)))  # json writes NaN as the NaN literal, as a bad tool would
+    with pytest.raises(UsageError) as err:
+        load_instances(path)
+    message = str(err.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+def test_invalid_json_annotations(tmp_path):
+    path = tmp_path / "instances.json"
+    path.write_bytes(b'{"images": [')
+    with pytest.raises(UsageError, match="is not valid JSON"):
+        load_instances(path)
+
+
+@requires_coco
+def test_valid_annotations_load_like_pycocotools(sample, tmp_path):
+    from pycocotools.coco import COCO
+
+    ours = load_instances(SUBSET_ANNOTATIONS)
+    theirs = COCO(str(SUBSET_ANNOTATIONS))
+    assert ours.imgs == theirs.imgs and ours.anns == theirs.anns and ours.cats == theirs.cats
+
+
+@requires_coco
+def test_image_checks_accept_every_real_sample_image():
+    paths = sorted((COCO_DIR / "val2017").glob("*.jpg"))
+    assert len(paths) >= 200
+    check_image_files(paths)  # raises on the first broken one
+
+
+def test_image_file_problems(tmp_path):
+    png = tmp_path / "ok.png"
+    cv2.imwrite(str(png), np.zeros((8, 8, 3), np.uint8))
+    assert image_file_problem(png) is None
+    png.write_bytes(png.read_bytes()[:-12])
+    assert "truncated" in image_file_problem(png)
+    assert "cannot be read" in image_file_problem(tmp_path / "missing.jpg")
+    many = []
+    for i in range(6):
+        many.append(tmp_path / f"{i}.jpg")
+        many[-1].write_bytes(b"")
+    with pytest.raises(UsageError) as err:
+        check_image_files(many)
+    assert "0.jpg is empty" in str(err.value) and "and 5 more broken" in str(err.value)
+
+
+@requires_coco
+def test_corrupt_but_decodable_jpeg_is_found(tmp_path):
+    """Zeroed bytes in the middle: OpenCV decodes the file (libjpeg only warns on stderr); the strict
+    decode names it. The real sample images are all clean."""
+    real = sorted((COCO_DIR / "val2017").glob("*.jpg"))
+    data = bytearray(real[0].read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 2000] = bytes(2000)
+    bad = tmp_path / "zeroed.jpg"
+    bad.write_bytes(bytes(data))
+    assert cv2.imdecode(np.frombuffer(bytes(data), np.uint8), cv2.IMREAD_COLOR) is not None  # decodable
+    assert image_file_problem(bad) is None  # whole from the outside: only a decode can tell
+    records = [SimpleNamespace(image_id=i, path=p) for i, p in enumerate(real[:50])]
+    records.insert(7, SimpleNamespace(image_id=-1, path=bad))
+    (found,) = find_corrupt_images(records)
+    assert found.image_id == -1 and found.path == str(bad) and "Corrupt JPEG data" in found.problem
+    assert found.to_dict() == {"image_id": -1, "path": str(bad), "problem": found.problem}

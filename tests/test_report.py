@@ -1,0 +1,345 @@
+"""`va-bench report` on real runs: report.html + PNGs whose plotted numbers equal the run's records, the
+append-only benchmark log with gates, bad input (one line, exit 2, nothing written), torch-freeness, and
+the page opening in headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import COCO_DIR, REPO, requires_coco, requires_yolox
+
+from harness.errors import UsageError
+from harness.report.gates import DEFAULT_GATES, load_gates
+from harness.report.plots import BAND_FROM_SAMPLES, BAND_FROM_SUMMARY, energy_per_image
+from harness.report.run_folder import load_run
+from harness.report.run_report import make_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+EXPECTED_PNGS = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png")
+pytestmark = [requires_coco, requires_yolox]
+
+
+def va_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+
+
+def _bench(out: Path, run_id: str, *extra: str) -> Path:
+    """A small real run (ONNX Runtime, 8 images) through the CLI, as a user makes one."""
+    result = va_bench("run", "--model", "yolox-nano", "--backend", "onnxruntime", "--limit", "8",
+                      "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds", "0",
+                      "--min-timed-batches", "2", "--no-profile", "--output-dir", str(out), "--run-id", run_id, *extra)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out / run_id
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory) -> Path:
+    """Batch 1 and 2 with the layer pass (ONNX Runtime's node profiler: a few batches) and memory sampling."""
+    return _bench(tmp_path_factory.mktemp("runs"), "report-a", "--batch-sizes", "1", "2", "--layers", "--memory")
+
+
+@pytest.fixture(scope="module")
+def run_b(tmp_path_factory) -> Path:
+    """A second, leaner run: no layer pass, no memory, no energy (the report must still work)."""
+    return _bench(tmp_path_factory.mktemp("runs"), "report-b", "--batch-sizes", "1", "--limit", "4", "--no-layers",
+                  "--no-memory", "--no-energy")
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / run.name
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _submissions(run: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run / "submissions").glob("*.json"))]
+
+
+def test_report_writes_html_and_pngs(run_a, tmp_path):
+    run = _copy(run_a, tmp_path)
+    outcome = make_report(run)
+    assert outcome.html == run / "report.html"
+    for name in EXPECTED_PNGS:
+        data = (run / name).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE), name
+    html = outcome.html.read_text()
+    # self-contained: every image is an embedded data URI that decodes to what it claims to be
+    sources = re.findall(r"src=['\"]([^'\"]+)['\"]", html)
+    assert len(sources) >= len(EXPECTED_PNGS)
+    for src in sources:
+        mime, payload = re.fullmatch(r"data:(image/(?:png|jpeg));base64,([A-Za-z0-9+/=]+)", src).groups()
+        raw = base64.b64decode(payload, validate=True)
+        assert raw.startswith(PNG_SIGNATURE if mime == "image/png" else b"\xff\xd8")
+    for png in EXPECTED_PNGS:  # the HTML embeds exactly the PNG files written beside it
+        assert base64.b64encode((run / png).read_bytes()).decode() in html
+    assert "http://" not in html and "https://" not in html
+    # energy is not readable on this box: the report says so and why, from the submission
+    energy = _submissions(run)[0]["energy"]
+    if energy.get("status") != "ok":
+        assert not (run / "energy.png").exists()
+        assert energy["reason"].split(";")[0] in html
+
+
+def test_plotted_numbers_equal_the_records(run_a):
+    outcome_plots = {p.name: p for p in make_report_plots(run_a)}
+    subs = _submissions(run_a)
+    assert len(subs) == 2
+    by_batch = {s["config"]["batch_size"]: s for s in subs}
+
+    # latency / throughput: one series, a point per batch size, p50 and images/s as recorded
+    (series,) = outcome_plots["latency_throughput.png"].data
+    assert series.batch_sizes == [1, 2]
+    for batch, p50, band, source, ips, ips_band in zip(series.batch_sizes, series.p50_ms, series.band_ms,
+                                                       series.band_source, series.images_per_s,
+                                                       series.band_images_per_s, strict=True):
+        sub = by_batch[batch]
+        assert p50 == sub["timing"]["batch_ms"]["p50"]
+        assert ips == sub["throughput"]["images_per_s"]
+        samples = sub["timing"].get("batch_samples_ms")
+        if samples:  # reference: linear-interpolated percentiles by hand
+            assert source == BAND_FROM_SAMPLES
+            assert band == pytest.approx((_percentile(samples, 5), _percentile(samples, 95)), rel=1e-12)
+            assert len(samples) == sub["timing"]["timed_batches"]
+        else:
+            assert source == BAND_FROM_SUMMARY
+            assert band == (sub["timing"]["batch_ms"]["min"], sub["timing"]["batch_ms"]["p95"])
+        assert ips_band == pytest.approx((batch * 1000 / band[1], batch * 1000 / band[0]))
+
+    # stages: mean per-batch stage time / batch size; the stack adds up to the batch mean per image
+    for bar in outcome_plots["stages.png"].data:
+        sub = by_batch[bar.batch_size]
+        for stage in ("preprocess", "transfer", "forward", "postprocess"):
+            assert bar.ms_per_image[stage] == pytest.approx(sub["timing"]["stages_ms"][stage]["mean"] / bar.batch_size)
+        # (stage means are rounded to 1e-4 ms in the submission)
+        assert sum(bar.ms_per_image.values()) == pytest.approx(sub["timing"]["batch_ms"]["mean"] / bar.batch_size,
+                                                               abs=1e-3)
+
+    # layer types: layer_types.csv as written, and the submission's own top list agrees
+    layers = outcome_plots["layer_types.png"].data
+    with (run_a / "layer_types.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    (label,) = layers
+    assert sorted(layers[label]) == sorted((r["layer_type"], float(r["total_ms"])) for r in rows)
+    layered = by_batch[2]  # the layer pass runs at the largest batch size
+    for entry in layered["layers"]["by_type_top"]:
+        assert dict(layers[label])[entry["layer_type"]] == pytest.approx(entry["total_ms"])
+
+    # memory: every memory.csv sample, and the dashed peak of each window is the submission's peak RAM
+    memory = outcome_plots["memory.png"].data
+    with (run_a / "memory.csv").open() as fh:
+        mem_rows = list(csv.DictReader(fh))
+    assert memory["rss_mb"] == [float(r["rss_mb"]) for r in mem_rows]
+    assert memory["t_s"][0] == 0 and memory["t_s"] == sorted(memory["t_s"])
+    assert memory["peak_ram_mb"] == {f"timing yolox-nano onnxruntime fp32 416 b{b}": s["memory"]["peak_ram_mb"]
+                                     for b, s in by_batch.items()}
+
+    # energy: drawn where measured, else the submissions' reason
+    energy = outcome_plots["energy.png"]
+    if all(s["energy"].get("status") != "ok" for s in subs):
+        assert energy.png is None and subs[0]["energy"]["reason"] in energy.unavailable
+
+
+def make_report_plots(run: Path):
+    from harness.report.plots import all_plots
+
+    return all_plots(load_run(run))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), written out."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def test_energy_is_plotted_where_measured(run_a, tmp_path):
+    """This box has no energy counter, so the measured path is fed a submission carrying a measurement."""
+    run = _copy(run_a, tmp_path)
+    files = sorted((run / "submissions").glob("*.json"))
+    doc = json.loads(files[0].read_text())
+    doc["energy"] = {"status": "ok", "methods": ["rapl"], "joules_per_image": 0.4321, "images_per_joule": 2.314}
+    files[0].write_text(json.dumps(doc))
+    plot = energy_per_image(load_run(run))
+    assert plot.png.startswith(PNG_SIGNATURE)
+    assert list(plot.data.values()) == [0.4321]
+    assert any("not measured" in n for n in plot.notes)  # the other cell has no measurement
+
+
+def test_performance_table_matches_submissions(run_a):
+    from harness.report.sections import performance_table
+
+    table = performance_table(load_run(run_a))
+    col = {h: i for i, h in enumerate(table.header)}
+    for row in table.rows:
+        sub = next(s for s in _submissions(run_a) if s["config"]["batch_size"] == int(row[col["batch"]]))
+        assert float(row[col["img/s"]]) == pytest.approx(sub["throughput"]["images_per_s"], abs=0.005)
+        assert float(row[col["p50 ms/batch"]]) == pytest.approx(sub["timing"]["batch_ms"]["p50"], abs=0.005)
+        assert row[col["J/img"]] == ("unavailable" if sub["energy"].get("status") != "ok" else row[col["J/img"]])
+
+
+def test_run_without_layers_or_memory_still_reports(run_b, tmp_path):
+    run = _copy(run_b, tmp_path)
+    outcome = make_report(run)
+    plots = {p.name: p for p in outcome.plots}
+    assert plots["latency_throughput.png"].png is not None and plots["stages.png"].png is not None
+    assert "--layers" in plots["layer_types.png"].unavailable and "--memory" in plots["memory.png"].unavailable
+    html = outcome.html.read_text()
+    assert "no layer pass in this run" in html and "memory.csv absent" in html
+    assert not (run / "layer_types.png").exists()
+
+
+def test_log_appends_and_never_rewrites(run_a, run_b, tmp_path):
+    a, b = _copy(run_a, tmp_path), _copy(run_b, tmp_path)
+    log = tmp_path / "BENCHMARKS.md"
+    make_report(a, log_path=log)
+    first = log.read_bytes()
+    make_report(b, log_path=log)
+    second = log.read_bytes()
+    assert second.startswith(first) and len(second) > len(first)  # the first section is byte-identical
+    text = second.decode()
+    sections = re.split(r"^<!-- va-bench run ", text, flags=re.M)[1:]
+    assert [s.split(" ", 1)[0] for s in sections] == ["report-a", "report-b"]
+    for section, run in zip(sections, (a, b), strict=True):
+        for heading in ("### Setup", "### Accuracy", "### Performance", "### Gates", "### Notes", "### Reproduce",
+                        "### Artefacts"):
+            assert heading in section
+        sub = _submissions(run)[0]
+        assert re.search(r"^## \d{4}-\d{2}-\d{2} — run ", section, flags=re.M)
+        assert sub["repro"]["command"] in section
+        assert f"{sub['accuracy']['mAP_50_95']:.4f}" in section
+        assert "`report.html`" in section and "`run.json`" in section
+    # the same run twice: refused before anything is written
+    with pytest.raises(UsageError, match="already has a section"):
+        make_report(a, log_path=log)
+    assert log.read_bytes() == second
+
+
+def test_failing_gate_shows_not_met_and_fails_only_when_asked(run_a, tmp_path):
+    run = _copy(run_a, tmp_path)
+    sub = _submissions(run)[0]
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("gates:\n"
+                     "  - {name: impossible speed, metric: images_per_s, comparison: '>=', target: 1000000,\n"
+                     "     cell: {backend: onnxruntime, batch_size: 1}}\n"
+                     "  - {metric: mAP_50_95, comparison: '>=', target: 0.0, cell: {model: yolox-nano}}\n"
+                     "  - {metric: joules_per_image, comparison: '<=', target: 1.0}\n"
+                     "  - {metric: images_per_s, comparison: '>', target: 1, cell: {batch_size: 64}}\n")
+    log = tmp_path / "log.md"
+    outcome = make_report(run, gates_path=gates, log_path=log)
+    statuses = [(r.gate.metric, r.status) for r in outcome.gates]
+    assert ("images_per_s", "NOT MET") in statuses and ("mAP_50_95", "met") in statuses
+    assert statuses[-1] == ("images_per_s", "not measured")  # batch 64 is not in the run
+    text = log.read_text()
+    ips = sub["throughput"]["images_per_s"] if sub["config"]["batch_size"] == 1 else None
+    row = next(line for line in text.splitlines() if line.startswith("| impossible speed"))
+    assert row.endswith("| **NOT MET** |") and "≥ 1000000.00 img/s" in row
+    if ips is not None:
+        assert f"{ips:.2f} img/s" in row
+    if sub["energy"].get("status") != "ok":
+        assert "not measured (" in next(line for line in text.splitlines() if line.startswith("| joules_per_image"))
+    # exit codes: 0 without --fail-on-gates, 1 with it; 2 for a broken gates file
+    assert va_bench("report", str(run), "--gates", str(gates)).returncode == 0
+    failing = va_bench("report", str(run), "--gates", str(gates), "--fail-on-gates")
+    assert failing.returncode == 1 and "NOT MET" in failing.stdout
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("gates: [a, b\n", "not valid YAML"),
+    ("- metric: mAP_50_95\n", "expected a mapping"),
+    ("gates:\n  - {metric: mAP, comparison: '>=', target: 0.2}\n", "unknown metric 'mAP'"),
+    ("gates:\n  - {metric: mAP_50_95, comparison: '=>', target: 0.2}\n", "gates[0].comparison"),
+    ("gates:\n  - {metric: mAP_50_95, comparison: '>=', target: '0.2'}\n", "gates[0].target"),
+    ("gates:\n  - {metric: mAP_50_95, comparison: '>=', target: 0.2, cell: {batch: 1}}\n", "gates[0].cell.batch"),
+    ("gates:\n  - !!python/object/apply:os.system ['true']\n", "not valid YAML"),
+])
+def test_bad_gates_file_is_one_line_and_nothing_written(run_b, tmp_path, content, expect):
+    run = _copy(run_b, tmp_path)
+    gates = tmp_path / "bad gates.yaml"
+    gates.write_text(content)
+    with pytest.raises(UsageError) as err:
+        make_report(run, gates_path=gates, log_path=tmp_path / "log.md")
+    message = str(err.value)
+    assert "\n" not in message and expect in message and str(gates) in message
+    assert not (run / "report.html").exists() and not list(run.glob("*.png"))
+    assert not (tmp_path / "log.md").exists()
+
+
+def test_bad_gates_file_exits_2_with_one_line(run_b, tmp_path):
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("gates:\n  - {metric: mAP_50_95, comparison: '=>', target: 0.2}\n")
+    result = va_bench("report", str(run_b), "--gates", str(gates))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "gates[0].comparison" in lines[0], result.stderr
+
+
+def test_bad_run_folder_is_one_line_exit_2(tmp_path, run_b):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target, expect in ((tmp_path / "missing", "is not a folder"), (empty, "no submissions")):
+        result = va_bench("report", str(target))
+        assert result.returncode == 2 and expect in result.stderr and "Traceback" not in result.stderr
+    broken = _copy(run_b, tmp_path)
+    next((broken / "submissions").glob("*.json")).write_text("{not json")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        make_report(broken)
+    assert not (broken / "report.html").exists()
+
+
+def test_default_gates_file_is_valid():
+    gates = load_gates(DEFAULT_GATES)
+    assert gates and all(g.metric and g.comparison for g in gates)
+
+
+def test_report_is_torch_free(run_b, tmp_path):
+    """results/, report/ work on records: reporting a run must not import torch or the pipeline."""
+    run = _copy(run_b, tmp_path)
+    code = ("import sys; from pathlib import Path; from harness.report.run_report import make_report; "
+            f"make_report(Path({str(run)!r})); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision') "
+            "or m.startswith(('harness.pipeline', 'harness.run', 'harness.models'))); print(bad)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+def test_report_opens_in_headless_chromium(run_a, tmp_path):
+    run = _copy(run_a, tmp_path)
+    make_report(run)
+    shot = tmp_path / "out.png"
+    with tempfile.TemporaryDirectory() as profile:
+        result = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={profile}",
+             "--enable-logging=stderr", "--v=0", "--window-size=1300,2400", f"--screenshot={shot}",
+             (run / "report.html").resolve().as_uri()],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": profile})
+    assert result.returncode == 0, result.stderr[-2000:]
+    # page errors (a blocked resource, a script error) are logged as CONSOLE lines; the page has none
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, console
+    data = shot.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[0] == 2400 and np.std(pixels[..., :3]) > 0.05  # rendered content, not a blank page
+    if os.environ.get("VA_BENCH_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["VA_BENCH_KEEP_SCREENSHOT"])

@@ -1,0 +1,207 @@
+"""Sweeps that survive: per-cell isolation, OOM, SIGKILL + --resume, SIGINT, refusals, locks, torch-free records."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, CORPUS, REPO, requires_coco
+
+from harness.results.site_rules import schema_findings, site_findings
+
+PLUGIN = Path(__file__).parent / "plugins" / "synthetic_detector.py"
+SWEEP = ["--backend", "pytorch", "--subset", "sample", "--limit", "16", "--batch-sizes", "1", "2", "4", "8",
+         "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "4",
+         "--draw-images", "0", "--no-energy"]
+
+
+def va_bench(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600, env={**os.environ, **(env or {})}, **kwargs)
+
+
+def start(*args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def statuses(run_dir: Path) -> dict[int, str]:
+    doc = json.loads((run_dir / "run.json").read_text())
+    return {c["batch_size"]: c["status"] for c in doc["cells"]}
+
+
+def wait_for_ok_cells(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.returncode} {proc.stderr.read()}")
+        try:
+            if sum(s == "ok" for s in statuses(run_dir).values()) >= n:
+                return
+        except (OSError, ValueError):
+            pass  # not written yet
+        time.sleep(0.05)
+    raise AssertionError("cells did not finish in time")
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*")
+            if p.is_file() and p.parent.name in ("submissions", "detections")}
+
+
+@requires_coco
+def test_a_failing_cell_does_not_sink_the_sweep(tmp_path):
+    out = tmp_path / "o"
+    result = va_bench("run", "--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out),
+                      "--run-id", "r1", env={"VA_BENCH_TEST_FAIL": "4:error", "VA_BENCH_TEST_FORWARD_MS": "2"})
+    assert result.returncode == 1, result.stderr
+    run_dir = out / "r1"
+    assert statuses(run_dir) == {1: "ok", 2: "ok", 4: "failed", 8: "ok"}
+    cell = next(c for c in json.loads((run_dir / "run.json").read_text())["cells"] if c["batch_size"] == 4)
+    assert cell["reason"] == "RuntimeError: synthetic failure at batch size 4"
+    assert "synthetic-sleepy pytorch fp32 64 b4" in result.stdout and "failed" in result.stdout
+    assert "Traceback" in (run_dir / "errors.log").read_text()
+    submissions = sorted((run_dir / "submissions").glob("*.json"))
+    assert len(submissions) == 3
+    if (CORPUS / "schemas").is_dir():
+        schema = json.loads((CORPUS / "schemas" / "submission.v1.json").read_text())
+        support = {"models": ["synthetic-sleepy"],
+                   "runtimes": [{"backend": "pytorch", "providers": ["cpu"], "precisions": ["fp32"]}]}
+        for path in submissions:
+            doc = json.loads(path.read_text())
+            assert schema_findings(doc, schema) == [] and site_findings(doc, support) == []
+
+
+@requires_coco
+def test_out_of_memory_skips_the_larger_batch_sizes(tmp_path):
+    out = tmp_path / "o"
+    result = va_bench("run", "--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out),
+                      "--run-id", "r1", "--json", env={"VA_BENCH_TEST_FAIL": "2:oom", "VA_BENCH_TEST_FORWARD_MS": "2"})
+    assert result.returncode == 1
+    assert statuses(out / "r1") == {1: "ok", 2: "oom", 4: "skipped", 8: "skipped"}
+    summary = json.loads(result.stdout)
+    assert summary["counts"] == {"ok": 1, "oom": 1, "skipped": 2}
+    skipped = [c for c in summary["cells"] if c["status"] == "skipped"]
+    assert all(c["reason"] == "batch size 2 ran out of memory" for c in skipped)
+
+
+@requires_coco
+def test_sigkill_then_resume_finishes_the_sweep_and_keeps_finished_files(tmp_path):
+    out = tmp_path / "o"
+    args = ["--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out)]
+    proc = start("run", *args, "--run-id", "killed", env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+    run_dir = out / "killed"
+    wait_for_ok_cells(run_dir, 2, proc)
+    proc.kill()
+    proc.wait()
+    before = snapshot(run_dir)
+    assert json.loads((run_dir / "run.json").read_text())  # consistent after kill -9
+    assert set(statuses(run_dir).values()) <= {"ok", "running", "pending"}
+
+    result = va_bench("run", "--resume", "killed", "--output-dir", str(out), env={"VA_BENCH_TEST_FORWARD_MS": "5"})
+    assert result.returncode == 0, result.stderr
+    assert set(statuses(run_dir).values()) == {"ok"}
+    after = snapshot(run_dir)
+    assert all(after[name] == data for name, data in before.items())  # finished cells untouched
+    assert not list(run_dir.rglob("*.tmp"))
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert len(doc["resumed"]) == 1
+
+    fresh = va_bench("run", *args, "--run-id", "whole", env={"VA_BENCH_TEST_FORWARD_MS": "5"})
+    assert fresh.returncode == 0, fresh.stderr
+
+    def cells(d):
+        return {(s["model"]["id"], s["config"]["batch_size"], s["accuracy"]["mAP_50_95"])
+                for s in (json.loads(p.read_text()) for p in (out / d / "submissions").glob("*.json"))}
+
+    assert cells("killed") == cells("whole") and len(cells("whole")) == 4
+
+
+@requires_coco
+def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
+    out = tmp_path / "o"
+    proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "int",
+                 env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+    wait_for_ok_cells(out / "int", 1, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    lines = [line for line in stderr.splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1 and "--resume int" in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert not list((out / "int").rglob("*.tmp"))
+    states = statuses(out / "int")
+    assert "interrupted" in states.values() and states[1] == "ok"
+
+
+@requires_coco
+def test_sigterm_exits_143(tmp_path):
+    out = tmp_path / "o"
+    proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "t",
+                 env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+    wait_for_ok_cells(out / "t", 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert "interrupted" in statuses(out / "t").values()
+
+
+@requires_coco
+def test_resume_refuses_other_options_or_commit_unless_forced(tmp_path):
+    out = tmp_path / "o"
+    args = ["--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out)]
+    env = {"VA_BENCH_TEST_FAIL": "8:error", "VA_BENCH_TEST_FORWARD_MS": "1"}
+    assert va_bench("run", *args, "--run-id", "r", env=env).returncode == 1
+    other = va_bench("run", "--resume", "r", "--output-dir", str(out), "--min-timed-batches", "9", env=env)
+    assert other.returncode == 2 and "min_timed_batches" in other.stderr and "--force" in other.stderr
+    # nothing to do without --retry-failed: the failed cell stays failed
+    again = va_bench("run", "--resume", "r", "--output-dir", str(out), env=env)
+    assert again.returncode == 1 and statuses(out / "r")[8] == "failed"
+    fixed = va_bench("run", "--resume", "r", "--output-dir", str(out), "--retry-failed",
+                     env={**env, "VA_BENCH_TEST_FAIL": "999:error"})
+    assert fixed.returncode == 0, fixed.stderr
+    assert set(statuses(out / "r").values()) == {"ok"}
+    run_json = out / "r" / "run.json"
+    doc = json.loads(run_json.read_text())
+    doc["environment"]["harness_commit"] = "0" * 40
+    run_json.write_text(json.dumps(doc))
+    moved = va_bench("run", "--resume", "r", "--output-dir", str(out), env=env)
+    assert moved.returncode == 2 and "harness commit" in moved.stderr
+    assert va_bench("run", "--resume", "r", "--output-dir", str(out), "--force", env=env).returncode == 0
+    missing = va_bench("run", "--resume", "nope", "--output-dir", str(out))
+    assert missing.returncode == 2 and "no run nope" in missing.stderr
+
+
+def test_a_run_folder_is_locked_while_a_process_writes_it(tmp_path):
+    from harness.errors import UsageError
+    from harness.records import Cell, LoadKey
+    from harness.run.state import RunState
+
+    cells = [Cell(LoadKey("m", "pytorch", "fp32", (64, 64)), 1)]
+    first = RunState.create(tmp_path / "r", "r", {"config": {}}, cells)
+    with pytest.raises(UsageError, match="already exists"):
+        RunState.create(tmp_path / "r", "r", {"config": {}}, cells)
+    with pytest.raises(UsageError, match="another va-bench process"):
+        RunState.reopen(tmp_path / "r", "r", cells, {"config": {}})
+    first.close()
+    RunState.reopen(tmp_path / "r", "r", cells, {"config": {}}).close()
+
+
+@pytest.mark.parametrize("run_id", ["../x", "/abs", "a/b/c", "..", ".hidden"])
+def test_run_ids_cannot_escape_the_output_folder(tmp_path, run_id):
+    result = va_bench("run", "--run-id", run_id, "--output-dir", str(tmp_path / "o"))
+    assert result.returncode == 2 and "--run-id" in result.stderr and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_records_results_and_validation_load_no_torch_and_no_pipeline():
+    code = ("import sys, harness.records, harness.results.validate, harness.results.aggregate, "
+            "harness.results.submission, harness.report.tables; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.pipeline', "
+            "'harness.run', 'harness.models'))]; print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
