@@ -18,7 +18,7 @@ from harness.errors import UsageError, VaBenchError
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
 models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weights.")
 app.add_typer(models_app, name="models")
@@ -88,13 +88,24 @@ def _cli_type(annotation):
     return (args[0] if args else annotation) | None
 
 
-def _default_text(field) -> str:
+def _default_text(field) -> str | None:
     value = field.get_default(call_default_factory=True)
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, list):
-        return " ".join(map(str, value)) or "-"
-    return "-" if value is None else str(value)
+        return " ".join(map(str, value)) or None
+    return None if value is None else str(value)
+
+
+def _metavar(annotation) -> str | None:
+    """What a value looks like in --help (N..., X, TEXT, a|b|c); None for flags."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return "|".join(typing.get_args(annotation))
+    if origin is list:
+        return {int: "N", str: "NAME"}[typing.get_args(annotation)[0]] + "..."
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return {bool: None, int: "N", float: "X", str: "TEXT"}[args[0]]
 
 
 def _run_options() -> list[inspect.Parameter]:
@@ -104,10 +115,9 @@ def _run_options() -> list[inspect.Parameter]:
     params = []
     for name, field in run_option_fields().items():
         flags = field.json_schema_extra["flags"]
-        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
-        help_text = field.description + (f" ({', '.join(choices)})" if choices else "")
-        option = typer.Option(None, *flags, help=f"{help_text}  [default: {_default_text(field)}]",
-                              show_default=False)
+        default = _default_text(field)
+        option = typer.Option(None, *flags, help=field.description + (f"  [default: {default}]" if default else ""),
+                              show_default=False, metavar=_metavar(field.annotation))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                         annotation=_cli_type(field.annotation)))
     return params
@@ -115,7 +125,8 @@ def _run_options() -> list[inspect.Parameter]:
 
 RUN_FLAGS = [
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
-                      default=typer.Option(None, "--config", help="YAML preset (configs/*.yaml); flags override it")),
+                      default=typer.Option(None, "--config", metavar="PATH",
+                                           help="YAML preset (configs/*.yaml); flags override it")),
     inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                       default=typer.Option(None, "--resume", metavar="RUN_ID",
                                            help="continue the run folder --output-dir/RUN_ID: run its pending and "
@@ -295,12 +306,11 @@ def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
     from rich.table import Table
 
     from harness.models.registry import REGISTRY
-    from harness.models.yolox import weight_candidates
 
     rows = []
     for entry in REGISTRY.values():
-        variant = entry.model_id.split("-", 1)[1]
-        local = next((str(p) for p in weight_candidates(variant) if p.is_file()), None)
+        found = entry.local_weights()
+        local = str(found) if found else None
         rows.append({"id": entry.model_id, "family": entry.family, "weights": local, "url": entry.weights_url,
                      "note": entry.note})
     if as_json:
@@ -365,7 +375,9 @@ significance test calls noise; a gate with nothing to check fails.
                                                        for c, rs in zip(comparisons, results, strict=True)],
                                        "failed": failed}))
     else:
-        for c, rs in zip(comparisons, results, strict=True):
+        for i, (c, rs) in enumerate(zip(comparisons, results, strict=True)):
+            if i:
+                console.print()
             console.print(render_comparison(c), highlight=False)
             if rs:
                 console.print(render_gates(rs), highlight=False)

@@ -118,7 +118,10 @@ def _validation_message(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in err["loc"])
     field = RunConfig.model_fields.get(str(err["loc"][0])) if err["loc"] else None
     flag = f" ({field.json_schema_extra['flags'][0].split('/')[0]})" if field and field.json_schema_extra else ""
-    return f"invalid run configuration: {where}{flag}: {err['msg']}"
+    message = err["msg"]
+    if err["type"] == "string_pattern_mismatch":
+        message = f"{err['input']!r} is not a plain name: use letters, digits, '_', '.' and '-' (no paths)"
+    return f"invalid run configuration: {where}{flag}: {message}"
 
 
 def build_config(data: dict) -> RunConfig:

@@ -10,6 +10,7 @@ Cell states: pending -> running -> ok | failed | oom | skipped | interrupted. A 
 
 from __future__ import annotations
 
+import os
 import secrets
 import traceback
 from contextlib import ExitStack
@@ -21,6 +22,7 @@ import torch
 
 from harness.config import RunConfig, build_config
 from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.images import find_corrupt_images
 from harness.data.variants import DatasetVariant
 from harness.errors import RunInterrupted, UsageError
 from harness.measure.device import Device, parse_device
@@ -28,7 +30,7 @@ from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, git_state, hardware_block
 from harness.measure.memory import MemoryMonitor
 from harness.models.protocol import Detector
-from harness.models.registry import get_detector
+from harness.models.registry import PLUGIN_PATTERN, get_detector
 from harness.pipeline.pipeline import stream_worker_priority
 from harness.plan import plan_cells
 from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
@@ -88,11 +90,21 @@ def prepare(config: RunConfig) -> RunPlan:
     variant = dataset.variant(config.subset, config.limit)
     if config.weights and len(config.models) > 1:
         raise UsageError("--weights applies to a single --model; run one model at a time with it")
+    if config.weights and PLUGIN_PATTERN.match(config.models[0]):
+        raise UsageError("--weights does not apply to a plugin model (its factory loads its own weights); drop it")
     detectors = {}
     for spec in config.models:
         detector = get_detector(spec, config.weights)
         detectors[detector.model_id] = detector
     groups = plan_cells(config, detectors, variant.num_images)
+    output_dir = Path(config.output_dir)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--output-dir {config.output_dir}: cannot create it ({exc.strerror}); "
+                         "pick a writable folder") from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--output-dir {config.output_dir} is not writable; pick a writable folder")
     run_id = config.run_id or new_run_id()
     run_dir = Path(config.output_dir) / run_id
     if run_dir.exists():
@@ -191,9 +203,14 @@ class Scheduler:
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan
+        with self.progress.task("checking JPEG integrity", None):
+            corrupt = [c.to_dict() for c in find_corrupt_images(plan.records)]
+        for c in corrupt:
+            self.progress.log(f"warning: {c['path']} decodes only with errors ({c['problem']})")
         header = {"config": self.config.model_dump(),
                   "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
-                              "annotation_file": str(plan.dataset.annotation_file)},
+                              "annotation_file": str(plan.dataset.annotation_file),
+                              "corrupt_images": corrupt},
                   "device": str(plan.device), "hardware": hardware, "environment": environment}
         if plan.resume is None:
             return RunState.create(plan.run_dir, plan.run_id, header, plan.cells)

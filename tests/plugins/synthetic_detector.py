@@ -5,6 +5,7 @@
 - make_failing_detector: the same core, failing at the batch size given by $VA_BENCH_TEST_FAIL
   ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError) - a cell that breaks
   mid-sweep.
+- $VA_BENCH_TEST_OUTPUT=nan-scores|nan-boxes|inf-boxes: a broken model's output.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class SleepyCore:
         # one box per image covering the centre quarter of the input, class 0, score 0.9
         h, w = batch.shape[2:]
         row = torch.tensor([w / 4, h / 4, 3 * w / 4, 3 * h / 4, 0.9, 0.0])
+        broken = os.environ.get("VA_BENCH_TEST_OUTPUT")
+        if broken == "nan-scores":
+            row[4] = float("nan")
+        elif broken == "nan-boxes":
+            row[0] = float("nan")
+        elif broken == "inf-boxes":
+            row[2] = float("inf")
         return [row.repeat(b, 1, 1)]
 
     def info(self) -> dict:

@@ -1,0 +1,578 @@
+"""`va-bench compare`: what changed between two runs (seeds 003 and 002).
+
+Inputs are run folders (`outputs/<run_id>/`), submission files, or two COCO detection files. Torch-free:
+only the JSON records are read, nothing is re-run.
+
+* **Pairing.** A cell is (model, hardware, backend = format/provider, precision, input size, batch size,
+  dataset variant, timing mode). Coordinates constant within A and within B but different between
+  them are what the comparison is about (e.g. the backend of an ORT run vs a PyTorch run); cells are
+  paired on all the other coordinates. Both lists are printed, nothing is paired silently.
+* **Accuracy**: the 12 COCO metrics side by side with B - A.
+* **Detections**: `artifacts.detections` of both sides (absolute, or relative to the run folder) diffed
+  by harness.eval.detection_diff.
+* **Performance** per paired cell: p50/p95 latency per image and images/s, B/A - 1, and a verdict from
+  the per-batch samples (`timing.batch_samples_ms`, divided by the batch size): significant only when
+  the two-sided Mann-Whitney U test gives p < alpha AND the 95 % bootstrap CI of the ratio of medians
+  excludes 1; the geometric mean of the ratios across cells (pyperf `compare_to` style).
+* **Gates** (`--fail-on METRIC:±X[%]`): see `parse_gate` and `va-bench compare --help`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from scipy import stats as scipy_stats
+
+from harness.errors import UsageError
+from harness.eval.coco_eval import STAT_NAMES
+from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
+from harness.results.model import Submission
+from harness.results.validate import read_json
+
+SCHEMA_VERSION = "va.submission.v1"
+# (key, label) of a cell's coordinates, in display order
+COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), ("precision", "precision"),
+          ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
+ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
+ALPHA = 0.05
+BOOTSTRAP_RESAMPLES = 2000
+GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75"}
+PERF_GATES = {"latency": ("p50_a", "p50_b"), "latency_p95": ("p95_a", "p95_b"),
+              "throughput": ("ips_a", "ips_b")}
+
+
+# ----------------------------------------------------------------------------------- inputs --
+@dataclass(frozen=True)
+class Entry:
+    """One submission file and its cell coordinates."""
+
+    path: Path
+    doc: dict
+    coords: dict[str, Any]
+    run_dir: Path  # artifacts with relative paths resolve against this
+    timestamp: datetime | None
+    fingerprint: str | None  # dataset image_id_sha256
+
+    def detections_file(self) -> tuple[Path | None, str]:
+        """(path, note) of artifacts.detections, or (None, why not)."""
+        artifacts = self.doc.get("artifacts")
+        value = artifacts.get("detections") if isinstance(artifacts, dict) else None
+        if not isinstance(value, str) or not value:
+            return None, (f"{self.path.name} names no artifacts.detections (accuracy pass skipped or not a "
+                          "va-bench run)")
+        given = Path(value)
+        if not given.is_absolute():
+            path = (self.run_dir / given).resolve()
+            if not path.is_relative_to(self.run_dir.resolve()):
+                return None, f"artifacts.detections {value!r} points outside the run folder {self.run_dir}"
+            return (path, "") if path.is_file() else (None, f"{path}: no such file")
+        if given.is_file():
+            return given, ""
+        # run folders get moved or copied between machines: the same file name under this run folder
+        moved = self.run_dir / "detections" / given.name
+        if moved.is_file():
+            return moved, f"{given} is gone; read {moved} (run folder moved)"
+        return None, f"{given}: no such file (and no {moved})"
+
+
+@dataclass
+class Side:
+    """One side of a comparison: submissions (a run) or a bare COCO detections file."""
+
+    label: str
+    entries: list[Entry] = field(default_factory=list)
+    detections: Path | None = None
+    superseded: int = 0  # older submissions of a cell that appears twice (latest wins)
+
+
+def _coords(sub: Submission) -> dict[str, Any]:
+    mode = sub.timing.get("mode")
+    return {"model": sub.model.id or "unknown", "hardware": sub.hardware_id,
+            "backend": f"{sub.runtime.format or '?'}/{sub.runtime.provider or '?'}",
+            "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
+            "variant": sub.dataset_variant or "?", "mode": mode if isinstance(mode, str) else "latency"}
+
+
+def _read_submission(path: Path) -> Entry:
+    doc, problem = read_json(path)
+    if problem:
+        raise UsageError(f"{path}: {problem.message}; pass run folders or va.submission.v1 files")
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(f"{path} is not a {SCHEMA_VERSION} submission; pass run folders, submission files "
+                         "or COCO detection files")
+    try:
+        sub = Submission.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UsageError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']} (check it with "
+                         "`va-bench validate`)") from exc
+    run_dir = path.parent.parent if path.parent.name == "submissions" else path.parent
+    return Entry(path, doc, _coords(sub), run_dir, sub.timestamp, sub.image_id_sha256)
+
+
+def _is_detections_file(path: Path) -> bool:
+    with path.open("rb") as fh:
+        head = fh.read(64).lstrip()
+    return head.startswith(b"[")
+
+
+def load_side(path: str | Path) -> Side:
+    """A run folder (its submissions/), a folder of submissions, a submission file or a detections file."""
+    path = Path(path)
+    if path.is_dir():
+        folder = path / "submissions" if (path / "submissions").is_dir() else path
+        files = sorted(p for p in folder.glob("*.json") if p.is_file())
+        if not files:
+            raise UsageError(f"{path}: no submissions (*.json) in {folder}; pass a run folder outputs/<run_id>/")
+        entries = [_read_submission(f) for f in files]
+    elif path.is_file():
+        if _is_detections_file(path):
+            return Side(str(path), detections=path)
+        entries = [_read_submission(path)]
+    else:
+        raise UsageError(f"{path}: no such file or folder")
+    # a cell written twice (a resumed run, a folder of several runs): the latest timestamp wins
+    latest: dict[tuple, Entry] = {}
+    undated = datetime.min.replace(tzinfo=timezone.utc)
+    for e in entries:
+        key = tuple(e.coords[k] for k, _ in COORDS)
+        old = latest.get(key)
+        if old is None or (e.timestamp or undated) >= (old.timestamp or undated):
+            latest[key] = e
+    return Side(str(path), list(latest.values()), superseded=len(entries) - len(latest))
+
+
+# --------------------------------------------------------------------------------- statistics --
+@dataclass(frozen=True)
+class Significance:
+    """Verdict on per-image latency B vs A from the per-batch samples."""
+
+    verdict: str  # slower | faster | no significant change | too few samples | unavailable
+    ratio: float | None = None  # median B / median A
+    ci95: tuple[float, float] | None = None  # bootstrap CI of the ratio
+    p_value: float | None = None  # two-sided Mann-Whitney U
+    n_a: int = 0
+    n_b: int = 0
+    reason: str | None = None
+
+    @property
+    def is_noise(self) -> bool:
+        return self.verdict == "no significant change"
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "ratio_of_medians": self.ratio,
+                "ratio_ci95": list(self.ci95) if self.ci95 else None, "p_value": self.p_value,
+                "samples_a": self.n_a, "samples_b": self.n_b, "reason": self.reason}
+
+
+def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
+    """Mann-Whitney U (two-sided) and a bootstrap CI of median(B)/median(A); significant when both agree."""
+    n_a, n_b = len(a), len(b)
+    # the smallest p-value an exact two-sided Mann-Whitney test can reach with these sample counts
+    min_p = min(1.0, 2.0 / math.comb(n_a + n_b, n_a)) if n_a and n_b else 1.0
+    if min_p >= alpha:
+        return Significance("too few samples", n_a=n_a, n_b=n_b,
+                            reason=f"{n_a} vs {n_b} samples cannot reach p < {alpha:g}")
+    ratio = float(np.median(b) / np.median(a))
+    p_value = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+    def ratio_of_medians(x, y, axis=-1):
+        return np.median(y, axis=axis) / np.median(x, axis=axis)
+
+    boot = scipy_stats.bootstrap((a, b), ratio_of_medians, paired=False, vectorized=True, confidence_level=0.95,
+                                 n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                                 random_state=np.random.default_rng(seed))
+    ci = (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
+    significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
+    verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
+    return Significance(verdict, ratio, ci, p_value, n_a, n_b)
+
+
+def _per_image_samples(entry: Entry) -> tuple[np.ndarray | None, str | None]:
+    """timing.batch_samples_ms / batch size, or (None, why not)."""
+    timing = entry.doc.get("timing") if isinstance(entry.doc.get("timing"), dict) else {}
+    samples = timing.get("batch_samples_ms")
+    if samples is None:
+        return None, f"{entry.path.name} has no timing.batch_samples_ms (per-batch samples not recorded)"
+    ok = isinstance(samples, list) and samples and all(
+        isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0 for s in samples)
+    batch = entry.coords["batch_size"]
+    if not ok or not isinstance(batch, int) or batch < 1:
+        return None, f"{entry.path.name}: timing.batch_samples_ms is not a list of positive numbers"
+    return np.asarray(samples, dtype=np.float64) / batch, None
+
+
+# ---------------------------------------------------------------------------------- results --
+@dataclass(frozen=True)
+class CellDelta:
+    """Performance of one paired cell."""
+
+    label: str
+    coords: dict[str, Any]
+    p50_a: float | None  # ms per image (timing.total_ms)
+    p50_b: float | None
+    p95_a: float | None
+    p95_b: float | None
+    ips_a: float | None  # images/s
+    ips_b: float | None
+    significance: Significance
+
+    def change(self, metric: str) -> float | None:
+        """B/A - 1 of p50, p95 or ips."""
+        a, b = getattr(self, f"{metric}_a"), getattr(self, f"{metric}_b")
+        return None if a is None or b is None or a <= 0 else b / a - 1
+
+    def to_dict(self) -> dict:
+        return {"cell": self.label, "coordinates": self.coords,
+                "latency_ms_per_image": {"p50": [self.p50_a, self.p50_b], "p95": [self.p95_a, self.p95_b]},
+                "images_per_s": [self.ips_a, self.ips_b],
+                "change": {"p50": self.change("p50"), "p95": self.change("p95"), "images_per_s": self.change("ips")},
+                "significance": self.significance.to_dict()}
+
+
+@dataclass(frozen=True)
+class AccuracyDelta:
+    """The 12 COCO metrics of one accuracy identity (cells whose accuracy is the same on both sides)."""
+
+    label: str
+    a: dict[str, float | None]
+    b: dict[str, float | None]
+    unavailable: str | None = None
+
+    def delta(self, name: str) -> float | None:
+        a, b = self.a.get(name), self.b.get(name)
+        return None if a is None or b is None else b - a
+
+    def to_dict(self) -> dict:
+        if self.unavailable:
+            return {"label": self.label, "status": "unavailable", "reason": self.unavailable}
+        return {"label": self.label, "status": "ok",
+                "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in STAT_NAMES}}
+
+
+@dataclass(frozen=True)
+class DetectionRow:
+    """The detection diff of one pair of detection files (the cells that share them)."""
+
+    label: str
+    diff: DetectionDiff | None
+    unavailable: str | None = None
+
+    def to_dict(self) -> dict:
+        body = self.diff.to_dict() if self.diff else {"status": "unavailable", "reason": self.unavailable}
+        return {"label": self.label, **body}
+
+
+@dataclass
+class Comparison:
+    """A vs B."""
+
+    a: str
+    b: str
+    same: dict[str, Any] = field(default_factory=dict)
+    differ: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    only_a: list[str] = field(default_factory=list)
+    only_b: list[str] = field(default_factory=list)
+    accuracy: list[AccuracyDelta] = field(default_factory=list)
+    detections: list[DetectionRow] = field(default_factory=list)
+    cells: list[CellDelta] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def geomean(self) -> dict[str, float | None]:
+        """Geometric mean of B/A across cells (p50 latency, p95 latency, images/s)."""
+        out: dict[str, float | None] = {}
+        for metric in ("p50", "p95", "ips"):
+            ratios = [1 + c.change(metric) for c in self.cells if c.change(metric) is not None]
+            out[metric] = float(scipy_stats.gmean(ratios)) if ratios and min(ratios) > 0 else None
+        return out
+
+    def to_dict(self) -> dict:
+        g = self.geomean()
+        return {"a": self.a, "b": self.b, "same": self.same,
+                "differ": {k: list(v) for k, v in self.differ.items()},
+                "only_in_a": self.only_a, "only_in_b": self.only_b,
+                "accuracy": [x.to_dict() for x in self.accuracy],
+                "detections": [x.to_dict() for x in self.detections],
+                "performance": {"unit": "ms per image (batch latency / batch size); change = B/A - 1",
+                                "cells": [c.to_dict() for c in self.cells],
+                                "geometric_mean_ratio": {"latency_p50": g["p50"], "latency_p95": g["p95"],
+                                                         "images_per_s": g["ips"]}},
+                "notes": self.notes}
+
+
+# ---------------------------------------------------------------------------------- compare --
+def _num(value) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _label(coords: dict[str, Any], keys: list[str]) -> str:
+    parts = []
+    for k in keys:
+        v = coords[k]
+        parts.append(f"b{v}" if k == "batch_size" else f"{v}px" if k == "input_size" else str(v))
+    return " ".join(parts)
+
+
+def _accuracy_of(entry: Entry) -> tuple[dict[str, float | None] | None, str | None]:
+    acc = entry.doc.get("accuracy")
+    if not isinstance(acc, dict) or _num(acc.get("mAP_50_95")) is None:
+        reason = acc.get("reason") if isinstance(acc, dict) and isinstance(acc.get("reason"), str) else "no accuracy"
+        return None, f"{entry.path.name}: {reason}"
+    return {n: _num(acc.get(n)) for n in STAT_NAMES}, None
+
+
+def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> CellDelta:
+    def figures(e: Entry) -> tuple[float | None, float | None, float | None]:
+        timing = e.doc.get("timing") if isinstance(e.doc.get("timing"), dict) else {}
+        total = timing.get("total_ms") if isinstance(timing.get("total_ms"), dict) else {}
+        thr = e.doc.get("throughput") if isinstance(e.doc.get("throughput"), dict) else {}
+        ips = _num(thr.get("images_per_s"))
+        return _num(total.get("p50")), _num(total.get("p95")), ips if ips is not None else _num(thr.get("fps_mean"))
+
+    (p50a, p95a, ipsa), (p50b, p95b, ipsb) = figures(ea), figures(eb)
+    sa, why_a = _per_image_samples(ea)
+    sb, why_b = _per_image_samples(eb)
+    if sa is None or sb is None:
+        sig = Significance("unavailable", reason="; ".join(w for w in (why_a, why_b) if w))
+    else:
+        sig = latency_significance(sa, sb, alpha)
+    return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, sig)
+
+
+class _DetectionCache:
+    """Each detections file is read once per compare."""
+
+    def __init__(self):
+        self._sets: dict[Path, Any] = {}
+
+    def get(self, path: Path):
+        if path not in self._sets:
+            try:
+                self._sets[path] = load_coco_detections(path)
+            except DetectionFileError as exc:
+                self._sets[path] = str(exc)
+        return self._sets[path]
+
+
+def _diff_files(pa: Path, pb: Path, cache: _DetectionCache, iou: float, conf: float
+                ) -> tuple[DetectionDiff | None, str | None]:
+    da, db = cache.get(pa), cache.get(pb)
+    for d, side in ((da, "A"), (db, "B")):
+        if isinstance(d, str):
+            return None, f"{side}: {d}"
+    return diff_detections(da, db, iou=iou, conf=conf), None
+
+
+def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) -> list[AccuracyDelta]:
+    """One table per accuracy identity; cells of one identity share it when their accuracy agrees."""
+    groups: dict[tuple, list[tuple[dict, Entry, Entry]]] = {}
+    for key, ea, eb in pairs:
+        ident = (tuple(key[k] for k in vary if k not in ACCURACY_FREE),
+                 json.dumps(_accuracy_of(ea)[0], sort_keys=True), json.dumps(_accuracy_of(eb)[0], sort_keys=True))
+        groups.setdefault(ident, []).append((key, ea, eb))
+    out = []
+    for members in groups.values():
+        key, ea, eb = members[0]
+        label = _label(key, [k for k in vary if k not in ACCURACY_FREE])
+        label = " ".join(filter(None, [label, _cells_label(members, vary)]))
+        (acc_a, why_a), (acc_b, why_b) = _accuracy_of(ea), _accuracy_of(eb)
+        unavailable = "; ".join(f"{side} {w}" for side, w in (("A", why_a), ("B", why_b)) if w) or None
+        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable))
+    return out
+
+
+def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:
+    """'b1, b4' (plus the timing mode where it varies)."""
+    keys = [k for k in ACCURACY_FREE if k in vary or k == "batch_size"]
+    return ", ".join(_label(key, keys) for key, _, _ in members)
+
+
+def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], cache: _DetectionCache,
+                    iou: float, conf: float) -> tuple[list[DetectionRow], list[str]]:
+    """One diff per distinct pair of detection files; notes on files found in a moved run folder."""
+    groups: dict[tuple, list[tuple[dict, Entry, Entry]]] = {}
+    notes: list[str] = []
+    for key, ea, eb in pairs:
+        (pa, note_a), (pb, note_b) = ea.detections_file(), eb.detections_file()
+        different_ids = ea.fingerprint and eb.fingerprint and ea.fingerprint != eb.fingerprint
+        if different_ids or ea.coords["variant"] != eb.coords["variant"]:
+            why = f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']})"
+        elif pa is None or pb is None:
+            why = "; ".join(f"{side}: {n}" for side, n, p in (("A", note_a, pa), ("B", note_b, pb)) if p is None)
+        else:
+            why = None
+            notes += [f"{side}: {n}" for side, n in (("A", note_a), ("B", note_b)) if n]
+        groups.setdefault((pa, pb, why), []).append((key, ea, eb))
+    rows = []
+    for (pa, pb, why), members in groups.items():
+        label = " ".join(filter(None, [_label(members[0][0], [k for k in vary if k not in ACCURACY_FREE]),
+                                       _cells_label(members, vary)]))
+        if why is None:
+            diff, why = _diff_files(pa, pb, cache, iou, conf)
+            rows.append(DetectionRow(label, diff, why))
+        else:
+            rows.append(DetectionRow(label, None, why))
+    return rows, sorted(set(notes))
+
+
+def _pair_cells(a: list[Entry], b: list[Entry]
+                ) -> tuple[dict[str, tuple], list[tuple[dict, Entry, Entry]], list[str], list[str]]:
+    """(treatment, pairs, only in A, only in B). The treatment is every coordinate constant within each
+    side but different between them; cells pair on all the other coordinates."""
+    keys = [k for k, _ in COORDS]
+    values_a = {k: {e.coords[k] for e in a} for k in keys}
+    values_b = {k: {e.coords[k] for e in b} for k in keys}
+    treatment = {k: (next(iter(values_a[k])), next(iter(values_b[k]))) for k in keys
+                 if len(values_a[k]) == len(values_b[k]) == 1 and values_a[k] != values_b[k]}
+    pair_keys = [k for k in keys if k not in treatment]
+
+    def pair_key(e: Entry) -> tuple:
+        return tuple(e.coords[k] for k in pair_keys)
+
+    index_b = {pair_key(e): e for e in b}
+    pairs = [({k: ea.coords[k] for k in pair_keys}, ea, index_b[pair_key(ea)])
+             for ea in sorted(a, key=lambda e: tuple(str(e.coords[k]) for k in keys)) if pair_key(ea) in index_b]
+    paired = {pair_key(ea) for _, ea, _ in pairs}
+    # name unpaired cells by the coordinates that vary at all
+    name_keys = [k for k in pair_keys if len(values_a[k] | values_b[k]) > 1] or ["batch_size"]
+    only_a = [_label(e.coords, name_keys) for e in a if pair_key(e) not in paired]
+    only_b = [_label(e.coords, name_keys) for e in b if pair_key(e) not in paired]
+    return treatment, pairs, only_a, only_b
+
+
+def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: float = ALPHA) -> Comparison:
+    """Pair the cells of A and B and compute every delta."""
+    if not 0 < iou <= 1:
+        raise UsageError(f"--iou {iou}: must be in (0, 1]")
+    if not 0 <= conf <= 1:
+        raise UsageError(f"--conf {conf}: must be in [0, 1]")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    out = Comparison(a.label, b.label)
+    cache = _DetectionCache()
+    if a.detections or b.detections:
+        if not (a.detections and b.detections):
+            raise UsageError("compare a COCO detections file with another detections file, not with a run "
+                             f"({a.label} vs {b.label})")
+        det, why = _diff_files(a.detections, b.detections, cache, iou, conf)
+        out.detections.append(DetectionRow("detection files", det, why))
+        out.notes.append("detection files carry no COCO metrics, timings or image list: compared the detections "
+                         "on the images either file has")
+        return out
+    for side in (a, b):
+        if side.superseded:
+            out.notes.append(f"{side.label}: {side.superseded} older submission(s) of a repeated cell ignored "
+                             "(latest timestamp wins)")
+    out.differ, pairs, out.only_a, out.only_b = _pair_cells(a.entries, b.entries)
+    vary = [k for k, _ in COORDS if k not in out.differ and len({key[k] for key, _, _ in pairs}) > 1]
+    out.same = {k: pairs[0][0][k] for k, _ in COORDS if k not in out.differ and k not in vary} if pairs else {}
+    if not pairs:
+        out.notes.append("no cell of A has a counterpart in B: nothing to compare (see only in A / only in B)")
+        return out
+    label_keys = vary if "batch_size" in vary else [*vary, "batch_size"]
+    out.cells = [_cell_delta(_label(key, label_keys), key, ea, eb, alpha) for key, ea, eb in pairs]
+    out.accuracy = _accuracy_deltas(pairs, vary)
+    out.detections, notes = _detection_rows(pairs, vary, cache, iou, conf)
+    out.notes += notes
+    if "variant" in out.differ:
+        out.notes.append("A and B scored different image sets: accuracy deltas mix model and data differences")
+    return out
+
+
+# ------------------------------------------------------------------------------------ gates --
+@dataclass(frozen=True)
+class Gate:
+    """One --fail-on threshold."""
+
+    spec: str
+    metric: str  # an accuracy name, or latency / latency_p95 / throughput
+    threshold: float  # signed; a fraction of A when relative
+    relative: bool
+
+    def crossed(self, delta: float) -> bool:
+        return delta < self.threshold if self.threshold < 0 else delta > self.threshold
+
+
+GATE_PATTERN = re.compile(r"^(?P<metric>[A-Za-z0-9_]+):(?P<value>[+-](?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+                          r"(?P<pct>%?)$")
+
+
+def parse_gate(spec: str) -> Gate:
+    """'map:-0.005' / 'latency:+10%' -> Gate; anything else is a usage error."""
+    m = GATE_PATTERN.match(spec.strip())
+    if not m:
+        raise UsageError(f"--fail-on {spec!r}: want METRIC:+X or METRIC:-X (optionally X%), "
+                         "e.g. map:-0.005 or latency:+10%")
+    name = m["metric"]
+    metric = GATE_ALIASES.get(name.lower()) or next((s for s in STAT_NAMES if s.lower() == name.lower()), None)
+    metric = metric or (name.lower() if name.lower() in PERF_GATES else None)
+    if metric is None:
+        raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use map, map50, "
+                         f"{', '.join(STAT_NAMES)}, {', '.join(PERF_GATES)}")
+    value = float(m["value"])
+    relative = m["pct"] == "%"
+    if value == 0:
+        raise UsageError(f"--fail-on {spec!r}: a threshold of 0 fails on noise; give a non-zero margin")
+    return Gate(spec, metric, value / 100 if relative else value, relative)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: Gate
+    status: str  # ok | failed | unchecked
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"gate": self.gate.spec, "metric": self.gate.metric, "status": self.status, "detail": self.detail}
+
+
+def _fmt_delta(value: float, relative: bool) -> str:
+    return f"{value:+.1%}" if relative else f"{value:+.4g}"
+
+
+def check_gate(gate: Gate, comparison: Comparison) -> GateResult:
+    """Failed when any paired cell crosses the threshold (performance: unless the verdict says noise)."""
+    crossings, checked = [], 0
+    if gate.metric in PERF_GATES:
+        ka, kb = PERF_GATES[gate.metric]
+        for c in comparison.cells:
+            a, b = getattr(c, ka), getattr(c, kb)
+            if a is None or b is None or a <= 0:
+                continue
+            checked += 1
+            delta = b / a - 1 if gate.relative else b - a
+            if gate.crossed(delta) and not c.significance.is_noise:
+                crossings.append(f"{c.label} {_fmt_delta(delta, gate.relative)} ({c.significance.verdict})")
+    else:
+        for acc in comparison.accuracy:
+            a, b = acc.a.get(gate.metric), acc.b.get(gate.metric)
+            if a is None or b is None:
+                continue
+            checked += 1
+            if gate.relative and a == 0:
+                crossings.append(f"{acc.label}: A is 0, relative change undefined")
+                continue
+            delta = (b - a) / a if gate.relative else b - a
+            if gate.crossed(delta):
+                crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}")
+    if not checked:
+        return GateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
+    if crossings:
+        return GateResult(gate, "failed", "; ".join(crossings))
+    return GateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}")
+
+
+def compare_paths(baseline: str | Path, others: list[str | Path], iou: float = 0.5, conf: float = 0.4,
+                  alpha: float = ALPHA) -> list[Comparison]:
+    """The baseline against each other path."""
+    base = load_side(baseline)
+    return [compare_sides(base, load_side(p), iou, conf, alpha) for p in others]

@@ -1,0 +1,168 @@
+"""Detection diff of two COCO-format detection sets (seed 003's correctness harness).
+
+Greedy pairing per image and class: A's detections in descending score order each take the
+unpaired B detection of the same class with the highest IoU >= the threshold. Greedy pairing keeps a
+shifted detection count from cascading into false mismatches. Torch-free (numpy + pycocotools'
+box IoU), so `va-bench compare` can run where torch is not installed; harness/eval/matching.py is
+the torch twin used inside a run (batch invariance) and the tests check both agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pycocotools import mask as mask_utils
+
+
+class DetectionFileError(ValueError):
+    """A detections file that cannot be read as COCO results; the message says why."""
+
+
+@dataclass(frozen=True)
+class DetectionSet:
+    """COCO results as columns: one row per detection, boxes [x, y, w, h] in image pixels."""
+
+    image_ids: np.ndarray  # int64 [N]
+    category_ids: np.ndarray  # int64 [N]
+    boxes: np.ndarray  # float64 [N, 4]
+    scores: np.ndarray  # float64 [N]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def above(self, conf: float) -> DetectionSet:
+        """Only the detections scoring at least `conf`."""
+        keep = self.scores >= conf
+        return DetectionSet(self.image_ids[keep], self.category_ids[keep], self.boxes[keep], self.scores[keep])
+
+
+def _number(value, what: str, index: int) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DetectionFileError(f"detection {index}: {what} is {value!r}, not a finite number")
+    return float(value)
+
+
+def parse_coco_detections(results) -> DetectionSet:
+    """COCO results (list of {image_id, category_id, bbox [x,y,w,h], score}) -> columns; strict."""
+    if not isinstance(results, list):
+        raise DetectionFileError(f"expected a JSON list of COCO detections, found {type(results).__name__}")
+    ids, cats, boxes, scores = [], [], [], []
+    for i, r in enumerate(results):
+        if not isinstance(r, dict):
+            raise DetectionFileError(f"detection {i} is {type(r).__name__}, not an object")
+        missing = [k for k in ("image_id", "category_id", "bbox", "score") if k not in r]
+        if missing:
+            raise DetectionFileError(f"detection {i} has no {', '.join(missing)}")
+        for key, bucket in (("image_id", ids), ("category_id", cats)):
+            if isinstance(r[key], bool) or not isinstance(r[key], int):
+                raise DetectionFileError(f"detection {i}: {key} is {r[key]!r}, not an integer")
+            bucket.append(r[key])
+        bbox = r["bbox"]
+        if not isinstance(bbox, list) or len(bbox) != 4:
+            raise DetectionFileError(f"detection {i}: bbox is not a list [x, y, w, h]")
+        boxes.append([_number(v, "a bbox value", i) for v in bbox])
+        scores.append(_number(r["score"], "score", i))
+    return DetectionSet(np.asarray(ids, dtype=np.int64), np.asarray(cats, dtype=np.int64),
+                        np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(scores, dtype=np.float64))
+
+
+def _reject_constant(name: str):
+    raise DetectionFileError(f"{name} is not a JSON number")
+
+
+def load_coco_detections(path: Path) -> DetectionSet:
+    """Read and check a COCO detections JSON file; DetectionFileError says what is wrong."""
+    try:
+        results = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_reject_constant)
+    except OSError as exc:
+        raise DetectionFileError(f"cannot read {path}: {exc.strerror}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+    return parse_coco_detections(results)
+
+
+@dataclass(frozen=True)
+class DetectionDiff:
+    """How detections B reproduce detections A at a score cut."""
+
+    images: int  # images with at least one detection (any score) in A or B
+    conf: float
+    iou: float
+    detections_a: int  # at or above the cut
+    detections_b: int
+    matched: int
+    conf_deltas: tuple[float, ...]  # |score A - score B| of every matched pair
+
+    @property
+    def matched_share(self) -> float:
+        """Matched pairs over the larger detection count (1.0 when both are empty)."""
+        denom = max(self.detections_a, self.detections_b)
+        return 1.0 if denom == 0 else self.matched / denom
+
+    @property
+    def unmatched_a(self) -> int:
+        return self.detections_a - self.matched
+
+    @property
+    def unmatched_b(self) -> int:
+        return self.detections_b - self.matched
+
+    def conf_delta_stats(self) -> dict[str, float] | None:
+        """Mean, p95 and max |Δconf| over matched pairs; None without pairs."""
+        if not self.conf_deltas:
+            return None
+        d = np.asarray(self.conf_deltas)
+        return {"mean": float(d.mean()), "p95": float(np.percentile(d, 95)), "max": float(d.max())}
+
+    def to_dict(self) -> dict:
+        return {"status": "ok", "images": self.images, "conf": self.conf, "iou": self.iou,
+                "detections_a": self.detections_a, "detections_b": self.detections_b, "matched": self.matched,
+                "matched_share": self.matched_share, "unmatched_a": self.unmatched_a,
+                "unmatched_b": self.unmatched_b, "abs_conf_delta": self.conf_delta_stats()}
+
+
+def _pair(boxes_a: np.ndarray, scores_a: np.ndarray, boxes_b: np.ndarray, iou_thr: float) -> list[tuple[int, int]]:
+    """Greedy pairs (i, j) of one image and class."""
+    iou = mask_utils.iou(boxes_a, boxes_b, [0] * len(boxes_b))
+    # a box clipped to zero area has IoU 0 even with itself (pycocotools): identical boxes pair exactly
+    identical = (boxes_a[:, None, :] == boxes_b[None, :, :]).all(axis=-1)
+    iou = np.where(identical, 1.0, iou)
+    taken = np.zeros(len(boxes_b), dtype=bool)
+    pairs = []
+    for i in np.argsort(-scores_a, kind="stable"):
+        candidates = np.flatnonzero(~taken & (iou[i] >= iou_thr))
+        if candidates.size:
+            j = candidates[np.argmax(iou[i, candidates])]
+            taken[j] = True
+            pairs.append((int(i), int(j)))
+    return pairs
+
+
+def _groups(d: DetectionSet) -> dict[tuple[int, int], np.ndarray]:
+    """Row indices per (image, category)."""
+    order = np.lexsort((d.category_ids, d.image_ids))
+    keys = np.stack([d.image_ids[order], d.category_ids[order]], axis=1)
+    if len(keys) == 0:
+        return {}
+    starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
+    return {(int(keys[s, 0]), int(keys[s, 1])): rows
+            for s, rows in zip(starts, np.split(order, starts[1:]), strict=True)}
+
+
+def diff_detections(a: DetectionSet, b: DetectionSet, iou: float = 0.5, conf: float = 0.4) -> DetectionDiff:
+    """Pair A's and B's detections scoring >= conf, per image and class, at IoU >= iou."""
+    images = len(np.union1d(a.image_ids, b.image_ids))
+    a, b = a.above(conf), b.above(conf)
+    groups_b = _groups(b)
+    deltas: list[float] = []
+    for key, rows_a in _groups(a).items():
+        rows_b = groups_b.get(key)
+        if rows_b is None:
+            continue
+        for i, j in _pair(a.boxes[rows_a], a.scores[rows_a], b.boxes[rows_b], iou):
+            deltas.append(abs(float(a.scores[rows_a[i]]) - float(b.scores[rows_b[j]])))
+    return DetectionDiff(images, conf, iou, len(a), len(b), len(deltas), tuple(deltas))

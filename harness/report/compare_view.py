@@ -1,0 +1,120 @@
+"""Rich rendering of a `va-bench compare` result; every table fits 80 columns."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from harness.compare import COORDS, CellDelta, Comparison, GateResult
+from harness.eval.coco_eval import STAT_NAMES
+
+LABELS = dict(COORDS)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _verdict(cell: CellDelta) -> str:
+    s = cell.significance
+    if s.verdict in ("slower", "faster"):
+        p = "p<0.001" if s.p_value < 0.001 else f"p={s.p_value:.3f}"
+        color = "red" if s.verdict == "slower" else "green"
+        return f"[{color}]{s.verdict} ×{s.ratio:.2f}[/] {p}"
+    if s.verdict == "no significant change":
+        return "no significant change"
+    return f"[yellow]{s.verdict}[/]"
+
+
+def _header(c: Comparison) -> list[RenderableType]:
+    lines = [Text.assemble(("A  ", "bold"), c.a), Text.assemble(("B  ", "bold"), c.b)]
+    if c.same:
+        same = " · ".join(f"{LABELS[k]} {v}" for k, v in c.same.items())
+        lines.append(Text.assemble(("same    ", "bold"), same))
+    for k, (va, vb) in c.differ.items():
+        lines.append(Text.assemble(("differ  ", "bold"), f"{LABELS[k]}: {va} → {vb}"))
+    for name, cells in (("only A", c.only_a), ("only B", c.only_b)):
+        if cells:
+            lines.append(Text.assemble((f"{name}  ", "bold yellow"), ", ".join(cells)))
+    return lines
+
+
+def _accuracy(c: Comparison) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    for acc in c.accuracy:
+        if acc.unavailable:
+            out.append(Text(f"accuracy {acc.label} unavailable: {acc.unavailable}"))
+            continue
+        table = Table(title=f"accuracy {escape(acc.label)}", box=box.SIMPLE_HEAD, title_justify="left")
+        for col in ("metric", "A", "B", "Δ B−A"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        for name in STAT_NAMES:
+            a, b, d = acc.a.get(name), acc.b.get(name), acc.delta(name)
+            table.add_row(name, "-" if a is None else f"{a:.4f}", "-" if b is None else f"{b:.4f}",
+                          "-" if d is None else f"{d:+.4f}")
+        out.append(table)
+    return out
+
+
+def _detections(c: Comparison) -> list[RenderableType]:
+    rows = [r for r in c.detections if r.diff is not None]
+    out: list[RenderableType] = []
+    if rows:
+        d0 = rows[0].diff
+        images = {r.diff.images for r in rows}
+        where = f" ({images.pop()} images)" if len(images) == 1 else ""
+        table = Table(title=f"detections{where}: score ≥ {d0.conf:g}, same class, IoU ≥ {d0.iou:g}, greedy",
+                      box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+        for col in ("cells", "A", "B", "matched", "only A", "only B", "Δconf mean", "p95", "max"):
+            table.add_column(col, justify="left" if col == "cells" else "right")
+        for r in rows:
+            d, s = r.diff, r.diff.conf_delta_stats()
+            stats = [f"{s[k]:.1e}" for k in ("mean", "p95", "max")] if s else ["-"] * 3
+            table.add_row(escape(r.label), str(d.detections_a), str(d.detections_b), f"{d.matched_share:.2%}",
+                          str(d.unmatched_a), str(d.unmatched_b), *stats)
+        out.append(table)
+    out += [Text(f"detections {r.label} unavailable: {r.unavailable}") for r in c.detections if r.diff is None]
+    return out
+
+
+def _performance(c: Comparison) -> list[RenderableType]:
+    if not c.cells:
+        return []
+    table = Table(title="performance: ms per image; Δ = B/A − 1", box=box.SIMPLE_HEAD, title_justify="left",
+                  pad_edge=False)
+    for col in ("cell", "p50 A", "p50 B", "Δp50", "Δp95", "Δimg/s", "verdict (samples)"):
+        table.add_column(col, justify="left" if col in ("cell", "verdict (samples)") else "right")
+    for cell in c.cells:
+        table.add_row(escape(cell.label), _ms(cell.p50_a), _ms(cell.p50_b), _pct(cell.change("p50")),
+                      _pct(cell.change("p95")), _pct(cell.change("ips")), _verdict(cell))
+    out: list[RenderableType] = [table]
+    g = c.geomean()
+    if g["p50"] is not None:
+        out.append(Text(f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}, "
+                        f"images/s ×{g['ips']:.3f}" if g["ips"] is not None else
+                        f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}"))
+    reasons = sorted({cell.significance.reason for cell in c.cells if cell.significance.reason})
+    out += [Text(f"verdict: {r}", style="yellow") for r in reasons]
+    out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
+                    "ratio of medians); drift between processes is not in them: repeat runs to see it", style="dim"))
+    return out
+
+
+def render_comparison(c: Comparison) -> Group:
+    """Header, accuracy tables, detection diff, performance table, notes."""
+    notes = [Text(f"note: {n}", style="dim") for n in c.notes]
+    return Group(*_header(c), *_accuracy(c), *_detections(c), *_performance(c), *notes)
+
+
+def render_gates(results: list[GateResult]) -> Group:
+    """One line per --fail-on gate."""
+    style = {"ok": "green", "failed": "bold red", "unchecked": "bold red"}
+    return Group(*[Text.assemble(("gate ", "bold"), f"{r.gate.spec}: ", (r.status.upper(), style[r.status]),
+                                 f" ({r.detail})") for r in results])

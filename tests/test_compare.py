@@ -1,0 +1,358 @@
+"""`va-bench compare`: pairing, accuracy deltas, the detection diff, the latency verdict and the gates,
+checked against the files' own numbers, a brute-force permutation test, the torch matcher of
+harness/eval/matching.py, and real ONNX Runtime / PyTorch runs of yolox-nano."""
+
+import itertools
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, SUBSET_ANNOTATIONS, YOLOX_NANO, run_benchmark
+from rich.console import Console
+
+from harness.compare import (
+    compare_paths,
+    compare_sides,
+    latency_significance,
+    load_side,
+    parse_gate,
+)
+from harness.errors import UsageError
+from harness.eval.coco_eval import STAT_NAMES
+from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
+from harness.report.compare_view import render_comparison
+
+SHA = "0" * 64
+
+
+def va_bench(*args):
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+
+
+def write_submission(run_dir: Path, samples_ms, batch: int = 1, backend: str = "onnx", accuracy: dict | None = None,
+                     detections: str | None = None, variant: str = "subset16", name: str | None = None) -> Path:
+    """A minimal va.submission.v1 whose figures are computed from its own per-batch samples."""
+    per_image = np.asarray(samples_ms, dtype=float) / batch
+    doc = {"schema_version": "va.submission.v1", "submission_id": f"{backend}-b{batch}",
+           "created_at": "2026-11-22T00:00:00Z",
+           "model": {"id": "toy", "family": "toy", "variant": "t", "input_size": 416},
+           "config": {"batch_size": batch, "input_size": 416},
+           "hardware": {"id": "box", "gpu": "none", "cpu": "cpu", "ram_gb": 1},
+           "runtime": {"format": backend, "provider": "cpu", "precision": "fp32", "device": "cpu"},
+           "dataset": {"id": "coco2017", "num_images": 16, "variant": variant, "image_id_sha256": SHA},
+           "accuracy": accuracy or {"status": "unavailable", "reason": "accuracy pass skipped (--no-accuracy)"},
+           "timing": {"batch_size": batch, "mode": "latency", "batch_samples_ms": list(map(float, samples_ms)),
+                      "total_ms": {"p50": float(np.percentile(per_image, 50)),
+                                   "p95": float(np.percentile(per_image, 95))}},
+           "throughput": {"images_per_s": 1000.0 / float(per_image.mean())},
+           "artifacts": {"detections": detections} if detections else {}}
+    path = run_dir / "submissions" / (name or f"toy__{backend}__b{batch}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def lognormal(seed: int, median_ms: float, n: int = 30, sigma: float = 0.05) -> np.ndarray:
+    return np.random.default_rng(seed).lognormal(math.log(median_ms), sigma, n)
+
+
+# ------------------------------------------------------------------------------ significance --
+def test_a_20_percent_shift_is_significant_and_one_distribution_is_not():
+    shifted = [latency_significance(lognormal(s, 50), lognormal(1000 + s, 60)) for s in range(20)]
+    assert all(v.verdict == "slower" for v in shifted)
+    assert all(v.ci95[0] < 1.2 < v.ci95[1] or abs(v.ratio - 1.2) < 0.05 for v in shifted)
+    same = [latency_significance(lognormal(s, 50), lognormal(1000 + s, 50)) for s in range(20)]
+    false_alarms = sum(v.verdict != "no significant change" for v in same)
+    assert false_alarms <= 3  # alpha = 0.05: about one in 20 expected
+    faster = latency_significance(lognormal(1, 60), lognormal(2, 50))
+    assert faster.verdict == "faster" and faster.ratio < 1
+
+
+def test_verdict_numbers_against_brute_force():
+    a = np.array([10.0, 12.0, 11.0, 13.0, 10.5])
+    b = np.array([14.0, 15.5, 13.5, 16.0, 15.0])
+    sig = latency_significance(a, b)
+    assert sig.ratio == statistics.median(b.tolist()) / statistics.median(a.tolist())
+
+    # exact two-sided permutation test of the rank-sum statistic, by enumeration
+    pooled = np.concatenate([a, b])
+    def u_stat(idx):
+        x = pooled[list(idx)]
+        y = np.delete(pooled, list(idx))
+        return sum((xi > yi) + 0.5 * (xi == yi) for xi in x for yi in y)
+    u_obs = u_stat(range(5))
+    mean_u = 5 * 5 / 2
+    splits = list(itertools.combinations(range(10), 5))
+    p = sum(abs(u_stat(s) - mean_u) >= abs(u_obs - mean_u) for s in splits) / len(splits)
+    assert sig.p_value == pytest.approx(p)
+    assert sig.verdict == "slower"
+
+
+def test_too_few_samples_cannot_be_significant():
+    sig = latency_significance(np.array([10.0, 10.1, 10.2]), np.array([20.0, 20.1, 20.2]))
+    assert sig.verdict == "too few samples" and sig.ratio is None
+
+
+# ------------------------------------------------------------------------ synthetic runs ------
+def test_synthetic_pair_cells_deltas_and_geomean(tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a1, a4 = lognormal(1, 50), lognormal(2, 160)
+    b1, b4 = lognormal(3, 60), lognormal(4, 162)
+    write_submission(a_dir, a1, 1)
+    write_submission(a_dir, a4, 4)
+    write_submission(a_dir, lognormal(5, 300), 8)  # no counterpart in B
+    write_submission(b_dir, b1, 1)
+    write_submission(b_dir, b4, 4)
+    c = compare_paths(a_dir, [b_dir])[0]
+    assert c.differ == {} and c.only_a == ["b8"] and c.only_b == []
+    cells = {cell.label: cell for cell in c.cells}
+    assert set(cells) == {"b1", "b4"}
+    assert cells["b1"].significance.verdict == "slower"
+    assert cells["b4"].significance.verdict == "no significant change"
+    for label, a, b, batch in (("b1", a1, b1, 1), ("b4", a4, b4, 4)):
+        pa, pb = np.percentile(a / batch, 50), np.percentile(b / batch, 50)
+        assert cells[label].change("p50") == pytest.approx(pb / pa - 1)
+        assert cells[label].change("ips") == pytest.approx(np.mean(a) / np.mean(b) - 1)
+    ratios = [np.percentile(b1, 50) / np.percentile(a1, 50), np.percentile(b4, 50) / np.percentile(a4, 50)]
+    assert c.geomean()["p50"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 2))
+    assert [a.unavailable for a in c.accuracy] == ["A toy__onnx__b1.json: accuracy pass skipped (--no-accuracy); "
+                                                   "B toy__onnx__b1.json: accuracy pass skipped (--no-accuracy)"]
+
+
+def test_backend_is_the_treatment_when_each_side_has_one(tmp_path):
+    write_submission(tmp_path / "a", lognormal(1, 50), 1, backend="onnx")
+    write_submission(tmp_path / "b", lognormal(2, 50), 1, backend="pytorch")
+    c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
+    assert c.differ == {"backend": ("onnx/cpu", "pytorch/cpu")}
+    assert len(c.cells) == 1 and c.same["model"] == "toy"
+
+
+def test_missing_samples_make_the_verdict_unavailable(tmp_path):
+    path = write_submission(tmp_path / "a", lognormal(1, 50))
+    doc = json.loads(path.read_text())
+    del doc["timing"]["batch_samples_ms"]
+    path.write_text(json.dumps(doc))
+    c = compare_paths(path, [path])[0]
+    sig = c.cells[0].significance
+    assert sig.verdict == "unavailable" and "no timing.batch_samples_ms" in sig.reason
+    assert c.cells[0].change("p50") == 0
+
+
+def test_gates(tmp_path):
+    acc_a = dict.fromkeys(STAT_NAMES, 0.30)
+    acc_b = {**acc_a, "mAP_50_95": 0.29}
+    a = write_submission(tmp_path / "a", lognormal(1, 50), accuracy=acc_a)
+    b = write_submission(tmp_path / "b", lognormal(2, 60), accuracy=acc_b)
+    noise = write_submission(tmp_path / "n", lognormal(3, 50), accuracy=acc_a)
+    c = compare_paths(a, [b])[0]
+    from harness.compare import check_gate
+
+    status = {spec: check_gate(parse_gate(spec), c).status for spec in
+              ("map:-0.005", "map:-0.02", "map:-5%", "ar100:-0.001", "latency:+10%", "latency:+30%",
+               "throughput:-10%", "latency_p95:+50%")}
+    assert status == {"map:-0.005": "failed", "map:-0.02": "ok", "map:-5%": "ok", "ar100:-0.001": "ok",
+                      "latency:+10%": "failed", "latency:+30%": "ok", "throughput:-10%": "failed",
+                      "latency_p95:+50%": "ok"}
+    same = compare_paths(a, [noise])[0]
+    assert same.cells[0].significance.is_noise
+    assert check_gate(parse_gate("latency:+0.1%"), same).status == "ok"  # noise never fails a gate
+    no_acc = compare_paths(write_submission(tmp_path / "x", lognormal(1, 50)), [a])[0]
+    assert check_gate(parse_gate("map:-0.005"), no_acc).status == "unchecked"
+    for bad in ("map", "map:0.005", "map:+0", "speed:+10%", "latency:+ten%", "latency:10%"):
+        with pytest.raises(UsageError):
+            parse_gate(bad)
+
+
+def test_cli_exit_codes_and_json(tmp_path):
+    a = write_submission(tmp_path / "a", lognormal(1, 50))
+    b = write_submission(tmp_path / "b", lognormal(2, 60))
+    ok = va_bench("compare", str(a), str(a), "--fail-on", "latency:+10%", "--json")
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["failed"] is False
+    assert report["comparisons"][0]["performance"]["cells"][0]["significance"]["verdict"] == "no significant change"
+    bad = va_bench("compare", str(a), str(b), "--fail-on", "latency:+10%")
+    assert bad.returncode == 1 and "FAILED" in bad.stdout
+    many = va_bench("compare", "--baseline", str(a), str(a), str(b), "--json")
+    assert many.returncode == 0 and len(json.loads(many.stdout)["comparisons"]) == 2
+    for args, expect in ((["compare", str(a)], "two runs"), (["compare", str(a), str(tmp_path / "nope")],
+                                                               "no such file or folder"),
+                         (["compare", str(a), str(a), "--fail-on", "map"], "want METRIC"),
+                         (["compare", str(a), str(a), "--iou", "0"], "--iou")):
+        result = va_bench(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and expect in lines[0] and "Traceback" not in result.stderr
+
+
+def test_not_a_submission_is_a_usage_error(tmp_path):
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"hello": 1}')
+    with pytest.raises(UsageError, match="not a va.submission.v1"):
+        load_side(junk)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no submissions"):
+        load_side(tmp_path / "empty")
+    det = tmp_path / "det.json"
+    det.write_text("[]")
+    with pytest.raises(UsageError, match="detections file with another"):
+        compare_sides(load_side(det), load_side(write_submission(tmp_path / "a", lognormal(1, 50))))
+
+
+def test_compare_stays_torch_free():
+    code = ("import sys, harness.compare, harness.eval.detection_diff, harness.report.compare_view; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------- detection diff -----
+def _dets(rows):
+    return [{"image_id": i, "category_id": c, "bbox": list(b), "score": s} for i, c, b, s in rows]
+
+
+def test_detection_diff_counts_a_known_perturbation():
+    a = _dets([(1, 1, (0, 0, 10, 10), 0.9), (1, 1, (20, 20, 10, 10), 0.8), (1, 2, (0, 0, 10, 10), 0.7),
+               (2, 1, (5, 5, 10, 10), 0.6), (2, 3, (50, 50, 5, 5), 0.5), (3, 1, (0, 0, 4, 4), 0.1)])
+    b = _dets([(1, 1, (0, 0, 10, 10), 0.85),  # pairs with A0, |Δ| 0.05
+               (1, 1, (22, 20, 10, 10), 0.8),  # IoU 80/120 = 0.67 with A1: pairs, |Δ| 0
+               (1, 5, (0, 0, 10, 10), 0.7),  # other class: A2 unmatched, this unmatched
+               (2, 1, (10, 5, 10, 10), 0.62),  # IoU 50/150 = 0.33 with A3: unmatched both
+               (2, 3, (50, 50, 5, 5), 0.45),  # pairs with A4, |Δ| 0.05
+               (4, 1, (0, 0, 1, 1), 0.9)])  # an image A has no detection for
+    d = diff_detections(parse_coco_detections(a), parse_coco_detections(b), iou=0.5, conf=0.3)
+    assert (d.images, d.detections_a, d.detections_b, d.matched) == (4, 5, 6, 3)
+    assert (d.unmatched_a, d.unmatched_b) == (2, 3)
+    assert d.matched_share == 3 / 6
+    s = d.conf_delta_stats()
+    assert s["max"] == pytest.approx(0.05) and s["mean"] == pytest.approx(0.1 / 3)
+    # the 0.33-IoU pair pairs once the threshold is under it
+    assert diff_detections(parse_coco_detections(a), parse_coco_detections(b), iou=0.3, conf=0.3).matched == 4
+
+
+def test_greedy_pairs_by_score_then_iou():
+    # one B box overlapping two A boxes: the higher-scoring A takes it, even though the other overlaps more
+    a = _dets([(1, 1, (0, 0, 10, 10), 0.9), (1, 1, (1, 0, 10, 10), 0.8)])
+    b = _dets([(1, 1, (1, 0, 10, 10), 0.85)])
+    d = diff_detections(parse_coco_detections(a), parse_coco_detections(b), iou=0.5, conf=0.0)
+    assert d.matched == 1 and d.conf_deltas == pytest.approx((0.05,))
+
+
+def test_hostile_detection_files_are_refused():
+    for bad, why in (({"a": 1}, "JSON list"), ([1], "not an object"), ([{"image_id": 1}], "has no"),
+                     ([{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1], "score": 1}], "bbox"),
+                     ([{"image_id": "1", "category_id": 1, "bbox": [0, 0, 1, 1], "score": 1}], "integer"),
+                     ([{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": None}], "finite")):
+        with pytest.raises(DetectionFileError, match=why):
+            parse_coco_detections(bad)
+
+
+def test_detection_files_relative_absolute_moved_and_missing(tmp_path):
+    dets = _dets([(1, 1, (0, 0, 10, 10), 0.9)])
+    run = tmp_path / "run"
+    (run / "detections").mkdir(parents=True)
+    (run / "detections" / "d.json").write_text(json.dumps(dets))
+    write_submission(run, lognormal(1, 50), name="rel.json", detections="detections/d.json")
+    c = compare_paths(run, [run])[0]
+    assert c.detections[0].diff.matched == 1 and c.detections[0].diff.matched_share == 1
+    # absolute, then the run folder moved: found by name under the new folder, and said so
+    write_submission(run, lognormal(1, 50), name="rel.json", detections=str(run / "detections" / "d.json"))
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    c = compare_paths(moved, [moved])[0]
+    assert c.detections[0].diff.matched == 1 and any("run folder moved" in n for n in c.notes)
+    (moved / "detections" / "d.json").unlink()
+    c = compare_paths(moved, [moved])[0]
+    assert c.detections[0].diff is None and "no such file" in c.detections[0].unavailable
+    write_submission(moved, lognormal(1, 50), name="rel.json", detections="../../etc/passwd")
+    c = compare_paths(moved, [moved])[0]
+    assert "outside the run folder" in c.detections[0].unavailable
+
+
+def test_detection_files_compared_directly(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_dets([(1, 1, (0, 0, 10, 10), 0.9), (2, 1, (0, 0, 10, 10), 0.9)])))
+    b.write_text(json.dumps(_dets([(1, 1, (0, 0, 10, 10), 0.8)])))
+    c = compare_paths(a, [b])[0]
+    d = c.detections[0].diff
+    assert (d.matched, d.unmatched_a, d.unmatched_b, d.images) == (1, 1, 0, 2)
+    assert not c.cells and not c.accuracy
+
+
+# ------------------------------------------------------------------------------- real runs ----
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """yolox-nano on ONNX Runtime and on PyTorch, 16 images, batch 1 and 4."""
+    if not (SUBSET_ANNOTATIONS.is_file() and YOLOX_NANO.is_file()):
+        pytest.skip("offline assets missing (../shared/assets)")
+    small = dict(limit=16, batch_sizes=[1, 4], warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2,
+                 layers=False, profile=False, draw_images=0, energy=False, memory=False)
+    ort, _ = run_benchmark(tmp_path_factory, "cmp_ort", backends=["onnxruntime"], **small)
+    pt, _ = run_benchmark(tmp_path_factory, "cmp_pt", backends=["pytorch"], **small)
+    return ort.run_dir, pt.run_dir
+
+
+def test_real_run_against_itself(real_runs):
+    ort, _ = real_runs
+    c = compare_paths(ort, [ort])[0]
+    assert c.differ == {} and not c.only_a and not c.only_b
+    assert len(c.cells) == 2
+    for cell in c.cells:
+        assert cell.change("p50") == cell.change("p95") == cell.change("ips") == 0
+        assert cell.significance.verdict == "no significant change"
+    assert c.geomean() == {"p50": 1.0, "p95": 1.0, "ips": 1.0}
+    assert c.accuracy and all(acc.delta(n) == 0 for acc in c.accuracy for n in STAT_NAMES)
+    assert c.detections and all(r.diff.matched_share == 1.0 and r.diff.detections_a > 0 for r in c.detections)
+    assert all(r.diff.conf_delta_stats()["max"] == 0 for r in c.detections)
+
+
+def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
+    from harness.eval.matching import match_detections
+    from harness.records import detections_from_coco
+
+    ort, pt = real_runs
+    c = compare_paths(ort, [pt], conf=0.001)[0]
+    assert c.differ == {"backend": ("onnx/cpu", "pytorch/cpu")}
+    assert {cell.label for cell in c.cells} == {"b1", "b4"}
+    subs = {}
+    for side, run in (("a", ort), ("b", pt)):
+        for f in (run / "submissions").glob("*.json"):
+            doc = json.loads(f.read_text())
+            subs[side, doc["config"]["batch_size"]] = doc
+    for cell in c.cells:
+        batch = cell.coords["batch_size"]
+        a, b = subs["a", batch], subs["b", batch]
+        assert cell.p50_a == a["timing"]["total_ms"]["p50"] and cell.p50_b == b["timing"]["total_ms"]["p50"]
+        assert cell.change("ips") == pytest.approx(b["throughput"]["images_per_s"] / a["throughput"]["images_per_s"]
+                                                   - 1)
+        assert cell.significance.verdict in ("slower", "faster", "no significant change")
+        assert cell.significance.n_a == len(a["timing"]["batch_samples_ms"])
+    for acc in c.accuracy:
+        a, b = subs["a", 1]["accuracy"], subs["b", 1]["accuracy"]
+        assert all(acc.delta(n) == pytest.approx(b[n] - a[n], abs=1e-12) for n in STAT_NAMES)
+    # the detection diff agrees with the torch matcher the run itself uses (any score difference allowed)
+    for row in c.detections:
+        batch = int(row.label.removeprefix("b"))
+        files = [run / subs[side, batch]["artifacts"]["detections"] for side, run in (("a", ort), ("b", pt))]
+        sets = [detections_from_coco(json.loads(f.read_text())) for f in files]
+        reference = match_detections(sets[0], sets[1], iou_threshold=0.5, score_tolerance=1.0)
+        assert row.diff.matched == reference.matched
+        assert (row.diff.detections_a, row.diff.detections_b) == (reference.detections_a, reference.detections_b)
+        assert row.diff.matched_share > 0.99
+    # the table a user reads shows those numbers, in 80 columns
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render_comparison(c))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    assert "differ  backend: onnx/cpu → pytorch/cpu" in text
+    assert f"{c.cells[0].p50_b:.2f}" in text and f"{subs['a', 1]['accuracy']['mAP_50_95']:.4f}" in text
+    cli = va_bench("compare", str(ort), str(pt), "--json")
+    assert cli.returncode == 0 and json.loads(cli.stdout)["comparisons"][0]["differ"] == {
+        "backend": ["onnx/cpu", "pytorch/cpu"]}

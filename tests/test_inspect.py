@@ -1,0 +1,211 @@
+"""`va-bench inspect`: parameters, FLOPs, per-layer table, sparsity and ONNX graph metrics, checked
+against published figures, hand-computed formulas and models built with known contents."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import REPO, YOLOX_NANO, requires_yolox
+from onnx import TensorProto, helper, numpy_helper
+
+from harness.errors import UsageError
+from harness.models.inspect import OUTSIDE, inspect_model, inspect_module, inspect_onnx, onnx_graph_info
+
+# YOLOX's README (Megvii-BaseDetection/YOLOX, "Light Models"): YOLOX-Nano 0.91 M params, 1.08 GFLOPs at 416;
+# its FLOPs are 2 x the MACs thop counts (yolox/utils/model_utils.py: get_model_info)
+YOLOX_NANO_PARAMS = 0.91e6
+YOLOX_NANO_FLOPS = 1.08e9
+
+
+def va_bench(*args):
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+
+
+def conv_flops(c_in: int, c_out: int, k: int, h_out: int, w_out: int, groups: int = 1) -> int:
+    """2 x MACs of a convolution, the textbook formula."""
+    return 2 * c_out * h_out * w_out * (c_in // groups) * k * k
+
+
+@pytest.fixture(scope="module")
+def nano():
+    if not YOLOX_NANO.is_file():
+        pytest.skip(f"yolox_nano.onnx not found at {YOLOX_NANO}")
+    return inspect_model("yolox-nano")
+
+
+@requires_yolox
+def test_yolox_nano_matches_the_published_figures(nano):
+    assert nano.input_size == (416, 416)
+    assert abs(nano.params_total - YOLOX_NANO_PARAMS) / YOLOX_NANO_PARAMS < 0.01, nano.params_total
+    assert abs(nano.flops_total - YOLOX_NANO_FLOPS) / YOLOX_NANO_FLOPS < 0.05, nano.flops_total
+    assert not nano.notes, nano.notes  # no parameter disagreement, no conversion gap
+
+
+@requires_yolox
+def test_yolox_nano_layers_add_up_and_the_graph_is_described(nano):
+    assert sum(r.params for r in nano.layers) == nano.params_total
+    assert sum(r.flops for r in nano.layers) == nano.flops_total
+    assert sum(nano.flops_by_type.values()) == nano.flops_total
+    assert sum(nano.params_by_type.values()) == nano.params_total
+    convs = [r for r in nano.layers if r.type == "Conv2d"]
+    graph = onnx.load(str(YOLOX_NANO))
+    assert len(convs) == sum(1 for n in graph.graph.node if n.op_type == "Conv") == nano.onnx.nodes_by_op["Conv"]
+    assert nano.onnx.nodes == len(graph.graph.node)
+    assert nano.onnx.opset == {"ai.onnx": graph.opset_import[0].version}
+    assert nano.onnx.initializers == len(graph.graph.initializer)
+    # the stem conv (Focus: 12 -> 16 channels, 3x3, stride 1 on 208x208) by the textbook formula
+    stem = max(convs, key=lambda r: r.flops)
+    assert stem.output_shape == "1x16x208x208"
+    assert stem.flops == conv_flops(12, 16, 3, 208, 208)
+
+
+@requires_yolox
+def test_onnx_and_its_torch_conversion_report_the_same_params():
+    from harness.backends.export import make_batch_dynamic
+    from harness.backends.pytorch import onnx_to_torch
+
+    model = onnx.load(str(YOLOX_NANO))
+    graph = onnx_graph_info(model)
+    module = onnx_to_torch(make_batch_dynamic(model))
+    torch_report = inspect_module(module, (416, 416), "converted")
+    assert graph.weights == torch_report.params_total == sum(p.numel() for p in module.parameters())
+    assert graph.weight_zeros == torch_report.zeros_total
+    # the float initialisers that are not weights are exactly the Resize roi/scales operands
+    not_weights = {t.name for t in graph.tensors if t.dtype == "float32" and not t.weight}
+    resize_operands = {name for n in model.graph.node if n.op_type == "Resize" for name in n.input[1:] if name}
+    assert not_weights and not_weights == resize_operands & {i.name for i in model.graph.initializer}
+
+
+def test_torchvision_model_matches_its_published_metadata():
+    """torchvision's weights metadata: num_params, and _ops in GFLOPS that are multiply-accumulates."""
+    from torchvision.models.detection import SSDLite320_MobileNet_V3_Large_Weights, ssdlite320_mobilenet_v3_large
+
+    meta = SSDLite320_MobileNet_V3_Large_Weights.COCO_V1.meta
+    torch.manual_seed(0)
+    model = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+    r = inspect_module(model, (320, 320), "ssdlite")
+    assert r.params_total == meta["num_params"]
+    assert r.flops_total / 2 / 1e9 == pytest.approx(meta["_ops"], rel=0.01)
+    assert r.zeros_total == sum(int((p == 0).sum()) for p in model.parameters())
+
+
+def test_sparsity_and_flops_of_a_module_with_known_zeros():
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(8, 4, 1, bias=False), torch.nn.Flatten(), torch.nn.Linear(1024, 10))
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(0.5)
+        module[0].weight[:3] = 0  # 3 of 8 filters: 81 of 216 weights
+        module[0].bias[:2] = 0  # 2 of 8 biases
+        module[2].weight[0, :4] = 0  # 4 of 32 weights
+        module[4].weight[:, :100] = 0  # 1000 of 10240
+        module[4].requires_grad_(False)
+    r = inspect_module(module, (16, 16), "toy")
+    rows = {row.name: row for row in r.layers}
+    assert (rows["0"].params, rows["0"].zeros) == (224, 83)
+    assert (rows["2"].params, rows["2"].zeros) == (32, 4)
+    assert (rows["4"].params, rows["4"].zeros) == (10250, 1000)
+    assert (rows["1"].params, rows["1"].zeros, rows["1"].sparsity) == (0, 0, None)
+    assert r.params_total == 224 + 32 + 10250 and r.zeros_total == 83 + 4 + 1000
+    assert r.sparsity == pytest.approx(1087 / 10506)
+    assert r.params_trainable == 224 + 32
+    assert rows["0"].flops == conv_flops(3, 8, 3, 16, 16)
+    assert rows["2"].flops == conv_flops(8, 4, 1, 16, 16)
+    assert rows["4"].flops == 2 * 1024 * 10
+    assert r.flops_total == sum(row.flops for row in r.layers)
+    assert rows["0"].output_shape == "1x8x16x16" and rows["4"].output_shape == "1x10"
+    assert r.params_by_type == {"Linear": 10250, "Conv2d": 256, "ReLU": 0, "Flatten": 0}
+
+
+def test_flops_outside_leaf_modules_are_kept():
+    class MatmulInForward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 1, bias=False)
+
+        def forward(self, x):
+            y = self.conv(x).flatten(1)  # [1, 2*8*8]
+            return y @ torch.ones(128, 5)
+
+    r = inspect_module(MatmulInForward(), (8, 8), "m")
+    rows = {row.name: row for row in r.layers}
+    assert rows["conv"].flops == conv_flops(3, 2, 1, 8, 8)
+    assert rows[OUTSIDE].flops == 2 * 128 * 5
+    assert r.flops_total == rows["conv"].flops + rows[OUTSIDE].flops
+
+
+def _tiny_onnx() -> onnx.ModelProto:
+    """Conv (weight with 4 zeros, bias) -> Relu -> Resize (float scales) -> Reshape (int64 shape)."""
+    weight = np.ones((2, 3, 1, 1), dtype=np.float32)
+    weight[0, :2] = 0
+    weight[1, 0, 0, 0] = 0
+    bias = np.array([0.0, 1.0], dtype=np.float32)
+    inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b"),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales"),
+             numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Resize", ["r", "", "scales"], ["u"], mode="nearest", nearest_mode="floor",
+                              coordinate_transformation_mode="asymmetric"),
+             helper.make_node("Reshape", ["u", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="test")
+
+
+def test_onnx_graph_metrics_of_a_known_graph():
+    g = onnx_graph_info(_tiny_onnx())
+    assert g.nodes == 4 and g.nodes_by_op == {"Conv": 1, "Relu": 1, "Resize": 1, "Reshape": 1}
+    assert g.opset == {"ai.onnx": 13} and g.producer == "test"
+    assert g.initializers == 4
+    assert g.weights == 6 + 2  # conv weight + bias; the Resize scales and Reshape shape are not weights
+    assert g.weight_zeros == 3 + 1
+    assert g.inputs == {"x": [1, 3, 4, 4]}
+    r = inspect_onnx(_tiny_onnx(), None, "tiny")  # size from the graph; layers from onnx2torch
+    assert r.input_size == (4, 4) and r.params_total == 8 and r.zeros_total == 4 and not r.notes
+    assert r.flops_total == conv_flops(3, 2, 1, 4, 4)
+
+
+def test_bad_sources_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="give a MODEL"):
+        inspect_model(None)
+    with pytest.raises(UsageError, match="no such file"):
+        inspect_model(None, tmp_path / "missing.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00not a protobuf\xff" * 10)
+    with pytest.raises(UsageError, match="not a readable ONNX"):
+        inspect_model(None, junk)
+    pickle_like = tmp_path / "model.pt"
+    pickle_like.write_bytes(b"x")
+    with pytest.raises(UsageError, match="reads ONNX files"):
+        inspect_model(None, pickle_like)
+    with pytest.raises(UsageError, match="multiple of 32"):
+        inspect_model("yolox-nano", input_size=100)
+    with pytest.raises(UsageError, match="unknown model"):
+        inspect_model("yolox-huge")
+
+
+@requires_yolox
+def test_cli_json_and_csv(tmp_path):
+    out = tmp_path / "layers.csv"
+    result = va_bench("inspect", "yolox-nano", "--json", "--csv", str(out))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["flop_convention"].startswith("FLOP = 2 x MAC")
+    with out.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(report["layers"])
+    assert sum(int(r["flops"]) for r in rows) == report["flops_total"]
+    assert sum(int(r["params"]) for r in rows) == report["params_total"]
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    result = va_bench("inspect", "--weights", str(tmp_path / "nope.onnx"))
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        f"error: --weights {tmp_path / 'nope.onnx'}: no such file"]
