@@ -260,8 +260,6 @@ class Scheduler:
                 state.save()
             try:
                 record = executor.run_cell(cell)
-                if cell is cells[-1]:
-                    executor.run_optional_passes(cell, record)
             except Exception as exc:  # the error boundary of one cell
                 oom = is_out_of_memory(exc)
                 state.log_error(cell.label, traceback.format_exc())
@@ -274,8 +272,22 @@ class Scheduler:
                     state.save()
                 ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
                 continue
+            if cell is cells[-1]:
+                self._optional_passes(ctx, executor, cell, record, state)
             self._finish_cell(ctx, cell, record, state)
             outcome.records.append(record)
+
+    def _optional_passes(self, ctx: RunContext, executor: GroupExecutor, cell: Cell, record: CellRecord,
+                         state: RunState) -> None:
+        """Layers and profiler: a probe that breaks is recorded as such; the cell's measurements stand."""
+        try:
+            executor.run_optional_passes(cell, record)
+        except Exception as exc:
+            state.log_error(f"{cell.label} (layer/profiler pass)", traceback.format_exc())
+            failure = {"status": "failed", "reason": one_line(exc)}
+            record.layers = record.layers or (failure if ctx.config.layers else None)
+            record.profiler = record.profiler or (failure if ctx.config.profile else None)
+            record.timing.warnings.append(f"layer/profiler pass failed: {one_line(exc)} (see errors.log)")
 
     def _finish_cell(self, ctx: RunContext, cell: Cell, record: CellRecord, state: RunState) -> None:
         """The cell's submission, steps rows and status, written together (a signal waits for this)."""
