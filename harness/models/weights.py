@@ -9,7 +9,11 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from harness.errors import UsageError
+from harness.errors import VaBenchError
+
+
+class DownloadError(VaBenchError):
+    """A download that failed (network, server): exit 1, not a usage error."""
 
 ENV_WEIGHTS_DIR = "VA_BENCH_WEIGHTS"
 
@@ -37,7 +41,7 @@ def download(url: str, dest: Path, timeout: float = 60.0) -> Path:
         os.replace(tmp, dest)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"could not download {url} ({exc}); check the network or pass --weights PATH") from exc
+        raise DownloadError(f"could not download {url} ({exc}); check the network or pass --weights PATH") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
