@@ -1,39 +1,120 @@
 """The Detector protocol: what every model family provides to the shared pipeline.
 
 A detector is split as DESIGN.md says: a *core* (float tensor [B,3,H,W] -> raw head tensors), a
-*preprocessing spec* the harness applies, and a *decoder* (raw head tensors -> candidate boxes,
-scores, classes before NMS). NMS, rescaling and COCO mapping are harness code shared by all.
+*preprocessing spec* the harness applies, a *decoder* (raw head tensors -> candidate boxes and
+scores) and a *post-processing spec* (which kind of selection the harness applies to those
+candidates, with the family's own thresholds). Selection (NMS or top-k), rescaling and COCO mapping
+are harness code shared by all; backends (harness/backends) run the core.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+Interpolation = Literal["linear", "area", "cubic", "nearest"]
+
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """How images become the model's input tensor."""
+    """How decoded images (BGR uint8) become the model's input tensor [B,3,H,W].
+
+    - `resize`: "letterbox" keeps the aspect ratio (scale r = the largest that fits the fit box,
+      the rest is padding); "stretch" resizes to the input size exactly.
+    - `fit_margin`: letterbox into (H - margin, W - margin), then pad to (H, W): YOLO-NAS fits the
+      long side to 636 and centre-pads to 640 (margin 4).
+    - `size_rounding`: how the resized size is rounded from size x r (YOLOX, torchvision: floor;
+      Ultralytics' long-side resize: ceil).
+    - `pad_position`: "top-left" (image at the origin) or "center" (top = (H - h) // 2, which is also
+      Ultralytics' round(dh - 0.1)); `pad_value` in pixel units (0-255), one value or one per channel
+      in `channel_order`.
+    - `library`: "cv2" (uint8 resize, the CPU reference), "pil" (PIL's resampling filters, uint8),
+      "torch" (float `F.interpolate`, antialias off: torchvision's GeneralizedRCNNTransform).
+      `interpolation` is used for every resize, `downscale_interpolation` (if set) when the image shrinks.
+    - then `channel_order`, x `scale`, - `mean`, / `std` (per channel, in channel order, after scaling).
+    - `box_scale`: how boxes go back to the original image: "ratio" divides by r (YOLOX,
+      Ultralytics), "size" by resized / original size per axis (torchvision's resize_boxes).
+    """
 
     input_size: tuple[int, int]  # (height, width)
     resize: Literal["letterbox", "stretch"] = "letterbox"
     pad_position: Literal["top-left", "center"] = "top-left"
-    pad_value: int = 114
+    pad_value: float | tuple[float, float, float] = 114
     channel_order: Literal["BGR", "RGB"] = "BGR"
     scale: float = 1.0  # multiply pixel values (0-255) by this
     mean: tuple[float, float, float] | None = None  # after scaling, per channel in channel_order
     std: tuple[float, float, float] | None = None
+    fit_margin: int = 0
+    size_rounding: Literal["floor", "round", "ceil"] = "floor"
+    library: Literal["cv2", "pil", "torch"] = "cv2"
+    interpolation: Interpolation = "linear"
+    downscale_interpolation: Interpolation | None = None
+    box_scale: Literal["ratio", "size"] = "ratio"
 
     def with_input_size(self, size: int | tuple[int, int]) -> PreprocessSpec:
         hw = (size, size) if isinstance(size, int) else tuple(size)
-        return PreprocessSpec(**{**self.__dict__, "input_size": hw})
+        return replace(self, input_size=hw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the record (runtime.preprocess)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class PostprocessSpec:
+    """How candidates become detections: the family's post-processing kind and its thresholds.
+
+    - kind "nms": keep candidates with score >= conf, (optionally) each image's `pre_nms_topk` best,
+      class-aware NMS at `iou` per image, each image's best `max_det`. `multi_label`: a box may be
+      kept for every class whose score >= conf (else only its best class). For a decoder that returns
+      `DenseCandidates` the harness applies it; a decoder that returns `Candidates` has resolved labels
+      itself and must do what `multi_label` says. `clip_before_nms` clips boxes to each image's area in
+      the input (torchvision does, before NMS); `min_box_size` then drops boxes narrower or lower than
+      that many input pixels (torchvision's remove_small_boxes).
+    - kind "topk": NMS-free (DETR-style): per image, the `max_det` best (query, class) pairs, then
+      score >= conf. With `activation` "sigmoid" the scores are logits and are passed through a
+      sigmoid (top-k is taken on the logits: the sigmoid is monotonic). `iou` is not used.
+    conf / iou / max_det are the family's defaults for the site's protocol; `--conf` etc. override them.
+    """
+
+    kind: Literal["nms", "topk"] = "nms"
+    conf: float = 0.001
+    iou: float = 0.6
+    max_det: int = 300
+    multi_label: bool = False
+    pre_nms_topk: int | None = None
+    clip_before_nms: bool = False
+    min_box_size: float = 0.0
+    activation: Literal["none", "sigmoid"] = "none"
+
+    def __post_init__(self):
+        if self.kind not in ("nms", "topk"):
+            raise ValueError(f"unknown post-processing kind {self.kind!r}")
+
+    @property
+    def defaults(self) -> ProtocolDefaults:
+        """The thresholds alone (the runner's view)."""
+        return ProtocolDefaults(self.conf, self.iou, self.max_det)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the record: the kind and what it means, without fields that do not apply to it."""
+        out = asdict(self)
+        if self.kind == "topk":
+            for key in ("iou", "multi_label", "pre_nms_topk", "clip_before_nms", "min_box_size"):
+                out.pop(key)
+        else:
+            out.pop("activation")
+        return out
 
 
 @dataclass(frozen=True)
 class ProtocolDefaults:
-    """Evaluation thresholds; the site's protocol unless a family documents otherwise."""
+    """Evaluation thresholds; the site's protocol unless a family documents otherwise.
+
+    Families give a PostprocessSpec (`detector.postprocess`) whose `.defaults` is this; plugins
+    written before post-processing kinds existed give only this, and get kind "nms"."""
 
     conf: float = 0.001
     iou: float = 0.6
@@ -42,7 +123,7 @@ class ProtocolDefaults:
 
 @dataclass(frozen=True)
 class Candidates:
-    """Decoded head output of one image, before NMS: boxes xyxy in input-tensor pixels.
+    """Decoded head output of one image, labels resolved: boxes xyxy in input-tensor pixels.
 
     A decoder may drop candidates whose score is below the `conf` it is given (the harness
     applies the threshold again, so a decoder that ignores it is still correct)."""
@@ -53,12 +134,27 @@ class Candidates:
 
 
 @dataclass(frozen=True)
+class DenseCandidates:
+    """Decoded head output of a whole batch, one score per (box, class); the harness picks labels
+    (single- or multi-label for "nms", top-k over boxes x classes for "topk").
+
+    boxes [B, K, 4] xyxy in input-tensor pixels; scores [B, K, C]: probabilities, or logits when the
+    spec's `activation` is "sigmoid"."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+
+
+@dataclass(frozen=True)
 class WeightsInfo:
-    """Where the weights came from (recorded in repro.weights)."""
+    """Where the weights came from (recorded in repro.weights). Random weights: file and source "random"."""
 
     file: str
     sha256: str | None
-    source: str  # "official release", "local file", "plugin", ...
+    source: str  # "official release", "local file", "plugin", "random", ...
+
+
+RANDOM_WEIGHTS = "random"  # `--weights random`: seeded random initialisation, timing only
 
 
 @runtime_checkable
@@ -77,7 +173,8 @@ class Core(Protocol):
 
 @runtime_checkable
 class Detector(Protocol):
-    """A model family instance: see the module docstring."""
+    """A model family instance: see the module docstring. `postprocess` is optional for plugins
+    (they may give `defaults` only); families built in harness/models give both."""
 
     model_id: str
     family: str
@@ -92,11 +189,21 @@ class Detector(Protocol):
         self, backend: str, device: Any, precision: str, input_size: tuple[int, int], threads: int | None = None
     ) -> Core: ...
 
-    def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> list[Candidates]:
-        """Raw head tensors of a batch -> one Candidates per image."""
+    def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
+               conf: float) -> list[Candidates] | DenseCandidates:
+        """Raw head tensors of a batch -> one Candidates per image, or DenseCandidates for the batch."""
         ...
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats: ...
+
+
+def postprocess_spec(detector: Any) -> PostprocessSpec:
+    """The detector's PostprocessSpec; kind "nms" with its `defaults` for a plugin that has none."""
+    spec = getattr(detector, "postprocess", None)
+    if isinstance(spec, PostprocessSpec):
+        return spec
+    d = detector.defaults
+    return PostprocessSpec(kind="nms", conf=d.conf, iou=d.iou, max_det=d.max_det)
 
 
 @dataclass
@@ -114,4 +221,3 @@ class ModelStats:
         if self.notes:
             out["unavailable"] = self.notes
         return out
-

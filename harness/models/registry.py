@@ -1,4 +1,9 @@
-"""Model registry: names -> Detector factories, plus user plugins (`path/to/file.py:factory`)."""
+"""Model registry: names -> Detector factories, plus user plugins (`path/to/file.py:factory`).
+
+One place registers families: FAMILY_ENTRIES below, one function per family returning its ModelEntry
+rows. A family module provides the Detector (harness/models/protocol.py); the entry says how to build
+it and where its weights are.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.models import yolox
+from harness.models import torchvision_family, ultralytics_onnx, yolox
 from harness.models.protocol import Detector
 
 
@@ -20,10 +25,12 @@ class ModelEntry:
 
     model_id: str
     family: str
-    factory: Callable[[str | None], Detector]
+    factory: Callable[[str | None], Detector]  # weights (None: the default, a path, or "random") -> Detector
     weights_url: str | None
     weights_file: str | None
     note: str = ""
+    postprocess: str = "nms"  # the family's post-processing kind (PostprocessSpec.kind)
+    local_weights: Callable[[], Path | None] = lambda: None  # the weights file found locally, if any
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -34,10 +41,92 @@ def _yolox_entry(variant: str) -> ModelEntry:
         weights_url=yolox.RELEASE_URL.format(variant=variant),
         weights_file=f"yolox_{variant}.onnx",
         note=f"official YOLOX ONNX export, {yolox.VARIANTS[variant]}px",
+        postprocess=yolox.YoloxDetector.postprocess.kind,
+        local_weights=lambda v=variant: next((p for p in yolox.weight_candidates(v) if p.is_file()), None),
     )
 
 
-REGISTRY: dict[str, ModelEntry] = {e.model_id: e for e in (_yolox_entry(v) for v in yolox.VARIANTS)}
+def _yolox_entries() -> list[ModelEntry]:
+    return [_yolox_entry(v) for v in yolox.VARIANTS]
+
+
+def _torchvision_entries() -> list[ModelEntry]:
+    return [ModelEntry(
+        model_id=name,
+        family=torchvision_family.TorchvisionDetector.family,
+        factory=lambda weights, n=name: torchvision_family.TorchvisionDetector(n, weights),
+        weights_url=None,  # torchvision downloads its own weights (torch.hub cache) when the model is built
+        weights_file=None,
+        note=f"torchvision, {config.input_size}px ({config.resize}); weights via torchvision's cache",
+        postprocess=config.postprocess.kind,
+        local_weights=lambda n=name: torchvision_family.cached_weights(n),
+    ) for name, config in torchvision_family.MODELS.items()]
+
+
+def _ultralytics_entries() -> list[ModelEntry]:
+    return [ModelEntry(
+        model_id=model_id,
+        family=family,
+        factory=lambda weights, m=model_id: ultralytics_onnx.UltralyticsOnnxDetector(m, weights),
+        weights_url=None,  # exported by the user (Ultralytics is AGPL: not imported, not downloaded here)
+        weights_file=f"{model_id}.onnx",
+        note="Ultralytics-format ONNX export (--weights FILE.onnx)",
+        postprocess=ultralytics_onnx.postprocess_kind(family),
+        local_weights=lambda m=model_id: ultralytics_onnx.cached_weights(m),
+    ) for model_id, family in ultralytics_onnx.MODEL_IDS.items()]
+
+
+# --- LibreYOLO families (harness/models/libreyolo.py, ids and conventions in harness/models/catalogue.yaml) ---
+
+
+def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry:
+    """A catalogue id. The yolox-* ids are also the official-ONNX YOLOX family's: ONNX weights (the
+    default, or --weights FILE.onnx) keep that family; --weights random or a libreyolo checkpoint
+    builds the model with libreyolo."""
+    from harness.models import libreyolo
+    from harness.models.protocol import RANDOM_WEIGHTS
+    from harness.models.weights import weights_dir
+
+    model = libreyolo.catalogue()[model_id]
+
+    def cached() -> Path | None:
+        path = weights_dir() / model.weights_file
+        return path if path.is_file() else None
+
+    def factory(weights: str | None) -> Detector:
+        if onnx_yolox is not None and (weights is None or str(weights).lower().endswith(".onnx")):
+            return onnx_yolox.factory(weights)
+        return libreyolo.LibreYoloDetector(model_id, weights)
+
+    note = f"libreyolo {model.weights_file}, {model.input_size}px; weights licence: {model.family.licence}"
+    if onnx_yolox is None:
+        return ModelEntry(model_id=model_id, family=model.family.family, factory=factory, weights_url=None,
+                          weights_file=model.weights_file, note=note, postprocess=model.family.postprocess.kind,
+                          local_weights=cached)
+    return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
+                      weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
+                      note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
+                      postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights)
+
+
+def _libreyolo_entries() -> list[ModelEntry]:
+    from harness.models import libreyolo
+
+    onnx_yolox = {e.model_id: e for e in _yolox_entries()}
+    return [_libreyolo_entry(model_id, onnx_yolox.get(model_id)) for model_id in libreyolo.catalogue()]
+
+
+# --- end of the LibreYOLO families ------------------------------------------------------------------------
+
+
+# Every family, in the order `va-bench models list` shows them. Add a family here.
+FAMILY_ENTRIES: tuple[Callable[[], list[ModelEntry]], ...] = (
+    _yolox_entries,
+    _torchvision_entries,
+    _ultralytics_entries,
+    _libreyolo_entries,  # after _yolox_entries: its yolox-* entries extend those
+)
+REGISTRY: dict[str, ModelEntry] = {e.model_id: e for entries in FAMILY_ENTRIES for e in entries()}
 PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")
 REQUIRED_ATTRS = ("model_id", "family", "variant", "preprocess", "defaults", "backends", "class_map",
                   "weights", "load_core", "decode", "model_stats")

@@ -1,4 +1,4 @@
-"""YOLOX family: official ONNX exports, run by ONNX Runtime or (via onnx2torch) by PyTorch.
+"""YOLOX family: official ONNX exports, run by any backend (ONNX Runtime as is, PyTorch via onnx2torch).
 
 Raw output [B, N, 85] per anchor point at strides 8/16/32: (dx, dy, log w, log h) in grid units,
 objectness and 80 class probabilities (already sigmoid). Input: BGR, 0-255, no normalisation,
@@ -14,18 +14,19 @@ from pathlib import Path
 import onnx
 import torch
 
+from harness.backends import CoreSource, backend_names, load_core
+from harness.backends.export import make_batch_dynamic, onnx_model_stats
 from harness.data.categories import COCO80_TO_91
 from harness.errors import UsageError
 from harness.measure.device import Device
-from harness.models.backends import (
-    OnnxRuntimeCore,
-    TorchCore,
-    count_flops,
-    make_batch_dynamic,
-    onnx_param_count,
-    onnx_to_torch,
+from harness.models.protocol import (
+    RANDOM_WEIGHTS,
+    Candidates,
+    ModelStats,
+    PostprocessSpec,
+    PreprocessSpec,
+    WeightsInfo,
 )
-from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 from harness.models.weights import file_sha256, weights_dir
 
 # variant -> native input size (the official release's export size)
@@ -51,9 +52,10 @@ class YoloxDetector:
     """A YOLOX model from an ONNX file."""
 
     family = "yolox"
-    backends = ("onnxruntime", "pytorch")
     class_map = COCO80_TO_91
-    defaults = ProtocolDefaults(conf=0.001, iou=0.6, max_det=300)
+    # single-label (score = objectness x best class, as YOLOX's own postprocess), the site's thresholds
+    postprocess = PostprocessSpec(kind="nms", conf=0.001, iou=0.6, max_det=300, multi_label=False)
+    defaults = postprocess.defaults
 
     def __init__(self, variant: str, weights: str | Path | None = None):
         if variant not in VARIANTS:
@@ -73,6 +75,9 @@ class YoloxDetector:
         self._grids: dict[tuple, torch.Tensor] = {}
 
     def _resolve(self, weights: str | Path | None) -> Path:
+        if weights == RANDOM_WEIGHTS:
+            raise UsageError(f"--weights random needs a torch-defined model; {self.model_id} is defined by its "
+                             "ONNX export (pass --weights FILE.onnx, or use a libreyolo YOLOX for random weights)")
         if weights is not None:
             path = Path(weights)
             if not path.is_file():
@@ -108,13 +113,18 @@ class YoloxDetector:
         h, w = dims[2].dim_value, dims[3].dim_value
         return (h, w) if h and w else (VARIANTS[self.variant],) * 2
 
+    @property
+    def core_source(self) -> CoreSource:
+        """The ONNX export as it is; `pytorch` runs its onnx2torch conversion."""
+        return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return backend_names(self.core_source)
+
     def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
                   threads: int | None = None):
-        if backend == "onnxruntime":
-            return OnnxRuntimeCore(self.onnx_model, device, threads, precision)
-        if backend == "pytorch":
-            return TorchCore(onnx_to_torch(self.onnx_model), device, precision)
-        raise UsageError(f"{self.model_id} has no backend {backend!r}; use one of {', '.join(self.backends)}")
+        return load_core(self.core_source, backend, device, precision, input_size, threads)
 
     def _grid(self, input_size: tuple[int, int], device, dtype) -> torch.Tensor:
         """[anchors, 3]: grid x, grid y and stride of every anchor, in the head's order."""
@@ -153,9 +163,4 @@ class YoloxDetector:
                 for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
-        stats = ModelStats(params_millions=round(onnx_param_count(self.onnx_model) / 1e6, 4))
-        try:
-            stats.gflops = round(count_flops(onnx_to_torch(self.onnx_model), input_size) / 1e9, 4)
-        except Exception as exc:  # a converter gap must not sink the benchmark; say why
-            stats.notes["gflops"] = f"FLOP count failed: {exc}"
-        return stats
+        return onnx_model_stats(self.onnx_model, input_size)

@@ -1,0 +1,106 @@
+"""Backends run a family's core; families only describe it.
+
+A family hands over a `CoreSource` (a torch module builder and/or an ONNX graph); a backend turns it
+into a loaded `Core` (harness/models/protocol.py) on a device. Families never dispatch on the backend
+name, and backends know nothing about families:
+
+    source = CoreSource("yolox-nano", onnx_model=lambda: graph)
+    backend_names(source)                      # ("pytorch", "onnxruntime"): what can run it
+    core = load_core(source, "onnxruntime", device, "fp32", (416, 416), threads=2)
+
+Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch) and "onnxruntime" (an
+ONNX source as it is; a torch-only source is exported once with a dynamic batch, cached, and checked
+against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py). More backends (compiled
+PyTorch, CUDA graphs, TensorRT) plug in with `register_backend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from harness.errors import UsageError
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
+    from harness.models.protocol import Core
+
+
+@dataclass(frozen=True)
+class CoreSource:
+    """What a family provides for its core: [B,3,H,W] float tensor in, raw head tensors out.
+
+    - `torch_module`: builds the core as a torch module (weights loaded); its forward returns a
+      tensor or a tuple of tensors (that order is the order of the raw outputs on every backend).
+    - `onnx_model`: the core as an ONNX graph whose batch axis is symbolic.
+    - `exportable`: False when the torch core cannot be exported with a dynamic batch; `export_note`
+      says why (shown when someone asks for an export backend).
+    - `check_batches`: for an ONNX source whose batch axis was made dynamic after the fact, batch
+      sizes at which each output row must equal that image run alone (checked at load; empty: none).
+    """
+
+    name: str
+    torch_module: Callable[[], torch.nn.Module] | None = None
+    onnx_model: Callable[[], onnx.ModelProto] | None = None
+    exportable: bool = True
+    export_note: str = ""
+    check_batches: tuple[int, ...] = ()
+
+
+class Backend(Protocol):
+    """A way to run cores. `name` is the user-facing `--backend` value."""
+
+    name: str
+
+    def supports(self, source: CoreSource) -> bool:
+        """Whether this backend can run the source."""
+        ...
+
+    def load(self, source: CoreSource, device: Any, precision: str, input_size: tuple[int, int],
+             threads: int | None) -> Core:
+        """Load the core on the device; UsageError (one line) when it cannot."""
+        ...
+
+
+_BACKENDS: dict[str, Backend] = {}
+_builtins_loaded = False
+
+
+def register_backend(backend: Backend) -> None:
+    """Add (or replace) a backend under its name."""
+    _BACKENDS[backend.name] = backend
+
+
+def _registry() -> dict[str, Backend]:
+    global _builtins_loaded
+    if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
+        from harness.backends.onnxruntime import OnnxRuntimeBackend
+        from harness.backends.pytorch import PyTorchBackend
+
+        for backend in (PyTorchBackend(), OnnxRuntimeBackend()):
+            _BACKENDS.setdefault(backend.name, backend)
+        _builtins_loaded = True
+    return _BACKENDS
+
+
+def backend_names(source: CoreSource) -> tuple[str, ...]:
+    """The registered backends that can run this source, in registration order."""
+    return tuple(name for name, backend in _registry().items() if backend.supports(source))
+
+
+def load_core(source: CoreSource, backend: str, device: Any, precision: str, input_size: tuple[int, int],
+              threads: int | None = None) -> Core:
+    """Load `source` on the named backend; one-line UsageError when that backend cannot run it."""
+    registry = _registry()
+    if backend not in registry:
+        raise UsageError(f"unknown backend {backend!r}; known: {', '.join(registry)}")
+    if not registry[backend].supports(source):
+        why = f" ({source.export_note})" if source.export_note and source.torch_module is not None else ""
+        raise UsageError(f"{source.name} cannot run on {backend}{why}; use one of "
+                         f"{', '.join(backend_names(source))}")
+    if precision != "fp32":
+        raise UsageError(f"precision {precision!r} is not supported by the {backend} backend yet; use fp32")
+    return registry[backend].load(source, device, precision, input_size, threads)

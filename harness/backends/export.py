@@ -1,0 +1,201 @@
+"""ONNX graphs of cores: export of a torch core with a dynamic batch (cached, checked against PyTorch),
+batch-axis rewriting of foreign exports, and batch checks.
+
+Exports use the TorchScript tracer (`torch.onnx.export(dynamo=False)`): the dynamo exporter needs
+onnxscript and fails on detectors' data-dependent guards. Tracing bakes the traced batch into some
+graphs, so the export is traced at batch EXPORT_BATCH (> 1), and before use every export is run at
+batch 1, 2 and 4 against PyTorch: a graph that disagrees is deleted and the backend refuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from harness.errors import UsageError
+from harness.models.protocol import ModelStats
+from harness.models.weights import weights_dir
+
+OPSET = 17
+EXPORT_BATCH = 2
+CHECK_BATCHES = (1, 2, 4)
+# Agreement required between backends, relative to the output's magnitude: float32 kernels that fuse or
+# reorder operations differ by ~1e-6 relative; a baked batch or a wrong graph differs by orders more.
+RELATIVE_TOLERANCE = 1e-3
+
+
+def make_batch_dynamic(model: onnx.ModelProto, spatial_dynamic: bool = True) -> onnx.ModelProto:
+    """Return a copy whose batch axis (and optionally H, W) is symbolic.
+
+    Exporters often bake the traced batch into Reshape targets (YOLOX: [1, 85, -1]); a 0 there
+    means "copy this dim from the input", which makes the graph batch-agnostic.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    for value in list(graph.input) + list(graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+        if spatial_dynamic and value in graph.input and len(dims) == 4:
+            dims[2].dim_param, dims[3].dim_param = "height", "width"
+    reshape_shapes = {node.input[1] for node in graph.node if node.op_type == "Reshape"}
+    for init in graph.initializer:
+        if init.name in reshape_shapes:
+            shape = onnx.numpy_helper.to_array(init)
+            if shape.ndim == 1 and shape.size > 1 and shape[0] == 1:
+                fixed = shape.copy()
+                fixed[0] = 0
+                init.CopyFrom(onnx.numpy_helper.from_array(fixed, init.name))
+    for node in graph.node:  # the same constants may come as Constant nodes
+        if node.op_type == "Constant" and node.output[0] in reshape_shapes:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    shape = onnx.numpy_helper.to_array(attr.t)
+                    if shape.ndim == 1 and shape.size > 1 and shape[0] == 1:
+                        fixed = shape.copy()
+                        fixed[0] = 0
+                        attr.t.CopyFrom(onnx.numpy_helper.from_array(fixed))
+    del graph.value_info[:]  # stale static shapes of intermediates would contradict the new dims
+    return model
+
+
+def onnx_param_count(model: onnx.ModelProto) -> int:
+    """Number of weights stored in the graph (float initializers)."""
+    total = 0
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            total += int(np.prod(init.dims)) if init.dims else 1
+    return total
+
+
+def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> ModelStats:
+    """Parameters stored in the graph and FLOPs of its onnx2torch conversion (None with the reason when
+    the conversion or the count fails)."""
+    from harness.backends.pytorch import count_flops, onnx_to_torch
+
+    stats = ModelStats(params_millions=round(onnx_param_count(model) / 1e6, 4))
+    try:
+        stats.gflops = round(count_flops(onnx_to_torch(model), input_size) / 1e9, 4)
+    except Exception as exc:  # a converter gap must not sink the benchmark; say why
+        stats.notes["gflops"] = f"FLOP count failed: {exc}"
+    return stats
+
+
+def state_dict_sha256(module: torch.nn.Module) -> str:
+    """SHA-256 over the module's parameters and buffers (names, dtypes, shapes, bytes): the export
+    cache key, the same for the same weights whatever file or seed they came from."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def export_path(name: str, weights_hash: str, input_size: tuple[int, int]) -> Path:
+    """Where the export of these weights at this input size is cached (under the weights cache)."""
+    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    h, w = input_size
+    return weights_dir() / "onnx-exports" / f"{safe}__{weights_hash[:16]}__opset{OPSET}__{h}x{w}.onnx"
+
+
+def _outputs(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        out = module(x)
+    return [out] if isinstance(out, torch.Tensor) else list(out)
+
+
+def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int]) -> tuple[onnx.ModelProto, Path]:
+    """The module exported to ONNX at this input size with a dynamic batch axis; from the cache when
+    these weights were exported before (keyed by weights hash + opset + input size)."""
+    path = export_path(name, state_dict_sha256(module), input_size)
+    if path.is_file():
+        try:
+            return onnx.load(str(path)), path
+        except Exception:  # a damaged cache file: export again
+            path.unlink(missing_ok=True)
+    example = torch.rand(EXPORT_BATCH, 3, *input_size)
+    n_out = len(_outputs(module, example))
+    names = [f"out{i}" for i in range(n_out)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings():  # the tracer warns about every Python-side shape computation
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, (example,), tmp, input_names=["images"], output_names=names,
+                              dynamic_axes={n: {0: "batch"} for n in ["images", *names]},
+                              opset_version=OPSET, dynamo=False)
+        model = onnx.load(tmp)
+        os.replace(tmp, path)
+    except Exception as exc:
+        raise UsageError(f"{name}: ONNX export failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                         "use --backend pytorch") from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return model, path
+
+
+def _max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        if g.shape != w.shape:
+            return float("inf")
+        scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
+        worst = max(worst, float((g.float() - w.float()).abs().max()) / scale if w.numel() else 0.0)
+    return worst
+
+
+def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tuple[int, int],
+                 path: Path) -> dict[str, Any]:
+    """Run the exported core at batch 1, 2 and 4 against the torch module on the same random images;
+    a disagreement deletes the cached export and raises one line. Returns what was checked."""
+    torch.manual_seed(0)
+    x = torch.rand(max(CHECK_BATCHES), 3, *input_size)
+    want = _outputs(module, x)
+    worst = 0.0
+    for b in CHECK_BATCHES:
+        try:
+            got = core(x[:b].contiguous())
+            diff = _max_relative_diff(got, [w[:b] for w in want])
+        except Exception as exc:  # ORT raises its own types when a baked shape meets another batch
+            diff, error = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        else:
+            error = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
+        if not diff <= RELATIVE_TOLERANCE:
+            path.unlink(missing_ok=True)
+            raise UsageError(f"{name}: its ONNX export disagrees with PyTorch at batch {b} ({error}); "
+                             "it cannot run on onnxruntime with a dynamic batch, use --backend pytorch")
+        worst = max(worst, diff)
+    return {"opset": OPSET, "traced_batch": EXPORT_BATCH, "checked_batches": list(CHECK_BATCHES),
+            "max_relative_diff": worst}
+
+
+def check_batch_rows(name: str, core: Any, input_size: tuple[int, int], batches: tuple[int, ...]) -> None:
+    """Each output row of a batch must equal its image run alone (a graph whose batch axis was made
+    dynamic after export may still bake batch 1 somewhere); one line when it does not."""
+    torch.manual_seed(0)
+    x = torch.rand(max(batches), 3, *input_size)
+    alone = [core(x[i:i + 1].contiguous()) for i in range(max(batches))]
+    for b in batches:
+        try:
+            got = core(x[:b].contiguous())
+            want = [torch.cat([alone[i][k] for i in range(b)]) for k in range(len(alone[0]))]
+            diff = _max_relative_diff(got, want)
+        except Exception as exc:
+            diff = float("inf")
+            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        else:
+            detail = f"max relative difference {diff:.2e}"
+        if not diff <= RELATIVE_TOLERANCE:
+            raise UsageError(f"{name}: at batch {b} the graph does not give each image's own output ({detail}); "
+                             "re-export it with a dynamic batch axis")

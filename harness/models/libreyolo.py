@@ -1,0 +1,415 @@
+"""LibreYOLO families: the leaderboard's models, built by the optional `libreyolo` package.
+
+libreyolo builds the bare nn.Module; `LibreCore` wraps it so its forward returns plain tensors (the
+raw head outputs), and everything around it is the harness's shared pipeline, configured from
+harness/models/catalogue.yaml: preprocessing (PreprocessSpec), a decoder per head layout below
+(raw tensors -> candidates), and the family's post-processing kind (PostprocessSpec: NMS or
+NMS-free top-k). The conventions are those of libreyolo's validation path; the tests check our
+detections against libreyolo's own (docs/libreyolo-families.md).
+
+Weights: `--weights random` builds the architecture with seeded random weights (libreyolo's
+`_from_scratch`, timing only); a file is loaded by libreyolo's own loader; with no `--weights`, the
+catalogue's file name is looked up in the weights cache, where `fetch_weights` (libreyolo's own
+download) puts it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torchvision.ops import box_convert
+
+from harness.backends import CoreSource, backend_names, load_core
+from harness.backends.pytorch import count_flops
+from harness.data.categories import COCO80_TO_91
+from harness.errors import UsageError
+from harness.models.protocol import (
+    RANDOM_WEIGHTS,
+    Candidates,
+    DenseCandidates,
+    ModelStats,
+    PostprocessSpec,
+    PreprocessSpec,
+    WeightsInfo,
+)
+from harness.models.weights import file_sha256, weights_dir
+from harness.models.yolox import YoloxDetector
+
+CATALOGUE = Path(__file__).with_name("catalogue.yaml")
+INSTALL_HINT = "install it with `pip install 'va-bench[libreyolo]'` (see README)"
+SEED = 0  # `--weights random` is libreyolo's _from_scratch with this seed: the same weights every run
+
+
+@dataclass(frozen=True)
+class LibreFamily:
+    """One family block of the catalogue."""
+
+    key: str  # catalogue key (dfine, dfine-seg, ...)
+    family: str  # the site's family name
+    class_name: str
+    head: str
+    matches: str  # the libreyolo path whose conventions these are: "validation" or "predict"
+    task: str
+    weights: str  # file name pattern, {size} = size code
+    licence: str
+    preprocess: dict[str, Any]
+    postprocess: PostprocessSpec
+
+
+@dataclass(frozen=True)
+class LibreModel:
+    """One model id of the catalogue."""
+
+    model_id: str
+    family: LibreFamily
+    size: str
+    variant: str
+    input_size: int
+    preprocess: dict[str, Any] = field(default_factory=dict)  # per-model overrides
+
+    @property
+    def weights_file(self) -> str:
+        return self.family.weights.format(size=self.size)
+
+
+def _spec_error(where: str, exc: Exception) -> UsageError:
+    return UsageError(f"{CATALOGUE}: {where}: {exc}; fix the entry (fields: harness/models/protocol.py)")
+
+
+@cache
+def catalogue() -> dict[str, LibreModel]:
+    """Model id -> LibreModel for every libreyolo id in the catalogue (yaml.safe_load, validated)."""
+    data = yaml.safe_load(CATALOGUE.read_text())["libreyolo"]["families"]
+    models: dict[str, LibreModel] = {}
+    for key, block in data.items():
+        try:
+            post = PostprocessSpec(**block["postprocess"])
+            fam = LibreFamily(key=key, family=block.get("family", key), class_name=block["class"], head=block["head"],
+                              matches=block["matches"], task=block.get("task", "detect"), weights=block["weights"],
+                              licence=block["licence"], preprocess=dict(block["preprocess"]), postprocess=post)
+            if fam.head not in HEADS:
+                raise ValueError(f"unknown head {fam.head!r}; known: {', '.join(HEADS)}")
+            if fam.matches not in ("validation", "predict"):
+                raise ValueError(f"matches must be validation or predict, not {fam.matches!r}")
+            for model_id, entry in block["models"].items():
+                model = LibreModel(model_id, fam, str(entry["size"]), str(entry.get("variant", entry["size"])),
+                                   int(entry["input_size"]), dict(entry.get("preprocess", {})))
+                _preprocess_spec(model, model.input_size)  # every field a PreprocessSpec accepts
+                models[model_id] = model
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _spec_error(f"family {key}", exc) from exc
+    return models
+
+
+def _preprocess_spec(model: LibreModel, input_size: int | tuple[int, int]) -> PreprocessSpec:
+    fields = {**model.family.preprocess, **model.preprocess}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return PreprocessSpec(input_size=(0, 0), **fields).with_input_size(input_size)
+
+
+# ------------------------------------------------------------------------------------------ libreyolo
+
+
+def libreyolo_module():
+    """The `libreyolo` package, or one line saying how to install it."""
+    try:
+        return importlib.import_module("libreyolo")
+    except ImportError as exc:
+        raise UsageError(f"LibreYOLO models need the `libreyolo` package ({exc}); {INSTALL_HINT}") from exc
+
+
+def libreyolo_class(model: LibreModel):
+    """The family's libreyolo model class; one line when it or one of its dependencies is missing."""
+    lib = libreyolo_module()
+    try:
+        return getattr(lib, model.family.class_name)
+    except (ImportError, AttributeError) as exc:  # RF-DETR: ModuleNotFoundError without `transformers`
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"{model.model_id}: libreyolo {getattr(lib, '__version__', '?')} cannot build "
+                         f"{model.family.class_name} ({first}); install what it names, or pick another model") from exc
+
+
+def _trusted(cls, path: Path, sha256: str) -> bool:
+    """A file we let libreyolo load: one torch can read without unpickling objects (weights_only), or one
+    whose SHA-256 libreyolo itself pins (YOLO-NAS's Deci checkpoints are pickles, verified by checksum)."""
+    if sha256 in set(getattr(cls, "_DECI_CHECKPOINT_SHA256", {}).values()):
+        return True
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # torch raises UnpicklingError, RuntimeError, ... for files it will not read safely
+        return False
+    return True
+
+
+def build_libreyolo(model: LibreModel, weights: str | Path | None):
+    """(libreyolo model wrapper with its module in eval mode, WeightsInfo)."""
+    cls = libreyolo_class(model)
+    if weights == RANDOM_WEIGHTS:
+        wrapper = cls._from_scratch(size=model.size, device="cpu", task=model.family.task, seed=SEED)
+        info = WeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS)
+    else:
+        path, source = _weights_path(model, weights)
+        sha = file_sha256(path)
+        if not _trusted(cls, path, sha):
+            raise UsageError(f"{path} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
+                             "and its checksum is not one libreyolo pins; va-bench does not unpickle such files")
+        try:
+            wrapper = cls(str(path), size=model.size, device="cpu", task=model.family.task)
+        except Exception as exc:  # libreyolo wraps every load failure in RuntimeError/ValueError
+            first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
+                             f"pass the {model.weights_file} checkpoint of this model") from exc
+        info = WeightsInfo(file=path.name, sha256=sha, source=source)
+    wrapper.model.eval()  # _from_scratch leaves it in train mode
+    return wrapper, info
+
+
+def _weights_path(model: LibreModel, weights: str | Path | None) -> tuple[Path, str]:
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise UsageError(f"--weights {path}: no such file")
+        return path, "--weights"
+    path = weights_dir() / model.weights_file
+    if not path.is_file():
+        raise UsageError(f"weights for {model.model_id} not found ({path}); run `va-bench models fetch "
+                         f"{model.model_id}`, pass --weights PATH, or --weights random for a timing-only run")
+    return path, "libreyolo"
+
+
+def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, str]:
+    """Download a model's weights with libreyolo's own resolution and download (Hugging Face mirror, or
+    Deci's CDN for YOLO-NAS with libreyolo's checksum pin) into the weights cache; (path, sha256)."""
+    model = catalogue()[model_id]
+    cls = libreyolo_class(model)
+    dest = (dest_dir or weights_dir()) / model.weights_file
+    if not dest.is_file():
+        from libreyolo.utils.download import download_weights
+
+        try:
+            download_weights(str(dest), model.size)
+        except Exception as exc:  # requests/HF errors, checksum refusals: all one line
+            raise UsageError(f"could not download {model.weights_file} for {model_id} "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check the network "
+                             "or download it yourself and pass --weights PATH") from exc
+    sha = file_sha256(dest)
+    if not _trusted(cls, dest, sha):
+        raise UsageError(f"{dest} is not a plain weights checkpoint and libreyolo pins no checksum for it")
+    return dest, sha
+
+
+# ------------------------------------------------------------------------------------------ cores
+
+
+class LibreCore(torch.nn.Module):
+    """The bare libreyolo module; forward returns its raw head outputs as a tuple of tensors (the same
+    on every backend, and what ONNX export sees). Nothing of the post-processing happens here."""
+
+    def __init__(self, module: torch.nn.Module, head: str):
+        super().__init__()
+        self.module = module
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.module(x)
+        if self.head == "yolox":  # per-level [B,85,h,w] -> [B,N,85], the layout of the official ONNX export
+            return (torch.cat([level.flatten(2) for level in out], dim=2).transpose(1, 2),)
+        if self.head == "yolo9":
+            return (out["predictions"],)  # [B, 4 + C, N]: xyxy input pixels, class probabilities
+        if self.head == "yolonas":
+            boxes, scores = out[0]  # decoded in the network: [B,N,4] xyxy, [B,N,C] probabilities
+            return boxes, scores
+        if self.head == "picodet":
+            cls_maps, reg_maps = out  # per level: [B,C,h,w] logits, [B,4*(reg_max+1),h,w] distributions
+            return (*cls_maps, *reg_maps)
+        return out["pred_logits"], out["pred_boxes"]  # DETR-style: [B,Q,C] logits, [B,Q,4] cxcywh in [0,1]
+
+
+# ------------------------------------------------------------------------------------------ decoders
+
+
+class _YoloxDecoder:
+    """The official-ONNX YOLOX family's own decoder (harness/models/yolox.py), borrowed as is: a YOLOX
+    built by libreyolo and one from the official export share one post-processing code path."""
+
+    decode = YoloxDetector.decode
+    _grid = YoloxDetector._grid
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+        self._grids: dict[tuple, torch.Tensor] = {}
+
+
+def decode_yolo9(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
+    """[B, 4 + C, N]: boxes are already xyxy in input pixels, scores are class probabilities."""
+    pred = raw[0].transpose(1, 2)
+    return DenseCandidates(boxes=pred[..., :4], scores=pred[..., 4:])
+
+
+def decode_yolonas(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
+    return DenseCandidates(boxes=raw[0], scores=raw[1])
+
+
+def decode_detr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
+    """pred_boxes cxcywh in [0, 1] of the input -> xyxy input pixels; the logits go to the top-k kind."""
+    logits, boxes = raw
+    h, w = input_size
+    xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])
+    return DenseCandidates(boxes=xyxy, scores=logits)
+
+
+def rfdetr_column_labels(n_columns: int) -> torch.Tensor:
+    """Contiguous class of each RF-DETR logit column, -1 for columns that are no COCO class: COCO
+    checkpoints have 91 columns indexed by category id (0 and the 10 unused ids are not classes); a
+    model built for 80 classes has 81, the last one never trained as a class."""
+    labels = torch.full((n_columns,), -1, dtype=torch.long)
+    if n_columns == 91:
+        labels[list(COCO80_TO_91)] = torch.arange(80)
+    else:
+        labels[:min(80, n_columns)] = torch.arange(min(80, n_columns))
+    return labels
+
+
+def decode_rfdetr(raw: list[torch.Tensor], input_size: tuple[int, int], k: int) -> list[Candidates]:
+    """Top-k over every (query, column), then the columns that are no class are dropped (RF-DETR's own
+    order: they take part in the top-k, as in libreyolo and upstream), labels mapped to contiguous."""
+    logits, boxes = raw
+    h, w = input_size
+    xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])
+    n_classes = logits.shape[2]
+    column_labels = rfdetr_column_labels(n_classes).to(logits.device)
+    scores, index = logits.sigmoid().flatten(1).topk(min(k, logits.shape[1] * n_classes), dim=1)
+    labels = column_labels[index % n_classes]
+    query = torch.div(index, n_classes, rounding_mode="floor")
+    out = []
+    for i in range(logits.shape[0]):
+        valid = labels[i] >= 0
+        out.append(Candidates(boxes=xyxy[i, query[i][valid]], scores=scores[i][valid], labels=labels[i][valid]))
+    return out
+
+
+def decode_picodet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float, strides: tuple[int, ...],
+                   nms_pre: int) -> list[Candidates]:
+    """GFL/DFL decode (PicoDet's head; no library has it): per image and level, the (anchor, class) pairs
+    whose sigmoid score > conf, that level's `nms_pre` best, each box the softmax-expected distance to
+    the four sides x stride from the cell centre, clamped to the input. Multi-label by construction."""
+    n_levels = len(strides)
+    cls_maps, reg_maps = raw[:n_levels], raw[n_levels:]
+    h_in, w_in = input_size
+    reg_max = reg_maps[0].shape[1] // 4 - 1
+    project = torch.arange(reg_max + 1, dtype=reg_maps[0].dtype, device=reg_maps[0].device)
+    per_image: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = [[] for _ in range(cls_maps[0].shape[0])]
+    for cls_map, reg_map, stride in zip(cls_maps, reg_maps, strides, strict=True):
+        b, n_classes, h, w = cls_map.shape
+        scores = cls_map.sigmoid().permute(0, 2, 3, 1).reshape(b, h * w * n_classes)
+        ys, xs = torch.meshgrid(torch.arange(h, device=cls_map.device), torch.arange(w, device=cls_map.device),
+                                indexing="ij")
+        centres = (torch.stack((xs, ys), -1).reshape(-1, 2).to(reg_map.dtype) + 0.5) * stride
+        dist = reg_map.permute(0, 2, 3, 1).reshape(b, h * w, 4, reg_max + 1)
+        for i in range(b):
+            hits = (scores[i] > conf).nonzero().squeeze(1)
+            kept = scores[i, hits]
+            if kept.numel() > nms_pre:
+                kept, top = kept.topk(nms_pre)
+                hits = hits[top]
+            anchor = torch.div(hits, n_classes, rounding_mode="floor")
+            d = (dist[i, anchor].softmax(-1) * project).sum(-1) * stride  # left, top, right, bottom
+            c = centres[anchor]
+            boxes = torch.cat((c - d[:, :2], c + d[:, 2:]), dim=1)
+            boxes = torch.minimum(boxes.clamp(min=0), boxes.new_tensor([w_in, h_in, w_in, h_in]))
+            per_image[i].append((boxes, kept, hits % n_classes))
+    return [Candidates(boxes=torch.cat([p[0] for p in parts]), scores=torch.cat([p[1] for p in parts]),
+                       labels=torch.cat([p[2] for p in parts])) for parts in per_image]
+
+
+HEADS = ("yolox", "yolo9", "yolonas", "picodet", "detr", "rfdetr")
+PICODET_STRIDES = (8, 16, 32, 64)  # libreyolo's PicoDet head levels
+PICODET_NMS_PRE = 1000  # per level, libreyolo's (and upstream's test_cfg) nms_pre
+YOLONAS_FIT = 636  # libreyolo's YOLO-NAS resizes the long side to min(636, input size)
+
+
+# ------------------------------------------------------------------------------------------ detector
+
+
+class LibreYoloDetector:
+    """A catalogue model built by libreyolo: the Detector protocol (harness/models/protocol.py)."""
+
+    class_map = COCO80_TO_91
+
+    def __init__(self, model_id: str, weights: str | Path | None = None):
+        entry = catalogue().get(model_id)
+        if entry is None:
+            raise UsageError(f"unknown LibreYOLO model {model_id!r}; known: {', '.join(catalogue())}")
+        self.entry = entry
+        self.model_id, self.family, self.variant = model_id, entry.family.family, entry.variant
+        self.licence = entry.family.licence
+        self.wrapper, self.weights = build_libreyolo(entry, weights)
+        self.core_module = LibreCore(self.wrapper.model, entry.family.head).eval()
+        self.postprocess = entry.family.postprocess
+        self.defaults = self.postprocess.defaults
+        self.preprocess = self.preprocess_for(entry.input_size)
+        self._yolox = _YoloxDecoder(model_id)
+
+    def preprocess_for(self, input_size: int | tuple[int, int]) -> PreprocessSpec:
+        """The family's preprocessing at an input size. Two conventions depend on the model: a YOLOv9
+        checkpoint may stamp its letterbox pad (libreyolo's `letterbox_pad`), and YOLO-NAS fits the
+        long side to min(636, size) whatever the size."""
+        spec = _preprocess_spec(self.entry, input_size)
+        pad = getattr(self.wrapper, "letterbox_pad", None)
+        if self.entry.family.head == "yolo9" and pad is not None:
+            spec = replace(spec, pad_position="center" if pad == "center" else "top-left")
+        if self.entry.family.head == "yolonas":
+            spec = LongSideFitSpec(**spec.__dict__, fit_size=YOLONAS_FIT).with_input_size(spec.input_size)
+        return spec
+
+    @property
+    def core_source(self) -> CoreSource:
+        return CoreSource(self.model_id, torch_module=lambda: self.core_module)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return backend_names(self.core_source)
+
+    def load_core(self, backend: str, device: Any, precision: str, input_size: tuple[int, int],
+                  threads: int | None = None):
+        return load_core(self.core_source, backend, device, precision, input_size, threads)
+
+    def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
+               conf: float) -> list[Candidates] | DenseCandidates:
+        head = self.entry.family.head
+        if head == "yolox":
+            return self._yolox.decode(raw, input_size, conf)
+        if head == "picodet":
+            return decode_picodet(raw, input_size, conf, PICODET_STRIDES, PICODET_NMS_PRE)
+        if head == "rfdetr":  # its top-k is libreyolo's num_select (the family's max_det) before the drop
+            return decode_rfdetr(raw, input_size, self.postprocess.max_det)
+        decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolonas": decode_yolonas, "detr": decode_detr}
+        return decoders[head](raw, input_size, conf)
+
+    def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
+        params = sum(p.numel() for p in self.core_module.parameters())
+        stats = ModelStats(params_millions=round(params / 1e6, 4))
+        try:
+            stats.gflops = round(count_flops(self.core_module, input_size) / 1e9, 4)
+        except Exception as exc:  # a model FlopCounterMode cannot trace must not sink the benchmark; say why
+            stats.notes["gflops"] = f"FLOP count failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return stats
+
+
+@dataclass(frozen=True)
+class LongSideFitSpec(PreprocessSpec):
+    """YOLO-NAS's letterbox: the long side to min(`fit_size`, input size), then padded to the input
+    size; `with_input_size` (how the runner changes the size) keeps that rule."""
+
+    fit_size: int = 636
+
+    def with_input_size(self, size: int | tuple[int, int]) -> LongSideFitSpec:
+        hw = (size, size) if isinstance(size, int) else tuple(size)
+        return replace(self, input_size=hw, fit_margin=max(0, min(hw) - self.fit_size))

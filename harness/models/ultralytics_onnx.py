@@ -1,0 +1,168 @@
+"""Ultralytics-format ONNX exports (yolov8 / yolo11 / yolov5u / yolo26) as generic ONNX families.
+
+No Ultralytics code is imported (AGPL): the harness reads the exported graph's output layout.
+
+- "dense" layout (yolov8, yolo11, yolov5u; yolo26 exported with end2end=False): one output
+  [B, 4 + C, N], per anchor point cx, cy, w, h in input pixels then C class scores (sigmoid applied).
+  Post-processing as Ultralytics' validator does it: multi-label NMS (every class whose score passes),
+  the 30000 best candidates kept before NMS (its max_nms), class-aware NMS.
+- "end2end" layout (yolo26's default, NMS-free): one output [B, K, 6] = x1, y1, x2, y2, score, class
+  in input pixels. Post-processing kind "topk": each image's best max_det rows with score >= conf.
+Thresholds: conf 0.001, iou 0.7, max_det 300 (Ultralytics' validation defaults; the leaderboard's
+submissions for these families use them).
+
+Preprocessing is Ultralytics' validation transform: the long side resized to the input size (size
+rounded up; cv2 INTER_AREA when shrinking, INTER_LINEAR when enlarging), centre padding with 114, RGB,
+/255. Boxes go back by the scale factor r (Ultralytics divides by its y gain, equal to r up to rounding).
+
+Ultralytics' default exports are static (batch 1, fixed size): the batch axis is made symbolic
+(harness/backends/export.py: make_batch_dynamic) and each output row is checked against its image
+run alone at load; a graph exported at a fixed size runs at that size only.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import onnx
+import torch
+
+from harness.backends import CoreSource, backend_names, load_core
+from harness.backends.export import make_batch_dynamic, onnx_model_stats
+from harness.data.categories import COCO80_TO_91
+from harness.errors import UsageError
+from harness.measure.device import Device
+from harness.models.protocol import (
+    RANDOM_WEIGHTS,
+    Candidates,
+    DenseCandidates,
+    ModelStats,
+    PostprocessSpec,
+    PreprocessSpec,
+    WeightsInfo,
+)
+from harness.models.weights import file_sha256, weights_dir
+
+SIZES = ("n", "s", "m", "l", "x")
+MODEL_IDS: dict[str, str] = {
+    **{f"yolov8{s}": "yolov8" for s in SIZES},
+    **{f"yolo11{s}": "yolo11" for s in SIZES},
+    **{f"yolov5{s}u": "yolov5u" for s in SIZES},
+    **{f"yolo26{s}": "yolo26" for s in SIZES},
+}
+DEFAULT_INPUT_SIZE = 640
+MAX_NMS = 30000  # Ultralytics' pre-NMS candidate cap
+BATCH_CHECK = (1, 2)
+DENSE_POST = PostprocessSpec(kind="nms", conf=0.001, iou=0.7, max_det=300, multi_label=True, pre_nms_topk=MAX_NMS)
+END2END_POST = PostprocessSpec(kind="topk", conf=0.001, max_det=300)
+
+
+def postprocess_kind(family: str) -> str:
+    """The kind a family's default export has (yolo26 exports end-to-end unless told otherwise)."""
+    return END2END_POST.kind if family == "yolo26" else DENSE_POST.kind
+
+
+def cached_weights(model_id: str) -> Path | None:
+    """The user's export in the weights cache (<weights dir>/<id>.onnx), if present."""
+    path = weights_dir() / f"{model_id}.onnx"
+    return path if path.is_file() else None
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    """Static dims as ints, symbolic ones as None."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+
+
+class UltralyticsOnnxDetector:
+    """An Ultralytics-format ONNX export; the layout (dense or end-to-end) is read from the graph."""
+
+    class_map = COCO80_TO_91
+
+    def __init__(self, model_id: str, weights: str | Path | None = None):
+        if model_id not in MODEL_IDS:
+            raise UsageError(f"unknown Ultralytics-format model {model_id!r}; known: {', '.join(MODEL_IDS)}")
+        self.model_id, self.family = model_id, MODEL_IDS[model_id]
+        self.variant = model_id.removesuffix("u")[-1]  # the size letter: n, s, m, l, x
+        if weights == RANDOM_WEIGHTS:
+            raise UsageError(f"--weights random needs a torch-defined model; {model_id} is defined by its "
+                             "ONNX export (pass --weights FILE.onnx)")
+        self.path = self._resolve(weights)
+        self._raw_model = self._load(self.path)
+        self.layout, num_classes = self._layout()
+        if num_classes is not None and num_classes != len(COCO80_TO_91):
+            raise UsageError(f"{self.path} predicts {num_classes} classes; COCO evaluation needs an 80-class export")
+        self.postprocess = END2END_POST if self.layout == "end2end" else DENSE_POST
+        self.defaults = self.postprocess.defaults
+        self.weights = WeightsInfo(file=self.path.name, sha256=file_sha256(self.path),
+                                   source="--weights" if weights else "weights cache")
+        dims = _dims(self._raw_model.graph.input[0])
+        self.fixed_size = (dims[2], dims[3]) if len(dims) == 4 and dims[2] and dims[3] else None
+        self.preprocess = PreprocessSpec(
+            input_size=self.fixed_size or (DEFAULT_INPUT_SIZE, DEFAULT_INPUT_SIZE), resize="letterbox",
+            pad_position="center", pad_value=114, channel_order="RGB", scale=1 / 255, size_rounding="ceil",
+            interpolation="linear", downscale_interpolation="area", box_scale="ratio")
+
+    def _resolve(self, weights: str | Path | None) -> Path:
+        if weights is not None:
+            path = Path(weights)
+            if not path.is_file():
+                raise UsageError(f"--weights {path}: no such file")
+            return path
+        cached = cached_weights(self.model_id)
+        if cached is None:
+            raise UsageError(f"no weights for {self.model_id}: export it with Ultralytics (`yolo export "
+                             f"model={self.model_id}.pt format=onnx`) and pass --weights {self.model_id}.onnx, "
+                             f"or put it at {weights_dir() / (self.model_id + '.onnx')}")
+        return cached
+
+    @staticmethod
+    def _load(path: Path) -> onnx.ModelProto:
+        try:
+            return onnx.load(str(path))
+        except Exception as exc:  # onnx raises DecodeError and friends
+            raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__})") from exc
+
+    def _layout(self) -> tuple[str, int | None]:
+        """("end2end", None) for [B, K, 6]; ("dense", C) for [B, 4 + C, N]; one line otherwise."""
+        outputs = self._raw_model.graph.output
+        dims = _dims(outputs[0]) if len(outputs) == 1 else []
+        if len(dims) == 3 and dims[2] == 6:
+            return "end2end", None
+        if len(dims) == 3 and dims[1] and dims[1] > 4:
+            return "dense", dims[1] - 4
+        shapes = [_dims(o) for o in outputs]
+        raise UsageError(f"{self.path} does not look like an Ultralytics-format export: want one output "
+                         f"[B, 4+C, N] or [B, K, 6], found {shapes}")
+
+    @cached_property
+    def onnx_model(self) -> onnx.ModelProto:
+        """The export with a symbolic batch axis (and symbolic H, W where it was exported dynamic)."""
+        return make_batch_dynamic(self._raw_model, spatial_dynamic=self.fixed_size is None)
+
+    @cached_property
+    def core_source(self) -> CoreSource:
+        return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model, check_batches=BATCH_CHECK)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return backend_names(self.core_source)
+
+    def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
+                  threads: int | None = None):
+        if self.fixed_size is not None and tuple(input_size) != self.fixed_size:
+            raise UsageError(f"{self.path} was exported at {self.fixed_size[0]}x{self.fixed_size[1]} and runs at "
+                             f"that size only; drop --input-size or export with dynamic=True")
+        return load_core(self.core_source, backend, device, precision, input_size, threads)
+
+    def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
+               conf: float) -> DenseCandidates | list[Candidates]:
+        out = raw[0]
+        if self.layout == "end2end":
+            return [Candidates(boxes=o[:, :4], scores=o[:, 4], labels=o[:, 5].long()) for o in out]
+        pred = out.transpose(1, 2)  # [B, N, 4 + C]
+        xy, half = pred[..., 0:2], pred[..., 2:4] / 2
+        return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=pred[..., 4:])
+
+    def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
+        return onnx_model_stats(self.onnx_model, input_size)

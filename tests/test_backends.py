@@ -1,0 +1,147 @@
+"""The backend registry: families describe a core (CoreSource), backends run it; exports of torch cores
+are cached by weights hash and refused when they disagree with PyTorch at batch 1/2/4."""
+
+import warnings
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from harness.backends import CoreSource, backend_names, load_core, register_backend
+from harness.backends.export import export_path, make_batch_dynamic, state_dict_sha256
+from harness.errors import UsageError
+from harness.measure.device import parse_device
+
+CPU = parse_device("cpu")
+SIZE = (32, 32)
+
+
+class Head(nn.Module):
+    """A small conv 'detector core' returning two raw tensors, batch-independent."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.box = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        f = torch.relu(self.conv(x))
+        return self.box(f).flatten(2), f.mean(dim=(2, 3))
+
+
+class BakedBatch(Head):
+    """Reshapes with the batch size as a Python int: tracing freezes the traced batch (2) into the graph."""
+
+    def forward(self, x):
+        f = torch.relu(self.conv(x))
+        return (self.box(f).reshape(int(x.shape[0]), 4, -1),)
+
+
+class MixesBatch(Head):
+    """Each output row depends on the other images of the batch (batch statistics)."""
+
+    def forward(self, x):
+        return (self.conv(x) - self.conv(x).mean(dim=0, keepdim=True),)
+
+
+@pytest.fixture(autouse=True)
+def _weights_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+
+
+def test_sources_pick_their_backends():
+    torch_only = CoreSource("t", torch_module=Head)
+    assert backend_names(torch_only) == ("pytorch", "onnxruntime")
+    assert backend_names(CoreSource("t", torch_module=Head, exportable=False)) == ("pytorch",)
+    onnx_only = CoreSource("o", onnx_model=lambda: onnx.ModelProto())
+    assert backend_names(onnx_only) == ("pytorch", "onnxruntime")  # pytorch through onnx2torch
+    with pytest.raises(UsageError, match="unknown backend 'tensorflow'"):
+        load_core(torch_only, "tensorflow", CPU, "fp32", SIZE)
+    with pytest.raises(UsageError, match="cannot run on onnxruntime .*because"):
+        load_core(CoreSource("t", torch_module=Head, exportable=False, export_note="because"), "onnxruntime", CPU,
+                  "fp32", SIZE)
+    with pytest.raises(UsageError, match="fp16"):
+        load_core(torch_only, "pytorch", CPU, "fp16", SIZE)
+
+
+def test_a_new_backend_plugs_in_without_touching_families():
+    class Doubling:
+        name = "doubling-test"
+
+        def supports(self, source):
+            return source.torch_module is not None
+
+        def load(self, source, device, precision, input_size, threads):
+            module = source.torch_module().eval()
+            return lambda x: [2 * t for t in module(x)]
+
+    register_backend(Doubling())
+    source = CoreSource("t", torch_module=Head)
+    assert "doubling-test" in backend_names(source)
+    x = torch.rand(2, 3, *SIZE)
+    with torch.no_grad():
+        assert torch.equal(load_core(source, "doubling-test", CPU, "fp32", SIZE)(x)[0], 2 * Head()(x)[0])
+
+
+def test_export_matches_torch_and_is_cached_by_weights_hash():
+    source = CoreSource("tiny-head", torch_module=Head)
+    core = load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+    info = core.info()["exported_from_pytorch"]
+    assert info["checked_batches"] == [1, 2, 4] and info["max_relative_diff"] < 1e-5
+    path = export_path("tiny-head", state_dict_sha256(Head()), SIZE)
+    assert info["file"] == str(path) and path.is_file()
+    x = torch.rand(3, 3, *SIZE)  # a batch size the export was not traced at
+    with torch.no_grad():
+        for got, want in zip(core(x), Head()(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    mtime = path.stat().st_mtime_ns
+    load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+    assert path.stat().st_mtime_ns == mtime  # served from the cache
+    other = export_path("tiny-head", state_dict_sha256(Head(seed=1)), SIZE)
+    assert other != path  # other weights, other file
+
+
+def test_export_that_bakes_the_batch_is_refused_and_not_kept():
+    source = CoreSource("baked", torch_module=BakedBatch)
+    with pytest.raises(UsageError, match="disagrees with PyTorch at batch 1") as err:
+        load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+    assert "\n" not in str(err.value) and "--backend pytorch" in str(err.value)
+    assert not export_path("baked", state_dict_sha256(BakedBatch()), SIZE).exists()
+
+
+def test_state_dict_hash_follows_the_weights():
+    assert state_dict_sha256(Head()) == state_dict_sha256(Head())
+    changed = Head()
+    with torch.no_grad():
+        changed.conv.bias[0] += 1e-3
+    assert state_dict_sha256(changed) != state_dict_sha256(Head())
+
+
+def _onnx(module, path, dynamic=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.rand(1, 3, *SIZE),), str(path), input_names=["images"],
+                          opset_version=17, dynamo=False, dynamic_axes={"images": {0: "batch"}} if dynamic else None)
+    return onnx.load(str(path))
+
+
+def test_onnx_source_batch_rows_are_checked(tmp_path):
+    good = make_batch_dynamic(_onnx(Head(), tmp_path / "good.onnx", dynamic=False))
+    for backend in ("onnxruntime", "pytorch"):
+        load_core(CoreSource("good", onnx_model=lambda: good, check_batches=(1, 2)), backend, CPU, "fp32", SIZE)
+    mixed = _onnx(MixesBatch(), tmp_path / "mixed.onnx")
+    with pytest.raises(UsageError, match="at batch 2 the graph does not give each image's own output"):
+        load_core(CoreSource("mixed", onnx_model=lambda: mixed, check_batches=(1, 2)), "onnxruntime", CPU, "fp32",
+                  SIZE)
+
+
+def test_onnx2torch_gaps_are_one_line(tmp_path):
+    class ClampMax(nn.Module):  # Clip with only a max: onnx2torch cannot read the empty optional input
+        def forward(self, x):
+            return x.clamp(max=0.5)
+
+    model = _onnx(ClampMax(), tmp_path / "clip.onnx")
+    with pytest.raises(UsageError, match="onnx2torch cannot convert this ONNX graph.*--backend onnxruntime"):
+        load_core(CoreSource("clip", onnx_model=lambda: model), "pytorch", CPU, "fp32", SIZE)

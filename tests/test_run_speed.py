@@ -1,0 +1,189 @@
+"""A run at the speed of its work: image-bytes cache, detections streamed to disk, start-up recorded apart,
+each cell scored on its own detections, and the tools of `make bench-run` / `make bench-memory`."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, REPO, YOLOX_NANO, requires_coco, requires_yolox, run_benchmark
+
+from harness.bench.synthetic_coco import FIRST_ID, build_tree
+from harness.data.cache import ImageBytes
+from harness.data.coco import CocoDataset
+from harness.errors import UsageError
+from harness.eval.coco_eval import evaluate_bbox, evaluate_bbox_file
+from harness.results.json_stream import JsonArrayWriter
+from harness.results.submission import build_submission
+from harness.results.writer import NonFiniteNumberError
+
+PLUGIN = Path(__file__).parent / "plugins" / "batch_dependent_detector.py"
+FAST = dict(warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2, layers=False, profile=False, energy=False,
+            draw_images=0, limit=16)
+
+
+@pytest.fixture(scope="module")
+def cache_runs(tmp_path_factory):
+    """yolox-nano on ONNX Runtime, 16 images, batch 8: once decoding from memory, once from disk."""
+    if not (COCO_DIR.is_dir() and YOLOX_NANO.is_file()):
+        pytest.skip("offline assets missing (../shared/assets)")
+    return {mode: run_benchmark(tmp_path_factory, f"cache-{mode}", backends=["onnxruntime"], batch_sizes=[8],
+                                cache_images=mode, **FAST) for mode in ("auto", "off")}
+
+
+def test_cached_images_give_identical_detections(cache_runs):
+    files = {}
+    for mode, (plan, records) in cache_runs.items():
+        (record,) = records
+        assert record.environment["images"]["decode_from"] == ("memory" if mode == "auto" else "disk")
+        files[mode] = (plan.run_dir / record.accuracy.detections_file).read_bytes()
+    assert len(json.loads(files["auto"])) > 100  # a real detector's detections, not an empty file
+    assert files["auto"] == files["off"]
+
+
+def test_startup_is_recorded_apart_from_the_timings(cache_runs):
+    plan, (record,) = cache_runs["auto"]
+    startup = record.environment["startup"]
+    for key in ("imports_s", "process_start_to_load_s", "image_cache_s", "model_load_s", "model_stats_s"):
+        assert isinstance(startup[key], float) and startup[key] >= 0, key
+    assert startup["process_start_to_load_s"] >= startup["imports_s"] > 0
+    doc = build_submission(record)
+    assert doc["environment"]["startup"] == startup and doc["environment"]["images"]["cache_images"] == "auto"
+
+
+def test_detections_file_is_what_was_scored(cache_runs):
+    """The streamed file is valid COCO results JSON, and pycocotools on it gives the cell's accuracy block."""
+    plan, (record,) = cache_runs["off"]
+    detections = json.loads((plan.run_dir / record.accuracy.detections_file).read_text())
+    assert len(detections) == record.accuracy.num_detections
+    assert evaluate_bbox(plan.dataset.coco, detections, list(plan.variant.image_ids)) == record.accuracy.stats
+
+
+@pytest.mark.parametrize("images", [16, 5])
+def test_evaluation_by_category_groups_is_pycocotools_exactly(cache_runs, images, tmp_path):
+    """Bounded-memory evaluation (categories a few at a time, the file parsed object by object) gives
+    bit-identical statistics to one pycocotools pass over the whole list, also over a subset of images
+    and with a group that has no detections at all."""
+    plan, (record,) = cache_runs["off"]
+    path = plan.run_dir / record.accuracy.detections_file
+    ids = list(plan.variant.image_ids)[:images]
+    detections = [d for d in json.loads(path.read_text()) if d["image_id"] in ids]
+    reference = evaluate_bbox(plan.dataset.coco, detections, ids)
+    assert reference["mAP_50_95"] > 0.1
+    for pairs in (None, images * 3, 1):  # one group; 3 categories per group; one category per group
+        assert evaluate_bbox_file(plan.dataset.coco, path, ids, pairs_per_chunk=pairs) == reference
+    (tmp_path / "empty.json").write_text("[]")
+    assert set(evaluate_bbox_file(plan.dataset.coco, tmp_path / "empty.json", ids).values()) == {0.0}
+    (tmp_path / "bad.json").write_text('[{"image_id": 1}]')
+    with pytest.raises(ValueError, match="not a bbox result"):
+        evaluate_bbox_file(plan.dataset.coco, tmp_path / "bad.json", ids)
+
+
+@requires_coco
+def test_each_cell_is_scored_on_its_own_detections(tmp_path_factory):
+    """A plugin whose boxes depend on the batch size: each cell's accuracy is pycocotools on its own file."""
+    plan, records = run_benchmark(tmp_path_factory, "own-batch", models=[f"{PLUGIN}:make"], backends=["pytorch"],
+                                  batch_sizes=[1, 2], **FAST)
+    by_batch = {r.cell.batch_size: r for r in records}
+    ids = list(plan.variant.image_ids)
+    for size, record in by_batch.items():
+        acc = record.accuracy
+        assert acc.batch_size == size and f"b{size}" in acc.detections_file
+        detections = json.loads((plan.run_dir / acc.detections_file).read_text())
+        assert evaluate_bbox(plan.dataset.coco, detections, ids) == acc.stats
+        whole = [d["bbox"] == [0.0, 0.0, plan.dataset.coco.imgs[d["image_id"]]["width"],
+                               plan.dataset.coco.imgs[d["image_id"]]["height"]] for d in detections]
+        assert all(whole) if size == 1 else not any(whole)
+    assert by_batch[1].accuracy.stats != by_batch[2].accuracy.stats
+
+
+def test_json_array_writer_streams_and_is_atomic(tmp_path):
+    path = tmp_path / "d" / "dets.json"
+    with JsonArrayWriter(path) as out:
+        out.extend([{"a": 1}, {"a": 2}])
+        out.extend([])
+        out.extend([{"a": 3}])
+        assert not path.exists()  # only under its final name once complete
+    assert json.loads(path.read_text()) == [{"a": 1}, {"a": 2}, {"a": 3}] and out.count == 3
+    with JsonArrayWriter(tmp_path / "empty.json"):
+        pass
+    assert json.loads((tmp_path / "empty.json").read_text()) == []
+    with pytest.raises(NonFiniteNumberError), JsonArrayWriter(tmp_path / "nan.json") as out:
+        out.extend([{"score": float("nan")}])
+    with pytest.raises(RuntimeError), JsonArrayWriter(tmp_path / "broken.json") as out:
+        out.extend([{"a": 1}])
+        raise RuntimeError("killed mid-cell")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "empty.json"]  # no partial or temp file left
+
+
+@requires_coco
+def test_image_bytes_cache_follows_its_budget(tmp_path):
+    dataset = CocoDataset(COCO_DIR)
+    records = dataset.records(dataset.variant("sample", 4))
+    total = sum(r.path.stat().st_size for r in records)
+    cached = ImageBytes(records, "auto", budget_bytes=total)
+    assert cached.decision.decode_from == "memory"
+    over = ImageBytes(records, "auto", budget_bytes=total - 1)
+    assert over.decision.decode_from == "disk" and "exceed the cache budget" in over.decision.reason
+    off = ImageBytes(records, "off")
+    assert off.decision.decode_from == "disk" and off.decision.reason == "--cache-images off"
+    for r in records:
+        assert cached.read(r) == over.read(r) == off.read(r) == r.path.read_bytes()
+
+
+@requires_coco
+def test_synthetic_tree_repeats_the_sample_under_new_ids(tmp_path):
+    tree = build_tree(tmp_path / "tree", 300, COCO_DIR)
+    source = json.loads((COCO_DIR / "annotations" / "instances_val2017_subset.json").read_text())
+    doc = json.loads((tree / "annotations" / "instances_val2017.json").read_text())
+    assert [img["id"] for img in doc["images"]] == list(range(FIRST_ID, FIRST_ID + 300))
+    originals = sorted(source["images"], key=lambda img: img["id"])
+    per_image = {}
+    for ann in source["annotations"]:
+        per_image[ann["image_id"]] = per_image.get(ann["image_id"], 0) + 1
+    assert len(doc["annotations"]) == sum(per_image.get(originals[k % len(originals)]["id"], 0) for k in range(300))
+    assert len({a["id"] for a in doc["annotations"]}) == len(doc["annotations"])
+    first, again = doc["images"][0], doc["images"][len(originals)]  # the same picture under two ids
+    assert (tree / "val2017" / first["file_name"]).read_bytes() == (tree / "val2017" / again["file_name"]).read_bytes()
+    assert (first["width"], first["height"]) == (again["width"], again["height"])
+    dataset = CocoDataset(tree)
+    assert dataset.variant("sample").num_images == 300 and dataset.variant("sample", 40).name == "subset40"
+    with pytest.raises(UsageError, match="inside the repository"):
+        build_tree(REPO / "harness" / "synthetic", 3, COCO_DIR)
+
+
+def test_plain_loop_shares_no_code_with_the_harness():
+    tree = ast.parse((REPO / "harness" / "bench" / "plain_loop.py").read_text())
+    modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(m.split(".")[0] == "harness" for m in modules), modules
+
+
+@requires_yolox
+def test_plain_loop_agrees_with_the_run_on_map(cache_runs):
+    """The yardstick of `make bench-run` does the same accuracy work: same mAP on the same 16 images."""
+    plan, (record,) = cache_runs["auto"]
+    result = subprocess.run([sys.executable, "-m", "harness.bench.plain_loop", "--limit", "16", "--coco-dir",
+                             str(COCO_DIR), "--onnx", str(YOLOX_NANO)], capture_output=True, text=True, cwd=REPO,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    loop = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loop["images"] == 16
+    assert abs(loop["mAP_50_95"] - record.accuracy.stats["mAP_50_95"]) <= 0.001
+    assert abs(loop["mAP_50"] - record.accuracy.stats["mAP_50"]) <= 0.001
+
+
+def test_validate_does_not_import_torch(tmp_path):
+    """`va-bench validate` through the real CLI entry point loads neither torch nor the pipeline."""
+    (tmp_path / "x.json").write_text("{}")
+    code = ("import sys\nfrom harness.cli import main\nsys.argv = ['va-bench', 'validate', sys.argv[1]]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'torchvision', 'onnxruntime', "
+            "'harness.pipeline', 'harness.models', 'harness.run.scheduler', 'harness.run.executor'))]\n"
+            "print(code, bad)\nsys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.json")], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "1 []"  # validate ran, found the empty submission wanting

@@ -1,0 +1,263 @@
+"""Ultralytics-format ONNX families, with tiny exports of the right layouts built here (torch.onnx.export
+of small modules; no Ultralytics code): the dense [B, 84, N] layout of yolov8/yolo11/yolov5u and the
+NMS-free end-to-end [B, K, 6] layout of yolo26. Decoding and post-processing are checked against a
+reference written here the way Ultralytics' validator does it, on real COCO images."""
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import COCO_DIR, REPO, requires_coco
+from torch import nn
+from torchvision.ops import batched_nms
+
+from harness.data.categories import COCO80_TO_91
+from harness.data.coco import CocoDataset
+from harness.errors import UsageError
+from harness.measure.device import parse_device
+from harness.models.registry import get_detector
+from harness.models.ultralytics_onnx import MAX_NMS
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.preprocess import decode_image, preprocess_batch
+from harness.pipeline.stage_timer import StageTimer
+
+SIZE = 320
+STRIDE = 16
+
+
+class TinyDense(nn.Module):
+    """[B, 4 + 80, N] like a YOLOv8 export: cx, cy, w, h in input pixels, then sigmoid class scores."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 84, kernel_size=STRIDE, stride=STRIDE)
+        nn.init.normal_(self.conv.weight, std=0.02)
+        side = SIZE // STRIDE
+        ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        self.register_buffer("grid", torch.stack((xs, ys)).reshape(1, 2, -1).float())
+        # a different offset per anchor: the flat padding would otherwise give many anchors exactly equal
+        # scores, and which of exactly tied boxes NMS keeps is arbitrary
+        self.register_buffer("offset", torch.linspace(0, 1, side * side).reshape(1, 1, -1))
+
+    def forward(self, x):
+        y = self.conv(x).reshape(x.shape[0], 84, -1)  # traced at batch 1: Reshape [1, 84, -1], as Ultralytics'
+        xy = (self.grid + torch.sigmoid(y[:, 0:2])) * STRIDE
+        wh = torch.exp(y[:, 2:4].clamp(-8, 3)) * STRIDE * 2
+        return torch.cat((xy, wh, torch.sigmoid(y[:, 4:] * 4 - 4 + self.offset)), dim=1)
+
+
+class TinyEnd2End(TinyDense):
+    """[B, K, 6] like a YOLO26 end-to-end export: x1, y1, x2, y2, score, class of the K best anchors."""
+
+    K = 50
+
+    def forward(self, x):
+        dense = super().forward(x).transpose(1, 2)
+        scores, labels = dense[..., 4:].max(dim=-1)
+        top, index = scores.topk(self.K, dim=1)
+        rows = torch.gather(dense[..., :4], 1, index[..., None].expand(-1, -1, 4))
+        xyxy = torch.cat((rows[..., :2] - rows[..., 2:] / 2, rows[..., :2] + rows[..., 2:] / 2), dim=-1)
+        return torch.cat((xyxy, top[..., None], torch.gather(labels, 1, index)[..., None].float()), dim=-1)
+
+
+def _export(module: nn.Module, path, dynamic: bool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), (torch.rand(1, 3, SIZE, SIZE),), str(path), input_names=["images"],
+                          output_names=["output0"], opset_version=17, dynamo=False,
+                          dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}} if dynamic else None)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dense_onnx(tmp_path_factory):
+    """Static batch 1 and fixed size, as Ultralytics exports by default."""
+    return _export(TinyDense(), tmp_path_factory.mktemp("ul") / "yolov8n.onnx", dynamic=False)
+
+
+@pytest.fixture(scope="module")
+def end2end_onnx(tmp_path_factory):
+    return _export(TinyEnd2End(), tmp_path_factory.mktemp("ul") / "yolo26n.onnx", dynamic=True)
+
+
+@pytest.fixture(scope="module")
+def images():
+    dataset = CocoDataset(str(COCO_DIR))
+    records = dataset.records(dataset.variant("sample"))[:6]
+    return records, [decode_image(r.path) for r in records]
+
+
+def _reference_letterbox(image: np.ndarray) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Ultralytics' validation transform, written out: long side to SIZE (ceil; INTER_AREA when shrinking,
+    INTER_LINEAR when enlarging), centre pad 114, RGB, /255."""
+    import cv2
+
+    h0, w0 = image.shape[:2]
+    r = SIZE / max(h0, w0)
+    if r != 1:
+        size = (min(int(np.ceil(w0 * r)), SIZE), min(int(np.ceil(h0 * r)), SIZE))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA)
+    h, w = image.shape[:2]
+    dh, dw = (SIZE - h) / 2, (SIZE - w) / 2
+    top, left = int(round(dh - 0.1)), int(round(dw - 0.1))
+    canvas = np.full((SIZE, SIZE, 3), 114, np.uint8)
+    canvas[top:top + h, left:left + w] = image
+    return canvas[:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255, r, (left, top)
+
+
+def _reference_detections(path, image, conf=0.001, iou=0.7, max_det=300, end2end=False):
+    """Run the ONNX file itself (ONNX Runtime, batch 1) and post-process it the validator's way."""
+    x, r, (left, top) = _reference_letterbox(image)
+    out = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x[None]})[0][0])
+    if end2end:
+        keep = out[:, 4] > conf
+        boxes, scores, labels = out[keep, :4], out[keep, 4], out[keep, 5].long()
+        order = scores.argsort(descending=True)[:max_det]
+        boxes, scores, labels = boxes[order], scores[order], labels[order]
+    else:
+        pred = out.T  # [N, 84]
+        xyxy = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), dim=1)
+        i, j = torch.where(pred[:, 4:] > conf)  # multi-label
+        boxes, scores, labels = xyxy[i], pred[i, 4 + j], j
+        order = scores.argsort(descending=True)[:MAX_NMS]
+        boxes, scores, labels = boxes[order], scores[order], labels[order]
+        keep = batched_nms(boxes, scores, labels, iou)[:max_det]
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+    boxes = (boxes - torch.tensor([left, top, left, top])) / r
+    h0, w0 = image.shape[:2]
+    boxes = torch.stack((boxes[:, 0].clamp(0, w0), boxes[:, 1].clamp(0, h0), boxes[:, 2].clamp(0, w0),
+                         boxes[:, 3].clamp(0, h0)), dim=1)
+    return boxes.numpy(), scores.numpy(), labels.numpy()
+
+
+def _unmatched(ours, reference, box_tol=1e-2, score_tol=1e-5) -> int:
+    """Reference detections with no detection of ours of the same class, score and box (one-to-one);
+    order-free, since the order of equal scores is arbitrary."""
+    boxes, scores, labels = ours
+    free = np.ones(len(scores), dtype=bool)
+    missing = 0
+    for box, score, label in zip(*reference, strict=True):
+        hit = free & (labels == label) & (np.abs(scores - score) <= score_tol) & \
+            (np.abs(boxes - box).max(axis=1) <= box_tol)
+        if hit.any():
+            free[np.argmax(hit)] = False
+        else:
+            missing += 1
+    return missing
+
+
+def _pipeline(detector, backend="onnxruntime"):
+    device = parse_device("cpu")
+    core = detector.load_core(backend, device, "fp32", detector.preprocess.input_size)
+    d = detector.postprocess
+    return DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou, d.max_det))
+
+
+def test_preprocessing_is_ultralytics_validation_transform(dense_onnx, images):
+    _, imgs = images
+    detector = get_detector("yolov8n", str(dense_onnx))
+    batch, transforms = preprocess_batch(imgs, detector.preprocess)
+    for image, got, t in zip(imgs, batch, transforms, strict=True):
+        want, r, pad = _reference_letterbox(image)
+        assert np.array_equal(np.rint(got.numpy() * 255), np.rint(want * 255))  # the same pixels (x/255 vs x*(1/255))
+        assert t.ratio == (r, r) and t.pad == pad
+
+
+@requires_coco
+@pytest.mark.parametrize("layout", ["dense", "end2end"])
+def test_detections_match_the_validator_reference(layout, dense_onnx, end2end_onnx, images):
+    """Batch of 6 through the pipeline = each image alone through ORT + the reference post-processing."""
+    records, imgs = images
+    path, model_id = (dense_onnx, "yolov8n") if layout == "dense" else (end2end_onnx, "yolo26n")
+    detector = get_detector(model_id, str(path))
+    assert detector.layout == layout
+    assert detector.postprocess.kind == ("nms" if layout == "dense" else "topk")
+    ours = _pipeline(detector).run_batch(records, StageTimer(parse_device("cpu")), images=imgs)
+    total = 0
+    for det, image in zip(ours, imgs, strict=True):
+        boxes, scores, labels = _reference_detections(path, image, end2end=layout == "end2end")
+        total += len(scores)
+        assert len(det.scores) == len(scores)
+        assert _unmatched((det.boxes, det.scores, det.labels), (boxes, scores, labels)) == 0
+    assert total >= 6 * 20  # enough detections for the comparison to mean something
+
+
+def test_static_export_gets_a_dynamic_batch_checked_per_row(dense_onnx):
+    detector = get_detector("yolov8n", str(dense_onnx))
+    dims = detector._raw_model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_value == 1  # the file is batch-1 static, as Ultralytics exports by default
+    core = detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (SIZE, SIZE))
+    x = torch.rand(3, 3, SIZE, SIZE)
+    together = core(x)[0]
+    alone = torch.cat([core(x[i:i + 1])[0] for i in range(3)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UsageError, match="runs at that size only"):
+        detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (640, 640))
+
+
+def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):
+    records, imgs = images
+    detector = get_detector("yolov8n", str(dense_onnx))
+    assert detector.backends == ("pytorch", "onnxruntime")
+    timer = StageTimer(parse_device("cpu"))
+    ort_dets = _pipeline(detector).run_batch(records, timer, images=imgs)
+    torch_dets = _pipeline(detector, "pytorch").run_batch(records, timer, images=imgs)
+    for a, b in zip(ort_dets, torch_dets, strict=True):
+        np.testing.assert_allclose(a.boxes, b.boxes, atol=1e-2)
+        assert np.array_equal(a.labels, b.labels)
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        get_detector("yolov8n", str(tmp_path / "missing.onnx"))
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x00not onnx")
+    with pytest.raises(UsageError, match="not a readable ONNX"):
+        get_detector("yolo11s", str(garbage))
+    wrong = _export(nn.Conv2d(3, 8, 3), tmp_path / "conv.onnx", dynamic=True)  # [B, 8, H, W]: no such layout
+    with pytest.raises(UsageError, match="Ultralytics-format"):
+        get_detector("yolov5nu", str(wrong))
+    with pytest.raises(UsageError, match="torch-defined"):
+        get_detector("yolov8n", "random")
+
+
+@requires_coco
+def test_run_end_to_end_through_the_cli(dense_onnx, tmp_path):
+    """`va-bench run --model yolov8n --weights FILE.onnx`: a submission per batch size, its detections
+    equal to the reference on every image."""
+    out = tmp_path / "outputs"
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--model", "yolov8n", "--weights", str(dense_onnx),
+         "--backend", "onnxruntime", "--batch-sizes", "1", "2", "--subset", "sample", "--limit", "4",
+         "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--run-id", "ul", "--warmup-batches", "1",
+         "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers", "--no-profile", "--no-energy"],
+        capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_dir = out / "ul"
+    submissions = sorted((run_dir / "submissions").glob("*.json"))
+    assert len(submissions) == 2
+    doc = json.loads(submissions[0].read_text())
+    assert doc["model"]["id"] == "yolov8n" and doc["model"]["weights"] == dense_onnx.name
+    assert doc["runtime"]["format"] == "onnx" and doc["config"]["iou"] == 0.7
+    detections = json.loads(next((run_dir / "detections").glob("*.json")).read_text())
+    dataset = CocoDataset(str(COCO_DIR))
+    for record in dataset.records(dataset.variant("sample"))[:4]:
+        boxes, scores, labels = _reference_detections(dense_onnx, decode_image(record.path))
+        mine = [d for d in detections if d["image_id"] == record.image_id]
+        assert len(mine) == len(scores)
+        assert sorted(d["category_id"] for d in mine) == sorted(COCO80_TO_91[k] for k in labels)
+        assert sorted(d["score"] for d in mine) == pytest.approx(sorted(scores.tolist()), abs=1e-5)
+
+
+def test_exported_graph_is_left_untouched_on_disk(dense_onnx):
+    before = dense_onnx.read_bytes()
+    get_detector("yolov8n", str(dense_onnx)).onnx_model  # noqa: B018 (builds the rewritten copy)
+    assert dense_onnx.read_bytes() == before
+    assert onnx.load(str(dense_onnx)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
