@@ -446,6 +446,115 @@ def report(
     raise typer.Exit(1 if fail_on_gates and outcome.gates_not_met else 0)
 
 
+# ------------------------------------------------------------------------------------------ fleet (Ray)
+
+fleet_app = typer.Typer(no_args_is_help=True, help="One plan over a Ray cluster: each device benchmarks its own "
+                                                     "cells, accuracy sharded over any nodes, results gathered here.")
+app.add_typer(fleet_app, name="fleet")
+
+FLEET_FLAGS = [
+    inspect.Parameter("address", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                      default=typer.Option(None, "--address", metavar="HOST:PORT",
+                                           help="the Ray head (default: $RAY_ADDRESS or the cluster on this machine)")),
+    inspect.Parameter("hardware", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
+                      default=typer.Option(None, "--hardware", metavar="ID",
+                                           help="run on this hardware id (repeat the flag for several; default: every "
+                                                "hardware id of the cluster's accepted nodes)")),
+    inspect.Parameter("accuracy_shards", inspect.Parameter.KEYWORD_ONLY, annotation=int | None,
+                      default=typer.Option(None, "--accuracy-shards", metavar="N", min=1,
+                                           help="also split each group's accuracy pass into N shards over any nodes "
+                                                "and evaluate their merged detections once (<run_id>/accuracy/)")),
+]
+
+
+def _fleet_module():
+    try:
+        from harness.run import fleet
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise UsageError("va-bench fleet needs Ray, which is not installed: pip install 'va-bench[fleet]'") from None
+    return fleet
+
+
+def fleet_run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,
+                      force: bool = False, as_json: bool = False, address: str | None = None,
+                      hardware: list[str] | None = None, accuracy_shards: int | None = None, **options) -> None:
+    """Run the benchmark sweep on every device of a Ray cluster; gathers outputs/<run_id>/<hardware id>/.
+
+    The same options as `va-bench run`; each cell runs on a node of its hardware, one benchmark per node at a
+    time. Exit 0 when every cell is ok, 1 when a cell or shard failed or was interrupted (the rest still runs;
+    continue with --resume RUN_ID), 2 for bad input, 130/143 when interrupted. See docs/fleet.md."""
+    from harness.config import given, load_config
+    from harness.report.fleet_view import fleet_summary_json, print_fleet_summary
+
+    fleet = _fleet_module()
+    if resume is not None:
+        if config is not None:
+            raise UsageError("--resume continues a fleet run with its own configuration; drop --config")
+        fplan = fleet.prepare_fleet_resume(resume, options.get("output_dir"), given(options), address, hardware,
+                                           accuracy_shards, force, retry_failed)
+    else:
+        if retry_failed or force:
+            raise UsageError("--retry-failed and --force go with --resume RUN_ID")
+        fplan = fleet.prepare_fleet(load_config(config, options), address, hardware, accuracy_shards or 0)
+    if not as_json:
+        plan = fplan.plan
+        console.print(f"fleet {'resuming' if fplan.fleet_doc else 'run'} [bold]{escape(fplan.run_id)}[/]: "
+                      f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "
+                      f"{escape(', '.join(fplan.targets))}", highlight=False)
+    outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
+    if as_json:
+        console.print_json(json.dumps(fleet_summary_json(outcome)))
+    else:
+        print_fleet_summary(console, outcome)
+    raise typer.Exit(1 if outcome.problems else 0)
+
+
+def _register_fleet_run() -> None:
+    params = RUN_FLAGS + FLEET_FLAGS + _run_options()
+
+    def fleet_run(**kwargs) -> None:
+        fleet_run_command(**kwargs)
+
+    fleet_run.__signature__ = inspect.Signature(params)
+    fleet_run.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    fleet_run.__doc__ = fleet_run_command.__doc__
+    fleet_app.command("run")(fleet_run)
+
+
+_register_fleet_run()
+
+
+@fleet_app.command("join")
+def fleet_join(
+    address: str | None = typer.Option(None, "--address", metavar="HOST:PORT", help="the head to join"),
+    head: bool = typer.Option(False, "--head", help="start the cluster's head here (it is a device of the fleet too)"),
+    port: int = typer.Option(6379, "--port", help="with --head: the port the head listens on"),
+    node_ip_address: str | None = typer.Option(None, "--node-ip-address", metavar="IP",
+                                               help="this node's address on the private network (see docs/fleet.md)"),
+    hardware_id: str | None = typer.Option(None, "--hardware-id", metavar="ID",
+                                           help="advertise this hardware id instead of `va-bench hw`'s"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the `ray start` command and exit"),
+    extra: list[str] | None = typer.Argument(None, metavar="[-- RAY_START_OPTIONS...]",
+                                             help="more `ray start` options (TLS, ports), after --"),
+) -> None:
+    """Start Ray on this device with its hardware id as a resource (`ray start`, wrapped); stop with `ray stop`."""
+    import shlex
+
+    from harness.run.fleet_join import join_command, start
+
+    command = join_command(address, head, port, node_ip_address, hardware_id, extra or [])
+    env = " ".join(f"{k}={v}" for k, v in command.env_added.items())
+    console.print(f"hardware id [bold]{escape(command.hardware_id)}[/]: {escape((env + ' ') if env else '')}"
+                  f"{escape(shlex.join(command.argv))}", highlight=False, soft_wrap=True)
+    if dry_run:
+        return
+    status = start(command)
+    if status:
+        raise typer.Exit(status)
+
+
 def main() -> None:
     """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling

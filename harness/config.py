@@ -81,6 +81,9 @@ class RunConfig(BaseModel):
     profile_batches: int = option(2, "--profile-batches", "batches in the profiler pass", ge=1)
     energy: bool = option(True, "--energy/--no-energy", "energy over each timing window")
     memory: bool = option(True, "--memory/--no-memory", "peak RSS / VRAM per timing window + memory.csv")
+    cache_images: Literal["auto", "off"] = option("auto", "--cache-images",
+                                                  "auto: keep the variant's encoded images in memory when they fit "
+                                                  "a budget (decode timed from memory); off: read each from disk")
 
     @field_validator("batch_sizes", "input_sizes")
     @classmethod

@@ -25,8 +25,9 @@ import torch
 
 from harness.data.coco import ImageRecord
 from harness.measure.device import Device
-from harness.models.protocol import Core, Detector, PreprocessSpec
-from harness.pipeline.postprocess import BatchCandidates, ImageDetections, nms_batch, split_by_image, to_original
+from harness.models.protocol import Core, Detector, PreprocessSpec, postprocess_spec
+from harness.pipeline.checks import check_finite
+from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original
 from harness.pipeline.preprocess import ImageTransform, decode_image, preprocess_batch
 from harness.pipeline.stage_timer import BatchTiming, StageTimer
 
@@ -104,6 +105,7 @@ class DetectorPipeline:
         self.device = device
         self.spec = spec
         self.thresholds = thresholds
+        self.postprocess = postprocess_spec(detector)  # the kind; thresholds come from `thresholds`
         # ONNX Runtime takes host memory (it copies to its device itself); torch cores take device tensors.
         self.input_device = device.torch_device if getattr(core, "torch_module", None) is not None else None
 
@@ -184,11 +186,13 @@ class DetectorPipeline:
 
     def _postprocess(self, records: list[ImageRecord], raw: list[torch.Tensor], transforms: list[ImageTransform],
                      timer: StageTimer, executor: ThreadPoolExecutor | None) -> list[ImageDetections]:
-        t = self.thresholds
+        t, post = self.thresholds, self.postprocess
         with timer.stage("postprocess"):
-            candidates = BatchCandidates.from_images(self.detector.decode(raw, self.spec.input_size, t.conf), t.conf)
-            with timer.substep("nms"):
-                kept = nms_batch(candidates, t.iou, t.max_det, executor)
+            check_finite(raw, [r.image_id for r in records])
+            decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
+            candidates = gather_candidates(decoded, post, t.conf, t.max_det)
+            with timer.substep(post.kind):  # "nms" or "topk"
+                kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
             with timer.substep("boxes"):
                 boxes = to_original(kept, transforms)
                 return split_by_image(kept, boxes, [r.image_id for r in records])

@@ -1,4 +1,5 @@
-"""Post-processing shared by every family: per-image NMS, rescale to the original image, COCO ids.
+"""Post-processing shared by every family: candidate selection of the family's kind (class-aware NMS,
+or NMS-free top-k), rescale to the original image, COCO ids.
 
 Everything but the NMS kernel runs once per batch on the concatenated candidates of all images, so
 the only per-image work is one `torchvision.ops.nms` call, which releases the GIL and can therefore
@@ -16,28 +17,9 @@ import numpy as np
 import torch
 from torchvision.ops import nms
 
-from harness.models.protocol import Candidates
+from harness.models.protocol import Candidates, DenseCandidates, PostprocessSpec
 from harness.pipeline.preprocess import ImageTransform
-
-
-@dataclass
-class ImageDetections:
-    """Final detections of one image, in original-image pixels (xyxy)."""
-
-    image_id: int
-    boxes: np.ndarray  # [K, 4] float32
-    scores: np.ndarray  # [K]
-    labels: np.ndarray  # [K] contiguous class index
-
-    def to_coco(self, class_map: tuple[int, ...]) -> list[dict]:
-        """COCO results format: bbox [x, y, w, h], category_id in the 91-id scheme."""
-        out = []
-        for (x1, y1, x2, y2), score, label in zip(self.boxes.tolist(), self.scores.tolist(),
-                                                   self.labels.tolist(), strict=True):
-            out.append({"image_id": self.image_id, "category_id": class_map[label],
-                        "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
-                        "score": round(score, 6)})
-        return out
+from harness.records import ImageDetections
 
 
 @dataclass
@@ -62,6 +44,102 @@ class BatchCandidates:
         image = image[keep]
         return cls(boxes[keep], scores[keep], labels[keep], image,
                    torch.bincount(image, minlength=len(candidates)).tolist())
+
+    @classmethod
+    def from_dense(cls, dense: DenseCandidates, spec: PostprocessSpec, conf: float, max_det: int) -> BatchCandidates:
+        """Labels picked from per-class scores: kind "nms" keeps (box, best class) or, multi-label, every
+        (box, class) with score >= conf; kind "topk" keeps each image's `max_det` best (box, class) pairs
+        with score >= conf, best first."""
+        n_images, n_boxes, n_classes = dense.scores.shape
+        if spec.kind == "topk":
+            flat = dense.scores.reshape(n_images, n_boxes * n_classes)
+            scores, index = flat.topk(min(max_det, flat.shape[1]), dim=1)  # sorted, best first
+            if spec.activation == "sigmoid":  # monotonic: top-k of the logits is top-k of the probabilities
+                scores = scores.sigmoid()
+            image = torch.arange(n_images, device=scores.device)[:, None].expand_as(index)
+            keep = scores >= conf  # row-major: stays grouped by image, best first
+            image, index, scores = image[keep], index[keep], scores[keep]
+            box_rows = image * n_boxes + torch.div(index, n_classes, rounding_mode="floor")
+            labels = index % n_classes
+        else:
+            probs = dense.scores.sigmoid() if spec.activation == "sigmoid" else dense.scores
+            if spec.multi_label:
+                image, box, labels = (probs >= conf).nonzero(as_tuple=True)
+                scores = probs[image, box, labels]
+            else:
+                best, best_label = probs.max(dim=2)
+                image, box = (best >= conf).nonzero(as_tuple=True)
+                scores, labels = best[image, box], best_label[image, box]
+            box_rows = image * n_boxes + box
+        boxes = dense.boxes.reshape(n_images * n_boxes, 4)[box_rows].float()
+        return cls(boxes, scores.float(), labels, image, torch.bincount(image, minlength=n_images).tolist())
+
+
+def top_k_per_group(scores: torch.Tensor, groups: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Indices of the `k` best scores of each group (all with k None), ordered by group, best first
+    (ties keep their order: stable sorts). One sort for all groups instead of a topk per group."""
+    order = torch.argsort(scores, descending=True, stable=True)
+    order = order[torch.argsort(groups[order], stable=True)]
+    if k is None:
+        return order
+    sorted_groups = groups[order]
+    _, counts = torch.unique_consecutive(sorted_groups, return_counts=True)
+    starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    rank = torch.arange(order.numel(), device=order.device) - starts
+    return order[rank < k]
+
+
+def best_per_image(cands: BatchCandidates, k: int) -> BatchCandidates:
+    """Each image's `k` best candidates, best first."""
+    keep = top_k_per_group(cands.scores, cands.image, k)
+    image = cands.image[keep]
+    return BatchCandidates(cands.boxes[keep], cands.scores[keep], cands.labels[keep], image,
+                           torch.bincount(image, minlength=len(cands.counts)).tolist())
+
+
+def clip_to_images(cands: BatchCandidates, transforms: Sequence[ImageTransform]) -> BatchCandidates:
+    """Clip boxes to each image's area inside the input tensor (torchvision's clip_boxes_to_image on the
+    resized image, which starts at the letterbox offset)."""
+    table = torch.tensor([[t.pad[0], t.pad[1], t.pad[0] + t.orig_size[1] * t.ratio[0],
+                           t.pad[1] + t.orig_size[0] * t.ratio[1]] for t in transforms],
+                         dtype=cands.boxes.dtype, device=cands.boxes.device)
+    rows = table[cands.image]
+    low, high = rows[:, 0:2].repeat(1, 2), rows[:, 2:4].repeat(1, 2)
+    boxes = torch.minimum(torch.maximum(cands.boxes, low), high)
+    return BatchCandidates(boxes, cands.scores, cands.labels, cands.image, cands.counts)
+
+
+def drop_small(cands: BatchCandidates, min_size: float) -> BatchCandidates:
+    """Drop boxes narrower or lower than `min_size` (torchvision's remove_small_boxes)."""
+    wh = cands.boxes[:, 2:] - cands.boxes[:, :2]
+    keep = ((wh[:, 0] >= min_size) & (wh[:, 1] >= min_size)).nonzero().squeeze(1)
+    image = cands.image[keep]
+    return BatchCandidates(cands.boxes[keep], cands.scores[keep], cands.labels[keep], image,
+                           torch.bincount(image, minlength=len(cands.counts)).tolist())
+
+
+def gather_candidates(decoded: Sequence[Candidates] | DenseCandidates, spec: PostprocessSpec, conf: float,
+                      max_det: int) -> BatchCandidates:
+    """A decoder's output (per-image Candidates or batch DenseCandidates) as one BatchCandidates,
+    score threshold applied and labels picked."""
+    if isinstance(decoded, DenseCandidates):
+        return BatchCandidates.from_dense(decoded, spec, conf, max_det)
+    return BatchCandidates.from_images(decoded, conf)
+
+
+def select(cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
+           transforms: Sequence[ImageTransform], executor: Executor | None = None) -> BatchCandidates:
+    """The family's post-processing kind on thresholded candidates: "nms" (optional pre-NMS top-k,
+    clip and small-box filter, then class-aware NMS per image) or "topk" (each image's best max_det)."""
+    if spec.kind == "topk":
+        return best_per_image(cands, max_det)
+    if spec.pre_nms_topk is not None:
+        cands = best_per_image(cands, spec.pre_nms_topk)
+    if spec.clip_before_nms:
+        cands = clip_to_images(cands, transforms)
+    if spec.min_box_size > 0:
+        cands = drop_small(cands, spec.min_box_size)
+    return nms_batch(cands, iou, max_det, executor)
 
 
 def nms_batch(cands: BatchCandidates, iou: float, max_det: int, executor: Executor | None = None) -> BatchCandidates:

@@ -12,6 +12,7 @@ from harness.results.writer import atomic_write_csv
 HEADER = ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count", "avg", "std",
           "min", "max", "total_pct"]
 ORDER = ("total", "preprocess", "preprocess.decode", "transfer", "forward", "postprocess", "postprocess.nms",
+         "postprocess.topk",
          "postprocess.boxes")
 
 

@@ -62,7 +62,9 @@ def build_submission(record: CellRecord) -> dict:
                     "variant": dataset["variant"], "base_variant": dataset["base_variant"],
                     "image_id_sha256": dataset["image_id_sha256"]},
         "config": {"batch_size": t.batch_size, "input_size": size, "conf": record.thresholds["conf"],
-                   "iou": record.thresholds["iou"], "max_det": record.thresholds["max_det"]},
+                   "iou": record.thresholds["iou"], "max_det": record.thresholds["max_det"],
+                   "postprocess": record.thresholds.get("postprocess"),
+                   "preprocess": record.thresholds.get("preprocess")},
         "hardware": {k: v for k, v in record.hardware.items() if k != "id_source"},
         "software": env["software"],
         "accuracy": accuracy,
@@ -107,7 +109,8 @@ def build_submission(record: CellRecord) -> dict:
                               "num_images": dataset["num_images"]},
                   "weights": model["weights"]},
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
-                                            "device")},
+                                            "device")}
+        | {k: env[k] for k in ("startup", "images") if k in env},  # start-up times; where decode reads from
         "artifacts": record.artifacts,
     }
     return doc

@@ -15,17 +15,21 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import psutil
+import torch
 
 from harness.config import RunConfig
+from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
-from harness.eval.coco_eval import evaluate_bbox, evaluator_version
+from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
 from harness.eval.matching import match_detections
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
@@ -33,7 +37,7 @@ from harness.measure.layers import hook_leaf_modules, ort_profile_calls, per_bat
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.stats import summarize
-from harness.models.protocol import Detector
+from harness.models.protocol import Detector, postprocess_spec
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.stage_timer import StageTimer
 from harness.records import (
@@ -50,7 +54,12 @@ from harness.records import (
 )
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
-from harness.results.writer import atomic_write_bytes, atomic_write_json
+from harness.results.json_stream import JsonArrayWriter
+from harness.results.writer import atomic_write_bytes
+
+# When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
+# from the cells' timings, from the process start to here and to each group's model load (environment.startup).
+MODULES_LOADED_AT = time.time()
 
 # Batch invariance: same class, IoU >= 0.99 and |score delta| <= 1e-3 between two cells' detections.
 INVARIANCE_IOU = 0.99
@@ -75,10 +84,25 @@ class RunContext:
     monitor: MemoryMonitor | None
     progress: object
     threads: int
+    images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
         """The variant's images in order, `size` at a time (the last batch may be short)."""
         return [self.records[i:i + size] for i in range(0, len(self.records), size)]
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch ops on one thread inside the block. Model stats count FLOPs over a batch-1 forward under
+    FlopCounterMode (Python dispatch per op): one thread is as fast on an idle box, and when other processes
+    share the cores it is 5-9x faster than the default team, whose barriers wait for preempted threads
+    (measured, YOLOX-Nano, 2 cores at load 6: 2.1-3.7 s -> 0.4 s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _now() -> str:
@@ -91,14 +115,28 @@ class GroupExecutor:
     def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey):
         self.ctx, self.detector, self.key = ctx, detector, key
         config = ctx.config
+        process_start = psutil.Process().create_time()
+        load_start, clock = time.time(), time.perf_counter()
+        if ctx.images is None:  # once per run: every cell decodes from the same place (data/cache.py)
+            ctx.images = ImageBytes(ctx.records, config.cache_images)
+        cache_s, clock = time.perf_counter() - clock, time.perf_counter()
         self.spec = detector.preprocess.with_input_size(key.input_size)
         self.core = detector.load_core(key.backend, ctx.device, key.precision, key.input_size, threads=ctx.threads)
-        d = detector.defaults
-        self.thresholds = Thresholds(config.conf if config.conf is not None else d.conf,
-                                     config.iou if config.iou is not None else d.iou,
-                                     config.max_det if config.max_det is not None else d.max_det)
+        load_s, clock = time.perf_counter() - clock, time.perf_counter()
+        with _one_torch_thread():
+            self.stats = detector.model_stats(key.input_size).to_dict()
+        self.startup = {"imports_s": round(MODULES_LOADED_AT - process_start, 3),
+                        "process_start_to_load_s": round(load_start - process_start, 3),
+                        "image_cache_s": round(cache_s, 3), "model_load_s": round(load_s, 3),
+                        "model_stats_s": round(time.perf_counter() - clock, 3),
+                        "note": "seconds from the process start (interpreter, imports, dataset checks) to this "
+                                "group's model load, and of the load itself; never part of a cell's timings"}
+        post = postprocess_spec(detector)  # the family's post-processing kind and protocol thresholds
+        self.thresholds = Thresholds(config.conf if config.conf is not None else post.conf,
+                                     config.iou if config.iou is not None else post.iou,
+                                     config.max_det if config.max_det is not None else post.max_det)
+        self.postprocess = post.to_dict()
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds)
-        self.stats = detector.model_stats(key.input_size).to_dict()
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
@@ -122,8 +160,8 @@ class GroupExecutor:
         ctx = self.ctx
         load_start = os.getloadavg()
         timing, detections, probes = self._timing_pass(cell)
-        detections_file, coco_dets = self._save_detections(cell, detections)
-        accuracy, accuracy_reason = self._evaluate(cell, coco_dets, detections_file, len(detections))
+        detections_file, count = self._save_detections(cell, detections)
+        accuracy, accuracy_reason = self._evaluate(cell, detections_file, count, len(detections))
         invariance = None
         if self.reference is None:
             self.reference = (cell.batch_size, detections)
@@ -143,10 +181,12 @@ class GroupExecutor:
             runtime={"format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
                      "device": "gpu" if ctx.device.is_cuda else "cpu", **self.core.info()},
             dataset=ctx.variant.describe(),
-            thresholds=self.thresholds.__dict__,
+            thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
+                        "preprocess": self.spec.to_dict()},
             hardware=ctx.hardware,
             environment={**ctx.environment, "load_average": {"cell_start": [round(v, 2) for v in load_start],
-                                                             "cell_end": [round(v, 2) for v in load_end]}},
+                                                             "cell_end": [round(v, 2) for v in load_end]},
+                         "startup": self.startup, "images": ctx.images.decision.to_dict()},
             model_stats=self.stats,
             timing=timing,
             accuracy=accuracy,
@@ -259,25 +299,30 @@ class GroupExecutor:
                   else {"status": "unavailable", "reason": "--no-energy"}}
         return record, detections, probes
 
-    def _save_detections(self, cell: Cell, detections: list[ImageDetections]) -> tuple[str, list[dict]]:
-        """detections/<cell>.json (COCO results format); returns its path relative to the run folder."""
+    def _save_detections(self, cell: Cell, detections: list[ImageDetections]) -> tuple[str, int]:
+        """detections/<cell>.json (COCO results format), written image by image: the cell holds its
+        detections as arrays, never as one Python dict per box. Returns the path relative to the run
+        folder and the number of detections."""
         class_map = self.detector.class_map
-        coco_dets = [d for det in detections for d in det.to_coco(class_map)]
         rel = f"detections/{cell_slug(cell)}.json"
-        atomic_write_json(self.ctx.run_dir / rel, coco_dets, indent=None)
-        return rel, coco_dets
+        with JsonArrayWriter(self.ctx.run_dir / rel) as out:
+            for det in detections:
+                out.extend(det.to_coco(class_map))
+        return rel, out.count
 
-    def _evaluate(self, cell: Cell, coco_dets: list[dict], detections_file: str,
+    def _evaluate(self, cell: Cell, detections_file: str, num_detections: int,
                   num_images: int) -> tuple[AccuracyRecord | None, str | None]:
+        """pycocotools (or --evaluator) on the cell's detections file, as written."""
         ctx = self.ctx
         if getattr(self.detector.weights, "source", None) == "random":
             return None, "random weights: a timing-only run, accuracy is not meaningful"
         if not ctx.config.accuracy:
             return None, "accuracy evaluation skipped (--no-accuracy)"
         with ctx.progress.task(f"COCO eval {cell.label}", None):
-            stats = evaluate_bbox(ctx.dataset.coco, coco_dets, list(ctx.variant.image_ids), ctx.config.evaluator)
+            stats = evaluate_bbox_file(ctx.dataset.coco, ctx.run_dir / detections_file, list(ctx.variant.image_ids),
+                                       ctx.config.evaluator)
         return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
-                              num_detections=len(coco_dets), batch_size=cell.batch_size,
+                              num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file), None
 
     def _draw(self, detections: list[ImageDetections]) -> None:
