@@ -22,6 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
 models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weights.")
 app.add_typer(models_app, name="models")
+data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017).")
+app.add_typer(data_app, name="data")
 console = Console()
 if not console.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
     console = Console(width=int(os.environ.get("COLUMNS", "160")) if os.environ.get("COLUMNS", "").isdigit() else 160)
@@ -298,6 +300,38 @@ def hw(as_json: bool = typer.Option(False, "--json", help="print the report as J
         color = "green" if p["status"] == "ok" else "yellow"
         table.add_row(name, f"[{color}]{p['status']}[/]", escape(str(detail)))
     console.print(table)
+
+
+@data_app.command("fetch")
+def data_fetch(
+    dataset: str = typer.Argument(..., help="coco (val2017 images + annotations)"),
+    dest: Path = typer.Option(Path("datasets/coco"), "--dest", help="where the dataset goes (read by default)"),
+    base_url: str = typer.Option("http://images.cocodataset.org", "--base-url",
+                                 help="a mirror of the COCO site (same paths), or file:// for a local copy"),
+    keep_archives: bool = typer.Option(False, "--keep-archives", help="keep the verified zip files"),
+) -> None:
+    """Download COCO val2017 (SHA-1 verified, resumable) into the layout the harness reads."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from harness.data.fetch import fetch_archives
+
+    if dataset != "coco":
+        raise UsageError(f"unknown dataset {dataset!r}; `va-bench data fetch coco` is the one there is")
+    if err_console.is_terminal:
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(name: str, done: int, total: int | None) -> None:
+                if name not in tasks:
+                    tasks[name] = bar.add_task(escape(name), total=total)
+                bar.update(tasks[name], completed=done, total=total)
+
+            lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
+    else:
+        lines = fetch_archives(dest, base_url=base_url, keep_archives=keep_archives)
+    for line in lines:
+        console.print(escape(line), highlight=False)
 
 
 @models_app.command("list")

@@ -1,0 +1,144 @@
+"""`va-bench data fetch coco`: download COCO val2017 (images + annotations) into the layout the harness
+reads (datasets/README.md), checksum-verified and resumable.
+
+Downloads go to `<dest>/.downloads/<name>.part` and continue where they stopped (an HTTP Range request;
+a server that ignores it restarts the file). A finished archive is verified against the SHA-1 the COCO
+site publishes before anything is extracted; extraction refuses members that would land outside
+`<dest>` and moves each tree into place only once it is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import UsageError, VaBenchError
+
+COCO_BASE_URL = "http://images.cocodataset.org"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One published archive: its path under the base URL, SHA-1 (cocodataset.org's table), what it holds."""
+
+    path: str
+    sha1: str
+    provides: str  # the folder it extracts into `<dest>`
+    only: tuple[str, ...] = ()  # members to extract (default: all); the rest stays in the archive
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+COCO_VAL2017 = (
+    Archive("zips/val2017.zip", "4950dc9d00dbe1c933ee0170f5797584351d2a41", "val2017"),
+    # 241 MB, mostly train2017 annotations the harness never reads: only the val2017 instances are extracted
+    Archive("annotations/annotations_trainval2017.zip", "8551ee4bb5860311e79dace7e79cb91e432e78b3", "annotations",
+            only=("annotations/instances_val2017.json",)),
+)
+
+
+class FetchError(VaBenchError):
+    """A download that failed or did not verify (exit 1: a problem found, not bad usage)."""
+
+
+def _sha1(path: Path) -> str:
+    digest = hashlib.sha1()  # the checksum the COCO site publishes (integrity, not security)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_resumable(url: str, part: Path, progress: Callable[[int, int | None], None] | None = None,
+                       timeout: float = 60.0) -> Path:
+    """Download `url` into `part`, continuing an earlier partial download when the server honours Range."""
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # nothing left to fetch: the part is complete
+            return part
+        raise FetchError(f"could not download {url} (HTTP {exc.code}); check the URL or try again later") from exc
+    except OSError as exc:
+        raise FetchError(f"could not download {url} ({exc}); check the network (or --base-url) and run the same "
+                         "command again: it continues where it stopped") from exc
+    with response:
+        resumed = have and getattr(response, "status", 200) == 206
+        length = response.headers.get("Content-Length")
+        total = (int(length) + (have if resumed else 0)) if length is not None else None
+        done = have if resumed else 0
+        with open(part, "ab" if resumed else "wb") as out:
+            for chunk in iter(lambda: response.read(CHUNK), b""):
+                out.write(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+    return part
+
+
+def _extract(path: Path, archive: Archive, dest: Path) -> None:
+    """Extract the archive's `provides/` tree into dest/provides, all or nothing, no path escapes."""
+    provides = archive.provides
+    staging = dest / f".{provides}.extracting"
+    shutil.rmtree(staging, ignore_errors=True)
+    root = staging.resolve()
+    with zipfile.ZipFile(path) as zf:
+        members = [m for m in zf.infolist() if not archive.only or m.filename in archive.only]
+        for member in members:
+            target = (staging / member.filename).resolve()
+            if root != target and root not in target.parents:
+                raise FetchError(f"{path.name}: member {member.filename!r} would land outside {dest}; "
+                                 "not extracting it")
+        zf.extractall(staging, members)
+    tree = staging / provides
+    if not tree.is_dir():
+        raise FetchError(f"{path.name} has no {provides}/ folder; is it the COCO archive?")
+    final = dest / provides
+    if final.exists():  # a complete earlier copy: merge (the zip never holds fewer files than it)
+        for item in tree.iterdir():
+            os.replace(item, final / item.name)
+    else:
+        os.replace(tree, final)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, base_url: str = COCO_BASE_URL,
+                   progress: Callable[[str, int, int | None], None] | None = None, keep_archives: bool = False,
+                   ) -> list[str]:
+    """Download, verify and extract each archive into `dest`; returns one line per archive for the user."""
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {dest} ({exc.strerror}); pick another --dest") from exc
+    lines = []
+    for archive in archives:
+        part = dest / ".downloads" / f"{archive.name}.part"
+        url = f"{base_url.rstrip('/')}/{archive.path}"
+        download_resumable(url, part, (lambda done, total, n=archive.name: progress(n, done, total))
+                           if progress else None)
+        actual = _sha1(part)
+        if actual != archive.sha1:
+            part.unlink()
+            raise FetchError(f"{archive.name}: SHA-1 {actual} is not the published {archive.sha1}; the corrupt "
+                             "download was deleted, run the command again")
+        _extract(part, archive, dest)
+        if keep_archives:
+            os.replace(part, dest / ".downloads" / archive.name)
+        else:
+            part.unlink()
+        lines.append(f"{archive.name}: SHA-1 {actual} verified, extracted to {dest / archive.provides}")
+    if not keep_archives:
+        shutil.rmtree(dest / ".downloads", ignore_errors=True)
+    return lines

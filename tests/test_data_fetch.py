@@ -1,0 +1,139 @@
+"""`va-bench data fetch coco` against a local HTTP server (127.0.0.1) that honours Range requests:
+checksums, resume of a partial download, path escapes, the layout the harness then reads."""
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import threading
+import zipfile
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, REPO, requires_coco
+
+from harness.data.fetch import Archive, FetchError, download_resumable, fetch_archives
+
+
+class RangeHandler(SimpleHTTPRequestHandler):
+    """Python's file server plus single-range requests (what a resumed download sends)."""
+
+    requests_seen: list[str] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        RangeHandler.requests_seen.append(self.headers.get("Range") or "")
+        spec = self.headers.get("Range")
+        path = Path(self.translate_path(self.path))
+        if not spec or not path.is_file():
+            return super().do_GET()
+        data = path.read_bytes()
+        start = int(spec.removeprefix("bytes=").split("-")[0])
+        if start >= len(data):
+            self.send_response(416)
+            self.end_headers()
+            return
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "site"
+    root.mkdir()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    RangeHandler.requests_seen = []
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _publish(root: Path, path: str, data: bytes) -> str:
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_bytes(data)
+    return hashlib.sha1(data).hexdigest()
+
+
+@requires_coco
+def test_fetch_builds_the_layout_the_harness_reads(server, tmp_path):
+    """Real sample images and annotations zipped like the COCO site's archives, fetched, then used by a run."""
+    root, url = server
+    images = sorted((COCO_DIR / "val2017").glob("*.jpg"))[:3]
+    annotations = json.loads((COCO_DIR / "annotations" / "instances_val2017_subset.json").read_text())
+    keep = {int(p.stem) for p in images}
+    annotations["images"] = [i for i in annotations["images"] if i["id"] in keep]
+    annotations["annotations"] = [a for a in annotations["annotations"] if a["image_id"] in keep]
+    val = _zip({f"val2017/{p.name}": p.read_bytes() for p in images})
+    ann = _zip({"annotations/instances_val2017.json": json.dumps(annotations).encode(),
+                "annotations/instances_train2017.json": b"{}"})
+    archives = (Archive("zips/val2017.zip", _publish(root, "zips/val2017.zip", val), "val2017"),
+                Archive("annotations/annotations_trainval2017.zip",
+                        _publish(root, "annotations/annotations_trainval2017.zip", ann), "annotations",
+                        only=("annotations/instances_val2017.json",)))
+    dest = tmp_path / "coco"
+    lines = fetch_archives(dest, archives, base_url=url)
+    assert len(lines) == 2 and all("verified" in line for line in lines)
+    assert sorted(p.name for p in (dest / "val2017").iterdir()) == [p.name for p in images]
+    assert [p.name for p in (dest / "annotations").iterdir()] == ["instances_val2017.json"]  # train not extracted
+    assert not (dest / ".downloads").exists()
+    result = subprocess.run([sys.executable, "-m", "harness", "run", "--coco-dir", str(dest), "--limit", "3",
+                             "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "1",
+                             "--no-energy", "--draw-images", "0", "--output-dir", str(tmp_path / "o"), "--json"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["cells"][0]["status"] == "ok"
+
+
+def test_a_partial_download_resumes_with_a_range_request(server, tmp_path):
+    root, url = server
+    data = bytes(range(256)) * 4096
+    _publish(root, "big.bin", data)
+    part = tmp_path / "big.bin.part"
+    part.write_bytes(data[:100_000])
+    download_resumable(f"{url}/big.bin", part)
+    assert part.read_bytes() == data
+    assert RangeHandler.requests_seen[-1] == "bytes=100000-"
+
+
+def test_a_corrupt_download_is_refused_and_deleted(server, tmp_path):
+    root, url = server
+    _publish(root, "zips/val2017.zip", _zip({"val2017/1.jpg": b"x"}))
+    archive = Archive("zips/val2017.zip", "0" * 40, "val2017")
+    with pytest.raises(FetchError, match="SHA-1"):
+        fetch_archives(tmp_path / "coco", (archive,), base_url=url)
+    assert not (tmp_path / "coco" / "val2017").exists()
+    assert not list((tmp_path / "coco").rglob("*.part"))
+
+
+def test_members_that_escape_the_destination_are_refused(server, tmp_path):
+    root, url = server
+    sha = _publish(root, "zips/val2017.zip", _zip({"val2017/ok.jpg": b"x", "../../evil.txt": b"x"}))
+    with pytest.raises(FetchError, match="outside"):
+        fetch_archives(tmp_path / "coco", (Archive("zips/val2017.zip", sha, "val2017"),), base_url=url)
+    assert not (tmp_path / "evil.txt").exists() and not (tmp_path.parent / "evil.txt").exists()
+
+
+def test_an_unreachable_server_is_one_line_exit_1(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "harness", "data", "fetch", "coco", "--dest", str(tmp_path / "c"),
+                             "--base-url", "http://127.0.0.1:9"], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "could not download" in lines[0] and "Traceback" not in result.stderr
