@@ -1,0 +1,660 @@
+"""`va-bench fleet run`: one plan over a Ray cluster, driven from here.
+
+- Nodes join with `va-bench fleet join`, which advertises two Ray resources: `hw:<hardware id>` (1) and
+  `va-bench-slot` (1). A group of cells (one model, backend, precision, input size and its batch sizes)
+  for hardware X is a Ray task asking for both, so it lands on a node of hardware X and never shares that
+  node with another benchmark or accuracy shard; the node runs the ordinary scheduler and executor on it
+  (harness/run/fleet_node.py) and streams each cell's status and files back as it finishes.
+- The driver gathers everything into outputs/<run_id>/<hardware id>/ (an ordinary run folder, see
+  harness/run/gather.py), writes outputs/<run_id>/fleet.json (configuration, build, nodes, accuracy), and
+  with `--accuracy-shards N` splits each group's accuracy pass over any nodes (a slot each), merges the
+  shards' detections and runs one COCO evaluation (outputs/<run_id>/accuracy/).
+- Before anything is sent, every node is probed: a node whose harness commit, sources or package versions
+  differ from the driver's is refused with one line. A task that raises marks its unfinished cells
+  `failed`; a task whose worker or node dies marks them `interrupted`; the rest of the fleet goes on, and
+  `--resume RUN_ID` runs what is unfinished.
+
+Ray is the engine: placement, queueing per device and fault reporting are Ray's; this module only turns a
+plan into tasks and their results into files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from harness.config import SAFE_ID, RunConfig, build_config
+from harness.errors import RunInterrupted, UsageError
+from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
+from harness.records import RETRYABLE_STATES, LoadKey
+from harness.report.progress import SilentProgress
+from harness.results.artifacts import load_slug
+from harness.results.writer import atomic_write_bytes, atomic_write_json
+from harness.run.fingerprint import build_differences, build_fingerprint
+from harness.run.fleet_join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
+from harness.run.fleet_node import GroupJob, ShardJob
+from harness.run.gather import HardwareFolder
+from harness.run.scheduler import RunPlan, environment_time, one_line, prepare
+from harness.run.shards import Shard, merge_result_files, split_shards
+from harness.run.signals import Interrupted, protected
+
+FLEET_FILE = "fleet.json"
+PROBE_TIMEOUT_S = 120.0
+LIVENESS_EVERY_S = 5.0
+
+
+# ------------------------------------------------------------------------------------------ Ray tasks
+
+
+def _node_info() -> dict:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "address": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
+# A group's worker process ends with its task (max_calls=1): the scheduler runs in a thread of it, which must
+# never outlive the task into another benchmark. max_retries=0 everywhere: a task that died is reported and
+# resumed by the user, never silently run twice. Shards and probes leave nothing running: workers are reused.
+@ray.remote(num_cpus=0, max_calls=1, max_retries=0)
+def _group_task(job: GroupJob):
+    from harness.run.fleet_node import run_group
+
+    yield from run_group(job, _node_info())
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _shard_task(job: ShardJob) -> dict:
+    from harness.run.fleet_node import detect_shard
+
+    return {**detect_shard(job), "node": _node_info()}
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _probe_task() -> dict:
+    from harness.run.fleet_node import probe
+
+    return {**probe(), "node": _node_info()}
+
+
+# -------------------------------------------------------------------------------------------- nodes
+
+
+@dataclass
+class FleetNode:
+    """A node of the cluster that advertises a hardware id, and whether the driver accepts it."""
+
+    node_id: str
+    address: str
+    hardware_ids: list[str]
+    probe: dict | None = None
+    refused: str | None = None
+
+    def describe(self) -> str:
+        host = (self.probe or {}).get("node", {}).get("host")
+        return f"node {self.address}{f' ({host})' if host else ''} [{', '.join(self.hardware_ids)}]"
+
+    def to_dict(self) -> dict:
+        probe = self.probe or {}
+        return {"node_id": self.node_id, "address": self.address, "hardware_ids": self.hardware_ids,
+                "host": probe.get("node", {}).get("host"), "torch_threads": probe.get("torch_threads"),
+                "cpu_count": probe.get("cpu_count"), "refused": self.refused}
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` as a driver ("auto": $RAY_ADDRESS or the cluster started on this
+    machine). A process already connected (tests, notebooks) keeps its connection."""
+    if ray.is_initialized():
+        return
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target and target != "auto":
+        _check_reachable(target)  # ray.init retries an unreachable head for minutes before it says so
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
+        if main:  # ray.init installs a SIGTERM handler that exits on the spot; ours stops cleanly
+            signal.signal(signal.SIGTERM, sigterm)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"cannot reach a Ray cluster at {address or 'auto'} ({one_line(exc)}); start one with "
+                         "`va-bench fleet join --head` and pass --address HOST:PORT (a cluster with token "
+                         "authentication also needs RAY_AUTH_MODE=token and its token here)") from exc
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A TCP connection to the head's port, or a UsageError naming why not."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Ray head at {address} ({exc.strerror or exc}); check the address and that "
+                         "`va-bench fleet join --head` runs there") from None
+
+
+def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:
+    """Every alive node that advertises a hardware id, probed where it runs; refused (with the reason)
+    when its build differs from `build`, it cannot hold a benchmark, or it does not answer."""
+    nodes = []
+    for n in ray.nodes():
+        hardware = sorted(k.split(":", 1)[1] for k in n.get("Resources", {}) if k.startswith("hw:"))
+        if n.get("Alive") and hardware:
+            node = FleetNode(n["NodeID"], n.get("NodeManagerAddress", "?"), hardware)
+            bad = [h for h in hardware if not re.match(SAFE_ID, h) or h in RESERVED_IDS]
+            if bad:
+                node.refused = (f"hardware id {bad[0]!r} cannot name a results folder (letters, digits, '_', '.', "
+                                "'-'; not 'accuracy')")
+            elif SLOT not in n.get("Resources", {}):
+                node.refused = f"it has no {SLOT} resource; join it with `va-bench fleet join`"
+            nodes.append(node)
+    probes = {_probe_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+              .remote(): n for n in nodes if n.refused is None}
+    ready, late, deadline = [], list(probes), time.monotonic() + timeout_s
+    while late and time.monotonic() < deadline:
+        with protected():  # Ctrl-C is raised between Ray calls, never inside one (see _loop)
+            done, late = ray.wait(late, num_returns=len(late), timeout=1.0)
+        ready += done
+    for ref in late:
+        probes[ref].refused = f"it did not answer the driver's probe within {timeout_s:.0f} s"
+        ray.cancel(ref, force=True)
+    for ref in ready:
+        node = probes[ref]
+        try:
+            node.probe = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            node.refused = f"its probe failed ({one_line(_cause(exc))})"
+            continue
+        differences = build_differences(build, node.probe["build"])
+        if differences:
+            node.refused = "its build differs from the driver's (" + "; ".join(differences) + ")"
+    return nodes
+
+
+def choose_targets(nodes: list[FleetNode], requested: list[str] | None) -> list[str]:
+    """The hardware ids to run on: `requested`, or every hardware id of an accepted node."""
+    accepted = sorted({h for n in nodes if n.refused is None for h in n.hardware_ids})
+    refusals = "; ".join(f"{n.describe()} refused: {n.refused}" for n in nodes if n.refused)
+    if requested:
+        missing = [h for h in dict.fromkeys(requested) if h not in accepted]
+        if missing:
+            raise UsageError(f"no accepted node of hardware {', '.join(missing)} in the cluster (it has: "
+                             f"{', '.join(accepted) or 'none'}){'; ' + refusals if refusals else ''}; join one with "
+                             "`va-bench fleet join --hardware-id ID`")
+        return list(dict.fromkeys(requested))
+    if not accepted:
+        raise UsageError("no node of the Ray cluster can run benchmarks: "
+                         + (refusals or "none advertises a hardware id; join devices with `va-bench fleet join`"))
+    return accepted
+
+
+# --------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class FleetPlan:
+    """A configuration resolved on the driver, and the fleet it will run on."""
+
+    plan: RunPlan  # cells, dataset variant and detectors as the driver resolves them
+    specs: dict[str, str]  # model id -> the --model value that names it (nodes resolve that value)
+    targets: list[str]
+    nodes: list[FleetNode]
+    build: dict
+    shards: int
+    fleet_doc: dict | None = None  # fleet.json of the run being resumed
+    retry_failed: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.run_id
+
+    @property
+    def fleet_dir(self) -> Path:
+        return self.plan.run_dir
+
+    @property
+    def refusals(self) -> list[str]:
+        return [f"{n.describe()} refused: {n.refused}" for n in self.nodes if n.refused]
+
+
+def _check_options(config: RunConfig, shards: int) -> None:
+    if config.hardware_id:
+        raise UsageError("--hardware-id does not apply to `fleet run`: each node runs under the id it joined with "
+                         "(`va-bench fleet join --hardware-id ID`); choose hardware with --hardware ID")
+    if shards and not config.accuracy:
+        raise UsageError("--accuracy-shards splits the accuracy pass; drop --no-accuracy or the shards")
+
+
+def _model_specs(config: RunConfig, plan: RunPlan) -> dict[str, str]:
+    ids = list(plan.detectors)
+    if len(ids) != len(config.models):
+        raise UsageError("two --model values name the same model id; give each model once")
+    return dict(zip(ids, config.models, strict=True))
+
+
+def prepare_fleet(config: RunConfig, address: str | None, hardware: list[str] | None, shards: int) -> FleetPlan:
+    """Resolve the configuration (as `va-bench run` would, writing nothing), then survey the cluster."""
+    _check_options(config, shards)
+    plan = prepare(config)
+    specs = _model_specs(config, plan)
+    if shards:
+        split_shards(plan.variant.num_images, min(config.batch_sizes), shards)  # refuses too many shards
+    build = build_fingerprint()
+    connect(address)
+    nodes = survey(build)
+    return FleetPlan(plan, specs, choose_targets(nodes, hardware), nodes, build, shards)
+
+
+def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
+    """fleet.json of an existing fleet run, or a UsageError saying why it cannot be resumed."""
+    path = fleet_dir / FLEET_FILE
+    if not path.is_file():
+        raise UsageError(f"no fleet run {run_id} to resume: {path} does not exist (check --output-dir)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({exc}); the fleet run cannot be resumed") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("targets"), list):
+        raise UsageError(f"{path} has no fleet configuration; the fleet run cannot be resumed")
+    return doc
+
+
+def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, address: str | None,
+                         hardware: list[str] | None, shards: int | None, force: bool,
+                         retry_failed: bool) -> FleetPlan:
+    """The plan of an existing fleet run, to finish it; refuses (UsageError) other options, another build
+    or other hardware than the original run's, unless `force`."""
+    fleet_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
+    doc = read_fleet_json(fleet_dir, run_id)
+    original = build_config(doc["config"])
+    config = build_config({**doc["config"], **overrides, "run_id": None, "output_dir": str(fleet_dir.parent)})
+    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
+                if original.identity()[k] != v]
+    build = build_fingerprint()
+    problems += build_differences(doc.get("build", {}), build)
+    if shards is not None and shards != doc.get("accuracy_shards", 0):
+        problems.append(f"accuracy shards: {doc.get('accuracy_shards', 0)} -> {shards}")
+    if hardware and sorted(dict.fromkeys(hardware)) != sorted(doc["targets"]):
+        problems.append(f"hardware: {', '.join(doc['targets'])} -> {', '.join(hardware)}")
+    if problems and not force:
+        raise UsageError(f"fleet run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
+                         "incomparable cells: rerun with the original options and build, or add --force")
+    _check_options(config, doc.get("accuracy_shards", 0))
+    plan = prepare(config)
+    plan.run_id, plan.run_dir = run_id, fleet_dir
+    connect(address)
+    nodes = survey(build)
+    targets = choose_targets(nodes, doc["targets"])
+    doc = {**doc, "forced_differences": problems} if problems else doc
+    return FleetPlan(plan, _model_specs(config, plan), targets, nodes, build, doc.get("accuracy_shards", 0),
+                     fleet_doc=doc, retry_failed=retry_failed)
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class _Task:
+    """A submitted Ray task and what it stands for."""
+
+    kind: str  # "group" | "shard"
+    hardware_id: str | None
+    key: LoadKey
+    labels: list[str] = field(default_factory=list)
+    shard: Shard | None = None
+    node: dict | None = None  # set by its first update
+    rows_seen: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class FleetOutcome:
+    """What a fleet run left: the hardware folders and the sharded accuracy entries."""
+
+    run_id: str
+    fleet_dir: Path
+    folders: dict[str, HardwareFolder]
+    accuracy: dict[str, dict]
+    refusals: list[str]
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """Cells and accuracy entries that did not finish ok: 'hardware: cell' -> 'state: reason'."""
+        out = {}
+        for hw, folder in self.folders.items():
+            for label, s in folder.state.cells.items():
+                if s.state != "ok":
+                    out[f"{hw}: {label}"] = f"{s.state}: {s.reason}" if s.reason else s.state
+        for slug, entry in self.accuracy.items():
+            if entry.get("status") not in ("ok", "unavailable"):
+                out[f"accuracy {slug}"] = f"{entry.get('status')}: {entry.get('reason')}"
+        return out
+
+
+class FleetDriver:
+    """Submits a fleet plan's tasks, gathers what they send, and evaluates the sharded accuracy."""
+
+    def __init__(self, fplan: FleetPlan, argv: list[str], progress=None):
+        self.fplan, self.plan, self.config = fplan, fplan.plan, fplan.plan.config
+        self.argv = argv
+        self.progress = progress or SilentProgress()
+        self.folders: dict[str, HardwareFolder] = {}
+        self.pending: dict[object, _Task] = {}
+        self.doc: dict = {}
+
+    # ---- setup
+
+    def _header(self, hardware_id: str) -> dict:
+        plan = self.plan
+        return {"config": {**self.config.model_dump(), "hardware_id": hardware_id},
+                "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
+                            "annotation_file": str(plan.dataset.annotation_file)},
+                "device": self.config.device, "hardware": {"id": hardware_id}, "environment": {},
+                "fleet": {"run_id": plan.run_id, "hardware_id": hardware_id, "fleet_file": f"../{FLEET_FILE}",
+                          "nodes": []}}
+
+    def _open(self) -> None:
+        fp, plan = self.fplan, self.plan
+        nodes = [n.to_dict() for n in fp.nodes]
+        if fp.fleet_doc is None:
+            try:
+                fp.fleet_dir.mkdir(parents=True)
+            except FileExistsError:
+                raise UsageError(f"{fp.fleet_dir} already exists; pick another --run-id or continue it with "
+                                 f"--resume {fp.run_id}") from None
+            for hw in fp.targets:
+                self.folders[hw] = HardwareFolder.create(fp.fleet_dir, fp.run_id, hw, self._header(hw), plan.cells)
+            self.doc = {"run_id": fp.run_id, "created_at": environment_time(), "config": self.config.model_dump(),
+                        "targets": fp.targets, "accuracy_shards": fp.shards, "build": fp.build,
+                        "driver": {"host": socket.gethostname(), "argv": self.argv}, "nodes": nodes, "accuracy": {}}
+        else:
+            for hw in fp.targets:  # each folder's lock also keeps a second driver of this run out
+                self.folders[hw] = HardwareFolder.reopen(fp.fleet_dir, fp.run_id, hw, plan.cells)
+            old = fp.fleet_doc
+            resumed = list(old.get("resumed", [])) + [{
+                "at": environment_time(), "argv": self.argv, "nodes": nodes,
+                "forced_differences": old.get("forced_differences", [])}]
+            self.doc = {k: v for k, v in old.items() if k != "forced_differences"} | {"resumed": resumed}
+        self._save()
+
+    def _save(self) -> None:
+        atomic_write_json(self.fplan.fleet_dir / FLEET_FILE, self.doc)
+
+    # ---- submission
+
+    def _runnable(self, state: str) -> bool:
+        return state in ("pending", "interrupted") or (self.fplan.retry_failed and state in RETRYABLE_STATES)
+
+    def _job_config(self, hardware_id: str | None, key: LoadKey) -> dict:
+        return {**self.config.model_dump(), "hardware_id": hardware_id, "models": [self.fplan.specs[key.model]]}
+
+    def _submit(self) -> None:
+        fp, plan = self.fplan, self.plan
+        sha = plan.variant.image_id_sha256
+        for hw in fp.targets:
+            folder = self.folders[hw]
+            for key, cells in plan.groups:
+                labels = [c.label for c in cells]
+                statuses = [folder.state.cells[label] for label in labels]
+                if not any(self._runnable(s.state) for s in statuses):
+                    continue
+                job = GroupJob(plan.run_id, hw, self._job_config(hw, key), key, self.argv, fp.build, sha,
+                               retry_failed=fp.retry_failed)
+                if any(s.state != "pending" for s in statuses):  # continuing: the node needs what is done
+                    job.cells, job.header = [s.to_dict() for s in statuses], folder.state.header
+                    job.files = folder.finished_files(labels)
+                ref = _group_task.options(resources=node_resources(hw)).remote(job)
+                self.pending[ref] = _Task("group", hw, key, labels)
+        if fp.shards:
+            self._submit_shards(sha)
+
+    def _submit_shards(self, sha: str) -> None:
+        plan, accuracy = self.plan, self.doc.setdefault("accuracy", {})
+        batch_size = min(self.config.batch_sizes)
+        for key, _ in plan.groups:
+            slug = load_slug(key)
+            if accuracy.get(slug, {}).get("status") == "ok":
+                continue
+            weights = plan.detectors[key.model].weights
+            if getattr(weights, "source", None) == "random":
+                accuracy[slug] = {"status": "unavailable", "reason": "random weights: a timing-only run, accuracy is "
+                                                                       "not meaningful"}
+                continue
+            shards = split_shards(plan.variant.num_images, batch_size, self.fplan.shards)
+            accuracy[slug] = {"status": "running", "reason": None, "group": key.label, "batch_size": batch_size,
+                              "shards": [{"index": s.index, "start": s.start, "stop": s.stop} for s in shards]}
+            for shard in shards:
+                if self._shard_file_ok(slug, shard):
+                    continue
+                job = ShardJob(self._job_config(None, key), key, batch_size, shard, self.fplan.build, sha)
+                self.pending[_shard_task.options(resources={SLOT: 1}).remote(job)] = _Task("shard", None, key,
+                                                                                            shard=shard)
+        self._save()
+
+    def _shard_path(self, slug: str, shard: Shard, what: str = "json") -> Path:
+        """accuracy/<group>/shard-<k>.json (where it ran, what it holds) and shard-<k>.detections.json."""
+        return self.fplan.fleet_dir / ACCURACY_DIR / slug / f"shard-{shard.index}.{what}"
+
+    def _shard_file_ok(self, slug: str, shard: Shard) -> bool:
+        """A shard finished by an earlier driver of this run (same images, its detections whole) is kept."""
+        try:
+            doc = json.loads(self._shard_path(slug, shard).read_text())
+            size = self._shard_path(slug, shard, "detections.json").stat().st_size
+        except (OSError, ValueError):
+            return False
+        return (doc.get("shard") == {"index": shard.index, "start": shard.start, "stop": shard.stop}
+                and doc.get("bytes") == size)
+
+    # ---- the loop
+
+    def run(self) -> FleetOutcome:
+        fp = self.fplan
+        self._open()
+        for line in fp.refusals:
+            self.progress.log(line)
+        self._log_threads()
+        try:
+            self._submit()
+            self.progress.log(f"fleet {fp.run_id}: {len(self.plan.cells)} cells x {len(fp.targets)} hardware "
+                              f"({', '.join(fp.targets)}), {len(self.pending)} tasks"
+                              + (f", accuracy in {fp.shards} shards per group" if fp.shards else ""))
+            self._loop()
+        except Interrupted as exc:
+            self._stop(f"stopped by {exc} on the driver")
+            self._close()
+            raise RunInterrupted(f"{exc}: finished cells are kept in {fp.fleet_dir}; resume with: va-bench fleet run "
+                                 f"--resume {fp.run_id} --output-dir {fp.fleet_dir.parent}", exc.exit_code) from None
+        except BaseException:
+            self._stop("the driver stopped on an error")
+            self._close()
+            raise
+        if fp.shards:
+            self._evaluate_accuracy()
+        self._close()
+        return FleetOutcome(fp.run_id, fp.fleet_dir, self.folders, self.doc.get("accuracy", {}), fp.refusals)
+
+    def _log_threads(self) -> None:
+        if self.config.threads:
+            return
+        for n in self.fplan.nodes:
+            p = n.probe or {}
+            if n.refused is None and p.get("torch_threads") == 1 and (p.get("cpu_count") or 1) > 1:
+                self.progress.log(f"warning: {n.describe()}: its tasks see 1 torch thread of {p['cpu_count']} CPUs "
+                                  f"(OMP_NUM_THREADS={p.get('OMP_NUM_THREADS')}, Ray's default for tasks); join it "
+                                  "with `va-bench fleet join` or pass --threads")
+
+    def _loop(self) -> None:
+        checked = time.monotonic()
+        while self.pending:
+            # A signal raised inside Ray's compiled calls surfaces as a SystemError: SIGINT/SIGTERM wait for the
+            # end of this step (at most ~1 s) and then stop the run cleanly.
+            with protected():
+                ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=1.0)
+                for obj in ready:
+                    if obj in self.pending:
+                        self._handle(obj)
+                if time.monotonic() - checked > LIVENESS_EVERY_S:
+                    self._check_liveness()
+                    checked = time.monotonic()
+
+    def _handle(self, obj) -> None:
+        task = self.pending[obj]
+        if task.kind == "shard":
+            del self.pending[obj]
+            try:
+                result = ray.get(obj)
+            except ray.exceptions.RayError as exc:
+                self._shard_failed(task, *self._failure(exc, task))
+            else:
+                self._shard_done(task, result)
+            return
+        try:
+            update = ray.get(next(obj))
+        except StopIteration:
+            self._end(obj, "interrupted", "its task ended before the cell finished")
+            return
+        except ray.exceptions.RayError as exc:
+            self._end(obj, *self._failure(exc, task))
+            return
+        folder = self.folders[task.hardware_id]
+        if task.node is None:
+            task.node = update.node
+            self.progress.log(f"{task.hardware_id} on {update.node.get('host')} ({update.node.get('address')}): "
+                              f"started {task.key.label}")
+        for change in folder.apply(update, task.rows_seen):
+            self._log_change(task, change.label, change.state, change.reason)
+
+    def _failure(self, exc: BaseException, task: _Task) -> tuple[str, str]:
+        """A task that raised: `failed` with its error; one whose worker or node died: `interrupted`."""
+        where = f" on {task.node.get('host')} ({task.node.get('address')})" if task.node else ""
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            return "failed", f"the task{where} raised {one_line(_cause(exc))}"
+        if isinstance(exc, ray.exceptions.TaskCancelledError):
+            return "interrupted", f"the task{where} was cancelled"
+        return "interrupted", f"the task{where} died ({one_line(exc)})"
+
+    def _end(self, obj, state: str, reason: str) -> None:
+        task = self.pending.pop(obj)
+        for change in self.folders[task.hardware_id].mark(task.labels, state, reason):
+            self._log_change(task, change.label, change.state, change.reason)
+
+    def _log_change(self, task: _Task, label: str, state: str, reason: str | None) -> None:
+        host = (task.node or {}).get("host", "?")
+        self.progress.log(f"{task.hardware_id} on {host}: {label}: {state}" + (f" ({reason})" if reason else ""))
+
+    def _check_liveness(self) -> None:
+        """Tasks still queued for hardware that no alive node offers any more would wait forever: cancel them
+        and say why (a task already running on a node that died is reported by Ray itself)."""
+        alive: set[str] = set()
+        for n in ray.nodes():
+            if n.get("Alive"):
+                alive |= set(n.get("Resources", {}))
+        for obj, task in list(self.pending.items()):
+            need = hardware_resource(task.hardware_id) if task.kind == "group" else SLOT
+            if task.node is None and need not in alive:
+                ray.cancel(obj, force=True)
+                reason = (f"no node of hardware {task.hardware_id} is alive any more" if task.kind == "group"
+                          else "no node with a free va-bench slot is alive any more")
+                if task.kind == "group":
+                    self._end(obj, "interrupted", reason)
+                else:
+                    del self.pending[obj]
+                    self._shard_failed(task, "interrupted", reason)
+
+    def _stop(self, reason: str) -> None:
+        """Cancel what is still out; its unfinished cells become `interrupted`."""
+        for obj, task in list(self.pending.items()):
+            try:
+                ray.cancel(obj, force=True)
+            except Exception:  # a task that just finished cannot be cancelled: nothing to do
+                pass
+            if task.kind == "group":
+                self._end(obj, "interrupted", reason)
+            else:
+                del self.pending[obj]
+                self._shard_failed(task, "interrupted", reason)
+
+    def _close(self) -> None:
+        for folder in self.folders.values():
+            folder.close()
+
+    # ---- accuracy shards
+
+    def _shard_done(self, task: _Task, result: dict) -> None:
+        """The shard's detections, then its description (which marks it finished)."""
+        slug, shard = load_slug(task.key), task.shard
+        node, data = result.get("node", {}), result["detections_json"]
+        atomic_write_bytes(self._shard_path(slug, shard, "detections.json"), data)
+        atomic_write_json(self._shard_path(slug, shard),
+                          {"shard": {"index": shard.index, "start": shard.start, "stop": shard.stop}, "node": node,
+                           "images": result["images"], "detections": result["detections"], "bytes": len(data),
+                           "seconds": result["seconds"], "threads": result["threads"]})
+        self.progress.log(f"accuracy {task.key.label} shard {shard.index + 1}/{self.fplan.shards} ({shard.size} "
+                          f"images) on {node.get('host')}: ok in {result['seconds']:.1f} s")
+
+    def _shard_failed(self, task: _Task, state: str, reason: str) -> None:
+        entry = self.doc["accuracy"][load_slug(task.key)]
+        entry["status"], entry["reason"] = state, f"shard {task.shard.index + 1}/{self.fplan.shards}: {reason}"
+        self._save()
+        self.progress.log(f"accuracy {task.key.label} shard {task.shard.index + 1}/{self.fplan.shards}: {state} "
+                          f"({reason})")
+
+    def _evaluate_accuracy(self) -> None:
+        """One COCO evaluation per group over its merged shards, once every benchmark task has ended (so it
+        never runs beside a timed pass on this machine)."""
+        plan, config = self.plan, self.config
+        for key, _ in plan.groups:
+            slug = load_slug(key)
+            entry = self.doc["accuracy"].get(slug, {})
+            if entry.get("status") != "running":
+                continue
+            shards = [Shard(s["index"], s["start"], s["stop"]) for s in entry["shards"]]
+            missing = [s for s in shards if not self._shard_file_ok(slug, s)]
+            if missing:
+                entry.update(status="interrupted", reason=f"shards {', '.join(str(s.index + 1) for s in missing)} "
+                                                          "did not finish")
+                continue
+            parts = [json.loads(self._shard_path(slug, s).read_text()) for s in shards]
+            merged = merge_result_files([(s, self._shard_path(slug, s, "detections.json").read_bytes())
+                                         for s in shards])
+            rel_dets = f"{ACCURACY_DIR}/{slug}__detections.json"
+            atomic_write_bytes(self.fplan.fleet_dir / rel_dets, merged)
+            # the evaluation a cell's detections get (executor.py), on the merged file
+            stats = evaluate_bbox_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
+                                       list(plan.variant.image_ids), config.evaluator)
+            record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
+                      "batch_size": entry["batch_size"], "dataset": plan.variant.describe(),
+                      "evaluator": evaluator_version(config.evaluator), "stats": stats,
+                      "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
+                      "detections_file": rel_dets,
+                      "shards": [{**s, **{k: p[k] for k in ("node", "images", "detections", "seconds", "threads")}}
+                                 for s, p in zip(entry["shards"], parts, strict=True)],
+                      "note": "detections of contiguous whole-batch shards, merged in image order and evaluated once"}
+            rel = f"{ACCURACY_DIR}/{slug}.json"
+            atomic_write_json(self.fplan.fleet_dir / rel, record)
+            entry.update(status="ok", reason=None, file=rel, mAP_50_95=stats["mAP_50_95"])
+            self.progress.log(f"accuracy {key.label}: mAP {stats['mAP_50_95']:.4f} over {plan.variant.num_images} "
+                              f"images from {len(shards)} shards")
+        self._save()
+
+
+def _coordinates(key: LoadKey) -> dict:
+    return {"model": key.model, "backend": key.backend, "precision": key.precision, "input_size": list(key.input_size)}
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The exception a task raised, when Ray could carry it over (RayTaskError.cause)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def run_fleet(fplan: FleetPlan, argv: list[str], progress=None) -> FleetOutcome:
+    """Run a prepared fleet plan to the end (or to SIGINT/SIGTERM: RunInterrupted with the resume hint)."""
+    return FleetDriver(fplan, argv, progress).run()

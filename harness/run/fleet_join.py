@@ -1,0 +1,94 @@
+"""`va-bench fleet join`: `ray start` for a device of the fleet, with what the fleet needs of it.
+
+The node advertises `hw:<hardware id>` and `va-bench-slot` (harness/run/fleet.py: node_resources), the
+hardware id being `va-bench hw`'s (or --hardware-id). Ray sets OMP_NUM_THREADS to a task's CPU count (1
+here) when it is unset, which would run every benchmark on one torch thread: the node is started with
+OMP_NUM_THREADS set to what `va-bench run` uses on this machine, unless the caller set it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import SAFE_ID
+from harness.errors import UsageError
+
+SLOT = "va-bench-slot"  # one per node: a benchmark or an accuracy shard holds the node's only one
+ACCURACY_DIR = "accuracy"  # the gathered run's folder of sharded accuracy, beside the hardware folders
+RESERVED_IDS = (ACCURACY_DIR,)
+
+
+def hardware_resource(hardware_id: str) -> str:
+    """The Ray resource that names a node's hardware."""
+    return f"hw:{hardware_id}"
+
+
+def node_resources(hardware_id: str) -> dict[str, float]:
+    """What a node of this hardware advertises, and what a benchmark task for it asks for."""
+    return {hardware_resource(hardware_id): 1, SLOT: 1}
+
+
+@dataclass
+class JoinCommand:
+    argv: list[str]
+    env_added: dict[str, str]
+    hardware_id: str
+
+
+def derived_hardware_id() -> str:
+    """What `va-bench hw` calls this machine."""
+    from harness.measure.machine import machine_report
+
+    return machine_report()["hardware"]["id"]
+
+
+def default_threads() -> str:
+    """The torch threads `va-bench run` uses here (without --threads)."""
+    import torch
+
+    return str(torch.get_num_threads())
+
+
+def ray_executable() -> str:
+    """The `ray` command of this environment."""
+    beside = Path(sys.executable).parent / "ray"
+    found = str(beside) if beside.is_file() else shutil.which("ray")
+    if not found:
+        raise UsageError("`ray` is not installed in this environment: pip install 'va-bench[fleet]'")
+    return found
+
+
+def join_command(address: str | None, head: bool, port: int, node_ip_address: str | None, hardware_id: str | None,
+                 extra: list[str]) -> JoinCommand:
+    """The `ray start` command line (no shell) and the environment it adds; raises UsageError on bad input."""
+    if head == (address is not None):
+        raise UsageError("give either --head (start the cluster here) or --address HEAD:PORT (join one)")
+    hw = hardware_id or derived_hardware_id()
+    if not re.match(SAFE_ID, hw) or hw in RESERVED_IDS:
+        raise UsageError(f"hardware id {hw!r} cannot name a results folder: use letters, digits, '_', '.' and '-' "
+                         f"(not {', '.join(RESERVED_IDS)}); pass --hardware-id")
+    resources = json.dumps(node_resources(hw), separators=(",", ":"))
+    argv = [ray_executable(), "start"]
+    if head:
+        argv += ["--head", f"--port={port}", "--include-dashboard=false"]
+    else:
+        argv += [f"--address={address}"]
+    argv += [f"--resources={resources}", "--disable-usage-stats"]
+    if node_ip_address:
+        argv.append(f"--node-ip-address={node_ip_address}")
+    argv += extra
+    env_added = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": default_threads()}
+    return JoinCommand(argv, env_added, hw)
+
+
+def start(command: JoinCommand) -> int:
+    """Run `ray start`; its exit status."""
+    import subprocess
+
+    return subprocess.run(command.argv, env={**os.environ, **command.env_added}, check=False).returncode

@@ -1,0 +1,386 @@
+"""`va-bench fleet` on a real Ray cluster bound to 127.0.0.1: a head (hardware "alpha") and a second raylet
+(hardware "beta") on this machine, started once for the module. Plus the pure parts (shards, gathering,
+fingerprints, join command) without Ray."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, CORPUS, requires_coco, requires_yolox
+from typer.testing import CliRunner
+
+from harness.errors import UsageError
+from harness.results.site_rules import schema_findings, site_findings
+from harness.run.fingerprint import build_differences
+from harness.run.gather import append_csv_rows, safe_relative
+from harness.run.shards import Shard, merge_result_files, split_shards
+
+PLUGINS = Path(__file__).parent / "plugins"
+SYNTHETIC = f"{PLUGINS / 'synthetic_detector.py'}:make_detector"
+KILLED = f"{PLUGINS / 'killed_detector.py'}:make_detector"
+
+
+def small(warmup_seconds: float = 0) -> list[str]:
+    """Run options of a small, quick sweep: 16 images, one warm-up batch, two timed batches, one thread."""
+    return ["--subset", "sample", "--limit", "16", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1",
+            "--warmup-seconds", str(warmup_seconds), "--min-timed-batches", "2", "--no-layers", "--no-profile",
+            "--threads", "1", "--draw-images", "0", "--no-energy"]
+
+
+# ------------------------------------------------------------------------------------ without Ray
+
+
+def test_shards_are_contiguous_whole_batches_covering_the_variant_once():
+    shards = split_shards(206, 8, 4)
+    assert [s.start for s in shards] == [0, 48, 104, 152] and shards[-1].stop == 206
+    assert all(s.start % 8 == 0 for s in shards)
+    assert sum(s.size for s in shards) == 206
+    assert [s.size for s in split_shards(16, 1, 3)] == [5, 5, 6]
+    with pytest.raises(UsageError, match="more than the 2 batches"):
+        split_shards(16, 8, 3)
+    parts = [(Shard(1, 5, 10), b'[{"image_id":2},{"image_id":3}]\n'), (Shard(0, 0, 5), b"[]\n"),
+             (Shard(2, 10, 12), b'[{"image_id":11}]\n')]
+    merged = merge_result_files(parts)
+    assert json.loads(merged) == [{"image_id": 2}, {"image_id": 3}, {"image_id": 11}]
+    assert merge_result_files([(Shard(0, 0, 5), b"[]\n")]) == b"[]\n"
+    with pytest.raises(ValueError, match="cover the variant exactly once"):
+        merge_result_files([(Shard(0, 0, 5), b"[]"), (Shard(1, 6, 10), b"[]")])
+    with pytest.raises(ValueError, match="not a JSON array"):
+        merge_result_files([(Shard(0, 0, 5), b'{"image_id": 1}')])
+
+
+def test_gathered_csv_appends_each_tasks_new_rows_and_widens_the_header(tmp_path):
+    path = tmp_path / "energy.csv"
+    assert append_csv_rows(path, b"timestamp,tag\n1,a\n", 0) == 1
+    assert append_csv_rows(path, b"timestamp,tag\n1,a\n2,b\n", 1) == 2  # the same task's file, grown
+    assert append_csv_rows(path, b"timestamp,tag,package_0\n3,c,9.5\n", 0) == 1  # another task, another domain
+    with open(path, newline="") as fh:
+        assert list(csv.reader(fh)) == [["timestamp", "tag", "package_0"], ["1", "a", ""], ["2", "b", ""],
+                                        ["3", "c", "9.5"]]
+
+
+@pytest.mark.parametrize("name", ["../x.json", "/etc/passwd", "a/../../b", "run.json", ".lock", "a\\b", ""])
+def test_a_node_cannot_write_outside_its_folder_or_over_the_drivers_files(name):
+    with pytest.raises(ValueError):
+        safe_relative(name)
+    assert str(safe_relative("submissions/a.json")) == "submissions/a.json"
+
+
+def test_build_differences_name_what_differs():
+    base = {"harness_version": "0.1.0", "harness_commit": "a" * 40, "harness_dirty": False,
+            "harness_source_sha256": "b" * 64, "packages": {"torch": "2.14.1", "ray": "2.60.0"}}
+    assert build_differences(base, base) == []
+    other = {**base, "harness_commit": "c" * 40, "packages": {"torch": "2.13.0", "ray": "2.60.0"}}
+    assert build_differences(base, other) == [f"harness commit {'a' * 12} -> {'c' * 12}", "torch 2.14.1 -> 2.13.0"]
+
+
+def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
+    pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from harness.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["fleet", "join", "--address", "127.0.0.1:6379", "--hardware-id", "rpi5",
+                                 "--node-ip-address", "127.0.0.1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert '--resources={"hw:rpi5":1,"va-bench-slot":1}' in result.output
+    assert "--address=127.0.0.1:6379" in result.output and "--node-ip-address=127.0.0.1" in result.output
+    head = runner.invoke(app, ["fleet", "join", "--head", "--hardware-id", "a100", "--dry-run"])
+    assert "--head" in head.output and "--include-dashboard=false" in head.output
+    for bad, words in ((["--hardware-id", "../x"], "cannot name a results folder"),
+                       (["--hardware-id", "accuracy"], "cannot name a results folder"),
+                       (["--head"], "either --head"), ([], "either --head")):
+        result = runner.invoke(app, ["fleet", "join", "--address", "h:1", "--dry-run", *bad] if bad != [] else
+                               ["fleet", "join", "--dry-run"])
+        assert isinstance(result.exception, UsageError) and words in str(result.exception), (bad, result.output)
+
+
+def test_without_ray_the_fleet_says_how_to_install_it_in_one_line():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['ray'] = None; from harness.cli import main; "
+            "sys.argv = ['va-bench', 'fleet', 'run', '--limit', '16']; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: va-bench fleet needs Ray, which is not installed: pip install " \
+                                    "'va-bench[fleet]'"
+
+
+def test_an_unreachable_head_is_one_line_not_minutes_of_retries(tmp_path):
+    ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    if ray.is_initialized():
+        pytest.skip("this process is already connected to a cluster")
+    from harness.run.fleet import connect
+
+    with pytest.raises(UsageError, match=r"cannot reach the Ray head at 127.0.0.1:1 \(Connection refused\)"):
+        connect("127.0.0.1:1")
+    with pytest.raises(UsageError, match="is not HOST:PORT"):
+        connect("nonsense")
+
+
+# ------------------------------------------------------------------------------------- the cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Head "alpha" + raylet "beta" on 127.0.0.1: Ray binds to the loopback only when its node address is the
+    loopback, which RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes it. Token authentication is off here (nothing
+    outside this machine can reach the cluster, and Ray reads its mode once per process, which an earlier
+    `import ray` in the session may already have done); docs/fleet.md says how to turn it on."""
+    ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    marker = tmp_path_factory.mktemp("fleet") / "kill-marker"
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "OMP_NUM_THREADS": "1",  # as --threads 1, which every sweep here uses: two "nodes" share two cores
+           "VA_BENCH_TEST_FORWARD_MS": "2", "VA_BENCH_TEST_KILL_MARKER": str(marker),
+           "VA_BENCH_TEST_KILL_AFTER_S": "2"}  # > the nodes' 0.5 s poll: the cell before the kill is sent
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read at import; the env var is for the raylets
+        common = {"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
+        c = Cluster(initialize_head=True, head_node_args={
+            **common, "resources": {"hw:alpha": 1, "va-bench-slot": 1},
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+        try:
+            c.add_node(**common, resources={"hw:beta": 1, "va-bench-slot": 1})
+            ray.init(address=c.address, log_to_driver=False)
+            yield {"cluster": c, "common": common, "marker": marker}
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+def fleet(*args: str):
+    """`va-bench fleet run ARGS` in this process (its Ray connection is the cluster fixture's)."""
+    from harness import cli
+
+    argv = ["fleet", "run", *args]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "ORIGINAL_ARGV", argv)
+        return CliRunner().invoke(cli.app, argv)
+
+
+def submissions(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "submissions").glob("*.json"))]
+
+
+def coordinates(doc: dict) -> tuple:
+    """A cell's identity and its accuracy, as a submission states them."""
+    return (doc["hardware"]["id"], doc["model"]["id"], doc["runtime"]["format"], doc["runtime"]["provider"],
+            doc["config"]["input_size"], doc["config"]["batch_size"], doc["dataset"]["image_id_sha256"],
+            doc["accuracy"]["mAP_50_95"])
+
+
+@pytest.fixture(scope="module")
+def two_hardware(cluster, tmp_path_factory):
+    """yolox-nano + the synthetic plugin, batch 1 and 4, on alpha and beta; accuracy also in 3 shards."""
+    out = tmp_path_factory.mktemp("fleet-out")
+    result = fleet("--model", "yolox-nano", "--model", SYNTHETIC, "--backend", "pytorch", "--batch-sizes", "1",
+                   "--batch-sizes", "4", *small(), "--accuracy-shards", "3", "--output-dir", str(out),
+                   "--run-id", "two")
+    return result, out / "two"
+
+
+@requires_coco
+@requires_yolox
+def test_every_cell_lands_valid_under_its_hardware_folder(two_hardware):
+    result, run_dir = two_hardware
+    assert result.exit_code == 0, result.output
+    schema = json.loads((CORPUS / "schemas" / "submission.v1.json").read_text()) if CORPUS.is_dir() else None
+    support = json.loads((CORPUS / "support-matrix.json").read_text()) if CORPUS.is_dir() else None
+    if support is not None:
+        support["models"] = [*support["models"], "synthetic-sleepy"]
+    for hw in ("alpha", "beta"):
+        state = json.loads((run_dir / hw / "run.json").read_text())
+        assert [c["status"] for c in state["cells"]] == ["ok"] * 4
+        assert state["hardware"]["id"] == hw and state["environment"]["harness_commit"]
+        docs = submissions(run_dir / hw)
+        assert sorted((d["model"]["id"], d["config"]["batch_size"]) for d in docs) == [
+            ("synthetic-sleepy", 1), ("synthetic-sleepy", 4), ("yolox-nano", 1), ("yolox-nano", 4)]
+        for doc in docs:
+            assert doc["hardware"]["id"] == hw
+            assert (run_dir / hw / doc["artifacts"]["detections"]).is_file()
+            if schema is not None:
+                assert schema_findings(doc, schema) == [] and site_findings(doc, support) == []
+        with open(run_dir / hw / "steps_timer.csv", newline="") as fh:  # rows of both groups, once each
+            rows = list(csv.DictReader(fh))
+        assert sorted({(r["model"], r["batch_size"]) for r in rows}) == [
+            ("synthetic-sleepy", "1"), ("synthetic-sleepy", "4"), ("yolox-nano", "1"), ("yolox-nano", "4")]
+        assert len(rows) == len({(r["model"], r["batch_size"], r["stage"]) for r in rows})
+    fleet_doc = json.loads((run_dir / "fleet.json").read_text())
+    assert fleet_doc["targets"] == ["alpha", "beta"] and all(n["refused"] is None for n in fleet_doc["nodes"])
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+@requires_coco
+@requires_yolox
+def test_the_fleet_equals_two_local_runs(two_hardware, tmp_path):
+    from harness.cli import app
+
+    _, run_dir = two_hardware
+    fleet_cells = {coordinates(d) for hw in ("alpha", "beta") for d in submissions(run_dir / hw)}
+    local_cells = set()
+    for hw in ("alpha", "beta"):
+        result = CliRunner().invoke(app, ["run", "--model", "yolox-nano", "--model", SYNTHETIC, "--backend", "pytorch",
+                                          "--batch-sizes", "1", "--batch-sizes", "4", *small(), "--hardware-id", hw,
+                                          "--output-dir", str(tmp_path), "--run-id", hw])
+        assert result.exit_code == 0, result.output
+        local_cells |= {coordinates(d) for d in submissions(tmp_path / hw)}
+    assert len(fleet_cells) == 8
+    assert fleet_cells == local_cells  # same cells, same mAP to the last digit
+
+
+@requires_coco
+@requires_yolox
+def test_sharded_accuracy_equals_the_unsharded_pass_to_the_last_digit(two_hardware):
+    _, run_dir = two_hardware
+    for model, slug in (("yolox-nano", "yolox-nano__pytorch__fp32__416"),
+                        ("synthetic-sleepy", "synthetic-sleepy__pytorch__fp32__64")):
+        sharded = json.loads((run_dir / "accuracy" / f"{slug}.json").read_text())
+        assert [s["stop"] - s["start"] for s in sharded["shards"]] == [5, 5, 6] and sharded["batch_size"] == 1
+        for hw in ("alpha", "beta"):
+            unsharded = next(d for d in submissions(run_dir / hw)
+                             if d["model"]["id"] == model and d["config"]["batch_size"] == 1)
+            metrics = {k: v for k, v in unsharded["accuracy"].items() if k in sharded["stats"]}
+            assert len(metrics) == 12 and sharded["stats"] == metrics
+            # the same detections in the same order, byte for byte: the merged shards are the unsharded pass's
+            merged = (run_dir / sharded["detections_file"]).read_bytes()
+            assert merged == (run_dir / hw / unsharded["artifacts"]["detections"]).read_bytes()
+            assert sharded["num_detections"] == len(json.loads(merged))
+    assert sharded["stats"]["mAP_50_95"] < 0.01  # the synthetic plugin's one centred box scores ~0
+    yolox = json.loads((run_dir / "accuracy" / "yolox-nano__pytorch__fp32__416.json").read_text())
+    assert yolox["stats"]["mAP_50_95"] > 0.2  # a real detector on real images
+
+
+def _statuses(run_dir: Path) -> dict[int, tuple[str, str | None]]:
+    doc = json.loads((run_dir / "run.json").read_text())
+    return {c["batch_size"]: (c["status"], c["reason"]) for c in doc["cells"]}
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*")
+            if p.is_file() and p.parent.name in ("submissions", "detections")}
+
+
+@requires_coco
+def test_a_killed_task_marks_its_cells_the_rest_finishes_and_resume_completes(cluster, tmp_path):
+    cluster["marker"].write_text("kill one task")
+    args = ["--model", KILLED, "--backend", "pytorch", "--batch-sizes", "1", "--batch-sizes", "2", "--batch-sizes",
+            "4", *small(warmup_seconds=3), "--output-dir", str(tmp_path)]
+    first = fleet(*args, "--run-id", "k")
+    assert first.exit_code == 1, first.output
+    assert not cluster["marker"].exists()
+    run_dir = tmp_path / "k"
+    by_hw = {hw: _statuses(run_dir / hw) for hw in ("alpha", "beta")}
+    killed = [hw for hw, s in by_hw.items() if s[2][0] != "ok"]
+    assert len(killed) == 1, by_hw
+    (hw,) = killed
+    other = "beta" if hw == "alpha" else "alpha"
+    assert {b: s for b, (s, _) in by_hw[other].items()} == {1: "ok", 2: "ok", 4: "ok"}
+    assert by_hw[hw][1][0] == "ok"  # streamed before the kill
+    for batch in (2, 4):
+        state, reason = by_hw[hw][batch]
+        assert state == "interrupted" and "died" in reason, reason
+    assert f"{hw}: synthetic-sleepy pytorch fp32 64 b2" in first.output  # the summary names the cell
+    before = _files(run_dir / hw)
+
+    second = fleet("--resume", "k", "--output-dir", str(tmp_path))
+    assert second.exit_code == 0, second.output
+    for name in ("alpha", "beta"):
+        assert {b: s for b, (s, _) in _statuses(run_dir / name).items()} == {1: "ok", 2: "ok", 4: "ok"}
+        assert len(submissions(run_dir / name)) == 3
+    after = _files(run_dir / hw)
+    assert all(after[name] == data for name, data in before.items())  # finished cells untouched
+    b2 = next(d for d in submissions(run_dir / hw) if d["config"]["batch_size"] == 2)
+    assert b2["batch_invariance"]["reference_batch_size"] == 1  # measured against the cell of the first run
+    assert len(json.loads((run_dir / "fleet.json").read_text())["resumed"]) == 1
+
+
+@requires_coco
+def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path):
+    """A third raylet ("gamma") is removed while it benchmarks: its running group is interrupted (the task
+    died) and its queued group too (no node of that hardware is left); the driver does not hang."""
+    from harness.config import RunConfig
+    from harness.run.fleet import prepare_fleet, run_fleet
+
+    c = cluster["cluster"]
+    gamma = c.add_node(**cluster["common"], resources={"hw:gamma": 1, "va-bench-slot": 1})
+    config = RunConfig(models=[SYNTHETIC], backends=["pytorch"], input_sizes=[64, 96], batch_sizes=[1, 2],
+                       subset="sample", limit=16, coco_dir=str(COCO_DIR), warmup_batches=1, warmup_seconds=3,
+                       min_timed_batches=2, threads=1, draw_images=0, energy=False, output_dir=str(tmp_path),
+                       run_id="d")
+    fplan = prepare_fleet(config, None, ["gamma"], 0)
+    outcome: dict = {}
+    driver = threading.Thread(target=lambda: outcome.setdefault("fleet", run_fleet(fplan, ["fleet", "run"])))
+    driver.start()
+    run_json = tmp_path / "d" / "gamma" / "run.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "running" not in {s for s, _ in _safe_statuses(run_json).values()}:
+        time.sleep(0.2)
+    c.remove_node(gamma, allow_graceful=False)
+    driver.join(timeout=180)
+    assert not driver.is_alive(), "the driver hung after its node died"
+    cells = json.loads(run_json.read_text())["cells"]
+    assert {c["status"] for c in cells} == {"interrupted"}
+    reasons = {c["input_size"][0]: c["reason"] for c in cells}
+    assert "died" in reasons[64] and "no node of hardware gamma is alive" in reasons[96], reasons
+    assert outcome["fleet"].problems
+
+
+def _safe_statuses(run_json: Path) -> dict:
+    try:
+        return {c["cell"]: (c["status"], c["reason"]) for c in json.loads(run_json.read_text())["cells"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+@requires_coco
+def test_nodes_of_another_build_are_refused_with_one_line(cluster, tmp_path, monkeypatch):
+    from harness.config import RunConfig
+    from harness.run import fleet as fleet_module
+
+    real = fleet_module.build_fingerprint
+    monkeypatch.setattr(fleet_module, "build_fingerprint", lambda: {**real(), "harness_commit": "f" * 40})
+    config = RunConfig(models=[SYNTHETIC], backends=["pytorch"], subset="sample", limit=16, coco_dir=str(COCO_DIR),
+                       output_dir=str(tmp_path))
+    with pytest.raises(UsageError) as info:
+        fleet_module.prepare_fleet(config, None, None, 0)
+    message = str(info.value)
+    assert "\n" not in message and "no node of the Ray cluster can run benchmarks" in message
+    for hw in ("alpha", "beta"):
+        assert f"[{hw}] refused: its build differs from the driver's (harness commit ffffffffffff -> " in message
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@requires_coco
+def test_unknown_hardware_and_bad_options_are_usage_errors(cluster, tmp_path):
+    out = ["--model", SYNTHETIC, "--backend", "pytorch", *small(), "--output-dir", str(tmp_path)]
+    unknown = fleet(*out, "--hardware", "gamma-none")
+    assert isinstance(unknown.exception, UsageError)
+    assert "no accepted node of hardware gamma-none in the cluster (it has: alpha, beta" in str(unknown.exception)
+    for bad, words in ((["--hardware-id", "x"], "--hardware-id does not apply"),
+                       (["--no-accuracy", "--accuracy-shards", "2"], "drop --no-accuracy"),
+                       (["--accuracy-shards", "17"], "more than the 16 batches")):
+        result = fleet(*out, *bad)
+        assert isinstance(result.exception, UsageError) and words in str(result.exception), result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_fleet_modules_on_the_driver_side_load_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import harness.run.gather, harness.run.shards, harness.report.fleet_view; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ}).stdout.strip()
+    assert out == "False"
