@@ -65,6 +65,8 @@ def multi_value_flags() -> set[str]:
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     """['--batch-sizes', '1', '2'] -> ['--batch-sizes', '1', '--batch-sizes', '2'] (Click has no nargs=-1
     for options, so main() rewrites them into repeated flags before Typer parses argv)."""
+    if argv[:1] != ["run"] and argv[:2] != ["fleet", "run"]:  # other commands' options take one value each
+        return list(argv)
     multi = multi_value_flags()
     out: list[str] = []
     current = None
@@ -305,7 +307,8 @@ def hw(as_json: bool = typer.Option(False, "--json", help="print the report as J
 @data_app.command("fetch")
 def data_fetch(
     dataset: str = typer.Argument(..., help="coco (val2017 images + annotations)"),
-    dest: Path = typer.Option(Path("datasets/coco"), "--dest", help="where the dataset goes (read by default)"),
+    dest: Path | None = typer.Option(None, "--dest", help="where the dataset goes (default: the checkout's "
+                                                           "datasets/coco, where runs look for it)"),
     base_url: str = typer.Option("http://images.cocodataset.org", "--base-url",
                                  help="a mirror of the COCO site (same paths), or file:// for a local copy"),
     keep_archives: bool = typer.Option(False, "--keep-archives", help="keep the verified zip files"),
@@ -317,6 +320,10 @@ def data_fetch(
 
     if dataset != "coco":
         raise UsageError(f"unknown dataset {dataset!r}; `va-bench data fetch coco` is the one there is")
+    if dest is None:
+        from harness.data.coco import DEFAULT_COCO_DIRS
+
+        dest = DEFAULT_COCO_DIRS[0]
     if err_console.is_terminal:
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         with Progress(*columns, console=err_console, transient=True) as bar:
@@ -365,8 +372,11 @@ def models_fetch(model_id: str = typer.Argument(..., help="registry id, e.g. yol
     from harness.models.weights import download, file_sha256, weights_dir
 
     entry = REGISTRY.get(model_id)
-    if entry is None or not entry.weights_url:
+    if entry is None:
         raise UsageError(f"unknown model {model_id!r}; see `va-bench models list`")
+    if not entry.weights_url:
+        raise UsageError(f"{model_id} has no download of its own here ({entry.note}); run it with --weights FILE, "
+                         "or let its library fetch its weights at load")
     dest = download(entry.weights_url, weights_dir() / entry.weights_file)
     console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)})")
 
@@ -589,6 +599,60 @@ def fleet_join(
         raise typer.Exit(status)
 
 
+parity_app = typer.Typer(no_args_is_help=True, help="Correctness studies: is an implementation choice a real change?")
+app.add_typer(parity_app, name="parity")
+
+
+@parity_app.command("preprocess")
+def parity_preprocess(
+    model: str = typer.Option("yolox-nano", "--model", help="registry id or path/to/file.py:factory"),
+    backend: str = typer.Option("onnxruntime", "--backend", help="onnxruntime, pytorch"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    impls: str = typer.Option("cv2,torch,pil", "--impls", help="implementations, comma-separated; the first is "
+                              "the reference"),
+    subset: str = typer.Option("sample", "--subset", help="dataset variant: full, mini500 or sample"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="first N images of the variant"),
+    coco_dir: str | None = typer.Option(None, "--coco-dir", help="COCO root; else $VA_BENCH_COCO, datasets/coco"),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="batch size of every run"),
+    noise_batch_size: int | None = typer.Option(None, "--noise-batch-size", min=1,
+                                                help="the noise floor's other batch size (default 1, or 2 at batch 1)"),
+    conf: float = typer.Option(0.4, "--conf", min=0, max=1, help="score cut of the detection diff"),
+    iou: float = typer.Option(0.5, "--iou", min=0, max=1, help="pairing IoU of the detection diff"),
+    tolerance: float = typer.Option(0.002, "--tolerance", min=0, help="largest |Δ AP| (mAP 50:95, 50, 75) allowed"),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for the core"),
+    json_path: Path | None = typer.Option(None, "--json", help="also write the report here (JSON)"),
+) -> None:
+    """Each preprocessing implementation vs the reference (cv2) on real images: input pixels, detection diff,
+    the 12 COCO metrics with deltas and the noise floor; exit 1 when a gated delta exceeds --tolerance."""
+    import torch
+
+    from harness.data.coco import CocoDataset
+    from harness.measure.device import parse_device
+    from harness.models.registry import get_detector
+    from harness.pipeline.parity_run import ParitySetup, run_parity
+    from harness.pipeline.preprocess import IMPLEMENTATIONS
+    from harness.report.parity_view import render_parity
+    from harness.results.writer import atomic_write_bytes
+
+    names = tuple(dict.fromkeys(n.strip() for n in impls.split(",") if n.strip()))
+    unknown = [n for n in names if n not in IMPLEMENTATIONS]
+    if unknown or not names:
+        raise UsageError(f"--impls {impls!r}: give implementations from {', '.join(IMPLEMENTATIONS)}, "
+                         "comma-separated, the reference first (e.g. cv2,torch,pil)")
+    dev = parse_device(device)
+    dataset = CocoDataset(coco_dir)
+    records = dataset.records(dataset.variant(subset, limit))
+    detector = get_detector(model)
+    spec = detector.preprocess
+    core = detector.load_core(backend, dev, "fp32", spec.input_size, threads=threads or torch.get_num_threads())
+    setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), conf, iou, tolerance)
+    report = run_parity(detector, core, dev, dataset, records, setup)
+    console.print(render_parity(report), highlight=False)
+    if json_path is not None:
+        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode())
+    raise typer.Exit(report.exit_code)
+
+
 def main() -> None:
     """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling
@@ -608,8 +672,9 @@ def main() -> None:
         prefix = getattr(exc, "prefix", None) or "[red]error[/]"
         err_console.print(f"{prefix}: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except Interrupted as exc:  # before a run folder existed: nothing to keep
-        err_console.print(f"interrupted ({exc}): nothing was written", highlight=False)
+    except Interrupted as exc:  # outside a run's cells (a run stopped mid-sweep says more: RunInterrupted)
+        err_console.print(f"interrupted ({exc}); run the same command again to continue (a download resumes)",
+                          highlight=False)
         sys.exit(exc.exit_code)
     except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:

@@ -37,7 +37,8 @@ class RunConfig(BaseModel):
                                "registry id (`va-bench models list`) or path/to/file.py:factory")
     weights: str | None = option(None, "--weights", "weights file for a single --model")
     backends: list[str] = option(lambda: ["onnxruntime"], "--backend", "onnxruntime, pytorch")
-    precisions: list[str] = option(lambda: ["fp32"], "--precision", "fp32")
+    precisions: list[str] = option(lambda: ["fp32"], "--precision",
+                                   "fp32, fp16, bf16 (what each backend/device runs: README, Precisions)")
     input_sizes: list[int] = option(list, ["--input-size", "--input-sizes"],
                                     "square input sizes (multiples of 32); default: each model's native size")
     batch_sizes: list[int] = option(lambda: [1], ["--batch-sizes", "--batch-size"],
@@ -67,7 +68,19 @@ class RunConfig(BaseModel):
     iou: float | None = option(None, "--iou", "NMS IoU threshold; default: the family's (site: 0.6)", gt=0, le=1)
     max_det: int | None = option(None, "--max-det", "detections kept per image; default: the family's (site: 300)",
                                  ge=1)
-    tf32: Literal["on", "off", "default"] = option("default", "--tf32", "TF32 on CUDA: on, off or default")
+    tf32: Literal["on", "off", "default"] = option("off", "--tf32",
+                                                   "TF32 on CUDA: off (fp32 is IEEE fp32), on, or default "
+                                                   "(torch's own flags)")
+    ort_provider: Literal["auto", "cpu", "cuda", "tensorrt"] = option(
+        "auto", "--ort-provider", "ONNX Runtime provider: auto (the device's: cpu or cuda), cpu, cuda, tensorrt")
+    trt_cache_dir: str = option("~/.cache/va-bench/tensorrt", "--trt-cache-dir",
+                                "TensorRT provider engine cache folder")
+    trt_workspace_mb: int = option(4096, "--trt-workspace-mb", "TensorRT provider builder workspace (MiB)", ge=1)
+    compile: Literal["none", "default", "max-autotune"] = option(
+        "none", "--compile", "PyTorch: torch.compile mode (compiled at load, per batch size): none, default, "
+        "max-autotune")
+    cuda_graphs: bool = option(False, "--cuda-graphs/--no-cuda-graphs",
+                               "PyTorch on CUDA: capture one CUDA graph per batch size at load and replay it")
     hardware_id: str | None = option(None, "--hardware-id", "override the derived hardware id (a slug)",
                                      pattern=SAFE_ID)
     output_dir: str = option("outputs", "--output-dir", "where run folders are created")
@@ -84,6 +97,9 @@ class RunConfig(BaseModel):
     cache_images: Literal["auto", "off"] = option("auto", "--cache-images",
                                                   "auto: keep the variant's encoded images in memory when they fit "
                                                   "a budget (decode timed from memory); off: read each from disk")
+    preprocess: Literal["auto", "cv2", "torch", "pil"] = option(
+        "auto", "--preprocess", "preprocessing implementation: cv2, torch (torchvision decode + F.interpolate; "
+        "nvJPEG and on-device letterbox on CUDA) or pil; auto: torch on CUDA, else the family's own (cv2 for most)")
 
     @field_validator("batch_sizes", "input_sizes")
     @classmethod
@@ -98,13 +114,6 @@ class RunConfig(BaseModel):
         if not values:
             raise ValueError("needs at least one value")
         return values
-
-    @field_validator("run_id", "hardware_id")
-    @classmethod
-    def _no_dots_only(cls, value: str | None) -> str | None:
-        if value is not None and set(value) <= {"."}:
-            raise ValueError("must name something, not '.' or '..'")
-        return value
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same sweep (for --resume): everything but where it is written."""

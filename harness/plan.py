@@ -2,10 +2,53 @@
 
 from __future__ import annotations
 
+from harness.backends import BackendOptions, set_options
+from harness.backends.support import check_support
 from harness.config import RunConfig
 from harness.errors import UsageError
 from harness.models.protocol import Detector
 from harness.records import Cell, LoadKey
+
+
+def device_kind(spec: str) -> str:
+    """'cpu' or 'cuda' from a --device value (parse_device has already checked the device exists)."""
+    return "cuda" if spec.strip().lower().startswith("cuda") else "cpu"
+
+
+def check_runtimes(config: RunConfig) -> None:
+    """Refuse, before any model is loaded, every (backend, device, precision) this machine cannot run as
+    asked (one UsageError line: what and how to fix), and set the run's backend options."""
+    kind = device_kind(config.device)
+    if config.weights and config.weights.lower().endswith((".engine", ".plan")):
+        from harness.backends.tensorrt import check_engine_weights
+
+        check_engine_weights(config.weights, kind)
+    for backend in config.backends:
+        for precision in config.precisions:
+            check_support(backend, kind, precision, config.ort_provider)
+    _check_execution_modes(config, kind)
+    set_options(BackendOptions(ort_provider=config.ort_provider, trt_cache_dir=config.trt_cache_dir,
+                               trt_workspace_mb=config.trt_workspace_mb, max_batch=max(config.batch_sizes),
+                               batch_sizes=tuple(sorted(config.batch_sizes)), compile=config.compile,
+                               cuda_graphs=config.cuda_graphs))
+
+
+def _check_execution_modes(config: RunConfig, kind: str) -> None:
+    """--compile / --cuda-graphs: PyTorch only, CUDA graphs on a GPU only, and not with the hook-based
+    layer pass (hooks on the eager modules do not fire inside a compiled or replayed forward)."""
+    modes = [flag for flag, on in (("--compile", config.compile != "none"), ("--cuda-graphs", config.cuda_graphs))
+             if on]
+    if not modes:
+        return
+    if config.cuda_graphs and kind != "cuda":
+        raise UsageError("--cuda-graphs needs --device cuda (CUDA graphs replay GPU work); drop it on the CPU")
+    others = [b for b in config.backends if b != "pytorch"]
+    if others:
+        raise UsageError(f"{' and '.join(modes)}: PyTorch execution modes, not for --backend {others[0]}; "
+                         "use --backend pytorch")
+    if config.layers:
+        raise UsageError(f"--layers times eager modules through hooks, which do not fire under "
+                         f"{' and '.join(modes)}; drop --layers (or run it eager)")
 
 
 def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: int) -> list[tuple[LoadKey, list[Cell]]]:
@@ -15,14 +58,13 @@ def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: in
     if too_big:
         raise UsageError(f"batch size {max(too_big)} is larger than the {num_images} images of the dataset "
                          "variant; use a bigger --subset or smaller --batch-sizes")
+    check_runtimes(config)
     groups = []
     for model_id, detector in detectors.items():
         for backend in config.backends:
             if backend not in detector.backends:
                 raise UsageError(f"{model_id} has no backend {backend!r}; it has {', '.join(detector.backends)}")
             for precision in config.precisions:
-                if precision != "fp32":
-                    raise UsageError(f"precision {precision!r} is not supported yet; use fp32")
                 sizes = [(s, s) for s in config.input_sizes] or [detector.preprocess.input_size]
                 for size in sizes:
                     if size[0] % 32 or size[1] % 32:

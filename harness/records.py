@@ -48,7 +48,6 @@ class Cell:
 
 
 CellState = Literal["pending", "running", "ok", "failed", "oom", "skipped", "interrupted"]
-FINISHED_STATES = ("ok",)
 RETRYABLE_STATES = ("failed", "oom", "skipped")  # re-run on --resume only with --retry-failed
 
 
@@ -163,7 +162,7 @@ class MatchReport:
 class AccuracyRecord:
     """COCO evaluation of one cell's detections (its scored timing pass) on the dataset variant."""
 
-    stats: dict[str, float]
+    stats: dict[str, Any]  # the 12 COCO statistics (None where undefined, with "unavailable" reasons)
     evaluator: str
     num_images: int
     num_detections: int

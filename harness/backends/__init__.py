@@ -50,6 +50,41 @@ class CoreSource:
     check_batches: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """Run-wide backend settings (from RunConfig, set by plan_cells before anything loads).
+
+    - `ort_provider`: ONNX Runtime provider: auto (the device's own: cpu or cuda), cpu, cuda, tensorrt.
+    - `trt_cache_dir`, `trt_workspace_mb`: TensorRT provider engine cache and builder workspace.
+    - `max_batch`: the largest batch size of the run (TensorRT engines are built for 1 and this at load).
+    - `batch_sizes`, `compile`, `cuda_graphs`: PyTorch execution modes, compiled/captured per batch size.
+    """
+
+    ort_provider: str = "auto"
+    trt_cache_dir: str = "~/.cache/va-bench/tensorrt"
+    trt_workspace_mb: int = 4096
+    max_batch: int = 1
+    batch_sizes: tuple[int, ...] = (1,)
+    compile: str = "none"
+    cuda_graphs: bool = False
+
+
+# One run per process: plan_cells sets these once, and the backends read them at load (the load_core
+# signature shared by every family stays backend-agnostic).
+_options = BackendOptions()
+
+
+def set_options(options: BackendOptions) -> None:
+    """Set the run-wide backend options (plan_cells does, from the RunConfig)."""
+    global _options
+    _options = options
+
+
+def current_options() -> BackendOptions:
+    """The run-wide backend options in effect."""
+    return _options
+
+
 class Backend(Protocol):
     """A way to run cores. `name` is the user-facing `--backend` value."""
 
@@ -101,6 +136,7 @@ def load_core(source: CoreSource, backend: str, device: Any, precision: str, inp
         why = f" ({source.export_note})" if source.export_note and source.torch_module is not None else ""
         raise UsageError(f"{source.name} cannot run on {backend}{why}; use one of "
                          f"{', '.join(backend_names(source))}")
-    if precision != "fp32":
-        raise UsageError(f"precision {precision!r} is not supported by the {backend} backend yet; use fp32")
+    from harness.backends.support import check_support
+
+    check_support(backend, device.kind, precision, current_options().ort_provider)
     return registry[backend].load(source, device, precision, input_size, threads)

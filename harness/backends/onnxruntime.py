@@ -2,49 +2,85 @@
 
 from __future__ import annotations
 
+import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
 
-from harness.backends import CoreSource
+from harness.backends import BackendOptions, CoreSource, current_options
+from harness.backends.pytorch import device_name
+from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, check_support, ort_provider_for
 from harness.errors import UsageError
 from harness.measure.device import Device
 
 ORT_PROVIDER_NAMES = {
     "CPUExecutionProvider": "cpu",
     "CUDAExecutionProvider": "cuda",
-    "TensorrtExecutionProvider": "tensorrt",
 }
 
 
 class OnnxRuntimeCore:
-    """An ONNX Runtime session. On CUDA the session copies host<->device itself (no transfer stage)."""
+    """An ONNX Runtime session. On CUDA the session copies host<->device itself (no transfer stage).
+
+    The provider asked for (`options.ort_provider`: cpu, cuda or tensorrt) is the only one tried
+    besides the CPU provider ORT always keeps for nodes no other provider takes; after the session is
+    built, the provider it actually runs is read back (`session.get_providers()`), and a requested
+    provider ORT dropped (it does so with only a log line when e.g. CUDA libraries are missing) is an
+    error, never a CPU run under a GPU label.
+    """
 
     backend = "onnxruntime"
     format = "onnx"
 
     def __init__(self, model: onnx.ModelProto, device: Device, threads: int | None, precision: str = "fp32",
-                 allow_spinning: bool = False):
-        import onnxruntime as ort
-
-        if precision != "fp32":
-            raise UsageError(f"precision {precision} is not supported by the onnxruntime backend yet; use fp32")
-        wanted = ["CPUExecutionProvider"]
-        if device.is_cuda:
-            available = ort.get_available_providers()
-            wanted = [p for p in ("CUDAExecutionProvider",) if p in available] + wanted
-        self._model, self._wanted = model, wanted
+                 allow_spinning: bool = False, options: BackendOptions | None = None):
+        options = options or current_options()
+        provider = ort_provider_for(device.kind, options.ort_provider)
+        check_support("onnxruntime", device.kind, precision, provider)
+        self.precision_mode = "fp32 (IEEE)"
+        if precision == "fp16" and provider == "cuda":
+            model, self.precision_mode = to_fp16(model)
+        self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options))]
+        if provider != "cpu":
+            self._wanted.append(("CPUExecutionProvider", {}))
+        self._model = model
         self.threads = threads
         self.allow_spinning = allow_spinning
         self.session = self._session()
         self.input_name = self.session.get_inputs()[0].name
         self.execution_provider = self.session.get_providers()[0]
+        if self.execution_provider != self._wanted[0][0]:
+            raise UsageError(f"ONNX Runtime dropped the requested {self._wanted[0][0]} (the session runs on "
+                             f"{', '.join(self.session.get_providers())}); check the CUDA/TensorRT libraries "
+                             f"onnxruntime-gpu needs, or {GPU_EXTRA}")
         self.provider = ORT_PROVIDER_NAMES.get(self.execution_provider, self.execution_provider.lower())
+        if self.execution_provider == "TensorrtExecutionProvider":
+            # the site's vocabulary: TensorRT is a format (`tensorrt`) run on the `cuda` provider
+            self.format, self.provider = "tensorrt", "cuda"
         self.precision = precision
         self.device = device
         self.torch_module = None
         self.export_info: dict[str, Any] | None = None  # set when the graph is an export of a torch core
+        self.engine_build_seconds: float | None = None
+
+    @staticmethod
+    def _provider_options(provider: str, precision: str, options: BackendOptions) -> dict[str, Any]:
+        if provider != "tensorrt":
+            return {}
+        cache = Path(options.trt_cache_dir).expanduser()
+        return {"trt_fp16_enable": precision == "fp16", "trt_engine_cache_enable": True,
+                "trt_engine_cache_path": str(cache), "trt_max_workspace_size": options.trt_workspace_mb * 2**20}
+
+    def build_engine(self, input_size: tuple[int, int], max_batch: int) -> None:
+        """TensorRT: the first Run() at each shape builds (or loads from the cache) an engine; do it at load,
+        for batch 1 and the largest batch, so the build is reported apart and never falls in a timed batch."""
+        clock = time.perf_counter()
+        for batch in sorted({1, max_batch}):
+            self(torch.zeros(batch, 3, *input_size))
+        self.engine_build_seconds = round(time.perf_counter() - clock, 3)
 
     def _session(self, profile_prefix: str | None = None):
         import onnxruntime as ort
@@ -88,8 +124,28 @@ class OnnxRuntimeCore:
             "onnxruntime": ort.__version__,
             "intra_op_num_threads": self.threads,
             "intra_op_allow_spinning": self.allow_spinning,
+            "device_name": device_name(self.device),
+            "precision_mode": self.precision_mode,
+            "provider_options": {name: opts for name, opts in self._wanted if opts},
+            **({"engine_build_seconds": self.engine_build_seconds,
+                "engine_build_note": "TensorRT engines built (or read from the cache) at load, for batch 1 and "
+                                     "the largest batch; never inside a timed batch"}
+               if self.engine_build_seconds is not None else {}),
             **({"exported_from_pytorch": self.export_info} if self.export_info else {}),
         }
+
+
+def to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The graph with fp16 weights and compute (onnxconverter-common), fp32 inputs/outputs kept (a Cast at
+    each end), so the pipeline feeds and decodes fp32 as for every other precision."""
+    from importlib.metadata import version
+
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():  # it warns once per tiny weight it clamps to fp16's range: noise here
+        warnings.simplefilter("ignore", UserWarning)
+        converted = float16.convert_float_to_float16(model, keep_io_types=True)
+    return converted, f"onnxconverter-common {version('onnxconverter-common')} float16 (keep_io_types=True)"
 
 
 class OnnxRuntimeBackend:
@@ -108,9 +164,11 @@ class OnnxRuntimeBackend:
             core = OnnxRuntimeCore(source.onnx_model(), device, threads, precision)
             if source.check_batches:
                 check_batch_rows(source.name, core, input_size, source.check_batches)
-            return core
-        module = source.torch_module().eval()
-        model, path = export_core(source.name, module, input_size)
-        core = OnnxRuntimeCore(model, device, threads, precision)
-        core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path)}
+        else:
+            module = source.torch_module().eval()
+            model, path = export_core(source.name, module, input_size)
+            core = OnnxRuntimeCore(model, device, threads, precision)
+            core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path)}
+        if core.execution_provider == "TensorrtExecutionProvider":
+            core.build_engine(input_size, current_options().max_batch)
         return core

@@ -3,40 +3,116 @@
 from __future__ import annotations
 
 import io
+import time
 import warnings
 from typing import Any
 
 import onnx
 import torch
 
-from harness.backends import CoreSource
+from harness.backends import CoreSource, current_options
+from harness.backends.capturable import keep_shape_constants_on_host
+from harness.backends.support import TORCH_DTYPES, check_support
 from harness.errors import UsageError
 from harness.measure.device import Device
 
 
 class TorchCore:
-    """A PyTorch module in eval mode on the device; forward under inference_mode."""
+    """A PyTorch module in eval mode on the device; forward under inference_mode.
+
+    fp16/bf16 run under torch.autocast: weights stay fp32 and autocast runs convolutions and matmuls in
+    the low precision while keeping precision-sensitive ops (sigmoid, exp, sums) in fp32. Measured on
+    yolox-nano (CPU, bf16, first 32 sample images): see README "Precisions and GPU backends". The raw
+    outputs are handed to decode as fp32 either way.
+
+    Execution modes (`prepare`, at load, never inside a timed batch): `--compile` wraps the forward in
+    torch.compile with static shapes and compiles it by one forward per (input size, batch size) of the
+    run; `--cuda-graphs` captures one CUDA graph per batch size and replays it (input copied into the
+    graph's static buffer, outputs cloned out of it). `torch_module` stays the eager module (hooks, FLOPs).
+    """
 
     backend = "pytorch"
     format = "pytorch"
 
     def __init__(self, module: torch.nn.Module, device: Device, precision: str = "fp32"):
-        if precision != "fp32":
-            raise UsageError(f"precision {precision} is not supported by the pytorch backend yet; use fp32")
+        check_support("pytorch", device.kind, precision)
         self.torch_module = module.eval().to(device.torch_device)
         self.device = device
         self.precision = precision
+        self.dtype = TORCH_DTYPES.get(precision)
         self.provider = "cuda" if device.is_cuda else "cpu"
+        self._forward = self.torch_module
+        self.mode: dict[str, Any] = {"compile": "none", "cuda_graphs": False}
+        self._graphs: dict[tuple[int, ...], tuple[Any, torch.Tensor, list[torch.Tensor]]] = {}
+
+    def prepare(self, compile_mode: str, cuda_graphs: bool, input_size: tuple[int, int],
+                batch_sizes: tuple[int, ...]) -> None:
+        """Compile and/or capture for each batch size now; the seconds go to runtime, apart from timing."""
+        if compile_mode != "none":
+            # with our own CUDA graphs, inductor must not add its own (nested capture fails)
+            mode = {"default": None, "max-autotune": "max-autotune-no-cudagraphs" if cuda_graphs
+                    else "max-autotune"}[compile_mode]
+            self._forward = torch.compile(self.torch_module, mode=mode, dynamic=False)
+            clock = time.perf_counter()
+            for b in batch_sizes:
+                self(torch.zeros(b, 3, *input_size, device=self.device.torch_device))
+            self.device.synchronize()
+            self.mode.update(compile=compile_mode, compile_seconds=round(time.perf_counter() - clock, 3),
+                             compile_note="torch.compile(dynamic=False): one compiled graph per batch size, "
+                                          "compiled at load by a forward at each; never in a timed batch")
+        if cuda_graphs:
+            clock = time.perf_counter()
+            for b in batch_sizes:
+                self._capture((b, 3, *input_size))
+            self.mode.update(cuda_graphs=True, capture_seconds=round(time.perf_counter() - clock, 3),
+                             captured_batch_sizes=list(batch_sizes))
+
+    def _run(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        with torch.inference_mode(), torch.autocast(self.device.kind, dtype=self.dtype,
+                                                    enabled=self.dtype is not None):
+            out = self._forward(batch)
+        outputs = [out] if isinstance(out, torch.Tensor) else list(out)
+        return [o.float() for o in outputs] if self.dtype is not None else outputs
+
+    def _capture(self, shape: tuple[int, ...]) -> None:
+        static_in = torch.zeros(shape, device=self.device.torch_device)
+        side = torch.cuda.Stream(self.device.index)
+        side.wait_stream(torch.cuda.current_stream(self.device.index))
+        with torch.cuda.stream(side):  # warm-up off the capture: cuDNN autotuning, allocator pools
+            for _ in range(3):
+                self._run(static_in)
+        torch.cuda.current_stream(self.device.index).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                static_out = self._run(static_in)
+        except RuntimeError as exc:
+            raise UsageError(f"--cuda-graphs: this core cannot be captured ({str(exc).splitlines()[0][:200]}); "
+                             "run without --cuda-graphs") from exc
+        self._graphs[shape] = (graph, static_in, static_out)
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
-        with torch.inference_mode():
-            out = self.torch_module(batch)
-        if isinstance(out, torch.Tensor):
-            return [out]
-        return list(out)
+        if not self.mode["cuda_graphs"]:
+            return self._run(batch)
+        shape = tuple(batch.shape)
+        if shape not in self._graphs:  # a short final batch: captured at first use (reported, never timed)
+            self._capture(shape)
+            self.mode.setdefault("captured_at_first_use", []).append(shape[0])
+        graph, static_in, static_out = self._graphs[shape]
+        static_in.copy_(batch)
+        graph.replay()
+        return [o.clone() for o in static_out]  # the next replay overwrites the graph's outputs
 
     def info(self) -> dict[str, Any]:
-        return {"backend": self.backend, "torch_threads": torch.get_num_threads(), "device": str(self.device)}
+        return {"backend": self.backend, "torch_threads": torch.get_num_threads(),
+                "device_name": device_name(self.device),
+                "precision_mode": f"torch.autocast({self.dtype})" if self.dtype is not None else "fp32 (IEEE)",
+                **self.mode}
+
+
+def device_name(device: Device) -> str:
+    """The exact device for runtime.device_name: "cuda:0 NVIDIA H100 80GB HBM3" or "cpu"."""
+    return f"{device} {device.name()}" if device.is_cuda else "cpu"
 
 
 def onnx_to_torch(model: onnx.ModelProto) -> torch.nn.Module:
@@ -71,16 +147,23 @@ class PyTorchBackend:
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None) -> TorchCore:
+        options = current_options()
         if source.torch_module is not None:
-            return TorchCore(source.torch_module(), device, precision)
-        try:
-            module = onnx_to_torch(source.onnx_model())
-        except Exception as exc:  # onnx2torch raises NotImplementedError/KeyError for unsupported ops
-            raise UsageError(f"{source.name}: onnx2torch cannot convert this ONNX graph "
-                             f"({type(exc).__name__}: {exc}); use --backend onnxruntime") from exc
-        core = TorchCore(module, device, precision)
-        if source.check_batches:
-            from harness.backends.export import check_batch_rows
+            core = TorchCore(source.torch_module(), device, precision)
+        else:
+            try:
+                module = onnx_to_torch(source.onnx_model())
+            except Exception as exc:  # onnx2torch raises NotImplementedError/KeyError for unsupported ops
+                raise UsageError(f"{source.name}: onnx2torch cannot convert this ONNX graph "
+                                 f"({type(exc).__name__}: {exc}); use --backend onnxruntime") from exc
+            # on a GPU (or compiled) the shape constants must not live on the device: see capturable.py
+            rebound = (keep_shape_constants_on_host(module)
+                       if device.is_cuda or options.compile != "none" else 0)
+            core = TorchCore(module, device, precision)
+            core.mode["host_shape_constants"] = rebound
+            if source.check_batches:
+                from harness.backends.export import check_batch_rows
 
-            check_batch_rows(source.name, core, input_size, source.check_batches)
+                check_batch_rows(source.name, core, input_size, source.check_batches)
+        core.prepare(options.compile, options.cuda_graphs, input_size, options.batch_sizes)
         return core

@@ -26,8 +26,9 @@ def measure(tree: Path, images: int, output_dir: Path) -> dict:
     """One run over the first `images` images of the tree in a fresh process: peak RSS, wall, the run's files."""
     run_id = f"bench-memory-{images}"
     load = os.getloadavg()[0]
-    wall, rss, _, _ = _measure([sys.executable, "-m", "harness", *RUN, "--limit", str(images), "--coco-dir", str(tree),
-                                "--output-dir", str(output_dir), "--run-id", run_id], dict(os.environ))
+    argv = [sys.executable, "-m", "harness", *RUN, "--limit", str(images), "--coco-dir", str(tree),
+            "--output-dir", str(output_dir), "--run-id", run_id]
+    wall, _, rss, _, _ = _measure(argv, dict(os.environ))
     submission = json.loads(next((output_dir / run_id / "submissions").glob("*.json")).read_text())
     detections = output_dir / run_id / submission["eval"]["detections"]
     return {"images": images, "peak_rss_mb": round(rss, 1), "wall_s": round(wall, 1),

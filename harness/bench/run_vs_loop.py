@@ -31,9 +31,11 @@ PHASE_LINE = re.compile(r"^\[[\d:]+\] (?P<what>checking JPEG integrity|loading|w
 
 @dataclass
 class Measurement:
-    """One process: wall seconds (spawn to exit), peak RSS (the kernel's ru_maxrss), mAP, load around it."""
+    """One process: wall seconds (spawn to exit), CPU seconds (user + system: less sensitive to other
+    processes' load than wall time), peak RSS (the kernel's ru_maxrss), mAP, load around it."""
 
     wall_s: float
+    cpu_s: float
     peak_rss_mb: float
     map_50_95: float
     load_before: float
@@ -41,8 +43,8 @@ class Measurement:
     phases_s: dict[str, float] = field(default_factory=dict)
 
 
-def _measure(argv: list[str], env: dict) -> tuple[float, float, str, str]:
-    """Run `argv`; wall time and peak RSS of that process (os.wait4's rusage is the child's own)."""
+def _measure(argv: list[str], env: dict) -> tuple[float, float, float, str, str]:
+    """Run `argv`; wall time, CPU time and peak RSS of that process (os.wait4's rusage is the child's own)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
@@ -54,15 +56,15 @@ def _measure(argv: list[str], env: dict) -> tuple[float, float, str, str]:
         stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}:\n{stderr[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, stdout, stderr
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stdout, stderr
 
 
 def measure_run(output_dir: Path, tag: str, extra: list[str], env: dict) -> Measurement:
     """One `va-bench run` (python -m harness run, as the installed script does) in a fresh process."""
     load = os.getloadavg()[0]
     run_id = f"bench-run-{tag}"
-    wall, rss, _, stderr = _measure([sys.executable, "-m", "harness", *RUN, *extra, "--output-dir", str(output_dir),
-                                     "--run-id", run_id], env)
+    argv = [sys.executable, "-m", "harness", *RUN, *extra, "--output-dir", str(output_dir), "--run-id", run_id]
+    wall, cpu, rss, _, stderr = _measure(argv, env)
     submission = next((output_dir / run_id / "submissions").glob("*.json"))
     acc = json.loads(submission.read_text())["accuracy"]
     phases: dict[str, float] = {}
@@ -71,14 +73,14 @@ def measure_run(output_dir: Path, tag: str, extra: list[str], env: dict) -> Meas
         if m:
             phases[m["what"]] = phases.get(m["what"], 0.0) + float(m["s"])
     phases["other (start-up, prepare, writing)"] = round(wall - sum(phases.values()), 2)
-    return Measurement(wall, rss, acc["mAP_50_95"], load, os.getloadavg()[0], phases)
+    return Measurement(wall, cpu, rss, acc["mAP_50_95"], load, os.getloadavg()[0], phases)
 
 
 def measure_loop(env: dict) -> Measurement:
     load = os.getloadavg()[0]
-    wall, rss, stdout, _ = _measure([sys.executable, "-m", "harness.bench.plain_loop"], env)
+    wall, cpu, rss, stdout, _ = _measure([sys.executable, "-m", "harness.bench.plain_loop"], env)
     result = json.loads(stdout.strip().splitlines()[-1])
-    return Measurement(wall, rss, result["mAP_50_95"], load, os.getloadavg()[0])
+    return Measurement(wall, cpu, rss, result["mAP_50_95"], load, os.getloadavg()[0])
 
 
 def compare(repeats: int, extra: list[str]) -> dict:
@@ -94,16 +96,20 @@ def compare(repeats: int, extra: list[str]) -> dict:
                 else:
                     loops.append(measure_loop(env))
                 m = (runs if which == "run" else loops)[-1]
-                print(f"repeat {i + 1}/{repeats} {which:4s}: {m.wall_s:6.2f} s, peak RSS {m.peak_rss_mb:7.1f} MB, "
+                print(f"repeat {i + 1}/{repeats} {which:4s}: {m.wall_s:6.2f} s (CPU {m.cpu_s:6.2f} s), "
+                      f"peak RSS {m.peak_rss_mb:7.1f} MB, "
                       f"mAP {m.map_50_95:.4f}, load {m.load_before:.2f} -> {m.load_after:.2f}", file=sys.stderr)
     run_wall = statistics.median(m.wall_s for m in runs)
     loop_wall = statistics.median(m.wall_s for m in loops)
+    run_cpu = statistics.median(m.cpu_s for m in runs)
+    loop_cpu = statistics.median(m.cpu_s for m in loops)
     run_rss = statistics.median(m.peak_rss_mb for m in runs)
     loop_rss = statistics.median(m.peak_rss_mb for m in loops)
     phases = {k: round(statistics.median(m.phases_s.get(k, 0.0) for m in runs), 2) for k in runs[0].phases_s}
     return {"repeats": repeats, "command": "va-bench " + " ".join(RUN + extra),
             "run_wall_s": round(run_wall, 2), "loop_wall_s": round(loop_wall, 2),
             "wall_ratio": round(run_wall / loop_wall, 3),
+            "run_cpu_s": round(run_cpu, 2), "loop_cpu_s": round(loop_cpu, 2), "cpu_ratio": round(run_cpu / loop_cpu, 3),
             "run_peak_rss_mb": round(run_rss, 1), "loop_peak_rss_mb": round(loop_rss, 1),
             "rss_ratio": round(run_rss / loop_rss, 3),
             "run_map": runs[0].map_50_95, "loop_map": loops[0].map_50_95,
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(1-min load average {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores)")
         print(f"  wall      run {r['run_wall_s']:7.2f} s   loop {r['loop_wall_s']:7.2f} s   "
               f"ratio {r['wall_ratio']:.3f} (target <= {args.target}: {mark(ok['wall'])})")
+        print(f"  CPU       run {r['run_cpu_s']:7.2f} s   loop {r['loop_cpu_s']:7.2f} s   "
+              f"ratio {r['cpu_ratio']:.3f} (user + system; for reference)")
         print(f"  peak RSS  run {r['run_peak_rss_mb']:7.1f} MB  loop {r['loop_peak_rss_mb']:7.1f} MB  "
               f"ratio {r['rss_ratio']:.3f} (target <= {args.rss_target}: {mark(ok['rss'])})")
         print(f"  mAP       run {r['run_map']:.4f}     loop {r['loop_map']:.4f}     |delta| {map_delta:.4f} "

@@ -10,6 +10,7 @@ site publishes before anything is extracted; extraction refuses members that wou
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
 import urllib.error
@@ -79,12 +80,16 @@ def download_resumable(url: str, part: Path, progress: Callable[[int, int | None
         length = response.headers.get("Content-Length")
         total = (int(length) + (have if resumed else 0)) if length is not None else None
         done = have if resumed else 0
-        with open(part, "ab" if resumed else "wb") as out:
-            for chunk in iter(lambda: response.read(CHUNK), b""):
-                out.write(chunk)
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, total)
+        try:
+            with open(part, "ab" if resumed else "wb") as out:
+                for chunk in iter(lambda: response.read(CHUNK), b""):
+                    out.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+        except (OSError, http.client.HTTPException) as exc:  # the connection dropped mid-file
+            raise FetchError(f"the download of {url} stopped after {done} bytes ({exc or type(exc).__name__}); "
+                             "run the same command again: it continues where it stopped") from exc
     return part
 
 

@@ -15,7 +15,11 @@ download) puts it.
 
 from __future__ import annotations
 
+import argparse
+import copy
+import dataclasses
 import importlib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -55,12 +59,12 @@ class LibreFamily:
     family: str  # the site's family name
     class_name: str
     head: str
-    matches: str  # the libreyolo path whose conventions these are: "validation" or "predict"
+    val_resizes_twice: bool  # libreyolo's validation path resizes twice (see catalogue.yaml)
     task: str
     weights: str  # file name pattern, {size} = size code
     licence: str
-    preprocess: dict[str, Any]
-    postprocess: PostprocessSpec
+    preprocess: dict[str, Any]  # PreprocessSpec fields
+    postprocess: dict[str, Any]  # PostprocessSpec fields
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,15 @@ class LibreModel:
     variant: str
     input_size: int
     preprocess: dict[str, Any] = field(default_factory=dict)  # per-model overrides
+    postprocess_fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def weights_file(self) -> str:
         return self.family.weights.format(size=self.size)
+
+    @property
+    def postprocess(self) -> PostprocessSpec:
+        return check_choices(PostprocessSpec(**{**self.family.postprocess, **self.postprocess_fields}))
 
 
 def _spec_error(where: str, exc: Exception) -> UsageError:
@@ -90,18 +99,19 @@ def catalogue() -> dict[str, LibreModel]:
     models: dict[str, LibreModel] = {}
     for key, block in data.items():
         try:
-            post = PostprocessSpec(**block["postprocess"])
             fam = LibreFamily(key=key, family=block.get("family", key), class_name=block["class"], head=block["head"],
-                              matches=block["matches"], task=block.get("task", "detect"), weights=block["weights"],
-                              licence=block["licence"], preprocess=dict(block["preprocess"]), postprocess=post)
+                              val_resizes_twice=bool(block.get("val_resizes_twice", False)),
+                              task=block.get("task", "detect"), weights=block["weights"], licence=block["licence"],
+                              preprocess=dict(block["preprocess"]),
+                              postprocess=dict(block["postprocess"]))
             if fam.head not in HEADS:
                 raise ValueError(f"unknown head {fam.head!r}; known: {', '.join(HEADS)}")
-            if fam.matches not in ("validation", "predict"):
-                raise ValueError(f"matches must be validation or predict, not {fam.matches!r}")
             for model_id, entry in block["models"].items():
                 model = LibreModel(model_id, fam, str(entry["size"]), str(entry.get("variant", entry["size"])),
-                                   int(entry["input_size"]), dict(entry.get("preprocess", {})))
-                _preprocess_spec(model, model.input_size)  # every field a PreprocessSpec accepts
+                                   int(entry["input_size"]), dict(entry.get("preprocess", {})),
+                                   dict(entry.get("postprocess", {})))
+                _preprocess_spec(model, model.input_size)  # every field valid, now rather than at a run
+                model.postprocess  # noqa: B018 (the same for the post-processing spec)
                 models[model_id] = model
         except (KeyError, TypeError, ValueError) as exc:
             raise _spec_error(f"family {key}", exc) from exc
@@ -111,7 +121,26 @@ def catalogue() -> dict[str, LibreModel]:
 def _preprocess_spec(model: LibreModel, input_size: int | tuple[int, int]) -> PreprocessSpec:
     fields = {**model.family.preprocess, **model.preprocess}
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-    return PreprocessSpec(input_size=(0, 0), **fields).with_input_size(input_size)
+    return check_choices(PreprocessSpec(input_size=(0, 0), **fields)).with_input_size(input_size)
+
+
+def _choices(hint) -> tuple | None:
+    """The allowed values of a Literal annotation (or Literal | None); None for any other annotation."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    parts = [_choices(h) if h is not type(None) else (None,) for h in typing.get_args(hint)]
+    return sum(parts, ()) if parts and all(p is not None for p in parts) else None
+
+
+def check_choices(spec):
+    """A spec dataclass whose Literal-typed fields hold allowed values. Dataclasses do not check Literal
+    annotations, and a typo (library: pill) must not quietly mean the default."""
+    hints = typing.get_type_hints(type(spec))
+    for f in dataclasses.fields(spec):
+        allowed = _choices(hints[f.name])
+        if allowed is not None and getattr(spec, f.name) not in allowed:
+            raise ValueError(f"{f.name}: {getattr(spec, f.name)!r} is not one of {', '.join(map(repr, allowed))}")
+    return spec
 
 
 # ------------------------------------------------------------------------------------------ libreyolo
@@ -137,12 +166,14 @@ def libreyolo_class(model: LibreModel):
 
 
 def _trusted(cls, path: Path, sha256: str) -> bool:
-    """A file we let libreyolo load: one torch can read without unpickling objects (weights_only), or one
-    whose SHA-256 libreyolo itself pins (YOLO-NAS's Deci checkpoints are pickles, verified by checksum)."""
+    """A file we let libreyolo load: one torch reads without unpickling objects (weights_only; RF-DETR
+    checkpoints also carry their training arguments as an argparse.Namespace, a plain attribute bag), or
+    one whose SHA-256 libreyolo itself pins (YOLO-NAS's Deci checkpoints are pickles it verifies so)."""
     if sha256 in set(getattr(cls, "_DECI_CHECKPOINT_SHA256", {}).values()):
         return True
     try:
-        torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # torch raises UnpicklingError, RuntimeError, ... for files it will not read safely
         return False
     return True
@@ -160,8 +191,8 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
         if not _trusted(cls, path, sha):
             raise UsageError(f"{path} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
                              "and its checksum is not one libreyolo pins; va-bench does not unpickle such files")
-        try:
-            wrapper = cls(str(path), size=model.size, device="cpu", task=model.family.task)
+        try:  # absolute: a bare file name would make libreyolo look in ./weights/ first
+            wrapper = cls(str(path.resolve()), size=model.size, device="cpu", task=model.family.task)
         except Exception as exc:  # libreyolo wraps every load failure in RuntimeError/ValueError
             first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
@@ -352,7 +383,7 @@ class LibreYoloDetector:
         self.licence = entry.family.licence
         self.wrapper, self.weights = build_libreyolo(entry, weights)
         self.core_module = LibreCore(self.wrapper.model, entry.family.head).eval()
-        self.postprocess = entry.family.postprocess
+        self.postprocess = entry.postprocess
         self.defaults = self.postprocess.defaults
         self.preprocess = self.preprocess_for(entry.input_size)
         self._yolox = _YoloxDecoder(model_id)
@@ -388,7 +419,7 @@ class LibreYoloDetector:
             return self._yolox.decode(raw, input_size, conf)
         if head == "picodet":
             return decode_picodet(raw, input_size, conf, PICODET_STRIDES, PICODET_NMS_PRE)
-        if head == "rfdetr":  # its top-k is libreyolo's num_select (the family's max_det) before the drop
+        if head == "rfdetr":  # its top-k is the model's num_select (the catalogue's max_det) before the drop
             return decode_rfdetr(raw, input_size, self.postprocess.max_det)
         decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolonas": decode_yolonas, "detr": decode_detr}
         return decoders[head](raw, input_size, conf)
@@ -396,8 +427,11 @@ class LibreYoloDetector:
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
         params = sum(p.numel() for p in self.core_module.parameters())
         stats = ModelStats(params_millions=round(params / 1e6, 4))
+        module = self.core_module
+        if next(module.parameters()).device.type != "cpu":  # a core loaded on a GPU: count on a CPU copy
+            module = copy.deepcopy(module).cpu()
         try:
-            stats.gflops = round(count_flops(self.core_module, input_size) / 1e9, 4)
+            stats.gflops = round(count_flops(module, input_size) / 1e9, 4)
         except Exception as exc:  # a model FlopCounterMode cannot trace must not sink the benchmark; say why
             stats.notes["gflops"] = f"FLOP count failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return stats

@@ -101,7 +101,7 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     note = f"libreyolo {model.weights_file}, {model.input_size}px; weights licence: {model.family.licence}"
     if onnx_yolox is None:
         return ModelEntry(model_id=model_id, family=model.family.family, factory=factory, weights_url=None,
-                          weights_file=model.weights_file, note=note, postprocess=model.family.postprocess.kind,
+                          weights_file=model.weights_file, note=note, postprocess=model.postprocess.kind,
                           local_weights=cached)
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,8 +28,15 @@ from harness.data.coco import ImageRecord
 from harness.measure.device import Device
 from harness.models.protocol import Core, Detector, PreprocessSpec, postprocess_spec
 from harness.pipeline.checks import check_finite
+from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
 from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original
-from harness.pipeline.preprocess import ImageTransform, decode_image, preprocess_batch
+from harness.pipeline.preprocess import (
+    ImageTransform,
+    decode_bytes,
+    decode_tensor,
+    preprocess_batch,
+    preprocess_tensors,
+)
 from harness.pipeline.stage_timer import BatchTiming, StageTimer
 
 
@@ -94,10 +102,16 @@ class DetectorPipeline:
     """The harness side of a detector: everything but the core forward is shared code.
 
     In latency mode per-image NMS runs on `host_workers` threads (default: torch's thread count),
-    inside the postprocess stage, so stage times still add up to the batch time."""
+    inside the postprocess stage, so stage times still add up to the batch time. `read_image` gives an
+    image's encoded bytes to the decode substep (a run's ImageBytes: memory or disk, harness/data/cache.py);
+    without it the substep reads the file itself.
+
+    `spec.library` is the preprocessing implementation (preprocess.resolve_implementation): with "torch" the
+    images are decoded by torchvision (nvJPEG on CUDA) and letterboxed on the core's device."""
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
-                 thresholds: Thresholds, host_workers: int | None = None):
+                 thresholds: Thresholds, host_workers: int | None = None,
+                 read_image: Callable[[ImageRecord], bytes] | None = None):
         workers = host_workers or torch.get_num_threads()
         self.host_executor = _host_pool(workers) if workers > 1 else None
         self.detector = detector
@@ -105,9 +119,20 @@ class DetectorPipeline:
         self.device = device
         self.spec = spec
         self.thresholds = thresholds
+        self.read_image = read_image
         self.postprocess = postprocess_spec(detector)  # the kind; thresholds come from `thresholds`
         # ONNX Runtime takes host memory (it copies to its device itself); torch cores take device tensors.
         self.input_device = device.torch_device if getattr(core, "torch_module", None) is not None else None
+        # nvJPEG only where the tensors stay on the GPU (a torch core); an ONNX Runtime core takes host memory
+        on_gpu = self.input_device is not None and self.input_device.type == "cuda"
+        self.decoder = choose_decoder(spec.library, on_gpu)
+
+    def preprocess_info(self) -> dict:
+        """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""
+        return preprocess_record(self.spec.library, self.decoder, self.input_device)
+
+    def _read(self, record: ImageRecord) -> bytes:
+        return self.read_image(record) if self.read_image else Path(record.path).read_bytes()
 
     def run_batch(self, records: list[ImageRecord], timer: StageTimer,
                   images: list[np.ndarray] | None = None) -> list[ImageDetections]:
@@ -169,19 +194,37 @@ class DetectorPipeline:
     def _preprocess(self, records: list[ImageRecord], timer: StageTimer,
                     images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:
         with timer.stage("preprocess"):
+            if self.spec.library != "torch":
+                if images is None:
+                    with timer.substep("decode"):
+                        images = [decode_bytes(self._read(r), r.path) for r in records]
+                return preprocess_batch(images, self.spec)
+            target = self.input_device if self.input_device is not None else torch.device("cpu")
             if images is None:
                 with timer.substep("decode"):
-                    images = [decode_image(r.path) for r in records]
-            return preprocess_batch(images, self.spec)
+                    datas = [self._read(r) for r in records]
+                    paths = [r.path for r in records]
+                    images = (decode_on_device(datas, target, paths) if self.decoder == "nvjpeg"
+                              else [decode_tensor(d, p) for d, p in zip(datas, paths, strict=True)])
+            if target.type == "cuda" and any(not isinstance(i, torch.Tensor) or i.device != target for i in images):
+                with timer.substep("upload"):  # host-decoded images go up as uint8, not float32
+                    images = upload_uint8([i if isinstance(i, torch.Tensor) else torch.from_numpy(i)
+                                           .permute(2, 0, 1).flip(0) for i in images], target)
+            return preprocess_tensors(images, self.spec, target)
 
     def _forward(self, batch: torch.Tensor, timer: StageTimer, sync: bool = False) -> list[torch.Tensor]:
         with timer.stage("transfer"):
             if self.input_device is not None and self.input_device.type != "cpu":
                 batch = batch.to(self.input_device, non_blocking=True)
         with timer.stage("forward"):
+            events = ForwardEvents.begin(self.device.torch_device) if self.device.is_cuda else None
             raw = self.core(batch)
+            if events is not None:
+                events.stop(self.device.torch_device)
             if sync:
                 self.device.synchronize()
+        if events is not None:  # GPU time of the forward beside its wall time; absent on CPU (not 0)
+            timer.device_time("forward_gpu", events)
         return raw
 
     def _postprocess(self, records: list[ImageRecord], raw: list[torch.Tensor], transforms: list[ImageTransform],

@@ -187,9 +187,20 @@ def to_original(cands: BatchCandidates, transforms: Sequence[ImageTransform]) ->
     return torch.minimum(((cands.boxes - pad) / ratio).clamp_(min=0), limit)
 
 
+def _numpy_dtype(t: torch.Tensor) -> np.dtype:
+    return torch.empty(0, dtype=t.dtype).numpy().dtype
+
+
 def split_by_image(cands: BatchCandidates, boxes: torch.Tensor, image_ids: Sequence[int]) -> list[ImageDetections]:
     """One ImageDetections per image of the batch (host numpy arrays)."""
     cuts = np.cumsum(cands.counts)[:-1]
-    per_image = zip(image_ids, np.split(boxes.cpu().numpy(), cuts), np.split(cands.scores.cpu().numpy(), cuts),
-                    np.split(cands.labels.cpu().numpy(), cuts), strict=True)
+    # One device->host copy per batch (on CUDA each .cpu() is a synchronising copy): boxes, score and label
+    # packed as float64 rows, which hold float32 values and class indices exactly; then the original dtypes.
+    rows = torch.cat([boxes.double(), cands.scores[:, None].double(), cands.labels[:, None].double()], 1).cpu()
+    rows = rows.numpy()
+    box_np = rows[:, :4].astype(_numpy_dtype(boxes))
+    score_np = rows[:, 4].astype(_numpy_dtype(cands.scores))
+    label_np = rows[:, 5].astype(_numpy_dtype(cands.labels))
+    per_image = zip(image_ids, np.split(box_np, cuts), np.split(score_np, cuts), np.split(label_np, cuts),
+                    strict=True)
     return [ImageDetections(image_id, b, s, lab) for image_id, b, s, lab in per_image]

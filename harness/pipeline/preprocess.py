@@ -2,12 +2,16 @@
 
 Every convention a family needs is in its PreprocessSpec (harness/models/protocol.py): letterbox or
 stretch, fit margin (long side then pad), rounding, pad position/value, channel order, scale/mean/std,
-and the resize library (cv2, PIL, torch) with its interpolation."""
+and the resize library (cv2, PIL, torch) with its interpolation.
+
+Implementations (`--preprocess`): "cv2" and "pil" resize uint8 BGR arrays decoded by cv2; "torch" decodes
+with torchvision.io (RGB CHW uint8 tensors, CPU or nvJPEG on CUDA) and letterboxes in float with
+F.interpolate on whatever device the images are on (harness/pipeline/gpu.py keeps them on the GPU)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cv2
@@ -15,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from torchvision.io import ImageReadMode
+from torchvision.io import decode_image as tv_decode_image
 
 from harness.errors import UsageError
 from harness.models.protocol import PreprocessSpec
@@ -31,11 +37,37 @@ class ImageTransform:
 
 def decode_image(path: Path) -> np.ndarray:
     """Read and decode an image to an HxWx3 uint8 BGR array (OpenCV's order)."""
-    data = np.fromfile(str(path), dtype=np.uint8)
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    return decode_bytes(np.fromfile(str(path), dtype=np.uint8), path)
+
+
+def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
+    """Decode an image file's bytes (already in memory) to HxWx3 uint8 BGR; `path` names it in errors."""
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
         raise UsageError(f"{path} could not be decoded as an image; re-download it")
     return image
+
+
+def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
+    """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB;
+    grey and CMYK JPEGs come out as RGB, as cv2's IMREAD_COLOR makes BGR of them."""
+    try:
+        return tv_decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError as exc:
+        raise UsageError(f"{path} could not be decoded as an image ({str(exc)[:80]}); re-download it") from exc
+
+
+IMPLEMENTATIONS = ("cv2", "torch", "pil")
+PREPROCESS_CHOICES = ("auto", *IMPLEMENTATIONS)
+
+
+def resolve_implementation(spec: PreprocessSpec, choice: str, cuda: bool) -> PreprocessSpec:
+    """The spec with the resize library `--preprocess` asks for. "auto": torch on CUDA (the device-resident
+    path), else the family's own library (cv2 for most; torchvision families are defined with torch)."""
+    if choice not in PREPROCESS_CHOICES:
+        raise UsageError(f"--preprocess {choice!r}: use one of {', '.join(PREPROCESS_CHOICES)}")
+    library = ("torch" if cuda else spec.library) if choice == "auto" else choice
+    return replace(spec, library=library)
 
 
 CV2_INTERPOLATION = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA, "cubic": cv2.INTER_CUBIC,
@@ -108,21 +140,33 @@ def _place(image: np.ndarray, slot: np.ndarray, spec: PreprocessSpec, pad_bgr: n
     return g.transform
 
 
-def _preprocess_float(images: list[np.ndarray], spec: PreprocessSpec) -> tuple[torch.Tensor, list[ImageTransform]]:
-    """library "torch": resize in float with F.interpolate (no uint8 rounding), as torchvision's
-    GeneralizedRCNNTransform does (it normalises first; bilinear weights sum to 1, so the order changes
-    values only by float rounding)."""
+def _as_rgb_chw(image: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A cv2-decoded HxWx3 BGR array, or a torchvision-decoded 3xHxW RGB tensor -> 3xHxW RGB uint8 tensor."""
+    if isinstance(image, torch.Tensor):
+        return image
+    return torch.from_numpy(image).permute(2, 0, 1).flip(0)
+
+
+def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: PreprocessSpec,
+                       device: torch.device | None = None) -> tuple[torch.Tensor, list[ImageTransform]]:
+    """library "torch": resize in float with F.interpolate (bilinear: antialias off, align_corners off; no
+    uint8 rounding), as torchvision's GeneralizedRCNNTransform does, into a canvas filled with the pad value,
+    on `device` (default: the first image's). Every spec field applies: geometry, pad, channel order,
+    scale/mean/std. Bilinear weights sum to 1, so resizing before or after normalising differs only by float
+    rounding. Images on the GPU (nvJPEG) stay there: this is the device-resident letterbox."""
     in_h, in_w = spec.input_size
-    batch = torch.empty((len(images), 3, in_h, in_w), dtype=torch.float32)
-    pad = torch.from_numpy(_pad_per_channel(spec).astype(np.float32)).view(3, 1, 1)
+    rgb = [_as_rgb_chw(image) for image in images]
+    device = device if device is not None else (rgb[0].device if rgb else torch.device("cpu"))
+    batch = torch.empty((len(images), 3, in_h, in_w), dtype=torch.float32, device=device)
+    pad = torch.tensor(_pad_per_channel(spec).astype(np.float32), device=device).view(3, 1, 1)
     transforms = []
-    for i, image in enumerate(images):
-        g = _geometry(*image.shape[:2], spec)
-        chw = torch.from_numpy(image).permute(2, 0, 1)
-        if spec.channel_order == "RGB":
+    for i, chw in enumerate(rgb):
+        g = _geometry(*chw.shape[1:], spec)
+        chw = chw.to(device, non_blocking=True)
+        if spec.channel_order == "BGR":
             chw = chw.flip(0)
         pixels = chw.float()
-        if (g.new_h, g.new_w) != tuple(image.shape[:2]):
+        if (g.new_h, g.new_w) != tuple(chw.shape[1:]):
             mode = TORCH_MODE[g.interpolation]
             pixels = F.interpolate(pixels[None], size=(g.new_h, g.new_w), mode=mode, antialias=False,
                                    align_corners=False if mode in ("bilinear", "bicubic") else None)[0]
@@ -137,17 +181,18 @@ def _normalise(batch: torch.Tensor, spec: PreprocessSpec) -> None:
     if spec.scale != 1.0:
         batch.mul_(spec.scale)
     if spec.mean is not None:
-        batch.sub_(torch.tensor(spec.mean).view(1, 3, 1, 1))
+        batch.sub_(torch.tensor(spec.mean, device=batch.device).view(1, 3, 1, 1))
     if spec.std is not None:
-        batch.div_(torch.tensor(spec.std).view(1, 3, 1, 1))
+        batch.div_(torch.tensor(spec.std, device=batch.device).view(1, 3, 1, 1))
 
 
 def preprocess_batch(images: list[np.ndarray], spec: PreprocessSpec) -> tuple[torch.Tensor, list[ImageTransform]]:
     """Resize each BGR image as the spec says into one buffer, then one conversion to float [B,3,H,W].
 
-    cv2/PIL resize uint8 images into one uint8 canvas; "torch" resizes in float (see _preprocess_float)."""
+    cv2/PIL resize uint8 images into one uint8 canvas; "torch" resizes in float (see preprocess_tensors) and
+    also takes torchvision-decoded RGB tensors."""
     if spec.library == "torch":
-        return _preprocess_float(images, spec)
+        return preprocess_tensors(images, spec)
     in_h, in_w = spec.input_size
     canvas = np.empty((len(images), in_h, in_w, 3), dtype=np.uint8)
     pad = _pad_per_channel(spec)

@@ -2,7 +2,8 @@
 
 Clocks are `time.perf_counter_ns`. The device owns synchronisation: with `stage_sync` (latency
 mode) every stage boundary waits for the device, so GPU work is charged to the stage that queued
-it; without it (throughput mode) only the batch end waits. On CPU sync is a no-op.
+it; without it (throughput mode) only the batch end waits. On CPU sync is a no-op. On CUDA the
+forward's GPU time (CUDA events, `device_time`) is recorded beside the stages as `forward_gpu`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import torch
 from harness.measure.device import Device
 
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
-SUBSTEPS = ("preprocess.decode", "postprocess.nms", "postprocess.boxes")
+SUBSTEPS = ("preprocess.decode", "preprocess.upload", "postprocess.nms", "postprocess.boxes")
+# Measured beside the stages, not part of the batch's wall time: the forward's GPU time (CUDA events).
+DEVICE_TIMES = ("forward_gpu",)
 
 
 @dataclass
@@ -27,6 +30,7 @@ class BatchTiming:
     size: int
     total_ns: int = 0
     stages: dict[str, int] = field(default_factory=dict)
+    end_ns: int = 0  # perf_counter_ns when the batch ended (overlapped mode: completion times)
 
     def ms(self, name: str) -> float:
         return (self.total_ns if name == "total" else self.stages.get(name, 0)) / 1e6
@@ -47,6 +51,7 @@ class StageTimer:
         self._current: BatchTiming | None = None
         self._stage: str | None = None
         self._t0 = 0
+        self._events: list[tuple[str, object]] = []
 
     def begin_batch(self, size: int) -> None:
         if self.batch_sync:
@@ -85,11 +90,32 @@ class StageTimer:
         if self._current is not None:
             self._current.stages[name] = self._current.stages.get(name, 0) + ns
 
+    def device_time(self, name: str, events) -> None:
+        """Device time of this batch read from `events` (gpu.ForwardEvents) once the batch ends: reading
+        it waits for the events, so it is read after the wall clock stops."""
+        self._events.append((name, events))
+
     def end_batch(self) -> BatchTiming:
         if self.batch_sync:
             self.device.synchronize()
         batch = self._current
-        batch.total_ns = time.perf_counter_ns() - self._t0
+        batch.end_ns = time.perf_counter_ns()
+        batch.total_ns = batch.end_ns - self._t0
+        for name, events in self._events:
+            self._add(name, events.elapsed_ns())
+        self._events = []
         self.batches.append(batch)
         self._current = None
         return batch
+
+
+def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[float]:
+    """Per-image interval of each batch of a stream: time since the previous batch (or the stream's start)
+    completed, over the batch size. In overlapped mode batches are in flight together, so this, not a
+    batch's end-to-end latency, is the per-image time whose inverse is the throughput: its mean is the
+    stream's wall time over its images (for equal batches)."""
+    out, previous = [], start_ns
+    for b in batches:
+        out.append((b.end_ns - previous) / 1e6 / b.size)
+        previous = b.end_ns
+    return out

@@ -36,7 +36,7 @@ def _invariance(record: CellRecord) -> str:
     return f"{100 * inv.report.match_rate:.1f}%"
 
 
-# Columns of a group table, dropped from the end of DROP_ORDER while the table is wider than the console.
+# Columns of a group table, dropped in this order while the table is wider than the console.
 DROP_ORDER = ("J/img", "RAM MB", "p95 ms", "split %")
 
 
@@ -66,7 +66,11 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
     columns = ["batch", "status", "img/s", "p50 ms", "p95 ms", "split %", "mAP", "b-inv", "RAM MB"]
     columns += ["J/img"] if energy else []
     rows = _group_rows(statuses, records, energy)
-    title = escape(" · ".join([key.model, key.backend, key.precision, key.label.rsplit(" ", 1)[1]]))
+    mine = [records[s.cell.label] for s in statuses if s.cell.label in records]
+    impls = sorted({str(r.runtime["preprocess"].get("implementation")) for r in mine
+                    if r.runtime.get("preprocess")})  # --preprocess, as recorded
+    title = escape(" · ".join([key.model, key.backend, key.precision, key.label.rsplit(" ", 1)[1]]
+                              + [f"preprocess {'/'.join(impls)}"] * bool(impls)))
     dropped: list[str] = []
     while True:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
@@ -82,7 +86,7 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
             break
         columns.remove(droppable[0])
         dropped.append(droppable[0])
-    table.caption = "split %: preprocess/forward/postprocess share of the batch time"
+    table.caption = "p50/p95: ms per batch; split %: preprocess/forward/postprocess share of the batch time"
     if dropped:
         table.caption += f"; not shown for width: {', '.join(dropped)} (see --json)"
     table.caption_justify = "left"
@@ -155,6 +159,7 @@ def summary_json(run_dir: Path, outcome) -> dict:
             t = r.timing
             entry.update({
                 "mode": t.mode,
+                "preprocess": r.runtime.get("preprocess"),
                 "images_per_s": round(t.images_per_s, 3),
                 "batch_ms": t.batch_ms.to_dict(),
                 "image_ms_p50": round(t.image_ms.p50, 4),

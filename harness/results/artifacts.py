@@ -34,6 +34,11 @@ def _cell_cols(cell: Cell) -> list:
 CELL_HEADER = ["model", "backend", "precision", "input_size", "batch_size"]
 
 
+def cell_csv_key(cell: Cell) -> tuple[str, ...]:
+    """A cell's first five columns in the run's CSVs, as the CSV reader gives them back (strings)."""
+    return tuple(str(v) for v in _cell_cols(cell))
+
+
 LAYER_HEADER = CELL_HEADER + ["batch", "module", "type", "input_shapes", "output_shapes", "ms"]
 TYPE_HEADER = CELL_HEADER + ["layer_type", "total_ms", "count", "share_pct"]
 MEMORY_HEADER = ["timestamp", "tag", "rss_mb", "cuda_allocated_mb"]
@@ -53,6 +58,13 @@ class ProbeArtifacts:
         self._energy_rows = [{k: v for k, v in zip(energy_header, row, strict=False) if v != ""}
                              for row in energy_rows]
         self._memory_rows = self._existing("memory.csv", "memory")
+
+    def keep_cells(self, keys: set[tuple[str, ...]]) -> None:
+        """Forget rows of cells that are not finished (a process killed between writing a cell's rows and
+        marking it ok): on resume they are measured again and must not appear twice."""
+        self._layer_rows = [r for r in self._layer_rows if tuple(map(str, r[:5])) in keys]
+        self._type_rows = [r for r in self._type_rows if tuple(map(str, r[:5])) in keys]
+        self._op_rows = [r for r in self._op_rows if tuple(map(str, r[:5])) in keys]
 
     def _existing_with_header(self, name: str, key: str) -> tuple[list[str], list[list]]:
         path = self.run_dir / name

@@ -25,7 +25,8 @@ SITE_NUMBERS: dict[str, str] = {
     **{f"config.{k}": "int" for k in ("batch_size", "max_det")},
     **{f"config.{k}": "number" for k in ("input_size", "conf", "iou")},
     "hardware.ram_gb": "number", "hardware.gpu_memory_gb": "number?", "hardware.cpu_cores": "int?",
-    **{f"accuracy.{k}": "number" for k in ACCURACY_STATS},
+    # pycocotools gives -1 for an area range without ground truth (small subsets): recorded as null + reason
+    **{f"accuracy.{k}": "number" if k in ("mAP_50_95", "mAP_50", "mAP_75") else "number?" for k in ACCURACY_STATS},
     "timing.batch_size": "int", "timing.num_images": "int",
     **{f"timing.total_ms.{k}": "number" for k in ("mean", "std", "p50", "p95", "p99")},
     **{f"timing.total_ms.{k}": "number?" for k in ("preprocess_ms", "inference_ms", "postprocess_ms")},

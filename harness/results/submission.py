@@ -5,8 +5,9 @@ add lives in extra keys v1 readers ignore. `timing.total_ms` is per image (batch
 size, so fps = 1000 / ms at every batch size, as the site computes); per-batch latency is in
 `timing.batch_ms`, per-stage times (per batch) in `timing.stages_ms`. `timing.mode` says how the
 batches ran: "latency" (one after another: stage times add up to the batch time) or "overlapped"
-(overlapped mode: a batch's time is its end-to-end latency with queueing, and
-`throughput.images_per_s` is images over the wall time of the stream).
+(overlapped mode: a batch's time is its end-to-end latency with queueing, `throughput.images_per_s` is
+images over the wall time of the stream, and `total_ms` is the per-image interval between batch completions,
+so the site's fps = 1000 / total_ms.mean reads the throughput). The total_ms split: `site_split`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,38 @@ def submission_filename(record: CellRecord) -> str:
 
 def _stage_mean(record: CellRecord, name: str) -> float | None:
     s = record.timing.stages_ms.get(name)
-    return None if s is None else round(s.mean / record.cell.batch_size, 4)
+    return None if s is None else s.mean / record.cell.batch_size
+
+
+def site_split(record: CellRecord) -> dict[str, float | None]:
+    """timing.total_ms.{preprocess,inference,postprocess}_ms per image, adding up to total_ms.mean.
+
+    inference_ms is transfer + forward (the host->device copy of the input belongs to running the model;
+    on the device-resident path the uint8 upload is inside preprocess). Latency mode: each stage's mean
+    per image (they leave out only the timer's bookkeeping between stages, microseconds). Overlapped mode:
+    total_ms.mean is the per-image interval of the stream, the forward runs on the critical path, and host
+    work shows only where the forward waited for it: the interval minus inference, split between pre- and
+    post-processing in proportion to their measured times."""
+    pre, post = _stage_mean(record, "preprocess"), _stage_mean(record, "postprocess")
+    forward, transfer = _stage_mean(record, "forward"), _stage_mean(record, "transfer")
+    inference = None if forward is None else forward + (transfer or 0.0)
+    if record.timing.mode == "overlapped" and None not in (pre, post, inference):
+        host = max(record.timing.image_ms.mean - inference, 0.0)
+        share = pre / (pre + post) if pre + post > 0 else 0.5
+        pre, post = host * share, host * (1 - share)
+    return {k: None if v is None else round(v, 4)
+            for k, v in (("preprocess_ms", pre), ("inference_ms", inference), ("postprocess_ms", post))}
+
+
+def runtime_block(record: CellRecord) -> dict:
+    """The site's runtime fields (format, provider, precision, device in its cpu|gpu|npu vocabulary) plus
+    ours: `device_name` (the exact device: "cuda:0 NVIDIA H100 ...", "cpu") and the TF32 state."""
+    runtime = dict(record.runtime)
+    exact = runtime.get("device_name") or record.environment.get("device") or runtime.get("device") or "cpu"
+    runtime["device"] = "gpu" if str(runtime.get("device", exact)).startswith(("cuda", "gpu")) else "cpu"
+    runtime["device_name"] = exact
+    runtime["tf32"] = record.environment["tf32"]
+    return runtime
 
 
 def build_submission(record: CellRecord) -> dict:
@@ -73,9 +105,7 @@ def build_submission(record: CellRecord) -> dict:
             "num_images": t.timed_images,
             "total_ms": {"mean": round(image.mean, 4), "std": round(image.std, 4), "p50": round(image.p50, 4),
                          "p95": round(image.p95, 4), "p99": round(image.p99, 4),
-                         "preprocess_ms": _stage_mean(record, "preprocess"),
-                         "inference_ms": _stage_mean(record, "forward"),
-                         "postprocess_ms": _stage_mean(record, "postprocess")},
+                         **site_split(record)},
             "per_image_ms": image.to_dict(),
             "batch_ms": t.batch_ms.to_dict(),
             "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
@@ -101,13 +131,14 @@ def build_submission(record: CellRecord) -> dict:
                  "batch_size": record.accuracy.batch_size if record.accuracy else None,
                  "detections": record.accuracy.detections_file if record.accuracy else None,
                  "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"},
-        "runtime": {**record.runtime, "tf32": env["tf32"]},
+        "runtime": runtime_block(record),
         "batch_invariance": record.invariance.to_dict() if record.invariance else None,
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
                   "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],
                               "num_images": dataset["num_images"]},
-                  "weights": model["weights"]},
+                  "weights": model["weights"],
+                  "preprocess": (record.runtime.get("preprocess") or {}).get("implementation")},
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
                                             "device")}
         | {k: env[k] for k in ("startup", "images") if k in env},  # start-up times; where decode reads from

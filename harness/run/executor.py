@@ -39,7 +39,8 @@ from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.stats import summarize
 from harness.models.protocol import Detector, postprocess_spec
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
-from harness.pipeline.stage_timer import StageTimer
+from harness.pipeline.preprocess import resolve_implementation
+from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
 from harness.records import (
     AccuracyRecord,
     Cell,
@@ -120,7 +121,8 @@ class GroupExecutor:
         if ctx.images is None:  # once per run: every cell decodes from the same place (data/cache.py)
             ctx.images = ImageBytes(ctx.records, config.cache_images)
         cache_s, clock = time.perf_counter() - clock, time.perf_counter()
-        self.spec = detector.preprocess.with_input_size(key.input_size)
+        self.spec = resolve_implementation(detector.preprocess.with_input_size(key.input_size), config.preprocess,
+                                           ctx.device.is_cuda)  # --preprocess
         self.core = detector.load_core(key.backend, ctx.device, key.precision, key.input_size, threads=ctx.threads)
         load_s, clock = time.perf_counter() - clock, time.perf_counter()
         with _one_torch_thread():
@@ -136,7 +138,8 @@ class GroupExecutor:
                                      config.iou if config.iou is not None else post.iou,
                                      config.max_det if config.max_det is not None else post.max_det)
         self.postprocess = post.to_dict()
-        self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds)
+        self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
+                                         read_image=ctx.images.read)
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
@@ -156,7 +159,7 @@ class GroupExecutor:
     # ------------------------------------------------------------------------------------ one cell
 
     def run_cell(self, cell: Cell) -> CellRecord:
-        """The scored timing pass of one batch size (+ the optional passes if `cell` is the group's last)."""
+        """The scored timing pass of one batch size: timings, detections file, accuracy, batch invariance."""
         ctx = self.ctx
         load_start = os.getloadavg()
         timing, detections, probes = self._timing_pass(cell)
@@ -178,8 +181,10 @@ class GroupExecutor:
             cell=cell,
             model={"id": self.detector.model_id, "family": self.detector.family, "variant": self.detector.variant,
                    "weights": self.detector.weights.__dict__},
-            runtime={"format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
-                     "device": "gpu" if ctx.device.is_cuda else "cpu", **self.core.info()},
+            runtime={**{("torch_device" if k == "device" else k): v for k, v in self.core.info().items()},
+                     "format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
+                     "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
+                     "preprocess": self.pipeline.preprocess_info()},  # --preprocess: implementation, decoder
             dataset=ctx.variant.describe(),
             thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
                         "preprocess": self.spec.to_dict()},
@@ -254,7 +259,7 @@ class GroupExecutor:
             ctx.monitor.begin_window(f"timing {cell.label}")
         energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
         timed = [batches[i % len(batches)] for i in range(n_timed)]
-        stream_start = time.perf_counter()
+        stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
         with ctx.progress.task(f"timing {cell.label}", n_timed) as advance, energy:
             for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
                 if i < len(batches):  # the first pass over the data is the scored one
@@ -264,7 +269,8 @@ class GroupExecutor:
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
         if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
-            memory.update(peak_vram_mb=None, vram_reason="ONNX Runtime allocates outside torch's allocator")
+            memory.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
+                          vram_reason="ONNX Runtime allocates outside torch's allocator")
         untimed = StageTimer(ctx.device, config.stage_sync)
         for batch in batches[n_timed:]:  # only with --max-timed-batches: scored, not timed
             detections += pipeline.run_batch(batch, untimed)
@@ -286,7 +292,10 @@ class GroupExecutor:
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
             warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), stage_sync=config.stage_sync,
             mode="overlapped" if config.overlap else "latency",
-            batch_ms=batch_ms, image_ms=summarize([t / size for t in totals]), stages_ms=stages,
+            batch_ms=batch_ms, stages_ms=stages,
+            # overlapped: per-image *interval* (1000 / it is the throughput), not end-to-end latency / size
+            image_ms=summarize(completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap
+                               else [t / size for t in totals]),
             images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
             warnings=list(batch_ms.warnings),
@@ -321,6 +330,12 @@ class GroupExecutor:
         with ctx.progress.task(f"COCO eval {cell.label}", None):
             stats = evaluate_bbox_file(ctx.dataset.coco, ctx.run_dir / detections_file, list(ctx.variant.image_ids),
                                        ctx.config.evaluator)
+        # pycocotools' -1 means "no ground truth in this area range" (small subsets): not a score
+        missing = sorted(k for k, v in stats.items() if v < 0)
+        stats = {k: (None if k in missing else v) for k, v in stats.items()}
+        if missing:
+            stats["unavailable"] = {k: "no ground-truth object in this area range among the variant's images"
+                                    for k in missing}
         return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
                               num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file), None
@@ -350,7 +365,7 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], wor
         tmp = tempfile.mkdtemp(prefix=".ort_profile_", dir=work_dir)
         try:
             profiled = DetectorPipeline(pipeline.detector, core.profiling_copy(str(Path(tmp) / "ort")), device,
-                                        pipeline.spec, pipeline.thresholds)
+                                        pipeline.spec, pipeline.thresholds, read_image=pipeline.read_image)
             for batch in batches:
                 profiled.run_batch(batch, timer)
             os.replace(profiled.core.session.end_profiling(), ort_trace)
@@ -372,7 +387,7 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
     timer = StageTimer(pipeline.device, profiler_ranges=True)
     # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
     on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
-                                      pipeline.thresholds, host_workers=1)
+                                      pipeline.thresholds, host_workers=1, read_image=pipeline.read_image)
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
             on_this_thread.run_batch(batch, timer)

@@ -32,15 +32,15 @@ from harness.measure.memory import MemoryMonitor
 from harness.models.protocol import Detector
 from harness.models.registry import PLUGIN_PATTERN, get_detector
 from harness.pipeline.pipeline import stream_worker_priority
-from harness.plan import plan_cells
+from harness.plan import check_runtimes, plan_cells
 from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
 from harness.report.progress import SilentProgress
-from harness.results.artifacts import ProbeArtifacts, cell_slug
+from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
 from harness.results.writer import atomic_write_json
 from harness.run.executor import GroupExecutor, RunContext
-from harness.run.signals import Interrupted, interrupt_handling, protected
+from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
 from harness.run.state import RunState, read_run_json
 
 
@@ -85,6 +85,7 @@ def new_run_id() -> str:
 
 def prepare(config: RunConfig) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
+    check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     device = parse_device(config.device)
     dataset = CocoDataset(config.coco_dir)
     variant = dataset.variant(config.subset, config.limit)
@@ -131,6 +132,13 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
         raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
                          "incomparable cells: rerun with the original options or add --force")
     plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
+    recorded = doc.get("hardware", {}).get("id")
+    here = hardware_block(plan.device, config.hardware_id)["id"]
+    if recorded != here:
+        problems.append(f"hardware {recorded} -> {here}")
+    if problems and not force:
+        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
+                         "incomparable cells: rerun with the original options or add --force")
     plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
     plan.resume, plan.retry_failed = doc, retry_failed
     if problems:
@@ -177,7 +185,9 @@ class Scheduler:
                          if config.energy else None,
                          monitor=MemoryMonitor(plan.device) if config.memory else None,
                          progress=self.progress, threads=threads)
-        self._steps = existing_rows(plan.run_dir / "steps_timer.csv")
+        ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
+        self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
+        ctx.artifacts.keep_cells(ok)
         outcome = RunOutcome([], state)
         try:
             with ExitStack() as stack:
@@ -186,11 +196,12 @@ class Scheduler:
                 for key, cells in plan.groups:
                     self._run_group(ctx, key, cells, outcome)
         except Interrupted as exc:
-            for status in state.cells.values():
-                if status.state == "running":
-                    status.state, status.reason = "interrupted", f"stopped by {exc}"
-            state.save()
-            self._write_memory(ctx)
+            with signals_ignored():  # a second Ctrl-C must not cut the bookkeeping short
+                for status in state.cells.values():
+                    if status.state == "running":
+                        status.state, status.reason = "interrupted", f"stopped by {exc}"
+                state.save()
+                self._write_memory(ctx)
             done = state.counts().get("ok", 0)
             raise RunInterrupted(
                 f"{exc} after {done} of {len(state.cells)} cells; finished cells are kept in {plan.run_dir}; "
@@ -247,7 +258,12 @@ class Scheduler:
             return
         reference = next((c for c in cells if state.cells[c.label].state == "ok"), None)
         if reference is not None:  # resumed: invariance is measured against the cell finished earlier
-            executor.use_reference(reference.batch_size, ctx.run_dir / "detections" / f"{cell_slug(reference)}.json")
+            path = ctx.run_dir / "detections" / f"{cell_slug(reference)}.json"
+            try:
+                executor.use_reference(reference.batch_size, path)
+            except (OSError, ValueError, KeyError) as exc:  # deleted or edited: no reference, and say so
+                ctx.progress.log(f"{key.label}: batch invariance not measured on resume: {path.name} unreadable "
+                                 f"({one_line(exc)})")
         oom_at: int | None = None
         for cell in todo:
             if oom_at is not None:
@@ -260,6 +276,7 @@ class Scheduler:
                 state.save()
             try:
                 record = executor.run_cell(cell)
+                path = self._write_submission(ctx, record)
             except Exception as exc:  # the error boundary of one cell
                 oom = is_out_of_memory(exc)
                 state.log_error(cell.label, traceback.format_exc())
@@ -272,10 +289,12 @@ class Scheduler:
                     state.save()
                 ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
                 continue
-            if cell is cells[-1]:
-                self._optional_passes(ctx, executor, cell, record, state)
-            self._finish_cell(ctx, cell, record, state)
+            self._mark_ok(ctx, cell, record, path, state)
             outcome.records.append(record)
+            if cell is cells[-1] and (ctx.config.layers or ctx.config.profile):
+                self._optional_passes(ctx, executor, cell, record, state)
+                with protected():
+                    atomic_write_json(path, build_submission(record))  # now with the probes' summaries
 
     def _optional_passes(self, ctx: RunContext, executor: GroupExecutor, cell: Cell, record: CellRecord,
                          state: RunState) -> None:
@@ -289,8 +308,9 @@ class Scheduler:
             record.profiler = record.profiler or (failure if ctx.config.profile else None)
             record.timing.warnings.append(f"layer/profiler pass failed: {one_line(exc)} (see errors.log)")
 
-    def _finish_cell(self, ctx: RunContext, cell: Cell, record: CellRecord, state: RunState) -> None:
-        """The cell's submission, steps rows and status, written together (a signal waits for this)."""
+    @staticmethod
+    def _write_submission(ctx: RunContext, record: CellRecord) -> Path:
+        """The cell's submission file (a cell whose status never became ok has its file removed on resume)."""
         path = ctx.run_dir / "submissions" / submission_filename(record)
         record.artifacts = {"submission": str(path.relative_to(ctx.run_dir)), "steps_timer": "steps_timer.csv",
                             **ctx.artifacts.files}
@@ -298,6 +318,11 @@ class Scheduler:
             record.artifacts["detections"] = record.accuracy.detections_file
         with protected():
             atomic_write_json(path, build_submission(record))
+        return path
+
+    def _mark_ok(self, ctx: RunContext, cell: Cell, record: CellRecord, path: Path, state: RunState) -> None:
+        """steps_timer.csv rows and the ok status, written together (a signal waits for this)."""
+        with protected():
             self._steps += steps_rows(record)
             write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
             state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=environment_time())

@@ -63,3 +63,17 @@ def protected() -> Iterator[None]:
         if not _State.depth and _State.pending is not None:
             signum, _State.pending = _State.pending, None
             raise Interrupted(signum)
+
+
+@contextmanager
+def signals_ignored() -> Iterator[None]:
+    """SIGINT/SIGTERM ignored inside (the last bookkeeping of a stop that is already under way)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -90,6 +90,10 @@ class RunState:
             if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
                 status.state, status.reason = "pending", "its submission file is missing"
             statuses[cell.label] = status
+        owned = {s.submission for s in statuses.values() if s.state == "ok"}
+        for path in (run_dir / "submissions").glob("*.json"):  # written by a process killed before "ok"
+            if str(path.relative_to(run_dir)) not in owned:
+                path.unlink()
         state = cls(run_dir, run_id, header, statuses)
         state._lock_fd = fd
         state.save()

@@ -1,0 +1,99 @@
+"""What each backend can run where: (backend, device, precision, ONNX Runtime provider) checked up front.
+
+`check_support` runs in plan_cells, before any core is loaded, so an unsupported combination is one
+UsageError line within a second instead of after a model load. It answers from cheap facts only: the
+device kind, `onnxruntime.get_available_providers()`, whether torch runs a bf16 convolution here, and
+whether the optional packages a combination needs are importable. Nothing falls back: a combination
+is either run exactly as asked or refused with how to fix it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache
+
+import torch
+
+from harness.errors import UsageError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# --ort-provider value -> the ONNX Runtime execution provider it asks for
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                 "tensorrt": "TensorrtExecutionProvider"}
+GPU_EXTRA = "pip install 'va-bench[gpu]' (onnxruntime-gpu)"
+
+
+def ort_provider_for(device_kind: str, requested: str) -> str:
+    """The --ort-provider value in effect: 'auto' is the device's own provider (cpu or cuda)."""
+    return ("cuda" if device_kind == "cuda" else "cpu") if requested == "auto" else requested
+
+
+@cache
+def cpu_bf16_supported() -> bool:
+    """Whether this torch build runs a bf16 convolution on the CPU (tried once on a tiny tensor)."""
+    try:
+        x = torch.ones(1, 1, 4, 4, dtype=torch.bfloat16)
+        torch.nn.functional.conv2d(x, torch.ones(1, 1, 3, 3, dtype=torch.bfloat16))
+        return True
+    except RuntimeError:
+        return False
+
+
+def fp16_converter_installed() -> bool:
+    """onnxconverter-common converts an fp32 ONNX graph to fp16 (ONNX Runtime CUDA, --precision fp16)."""
+    return importlib.util.find_spec("onnxconverter_common") is not None
+
+
+def ort_available_providers() -> list[str]:
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+def check_support(backend: str, device_kind: str, precision: str, ort_provider: str = "auto") -> None:
+    """Raise a one-line UsageError when `backend` cannot run `precision` on `device_kind` (cpu|cuda)."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if backend == "pytorch":
+        _check_pytorch(device_kind, precision)
+    elif backend == "onnxruntime":
+        _check_onnxruntime(device_kind, precision, ort_provider_for(device_kind, ort_provider))
+    elif precision != "fp32":  # a plugged-in backend states its own support at load; fp32 is the baseline
+        raise UsageError(f"precision {precision} is only known for the pytorch and onnxruntime backends; use fp32")
+
+
+def _check_pytorch(device_kind: str, precision: str) -> None:
+    if device_kind == "cpu":
+        if precision == "fp16":
+            raise UsageError("precision fp16 on the CPU is not supported by the pytorch backend (no fast fp16 "
+                             "kernels); use --precision bf16 or fp32, or --device cuda")
+        if precision == "bf16" and not cpu_bf16_supported():
+            raise UsageError("precision bf16: this torch build cannot run bf16 convolutions on the CPU; use fp32")
+    elif precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise UsageError("precision bf16: this GPU has no bf16 support (needs compute capability 8.0+); "
+                         "use --precision fp16 or fp32")
+
+
+def _check_onnxruntime(device_kind: str, precision: str, provider: str) -> None:
+    if provider not in ORT_PROVIDERS:
+        raise UsageError(f"unknown --ort-provider {provider!r}; use auto, cpu, cuda or tensorrt")
+    if device_kind == "cpu" and provider != "cpu":
+        raise UsageError(f"--ort-provider {provider} runs on a GPU; add --device cuda (or drop --ort-provider)")
+    if device_kind == "cuda" and provider == "cpu":
+        raise UsageError("--ort-provider cpu with --device cuda would run on the CPU under a GPU label; "
+                         "use --device cpu")
+    wanted = ORT_PROVIDERS[provider]
+    if wanted not in ort_available_providers():
+        raise UsageError(f"--backend onnxruntime --device cuda needs ONNX Runtime's {wanted}, which this "
+                         f"onnxruntime does not have; {GPU_EXTRA}")
+    if precision == "bf16":
+        raise UsageError("precision bf16 is not supported by the onnxruntime backend; use fp16 (GPU) or fp32, "
+                         "or --backend pytorch")
+    if precision == "fp16":
+        if provider == "cpu":
+            raise UsageError("precision fp16 is not supported by ONNX Runtime's CPU provider (few fp16 kernels); "
+                             "use fp32, or --backend pytorch --precision bf16")
+        if provider == "cuda" and not fp16_converter_installed():
+            raise UsageError("precision fp16 on ONNX Runtime CUDA converts the graph with onnxconverter-common, "
+                             f"which is not installed; {GPU_EXTRA}")

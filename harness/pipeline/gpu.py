@@ -1,0 +1,95 @@
+"""The device-resident path on CUDA: decode, upload and the forward's GPU time.
+
+On a GPU the harness must measure the model, not itself (issue 12): JPEGs decode with nvJPEG in one
+batched call (`torchvision.io.decode_jpeg(list, device="cuda")`), or, where images were decoded on the
+host, go up as uint8 (4x fewer bytes than float32) from pinned memory with non-blocking copies; the
+letterbox, normalisation, NMS and rescale then run on the device (preprocess.preprocess_tensors,
+postprocess) and only the final detections come back, in one copy per batch. CUDA events around the
+forward give its GPU time beside the wall clock, so a launch-bound forward shows as wall >> GPU.
+
+Every function here takes the device as an argument and touches torch.cuda only when it is a CUDA
+device, so the CPU path and the tests (with fakes) never need a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from harness.pipeline.preprocess import decode_tensor
+
+JPEG_MAGIC = b"\xff\xd8"
+
+# What each decoder is, for the record (runtime.preprocess.decode).
+DECODERS = {"nvjpeg": "nvJPEG: torchvision.io.decode_jpeg(list, device='cuda'), one batched call",
+            "torchvision": "torchvision.io.decode_image on the host (libjpeg-turbo), RGB",
+            "cv2": "cv2.imdecode on the host (libjpeg-turbo), BGR"}
+
+
+def choose_decoder(library: str, cuda: bool) -> str:
+    """The decoder for a preprocessing implementation on a device: cv2/PIL resize cv2-decoded arrays;
+    torch decodes with nvJPEG on CUDA (measured on an H100: 10,936 img/s against 3,388 with 16 cv2
+    threads, issue 12) and with torchvision.io on the host otherwise."""
+    if library != "torch":
+        return "cv2"
+    return "nvjpeg" if cuda else "torchvision"
+
+
+def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequence) -> list[torch.Tensor]:
+    """JPEG bytes -> 3xHxW uint8 RGB tensors on `device`, in one batched nvJPEG call. nvJPEG decodes JPEG
+    only: any other format (none in COCO) is decoded on the host and uploaded, image by image."""
+    jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC]
+    out: list[torch.Tensor | None] = [None] * len(datas)
+    if jpeg:
+        encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg]
+        for i, image in zip(jpeg, decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), strict=True):
+            out[i] = image
+    for i, d in enumerate(datas):
+        if out[i] is None:
+            out[i] = upload_uint8([decode_tensor(d, names[i])], device)[0]
+    return out
+
+
+def upload_uint8(images: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host uint8 images -> `device`: pinned staging + non-blocking copies (the copy engine overlaps the
+    host's next image); on a CPU device they are returned as they are."""
+    if device.type != "cuda":
+        return list(images)
+    return [image.pin_memory().to(device, non_blocking=True) for image in images]
+
+
+@dataclass
+class ForwardEvents:
+    """CUDA events around one forward; `elapsed_ns` waits for the end event only (not the whole device)."""
+
+    start: Any
+    end: Any
+
+    @classmethod
+    def begin(cls, device: torch.device) -> ForwardEvents:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(torch.cuda.current_stream(device))
+        return cls(start, end)
+
+    def stop(self, device: torch.device) -> None:
+        self.end.record(torch.cuda.current_stream(device))
+
+    def elapsed_ns(self) -> int:
+        self.end.synchronize()
+        return int(round(self.start.elapsed_time(self.end) * 1e6))
+
+
+def preprocess_record(library: str, decoder: str, input_device: torch.device | None) -> dict:
+    """How this pipeline turns files into the input tensor (runtime.preprocess and the run summary)."""
+    on = input_device if input_device is not None else torch.device("cpu")
+    resize = {"cv2": "cv2.resize on uint8 (host)", "pil": "PIL resample on uint8 (host)",
+              "torch": f"F.interpolate in float32, antialias off, on {on}"}[library]
+    record = {"implementation": library, "decode": decoder, "decode_detail": DECODERS[decoder], "resize": resize,
+              "device": str(on)}
+    if library == "torch" and on.type == "cuda" and decoder != "nvjpeg":
+        record["upload"] = "uint8 from pinned memory, non_blocking"
+    return record
