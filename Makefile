@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: setup bench bench-overhead bench-hooks test report-check lint clean
+.PHONY: setup bench bench-overhead bench-hooks bench-run bench-memory test report-check lint clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,14 @@ bench-overhead: $(STAMP)
 
 bench-hooks: $(STAMP)
 	$(BIN)/python -m harness.bench.hook_leak --backend pytorch --batch-size 8
+
+# the whole run vs a plain batch-1 loop written independently of the harness (wall, CPU, peak RSS, mAP)
+bench-run: $(STAMP)
+	$(BIN)/python -m harness.bench.run_vs_loop --repeats 3
+
+# peak RSS of a 5000-image run / a 500-image run on a synthetic tree (the sample re-keyed, in a temp folder)
+bench-memory: $(STAMP)
+	$(BIN)/python -m harness.bench.memory_scaling --small 500 --large 5000
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
