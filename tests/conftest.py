@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("VA_BENCH_SHARED", REPO.parent / "shared"))
-COCO_DIR = Path(os.environ.get("VA_BENCH_COCO", SHARED / "assets" / "coco"))
-YOLOX_NANO = Path(os.environ.get("VA_BENCH_YOLOX_NANO", SHARED / "assets" / "onnx" / "yolox_nano.onnx"))
-CORPUS = Path(os.environ.get("VA_BENCH_CORPUS", SHARED / "corpus" / "vision-analysis"))
+# Absolute: the Makefile exports these relative to the checkout (../shared/...), and tests symlink to them.
+SHARED = Path(os.environ.get("VA_BENCH_SHARED", REPO.parent / "shared")).resolve()
+COCO_DIR = Path(os.environ.get("VA_BENCH_COCO", SHARED / "assets" / "coco")).resolve()
+YOLOX_NANO = Path(os.environ.get("VA_BENCH_YOLOX_NANO", SHARED / "assets" / "onnx" / "yolox_nano.onnx")).resolve()
+CORPUS = Path(os.environ.get("VA_BENCH_CORPUS", SHARED / "corpus" / "vision-analysis")).resolve()
 SUBSET_ANNOTATIONS = COCO_DIR / "annotations" / "instances_val2017_subset.json"
 VAL_INDEX = COCO_DIR / "annotations" / "val2017_image_index.json"
 
@@ -26,8 +27,8 @@ requires_corpus = pytest.mark.skipif(not (CORPUS / "submissions").is_dir(),
 @pytest.fixture(autouse=True, scope="session")
 def _asset_env():
     """Point the harness at the offline assets (what the Makefile exports)."""
-    os.environ.setdefault("VA_BENCH_COCO", str(COCO_DIR))
-    os.environ.setdefault("VA_BENCH_YOLOX_NANO", str(YOLOX_NANO))
+    os.environ["VA_BENCH_COCO"] = str(COCO_DIR)
+    os.environ["VA_BENCH_YOLOX_NANO"] = str(YOLOX_NANO)
     yield
 
 

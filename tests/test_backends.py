@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.backends import CoreSource, backend_names, load_core, register_backend
+from harness.backends import CoreSource, _registry, backend_names, load_core, register_backend
 from harness.backends.export import export_path, make_batch_dynamic, state_dict_sha256
 from harness.errors import UsageError
 from harness.measure.device import parse_device
@@ -78,11 +78,14 @@ def test_a_new_backend_plugs_in_without_touching_families():
             return lambda x: [2 * t for t in module(x)]
 
     register_backend(Doubling())
-    source = CoreSource("t", torch_module=Head)
-    assert "doubling-test" in backend_names(source)
-    x = torch.rand(2, 3, *SIZE)
-    with torch.no_grad():
-        assert torch.equal(load_core(source, "doubling-test", CPU, "fp32", SIZE)(x)[0], 2 * Head()(x)[0])
+    try:
+        source = CoreSource("t", torch_module=Head)
+        assert "doubling-test" in backend_names(source)
+        x = torch.rand(2, 3, *SIZE)
+        with torch.no_grad():
+            assert torch.equal(load_core(source, "doubling-test", CPU, "fp32", SIZE)(x)[0], 2 * Head()(x)[0])
+    finally:  # the registry is process-wide: later tests must not see the test backend
+        _registry().pop("doubling-test", None)
 
 
 def test_export_matches_torch_and_is_cached_by_weights_hash():

@@ -34,13 +34,17 @@ def statuses(run_dir: Path) -> dict[int, str]:
     return {c["batch_size"]: c["status"] for c in doc["cells"]}
 
 
-def wait_for_ok_cells(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+def wait_for_ok_cells(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 300,
+                      then_running: bool = False) -> None:
+    """Until n cells are ok (and, with `then_running`, the next cell is running: a signal sent then
+    lands inside a cell, not in the bookkeeping between two)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"run ended early: {proc.returncode} {proc.stderr.read()}")
         try:
-            if sum(s == "ok" for s in statuses(run_dir).values()) >= n:
+            states = list(statuses(run_dir).values())
+            if sum(s == "ok" for s in states) >= n and (not then_running or "running" in states):
                 return
         except (OSError, ValueError):
             pass  # not written yet
@@ -126,7 +130,7 @@ def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "int",
                  env={"VA_BENCH_TEST_FORWARD_MS": "60"})
-    wait_for_ok_cells(out / "int", 1, proc)
+    wait_for_ok_cells(out / "int", 1, proc, then_running=True)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
@@ -143,7 +147,7 @@ def test_sigterm_exits_143(tmp_path):
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "t",
                  env={"VA_BENCH_TEST_FORWARD_MS": "60"})
-    wait_for_ok_cells(out / "t", 1, proc)
+    wait_for_ok_cells(out / "t", 1, proc, then_running=True)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)
     assert proc.returncode == 143

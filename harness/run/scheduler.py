@@ -85,8 +85,8 @@ def new_run_id() -> str:
 
 def prepare(config: RunConfig) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
-    check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     device = parse_device(config.device)
+    check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     dataset = CocoDataset(config.coco_dir)
     variant = dataset.variant(config.subset, config.limit)
     if config.weights and len(config.models) > 1:
