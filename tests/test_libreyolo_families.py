@@ -39,14 +39,25 @@ from harness.records import ImageDetections
 libreyolo = pytest.importorskip("libreyolo", reason="the optional `libreyolo` extra is not installed")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit.script deprecation inside libreyolo
 
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# RF-DETR needs `transformers` (part of the libreyolo extra); without it its tests skip, and the one-line
+# refusal is tested in test_a_family_whose_dependency_is_missing_says_so_in_one_line
+HAS_RFDETR = _has_transformers()
 SUBSET_JSON = "instances_val2017_subset.json"
-# 640x426 and 424x640 (long side = the input size), 352x230 (upscaled) and 375x500
-PARITY_IMAGES = (139, 802, 37777, 480985)
-ONE_RESIZE_IMAGES = (139, 802)  # what libreyolo's validation path resizes once in the val_resizes_twice families
-CALIBRATION_IMAGES = (5001, 6818, 10764, 87038)
+# 640x426 (long side = the input size), 352x230 (upscaled) and 375x500
+PARITY_IMAGES = (139, 37777, 480985)
+ONE_RESIZE_IMAGES = (139, 802)  # 640x426, 424x640: what libreyolo resizes once in the val_resizes_twice families
+CALIBRATION_IMAGES = (5001, 87038)
 # The smallest model of every family (and one segmentation variant), at its native input size.
 PARITY_MODELS = ("yolox-nano", "yolov9t", "yolonas-s", "picodet-s", "rtdetr-r18", "rtdetrv2-r18", "rtdetrv4-s",
-                 "dfine-n", "deim-n", "deimv2-atto", "ec-s", "rfdetr-n", "rfdetr-seg-n")
+                 "dfine-n", "deim-n", "deimv2-atto", "ec-s", *(("rfdetr-n", "rfdetr-seg-n") if HAS_RFDETR else ()))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +156,7 @@ def test_catalogue_has_every_support_matrix_id_libreyolo_has():
 def test_catalogue_sizes_and_weight_names_are_libreyolos():
     """Input sizes are libreyolo's INPUT_SIZES; weight names are ones libreyolo's hub resolves to this size."""
     for model_id, model in ly.catalogue().items():
-        if model.family.class_name == "LibreRFDETR" and not _has_transformers():
+        if model.family.class_name == "LibreRFDETR" and not HAS_RFDETR:
             continue
         cls = ly.libreyolo_class(model)
         sizes = cls.TASK_INPUT_SIZES.get(model.family.task) or cls.INPUT_SIZES
@@ -153,14 +164,6 @@ def test_catalogue_sizes_and_weight_names_are_libreyolos():
         assert cls.detect_size_from_filename(model.weights_file) == model.size, model_id
         assert cls.get_download_url(model.weights_file), model_id
         assert (cls.detect_task_from_filename(model.weights_file) or "detect") == model.family.task, model_id
-
-
-def _has_transformers() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def test_catalogue_rejects_a_bad_entry(tmp_path, monkeypatch):
@@ -265,7 +268,7 @@ def test_detections_match_libreyolo(model_id, coco):
 # multiple-of-32 input-size rule.
 E2E_MODELS = (("yolox-nano", 320), ("yolov9t", 320), ("yolonas-s", 320), ("picodet-s", 320), ("rtdetr-r18", 320),
               ("rtdetrv2-r18", 320), ("rtdetrv4-s", 320), ("dfine-n", 640), ("deim-n", 640), ("deimv2-atto", 320),
-              ("ec-s", 320), ("rfdetr-n", 384))
+              ("ec-s", 320), *((("rfdetr-n", 384),) if HAS_RFDETR else ()))
 
 
 @requires_coco
@@ -293,6 +296,7 @@ def test_random_weights_run_end_to_end(model_id, input_size, tmp_path):
     for f in files:
         doc = json.loads(f.read_text())
         assert doc["model"]["id"] == model_id and doc["model"]["weights"] == RANDOM_WEIGHTS
+        assert doc["repro"]["weights"]["libreyolo_version"] == libreyolo.__version__
         assert doc["accuracy"]["status"] == "unavailable" and "random weights" in doc["accuracy"]["reason"]
     report = validate_paths([plan.run_dir / "submissions"], load_support_matrix(CORPUS / "support-matrix.json"))
     errors = {f.rule for r in report.reports for f in r.errors}

@@ -76,7 +76,7 @@ class LibreModel:
     size: str
     variant: str
     input_size: int
-    preprocess: dict[str, Any] = field(default_factory=dict)  # per-model overrides
+    preprocess_fields: dict[str, Any] = field(default_factory=dict)  # per-model overrides of the family's
     postprocess_fields: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -110,8 +110,7 @@ def catalogue() -> dict[str, LibreModel]:
                 model = LibreModel(model_id, fam, str(entry["size"]), str(entry.get("variant", entry["size"])),
                                    int(entry["input_size"]), dict(entry.get("preprocess", {})),
                                    dict(entry.get("postprocess", {})))
-                _preprocess_spec(model, model.input_size)  # every field valid, now rather than at a run
-                model.postprocess  # noqa: B018 (the same for the post-processing spec)
+                _ = _preprocess_spec(model, model.input_size), model.postprocess  # valid now, not at a run
                 models[model_id] = model
         except (KeyError, TypeError, ValueError) as exc:
             raise _spec_error(f"family {key}", exc) from exc
@@ -119,7 +118,7 @@ def catalogue() -> dict[str, LibreModel]:
 
 
 def _preprocess_spec(model: LibreModel, input_size: int | tuple[int, int]) -> PreprocessSpec:
-    fields = {**model.family.preprocess, **model.preprocess}
+    fields = {**model.family.preprocess, **model.preprocess_fields}
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
     return check_choices(PreprocessSpec(input_size=(0, 0), **fields)).with_input_size(input_size)
 
@@ -160,9 +159,9 @@ def libreyolo_class(model: LibreModel):
     try:
         return getattr(lib, model.family.class_name)
     except (ImportError, AttributeError) as exc:  # RF-DETR: ModuleNotFoundError without `transformers`
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        why = " ".join(str(exc).split()) or type(exc).__name__  # its message spans lines: one line here
         raise UsageError(f"{model.model_id}: libreyolo {getattr(lib, '__version__', '?')} cannot build "
-                         f"{model.family.class_name} ({first}); install what it names, or pick another model") from exc
+                         f"{model.family.class_name} ({why}); install what it names, or pick another model") from exc
 
 
 def _trusted(cls, path: Path, sha256: str) -> bool:
@@ -179,12 +178,20 @@ def _trusted(cls, path: Path, sha256: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class LibreWeightsInfo(WeightsInfo):
+    """WeightsInfo plus the libreyolo version that defined the model (recorded with the weights)."""
+
+    libreyolo_version: str = ""
+
+
 def build_libreyolo(model: LibreModel, weights: str | Path | None):
-    """(libreyolo model wrapper with its module in eval mode, WeightsInfo)."""
+    """(libreyolo model wrapper with its module in eval mode, LibreWeightsInfo)."""
     cls = libreyolo_class(model)
+    version = str(getattr(libreyolo_module(), "__version__", "unknown"))
     if weights == RANDOM_WEIGHTS:
         wrapper = cls._from_scratch(size=model.size, device="cpu", task=model.family.task, seed=SEED)
-        info = WeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS)
+        info = LibreWeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS, libreyolo_version=version)
     else:
         path, source = _weights_path(model, weights)
         sha = file_sha256(path)
@@ -197,7 +204,7 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
             first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
                              f"pass the {model.weights_file} checkpoint of this model") from exc
-        info = WeightsInfo(file=path.name, sha256=sha, source=source)
+        info = LibreWeightsInfo(file=path.name, sha256=sha, source=source, libreyolo_version=version)
     wrapper.model.eval()  # _from_scratch leaves it in train mode
     return wrapper, info
 
@@ -221,7 +228,8 @@ def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, st
     model = catalogue()[model_id]
     cls = libreyolo_class(model)
     dest = (dest_dir or weights_dir()) / model.weights_file
-    if not dest.is_file():
+    downloaded = not dest.is_file()
+    if downloaded:
         from libreyolo.utils.download import download_weights
 
         try:
@@ -232,6 +240,8 @@ def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, st
                              "or download it yourself and pass --weights PATH") from exc
     sha = file_sha256(dest)
     if not _trusted(cls, dest, sha):
+        if downloaded:  # ours: do not leave it in the cache
+            dest.unlink()
         raise UsageError(f"{dest} is not a plain weights checkpoint and libreyolo pins no checksum for it")
     return dest, sha
 
