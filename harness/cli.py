@@ -365,6 +365,12 @@ def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(table)
 
 
+def _libreyolo_ids() -> set[str]:
+    from harness.models.libreyolo import catalogue
+
+    return set(catalogue())
+
+
 @models_app.command("fetch")
 def models_fetch(model_id: str = typer.Argument(..., help="registry id, e.g. yolox-s")) -> None:
     """Download a model's official weights into the weights cache."""
@@ -374,6 +380,12 @@ def models_fetch(model_id: str = typer.Argument(..., help="registry id, e.g. yol
     entry = REGISTRY.get(model_id)
     if entry is None:
         raise UsageError(f"unknown model {model_id!r}; see `va-bench models list`")
+    if not entry.weights_url and model_id in _libreyolo_ids():
+        from harness.models.libreyolo import fetch_weights
+
+        path, sha256 = fetch_weights(model_id)  # libreyolo's own resolution and download (its pins checked)
+        console.print(f"{model_id}: {path} (sha256 {sha256})")
+        return
     if not entry.weights_url:
         raise UsageError(f"{model_id} has no download of its own here ({entry.note}); run it with --weights FILE, "
                          "or let its library fetch its weights at load")

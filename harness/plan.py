@@ -66,9 +66,12 @@ def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: in
                 raise UsageError(f"{model_id} has no backend {backend!r}; it has {', '.join(detector.backends)}")
             for precision in config.precisions:
                 sizes = [(s, s) for s in config.input_sizes] or [detector.preprocess.input_size]
+                multiple = getattr(detector, "size_multiple", 32)  # the family's stride; 32 for most detectors
                 for size in sizes:
-                    if size[0] % 32 or size[1] % 32:
-                        raise UsageError(f"input size {size[0]} is not a multiple of 32 (detector strides)")
+                    native = size == tuple(detector.preprocess.input_size)  # a family's own size is valid
+                    if not native and (size[0] % multiple or size[1] % multiple):
+                        raise UsageError(f"input size {size[0]} is not a multiple of {multiple} ({model_id}'s "
+                                         "strides); pick another --input-size")
                     key = LoadKey(model_id, backend, precision, size)
                     groups.append((key, [Cell(key, b) for b in sorted(config.batch_sizes)]))
     return groups
