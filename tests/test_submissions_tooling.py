@@ -349,6 +349,16 @@ def test_tf32_on_fp32_never_becomes_the_canonical_fp32_accuracy(tmp_path, base_d
     assert [c["precision"] for c in board["canonical_accuracy"]] == ["fp32"]
 
 
+def test_another_input_size_never_becomes_the_canonical_accuracy(tmp_path, base_doc):
+    native = _full_val(base_doc, 0.450, created="2026-01-01T00:00:00Z")
+    small = _full_val(base_doc, 0.300, created="2026-02-01T00:00:00Z")  # newer, same a100, 320 px
+    small["config"]["input_size"] = small["model"]["input_size"] = 320
+    board = aggregate(_write(tmp_path / "sizes", [native, small]))
+    canonical = {c["input_size"]: c["mAP_50_95"] for c in board["canonical_accuracy"]}
+    assert canonical == {native["config"]["input_size"]: 0.450, 320: 0.300}
+    assert board["agreement_gate"] == []  # different sizes are different accuracies, not drift
+
+
 def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):
     subset = _variant(base_doc, accuracy__mAP_50_95=0.40)  # mini500 on the 5070 Ti
     board = aggregate(_write(tmp_path / "only_subset", [subset]))

@@ -89,7 +89,8 @@ class PerfRow:
 
     @property
     def accuracy_key(self) -> tuple:
-        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision)
+        """Accuracy depends on the input size too: a 320 px run never stands for a 640 px row (0: unknown)."""
+        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision, self.input_size or 0)
 
 
 def _num(value) -> float | None:
@@ -187,7 +188,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     for key, group in sorted(by_accuracy.items()):
         best = pick_canonical(group, order)
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
-        identity = {"model": key[0], "weights": key[1], "dataset_variant": key[2], "precision": key[3]}
+        identity = {"model": key[0], "weights": key[1], "dataset_variant": key[2], "precision": key[3],
+                    "input_size": key[4] or None}
         canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
@@ -201,7 +203,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                              "other_format": other.format, "delta_points": round(delta, 2)})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
-        return canonical.get((row.model, row.weights, variant, row.accuracy_precision))
+        return canonical.get((row.model, row.weights, variant, row.accuracy_precision, row.input_size or 0))
 
     def show(row: PerfRow, entry: dict | None, variant: str) -> None:
         if entry is None:
@@ -226,7 +228,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                    "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
                    "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
                                             "input_size", "batch_size", "dataset_variant", "timing_mode"],
-                   "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)"]},
+                   "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
+                                         "input_size"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate)},
         "leaderboard": [asdict(r) for r in leaderboard],
