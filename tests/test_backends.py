@@ -148,3 +148,17 @@ def test_onnx2torch_gaps_are_one_line(tmp_path):
     model = _onnx(ClampMax(), tmp_path / "clip.onnx")
     with pytest.raises(UsageError, match="onnx2torch cannot convert this ONNX graph.*--backend onnxruntime"):
         load_core(CoreSource("clip", onnx_model=lambda: model), "pytorch", CPU, "fp32", SIZE)
+
+
+def test_torch_core_moves_a_copy_never_the_family_module(monkeypatch):
+    """The family's module is shared (FLOPs, the ONNX export, the next group): loading on another device
+    must leave it where it was."""
+    from harness.backends.pytorch import TorchCore
+    from harness.measure.device import Device
+
+    module = torch.nn.Conv2d(3, 4, 3)
+    assert TorchCore(module, Device("cpu")).torch_module is module  # already there: no copy
+    monkeypatch.setattr(Device, "torch_device", property(lambda self: torch.device("meta")))
+    core = TorchCore(module, Device("cpu"))
+    assert core.torch_module is not module and core.torch_module.weight.device.type == "meta"
+    assert module.weight.device.type == "cpu"

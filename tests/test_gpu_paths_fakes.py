@@ -143,6 +143,13 @@ def test_ort_cuda_session_records_the_provider_it_runs(fake_ort, fake_cuda, yolo
     assert info["device_name"] == f"cuda:0 {GPU_NAME}" and info["precision_mode"] == "fp32 (IEEE)"
 
 
+def test_ort_gpu_providers_run_on_the_device_index_asked_for(fake_ort, fake_cuda, yolox_graph):
+    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None)
+    set_options(BackendOptions(ort_provider="tensorrt"))
+    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None)
+    assert [s.providers[0][1]["device_id"] for s in fake_ort.made] == [1, 1]
+
+
 def test_ort_provider_silently_dropped_is_an_error(fake_ort, fake_cuda, yolox_graph):
     fake_ort.drop = {"CUDAExecutionProvider"}
     with pytest.raises(UsageError, match="dropped the requested CUDAExecutionProvider"):
@@ -169,7 +176,7 @@ def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda
     session = fake_ort.made[-1]
     name, options = session.providers[0]
     assert name == "TensorrtExecutionProvider"
-    assert options == {"trt_fp16_enable": True, "trt_engine_cache_enable": True,
+    assert options == {"device_id": 0, "trt_fp16_enable": True, "trt_engine_cache_enable": True,
                        "trt_engine_cache_path": str(tmp_path / "trt"), "trt_max_workspace_size": 512 * 2**20}
     assert [shape[0] for shape in session.runs] == [1, 8]  # engines built at load, not in a timed batch
     info = core.info()

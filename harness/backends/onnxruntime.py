@@ -43,7 +43,7 @@ class OnnxRuntimeCore:
         self.precision_mode = "fp32 (IEEE)"
         if precision == "fp16" and provider == "cuda":
             model, self.precision_mode = to_fp16(model)
-        self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options))]
+        self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device))]
         if provider != "cpu":
             self._wanted.append(("CPUExecutionProvider", {}))
         self._model = model
@@ -67,11 +67,15 @@ class OnnxRuntimeCore:
         self.engine_build_seconds: float | None = None
 
     @staticmethod
-    def _provider_options(provider: str, precision: str, options: BackendOptions) -> dict[str, Any]:
-        if provider != "tensorrt":
+    def _provider_options(provider: str, precision: str, options: BackendOptions, device: Device) -> dict[str, Any]:
+        if provider == "cpu":
             return {}
+        # `--device cuda:1` must run on GPU 1: both GPU providers default to device 0
+        gpu = {"device_id": device.index or 0}
+        if provider == "cuda":
+            return gpu
         cache = Path(options.trt_cache_dir).expanduser()
-        return {"trt_fp16_enable": precision == "fp16", "trt_engine_cache_enable": True,
+        return {**gpu, "trt_fp16_enable": precision == "fp16", "trt_engine_cache_enable": True,
                 "trt_engine_cache_path": str(cache), "trt_max_workspace_size": options.trt_workspace_mb * 2**20}
 
     def build_engine(self, input_size: tuple[int, int], max_batch: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import time
 import warnings
@@ -36,7 +37,9 @@ class TorchCore:
 
     def __init__(self, module: torch.nn.Module, device: Device, precision: str = "fp32"):
         check_support("pytorch", device.kind, precision)
-        self.torch_module = module.eval().to(device.torch_device)
+        # the family's module is shared (FLOP count, ONNX export, the next group): move a copy, never it
+        on_device = all(t.device == device.torch_device for t in [*module.parameters(), *module.buffers()])
+        self.torch_module = (module if on_device else copy.deepcopy(module).to(device.torch_device)).eval()
         self.device = device
         self.precision = precision
         self.dtype = TORCH_DTYPES.get(precision)
