@@ -24,10 +24,18 @@ models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weight
 app.add_typer(models_app, name="models")
 data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017).")
 app.add_typer(data_app, name="data")
-console = Console()
-if not console.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
-    console = Console(width=int(os.environ.get("COLUMNS", "160")) if os.environ.get("COLUMNS", "").isdigit() else 160)
-err_console = Console(stderr=True)
+
+
+def make_consoles() -> tuple[Console, Console]:
+    """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
+    out = Console()
+    if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
+        columns = os.environ.get("COLUMNS", "")
+        out = Console(width=int(columns) if columns.isdigit() else 160)
+    return out, Console(stderr=True)
+
+
+console, err_console = make_consoles()
 ORIGINAL_ARGV: list[str] = []  # set by main(): argv as the user typed it (before multi-value expansion)
 
 
@@ -669,7 +677,8 @@ def main() -> None:
     """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling
 
-    global ORIGINAL_ARGV
+    global ORIGINAL_ARGV, console, err_console
+    console, err_console = make_consoles()
     ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
     debug = "--debug" in sys.argv[1:]
     argv = expand_multi_value_options(ORIGINAL_ARGV)

@@ -61,3 +61,57 @@ def torch_run(tmp_path_factory):
         pytest.skip("offline assets missing (../shared/assets)")
     return run_benchmark(tmp_path_factory, "torch", backends=["pytorch"], batch_sizes=[8],
                          min_timed_batches=5, layers=True, profile=True)
+
+
+def run_in_process(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO):
+    """`va-bench ARGS` run in this process, returned as the subprocess would be (exit code, stdout, stderr).
+
+    A subprocess pays ~5 s of imports (torch, onnxruntime, cv2) per call; most CLI tests need one call each.
+    What a command changes process-wide is restored: cwd, environment, argv, torch's thread count, the
+    backend options, signal handlers. Warnings go to stderr as in a fresh interpreter (Python's default
+    filters, each shown once), not to pytest's recorder. Tests of signals and of killed processes keep a
+    real subprocess."""
+    import contextlib
+    import io
+    import signal
+    import subprocess
+    import sys
+    import warnings
+
+    import torch
+
+    from harness import cli
+    from harness.backends import BackendOptions, set_options
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_threads = torch.get_num_threads()
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        os.environ.update(env or {})
+        os.chdir(cwd)
+        sys.argv = ["va-bench", *map(str, args)]
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.resetwarnings()  # a fresh interpreter's filters (resetting also forgets "already shown")
+            warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+                sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+            try:
+                cli.main()
+            except SystemExit as exc:  # as the interpreter does: a string code is printed and means 1
+                if isinstance(exc.code, str):
+                    err.write(exc.code + "\n")
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        torch.set_num_threads(saved_threads)
+        set_options(BackendOptions())
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+    return subprocess.CompletedProcess(["va-bench", *args], code, out.getvalue(), err.getvalue())

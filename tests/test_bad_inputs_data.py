@@ -7,14 +7,12 @@ import copy
 import json
 import re
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import cv2
 import numpy as np
 import pytest
-from conftest import COCO_DIR, REPO, SUBSET_ANNOTATIONS, requires_coco
+from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, run_in_process
 
 from harness.data.coco import load_instances
 from harness.data.images import check_image_files, find_corrupt_images, image_file_problem
@@ -78,10 +76,9 @@ IMAGE_ROWS = {
 
 
 def _run_cli(root, out):
-    return subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--coco-dir", str(root), "--subset", "sample", "--output-dir",
-         str(out), "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers",
-         "--no-profile"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    return run_in_process("run", "--coco-dir", str(root), "--subset", "sample", "--output-dir", str(out),
+                          "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers",
+                          "--no-profile")
 
 
 def _assert_one_clean_line(result, out, expected):

@@ -2,20 +2,16 @@
 input; a failed cell with the reason (exit 1) for a measurement that breaks inside the sweep."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, REPO, requires_coco
+from conftest import COCO_DIR, REPO, requires_coco, run_in_process
 
 PLUGIN = Path(__file__).parent / "plugins" / "synthetic_detector.py"
 
 
 def va_bench(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600, env={**os.environ, **(env or {})})
+    return run_in_process(*args, env=env)
 
 
 def one_error_line(result) -> str:

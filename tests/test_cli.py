@@ -1,19 +1,17 @@
 """The CLI as a user runs it: exit codes, one-line errors, no partial output, plugins."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, REPO, requires_coco, requires_yolox
+from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
 from harness.cli import expand_multi_value_options
 
 
 def va_bench(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return run_in_process(*args, cwd=cwd)
 
 
 def test_multi_value_options_expand():
@@ -73,7 +71,6 @@ def test_forward_stage_agrees_with_the_cores_own_clock(tmp_path_factory):
     """The forward stage clock vs the plugin's own clock around its sleep: medians of the same batches.
     No absolute duration is asserted (a loaded machine oversleeps); only that the stage adds little."""
     import statistics
-    import sys
 
     from conftest import run_benchmark
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, SUBSET_ANNOTATIONS, YOLOX_NANO, run_benchmark
+from conftest import REPO, SUBSET_ANNOTATIONS, YOLOX_NANO, run_benchmark, run_in_process
 from rich.console import Console
 
 from harness.compare import (
@@ -32,8 +32,7 @@ SHA = "0" * 64
 
 
 def va_bench(*args):
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    return run_in_process(*args)
 
 
 def write_submission(run_dir: Path, samples_ms, batch: int = 1, backend: str = "onnx", accuracy: dict | None = None,

@@ -3,14 +3,12 @@ against published figures, hand-computed formulas and models built with known co
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import REPO, YOLOX_NANO, requires_yolox
+from conftest import YOLOX_NANO, requires_yolox, run_in_process
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.errors import UsageError
@@ -23,8 +21,7 @@ YOLOX_NANO_FLOPS = 1.08e9
 
 
 def va_bench(*args):
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    return run_in_process(*args)
 
 
 def conv_flops(c_in: int, c_out: int, k: int, h_out: int, w_out: int, groups: int = 1) -> int:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
-from conftest import COCO_DIR, REPO, requires_coco, requires_yolox
+from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
 
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff
@@ -58,8 +57,7 @@ def test_pixel_stats_against_a_plain_loop():
 
 
 def _parity(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "parity", "preprocess", "--coco-dir", str(COCO_DIR),
-                           *args], capture_output=True, text=True, cwd=REPO, timeout=600)
+    return run_in_process("parity", "preprocess", "--coco-dir", str(COCO_DIR), *args)
 
 
 def test_bad_impls_is_one_line_exit_2():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import COCO_DIR, REPO, requires_coco, requires_yolox
+from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
 from harness.errors import UsageError
 from harness.report.gates import DEFAULT_GATES, load_gates
@@ -31,8 +31,7 @@ pytestmark = [requires_coco, requires_yolox]
 
 
 def va_bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    return run_in_process(*args)
 
 
 def _bench(out: Path, run_id: str, *extra: str) -> Path:

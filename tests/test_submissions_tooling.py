@@ -2,24 +2,22 @@
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import CORPUS, REPO, requires_corpus
+from conftest import CORPUS, requires_corpus, run_in_process
 
 from harness.errors import UsageError
 from harness.results.aggregate import aggregate
 from harness.results.site_rules import schema_findings
-from harness.results.validate import EXTENDED_SCHEMA, validate_paths
+from harness.results.validate import EXTENDED_SCHEMA, validate_file, validate_paths
 
 SUBMISSIONS = CORPUS / "submissions"
 SUPPORT = CORPUS / "support-matrix.json"
+SCHEMA = json.loads(EXTENDED_SCHEMA.read_text())
 
 
 def va_bench(*args):
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    return run_in_process(*args)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +113,46 @@ def test_hostile_files_give_findings_never_a_crash(tmp_path):
     result = va_bench("validate", tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert va_bench("validate", tmp_path / "nope").returncode == 2
+
+
+def _leaf_paths(obj, path=()):
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _leaf_paths(value, (*path, key))
+    elif isinstance(obj, list) and obj:
+        yield from _leaf_paths(obj[0], (*path, 0))
+    else:
+        yield path
+
+
+def test_every_field_of_a_real_submission_may_be_hostile(tmp_path, ort_run):
+    """Each leaf of a real corpus file and of one of ours replaced by a wrong type or an absurd number:
+    validate and aggregate report it (or accept it), never crash."""
+    plan, _ = ort_run
+    ours = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    theirs = json.loads(next(SUBMISSIONS.glob("yolox-s__pytorch__cuda__*.json")).read_text()) \
+        if SUBMISSIONS.is_dir() else ours
+    hostile = ["x", -1, 10**30, 1e308, True, None, [], {}, "1e400"]
+    reports, crashes = [], {}
+    for k, doc in enumerate((theirs, ours)):
+        for n, path in enumerate(_leaf_paths(doc)):
+            for m, value in enumerate(hostile):
+                mutated = json.loads(json.dumps(doc))
+                target = mutated
+                for key in path[:-1]:
+                    target = target[key]
+                target[path[-1]] = value
+                file = tmp_path / f"s{k}_{n}_{m}.json"
+                file.write_text(json.dumps(mutated).replace('"1e400"', "1e400"))
+                try:
+                    reports.append(validate_file(file, None, SCHEMA))
+                    aggregate(reports[-1:])
+                except Exception as exc:  # noqa: BLE001 - collect every crash, not the first
+                    crashes.setdefault(f"{type(exc).__name__}: {exc}", (path, value))
+    assert not crashes, crashes
+    assert len(reports) > 500
+    aggregate(reports)
+    assert all(r.errors for r in reports if "1e400" in r.path.read_text())
 
 
 @pytest.fixture(scope="module")

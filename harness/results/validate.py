@@ -94,6 +94,13 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf: no measurement is that
+        raise ValueError(f"{text} is beyond the range of a double")
+    return value
+
+
 def read_json(path: Path) -> tuple[Any, Finding | None]:
     """Parse a file defensively: size cap, strict numbers (no NaN/Infinity), nesting, encoding."""
     try:
@@ -102,7 +109,7 @@ def read_json(path: Path) -> tuple[Any, Finding | None]:
             return None, Finding("$", f"file is {size / 2**20:.1f} MiB; a submission is at most "
                                       f"{MAX_FILE_BYTES // 2**20} MiB", "file.size")
         text = path.read_text(encoding="utf-8")
-        return json.loads(text, parse_constant=_reject_constant), None
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float), None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
     except ValueError as exc:  # NaN/Infinity, integers beyond the digit limit
@@ -133,7 +140,9 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     has_accuracy = isinstance(sub.accuracy.get("mAP_50_95"), (int, float))
     if has_accuracy:
         problem = None
-        if not commit or commit == "unknown":
+        if commit is not None and not isinstance(commit, str):
+            problem = f"{where} is {commit!r}, not a commit hash"
+        elif not commit or commit == "unknown":
             problem = f"{where} is {commit or 'missing'}"
         elif dirty:
             problem = f"{where} {commit[:12]} was dirty"
