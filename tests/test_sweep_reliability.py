@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, CORPUS, REPO, requires_coco
+from conftest import COCO_DIR, CORPUS, REPO, requires_coco, run_in_process
 
 from harness.results.site_rules import schema_findings, site_findings
 
@@ -19,9 +19,8 @@ SWEEP = ["--backend", "pytorch", "--subset", "sample", "--limit", "16", "--batch
          "--draw-images", "0", "--no-energy"]
 
 
-def va_bench(*args, env=None, **kwargs):
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=600, env={**os.environ, **(env or {})}, **kwargs)
+def va_bench(*args, env=None):
+    return run_in_process(*args, env=env)
 
 
 def start(*args, env=None):
