@@ -4,8 +4,6 @@ checksums, resume of a partial download, path escapes, the layout the harness th
 import hashlib
 import io
 import json
-import subprocess
-import sys
 import threading
 import zipfile
 from functools import partial
@@ -13,7 +11,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, REPO, requires_coco
+from conftest import COCO_DIR, requires_coco, run_in_process
 
 from harness.data.fetch import Archive, FetchError, download_resumable, fetch_archives
 
@@ -93,10 +91,9 @@ def test_fetch_builds_the_layout_the_harness_reads(server, tmp_path):
     assert sorted(p.name for p in (dest / "val2017").iterdir()) == [p.name for p in images]
     assert [p.name for p in (dest / "annotations").iterdir()] == ["instances_val2017.json"]  # train not extracted
     assert not (dest / ".downloads").exists()
-    result = subprocess.run([sys.executable, "-m", "harness", "run", "--coco-dir", str(dest), "--limit", "3",
-                             "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "1",
-                             "--no-energy", "--draw-images", "0", "--output-dir", str(tmp_path / "o"), "--json"],
-                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    result = run_in_process("run", "--coco-dir", str(dest), "--limit", "3", "--warmup-batches", "1",
+                            "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0",
+                            "--output-dir", str(tmp_path / "o"), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["cells"][0]["status"] == "ok"
 
@@ -131,9 +128,8 @@ def test_members_that_escape_the_destination_are_refused(server, tmp_path):
 
 
 def test_an_unreachable_server_is_one_line_exit_1(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "harness", "data", "fetch", "coco", "--dest", str(tmp_path / "c"),
-                             "--base-url", "http://127.0.0.1:9"], capture_output=True, text=True, cwd=REPO,
-                            timeout=120)
+    result = run_in_process("data", "fetch", "coco", "--dest", str(tmp_path / "c"), "--base-url",
+                            "http://127.0.0.1:9")
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "could not download" in lines[0] and "Traceback" not in result.stderr

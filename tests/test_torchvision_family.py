@@ -184,18 +184,15 @@ def test_decoder_output_kind_is_declared():
 def test_random_weights_run_through_the_cli_is_labelled(tmp_path):
     """`--weights random`: a timing-only run, labelled in the submission, no accuracy published."""
     import json
-    import subprocess
-    import sys
 
-    from conftest import REPO
+    from conftest import run_in_process
 
     out = tmp_path / "outputs"
-    result = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--model", "ssdlite320_mobilenet_v3_large", "--weights", "random",
-         "--backend", "pytorch", "--batch-sizes", "1", "2", "--subset", "sample", "--limit", "4",
-         "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--run-id", "rnd", "--warmup-batches", "1",
-         "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers", "--no-profile", "--no-energy"],
-        capture_output=True, text=True, cwd=REPO, timeout=600)
+    result = run_in_process(
+        "run", "--model", "ssdlite320_mobilenet_v3_large", "--weights", "random", "--backend", "pytorch",
+        "--batch-sizes", "1", "2", "--subset", "sample", "--limit", "4", "--coco-dir", str(COCO_DIR), "--output-dir",
+        str(out), "--run-id", "rnd", "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
+        "--no-layers", "--no-profile", "--no-energy")
     assert result.returncode == 0, result.stderr[-2000:]
     docs = [json.loads(p.read_text()) for p in sorted((out / "rnd" / "submissions").glob("*.json"))]
     assert len(docs) == 2

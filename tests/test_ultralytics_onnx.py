@@ -4,8 +4,6 @@ NMS-free end-to-end [B, K, 6] layout of yolo26. Decoding and post-processing are
 reference written here the way Ultralytics' validator does it, on real COCO images."""
 
 import json
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -13,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import COCO_DIR, REPO, requires_coco
+from conftest import COCO_DIR, requires_coco, run_in_process
 from torch import nn
 from torchvision.ops import batched_nms
 
@@ -233,12 +231,11 @@ def test_run_end_to_end_through_the_cli(dense_onnx, tmp_path):
     """`va-bench run --model yolov8n --weights FILE.onnx`: a submission per batch size, its detections
     equal to the reference on every image."""
     out = tmp_path / "outputs"
-    result = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--model", "yolov8n", "--weights", str(dense_onnx),
-         "--backend", "onnxruntime", "--batch-sizes", "1", "2", "--subset", "sample", "--limit", "4",
-         "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--run-id", "ul", "--warmup-batches", "1",
-         "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers", "--no-profile", "--no-energy"],
-        capture_output=True, text=True, cwd=REPO, timeout=600)
+    result = run_in_process(
+        "run", "--model", "yolov8n", "--weights", str(dense_onnx), "--backend", "onnxruntime", "--batch-sizes", "1",
+        "2", "--subset", "sample", "--limit", "4", "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--run-id",
+        "ul", "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers",
+        "--no-profile", "--no-energy")
     assert result.returncode == 0, result.stderr[-2000:]
     run_dir = out / "ul"
     submissions = sorted((run_dir / "submissions").glob("*.json"))
