@@ -6,6 +6,7 @@ import warnings
 import onnx
 import pytest
 import torch
+from conftest import YOLOX_NANO
 from torch import nn
 
 from harness.backends import CoreSource, _registry, backend_names, load_core, register_backend
@@ -162,3 +163,26 @@ def test_torch_core_moves_a_copy_never_the_family_module(monkeypatch):
     core = TorchCore(module, Device("cpu"))
     assert core.torch_module is not module and core.torch_module.weight.device.type == "meta"
     assert module.weight.device.type == "cpu"
+
+
+@pytest.mark.skipif(not YOLOX_NANO.is_file(), reason="yolox_nano.onnx missing")
+def test_flop_count_is_cached_per_graph_and_input_size(monkeypatch, tmp_path):
+    """The count is a pure function of the graph and the input size: the second run reads it, a damaged
+    cache file is counted again, another input size is its own entry."""
+    import harness.backends.pytorch as pytorch_backend
+    from harness.backends.export import onnx_model_stats
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    graph = onnx.load(str(YOLOX_NANO))
+    first = onnx_model_stats(graph, (416, 416))
+    # YOLOX's README: 1.08 GFLOPs at 416 (thop also counts BN/activations: within 5 %, as test_inspect checks)
+    assert abs(first.gflops - 1.08) / 1.08 < 0.05
+    counted = []
+    real = pytorch_backend.count_flops
+    monkeypatch.setattr(pytorch_backend, "count_flops", lambda *a: counted.append(a) or real(*a))
+    assert onnx_model_stats(graph, (416, 416)).gflops == first.gflops and counted == []
+    (cache,) = (tmp_path / "model-stats").glob("*__416x416.json")
+    cache.write_text("{not json")
+    assert onnx_model_stats(graph, (416, 416)).gflops == first.gflops and len(counted) == 1
+    assert onnx_model_stats(graph, (320, 320)).gflops < first.gflops and len(counted) == 2
+    assert not list((tmp_path / "model-stats").glob(".*.part"))
