@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
 SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -36,7 +36,8 @@ class RunConfig(BaseModel):
     models: list[str] = option(lambda: ["yolox-nano"], "--model",
                                "registry id (`va-bench models list`) or path/to/file.py:factory")
     weights: str | None = option(None, "--weights", "weights file for a single --model")
-    backends: list[str] = option(lambda: ["onnxruntime"], "--backend", "onnxruntime, pytorch")
+    backends: list[str] = option(lambda: ["onnxruntime"], "--backend",
+                                 "onnxruntime, pytorch, tensorrt (a serialized engine: --weights FILE.engine)")
     precisions: list[str] = option(lambda: ["fp32"], "--precision",
                                    "fp32, fp16, bf16 (what each backend/device runs: README, Precisions)")
     input_sizes: list[int] = option(list, ["--input-size", "--input-sizes"],
@@ -60,6 +61,9 @@ class RunConfig(BaseModel):
                               "sync the device at every stage boundary (latency) or once per batch")
     overlap: bool = option(False, "--overlap/--no-overlap",
                            "overlapped mode: prepare/post-process neighbouring batches while the core runs")
+    workers: str = option("auto", "--workers",
+                          "overlapped mode: host workers preparing batches (N, at most N batches ahead, or auto: "
+                          "1 on CPU, min(cores - 1, 8) on CUDA)")
     accuracy: bool = option(True, "--accuracy/--no-accuracy", "COCO-evaluate each cell's detections")
     evaluator: Literal["pycocotools", "faster-coco-eval"] = option("pycocotools", "--evaluator",
                                                                    "pycocotools or faster-coco-eval")
@@ -108,6 +112,14 @@ class RunConfig(BaseModel):
             raise ValueError("must be positive integers")
         return list(dict.fromkeys(values))  # keep order, drop repeats
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> str:
+        text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+        if text != "auto" and not (text.isdigit() and 1 <= int(text) <= 64):
+            raise ValueError(f"{value!r}: use a number of workers from 1 to 64, or auto")
+        return text if text == "auto" else str(int(text))  # YAML `workers: 3` and `--workers 3` alike
+
     @field_validator("models", "backends", "precisions", "batch_sizes")
     @classmethod
     def _not_empty(cls, values: list) -> list:
@@ -146,20 +158,23 @@ def build_config(data: dict) -> RunConfig:
 
 def read_preset(path: str | Path) -> dict:
     """A YAML preset (safe_load) as a dict; YAML errors name the line and column."""
-    path = Path(path)
+    given, path = path, Path(path)
     if not path.is_file():
-        raise UsageError(f"--config {path}: no such file")
+        raise UsageError(path_problem("--config", given, "no such file") + "; give the path of a YAML preset")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or exc.__class__.__name__
-        raise UsageError(f"--config {path} is not valid YAML{where} ({problem}); fix the file") from exc
+        raise UsageError(path_problem("--config", given, f"not valid YAML{where} ({problem})") + "; fix the file") \
+            from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--config {path} could not be read ({exc})") from exc
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(path_problem("--config", given, f"could not be read ({reason})") + "; fix the file") from exc
     if not isinstance(data, dict):
-        raise UsageError(f"--config {path} must be a YAML mapping of RunConfig fields")
+        raise UsageError(path_problem("--config", given, "not a YAML mapping") + "; write RunConfig fields as "
+                         "`name: value` lines")
     return data
 
 

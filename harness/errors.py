@@ -1,5 +1,7 @@
 """Errors the CLI turns into one clear line and an exit code (DESIGN: 1 = problem found, 2 = bad input)."""
 
+import os
+
 
 class VaBenchError(Exception):
     """Base class: the message is the whole user-facing line (what is wrong, how to fix it)."""
@@ -21,3 +23,11 @@ class RunInterrupted(VaBenchError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def path_problem(flag: str, given: object, problem: str) -> str:
+    """`FLAG GIVEN: PROBLEM (ABSOLUTE)`: a path named as the user typed it, then the absolute path it stands
+    for from this working directory (left out when the same), so a relative path is never a guess."""
+    absolute = os.path.abspath(os.path.expanduser(str(given)))
+    where = "" if absolute == str(given) else f" ({absolute})"
+    return f"{flag} {given}: {problem}{where}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.backends import BackendOptions, set_options
 from harness.backends.support import check_support
+from harness.backends.tensorrt import check_engine_run
 from harness.config import RunConfig
 from harness.errors import UsageError
 from harness.models.protocol import Detector
@@ -19,10 +20,7 @@ def check_runtimes(config: RunConfig) -> None:
     """Refuse, before any model is loaded, every (backend, device, precision) this machine cannot run as
     asked (one UsageError line: what and how to fix), and set the run's backend options."""
     kind = device_kind(config.device)
-    if config.weights and config.weights.lower().endswith((".engine", ".plan")):
-        from harness.backends.tensorrt import check_engine_weights
-
-        check_engine_weights(config.weights, kind)
+    check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
     for backend in config.backends:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider)

@@ -2,10 +2,17 @@
 input; a failed cell with the reason (exit 1) for a measurement that breaks inside the sweep."""
 
 import json
+import os
+import socket
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
-from conftest import COCO_DIR, REPO, requires_coco, run_in_process
+from conftest import COCO_DIR, REPO, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
+from onnx import TensorProto, helper, numpy_helper
+
+from harness.errors import UsageError
 
 PLUGIN = Path(__file__).parent / "plugins" / "synthetic_detector.py"
 
@@ -109,3 +116,174 @@ def test_help_shows_defaults_and_version():
     assert "[default: 1]" in help_text and "--batch-sizes" in help_text and "<bool>" not in help_text
     version = va_bench("--version")
     assert version.returncode == 0 and version.stdout.startswith("va-bench ")
+
+
+# --- issue 14 leftovers: ONNX files that are not a YOLOX export, paths in messages, offline fetch -------------
+
+
+def _save_onnx(path, nodes, inputs, outputs, initializers=(), check=True):
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers)),
+                              opset_imports=[helper.make_opsetid("", 11)])
+    if check:  # an output declared without a shape fails onnx's checker, yet ONNX Runtime loads it
+        onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+def _images(size):
+    return helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])
+
+
+def _wrong_anchor_count(path):
+    """[1, 3000, 85] from a 416 px input, where YOLOX's strides 8/16/32 give 52² + 26² + 13² = 3549 anchors."""
+    zeros = numpy_helper.from_array(np.zeros((1, 3000, 85), np.float32))
+    _save_onnx(path, [helper.make_node("Constant", [], ["output"], value=zeros)], [_images(416)],
+               [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3000, 85])])
+
+
+def _output_without_shape(path):
+    """The output's shape is not declared and shape inference cannot find it (a reshape to a runtime shape)."""
+    _save_onnx(path, [helper.make_node("Reshape", ["images", "shape"], ["output"])],
+               [_images(416), helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+               [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)], check=False)
+
+
+def _classifier(path):
+    """A 1000-class image classifier: pool, flatten, one dense layer -> [1, 1000]."""
+    weights = np.random.default_rng(0).standard_normal((1000, 3)).astype(np.float32)
+    _save_onnx(path, [helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
+                      helper.make_node("Flatten", ["pooled"], ["flat"]),
+                      helper.make_node("Gemm", ["flat", "w"], ["output"], transB=1)],
+               [_images(224)], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1000])],
+               [numpy_helper.from_array(weights, "w")])
+
+
+def _two_outputs(path):
+    _save_onnx(path, [helper.make_node("Identity", ["images"], ["a"]), helper.make_node("Identity", ["images"], ["b"])],
+               [_images(416)], [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3, 416, 416]) for n in "ab"])
+
+
+BAD_ONNX = {
+    "wrong anchor count": (_wrong_anchor_count,
+                           "the model's output has 3000 anchors where its input size 416x416 implies 3549"),
+    "output without shape": (_output_without_shape, "its output 'output' has no shape information"),
+    "classifier": (_classifier, "its output 'output' is [1, 1000], not YOLOX's [B, N, 85]"),
+    "two outputs": (_two_outputs, "it has 2 outputs (a, b)"),
+}
+
+
+@requires_coco
+@pytest.mark.parametrize("row", BAD_ONNX, ids=list(BAD_ONNX))
+def test_an_onnx_that_is_not_a_yolox_export_is_one_line_exit_2_no_folder(tmp_path, row):
+    build, expected = BAD_ONNX[row]
+    build(tmp_path / "bad.onnx")
+    result = run_in_process("run", "--model", "yolox-nano", "--weights", "bad.onnx", "--backend", "onnxruntime",
+                            "--limit", "2", "--coco-dir", str(COCO_DIR), "--output-dir", "o", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert expected in line
+    assert line.startswith("error: ONNX model bad.onnx: ") and f"({tmp_path / 'bad.onnx'})" in line  # as given
+    assert "; " in line.split(expected, 1)[1]  # and how to fix it
+    assert not (tmp_path / "o").exists()
+
+
+@requires_yolox
+def test_the_real_export_passes_and_its_output_shape_is_inferred_when_missing(tmp_path):
+    from harness.models.yolox import YoloxDetector
+
+    model = onnx.load(str(YOLOX_NANO))
+    model.graph.output[0].type.tensor_type.ClearField("shape")  # what a careless graph edit leaves
+    onnx.save(model, tmp_path / "no_output_shape.onnx")
+    detector = YoloxDetector("nano", tmp_path / "no_output_shape.onnx")
+    assert detector.preprocess.input_size == (416, 416)
+    assert YoloxDetector("nano", YOLOX_NANO).preprocess.input_size == (416, 416)
+
+
+@requires_yolox
+def test_an_anchor_count_found_only_at_run_time_names_both_counts(tmp_path):
+    """An export with symbolic shapes cannot be checked at load: decode says what is wrong, not --input-size."""
+    import torch
+
+    from harness.models.yolox import YoloxDetector
+
+    detector = YoloxDetector("nano", YOLOX_NANO)
+    with pytest.raises(UsageError) as err:
+        detector.decode([torch.zeros(1, 100, 85)], (416, 416), 0.001)
+    assert "the model's output has 100 anchors where the input size 416x416 implies 3549" in str(err.value)
+    assert "--input-size a multiple" not in str(err.value)
+
+
+def _bad_yaml(tmp_path):
+    (tmp_path / "bad.yaml").write_text("models: [yolox-nano\nbatch_sizes: [1]\n")
+
+
+def _coco_without_annotations(tmp_path):
+    (tmp_path / "c" / "val2017").mkdir(parents=True)
+
+
+def _coco_with_broken_annotations(tmp_path):
+    (tmp_path / "c" / "annotations").mkdir(parents=True)
+    (tmp_path / "c" / "annotations" / "instances_val2017_subset.json").write_text('{"images": [')
+
+
+def _file_where_the_output_dir_goes(tmp_path):
+    (tmp_path / "blocker").write_text("x")
+
+
+RUN = ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--limit", "2"]
+# (args, set-up, the path as typed, where it resolves, what is wrong); run in tmp_path, so every path is relative
+PATH_MESSAGES = {
+    "--coco-dir missing": (["--coco-dir", "../nope"], None, "--coco-dir ../nope", "../nope", "no such folder"),
+    "--coco-dir without annotations": (["--coco-dir", "c"], _coco_without_annotations, "--coco-dir c", "c",
+                                       "no COCO val2017 annotations in it (looked for annotations/"),
+    "annotations not JSON": (["--coco-dir", "c"], _coco_with_broken_annotations,
+                             "--coco-dir c", "c/annotations/instances_val2017_subset.json",
+                             "annotations/instances_val2017_subset.json is not valid JSON"),
+    "--weights missing": (["--model", "yolox-nano", "--weights", "w/nope.onnx", "--limit", "2"], None,
+                          "--weights w/nope.onnx", "w/nope.onnx", "no such file"),
+    "--output-dir under a file": ([*RUN, "--output-dir", "blocker/sub"], _file_where_the_output_dir_goes,
+                                  "--output-dir blocker/sub", "blocker/sub", "cannot create it (Not a directory)"),
+    "--config missing": (["--config", "nope.yaml"], None, "--config nope.yaml", "nope.yaml", "no such file"),
+    "--config not YAML": (["--config", "bad.yaml"], _bad_yaml, "--config bad.yaml", "bad.yaml",
+                          "not valid YAML at line 2, column"),
+    "--resume in another folder": (["--resume", "r1", "--output-dir", "elsewhere"], None, "--output-dir elsewhere",
+                                   "elsewhere", "no run r1 to resume"),
+}
+
+
+@requires_coco
+@pytest.mark.parametrize("row", PATH_MESSAGES, ids=list(PATH_MESSAGES))
+def test_messages_name_a_path_as_given_then_absolute(tmp_path, row):
+    args, setup, named, resolved, problem = PATH_MESSAGES[row]
+    cwd = tmp_path.resolve() / "work"
+    cwd.mkdir()
+    if setup is not None:
+        setup(cwd)
+    if "--coco-dir" not in args:
+        args = [*args, "--coco-dir", str(COCO_DIR)]
+    result = run_in_process("run", *args, cwd=cwd)
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert line.startswith(f"error: {named}: "), line
+    assert problem in line and f"({os.path.normpath(cwd / resolved)})" in line, line
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # bound, then closed: nothing listens there, a connection is refused
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_models_fetch_offline_is_exit_1_in_one_line_and_unknown_ids_exit_2(tmp_path, monkeypatch):
+    """Offline: every request goes to a proxy that refuses connections. A network failure is not bad usage."""
+    download = pytest.importorskip("libreyolo.utils.download")
+    monkeypatch.setattr(download, "_DOWNLOAD_BACKOFF_SECONDS", 0.0)  # its retries, without the waits
+    proxy = f"http://127.0.0.1:{_closed_port()}"
+    env = {"VA_BENCH_WEIGHTS": str(tmp_path), "NO_PROXY": "", "no_proxy": "",
+           **{name: proxy for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")}}
+    result = run_in_process("models", "fetch", "yolov9t", env=env)
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)  # libreyolo's retry warnings are not printed
+    assert "could not download LibreYOLO9t.pt for yolov9t" in line and "check the network" in line
+    assert not (tmp_path / "LibreYOLO9t.pt").exists()
+    unknown = run_in_process("models", "fetch", "yolov9-nope", env=env)
+    assert unknown.returncode == 2 and "unknown model 'yolov9-nope'" in one_error_line(unknown)

@@ -4,10 +4,14 @@ recorded. The real providers need onnxruntime-gpu and a GPU; these fakes stand i
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import importlib.machinery
 import json
 import sys
+import time
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +19,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from conftest import YOLOX_NANO, requires_coco, requires_yolox
+from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
 from test_precisions import never_load, run_cli
 
 from harness.backends import BackendOptions, set_options
@@ -24,6 +28,7 @@ from harness.backends.support import check_support, fp16_converter_installed
 from harness.backends.tensorrt import check_engine_weights
 from harness.errors import UsageError
 from harness.measure.device import Device
+from harness.models.registry import get_detector  # imported before never_load patches harness.backends.load_core
 from harness.results.submission import runtime_block
 
 GPU_NAME = "NVIDIA H100 80GB HBM3"
@@ -289,3 +294,308 @@ def test_compile_happens_at_load_and_is_recorded():
     assert info["cuda_graphs"] is False and eager.info()["compile"] == "none"
     x = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(compiled(x)[0], eager(x)[0], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ --backend tensorrt, end to end
+# A fake `tensorrt` package: its "engine" file is FAKE_ENGINE + a JSON header line (input shape, profile) + an
+# ONNX graph, which the fake runs with ONNX Runtime on CPU tensors, reading and writing the buffers at the
+# addresses the core hands it (as TensorRT does with device pointers). Torch's CUDA calls are faked too; the
+# tensors stay on the CPU. What this proves: selection, refusals, that the engine's outputs reach the shared
+# post-processing unchanged, and what the submission records. It proves nothing about real TensorRT.
+
+FAKE_ENGINE = b"FAKE-TRT-ENGINE\n"
+DYNAMIC_PROFILE = {"shape": [-1, 3, -1, -1], "profile": [[1, 3, 32, 32], [8, 3, 416, 416], [16, 3, 1024, 1024]]}
+
+
+class FakeExecutionContext:
+    def __init__(self, engine: FakeEngine):
+        self.engine, self.shapes, self.addresses = engine, {}, {}
+
+    def set_input_shape(self, name, shape) -> bool:
+        low, _, high = self.engine.get_tensor_profile_shape(name, 0)
+        if not all(lo <= s <= hi for lo, s, hi in zip(low, shape, high, strict=True)):
+            return False
+        self.shapes[name] = tuple(shape)
+        if shape not in self.engine.output_shapes:  # what TensorRT's shape inference would say: ask the graph
+            zeros = np.zeros(shape, np.float32)
+            self.engine.output_shapes[shape] = [o.shape for o in self.engine.session.run(None, {name: zeros})]
+        for out, out_shape in zip(self.engine.outputs, self.engine.output_shapes[shape], strict=True):
+            self.shapes[out] = tuple(out_shape)
+        return True
+
+    def get_tensor_shape(self, name):
+        return self.shapes[name]
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = address
+
+    def _buffer(self, name) -> np.ndarray:
+        shape = self.shapes[name]
+        count = int(np.prod(shape))
+        return np.ctypeslib.as_array((ctypes.c_float * count).from_address(self.addresses[name])).reshape(shape)
+
+    def execute_async_v3(self, stream) -> bool:
+        name = self.engine.inputs[0]
+        outputs = self.engine.session.run(None, {name: self._buffer(name).copy()})
+        for out, value in zip(self.engine.outputs, outputs, strict=True):
+            self._buffer(out)[...] = value
+        self.engine.executed.append(self.shapes[name])
+        return True
+
+
+class FakeEngine:
+    executed: list[tuple[int, ...]] = []  # input shapes of every execution, across engines (cleared per test)
+
+    def __init__(self, header: dict, graph: bytes):
+        self.session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.header, self.output_shapes = header, {}
+        self.num_io_tensors = len(self.inputs) + len(self.outputs)
+
+    def get_tensor_name(self, index):
+        return (self.inputs + self.outputs)[index]
+
+    def get_tensor_mode(self, name):
+        return "INPUT" if name in self.inputs else "OUTPUT"
+
+    def get_tensor_dtype(self, name):
+        return self.header.get("dtype", "float32")
+
+    def get_tensor_shape(self, name):
+        return tuple(self.header["shape"]) if name in self.inputs else (-1, -1, -1)
+
+    def get_tensor_profile_shape(self, name, profile):
+        return self.header.get("profile") or [self.header["shape"]] * 3
+
+    def create_execution_context(self):
+        return FakeExecutionContext(self)
+
+
+def fake_tensorrt() -> types.ModuleType:
+    trt = types.ModuleType("tensorrt")
+    trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
+    trt.__version__ = "10.13.0-fake"
+    trt.float32, trt.float16, trt.int32, trt.int64, trt.bfloat16 = "float32", "float16", "int32", "int64", "bfloat16"
+    trt.TensorIOMode = SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
+    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
+
+    class Runtime:
+        def __init__(self, logger):
+            pass
+
+        def deserialize_cuda_engine(self, data: bytes):
+            if not data.startswith(FAKE_ENGINE):
+                return None  # as TensorRT answers an engine of another version or GPU
+            header, graph = data[len(FAKE_ENGINE):].split(b"\n", 1)
+            return FakeEngine(json.loads(header), graph)
+
+    trt.Runtime = Runtime
+    return trt
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    """`import tensorrt` gives the fake; find_spec sees it installed."""
+    FakeEngine.executed = []
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
+    return FakeEngine
+
+
+@pytest.fixture
+def cuda_on_cpu(monkeypatch, fake_cuda):
+    """Device("cuda") tensors live on the CPU; torch's CUDA sync, events, streams and properties are stand-ins."""
+    from harness.measure.device import Device as DeviceClass
+
+    class Event:  # wall time between records, so the forward's "GPU time" is a real (host) interval
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self, stream=None):
+            self.at = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1e3
+
+    monkeypatch.setattr(DeviceClass, "torch_device", property(lambda self: torch.device("cpu")))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index=0: SimpleNamespace(name=GPU_NAME, total_memory=80 * 2**30, major=9, minor=0))
+
+
+def write_engine(path: Path, graph: onnx.ModelProto, command: str | None = "trtexec --onnx=m.onnx --fp16",
+                 header: dict | None = None, sidecar: dict | None = None) -> Path:
+    """A fake engine of `graph` and its sidecar (`command`, or the whole `sidecar` dict; None: no sidecar)."""
+    path.write_bytes(FAKE_ENGINE + json.dumps(header or DYNAMIC_PROFILE).encode() + b"\n" + graph.SerializeToString())
+    if sidecar is not None or command is not None:
+        sidecar = sidecar if sidecar is not None else {"command": command, "tensorrt_version": "10.13.0"}
+        path.with_name(path.name + ".json").write_text(json.dumps(sidecar))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dynamic_yolox(yolox_graph):
+    from harness.backends.export import make_batch_dynamic
+
+    return make_batch_dynamic(yolox_graph)  # what trtexec --minShapes/--maxShapes would be given
+
+
+@pytest.fixture
+def yolox_engine(tmp_path, dynamic_yolox):
+    return write_engine(tmp_path / "yolox_nano.engine", dynamic_yolox)
+
+
+def test_an_engine_selects_the_tensorrt_backend_and_is_the_weights_identity(yolox_engine):
+    detector = get_detector("yolox-nano", str(yolox_engine))
+    assert type(detector).__name__ == "YoloxDetector"  # the ONNX family, not libreyolo's yolox-nano
+    assert detector.backends == ("tensorrt",) and detector.core_source.engine_file == yolox_engine
+    assert detector.weights.sha256 == hashlib.sha256(yolox_engine.read_bytes()).hexdigest()
+    assert detector.preprocess.input_size == (416, 416) and detector.postprocess.iou == 0.6
+    stats = detector.model_stats((416, 416)).to_dict()
+    assert stats["params_millions"] is None and "TensorRT engine" in stats["unavailable"]["gflops"]
+    for model_id, sidecar_layout, layout in [("yolov8n", None, "dense"), ("yolo26n", None, "end2end"),
+                                             ("yolo26n", "dense", "dense")]:
+        sidecar = {"command": "trtexec --fp16", **({"layout": sidecar_layout} if sidecar_layout else {})}
+        engine = write_engine(yolox_engine.with_name(f"{model_id}.engine"), onnx.ModelProto(), sidecar=sidecar)
+        ultralytics = get_detector(model_id, str(engine))
+        assert ultralytics.backends == ("tensorrt",) and ultralytics.layout == layout
+    with pytest.raises(UsageError, match="does not run TensorRT engines"):
+        get_detector("ssdlite320_mobilenet_v3_large", str(yolox_engine))
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("case, args, expect", [
+    ("other backend", [], "runs on --backend tensorrt only, not onnxruntime"),
+    ("no engine", ["--backend", "tensorrt"], "pass --weights MODEL.engine"),
+    ("no GPU", ["--backend", "tensorrt", "--device", "cpu"], "GPU only; add --device cuda"),
+    ("no package", ["--backend", "tensorrt"], "`tensorrt` package is not installed; pip install tensorrt"),
+    ("no sidecar", ["--backend", "tensorrt"], "no JSON sidecar"),
+    ("sidecar not JSON", ["--backend", "tensorrt"], "not a readable JSON sidecar"),
+    ("sidecar without command", ["--backend", "tensorrt"], "command: Field required"),
+    ("int8 engine", ["--backend", "tensorrt"], "built with --int8"),
+    ("sidecar contradicts command", ["--backend", "tensorrt"], "\"precision\" is fp32, but its command builds fp16"),
+    ("wrong precision", ["--backend", "tensorrt", "--precision", "fp32"], "built fp16 (its sidecar's command); "
+                                                                          "drop --precision"),
+    ("fp32 engine allowing TF32", ["--backend", "tensorrt", "--tf32", "off"], "rebuild it with --noTF32, or drop "
+                                                                             "--tf32"),
+    ("layers", ["--backend", "tensorrt", "--layers"], "drop --layers"),
+])
+def test_engine_refusals_are_one_line_before_loading(monkeypatch, tmp_path, fake_trt, fake_cuda, yolox_engine,
+                                                     case, args, expect):
+    sidecar = yolox_engine.with_name(yolox_engine.name + ".json")
+    if case == "no package":
+        monkeypatch.setitem(sys.modules, "tensorrt", None)
+        monkeypatch.setattr("harness.backends.tensorrt.tensorrt_installed", lambda: False)
+    edits = {"no sidecar": None, "sidecar not JSON": "{not json", "sidecar without command": {"precision": "fp16"},
+             "int8 engine": {"command": "trtexec --onnx=m.onnx --int8 --fp16"},
+             "sidecar contradicts command": {"command": "trtexec --fp16", "precision": "fp32"},
+             "fp32 engine allowing TF32": {"command": "trtexec --onnx=m.onnx --saveEngine=m.engine"}}
+    if case in edits:
+        sidecar.unlink()
+        if edits[case] is not None:
+            sidecar.write_text(edits[case] if isinstance(edits[case], str) else json.dumps(edits[case]))
+    if case in ("no sidecar", "sidecar not JSON", "sidecar without command", "int8 engine",
+                "sidecar contradicts command", "fp32 engine allowing TF32"):
+        args = [*args, "--precision", "fp32" if case == "fp32 engine allowing TF32" else "fp16"]
+    weights = str(YOLOX_NANO) if case == "no engine" else str(yolox_engine)
+    loads = never_load(monkeypatch)
+    out = tmp_path / "o"
+    result = run_in_process("run", "--coco-dir", str(COCO_DIR), "--weights", weights, "--device", "cuda", *args,
+                            "--output-dir", str(out))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and expect in lines[0], (case, result.stderr)
+    assert loads == [] and not out.exists()
+
+
+def test_precision_and_tf32_not_given_are_the_engines(tmp_path, dynamic_yolox):
+    from harness.backends.tensorrt import engine_defaults
+    from harness.config import load_config
+
+    def resolved(command: str, **given):
+        engine = write_engine(tmp_path / "m.engine", dynamic_yolox, command=command)
+        config = engine_defaults(load_config(None, {"weights": str(engine), "backends": ["tensorrt"], **given}))
+        return config.precisions, config.tf32
+
+    assert resolved("trtexec --onnx=m.onnx --fp16") == (["fp16"], "off")
+    assert resolved("trtexec --onnx=m.onnx") == (["fp32"], "on")  # trtexec allows TF32 unless --noTF32
+    assert resolved("trtexec --onnx=m.onnx --noTF32") == (["fp32"], "off")
+    assert resolved("trtexec --onnx=m.onnx", precisions=["fp16"], tf32="off") == (["fp16"], "off")  # kept, then
+    assert resolved("trtexec --bf16", tf32="default") == (["bf16"], "default")  # refused by check_engine_run
+
+
+def test_engine_shapes_and_precision_are_checked_at_load(fake_trt, cuda_on_cpu, tmp_path, dynamic_yolox):
+    from harness.backends import CoreSource, load_core
+    from harness.backends.tensorrt import TensorRTEngineCore
+
+    static = write_engine(tmp_path / "static.engine", dynamic_yolox, header={"shape": [1, 3, 416, 416]})
+    set_options(BackendOptions(batch_sizes=(1, 8)))
+    with pytest.raises(UsageError, match="takes images from 1x3x416x416 to 1x3x416x416, not 8x3x416x416"):
+        load_core(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16", (416, 416))
+    set_options(BackendOptions(batch_sizes=(1,)))
+    assert load_core(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16",
+                     (416, 416)).info()["engine_io"]["images"]["shape"] == [1, 3, 416, 416]
+    with pytest.raises(UsageError, match="built fp16 \\(its sidecar\\), not fp32"):
+        TensorRTEngineCore(static, Device("cuda"), "fp32")
+    int8_io = write_engine(tmp_path / "int8_io.engine", dynamic_yolox, header={**DYNAMIC_PROFILE, "dtype": "int8"})
+    with pytest.raises(UsageError, match="images \\(int8\\), output \\(int8\\).*--inputIOFormats"):
+        TensorRTEngineCore(int8_io, Device("cuda"), "fp16")
+    other = write_engine(tmp_path / "other.engine", dynamic_yolox)
+    other.write_bytes(b"an engine of another TensorRT")
+    with pytest.raises(UsageError, match="could not deserialize it"):
+        TensorRTEngineCore(other, Device("cuda"), "fp16")
+
+
+def test_engine_head_is_checked_against_the_family_at_load(fake_trt, cuda_on_cpu, yolox_engine):
+    """A YOLOX engine given as yolov8n: its [1, 3549, 85] output is not the dense layout's [1, 84, N]."""
+    detector = get_detector("yolov8n", str(yolox_engine))
+    with pytest.raises(UsageError, match=r"outputs are \[\[1, 3549, 85\]\], not the dense layout's one \[1, 84, N\]"):
+        detector.load_core("tensorrt", Device("cuda"), "fp16", (416, 416))
+    core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda"), "fp16", (416, 416))
+    assert core.info()["engine_precision"] == "fp16" and fake_trt.executed == [(1, 3, 416, 416)] * 2
+
+
+@requires_coco
+@requires_yolox
+def test_engine_run_detections_equal_the_onnx_run_and_the_submission_records_the_engine(
+        fake_trt, cuda_on_cpu, yolox_engine, tmp_path):
+    """`va-bench run --backend tensorrt --weights x.engine` on a (faked) GPU against the same graph on ONNX
+    Runtime (CPU): every detection identical, so the engine's outputs reach the shared decode/NMS unchanged."""
+    common = ["run", "--coco-dir", str(COCO_DIR), "--model", "yolox-nano", "--limit", "16", "--batch-sizes", "4",
+              "--preprocess", "cv2", "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
+              "--no-layers", "--no-profile", "--no-energy", "--no-memory", "--draw-images", "0",
+              "--output-dir", str(tmp_path / "o")]
+    trt = run_in_process(*common, "--run-id", "trt", "--backend", "tensorrt", "--weights", str(yolox_engine),
+                         "--device", "cuda")  # no --precision: the engine's (fp16, its sidecar's command)
+    assert trt.returncode == 0, trt.stderr[-3000:]
+    assert (4, 3, 416, 416) in fake_trt.executed  # the timed batches ran the engine
+    ort = run_in_process(*common, "--run-id", "ort", "--backend", "onnxruntime", "--device", "cpu")
+    assert ort.returncode == 0, ort.stderr[-3000:]
+
+    def only(run_id: str, folder: str):
+        files = list((tmp_path / "o" / run_id / folder).glob("*.json"))
+        assert len(files) == 1, files
+        return json.loads(files[0].read_text())
+
+    engine_detections, onnx_detections = only("trt", "detections"), only("ort", "detections")
+    assert len(engine_detections) > 100 and engine_detections == onnx_detections
+    doc = only("trt", "submissions")
+    runtime = doc["runtime"]
+    assert (runtime["format"], runtime["provider"], runtime["device"], runtime["precision"]) == \
+        ("tensorrt", "cuda", "gpu", "fp16")
+    assert runtime["backend"] == "tensorrt" and runtime["tensorrt"] == "10.13.0-fake"
+    assert runtime["engine_manifest"] == {"command": "trtexec --onnx=m.onnx --fp16", "tensorrt_version": "10.13.0"}
+    assert runtime["engine_precision"] == "fp16" and runtime["device_name"] == f"cuda:0 {GPU_NAME}"
+    sha = hashlib.sha256(yolox_engine.read_bytes()).hexdigest()
+    assert doc["repro"]["weights"]["sha256"] == sha and doc["repro"]["weights"]["file"] == "yolox_nano.engine"
+    assert doc["model"]["weights"] == "yolox_nano.engine" and doc["model"]["id"] == "yolox-nano"
+    assert doc["model_stats"]["params_millions"] is None and "TensorRT engine" in doc["model_stats"]["unavailable"][
+        "params_millions"]
+    assert "tensorrt core allocates outside torch" in doc["memory"]["vram_reason"]
+    assert doc["hardware"]["gpu"] == GPU_NAME and doc["accuracy"]["mAP_50_95"] == only("ort", "submissions")[
+        "accuracy"]["mAP_50_95"]

@@ -1,27 +1,36 @@
-"""Batch post-processing and throughput (overlapped) mode on the real detector and real images."""
+"""Batch post-processing, latency mode's host thread and throughput (overlapped) mode with N host workers,
+on the real detector and real images."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, CORPUS, requires_coco, requires_corpus, requires_yolox, run_benchmark
+from conftest import COCO_DIR, CORPUS, SUBSET_ANNOTATIONS, YOLOX_NANO, requires_corpus, run_benchmark
 from torchvision.ops import batched_nms, clip_boxes_to_image
 
+from harness.config import build_config
 from harness.data.coco import CocoDataset
+from harness.errors import UsageError
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
-from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.pipeline import MAX_AUTO_WORKERS, DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.postprocess import BatchCandidates, nms_batch, to_original
 from harness.pipeline.preprocess import decode_image, preprocess_batch
 from harness.pipeline.stage_timer import StageTimer
 from harness.results.site_rules import schema_findings, site_findings
 
-pytestmark = [requires_coco, requires_yolox]
+
+@pytest.fixture(scope="module")
+def _needs_assets():
+    """Tests on real images skip without the offline assets (the config tests below run anyway)."""
+    if not (SUBSET_ANNOTATIONS.is_file() and YOLOX_NANO.is_file()):
+        pytest.skip("offline assets missing (../shared/assets): set VA_BENCH_COCO and VA_BENCH_YOLOX_NANO")
 
 
 @pytest.fixture(scope="module")
-def pipeline():
+def pipeline(_needs_assets):
     device = parse_device("cpu")
     detector = get_detector("yolox-nano")
     spec = detector.preprocess
@@ -31,7 +40,7 @@ def pipeline():
 
 
 @pytest.fixture(scope="module")
-def records():
+def records(_needs_assets):
     dataset = CocoDataset(str(COCO_DIR))
     return dataset.records(dataset.variant("sample"))[:40]
 
@@ -93,9 +102,9 @@ def test_overlapped_mode_gives_the_latency_mode_detections(pipeline, records):
 
 
 @pytest.fixture(scope="module")
-def overlap_run(tmp_path_factory):
+def overlap_run(tmp_path_factory, _needs_assets):
     return run_benchmark(tmp_path_factory, "overlap", backends=["onnxruntime"], batch_sizes=[8], limit=48,
-                         overlap=True, energy=False)
+                         overlap=True, workers="2", energy=False)
 
 
 def test_overlap_run_reports_stream_throughput(overlap_run):
@@ -107,7 +116,8 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     assert record.invariance is None  # one batch size: nothing to compare (detections equal latency mode: above)
     assert record.accuracy.num_images == 48  # overlapped batches are scored too
     assert record.environment["threads"]["overlapped_host_worker"]["threads"] == 1
-
+    assert record.environment["threads"]["overlapped_host_worker"]["workers"] == 2  # --workers 2
+    assert record.runtime["host"]["mode"] == "overlapped" and record.runtime["host"]["workers"] == 2
 
 
 @requires_corpus
@@ -118,5 +128,152 @@ def test_overlap_run_submission_is_site_valid(overlap_run):
     (path,) = (plan.run_dir / "submissions").glob("*.json")
     doc = json.loads(path.read_text())
     assert doc["timing"]["mode"] == "overlapped"
+    assert doc["runtime"]["host"]["workers"] == 2 and doc["repro"]["workers"] == 2
+    run_info = json.loads((plan.run_dir / "run.json").read_text())
+    assert run_info["environment"]["threads"]["overlapped_host_worker"]["workers"] == 2
     assert schema_findings(doc, schema) == []
     assert site_findings(doc, support) == []
+
+
+# ------------------------------------------------------------------ host threads: latency mode, N workers
+
+
+class _Spy:
+    """Records, per call, the thread it ran on and that thread's torch thread count."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, int]] = []
+
+    def note(self) -> None:
+        with self.lock:
+            self.calls.append((threading.current_thread().name, torch.get_num_threads()))
+
+
+class _SpyDetector:
+    """The detector with its head decode spied on (the rest is delegated)."""
+
+    def __init__(self, detector, spy: _Spy):
+        self._detector, self._spy = detector, spy
+
+    def __getattr__(self, name):
+        return getattr(self._detector, name)
+
+    def decode(self, *args, **kwargs):
+        self._spy.note()
+        return self._detector.decode(*args, **kwargs)
+
+
+def _spied_pipeline(pipeline, core, read_image, spy: _Spy, **kwargs) -> DetectorPipeline:
+    spied = DetectorPipeline(pipeline.detector, core, pipeline.device, pipeline.spec, pipeline.thresholds,
+                             read_image=read_image, **kwargs)
+    spied.detector = _SpyDetector(pipeline.detector, spy)
+    return spied
+
+
+def test_latency_mode_host_ops_run_on_one_thread_and_the_forward_keeps_its_team(pipeline, records):
+    """Issue 12, item 5: the harness's tensor ops (decode + collate, head decode, NMS, boxes) run on a host thread
+    whose torch uses one thread, not through the forward's intra-op team; the forward keeps the configured count.
+    Stage times are still taken on the calling thread, so they still add up to the batch time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a team of two, also on a one-core box
+    try:
+        reads, decodes, forwards = _Spy(), _Spy(), _Spy()
+
+        def read(record):
+            reads.note()
+            return open(record.path, "rb").read()
+
+        def core(batch):
+            forwards.note()
+            return pipeline.core(batch)
+
+        spied = _spied_pipeline(pipeline, core, read, decodes)
+        timer = StageTimer(pipeline.device)
+        detections = spied.run_batch(records[:8], timer)
+        nms_pool_threads = spied.host_executor.submit(torch.get_num_threads).result()
+    finally:
+        torch.set_num_threads(threads)
+    main = threading.current_thread().name
+    assert forwards.calls == [(main, 2)]
+    assert len(reads.calls) == 8 and decodes.calls
+    for name, count in reads.calls + decodes.calls:
+        assert name != main and name.startswith("va-host-ops") and count == 1
+    assert nms_pool_threads == 1  # per-image NMS runs on the host pool, single-threaded too
+    reference = pipeline.run_batch(records[:8], StageTimer(pipeline.device))
+    for a, b in zip(reference, detections, strict=True):
+        assert a.image_id == b.image_id and np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
+    (timing,) = timer.batches
+    parts = sum(timing.stages[s] for s in ("preprocess", "transfer", "forward", "postprocess"))
+    assert parts <= timing.total_ns and {"preprocess.decode", "postprocess.nms"} <= set(timing.stages)
+    assert spied.host_info(overlap=False) == {"mode": "latency", "host_thread": True, "torch_intra_op": 1,
+                                              "nms_threads": 2}
+
+
+def test_overlapped_mode_with_three_workers(pipeline, records):
+    """--workers 3: three workers prepare batches in parallel (a barrier they must all reach together), never more
+    than 3 batches ahead of the forward (counted from the outside: images read vs forwards started), each worker
+    running torch on one thread; batches come out in order with the latency-mode detections."""
+    n, size = 3, 4
+    batches = [records[i:i + size] for i in range(0, len(records), size)]  # 10 batches
+    batch_of = {r.image_id: k for k, batch in enumerate(batches) for r in batch}
+    latency = [d for b in batches for d in pipeline.run_batch(b, StageTimer(pipeline.device))]
+
+    lock = threading.Condition()
+    started_reads: set[int] = set()  # batches whose decode has begun
+    forwards = [0]  # forwards started
+    ahead: list[int] = []  # per image read: its batch - forwards started
+    together = threading.Barrier(n, timeout=60)
+    reads, decodes = _Spy(), _Spy()
+
+    def read(record):
+        k = batch_of[record.image_id]
+        with lock:
+            first = k not in started_reads
+            started_reads.add(k)
+            ahead.append(k - forwards[0])
+            lock.notify_all()
+        if first and k < n:
+            together.wait()  # BrokenBarrierError unless n batches are being prepared at once
+        reads.note()
+        return open(record.path, "rb").read()
+
+    def core(batch):
+        with lock:
+            k = forwards[0]
+            forwards[0] += 1
+            # hold the forward until the queue is full: the bound is then reached, not just never exceeded
+            assert lock.wait_for(lambda: min(k + n, len(batches) - 1) in started_reads, timeout=60)
+        return pipeline.core(batch)
+
+    spied = _spied_pipeline(pipeline, core, read, decodes, stream_workers=n)
+    out = list(spied.run_overlapped(batches))
+    assert [[d.image_id for d in dets] for dets, _ in out] == [[r.image_id for r in b] for b in batches]
+    overlapped = [d for dets, _ in out for d in dets]
+    for a, b in zip(latency, overlapped, strict=True):
+        assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
+        assert np.array_equal(a.labels, b.labels)
+    # Batch k + n is submitted once batch k leaves the queue, just before its forward starts: from the outside,
+    # batch j is read only after the forward of batch j - n - 1 has started; the pipeline's own counter is exact.
+    assert max(ahead) <= n
+    assert spied.max_ahead == n  # the queue filled up to n batches ahead of the forward, and never beyond
+    names = {name for name, _ in reads.calls}
+    assert len(names) >= n and all(name.startswith("va-stream") for name in names)
+    assert all(count == 1 for _, count in reads.calls + decodes.calls)
+    assert all(name.startswith("va-stream") for name, _ in decodes.calls)
+    assert spied.host_info(overlap=True)["workers"] == n and spied.host_info(overlap=True)["max_batches_ahead"] == n
+
+
+def test_workers_option_and_auto(monkeypatch):
+    assert build_config({}).workers == "auto"
+    assert build_config({"workers": 3}).workers == "3" and build_config({"workers": "2"}).workers == "2"
+    for bad in (0, "0", "x", "-1", True, 1.5):
+        with pytest.raises(UsageError, match="--workers"):
+            build_config({"workers": bad})
+    assert resolve_workers("4", cuda=False) == 4 and resolve_workers("auto", cuda=False) == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert resolve_workers("auto", cuda=True) == MAX_AUTO_WORKERS == 8
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert resolve_workers("auto", cuda=True) == 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    assert resolve_workers("auto", cuda=True) == 1

@@ -397,6 +397,31 @@ def test_another_input_size_never_becomes_the_canonical_accuracy(tmp_path, base_
     assert board["agreement_gate"] == []  # different sizes are different accuracies, not drift
 
 
+def test_other_thresholds_never_become_the_canonical_accuracy(tmp_path, base_doc):
+    """A run at --conf 0.25 (newer, same a100, same coordinate) scores lower than the site's protocol (conf
+    0.001): it is its own accuracy identity and its own row, never the number shown for protocol rows."""
+    standard = _full_val(base_doc, 0.450, created="2026-01-01T00:00:00Z")
+    loose = _full_val(base_doc, 0.410, created="2026-02-01T00:00:00Z")
+    loose["config"]["conf"] = 0.25
+    elsewhere = _full_val(base_doc, 0.449, hardware="nvidia_geforce_rtx_5070_ti")  # standard protocol
+    board = aggregate(_write(tmp_path / "protocol", [standard, loose, elsewhere]))
+    canonical = {c["conf"]: c for c in board["canonical_accuracy"]}
+    assert set(canonical) == {standard["config"]["conf"], 0.25}
+    assert canonical[standard["config"]["conf"]]["mAP_50_95"] == 0.450
+    assert canonical[standard["config"]["conf"]]["file"] == "s0.json"
+    assert (canonical[0.25]["mAP_50_95"], canonical[0.25]["iou"], canonical[0.25]["max_det"]) == (
+        0.410, standard["config"]["iou"], standard["config"]["max_det"])
+    assert board["agreement_gate"] == []  # other thresholds are another accuracy, not drift
+    cube = {(r["hardware"], r["conf"]): r for r in board["cube"]}
+    assert len(cube) == 3 and board["counts"]["superseded"] == 0  # the newer loose run replaces nothing
+    assert cube[("a100", standard["config"]["conf"])]["accuracy_shown"] == 0.450
+    assert cube[("nvidia_geforce_rtx_5070_ti", standard["config"]["conf"])]["accuracy_shown"] == 0.450
+    assert cube[("a100", 0.25)]["accuracy_shown"] == 0.410
+    a100 = next(r for r in board["leaderboard"] if r["hardware"] == "a100")  # one row: the standard run's
+    assert (a100["conf"], a100["accuracy_shown"]) == (standard["config"]["conf"], 0.450)
+    assert "protocol (conf, iou, max_det)" in board["policy"]["accuracy_identity"]
+
+
 def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):
     subset = _variant(base_doc, accuracy__mAP_50_95=0.40)  # mini500 on the 5070 Ti
     board = aggregate(_write(tmp_path / "only_subset", [subset]))

@@ -1,5 +1,7 @@
 """Sweeps that survive: per-cell isolation, OOM, SIGKILL + --resume, SIGINT, refusals, locks, torch-free records."""
 
+import csv
+import errno
 import json
 import os
 import signal
@@ -208,3 +210,99 @@ def test_records_results_and_validation_load_no_torch_and_no_pipeline():
             "'harness.run', 'harness.models'))]; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- issue 14 leftovers: a full disk, energy rows on resume ---------------------------------------------------
+
+
+class _FullDisk:
+    """os.fsync answering ENOSPC, as a full file system does (ext4's delayed allocation reports it at fsync):
+    from the `nth` fsync of a submission file on, for every file (`stays_full`) or for that one only."""
+
+    def __init__(self, nth: int, stays_full: bool):
+        self.nth, self.stays_full, self.seen, self.full = nth, stays_full, 0, False
+        self.real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if "/submissions/" in target:
+            self.seen += 1
+            if self.seen == self.nth:
+                self.full = True
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if self.full and self.stays_full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.real(fd)
+
+
+def _cells(run_dir: Path) -> dict[int, dict]:
+    return {c["batch_size"]: c for c in json.loads((run_dir / "run.json").read_text())["cells"]}
+
+
+def _csv_rows(path: Path) -> list[list[str]]:
+    with open(path, newline="") as fh:
+        return list(csv.reader(fh))[1:]
+
+
+@requires_coco
+@pytest.mark.parametrize("stays_full", [True, False], ids=["disk stays full", "one write fails"])
+def test_a_full_disk_stops_the_sweep_cleanly_and_resume_finishes_it(tmp_path, monkeypatch, stays_full):
+    """The disk fills while the second cell's submission is written: one line and exit 1, nothing truncated,
+    run.json valid; after space is freed a plain --resume runs the rest, and no cell's CSV rows appear twice."""
+    out = tmp_path / "o"
+    args = ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset", "sample", "--limit", "8",
+            "--batch-sizes", "1", "2", "4", "8", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1",
+            "--warmup-seconds", "0", "--min-timed-batches", "2", "--draw-images", "0", "--no-layers",
+            "--no-profile", "--output-dir", str(out), "--run-id", "r"]  # energy on: energy.csv rows per cell
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    disk = _FullDisk(nth=2, stays_full=stays_full)
+    monkeypatch.setattr(os, "fsync", disk)
+    result = run_in_process("run", *args, env=env)
+    monkeypatch.setattr(os, "fsync", disk.real)  # space freed
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "no space left on device writing" in lines[0] and "submissions" in lines[0]
+    assert "the run stopped after 1 of 4 cells" in lines[0] and "--resume r" in lines[0]
+    run_dir = out / "r"
+    cells = _cells(run_dir)  # valid JSON: written atomically or not at all
+    assert not list(run_dir.rglob("*.tmp")) and not list(run_dir.rglob(".*.tmp"))
+    (submission,) = (run_dir / "submissions").glob("*.json")  # the first cell's, whole
+    assert json.loads(submission.read_text())["config"]["batch_size"] == 1
+    if stays_full:  # nothing more could be recorded: the cell is still `running`, which resume re-runs
+        assert {b: c["status"] for b, c in cells.items()} == {1: "ok", 2: "running", 4: "pending", 8: "pending"}
+    else:
+        assert {b: c["status"] for b, c in cells.items()} == {1: "ok", 2: "interrupted", 4: "pending", 8: "pending"}
+        assert cells[2]["reason"] == "no space left on device"
+        assert cells[4]["reason"] == cells[8]["reason"] == "not run: no space left on device"
+    assert len(_csv_rows(run_dir / "energy.csv")) == 2  # the second cell's window was written before its file
+
+    resumed = run_in_process("run", "--resume", "r", "--output-dir", str(out), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert {b: c["status"] for b, c in _cells(run_dir).items()} == {1: "ok", 2: "ok", 4: "ok", 8: "ok"}
+    assert len(list((run_dir / "submissions").glob("*.json"))) == 4
+    tags = [row[1] for row in _csv_rows(run_dir / "energy.csv")]
+    assert sorted(tags) == sorted(f"synthetic-sleepy pytorch fp32 64 b{b}" for b in (1, 2, 4, 8))  # none twice
+    totals = [row[4] for row in _csv_rows(run_dir / "steps_timer.csv") if row[5] == "total"]
+    assert sorted(totals) == ["1", "2", "4", "8"]
+
+
+def test_resume_drops_the_energy_rows_of_cells_that_did_not_finish(tmp_path):
+    from harness.records import Cell, LoadKey
+    from harness.run.state import RunState
+
+    cells = [Cell(LoadKey("m", "pytorch", "fp32", (64, 64)), b) for b in (1, 2, 4)]
+    state = RunState.create(tmp_path / "r", "r", {"config": {}}, cells)
+    (state.run_dir / "submissions").mkdir()
+    (state.run_dir / "submissions" / "b1.json").write_text("{}")
+    state.set(cells[0], "ok", submission="submissions/b1.json")
+    state.set(cells[1], "running")
+    state.set(cells[2], "failed", "RuntimeError: x")
+    state.save()
+    state.close()
+    energy = tmp_path / "r" / "energy.csv"
+    energy.write_text("timestamp,tag,duration,package-0\n" + "".join(
+        f"1.0,{c.label},0.5,{i}\n" for i, c in enumerate(cells)))
+    RunState.reopen(tmp_path / "r", "r", cells, {"config": {}}).close()
+    assert [row[1] for row in _csv_rows(energy)] == [cells[0].label]  # kept: only the finished cell's
+    assert energy.read_text().splitlines()[0] == "timestamp,tag,duration,package-0"

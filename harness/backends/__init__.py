@@ -8,16 +8,17 @@ name, and backends know nothing about families:
     backend_names(source)                      # ("pytorch", "onnxruntime"): what can run it
     core = load_core(source, "onnxruntime", device, "fp32", (416, 416), threads=2)
 
-Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch) and "onnxruntime" (an
+Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch), "onnxruntime" (an
 ONNX source as it is; a torch-only source is exported once with a dynamic batch, cached, and checked
-against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py). More backends (compiled
-PyTorch, CUDA graphs, TensorRT) plug in with `register_backend`.
+against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py) and "tensorrt" (a serialized
+engine, `--weights x.engine`: harness/backends/tensorrt.py). More backends plug in with `register_backend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.errors import UsageError
@@ -40,6 +41,8 @@ class CoreSource:
       says why (shown when someone asks for an export backend).
     - `check_batches`: for an ONNX source whose batch axis was made dynamic after the fact, batch
       sizes at which each output row must equal that image run alone (checked at load; empty: none).
+    - `engine_file`: a serialized TensorRT engine of the core (built elsewhere by trtexec; only the
+      tensorrt backend runs it, and a family gives it instead of a module or graph).
     """
 
     name: str
@@ -48,6 +51,7 @@ class CoreSource:
     exportable: bool = True
     export_note: str = ""
     check_batches: tuple[int, ...] = ()
+    engine_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,9 @@ def _registry() -> dict[str, Backend]:
     if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
         from harness.backends.onnxruntime import OnnxRuntimeBackend
         from harness.backends.pytorch import PyTorchBackend
+        from harness.backends.tensorrt import TensorRTBackend
 
-        for backend in (PyTorchBackend(), OnnxRuntimeBackend()):
+        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend()):
             _BACKENDS.setdefault(backend.name, backend)
         _builtins_loaded = True
     return _BACKENDS

@@ -59,6 +59,9 @@ def check_support(backend: str, device_kind: str, precision: str, ort_provider: 
         _check_pytorch(device_kind, precision)
     elif backend == "onnxruntime":
         _check_onnxruntime(device_kind, precision, ort_provider_for(device_kind, ort_provider))
+    elif backend == "tensorrt":  # a serialized engine: its precision is its build's (backends/tensorrt.py)
+        if device_kind != "cuda":
+            raise UsageError("--backend tensorrt runs a serialized TensorRT engine on a GPU; add --device cuda")
     elif precision != "fp32":  # a plugged-in backend states its own support at load; fp32 is the baseline
         raise UsageError(f"precision {precision} is only known for the pytorch and onnxruntime backends; use fp32")
 

@@ -1,13 +1,18 @@
 """Pipeline overhead: images/s of the whole pipeline (images already decoded) / images/s of the core
 forward alone, at one batch size, per backend, in both execution modes: latency mode (stages one
 after another, `run_batch`) and overlapped mode (host work overlapped with the forward,
-`run_overlapped`). Rounds alternate the three in one process, because timings of small models drift
-between processes; the reported ratios are medians over rounds. The target applies to each backend's
-throughput mode, the better of the two: overlapping only pays where the forward leaves cores idle (ONNX
-Runtime, whose threads do not spin; a GPU), not where its threads never yield them (PyTorch's OpenMP on
-every core), so the harness offers both and this bench reports both.
+`run_overlapped`, with each `--workers` count asked for). Rounds alternate the modes in one process,
+because timings of small models drift between processes; the reported ratios are medians over rounds.
+The target applies to each backend's throughput mode, the better of latency mode and overlapped mode
+at the first `--workers` value (default auto, what a run uses): overlapping only pays where the forward
+leaves cores idle (ONNX Runtime, whose threads do not spin; a GPU), not where its threads never yield
+them (PyTorch's OpenMP on every core), so the harness offers both and this bench reports both.
 
-    python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--json]
+`--busy N` runs N CPU-bound processes beside the measurement (a loaded machine, as in issue 12, item 5);
+the latency-mode stage medians show what the load does to the harness's own host work.
+
+    python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
+                                     [--busy 2] [--json]
 """
 
 from __future__ import annotations
@@ -15,16 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
-from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import decode_image, preprocess_batch
 from harness.pipeline.stage_timer import StageTimer
+
+# Latency-mode stages whose per-batch medians are reported (the host stages and the forward beside them).
+REPORTED_STAGES = ("preprocess", "forward", "postprocess", "postprocess.nms", "postprocess.boxes")
 
 
 def _images_per_s(fn, batch_size: int, iterations: int) -> float:
@@ -41,13 +53,18 @@ def _mode_summary(pipeline_ips: list[float], forward_ips: list[float]) -> dict:
             "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4)}
 
 
-def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str) -> dict:
+def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
+            workers: list[int] | None = None) -> dict:
+    """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1])."""
+    workers = workers or [1]
     device = parse_device(device_spec)
     detector = get_detector(model)
     spec = detector.preprocess
     core = detector.load_core(backend, device, "fp32", spec.input_size, threads=torch.get_num_threads())
     d = detector.defaults
-    pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det))
+    thresholds = Thresholds(d.conf, d.iou, d.max_det)
+    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w) for w in workers}
+    pipeline = pipelines[workers[0]]
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     images = [decode_image(r.path) for r in records]
@@ -63,27 +80,57 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     def latency_mode():
         pipeline.run_batch(records, timer, images=images)
 
-    def overlapped_mode():  # one call streams `iterations` batches
-        for _ in pipeline.run_overlapped([records] * iterations, images=[images] * iterations):
+    def overlapped_mode(w: int):  # one call streams `iterations` batches
+        for _ in pipelines[w].run_overlapped([records] * iterations, images=[images] * iterations):
             pass
 
     for _ in range(3):  # warm-up every path
         forward_only()
         latency_mode()
-    overlapped_mode()
-    forward_ips, latency_ips, stream_ips = [], [], []
+    for w in workers:
+        overlapped_mode(w)
+    timer.batches.clear()
+    forward_ips, latency_ips = [], []
+    stream_ips: dict[int, list[float]] = {w: [] for w in workers}
     for _ in range(rounds):
         forward_ips.append(_images_per_s(forward_only, batch_size, iterations))
         latency_ips.append(_images_per_s(latency_mode, batch_size, iterations))
-        stream_ips.append(_images_per_s(overlapped_mode, batch_size * iterations, 1))
-    latency, overlapped = _mode_summary(latency_ips, forward_ips), _mode_summary(stream_ips, forward_ips)
+        for w in workers:
+            stream_ips[w].append(_images_per_s(lambda w=w: overlapped_mode(w), batch_size * iterations, 1))
+    latency = _mode_summary(latency_ips, forward_ips)
+    latency["stages_ms_p50"] = {name: round(statistics.median(b.ms(name) for b in timer.batches), 3)
+                                for name in REPORTED_STAGES if all(name in b.stages for b in timer.batches)}
+    by_workers = {str(w): _mode_summary(stream_ips[w], forward_ips) for w in workers}
+    overlapped = by_workers[str(workers[0])]
     return {
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device),
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
-        "latency_mode": latency, "overlapped_mode": overlapped, "rounds": rounds,
+        "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
+        "overlapped_by_workers": by_workers, "rounds": rounds,
         "throughput_mode": "overlapped_mode" if overlapped["ratio_median"] > latency["ratio_median"]
         else "latency_mode",
     }
+
+
+@contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """`count` CPU-bound processes (a Python busy loop each) for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
+
+
+def _worker_counts(values: list[str], cuda: bool) -> list[int]:
+    counts = []
+    for value in values:
+        if value != "auto" and not (value.isdigit() and int(value) >= 1):
+            raise SystemExit(f"--workers {value!r}: use positive integers or auto")
+        counts.append(resolve_workers(value, cuda))
+    return list(dict.fromkeys(counts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,30 +141,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=20, help="batches per round (and per stream)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workers", nargs="+", default=["auto"],
+                        help="overlapped-mode host worker counts (N or auto); the first is judged")
+    parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside the measurement")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     backends = args.backend or list(get_detector(args.model).backends)
-    results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device) for b in backends]
+    workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
+    with busy_processes(args.busy):
+        results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers)
+                   for b in backends]
+    for r in results:
+        r["busy_processes"] = args.busy
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"pipeline overhead, batch {args.batch_size} (target ratio >= {args.target})")
+        busy = f", {args.busy} busy processes beside" if args.busy else ""
+        table = Table(title=f"pipeline overhead, batch {args.batch_size}{busy} (target ratio >= {args.target})")
         for col in ("backend", "mode", "forward img/s", "pipeline img/s", "ratio p50", "ratio range"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in results:
-            for mode in ("latency_mode", "overlapped_mode"):
-                m = r[mode]
-                name = mode.replace("_mode", "") + (" *" if mode == r["throughput_mode"] else "")
-                table.add_row(r["backend"], name, f"{r['forward_images_per_s']:.1f}",
+            rows = [("latency", r["latency_mode"], r["throughput_mode"] == "latency_mode")]
+            rows += [(f"overlapped, {w} worker{'s' * (w != '1')}", m,
+                      r["throughput_mode"] == "overlapped_mode" and w == str(r["workers"]))
+                     for w, m in r["overlapped_by_workers"].items()]
+            for name, m, judged in rows:
+                table.add_row(r["backend"], name + (" *" if judged else ""), f"{r['forward_images_per_s']:.1f}",
                               f"{m['images_per_s']:.1f}", f"{m['ratio_median']:.3f}",
                               f"{m['ratio_min']:.3f}-{m['ratio_max']:.3f}")
         console = Console(width=max(100, Console().width))  # the table's rows stay whole in a log too
         console.print(table)
         console.print("* the backend's throughput mode (the better one), judged against the target")
+        for r in results:
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in r["latency_mode"]["stages_ms_p50"].items())
+            console.print(f"{r['backend']} latency mode, ms per batch (p50): {stages}")
     return 0 if all(r[r["throughput_mode"]]["ratio_median"] >= args.target for r in results) else 1
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.data.images import check_image_files
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_COCO_DIR = "VA_BENCH_COCO"
@@ -105,20 +105,28 @@ def _structure_problems(data) -> list[str]:
     return problems
 
 
-def load_instances(path: Path) -> COCO:
-    """A pycocotools COCO index of a validated instances file; any problem is one UsageError line."""
+def load_instances(path: Path, name: str | None = None) -> COCO:
+    """A pycocotools COCO index of a validated instances file; any problem is one UsageError line.
+
+    `name` is how messages name the file (as the user's --coco-dir reaches it); its absolute path follows."""
+    name = name or str(path)
+
+    def problem(text: str, fix: str = HOW_TO_GET_COCO) -> UsageError:
+        where = "" if name == str(path) else f" ({path})"
+        return UsageError(f"{name} {text}{where}; {fix}")
+
     try:
         data = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not valid JSON ({str(exc)[:80]}); {HOW_TO_GET_COCO}") from exc
+        raise problem(f"is not valid JSON ({str(exc)[:80]})") from exc
     except OSError as exc:
-        raise UsageError(f"{path} cannot be read ({exc.strerror})") from exc
+        raise problem(f"cannot be read ({exc.strerror})", "check its permissions") from exc
     except RecursionError as exc:
-        raise UsageError(f"{path} is not a COCO instances file (nested too deeply); {HOW_TO_GET_COCO}") from exc
+        raise problem("is not a COCO instances file (nested too deeply)") from exc
     problems = _structure_problems(data)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise UsageError(f"{path} is not a valid COCO instances file: {problems[0]}{more}; {HOW_TO_GET_COCO}")
+        raise problem(f"is not a valid COCO instances file: {problems[0]}{more}")
     coco = COCO()  # built from the checked dict, so the file is read once
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress unconditionally
@@ -136,18 +144,35 @@ class ImageRecord:
     height: int
 
 
+def coco_dir_source(coco_dir: str | Path | None = None) -> tuple[str, str] | None:
+    """Where the COCO root was given: ("--coco-dir", value) or ("$VA_BENCH_COCO", value); None for the defaults."""
+    if coco_dir is not None:
+        return "--coco-dir", str(coco_dir)
+    if os.environ.get(ENV_COCO_DIR):
+        return f"${ENV_COCO_DIR}", os.environ[ENV_COCO_DIR]
+    return None
+
+
 def find_coco_dir(coco_dir: str | Path | None = None) -> Path:
     """The COCO root: --coco-dir, then $VA_BENCH_COCO, then datasets/coco, then ../shared/assets/coco."""
-    if coco_dir is not None:
-        candidates = [Path(coco_dir)]
-    elif os.environ.get(ENV_COCO_DIR):
-        candidates = [Path(os.environ[ENV_COCO_DIR])]
-    else:
-        candidates = list(DEFAULT_COCO_DIRS)
-    for candidate in candidates:
+    source = coco_dir_source(coco_dir)
+    if source is not None:
+        flag, given = source
+        root = Path(given).expanduser()
+        if _annotation_file(root) is not None:
+            return root.resolve()
+        if not root.exists():
+            problem = "no such folder"
+        elif not root.is_dir():
+            problem = "not a folder"
+        else:
+            problem = (f"no COCO val2017 annotations in it (looked for annotations/{ANNOTATION_FILES[0]} and "
+                       f"annotations/{ANNOTATION_FILES[1]})")
+        raise UsageError(f"{path_problem(flag, given, problem)}; {HOW_TO_GET_COCO}")
+    for candidate in DEFAULT_COCO_DIRS:
         if _annotation_file(candidate) is not None:
             return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
+    tried = ", ".join(str(c) for c in DEFAULT_COCO_DIRS)
     raise UsageError(f"no COCO val2017 annotations found (looked in {tried}); {HOW_TO_GET_COCO}")
 
 
@@ -166,10 +191,18 @@ class CocoDataset:
         self.root = find_coco_dir(root)
         self.annotation_file = _annotation_file(self.root)
         self.image_dir = self.root / "val2017"
+        source = coco_dir_source(root)
+        # how messages name the root: as the user gave it (the absolute path follows), else absolute
+        self._named_root = None if source is None else f"{source[0]} {source[1]}"
+        self._shown_root = str(self.root) if source is None or source[1] == str(self.root) \
+            else f"{source[1]} ({self.root})"
 
     @cached_property
     def coco(self) -> COCO:
-        return load_instances(self.annotation_file)
+        name = None
+        if self._named_root is not None:
+            name = f"{self._named_root}: {self.annotation_file.relative_to(self.root)}"
+        return load_instances(self.annotation_file, name)
 
     def record(self, image_id: int) -> ImageRecord:
         info = self.coco.imgs[image_id]
@@ -211,7 +244,8 @@ class CocoDataset:
             raise UsageError(f"unknown dataset variant {name!r}; use one of full, mini500, sample (+ --limit N)")
         if wanted is None:  # the annotation file cannot describe full val2017
             raise UsageError(
-                f"dataset variant 'full' needs all {expected} val2017 images, but {self.annotation_file} "
+                f"dataset variant 'full' needs all {expected} val2017 images, but {self.annotation_file.name} under "
+                f"{self._shown_root} "
                 f"describes only {len(self.coco.imgs)}; {HOW_TO_GET_COCO}, or use --subset sample"
             )
         if limit is not None:
@@ -222,11 +256,12 @@ class CocoDataset:
             label = name if limit is None else f"the first {len(wanted)} images of {name}"
             raise UsageError(
                 f"dataset variant {label!r} needs {len(wanted)} images but {missing} are missing under "
-                f"{self.root} ({not_annotated} not in {self.annotation_file.name}, {no_file} image files "
+                f"{self._shown_root} ({not_annotated} not in {self.annotation_file.name}, {no_file} image files "
                 f"absent); {HOW_TO_GET_COCO}, or use --subset sample / --limit N"
             )
         if not present:
-            raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file}")
+            raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file.name} under "
+                             f"{self._shown_root}")
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)

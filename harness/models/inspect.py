@@ -22,7 +22,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 
 FLOP_CONVENTION = ("FLOP = 2 x MAC (torch FlopCounterMode: convolution, linear/matmul, attention; "
                    "element-wise ops, activations and norms not counted)")
@@ -294,7 +294,7 @@ def inspect_onnx(model: onnx.ModelProto, input_size: tuple[int, int] | None, nam
 
 def _load_onnx(path: Path) -> onnx.ModelProto:
     if not path.is_file():
-        raise UsageError(f"--weights {path}: no such file")
+        raise UsageError(path_problem("--weights", path, "no such file"))
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"--weights {path}: inspect reads ONNX files; for a PyTorch model pass its registry id "
                          "or a plugin path/to/file.py:factory")

@@ -4,8 +4,9 @@ libreyolo builds the bare nn.Module; `LibreCore` wraps it so its forward returns
 raw head outputs), and everything around it is the harness's shared pipeline, configured from
 harness/models/catalogue.yaml: preprocessing (PreprocessSpec), a decoder per head layout below
 (raw tensors -> candidates), and the family's post-processing kind (PostprocessSpec: NMS or
-NMS-free top-k). The conventions are those of libreyolo's validation path; the tests check our
-detections against libreyolo's own (docs/libreyolo-families.md).
+NMS-free top-k). The conventions are those of libreyolo's validation path (where its mAP comes from),
+including its fit-then-stretch double resize for the DETR families that have one (`resize: fit_stretch`);
+the tests check our detections against libreyolo's own (docs/libreyolo-families.md).
 
 Weights: `--weights random` builds the architecture with seeded random weights (libreyolo's
 `_from_scratch`, timing only); a file is loaded by libreyolo's own loader; with no `--weights`, the
@@ -19,6 +20,7 @@ import argparse
 import copy
 import dataclasses
 import importlib
+import logging
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -43,7 +45,7 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.weights import file_sha256, weights_dir
+from harness.models.weights import DownloadError, file_sha256, weights_dir
 from harness.models.yolox import YoloxDetector
 
 CATALOGUE = Path(__file__).with_name("catalogue.yaml")
@@ -59,7 +61,6 @@ class LibreFamily:
     family: str  # the site's family name
     class_name: str
     head: str
-    val_resizes_twice: bool  # libreyolo's validation path resizes twice (see catalogue.yaml)
     task: str
     weights: str  # file name pattern, {size} = size code
     licence: str
@@ -100,7 +101,6 @@ def catalogue() -> dict[str, LibreModel]:
     for key, block in data.items():
         try:
             fam = LibreFamily(key=key, family=block.get("family", key), class_name=block["class"], head=block["head"],
-                              val_resizes_twice=bool(block.get("val_resizes_twice", False)),
                               task=block.get("task", "detect"), weights=block["weights"], licence=block["licence"],
                               preprocess=dict(block["preprocess"]),
                               postprocess=dict(block["postprocess"]))
@@ -222,6 +222,11 @@ def _weights_path(model: LibreModel, weights: str | Path | None) -> tuple[Path, 
     return path, "libreyolo"
 
 
+def _no_retry_warnings(record: logging.LogRecord) -> bool:
+    """libreyolo logs each retry of a failing download as a warning (several lines before the error)."""
+    return not record.getMessage().startswith("Download interrupted")
+
+
 def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, str]:
     """Download a model's weights with libreyolo's own resolution and download (Hugging Face mirror, or
     Deci's CDN for YOLO-NAS with libreyolo's checksum pin) into the weights cache; (path, sha256)."""
@@ -231,13 +236,17 @@ def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, st
     downloaded = not dest.is_file()
     if downloaded:
         from libreyolo.utils.download import download_weights
+        from libreyolo.utils.download import logger as download_logger
 
+        download_logger.addFilter(_no_retry_warnings)  # a failure is one line below; licence notices still show
         try:
             download_weights(str(dest), model.size)
-        except Exception as exc:  # requests/HF errors, checksum refusals: all one line
-            raise UsageError(f"could not download {model.weights_file} for {model_id} "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check the network "
-                             "or download it yourself and pass --weights PATH") from exc
+        except Exception as exc:  # network/HF errors, checksum refusals: exit 1 (not a usage error), one line
+            raise DownloadError(f"could not download {model.weights_file} for {model_id} "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check the network "
+                                "or download it yourself and pass --weights PATH") from exc
+        finally:
+            download_logger.removeFilter(_no_retry_warnings)
     sha = file_sha256(dest)
     if not _trusted(cls, dest, sha):
         if downloaded:  # ours: do not leave it in the cache

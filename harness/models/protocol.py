@@ -22,24 +22,29 @@ class PreprocessSpec:
     """How decoded images (BGR uint8) become the model's input tensor [B,3,H,W].
 
     - `resize`: "letterbox" keeps the aspect ratio (scale r = the largest that fits the fit box,
-      the rest is padding); "stretch" resizes to the input size exactly.
-    - `fit_margin`: letterbox into (H - margin, W - margin), then pad to (H, W): YOLO-NAS fits the
-      long side to 636 and centre-pads to 640 (margin 4).
-    - `size_rounding`: how the resized size is rounded from size x r (YOLOX, torchvision: floor;
-      Ultralytics' long-side resize: ceil).
+      the rest is padding); "stretch" resizes to the input size exactly; "fit_stretch" resizes twice:
+      first as the letterbox would (aspect kept, into the fit box, no padding), then that image is
+      stretched to the input size. It is libreyolo's validation path for RT-DETR, RT-DETRv4, D-FINE,
+      DEIM and EC (its COCO dataset fits the long side, then the family's stretch preprocessor
+      resizes again); boxes go back as for a stretch (the two scales compose to input / original).
+    - `fit_margin`: letterbox (or fit) into (H - margin, W - margin), then pad to (H, W): YOLO-NAS
+      fits the long side to 636 and centre-pads to 640 (margin 4).
+    - `size_rounding`: how the resized (fitted) size is rounded from size x r (YOLOX, torchvision,
+      libreyolo's dataset fit: floor; Ultralytics' long-side resize: ceil).
     - `pad_position`: "top-left" (image at the origin) or "center" (top = (H - h) // 2, which is also
       Ultralytics' round(dh - 0.1)); `pad_value` in pixel units (0-255), one value or one per channel
       in `channel_order`.
     - `library`: "cv2" (uint8 resize, the CPU reference), "pil" (PIL's resampling filters, uint8),
       "torch" (float `F.interpolate`, antialias off: torchvision's GeneralizedRCNNTransform).
-      `interpolation` is used for every resize, `downscale_interpolation` (if set) when the image shrinks.
+      `interpolation` is used for every resize, `downscale_interpolation` (if set) for one that shrinks.
     - then `channel_order`, x `scale`, - `mean`, / `std` (per channel, in channel order, after scaling).
-    - `box_scale`: how boxes go back to the original image: "ratio" divides by r (YOLOX,
-      Ultralytics), "size" by resized / original size per axis (torchvision's resize_boxes).
+    - `box_scale` (letterbox): how boxes go back to the original image: "ratio" divides by r (YOLOX,
+      Ultralytics), "size" by resized / original size per axis (torchvision's resize_boxes). A
+      stretch or fit_stretch always divides by input / original size per axis.
     """
 
     input_size: tuple[int, int]  # (height, width)
-    resize: Literal["letterbox", "stretch"] = "letterbox"
+    resize: Literal["letterbox", "stretch", "fit_stretch"] = "letterbox"
     pad_position: Literal["top-left", "center"] = "top-left"
     pad_value: float | tuple[float, float, float] = 114
     channel_order: Literal["BGR", "RGB"] = "BGR"

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import UsageError
+from harness.backends.tensorrt import is_engine_file
+from harness.errors import UsageError, path_problem
 from harness.models import torchvision_family, ultralytics_onnx, yolox
-from harness.models.protocol import Detector
+from harness.models.protocol import RANDOM_WEIGHTS, Detector
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ModelEntry:
     note: str = ""
     postprocess: str = "nms"  # the family's post-processing kind (PostprocessSpec.kind)
     local_weights: Callable[[], Path | None] = lambda: None  # the weights file found locally, if any
+    engines: bool = False  # whether --weights may be a TensorRT engine of the model (--backend tensorrt)
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -40,9 +42,10 @@ def _yolox_entry(variant: str) -> ModelEntry:
         factory=lambda weights, v=variant: yolox.YoloxDetector(v, weights),
         weights_url=yolox.RELEASE_URL.format(variant=variant),
         weights_file=f"yolox_{variant}.onnx",
-        note=f"official YOLOX ONNX export, {yolox.VARIANTS[variant]}px",
+        note=f"official YOLOX ONNX export, {yolox.VARIANTS[variant]}px (or a TensorRT .engine of one)",
         postprocess=yolox.YoloxDetector.postprocess.kind,
         local_weights=lambda v=variant: next((p for p in yolox.weight_candidates(v) if p.is_file()), None),
+        engines=True,
     )
 
 
@@ -70,9 +73,10 @@ def _ultralytics_entries() -> list[ModelEntry]:
         factory=lambda weights, m=model_id: ultralytics_onnx.UltralyticsOnnxDetector(m, weights),
         weights_url=None,  # exported by the user (Ultralytics is AGPL: not imported, not downloaded here)
         weights_file=f"{model_id}.onnx",
-        note="Ultralytics-format ONNX export (--weights FILE.onnx)",
+        note="Ultralytics-format ONNX export (--weights FILE.onnx, or a TensorRT FILE.engine of one)",
         postprocess=ultralytics_onnx.postprocess_kind(family),
         local_weights=lambda m=model_id: ultralytics_onnx.cached_weights(m),
+        engines=True,
     ) for model_id, family in ultralytics_onnx.MODEL_IDS.items()]
 
 
@@ -81,8 +85,8 @@ def _ultralytics_entries() -> list[ModelEntry]:
 
 def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry:
     """A catalogue id. The yolox-* ids are also the official-ONNX YOLOX family's: ONNX weights (the
-    default, or --weights FILE.onnx) keep that family; --weights random or a libreyolo checkpoint
-    builds the model with libreyolo."""
+    default, or --weights FILE.onnx) and TensorRT engines of them (FILE.engine) keep that family;
+    --weights random or a libreyolo checkpoint builds the model with libreyolo."""
     from harness.models import libreyolo
     from harness.models.protocol import RANDOM_WEIGHTS
     from harness.models.weights import weights_dir
@@ -94,7 +98,8 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
         return path if path.is_file() else None
 
     def factory(weights: str | None) -> Detector:
-        if onnx_yolox is not None and (weights is None or str(weights).lower().endswith(".onnx")):
+        onnx_like = weights is None or str(weights).lower().endswith(".onnx") or is_engine_file(weights)
+        if onnx_yolox is not None and onnx_like:
             return onnx_yolox.factory(weights)
         return libreyolo.LibreYoloDetector(model_id, weights)
 
@@ -106,7 +111,7 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
                       note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
-                      postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights)
+                      postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights, engines=True)
 
 
 def _libreyolo_entries() -> list[ModelEntry]:
@@ -164,4 +169,11 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
     entry = REGISTRY.get(spec)
     if entry is None:
         raise UsageError(f"unknown model {spec!r}; known: {', '.join(REGISTRY)} (or path/to/file.py:factory)")
+    if weights is not None and weights != RANDOM_WEIGHTS and not Path(weights).is_file():  # one message, every family
+        problem = "not a file" if Path(weights).exists() else "no such file"
+        raise UsageError(path_problem("--weights", weights, problem) + "; give the model's weights file")
+    if is_engine_file(weights) and not entry.engines:
+        takes = ", ".join(sorted({e.family for e in REGISTRY.values() if e.engines}))
+        raise UsageError(f"--weights {Path(weights).name}: {spec} does not run TensorRT engines (the {takes} families "
+                         "do); run its ONNX export on --backend onnxruntime --ort-provider tensorrt")
     return entry.factory(weights)

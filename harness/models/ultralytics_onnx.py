@@ -18,6 +18,11 @@ rounded up; cv2 INTER_AREA when shrinking, INTER_LINEAR when enlarging), centre 
 Ultralytics' default exports are static (batch 1, fixed size): the batch axis is made symbolic
 (harness/backends/export.py: make_batch_dynamic) and each output row is checked against its image
 run alone at load; a graph exported at a fixed size runs at that size only.
+
+A TensorRT engine built from such an export (`--backend tensorrt --weights x.engine`, harness/backends/
+tensorrt.py) gets the same pre/post-processing. Its graph cannot be read here, so its layout is the
+family's default export's (end2end for yolo26, dense otherwise) unless its sidecar says `"layout":
+"dense"` or `"end2end"`, and its outputs are checked against that layout with one zero batch at load.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ import torch
 
 from harness.backends import CoreSource, backend_names, load_core
 from harness.backends.export import make_batch_dynamic, onnx_model_stats
+from harness.backends.tensorrt import (
+    engine_core_source,
+    engine_model_stats,
+    engine_weights,
+    is_engine_file,
+    probe_outputs,
+    read_manifest,
+)
 from harness.data.categories import COCO80_TO_91
 from harness.errors import UsageError
 from harness.measure.device import Device
@@ -56,6 +69,7 @@ MAX_NMS = 30000  # Ultralytics' pre-NMS candidate cap
 BATCH_CHECK = (1, 2)
 DENSE_POST = PostprocessSpec(kind="nms", conf=0.001, iou=0.7, max_det=300, multi_label=True, pre_nms_topk=MAX_NMS)
 END2END_POST = PostprocessSpec(kind="topk", conf=0.001, max_det=300)
+LAYOUTS = ("dense", "end2end")
 
 
 def postprocess_kind(family: str) -> str:
@@ -75,7 +89,8 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
 
 
 class UltralyticsOnnxDetector:
-    """An Ultralytics-format ONNX export; the layout (dense or end-to-end) is read from the graph."""
+    """An Ultralytics-format ONNX export, the layout (dense or end-to-end) read from the graph; or a TensorRT
+    engine built from one (`self.engine`, layout as the module docstring says)."""
 
     class_map = COCO80_TO_91
 
@@ -88,16 +103,23 @@ class UltralyticsOnnxDetector:
             raise UsageError(f"--weights random needs a torch-defined model; {model_id} is defined by its "
                              "ONNX export (pass --weights FILE.onnx)")
         self.path = self._resolve(weights)
-        self._raw_model = self._load(self.path)
-        self.layout, num_classes = self._layout()
-        if num_classes is not None and num_classes != len(COCO80_TO_91):
-            raise UsageError(f"{self.path} predicts {num_classes} classes; COCO evaluation needs an 80-class export")
+        self.engine = is_engine_file(self.path)
+        if self.engine:
+            self._raw_model, self.fixed_size = None, None  # the engine's shapes are checked at load
+            self.layout = self._engine_layout()
+            self.weights = engine_weights(self.path)
+        else:
+            self._raw_model = self._load(self.path)
+            self.layout, num_classes = self._layout()
+            if num_classes is not None and num_classes != len(COCO80_TO_91):
+                raise UsageError(f"{self.path} predicts {num_classes} classes; COCO evaluation needs an 80-class "
+                                 "export")
+            self.weights = WeightsInfo(file=self.path.name, sha256=file_sha256(self.path),
+                                       source="--weights" if weights else "weights cache")
+            dims = _dims(self._raw_model.graph.input[0])
+            self.fixed_size = (dims[2], dims[3]) if len(dims) == 4 and dims[2] and dims[3] else None
         self.postprocess = END2END_POST if self.layout == "end2end" else DENSE_POST
         self.defaults = self.postprocess.defaults
-        self.weights = WeightsInfo(file=self.path.name, sha256=file_sha256(self.path),
-                                   source="--weights" if weights else "weights cache")
-        dims = _dims(self._raw_model.graph.input[0])
-        self.fixed_size = (dims[2], dims[3]) if len(dims) == 4 and dims[2] and dims[3] else None
         self.preprocess = PreprocessSpec(
             input_size=self.fixed_size or (DEFAULT_INPUT_SIZE, DEFAULT_INPUT_SIZE), resize="letterbox",
             pad_position="center", pad_value=114, channel_order="RGB", scale=1 / 255, size_rounding="ceil",
@@ -135,6 +157,26 @@ class UltralyticsOnnxDetector:
         raise UsageError(f"{self.path} does not look like an Ultralytics-format export: want one output "
                          f"[B, 4+C, N] or [B, K, 6], found {shapes}")
 
+    def _engine_layout(self) -> str:
+        """An engine's layout: its sidecar's "layout", else the family's default export's."""
+        default = "end2end" if postprocess_kind(self.family) == END2END_POST.kind else "dense"
+        layout = read_manifest(self.path).get("layout", default)
+        if layout not in LAYOUTS:
+            raise UsageError(f"{self.path.name}: its sidecar's \"layout\" is {layout!r}; use \"dense\" ([B, 4+C, N]) "
+                             "or \"end2end\" ([B, K, 6])")
+        return layout
+
+    def _check_engine_head(self, core, input_size: tuple[int, int]) -> None:
+        """One zero batch: the engine's outputs must be the layout's one [1, 84, N] or [1, K, 6]."""
+        shapes = probe_outputs(core, input_size)
+        want = "[1, K, 6]" if self.layout == "end2end" else f"[1, {4 + len(COCO80_TO_91)}, N]"
+        ok = len(shapes) == 1 and len(shapes[0]) == 3 and shapes[0][0] == 1 and (
+            shapes[0][2] == 6 if self.layout == "end2end" else shapes[0][1] == 4 + len(COCO80_TO_91))
+        if not ok:
+            raise UsageError(f"{self.path.name}: the engine's outputs are {[list(s) for s in shapes]}, not the "
+                             f"{self.layout} layout's one {want}; set \"layout\" in its sidecar, or build it from an "
+                             "80-class Ultralytics ONNX export")
+
     @cached_property
     def onnx_model(self) -> onnx.ModelProto:
         """The export with a symbolic batch axis (and symbolic H, W where it was exported dynamic)."""
@@ -142,6 +184,8 @@ class UltralyticsOnnxDetector:
 
     @cached_property
     def core_source(self) -> CoreSource:
+        if self.engine:
+            return engine_core_source(self.model_id, self.path)
         return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model, check_batches=BATCH_CHECK)
 
     @property
@@ -153,7 +197,10 @@ class UltralyticsOnnxDetector:
         if self.fixed_size is not None and tuple(input_size) != self.fixed_size:
             raise UsageError(f"{self.path} was exported at {self.fixed_size[0]}x{self.fixed_size[1]} and runs at "
                              f"that size only; drop --input-size or export with dynamic=True")
-        return load_core(self.core_source, backend, device, precision, input_size, threads)
+        core = load_core(self.core_source, backend, device, precision, input_size, threads)
+        if self.engine:
+            self._check_engine_head(core, input_size)
+        return core
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> DenseCandidates | list[Candidates]:
@@ -165,4 +212,4 @@ class UltralyticsOnnxDetector:
         return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=pred[..., 4:])
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
-        return onnx_model_stats(self.onnx_model, input_size)
+        return engine_model_stats() if self.engine else onnx_model_stats(self.onnx_model, input_size)

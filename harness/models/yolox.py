@@ -1,4 +1,5 @@
-"""YOLOX family: official ONNX exports, run by any backend (ONNX Runtime as is, PyTorch via onnx2torch).
+"""YOLOX family: official ONNX exports, run by any backend (ONNX Runtime as is, PyTorch via onnx2torch),
+or a TensorRT engine built from one (`--backend tensorrt --weights x.engine`: same pre/post-processing).
 
 Raw output [B, N, 85] per anchor point at strides 8/16/32: (dx, dy, log w, log h) in grid units,
 objectness and 80 class probabilities (already sigmoid). Input: BGR, 0-255, no normalisation,
@@ -16,8 +17,15 @@ import torch
 
 from harness.backends import CoreSource, backend_names, load_core
 from harness.backends.export import make_batch_dynamic, onnx_model_stats
+from harness.backends.tensorrt import (
+    engine_core_source,
+    engine_model_stats,
+    engine_weights,
+    is_engine_file,
+    probe_outputs,
+)
 from harness.data.categories import COCO80_TO_91
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 from harness.measure.device import Device
 from harness.models.protocol import (
     RANDOM_WEIGHTS,
@@ -48,8 +56,67 @@ def weight_candidates(variant: str) -> list[Path]:
     return candidates
 
 
+def anchor_count(input_size: tuple[int, int]) -> int:
+    """Anchor points of a YOLOX head at this input size: one per grid cell at each stride."""
+    return sum((input_size[0] // s) * (input_size[1] // s) for s in STRIDES)
+
+
+def anchor_mismatch(anchors: int, input_size: tuple[int, int]) -> str | None:
+    """What is wrong when a head's anchor count does not fit the input size (None when it does)."""
+    expected = anchor_count(input_size)
+    if anchors == expected:
+        return None
+    return (f"the model's output has {anchors} anchors where the input size {input_size[0]}x{input_size[1]} "
+            f"implies {expected} (one per grid cell at strides {'/'.join(map(str, STRIDES))})")
+
+
+def _declared_dims(value: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    """A graph input's or output's declared shape (ints, symbolic names, None where unknown); None if it has none."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+
+
+def check_yolox_outputs(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse, in one UsageError line, an ONNX file that is not a COCO YOLOX export: one output [B, N, 85]
+    whose N is the anchor count of the declared input size (checked where both are static). An output
+    declared without a shape gets ONNX's own shape inference first (some exporters leave it out)."""
+    def refuse(problem: str, fix: str) -> UsageError:
+        return UsageError(f"{path_problem('ONNX model', path, problem)}; {fix}")
+
+    outputs = model.graph.output
+    if len(outputs) != 1:
+        raise refuse(f"it has {len(outputs)} outputs ({', '.join(o.name for o in outputs)}), not a COCO YOLOX "
+                     "export's one [B, N, 85]", "pass a YOLOX ONNX export")
+    name, dims = outputs[0].name, _declared_dims(outputs[0])
+    if dims is None or (len(dims) == 3 and dims[2] is None):
+        try:
+            dims = _declared_dims(onnx.shape_inference.infer_shapes(model).graph.output[0])
+        except Exception:  # onnx's InferenceError and friends: the shape stays unknown
+            dims = None
+    if dims is None or (len(dims) == 3 and dims[2] is None):
+        raise refuse(f"its output {name!r} has no shape information (not even from ONNX shape inference), so it "
+                     "cannot be checked as YOLOX's [B, N, 85]", "export it with output shapes (torch.onnx.export "
+                     "records them), or pass the official YOLOX export")
+    if len(dims) != 3 or dims[2] != 85:
+        shown = ", ".join("?" if d is None else str(d) for d in dims)
+        raise refuse(f"its output {name!r} is [{shown}], not YOLOX's [B, N, 85] (80 classes + box + objectness): "
+                     "it is not a COCO YOLOX detector", "pass a YOLOX ONNX export, or run another model as a "
+                     "plugin (--model path/to/file.py:factory)")
+    inputs = _declared_dims(model.graph.input[0]) if model.graph.input else None
+    spatial = tuple(inputs[2:4]) if inputs and len(inputs) == 4 else ()
+    if isinstance(dims[1], int) and len(spatial) == 2 and all(isinstance(d, int) and d > 0 for d in spatial):
+        problem = anchor_mismatch(dims[1], spatial)
+        if problem:
+            raise refuse(problem.replace("the input size", "its input size"), "its head is not YOLOX's at that "
+                         "size: re-export the model at the input size it declares, or pass another export")
+
+
 class YoloxDetector:
-    """A YOLOX model from an ONNX file."""
+    """A YOLOX model from an ONNX file, or from a serialized TensorRT engine of one (`self.engine`): the
+    engine's graph cannot be read here, so its input size is the variant's native one (or --input-size)
+    and its head is checked with one zero batch at load."""
 
     family = "yolox"
     class_map = COCO80_TO_91
@@ -63,13 +130,19 @@ class YoloxDetector:
         self.variant = variant
         self.model_id = f"yolox-{variant}"
         self.path = self._resolve(weights)
-        self.weights = WeightsInfo(
-            file=self.path.name,
-            sha256=file_sha256(self.path),
-            source="--weights" if weights else "official YOLOX release (ONNX export)",
-        )
-        self._raw_model = self._load(self.path)
-        size = self._native_input_size()
+        self.engine = is_engine_file(self.path)
+        if self.engine:
+            self.weights = engine_weights(self.path)
+            self._raw_model = None
+            size = (VARIANTS[variant],) * 2
+        else:
+            self.weights = WeightsInfo(
+                file=self.path.name,
+                sha256=file_sha256(self.path),
+                source="--weights" if weights else "official YOLOX release (ONNX export)",
+            )
+            self._raw_model = self._load(self.path)
+            size = self._native_input_size()
         self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
                                          pad_value=114, channel_order="BGR", scale=1.0)
         self._grids: dict[tuple, torch.Tensor] = {}
@@ -98,9 +171,7 @@ class YoloxDetector:
             model = onnx.load(str(path))
         except Exception as exc:  # onnx raises DecodeError and friends
             raise UsageError(f"{path} is not a readable ONNX model ({exc})") from exc
-        outputs = model.graph.output
-        if len(outputs) != 1 or outputs[0].type.tensor_type.shape.dim[-1].dim_value != 85:
-            raise UsageError(f"{path} does not look like a COCO YOLOX export (want one output [B,N,85])")
+        check_yolox_outputs(model, path)
         return model
 
     @cached_property
@@ -115,7 +186,9 @@ class YoloxDetector:
 
     @property
     def core_source(self) -> CoreSource:
-        """The ONNX export as it is; `pytorch` runs its onnx2torch conversion."""
+        """The ONNX export as it is (`pytorch` runs its onnx2torch conversion), or the engine."""
+        if self.engine:
+            return engine_core_source(self.model_id, self.path)
         return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model)
 
     @property
@@ -124,7 +197,19 @@ class YoloxDetector:
 
     def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
                   threads: int | None = None):
-        return load_core(self.core_source, backend, device, precision, input_size, threads)
+        core = load_core(self.core_source, backend, device, precision, input_size, threads)
+        if self.engine:
+            self._check_engine_head(core, input_size)
+        return core
+
+    def _check_engine_head(self, core, input_size: tuple[int, int]) -> None:
+        """One zero batch: the engine's outputs must be YOLOX's single [1, anchors, 85] at this input size."""
+        anchors = anchor_count(input_size)
+        shapes = probe_outputs(core, input_size)
+        if shapes != [(1, anchors, 85)]:
+            raise UsageError(f"{self.path.name}: the engine's outputs at {input_size[0]}x{input_size[1]} are "
+                             f"{[list(s) for s in shapes]}, not YOLOX's one [1, {anchors}, 85]; build it from a YOLOX "
+                             "ONNX export (and run it at the input size it was built for)")
 
     def _grid(self, input_size: tuple[int, int], device, dtype) -> torch.Tensor:
         """[anchors, 3]: grid x, grid y and stride of every anchor, in the head's order."""
@@ -142,9 +227,9 @@ class YoloxDetector:
         out = raw[0]
         batch, anchors, width = out.shape
         grid = self._grid(input_size, out.device, out.dtype)
-        if anchors != grid.shape[0]:
-            raise UsageError(f"{self.model_id}: head has {anchors} anchors, input size {input_size} "
-                             f"implies {grid.shape[0]}; is --input-size a multiple of 32?")
+        if anchors != grid.shape[0]:  # an export with symbolic shapes, so not caught at load
+            raise UsageError(f"{self.model_id}: {anchor_mismatch(anchors, input_size)}; the export's head does not "
+                             "fit this input size: run it at the size it was exported for, or re-export it")
         # score = objectness x best class probability <= objectness, so anchors whose objectness is
         # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
         # One set of tensor ops for the whole batch, then split per image.
@@ -163,4 +248,4 @@ class YoloxDetector:
                 for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
-        return onnx_model_stats(self.onnx_model, input_size)
+        return engine_model_stats() if self.engine else onnx_model_stats(self.onnx_model, input_size)

@@ -1,12 +1,14 @@
 """DetectorPipeline: one batch through decode -> letterbox -> collate -> forward -> decode -> NMS -> rescale.
 
 Two ways to run batches:
-- `run_batch` (latency mode): the stages of one batch run one after another on the calling thread,
-  so each stage's time is its own and the stages add up to the batch time.
-- `run_overlapped` (overlapped mode, for throughput): a host worker prepares batch k+1 and
-  post-processes batch k-1 while the core runs batch k, as a deployed pipeline would. Stage times
-  overlap; each batch's total is its end-to-end latency through the pipeline (queueing included),
-  and throughput is images over the wall time of the whole stream.
+- `run_batch` (latency mode): the stages of one batch run one after another, so each stage's time is
+  its own and the stages add up to the batch time. The forward runs on the calling thread with the
+  core's thread team; the harness's own host stages are handed, synchronously, to a host thread whose
+  torch ops run on one thread (see `_host_thread`).
+- `run_overlapped` (overlapped mode, for throughput): N host workers prepare the next batches (at most
+  N ahead) and post-process batch k-1 while the core runs batch k, as a deployed pipeline would. Stage
+  times overlap; each batch's total is its end-to-end latency through the pipeline (queueing
+  included), and throughput is images over the wall time of the whole stream.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -47,22 +50,31 @@ class Thresholds:
     max_det: int
 
 
-@cache
-def _host_pool(workers: int) -> ThreadPoolExecutor:
-    """One pool per process for per-image host work (NMS); its threads idle between batches."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="va-host")
-
-
-# How much lower the overlapped-mode host worker's priority is than the forward's (a nice increment).
+# How much lower the overlapped-mode host workers' priority is than the forward's (a nice increment).
 # When host work and the forward want the same cores, the scheduler then runs host work in the forward's
 # gaps instead of preempting one of its threads mid-operator, which stalls the whole operator at its
 # barrier. Measured (2 cores, ONNX Runtime, batch 8, alternating rounds): overhead ratio +0.01 to +0.025.
 STREAM_WORKER_NICE = 8
 
+# Most host workers `--workers auto` gives overlapped mode on CUDA (one core stays with the forward's thread).
+MAX_AUTO_WORKERS = 8
+
 
 def stream_worker_priority() -> dict:
-    """How the overlapped-mode worker is scheduled, for the environment record."""
+    """How the overlapped-mode workers are scheduled, for the environment record."""
     return {"torch_intra_op": 1, "nice_increment": STREAM_WORKER_NICE if sys.platform.startswith("linux") else 0}
+
+
+def resolve_workers(workers: str | int, cuda: bool) -> int:
+    """`--workers N|auto` -> the number of overlapped-mode host workers. auto: 1 on a CPU-only run (a second
+    worker only takes cores from the forward there: README, Benchmarks of the harness itself), else
+    min(usable cores - 1, MAX_AUTO_WORKERS), at least 1: on a GPU the host decodes while the device computes."""
+    if str(workers) != "auto":
+        return int(workers)
+    if not cuda:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores - 1, MAX_AUTO_WORKERS))
 
 
 def _lower_own_priority() -> None:
@@ -77,32 +89,65 @@ def _lower_own_priority() -> None:
         pass
 
 
-def _init_stream_worker() -> None:
-    # Host ops on one thread. With a torch (OpenMP) team of its own, (1) each parallel op waits at a
-    # barrier for a partner that the forward's threads keep off the cores, spinning meanwhile (ONNX Runtime,
-    # batch 8: worker CPU per batch 23 -> 13 ms), and (2) once that second team exists, the PyTorch forward
-    # on the calling thread runs ~28 % slower for the rest of the process (YOLOX-Nano b8: 50 -> 36 img/s).
+def _init_host_thread(lower_priority: bool) -> None:
+    # Host ops on one thread. Run through a torch (OpenMP) team, even a tiny op waits at a barrier for a
+    # partner thread: on a loaded 2-core box `boxes.max(dim=1)` on a 7x4 tensor took 7-15 ms with 2 threads,
+    # 0.003 ms with 1 (issue 12). A worker with a team of its own also (1) spins at every barrier for a
+    # partner that the forward's threads keep off the cores (ONNX Runtime, batch 8: worker CPU per batch
+    # 23 -> 13 ms) and (2) once that second team exists, slows the PyTorch forward on the calling thread
+    # ~28 % for the rest of the process (YOLOX-Nano b8: 50 -> 36 img/s).
     torch.get_num_threads()  # a thread takes torch's process default at its first use: let that happen first
     torch.set_num_threads(1)
-    _lower_own_priority()
+    if lower_priority:
+        _lower_own_priority()
+
+
+def _single_threaded_pool(workers: int, prefix: str, lower_priority: bool) -> ThreadPoolExecutor:
+    """`workers` threads, all started now, each running torch ops on one thread (see _init_host_thread);
+    the caller's torch thread count, and the default of threads started later, stay as they were."""
+    threads = torch.get_num_threads()  # the caller's own count is settled before the workers change the default
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix, initializer=_init_host_thread,
+                              initargs=(lower_priority,))
+    started = threading.Barrier(workers)  # every task waits for the others: each runs on a thread of its own
+    for done in [pool.submit(started.wait) for _ in range(workers)]:
+        done.result()
+    torch.set_num_threads(threads)  # set_num_threads also changed the default for threads started later: restore it
+    return pool
 
 
 @cache
-def _stream_worker() -> ThreadPoolExecutor:
-    """The single host worker of `run_overlapped` (one thread: batches stay in order), running torch ops
+def _host_pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per process for per-image host work (NMS); its threads idle between batches."""
+    return _single_threaded_pool(workers, "va-host", lower_priority=False)
+
+
+@cache
+def _host_thread() -> ThreadPoolExecutor:
+    """The thread that runs latency mode's host stages (decode, letterbox, collate, head decode, NMS, boxes),
+    handed each stage synchronously, so stage times keep their meaning. Its torch ops run on one thread
+    instead of the forward's intra-op team (see _init_host_thread); the forward keeps the caller's team.
+    Not reniced: in latency mode it is on the critical path."""
+    return _single_threaded_pool(1, "va-host-ops", lower_priority=False)
+
+
+@cache
+def _stream_workers(workers: int) -> ThreadPoolExecutor:
+    return _single_threaded_pool(workers, "va-stream", lower_priority=True)
+
+
+def _stream_worker(workers: int = 1) -> ThreadPoolExecutor:
+    """The host workers of `run_overlapped` (one pool per count, per process), running torch ops
     single-threaded and at a lower priority than the forward (see STREAM_WORKER_NICE)."""
-    threads = torch.get_num_threads()  # the caller's own count is settled before the worker changes the default
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="va-stream", initializer=_init_stream_worker)
-    worker.submit(lambda: None).result()  # run the initializer now
-    torch.set_num_threads(threads)  # set_num_threads also changed the default for threads started later: restore it
-    return worker
+    return _stream_workers(workers)
 
 
 class DetectorPipeline:
     """The harness side of a detector: everything but the core forward is shared code.
 
-    In latency mode per-image NMS runs on `host_workers` threads (default: torch's thread count),
-    inside the postprocess stage, so stage times still add up to the batch time. `read_image` gives an
+    In latency mode the host stages run on the host thread (`host_thread`, default on; the profiler pass
+    turns it off, because torch.profiler records only the thread that started it) and per-image NMS on
+    `host_workers` threads (default: torch's thread count), inside the postprocess stage, so stage times
+    still add up to the batch time. Overlapped mode runs `stream_workers` host workers. `read_image` gives an
     image's encoded bytes to the decode substep (a run's ImageBytes: memory or disk, harness/data/cache.py);
     without it the substep reads the file itself.
 
@@ -111,9 +156,15 @@ class DetectorPipeline:
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
                  thresholds: Thresholds, host_workers: int | None = None,
-                 read_image: Callable[[ImageRecord], bytes] | None = None):
-        workers = host_workers or torch.get_num_threads()
-        self.host_executor = _host_pool(workers) if workers > 1 else None
+                 read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
+                 host_thread: bool = True):
+        if stream_workers < 1:
+            raise ValueError(f"stream_workers must be >= 1, not {stream_workers}")
+        self.nms_threads = host_workers or torch.get_num_threads()
+        self.host_executor = _host_pool(self.nms_threads) if self.nms_threads > 1 else None
+        self.host_thread = _host_thread() if host_thread else None
+        self.stream_workers = stream_workers
+        self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
         self.detector = detector
         self.core = core
         self.device = device
@@ -131,16 +182,33 @@ class DetectorPipeline:
         """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""
         return preprocess_record(self.spec.library, self.decoder, self.input_device)
 
+    def host_info(self, overlap: bool) -> dict:
+        """Where the harness's host work runs in the given mode (runtime.host in the record)."""
+        if overlap:
+            return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
+                    "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
+                    "max_batches_ahead": self.max_ahead}
+        return {"mode": "latency", "host_thread": self.host_thread is not None,
+                "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
+                "nms_threads": self.nms_threads}
+
     def _read(self, record: ImageRecord) -> bytes:
         return self.read_image(record) if self.read_image else Path(record.path).read_bytes()
 
+    def _on_host(self, fn: Callable, *args):
+        """`fn(*args)` on the host thread (latency mode), waiting for it; on this thread without one."""
+        return fn(*args) if self.host_thread is None else self.host_thread.submit(fn, *args).result()
+
     def run_batch(self, records: list[ImageRecord], timer: StageTimer,
                   images: list[np.ndarray] | None = None) -> list[ImageDetections]:
-        """Run one batch; `images` (already decoded) skips the decode substep."""
+        """Run one batch; `images` (already decoded) skips the decode substep. The stages are timed on
+        this thread, so a stage's time includes handing it to the host thread (microseconds)."""
         timer.begin_batch(len(records))
-        batch, transforms = self._preprocess(records, timer, images)
+        with timer.stage("preprocess"):
+            batch, transforms = self._on_host(self._collate, records, timer, images)
         raw = self._forward(batch, timer)
-        detections = self._postprocess(records, raw, transforms, timer, self.host_executor)
+        with timer.stage("postprocess"):
+            detections = self._on_host(self._finish, records, raw, transforms, timer, self.host_executor)
         timer.end_batch()
         return detections
 
@@ -159,58 +227,73 @@ class DetectorPipeline:
     def run_overlapped(self, batches: Sequence[list[ImageRecord]],
                        images: Sequence[list[np.ndarray]] | None = None,
                        ) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
-        """Overlapped mode (see the module docstring): yields each batch's detections and timing, in order."""
-        worker = _stream_worker()
+        """Overlapped mode (see the module docstring): yields each batch's detections and timing, in order.
+
+        `stream_workers` workers prepare batches (decode + letterbox + collate) in parallel, at most that
+        many ahead of the forward; finishing (decode, NMS, boxes) runs one batch at a time, in order, on
+        the same workers. With one worker it is one thread doing prepare(k+1) then finish(k) while the
+        forward runs batch k."""
+        workers = _stream_worker(self.stream_workers)
+        taken = 0  # batches the forward has taken from the queue
+        count_lock = threading.Lock()
+        self.max_ahead = 0
 
         def prepare(k: int) -> tuple[StageTimer, torch.Tensor, list[ImageTransform]]:
+            with count_lock:  # batches k+1-taken .. k are prepared or preparing ahead of the forward
+                self.max_ahead = max(self.max_ahead, k + 1 - taken)
             timer = StageTimer(self.device, stage_sync=False, batch_sync=False)
             timer.begin_batch(len(batches[k]))
-            batch, transforms = self._preprocess(batches[k], timer, images[k] if images is not None else None)
+            with timer.stage("preprocess"):
+                batch, transforms = self._collate(batches[k], timer, images[k] if images is not None else None)
             return timer, batch, transforms
 
-        # On CUDA the worker decodes on its own stream: on the default stream its kernels would queue
+        # On CUDA the workers post-process on their own stream: on the default stream their kernels would queue
         # behind the next batch's forward (raw is complete: the forward stage synchronised).
         side_stream = torch.cuda.Stream(device=self.device.torch_device) if self.device.is_cuda else None
 
         def finish(k: int, timer: StageTimer, raw: list[torch.Tensor], transforms: list[ImageTransform]):
             with torch.cuda.stream(side_stream) if side_stream is not None else nullcontext():
-                detections = self._postprocess(batches[k], raw, transforms, timer, executor=None)
+                with timer.stage("postprocess"):
+                    detections = self._finish(batches[k], raw, transforms, timer, None)
             return detections, timer.end_batch()
 
-        if not batches:
-            return
-        prepared = worker.submit(prepare, 0)
+        # The bounded queue: batch k's forward starts once prepare(k) is done, and only then is prepare(k + N)
+        # submitted, so at most N batches are ever prepared (or being prepared) ahead of the forward.
+        ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
         finishing: Future | None = None
         for k in range(len(batches)):
-            timer, batch, transforms = prepared.result()
-            if k + 1 < len(batches):
-                prepared = worker.submit(prepare, k + 1)
-            raw = self._forward(batch, timer, sync=True)  # the worker reads raw only once it is ready
+            timer, batch, transforms = ahead.popleft().result()
+            with count_lock:
+                taken = k + 1
+            if k + self.stream_workers < len(batches):
+                ahead.append(workers.submit(prepare, k + self.stream_workers))
+            raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
             if finishing is not None:
-                yield finishing.result()
-            finishing = worker.submit(finish, k, timer, raw, transforms)
-        yield finishing.result()
+                yield finishing.result()  # in order: one batch finishing at a time
+            finishing = workers.submit(finish, k, timer, raw, transforms)
+        if finishing is not None:
+            yield finishing.result()
 
-    def _preprocess(self, records: list[ImageRecord], timer: StageTimer,
-                    images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:
-        with timer.stage("preprocess"):
-            if self.spec.library != "torch":
-                if images is None:
-                    with timer.substep("decode"):
-                        images = [decode_bytes(self._read(r), r.path) for r in records]
-                return preprocess_batch(images, self.spec)
-            target = self.input_device if self.input_device is not None else torch.device("cpu")
+    def _collate(self, records: list[ImageRecord], timer: StageTimer,
+                 images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:
+        """The preprocess stage's work: decode (unless `images` are given), letterbox/resize, collate."""
+        if self.spec.library != "torch":
             if images is None:
                 with timer.substep("decode"):
-                    datas = [self._read(r) for r in records]
-                    paths = [r.path for r in records]
-                    images = (decode_on_device(datas, target, paths) if self.decoder == "nvjpeg"
-                              else [decode_tensor(d, p) for d, p in zip(datas, paths, strict=True)])
-            if target.type == "cuda" and any(not isinstance(i, torch.Tensor) or i.device != target for i in images):
-                with timer.substep("upload"):  # host-decoded images go up as uint8, not float32
-                    images = upload_uint8([i if isinstance(i, torch.Tensor) else torch.from_numpy(i)
-                                           .permute(2, 0, 1).flip(0) for i in images], target)
-            return preprocess_tensors(images, self.spec, target)
+                    images = [decode_bytes(self._read(r), r.path) for r in records]
+            return preprocess_batch(images, self.spec)
+        target = self.input_device if self.input_device is not None else torch.device("cpu")
+        if images is None:
+            with timer.substep("decode"):
+                datas = [self._read(r) for r in records]
+                paths = [r.path for r in records]
+                images = (decode_on_device(datas, target, paths) if self.decoder == "nvjpeg"
+                          else [decode_tensor(d, p) for d, p in zip(datas, paths, strict=True)])
+        if target.type == "cuda" and any(not isinstance(i, torch.Tensor) or i.device != target for i in images):
+            with timer.substep("upload"):  # host-decoded images go up as uint8, not float32
+                images = upload_uint8([i if isinstance(i, torch.Tensor) else torch.from_numpy(i)
+                                       .permute(2, 0, 1).flip(0) for i in images], target)
+        return preprocess_tensors(images, self.spec, target)
 
     def _forward(self, batch: torch.Tensor, timer: StageTimer, sync: bool = False) -> list[torch.Tensor]:
         with timer.stage("transfer"):
@@ -227,15 +310,15 @@ class DetectorPipeline:
             timer.device_time("forward_gpu", events)
         return raw
 
-    def _postprocess(self, records: list[ImageRecord], raw: list[torch.Tensor], transforms: list[ImageTransform],
-                     timer: StageTimer, executor: ThreadPoolExecutor | None) -> list[ImageDetections]:
+    def _finish(self, records: list[ImageRecord], raw: list[torch.Tensor], transforms: list[ImageTransform],
+                timer: StageTimer, executor: ThreadPoolExecutor | None) -> list[ImageDetections]:
+        """The postprocess stage's work: head decode, the family's selection (NMS or top-k), boxes."""
         t, post = self.thresholds, self.postprocess
-        with timer.stage("postprocess"):
-            check_finite(raw, [r.image_id for r in records])
-            decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
-            candidates = gather_candidates(decoded, post, t.conf, t.max_det)
-            with timer.substep(post.kind):  # "nms" or "topk"
-                kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
-            with timer.substep("boxes"):
-                boxes = to_original(kept, transforms)
-                return split_by_image(kept, boxes, [r.image_id for r in records])
+        check_finite(raw, [r.image_id for r in records])
+        decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
+        candidates = gather_candidates(decoded, post, t.conf, t.max_det)
+        with timer.substep(post.kind):  # "nms" or "topk"
+            kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
+        with timer.substep("boxes"):
+            boxes = to_original(kept, transforms)
+            return split_by_image(kept, boxes, [r.image_id for r in records])

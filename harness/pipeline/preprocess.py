@@ -1,8 +1,8 @@
 """Batched preprocessing: decode, resize/letterbox into one buffer, collate to [B,3,H,W].
 
-Every convention a family needs is in its PreprocessSpec (harness/models/protocol.py): letterbox or
-stretch, fit margin (long side then pad), rounding, pad position/value, channel order, scale/mean/std,
-and the resize library (cv2, PIL, torch) with its interpolation.
+Every convention a family needs is in its PreprocessSpec (harness/models/protocol.py): letterbox,
+stretch or fit-then-stretch, fit margin (long side then pad), rounding, pad position/value, channel order,
+scale/mean/std, and the resize library (cv2, PIL, torch) with its interpolation.
 
 Implementations (`--preprocess`): "cv2" and "pil" resize uint8 BGR arrays decoded by cv2; "torch" decodes
 with torchvision.io (RGB CHW uint8 tensors, CPU or nvJPEG on CUDA) and letterboxes in float with
@@ -80,31 +80,50 @@ ROUNDING = {"floor": math.floor, "round": round, "ceil": math.ceil}
 
 @dataclass(frozen=True)
 class _Geometry:
-    """Where one image goes in the canvas and how it is resized."""
+    """Where one image goes in the canvas and how it is resized: `resizes` in order, each (height, width,
+    interpolation); the last one is (new_h, new_w). A resize to the size the image already has is skipped."""
 
     new_h: int
     new_w: int
     top: int
     left: int
     transform: ImageTransform
-    interpolation: str
+    resizes: tuple[tuple[int, int, str], ...]
+
+
+def _interpolation(spec: PreprocessSpec, src: tuple[int, int], dst: tuple[int, int]) -> str:
+    shrinks = dst[0] < src[0] or dst[1] < src[1]
+    return spec.downscale_interpolation if shrinks and spec.downscale_interpolation else spec.interpolation
+
+
+def _fit(h: int, w: int, spec: PreprocessSpec) -> tuple[int, int, float]:
+    """The aspect-kept size in the fit box (H - margin, W - margin), and its scale r."""
+    fit_h, fit_w = spec.input_size[0] - spec.fit_margin, spec.input_size[1] - spec.fit_margin
+    r = min(fit_h / h, fit_w / w)
+    rounding = ROUNDING[spec.size_rounding]  # floor is int(h * r), as YOLOX's reference transform does
+    return min(int(rounding(h * r)), fit_h), min(int(rounding(w * r)), fit_w), r
 
 
 def _geometry(h: int, w: int, spec: PreprocessSpec) -> _Geometry:
     in_h, in_w = spec.input_size
-    if spec.resize == "stretch":
+    if spec.resize in ("stretch", "fit_stretch"):
         new_h, new_w, top, left = in_h, in_w, 0, 0
+        # a fit then a stretch compose to input / original per axis: each resize maps x to x * dst / src
         ratio = (in_w / w, in_h / h)
+        sizes = [(in_h, in_w)]
+        if spec.resize == "fit_stretch":
+            sizes.insert(0, _fit(h, w, spec)[:2])
     else:
-        fit_h, fit_w = in_h - spec.fit_margin, in_w - spec.fit_margin
-        r = min(fit_h / h, fit_w / w)
-        rounding = ROUNDING[spec.size_rounding]  # floor is int(h * r), as YOLOX's reference transform does
-        new_h, new_w = min(int(rounding(h * r)), fit_h), min(int(rounding(w * r)), fit_w)
+        new_h, new_w, r = _fit(h, w, spec)
         top, left = ((in_h - new_h) // 2, (in_w - new_w) // 2) if spec.pad_position == "center" else (0, 0)
         ratio = (r, r) if spec.box_scale == "ratio" else (new_w / w, new_h / h)
-    shrinks = new_h < h or new_w < w
-    interpolation = spec.downscale_interpolation if shrinks and spec.downscale_interpolation else spec.interpolation
-    return _Geometry(new_h, new_w, top, left, ImageTransform(ratio, (float(left), float(top)), (h, w)), interpolation)
+        sizes = [(new_h, new_w)]
+    resizes, src = [], (h, w)
+    for dst in sizes:
+        resizes.append((*dst, _interpolation(spec, src, dst)))
+        src = dst
+    return _Geometry(new_h, new_w, top, left, ImageTransform(ratio, (float(left), float(top)), (h, w)),
+                     tuple(resizes))
 
 
 def _pad_per_channel(spec: PreprocessSpec) -> np.ndarray:
@@ -132,7 +151,13 @@ def _place(image: np.ndarray, slot: np.ndarray, spec: PreprocessSpec, pad_bgr: n
     the whole letterbox + collate 5.9 -> 5.2 ms per batch of 8 there, output identical)."""
     g = _geometry(*image.shape[:2], spec)
     top, left, new_h, new_w = g.top, g.left, g.new_h, g.new_w
-    _resize_into(image, slot[top:top + new_h, left:left + new_w], spec.library, g.interpolation)
+    *first, (_, _, last) = g.resizes
+    for h, w, interpolation in first:  # fit_stretch's fit: a uint8 image of its own, as libreyolo's dataset makes
+        if (h, w) != image.shape[:2]:
+            fitted = np.empty((h, w, 3), dtype=np.uint8)
+            _resize_into(image, fitted, spec.library, interpolation)
+            image = fitted
+    _resize_into(image, slot[top:top + new_h, left:left + new_w], spec.library, last)
     slot[:top] = pad_bgr
     slot[top + new_h:] = pad_bgr
     slot[top:top + new_h, :left] = pad_bgr
@@ -166,10 +191,11 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
         if spec.channel_order == "BGR":
             chw = chw.flip(0)
         pixels = chw.float()
-        if (g.new_h, g.new_w) != tuple(chw.shape[1:]):
-            mode = TORCH_MODE[g.interpolation]
-            pixels = F.interpolate(pixels[None], size=(g.new_h, g.new_w), mode=mode, antialias=False,
-                                   align_corners=False if mode in ("bilinear", "bicubic") else None)[0]
+        for h, w, interpolation in g.resizes:  # fit_stretch: both resizes in float (no uint8 rounding between)
+            if (h, w) != tuple(pixels.shape[1:]):
+                mode = TORCH_MODE[interpolation]
+                pixels = F.interpolate(pixels[None], size=(h, w), mode=mode, antialias=False,
+                                       align_corners=False if mode in ("bilinear", "bicubic") else None)[0]
         batch[i] = pad
         batch[i, :, g.top:g.top + g.new_h, g.left:g.left + g.new_w] = pixels
         transforms.append(g.transform)
@@ -178,7 +204,12 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
 
 
 def _normalise(batch: torch.Tensor, spec: PreprocessSpec) -> None:
-    if spec.scale != 1.0:
+    divisor = 1 / spec.scale
+    if spec.scale != 1.0 and abs(divisor - round(divisor)) < 1e-9:
+        # x / 255, not x * float32(1/255) (1 ulp apart on half the pixel values): the references (libreyolo,
+        # ToTensor) divide, and a DETR's query selection on near-tied scores can flip on 1 ulp of its input
+        batch.div_(round(divisor))
+    elif spec.scale != 1.0:
         batch.mul_(spec.scale)
     if spec.mean is not None:
         batch.sub_(torch.tensor(spec.mean, device=batch.device).view(1, 3, 1, 1))

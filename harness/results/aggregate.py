@@ -1,21 +1,25 @@
 """`va-bench aggregate`: many submissions -> one leaderboard (seed 000, steps 1-3).
 
 * Performance identity: model | weights | hardware | format | provider | precision | TF32 | input size |
-  batch size | dataset variant | timing mode. Within one identity the latest timestamp wins; nothing
+  batch size | protocol | dataset variant | timing mode. Within one identity the latest timestamp wins; nothing
   else collapses. Weights are `repro.weights.sha256`, else its source, else "unrecorded" (the site's
   older files): other weights never supersede a run. Timing mode is `timing.mode` ("latency", the
   site's own view and the default for files without it, or "overlapped"): an overlapped run's latency
   includes queueing and its throughput overlaps batches, so the two never replace each other. The
-  leaderboard shows a coordinate's latency-mode row where there is one.
-* Accuracy identity: model | weights | dataset variant | precision, where fp32 run with TF32 on (see
-  `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32 number. The
+  leaderboard shows a coordinate's latency-mode row where there is one. The protocol is the post-processing
+  thresholds `config.conf` / `iou` / `max_det`: they change both the NMS work and the mAP (a conf 0.25 run
+  scores lower than one at the site's 0.001), so runs at other thresholds never replace each other.
+* Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
+  with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
+  number, and a run at other thresholds never becomes the canonical number of standard-protocol rows. The
   canonical number comes from the reference hardware (default a100), else the first hardware of the
   fallback order; within a hardware PyTorch first, then the newest run. The source is recorded.
 * Agreement gate: every other run of an accuracy identity is compared with the canonical value;
   |delta mAP| above the tolerance (in mAP points, 0.3 = 0.003) is a finding.
 * Cube rows: displayed accuracy prefers the canonical full-val number; subset accuracy is shown only
   with a `subset` badge, never as full-val.
-* Leaderboard (batch 1, default input size, every dataset variant's timing): displayed accuracy is
+* Leaderboard (batch 1, default input size, every dataset variant's timing; the standard-protocol run of a
+  coordinate over one at other thresholds): displayed accuracy is
   pinned to the canonical number of `leaderboard_variant` (default "full"); a model without one shows
   none rather than a subset number. Another variant (e.g. "mini500") shows its canonical numbers with
   the `subset` badge.
@@ -54,6 +58,10 @@ class PerfRow:
     timing_mode: str
     weights: str  # sha256:..., source:..., or unrecorded
     tf32: str  # on | off | unrecorded
+    conf: float | None  # post-processing thresholds (config block); None: not recorded
+    iou: float | None
+    max_det: int | None
+    standard_protocol: bool  # no nonstandard-protocol finding (the site's, or the family's documented one)
     num_images: int | None
     created_at: str
     file: str
@@ -79,8 +87,14 @@ class PerfRow:
                 self.input_size, self.batch_size)
 
     @property
+    def protocol(self) -> str:
+        """The post-processing thresholds as one comparable value ("?" where not recorded)."""
+        return " ".join(f"{name}={'?' if v is None else f'{v:g}'}"
+                        for name, v in (("conf", self.conf), ("iou", self.iou), ("max_det", self.max_det)))
+
+    @property
     def perf_key(self) -> tuple:
-        return (*self.coordinate, self.dataset_variant, self.timing_mode)
+        return (*self.coordinate, self.protocol, self.dataset_variant, self.timing_mode)
 
     @property
     def accuracy_precision(self) -> str:
@@ -89,8 +103,10 @@ class PerfRow:
 
     @property
     def accuracy_key(self) -> tuple:
-        """Accuracy depends on the input size too: a 320 px run never stands for a 640 px row (0: unknown)."""
-        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision, self.input_size or 0)
+        """Accuracy depends on the input size (a 320 px run never stands for a 640 px row; 0: unknown) and on
+        the thresholds (a conf 0.25 run never stands for rows at the site's conf 0.001)."""
+        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision, self.input_size or 0,
+                self.protocol)
 
 
 def _num(value) -> float | None:
@@ -114,6 +130,8 @@ def row_from(report: FileReport) -> PerfRow:
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
         timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
         weights=sub.weights_identity, tf32=sub.tf32, num_images=sub.num_images,
+        conf=_num(sub.config.conf), iou=_num(sub.config.iou), max_det=sub.config.max_det,
+        standard_protocol=not any(f.rule == "nonstandard-protocol" for f in report.findings),
         created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
         latency_ms_mean=_num(total.get("mean")), fps_mean=_num(sub.throughput.get("fps_mean")),
@@ -189,7 +207,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         best = pick_canonical(group, order)
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
         identity = {"model": key[0], "weights": key[1], "dataset_variant": key[2], "precision": key[3],
-                    "input_size": key[4] or None}
+                    "input_size": key[4] or None, "conf": best.conf, "iou": best.iou, "max_det": best.max_det}
         canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
@@ -203,12 +221,13 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                              "other_format": other.format, "delta_points": round(delta, 2)})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
-        return canonical.get((row.model, row.weights, variant, row.accuracy_precision, row.input_size or 0))
+        return canonical.get((row.model, row.weights, variant, row.accuracy_precision, row.input_size or 0,
+                              row.protocol))
 
     def show(row: PerfRow, entry: dict | None, variant: str) -> None:
         if entry is None:
             row.accuracy_shown, row.subset = None, False
-            row.accuracy_source = f"no canonical {variant} accuracy for this model/weights/precision"
+            row.accuracy_source = f"no canonical {variant} accuracy for this model/weights/precision/size/protocol"
             return
         label = "full-val" if variant == "full" else variant
         row.accuracy_shown, row.subset = entry["mAP_50_95"], variant != "full"
@@ -227,9 +246,10 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
                    "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
                    "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
-                                            "input_size", "batch_size", "dataset_variant", "timing_mode"],
+                                            "input_size", "batch_size", "protocol (conf, iou, max_det)",
+                                            "dataset_variant", "timing_mode"],
                    "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
-                                         "input_size"]},
+                                         "input_size", "protocol (conf, iou, max_det)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate)},
         "leaderboard": [asdict(r) for r in leaderboard],
@@ -241,10 +261,12 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
 
 
 def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
-    """Batch 1 at the model's default input size, one row per coordinate: the latency-mode run over an
-    overlapped one, then a run on `variant`, then the most images, then the newest."""
+    """Batch 1 at the model's default input size, one row per coordinate: the standard-protocol run over one
+    at other thresholds, then the latency-mode run over an overlapped one, then a run on `variant`, then the
+    most images, then the newest."""
     def rank(r: PerfRow) -> tuple:
-        return r.timing_mode == "latency", r.dataset_variant == variant, r.num_images or 0, r.created_at, r.file
+        return (r.standard_protocol, r.timing_mode == "latency", r.dataset_variant == variant, r.num_images or 0,
+                r.created_at, r.file)
 
     default_size = _default_input_sizes(cube)
     best: dict[tuple, PerfRow] = {}

@@ -138,7 +138,8 @@ def build_submission(record: CellRecord) -> dict:
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],
                               "num_images": dataset["num_images"]},
                   "weights": model["weights"],
-                  "preprocess": (record.runtime.get("preprocess") or {}).get("implementation")},
+                  "preprocess": (record.runtime.get("preprocess") or {}).get("implementation"),
+                  "workers": (record.runtime.get("host") or {}).get("workers")},  # --workers (overlapped mode)
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
                                             "device")}
         | {k: env[k] for k in ("startup", "images") if k in env},  # start-up times; where decode reads from

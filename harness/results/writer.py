@@ -4,6 +4,7 @@ half-written file under its final name. JSON is strict: NaN/inf are refused, not
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
@@ -17,17 +18,56 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(VaBenchError):
+    """No space left on the device (or the quota is used up) while writing `path`: exit 1. Nothing was written
+    under the final name; a sweep stops here, since every later cell would fail the same way."""
+
+    def __init__(self, path: Path | str | None, cause: BaseException | None = None):
+        self.path = path
+        reason = cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror else "no space left on device"
+        super().__init__(f"{reason} writing {path}" if path else reason)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC/EDQUOT). Libraries that write
+    files (the profiler, cv2, pycocotools) may wrap the OSError or only keep its text."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
+            return True
+        if "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically. A full disk is a DiskFullError naming `path`; the temp file is
+    removed whatever happens, so a failed write leaves the previous version (or nothing) in place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
+        raise
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            os.fsync(fh.fileno())  # ENOSPC may come only here (delayed allocation), never after the rename
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

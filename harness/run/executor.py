@@ -38,7 +38,7 @@ from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.stats import summarize
 from harness.models.protocol import Detector, postprocess_spec
-from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
 from harness.records import (
@@ -139,7 +139,8 @@ class GroupExecutor:
                                      config.max_det if config.max_det is not None else post.max_det)
         self.postprocess = post.to_dict()
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
-                                         read_image=ctx.images.read)
+                                         read_image=ctx.images.read,
+                                         stream_workers=resolve_workers(config.workers, ctx.device.is_cuda))
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
@@ -184,7 +185,8 @@ class GroupExecutor:
             runtime={**{("torch_device" if k == "device" else k): v for k, v in self.core.info().items()},
                      "format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
                      "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
-                     "preprocess": self.pipeline.preprocess_info()},  # --preprocess: implementation, decoder
+                     "preprocess": self.pipeline.preprocess_info(),  # --preprocess: implementation, decoder
+                     "host": self.pipeline.host_info(ctx.config.overlap)},  # --workers; where host ops run
             dataset=ctx.variant.describe(),
             thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
                         "preprocess": self.spec.to_dict()},
@@ -270,7 +272,7 @@ class GroupExecutor:
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
         if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
             memory.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
-                          vram_reason="ONNX Runtime allocates outside torch's allocator")
+                          vram_reason=f"the {pipeline.core.backend} core allocates outside torch's allocator")
         untimed = StageTimer(ctx.device, config.stage_sync)
         for batch in batches[n_timed:]:  # only with --max-timed-batches: scored, not timed
             detections += pipeline.run_batch(batch, untimed)
@@ -387,7 +389,8 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
     timer = StageTimer(pipeline.device, profiler_ranges=True)
     # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
     on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
-                                      pipeline.thresholds, host_workers=1, read_image=pipeline.read_image)
+                                      pipeline.thresholds, host_workers=1, read_image=pipeline.read_image,
+                                      host_thread=False)  # the host stages too run here, not on the host thread
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
             on_this_thread.run_batch(batch, timer)

@@ -5,7 +5,8 @@ Cell states: pending -> running -> ok | failed | oom | skipped | interrupted. A 
 `failed` with the exception's one-line reason (traceback in errors.log); an out-of-memory error is
 `oom` and the larger batch sizes of its group are `skipped`; SIGINT/SIGTERM mark the running cell
 `interrupted` and stop the run. `--resume RUN_ID` runs what is not `ok` (failed/oom/skipped only with
---retry-failed) in the same folder.
+--retry-failed) in the same folder. A full disk is not a cell's failure: every later cell would fail too, so
+the sweep stops (the running cell `interrupted`, exit 1, a resume hint) and a plain --resume continues it.
 """
 
 from __future__ import annotations
@@ -20,25 +21,26 @@ from pathlib import Path
 
 import torch
 
+from harness.backends.tensorrt import engine_defaults
 from harness.config import RunConfig, build_config
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.images import find_corrupt_images
 from harness.data.variants import DatasetVariant
-from harness.errors import RunInterrupted, UsageError
+from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.measure.device import Device, parse_device
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, git_state, hardware_block
 from harness.measure.memory import MemoryMonitor
 from harness.models.protocol import Detector
 from harness.models.registry import PLUGIN_PATTERN, get_detector
-from harness.pipeline.pipeline import stream_worker_priority
+from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
 from harness.plan import check_runtimes, plan_cells
 from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
 from harness.report.progress import SilentProgress
 from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
-from harness.results.writer import atomic_write_json
+from harness.results.writer import DiskFullError, atomic_write_json, is_disk_full
 from harness.run.executor import GroupExecutor, RunContext
 from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
 from harness.run.state import RunState, read_run_json
@@ -86,6 +88,7 @@ def new_run_id() -> str:
 def prepare(config: RunConfig) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
     device = parse_device(config.device)
+    config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     dataset = CocoDataset(config.coco_dir)
     variant = dataset.variant(config.subset, config.limit)
@@ -102,14 +105,15 @@ def prepare(config: RunConfig) -> RunPlan:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--output-dir {config.output_dir}: cannot create it ({exc.strerror}); "
-                         "pick a writable folder") from exc
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"cannot create it ({exc.strerror})")
+                         + "; pick a writable folder") from exc
     if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise UsageError(f"--output-dir {config.output_dir} is not writable; pick a writable folder")
+        raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
     run_id = config.run_id or new_run_id()
     run_dir = Path(config.output_dir) / run_id
     if run_dir.exists():
-        raise UsageError(f"{run_dir} already exists; pick another --run-id or continue it with --resume {run_id}")
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
+                         + f"; pick another --run-id or continue it with --resume {run_id}")
     return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups)
 
 
@@ -175,7 +179,9 @@ class Scheduler:
         apply_tf32(config.tf32)
         environment = collect_environment(plan.device, config.tf32, self.argv, threads)
         if config.overlap:
-            environment["threads"]["overlapped_host_worker"] = {"threads": 1, **stream_worker_priority()}
+            workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
+            environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
+                                                                **stream_worker_priority()}
         hardware = hardware_block(plan.device, config.hardware_id)
         state = self._open_state(environment, hardware)
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
@@ -207,10 +213,27 @@ class Scheduler:
                 f"{exc} after {done} of {len(state.cells)} cells; finished cells are kept in {plan.run_dir}; "
                 f"resume with: va-bench run --resume {plan.run_id} --output-dir {plan.run_dir.parent}",
                 exc.exit_code) from None
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            raise self._stopped_by_full_disk(exc, state) from exc
         finally:
             state.close()
         self._write_memory(ctx)
         return outcome
+
+    def _stopped_by_full_disk(self, exc: BaseException, state: RunState) -> VaBenchError:
+        """A full disk stops the sweep: the running cell is `interrupted`, the rest stay `pending` (recorded
+        if run.json can still be written), and one line says how to go on."""
+        with signals_ignored():
+            recorded = state.stop("no space left on device")
+        what = str(exc) if isinstance(exc, DiskFullError) else f"no space left on device ({one_line(exc)})"
+        plan = self.plan
+        kept = "" if recorded else "; run.json keeps its last complete version"
+        return VaBenchError(
+            f"{what}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells (finished "
+            f"cells are kept in {plan.run_dir}{kept}); free some space, then resume with: va-bench run --resume "
+            f"{plan.run_id} --output-dir {plan.run_dir.parent}")
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan
@@ -248,6 +271,8 @@ class Scheduler:
             with ctx.progress.task(f"loading {key.label}", None):
                 executor = GroupExecutor(ctx, self.plan.detectors[key.model], key)
         except Exception as exc:  # the group cannot run at all: each of its cells says why
+            if is_disk_full(exc):
+                raise  # not this group's fault: the sweep stops (run)
             reason = f"loading failed: {one_line(exc)}"
             state.log_error(key.label, traceback.format_exc())
             with protected():
@@ -278,6 +303,8 @@ class Scheduler:
                 record = executor.run_cell(cell)
                 path = self._write_submission(ctx, record)
             except Exception as exc:  # the error boundary of one cell
+                if is_disk_full(exc):
+                    raise  # every later cell would fail too: the sweep stops (run)
                 oom = is_out_of_memory(exc)
                 state.log_error(cell.label, traceback.format_exc())
                 if oom:

@@ -3,6 +3,7 @@ atomically after every cell so that a killed run is always consistent and can be
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import os
@@ -11,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 from harness.records import Cell, CellStatus
-from harness.results.writer import atomic_write_json
+from harness.results.writer import DiskFullError, atomic_write_csv, atomic_write_json
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 ERROR_LOG = "errors.log"
+ENERGY_FILE = "energy.csv"  # written by results/artifacts.py; rows of unfinished cells dropped on resume
 
 
 def _lock(run_dir: Path, run_id: str) -> int:
@@ -64,13 +66,19 @@ class RunState:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             run_dir.mkdir()
         except FileExistsError:
-            raise UsageError(f"{run_dir} already exists; pick another --run-id or resume it with "
-                             f"--resume {run_id}") from None
+            raise UsageError(path_problem("--output-dir", run_dir.parent, f"run {run_id} already exists")
+                             + f"; pick another --run-id or resume it with --resume {run_id}") from None
         except OSError as exc:
-            raise UsageError(f"cannot create the run folder {run_dir} ({exc.strerror}); check --output-dir") from exc
+            raise UsageError(path_problem("--output-dir", run_dir.parent, f"cannot create the run folder {run_id} "
+                                          f"({exc.strerror})") + "; pick a writable folder") from exc
         state = cls(run_dir, run_id, header, {c.label: CellStatus(c) for c in cells})
-        state._lock_fd = _lock(run_dir, run_id)
-        state.save()
+        try:
+            state._lock_fd = _lock(run_dir, run_id)
+            state.save()
+        except BaseException:  # a full disk, say: the folder is ours and holds nothing yet, so none is left
+            state.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         return state
 
     @classmethod
@@ -94,6 +102,7 @@ class RunState:
         for path in (run_dir / "submissions").glob("*.json"):  # written by a process killed before "ok"
             if str(path.relative_to(run_dir)) not in owned:
                 path.unlink()
+        drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
         state = cls(run_dir, run_id, header, statuses)
         state._lock_fd = fd
         state.save()
@@ -109,6 +118,21 @@ class RunState:
         status.state, status.reason = state, reason
         for k, v in fields.items():
             setattr(status, k, v)
+
+    def stop(self, reason: str) -> bool:
+        """The sweep stops early (a full disk): the running cell becomes `interrupted` and the cells not run
+        yet say why; a plain --resume runs both. Returns whether run.json recorded it: on a full disk it may
+        not, and then keeps its last complete version, whose `running` cell a resume treats the same way."""
+        for status in self.cells.values():
+            if status.state == "running":
+                status.state, status.reason = "interrupted", reason
+            elif status.state == "pending":
+                status.reason = f"not run: {reason}"
+        try:
+            self.save()
+        except (OSError, DiskFullError):
+            return False
+        return True
 
     def log_error(self, cell_label: str, text: str) -> None:
         """Tracebacks of failed cells, appended to errors.log in the run folder."""
@@ -127,11 +151,29 @@ class RunState:
             self._lock_fd = None
 
 
+def drop_energy_rows(run_dir: Path, keep: set[str]) -> None:
+    """energy.csv keeps only the rows of finished cells (its `tag` is the cell label): a cell that is run
+    again on resume writes its row anew, as steps_timer.csv and the layer/profiler CSVs are filtered."""
+    path = run_dir / ENERGY_FILE
+    if not path.is_file():
+        return
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    if not rows or "tag" not in rows[0]:
+        return
+    header, tag = rows[0], rows[0].index("tag")
+    kept = [row for row in rows[1:] if len(row) > tag and row[tag] in keep]
+    if len(kept) < len(rows) - 1:
+        atomic_write_csv(path, header, kept)
+
+
 def read_run_json(run_dir: Path, run_id: str) -> dict:
     """run.json of an existing run, or a UsageError saying why it cannot be resumed."""
     path = run_dir / RUN_FILE
     if not path.is_file():
-        raise UsageError(f"no run {run_id} to resume: {path} does not exist (check --output-dir)")
+        raise UsageError(path_problem("--output-dir", run_dir.parent,
+                                      f"no run {run_id} to resume (no {run_id}/{RUN_FILE})")
+                         + "; check --output-dir and the run id")
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
