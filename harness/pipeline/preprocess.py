@@ -81,7 +81,7 @@ ROUNDING = {"floor": math.floor, "round": round, "ceil": math.ceil}
 @dataclass(frozen=True)
 class _Geometry:
     """Where one image goes in the canvas and how it is resized: `resizes` in order, each (height, width,
-    interpolation); the last one is (new_h, new_w). A resize to the size the image already has is skipped."""
+    interpolation); the last one is (new_h, new_w). A resize to the size the image already has is a no-op."""
 
     new_h: int
     new_w: int
