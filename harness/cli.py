@@ -380,14 +380,22 @@ def _libreyolo_ids() -> set[str]:
 
 
 @models_app.command("fetch")
-def models_fetch(model_id: str = typer.Argument(..., help="registry id, e.g. yolox-s")) -> None:
-    """Download a model's official weights into the weights cache."""
+def models_fetch(
+    model_id: str = typer.Argument(..., help="registry id, e.g. yolox-s"),
+    force: bool = typer.Option(False, "--force", help="download again even when the weights are found locally"),
+) -> None:
+    """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
     from harness.models.registry import REGISTRY
     from harness.models.weights import download, file_sha256, weights_dir
 
     entry = REGISTRY.get(model_id)
     if entry is None:
         raise UsageError(f"unknown model {model_id!r}; see `va-bench models list`")
+    found = None if force else entry.local_weights()
+    if found is not None:
+        console.print(f"{model_id}: already present, {found} (sha256 {file_sha256(found)}); "
+                      "--force downloads it again")
+        return
     if not entry.weights_url and model_id in _libreyolo_ids():
         from harness.models.libreyolo import fetch_weights
 

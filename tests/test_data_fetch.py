@@ -11,7 +11,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, requires_coco, run_in_process
+from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
 
 from harness.data.fetch import Archive, FetchError, download_resumable, fetch_archives
 
@@ -133,3 +133,34 @@ def test_an_unreachable_server_is_one_line_exit_1(tmp_path):
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "could not download" in lines[0] and "Traceback" not in result.stderr
+
+
+@requires_yolox
+def test_models_fetch_skips_weights_found_locally_and_force_downloads(server, tmp_path, monkeypatch):
+    """`models fetch yolox-nano` where the weights are already found: no request; `--force` downloads them
+    (here from 127.0.0.1) into the weights cache, the file byte-identical to the served one."""
+    import dataclasses
+
+    from harness.models import registry, yolox
+
+    root, base = server
+    (root / "yolox_nano.onnx").write_bytes(YOLOX_NANO.read_bytes())
+    entry = registry.REGISTRY["yolox-nano"]
+    monkeypatch.setitem(registry.REGISTRY, "yolox-nano",
+                        dataclasses.replace(entry, weights_url=f"{base}/yolox_nano.onnx"))
+    cache = tmp_path / "weights"
+    present = run_in_process("models", "fetch", "yolox-nano", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert present.returncode == 0, present.stderr
+    assert "already present" in present.stdout and RangeHandler.requests_seen == []
+    assert hashlib.sha256(YOLOX_NANO.read_bytes()).hexdigest() in present.stdout.replace("\n", "")
+    forced = run_in_process("models", "fetch", "yolox-nano", "--force", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert forced.returncode == 0, forced.stderr
+    assert len(RangeHandler.requests_seen) == 1
+    assert (cache / "yolox_nano.onnx").read_bytes() == YOLOX_NANO.read_bytes()
+    assert not list(cache.glob(".*part"))  # no temp file left
+    monkeypatch.setattr(yolox, "OFFLINE_DIR", tmp_path / "nowhere")  # nothing found: a plain fetch downloads
+    monkeypatch.delenv("VA_BENCH_YOLOX_NANO", raising=False)
+    (cache / "yolox_nano.onnx").unlink()
+    fetched = run_in_process("models", "fetch", "yolox-nano", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert fetched.returncode == 0 and len(RangeHandler.requests_seen) == 2
+    assert (cache / "yolox_nano.onnx").is_file()

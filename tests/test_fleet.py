@@ -112,6 +112,17 @@ def test_without_ray_the_fleet_says_how_to_install_it_in_one_line():
                                     "'va-bench[fleet]'"
 
 
+def test_resuming_a_fleet_run_that_is_not_there_names_the_folder_as_given_and_absolute(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from harness.run.fleet import prepare_fleet_resume
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        prepare_fleet_resume("nope", "runs", {}, None, None, None, False, False)
+    assert str(info.value) == (f"--output-dir runs: no fleet run nope to resume (no nope/fleet.json) "
+                               f"({tmp_path / 'runs'}); check --output-dir and the run id")
+
+
 def test_an_unreachable_head_is_one_line_not_minutes_of_retries(tmp_path):
     ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
     if ray.is_initialized():

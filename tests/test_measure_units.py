@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.measure.device import Device
-from harness.measure.stats import summarize
+from harness.measure.stats import median_ci, summarize
 from harness.models.protocol import PreprocessSpec
 from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_worker, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
@@ -82,6 +82,19 @@ def test_summarize_matches_numpy_and_flags_instability():
     assert any("CV" in w for w in noisy.warnings)
     assert any("first timed sample" in w for w in noisy.warnings)
     assert any("only" in w for w in summarize([1.0, 2.0]).warnings)
+
+
+@pytest.mark.parametrize("n, seed", [(2, 0), (3, 1), (10, 0), (57, 3), (3000, 5)])
+def test_median_ci_equals_scipys_percentile_bootstrap(n, seed):
+    """The run's median CI is scipy.stats.bootstrap's (same draws, same quantiles), also where it is drawn in
+    chunks (3000 samples); summarize() reports it."""
+    from scipy import stats as scipy_stats
+
+    x = np.random.default_rng(100 + n).lognormal(size=n)
+    expected = scipy_stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile",
+                                     random_state=np.random.default_rng(seed)).confidence_interval
+    assert median_ci(x, seed=seed) == (expected.low, expected.high)
+    assert summarize(x, seed=seed).median_ci95 == (expected.low, expected.high)
 
 
 def _reference_transform(img: np.ndarray, spec: PreprocessSpec) -> np.ndarray:

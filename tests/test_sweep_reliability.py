@@ -212,6 +212,15 @@ def test_records_results_and_validation_load_no_torch_and_no_pipeline():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_run_path_loads_no_scipy():
+    """scipy.stats costs a run ~1 s of imports and ~60 MB (issue 13): only `compare` uses it."""
+    code = ("import sys, harness.cli, harness.run.scheduler, harness.run.executor, harness.eval.coco_eval, "
+            "harness.pipeline.pipeline, harness.backends, harness.report.tables; "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'scipy']; print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # --- issue 14 leftovers: a full disk, energy rows on resume ---------------------------------------------------
 
 

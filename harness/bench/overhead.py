@@ -9,10 +9,12 @@ leaves cores idle (ONNX Runtime, whose threads do not spin; a GPU), not where it
 them (PyTorch's OpenMP on every core), so the harness offers both and this bench reports both.
 
 `--busy N` runs N CPU-bound processes beside the measurement (a loaded machine, as in issue 12, item 5);
-the latency-mode stage medians show what the load does to the harness's own host work.
+the latency-mode stage medians show what the load does to the harness's own host work. `--calling-thread`
+adds latency mode with the host stages on the calling thread, through the forward's torch thread team (the
+design before the host thread; what the profiler pass still does), to the same alternating rounds.
 
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
-                                     [--busy 2] [--json]
+                                     [--busy 2] [--calling-thread] [--json]
 """
 
 from __future__ import annotations
@@ -53,9 +55,15 @@ def _mode_summary(pipeline_ips: list[float], forward_ips: list[float]) -> dict:
             "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4)}
 
 
+def _stage_medians(timer: StageTimer) -> dict:
+    return {name: round(statistics.median(b.ms(name) for b in timer.batches), 3)
+            for name in REPORTED_STAGES if all(name in b.stages for b in timer.batches)}
+
+
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
-            workers: list[int] | None = None) -> dict:
-    """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1])."""
+            workers: list[int] | None = None, calling_thread: bool = False) -> dict:
+    """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
+    `calling_thread`: also latency mode with the host stages on the calling thread."""
     workers = workers or [1]
     device = parse_device(device_spec)
     detector = get_detector(model)
@@ -65,13 +73,15 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
     pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w) for w in workers}
     pipeline = pipelines[workers[0]]
+    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False) if calling_thread
+                 else None)
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     images = [decode_image(r.path) for r in records]
     batch, _ = preprocess_batch(images, spec)
     if pipeline.input_device is not None:
         batch = batch.to(pipeline.input_device)
-    timer = StageTimer(device)
+    timer, caller_timer = StageTimer(device), StageTimer(device)
 
     def forward_only():
         core(batch)
@@ -80,6 +90,9 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     def latency_mode():
         pipeline.run_batch(records, timer, images=images)
 
+    def latency_on_caller():
+        on_caller.run_batch(records, caller_timer, images=images)
+
     def overlapped_mode(w: int):  # one call streams `iterations` batches
         for _ in pipelines[w].run_overlapped([records] * iterations, images=[images] * iterations):
             pass
@@ -87,23 +100,31 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     for _ in range(3):  # warm-up every path
         forward_only()
         latency_mode()
+        if on_caller is not None:
+            latency_on_caller()
     for w in workers:
         overlapped_mode(w)
     timer.batches.clear()
-    forward_ips, latency_ips = [], []
+    caller_timer.batches.clear()
+    forward_ips, latency_ips, caller_ips = [], [], []
     stream_ips: dict[int, list[float]] = {w: [] for w in workers}
     for _ in range(rounds):
         forward_ips.append(_images_per_s(forward_only, batch_size, iterations))
         latency_ips.append(_images_per_s(latency_mode, batch_size, iterations))
+        if on_caller is not None:
+            caller_ips.append(_images_per_s(latency_on_caller, batch_size, iterations))
         for w in workers:
             stream_ips[w].append(_images_per_s(lambda w=w: overlapped_mode(w), batch_size * iterations, 1))
     latency = _mode_summary(latency_ips, forward_ips)
-    latency["stages_ms_p50"] = {name: round(statistics.median(b.ms(name) for b in timer.batches), 3)
-                                for name in REPORTED_STAGES if all(name in b.stages for b in timer.batches)}
+    latency["stages_ms_p50"] = _stage_medians(timer)
     by_workers = {str(w): _mode_summary(stream_ips[w], forward_ips) for w in workers}
     overlapped = by_workers[str(workers[0])]
+    extra = {}
+    if on_caller is not None:
+        extra["latency_mode_calling_thread"] = {**_mode_summary(caller_ips, forward_ips),
+                                                "stages_ms_p50": _stage_medians(caller_timer)}
     return {
-        "model": model, "backend": backend, "batch_size": batch_size, "device": str(device),
+        "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
         "overlapped_by_workers": by_workers, "rounds": rounds,
@@ -144,14 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", nargs="+", default=["auto"],
                         help="overlapped-mode host worker counts (N or auto); the first is judged")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside the measurement")
+    parser.add_argument("--calling-thread", action="store_true",
+                        help="also latency mode with the host stages on the calling thread (not judged)")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     backends = args.backend or list(get_detector(args.model).backends)
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
-        results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers)
-                   for b in backends]
+        results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
+                           args.calling_thread) for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
     if args.json:
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             table.add_column(col, justify="right", no_wrap=True)
         for r in results:
             rows = [("latency", r["latency_mode"], r["throughput_mode"] == "latency_mode")]
+            if "latency_mode_calling_thread" in r:
+                rows.append(("latency, host on calling thread", r["latency_mode_calling_thread"], False))
             rows += [(f"overlapped, {w} worker{'s' * (w != '1')}", m,
                       r["throughput_mode"] == "overlapped_mode" and w == str(r["workers"]))
                      for w, m in r["overlapped_by_workers"].items()]
@@ -177,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print(table)
         console.print("* the backend's throughput mode (the better one), judged against the target")
         for r in results:
-            stages = ", ".join(f"{k} {v:.2f}" for k, v in r["latency_mode"]["stages_ms_p50"].items())
-            console.print(f"{r['backend']} latency mode, ms per batch (p50): {stages}")
+            for mode, where in (("latency_mode", "host thread"), ("latency_mode_calling_thread", "calling thread")):
+                if mode in r:
+                    stages = ", ".join(f"{k} {v:.2f}" for k, v in r[mode]["stages_ms_p50"].items())
+                    console.print(f"{r['backend']} latency mode, host stages on the {where}, ms per batch (p50): "
+                                  f"{stages}")
     return 0 if all(r[r["throughput_mode"]]["ratio_median"] >= args.target for r in results) else 1
 
 

@@ -34,7 +34,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.config import SAFE_ID, RunConfig, build_config
-from harness.errors import RunInterrupted, UsageError
+from harness.errors import RunInterrupted, UsageError, path_problem
 from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
 from harness.records import RETRYABLE_STATES, LoadKey
 from harness.report.progress import SilentProgress
@@ -257,7 +257,9 @@ def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
     """fleet.json of an existing fleet run, or a UsageError saying why it cannot be resumed."""
     path = fleet_dir / FLEET_FILE
     if not path.is_file():
-        raise UsageError(f"no fleet run {run_id} to resume: {path} does not exist (check --output-dir)")
+        raise UsageError(path_problem("--output-dir", fleet_dir.parent,
+                                      f"no fleet run {run_id} to resume (no {run_id}/{FLEET_FILE})")
+                         + "; check --output-dir and the run id")
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
