@@ -93,6 +93,31 @@ def test_onnxruntime_core_on_cuda_decodes_on_the_host():
     assert record["upload"] == "uint8 from pinned memory, non_blocking"
 
 
+@pytest.mark.parametrize("core_attrs, device_resident", [
+    ({"takes_device_tensors": True}, True),  # a TensorRT engine core: no torch module, device tensors in
+    ({"takes_device_tensors": False, "torch_module": object()}, False),  # the attribute decides
+    ({"torch_module": object()}, True),  # a plugin core with a torch module (no attribute): as before
+    ({}, False)])
+def test_where_the_batch_goes_is_the_cores_to_say(core_attrs, device_resident):
+    core = type("Core", (), {"backend": "x", **core_attrs})()
+    pipeline = DetectorPipeline(_FakeDetector(), core, Device("cuda", 0), PreprocessSpec((416, 416), library="torch"),
+                                Thresholds(0.001, 0.6, 300))
+    assert (pipeline.input_device == torch.device("cuda", 0)) is device_resident
+    assert pipeline.decoder == ("nvjpeg" if device_resident else "torchvision")
+    assert pipeline.preprocess_info()["device"] == ("cuda:0" if device_resident else "cpu")
+
+
+@requires_yolox
+def test_the_builtin_cores_say_where_their_batch_goes():
+    from harness.backends.tensorrt import TensorRTEngineCore
+
+    detector = get_detector("yolox-nano")
+    cpu = parse_device("cpu")
+    assert detector.load_core("pytorch", cpu, "fp32", (416, 416)).takes_device_tensors is True
+    assert detector.load_core("onnxruntime", cpu, "fp32", (416, 416)).takes_device_tensors is False
+    assert TensorRTEngineCore.takes_device_tensors is True
+
+
 def test_nvjpeg_decode_is_one_batched_call(records, monkeypatch):
     """decode_on_device hands all JPEGs to decode_jpeg in one call, with device and RGB mode; a PNG (not
     nvJPEG's) is decoded on the host. decode_jpeg is faked by the host decoder (no GPU here)."""

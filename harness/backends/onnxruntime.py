@@ -63,6 +63,7 @@ class OnnxRuntimeCore:
         self.precision = precision
         self.device = device
         self.torch_module = None
+        self.takes_device_tensors = False  # host memory in; ONNX Runtime copies it to its provider's device
         self.export_info: dict[str, Any] | None = None  # set when the graph is an export of a torch core
         self.engine_build_seconds: float | None = None
 

@@ -32,6 +32,8 @@ class TorchCore:
     graph's static buffer, outputs cloned out of it). `torch_module` stays the eager module (hooks, FLOPs).
     """
 
+    takes_device_tensors = True  # the pipeline hands it a batch already on its device
+
     backend = "pytorch"
     format = "pytorch"
 

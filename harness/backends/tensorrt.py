@@ -225,10 +225,12 @@ def probe_outputs(core: Core, input_size: tuple[int, int]) -> list[tuple[int, ..
 class TensorRTEngineCore:
     """A deserialized engine; torch CUDA tensors are its I/O buffers (execute_async_v3 on torch's stream).
 
-    Like ONNX Runtime's, it takes the host batch and copies it to the device itself (inside the forward
-    stage); outputs stay on the device for the shared post-processing."""
+    It takes a batch already on its GPU (`takes_device_tensors`): the pipeline decodes, letterboxes and
+    uploads on the device as for a torch core, so the forward stage is the engine's execution (plus a cast
+    where the engine's input is not float32); outputs stay on the device for the shared post-processing."""
 
     backend = "tensorrt"
+    takes_device_tensors = True
     format = "tensorrt"  # the site's vocabulary: format tensorrt on provider cuda
     provider = "cuda"
 

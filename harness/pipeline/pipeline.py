@@ -172,9 +172,11 @@ class DetectorPipeline:
         self.thresholds = thresholds
         self.read_image = read_image
         self.postprocess = postprocess_spec(detector)  # the kind; thresholds come from `thresholds`
-        # ONNX Runtime takes host memory (it copies to its device itself); torch cores take device tensors.
-        self.input_device = device.torch_device if getattr(core, "torch_module", None) is not None else None
-        # nvJPEG only where the tensors stay on the GPU (a torch core); an ONNX Runtime core takes host memory
+        # ONNX Runtime takes host memory (it copies to its device itself); torch and TensorRT engine cores
+        # take device tensors (Core.takes_device_tensors; plugin cores: those with a torch module)
+        takes_device = getattr(core, "takes_device_tensors", getattr(core, "torch_module", None) is not None)
+        self.input_device = device.torch_device if takes_device else None
+        # nvJPEG only where the tensors stay on the GPU; an ONNX Runtime core takes host memory
         on_gpu = self.input_device is not None and self.input_device.type == "cuda"
         self.decoder = choose_decoder(spec.library, on_gpu)
 
