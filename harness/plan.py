@@ -20,10 +20,11 @@ def check_runtimes(config: RunConfig) -> None:
     """Refuse, before any model is loaded, every (backend, device, precision) this machine cannot run as
     asked (one UsageError line: what and how to fix), and set the run's backend options."""
     kind = device_kind(config.device)
+    index = int(config.device.split(":", 1)[1]) if ":" in config.device else 0  # parse_device checked it
     check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
     for backend in config.backends:
         for precision in config.precisions:
-            check_support(backend, kind, precision, config.ort_provider)
+            check_support(backend, kind, precision, config.ort_provider, index)
     _check_execution_modes(config, kind)
     set_options(BackendOptions(ort_provider=config.ort_provider, trt_cache_dir=config.trt_cache_dir,
                                trt_workspace_mb=config.trt_workspace_mb, max_batch=max(config.batch_sizes),

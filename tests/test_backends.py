@@ -186,3 +186,36 @@ def test_flop_count_is_cached_per_graph_and_input_size(monkeypatch, tmp_path):
     assert onnx_model_stats(graph, (416, 416)).gflops == first.gflops and len(counted) == 1
     assert onnx_model_stats(graph, (320, 320)).gflops < first.gflops and len(counted) == 2
     assert not list((tmp_path / "model-stats").glob(".*.part"))
+
+
+def test_batch_row_check_feeds_a_device_core_on_its_device_and_fails_in_one_line():
+    """check_batch_rows (Ultralytics graphs on PyTorch) hands a core that takes device tensors its batch on
+    that device (a CPU batch into CUDA weights is a crash on a GPU); a core that cannot run at all is one line."""
+    from types import SimpleNamespace
+
+    from harness.backends.export import check_batch_rows
+
+    class RowWise:  # each output row from its own input row: passes the check
+        takes_device_tensors = True
+        device = SimpleNamespace(torch_device=torch.device("meta"))
+
+        def __init__(self):
+            self.devices = set()
+
+        def __call__(self, batch):
+            self.devices.add(batch.device.type)
+            return [torch.ones(batch.shape[0], 5)]
+
+    core = RowWise()
+    check_batch_rows("m", core, (32, 32), (1, 2, 4))
+    assert core.devices == {"meta"}
+    host = RowWise()
+    host.takes_device_tensors = False
+    check_batch_rows("m", host, (32, 32), (1, 2))
+    assert host.devices == {"cpu"}
+
+    def broken(batch):
+        raise RuntimeError("Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the same")
+
+    with pytest.raises(UsageError, match=r"^m: the graph does not run at batch 1 \(RuntimeError: Input type"):
+        check_batch_rows("m", broken, (32, 32), (1, 2))

@@ -41,7 +41,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: GPU_NAME)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",  # an H100: compute capability 9.0
+                        lambda index=0: SimpleNamespace(name=GPU_NAME, total_memory=80 * 2**30, major=9, minor=0))
 
 
 @pytest.fixture(autouse=True)
@@ -125,9 +126,22 @@ def test_tensorrt_provider_missing_is_refused(monkeypatch):
     ("pytorch", "bf16", "auto", "no bf16 support"),
 ])
 def test_gpu_refusals(monkeypatch, fake_ort, fake_cuda, backend, precision, provider, expect):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",  # a V100: 7.0, bf16 only emulated
+                        lambda index=0: SimpleNamespace(name="Tesla V100", total_memory=16 * 2**30, major=7, minor=0))
     with pytest.raises(UsageError, match=expect):
         check_support(backend, "cuda", precision, provider)
+
+
+def test_bf16_is_checked_on_the_gpu_asked_for_without_emulation(monkeypatch, fake_cuda):
+    """cuda:0 an A100 (8.0), cuda:1 a T4 (7.5, where torch.cuda.is_bf16_supported() still says True:
+    it counts emulation)."""
+    majors = {0: 8, 1: 7}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index=0: SimpleNamespace(name="gpu", total_memory=2**34, major=majors[index], minor=0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    check_support("pytorch", "cuda", "bf16", device_index=0)
+    with pytest.raises(UsageError, match="no bf16 support"):
+        check_support("pytorch", "cuda", "bf16", device_index=1)
 
 
 @pytest.mark.skipif(not fp16_converter_installed(), reason="onnxconverter-common not installed (va-bench[gpu])")
@@ -153,6 +167,7 @@ def test_ort_gpu_providers_run_on_the_device_index_asked_for(fake_ort, fake_cuda
     set_options(BackendOptions(ort_provider="tensorrt"))
     OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None)
     assert [s.providers[0][1]["device_id"] for s in fake_ort.made] == [1, 1]
+    assert fake_ort.made[1].providers[1] == ("CUDAExecutionProvider", {"device_id": 1})
 
 
 def test_ort_provider_silently_dropped_is_an_error(fake_ort, fake_cuda, yolox_graph):
@@ -181,6 +196,8 @@ def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda
     session = fake_ort.made[-1]
     name, options = session.providers[0]
     assert name == "TensorrtExecutionProvider"
+    # what TensorRT does not take runs on CUDA, not the CPU (ORT's TensorRT EP docs register both)
+    assert session.providers[1:] == [("CUDAExecutionProvider", {"device_id": 0}), ("CPUExecutionProvider", {})]
     assert options == {"device_id": 0, "trt_fp16_enable": True, "trt_engine_cache_enable": True,
                        "trt_engine_cache_path": str(tmp_path / "trt"), "trt_max_workspace_size": 512 * 2**20}
     assert [shape[0] for shape in session.runs] == [1, 8]  # engines built at load, not in a timed batch
@@ -294,6 +311,45 @@ def test_compile_happens_at_load_and_is_recorded():
     assert info["cuda_graphs"] is False and eager.info()["compile"] == "none"
     x = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(compiled(x)[0], eager(x)[0], rtol=1e-5, atol=1e-6)
+    # a short final batch is compiled before it is timed, once; dynamo may never fall back to eager silently
+    import torch._dynamo.config as dynamo_config
+
+    assert dynamo_config.recompile_limit >= 2 * 2 + 2 and dynamo_config.fail_on_recompile_limit_hit
+    compiled.prepare_shape((3, 3, 32, 32))
+    compiled.prepare_shape((3, 3, 32, 32))
+    compiled.prepare_shape((2, 3, 32, 32))  # compiled at load already
+    assert compiled.info()["compiled_before_short_batch"] == [3]
+    short = torch.rand(3, 3, 32, 32)
+    torch.testing.assert_close(compiled(short)[0], eager(short)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_max_autotune_outputs_are_cloned_out_of_inductors_cuda_graphs(cuda_on_cpu, monkeypatch):
+    """--compile max-autotune on CUDA replays inductor's CUDA graphs, whose outputs the next replay overwrites
+    (overlapped mode post-processes batch k-1 while batch k runs): the core hands out copies. Faked: the
+    compiled forward returns one buffer it owns and overwrites, as a replay does."""
+    from harness.backends.pytorch import TorchCore
+
+    owned = torch.zeros(2, 4)
+    modes = []
+
+    def fake_compile(module, mode=None, dynamic=None):
+        modes.append(mode)
+
+        def replay(batch):
+            owned.fill_(float(batch.sum()))
+            return owned
+        return replay
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    core = TorchCore(torch.nn.Conv2d(3, 4, 1), Device("cuda"))
+    core.prepare("max-autotune", False, (8, 8), (2,))
+    first = core(torch.ones(2, 3, 8, 8))[0]
+    second = core(torch.full((2, 3, 8, 8), 2.0))[0]
+    assert modes == ["max-autotune"] and first.data_ptr() != owned.data_ptr()
+    assert float(first[0, 0]) == 2 * 3 * 8 * 8 and float(second[0, 0]) == 2 * 2 * 3 * 8 * 8
+    plain = TorchCore(torch.nn.Conv2d(3, 4, 1), Device("cuda"))
+    plain.prepare("max-autotune", True, (8, 8), ())  # with our own CUDA graphs inductor adds none: no copy here
+    assert modes[-1] == "max-autotune-no-cudagraphs" and not plain._clone_outputs
 
 
 # ------------------------------------------------------------------------------ --backend tensorrt, end to end
@@ -402,6 +458,21 @@ def fake_trt(monkeypatch):
     return FakeEngine
 
 
+class CurrentDevice:
+    """torch.cuda.device(index) stand-in: the indices made current, in order (CurrentDevice.entered)."""
+
+    entered: list[int] = []
+
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        CurrentDevice.entered.append(self.index)
+
+    def __exit__(self, *exc):
+        return False
+
+
 @pytest.fixture
 def cuda_on_cpu(monkeypatch, fake_cuda):
     """Device("cuda") tensors live on the CPU; torch's CUDA sync, events, streams and properties are stand-ins."""
@@ -422,6 +493,7 @@ def cuda_on_cpu(monkeypatch, fake_cuda):
 
     monkeypatch.setattr(DeviceClass, "torch_device", property(lambda self: torch.device("cpu")))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "device", CurrentDevice)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
@@ -599,3 +671,38 @@ def test_engine_run_detections_equal_the_onnx_run_and_the_submission_records_the
     assert "tensorrt core allocates outside torch" in doc["memory"]["vram_reason"]
     assert doc["hardware"]["gpu"] == GPU_NAME and doc["accuracy"]["mAP_50_95"] == only("ort", "submissions")[
         "accuracy"]["mAP_50_95"]
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("takes_device_tensors", [True, False])
+def test_forward_gpu_is_timed_only_for_cores_on_torchs_stream(cuda_on_cpu, takes_device_tensors):
+    """A torch or TensorRT-engine core runs on torch's current stream, which the CUDA events bracket:
+    forward_gpu. ONNX Runtime (host memory in) launches on a stream of its own: no forward_gpu, never a
+    near-zero figure. The real ONNX core runs on the CPU behind both stand-ins."""
+    from harness.data.coco import CocoDataset
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    detector = get_detector("yolox-nano")
+    real = detector.load_core("onnxruntime", Device("cpu"), "fp32", (416, 416))
+    core = type("Core", (), {"backend": "x", "takes_device_tensors": takes_device_tensors,
+                             "__call__": lambda self, batch: real(batch)})()
+    device = Device("cuda", 0)
+    pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100))
+    dataset = CocoDataset(COCO_DIR)
+    records = dataset.records(dataset.variant("sample"))[:2]
+    timer = StageTimer(device)
+    detections = pipeline.run_batch(records, timer)
+    assert len(detections) == 2
+    assert ("forward_gpu" in timer.batches[0].stages) is takes_device_tensors
+
+
+@requires_yolox
+def test_engine_on_cuda_n_loads_and_runs_with_that_device_current(fake_trt, cuda_on_cpu, yolox_engine):
+    """TensorRT (runtime, context, enqueue) works on the current CUDA device, which is device 0 unless set:
+    an engine run on cuda:1 makes cuda:1 current around each of them."""
+    CurrentDevice.entered = []
+    core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda", 1), "fp16", (416, 416))
+    core(torch.zeros(1, 3, 416, 416))
+    assert len(CurrentDevice.entered) >= 3 and set(CurrentDevice.entered) == {1}

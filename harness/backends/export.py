@@ -216,7 +216,13 @@ def check_batch_rows(name: str, core: Any, input_size: tuple[int, int], batches:
     dynamic after export may still bake batch 1 somewhere); one line when it does not."""
     torch.manual_seed(0)
     x = torch.rand(max(batches), 3, *input_size)
-    alone = [core(x[i:i + 1].contiguous()) for i in range(max(batches))]
+    if getattr(core, "takes_device_tensors", False):  # a torch core on a GPU reads a batch on its device
+        x = x.to(core.device.torch_device)
+    try:
+        alone = [core(x[i:i + 1].contiguous()) for i in range(max(batches))]
+    except Exception as exc:
+        raise UsageError(f"{name}: the graph does not run at batch 1 ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160]})") from exc
     for b in batches:
         try:
             got = core(x[:b].contiguous())

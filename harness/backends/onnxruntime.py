@@ -44,6 +44,8 @@ class OnnxRuntimeCore:
         if precision == "fp16" and provider == "cuda":
             model, self.precision_mode = to_fp16(model)
         self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device))]
+        if provider == "tensorrt":  # nodes TensorRT does not take run on CUDA, not on the CPU (ORT's TensorRT EP docs)
+            self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index or 0}))
         if provider != "cpu":
             self._wanted.append(("CPUExecutionProvider", {}))
         self._model = model

@@ -38,7 +38,7 @@ class TorchCore:
     format = "pytorch"
 
     def __init__(self, module: torch.nn.Module, device: Device, precision: str = "fp32"):
-        check_support("pytorch", device.kind, precision)
+        check_support("pytorch", device.kind, precision, device_index=device.index or 0)
         # the family's module is shared (FLOP count, ONNX export, the next group): move a copy, never it
         on_device = all(t.device == device.torch_device for t in [*module.parameters(), *module.buffers()])
         self.torch_module = (module if on_device else copy.deepcopy(module).to(device.torch_device)).eval()
@@ -49,6 +49,8 @@ class TorchCore:
         self._forward = self.torch_module
         self.mode: dict[str, Any] = {"compile": "none", "cuda_graphs": False}
         self._graphs: dict[tuple[int, ...], tuple[Any, torch.Tensor, list[torch.Tensor]]] = {}
+        self._clone_outputs = False  # set when inductor's own CUDA graphs own the outputs (see prepare)
+        self._compiled_shapes: set[tuple[int, ...]] = set()
 
     def prepare(self, compile_mode: str, cuda_graphs: bool, input_size: tuple[int, int],
                 batch_sizes: tuple[int, ...]) -> None:
@@ -57,10 +59,21 @@ class TorchCore:
             # with our own CUDA graphs, inductor must not add its own (nested capture fails)
             mode = {"default": None, "max-autotune": "max-autotune-no-cudagraphs" if cuda_graphs
                     else "max-autotune"}[compile_mode]
+            # dynamic=False compiles one graph per input shape: every batch size and its short final batch.
+            # Past dynamo's recompile limit (8) it would run eager under a "compiled" label: raise the limit
+            # to the shapes of this run and make hitting it an error, never a silent fallback.
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(batch_sizes) + 2)
+            dynamo_config.fail_on_recompile_limit_hit = True
             self._forward = torch.compile(self.torch_module, mode=mode, dynamic=False)
+            # max-autotune on CUDA replays inductor's CUDA graphs (CUDAGraph Trees), whose outputs the next
+            # replay overwrites: in overlapped mode batch k-1 is post-processed while batch k runs
+            self._clone_outputs = mode == "max-autotune" and self.device.is_cuda
             clock = time.perf_counter()
             for b in batch_sizes:
                 self(torch.zeros(b, 3, *input_size, device=self.device.torch_device))
+                self._compiled_shapes.add((b, 3, *input_size))
             self.device.synchronize()
             self.mode.update(compile=compile_mode, compile_seconds=round(time.perf_counter() - clock, 3),
                              compile_note="torch.compile(dynamic=False): one compiled graph per batch size, "
@@ -71,6 +84,17 @@ class TorchCore:
                 self._capture((b, 3, *input_size))
             self.mode.update(cuda_graphs=True, capture_seconds=round(time.perf_counter() - clock, 3),
                              captured_batch_sizes=list(batch_sizes))
+
+    def prepare_shape(self, shape: tuple[int, ...]) -> None:
+        """Compile and/or capture for one more input shape (a short final batch) before it is timed."""
+        if self.mode["compile"] != "none" and shape not in self._compiled_shapes:
+            self._run(torch.zeros(shape, device=self.device.torch_device))
+            self.device.synchronize()
+            self._compiled_shapes.add(shape)
+            self.mode.setdefault("compiled_before_short_batch", []).append(shape[0])
+        if self.mode["cuda_graphs"] and shape not in self._graphs:
+            self._capture(shape)
+            self.mode.setdefault("captured_before_short_batch", []).append(shape[0])
 
     def _run(self, batch: torch.Tensor) -> list[torch.Tensor]:
         with torch.inference_mode(), torch.autocast(self.device.kind, dtype=self.dtype,
@@ -88,8 +112,8 @@ class TorchCore:
                 self._run(static_in)
         torch.cuda.current_stream(self.device.index).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
+        try:  # torch.cuda.graph captures on a stream of the *current* device: make it ours (cuda:N, N > 0)
+            with torch.cuda.device(self.device.index), torch.cuda.graph(graph):
                 static_out = self._run(static_in)
         except RuntimeError as exc:
             raise UsageError(f"--cuda-graphs: this core cannot be captured ({str(exc).splitlines()[0][:200]}); "
@@ -98,9 +122,10 @@ class TorchCore:
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         if not self.mode["cuda_graphs"]:
-            return self._run(batch)
+            outputs = self._run(batch)
+            return [o.clone() for o in outputs] if self._clone_outputs and self.dtype is None else outputs
         shape = tuple(batch.shape)
-        if shape not in self._graphs:  # a short final batch: captured at first use (reported, never timed)
+        if shape not in self._graphs:  # not prepared (prepare_shape): captured at first use, and says so
             self._capture(shape)
             self.mode.setdefault("captured_at_first_use", []).append(shape[0])
         graph, static_in, static_out = self._graphs[shape]

@@ -21,7 +21,10 @@ TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # --ort-provider value -> the ONNX Runtime execution provider it asks for
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                  "tensorrt": "TensorrtExecutionProvider"}
-GPU_EXTRA = "pip install 'va-bench[gpu]' (onnxruntime-gpu)"
+# onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
+# one pip wrote last wins (ONNX Runtime's install docs)
+GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "
+             "pip install onnxruntime-gpu (both builds install the same `onnxruntime` package)")
 
 
 def ort_provider_for(device_kind: str, requested: str) -> str:
@@ -51,12 +54,14 @@ def ort_available_providers() -> list[str]:
     return list(onnxruntime.get_available_providers())
 
 
-def check_support(backend: str, device_kind: str, precision: str, ort_provider: str = "auto") -> None:
-    """Raise a one-line UsageError when `backend` cannot run `precision` on `device_kind` (cpu|cuda)."""
+def check_support(backend: str, device_kind: str, precision: str, ort_provider: str = "auto",
+                  device_index: int = 0) -> None:
+    """Raise a one-line UsageError when `backend` cannot run `precision` on `device_kind` (cpu|cuda; the
+    CUDA device `device_index`)."""
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if backend == "pytorch":
-        _check_pytorch(device_kind, precision)
+        _check_pytorch(device_kind, precision, device_index)
     elif backend == "onnxruntime":
         _check_onnxruntime(device_kind, precision, ort_provider_for(device_kind, ort_provider))
     elif backend == "tensorrt":  # a serialized engine: its precision is its build's (backends/tensorrt.py)
@@ -66,14 +71,15 @@ def check_support(backend: str, device_kind: str, precision: str, ort_provider: 
         raise UsageError(f"precision {precision} is only known for the pytorch and onnxruntime backends; use fp32")
 
 
-def _check_pytorch(device_kind: str, precision: str) -> None:
+def _check_pytorch(device_kind: str, precision: str, device_index: int) -> None:
     if device_kind == "cpu":
         if precision == "fp16":
             raise UsageError("precision fp16 on the CPU is not supported by the pytorch backend (no fast fp16 "
                              "kernels); use --precision bf16 or fp32, or --device cuda")
         if precision == "bf16" and not cpu_bf16_supported():
             raise UsageError("precision bf16: this torch build cannot run bf16 convolutions on the CPU; use fp32")
-    elif precision == "bf16" and not torch.cuda.is_bf16_supported():
+    elif precision == "bf16" and torch.cuda.get_device_properties(device_index).major < 8:
+        # not torch.cuda.is_bf16_supported(): it counts emulation (True before Ampere) and asks the current device
         raise UsageError("precision bf16: this GPU has no bf16 support (needs compute capability 8.0+); "
                          "use --precision fp16 or fp32")
 

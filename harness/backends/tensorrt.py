@@ -244,12 +244,14 @@ class TensorRTEngineCore:
                              f"run it with --precision {self.build.precision}")
         self.engine_file, self.device, self.precision = engine_file, device, precision
         self.torch_module = None
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engine = runtime.deserialize_cuda_engine(engine_file.read_bytes())
+        with torch.cuda.device(device.index):  # TensorRT works on the current CUDA device: make it ours
+            runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            self.engine = runtime.deserialize_cuda_engine(engine_file.read_bytes())
         if self.engine is None:
             raise UsageError(f"{engine_file}: TensorRT could not deserialize it (built for another GPU or "
                              f"TensorRT {self.build.manifest.get('tensorrt_version', '?')}?); rebuild it here")
-        self.context = self.engine.create_execution_context()
+        with torch.cuda.device(device.index):
+            self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
@@ -295,7 +297,9 @@ class TensorRTEngineCore:
                             device=self.device.torch_device)
             self.context.set_tensor_address(out, y.data_ptr())
             outputs.append(y)
-        if not self.context.execute_async_v3(torch.cuda.current_stream(self.device.index).cuda_stream):
+        with torch.cuda.device(self.device.index):
+            launched = self.context.execute_async_v3(torch.cuda.current_stream(self.device.index).cuda_stream)
+        if not launched:
             raise RuntimeError(f"TensorRT execution failed for {self.engine_file.name}")
         return [o.float() for o in outputs]
 

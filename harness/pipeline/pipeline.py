@@ -176,6 +176,9 @@ class DetectorPipeline:
         # take device tensors (Core.takes_device_tensors; plugin cores: those with a torch module)
         takes_device = getattr(core, "takes_device_tensors", getattr(core, "torch_module", None) is not None)
         self.input_device = device.torch_device if takes_device else None
+        # CUDA events on torch's stream time only cores that run there (torch, TensorRT engines); ONNX Runtime
+        # launches on a stream of its own, which the events would not bracket: no forward_gpu for it
+        self.forward_gpu_timed = takes_device and device.is_cuda
         # nvJPEG only where the tensors stay on the GPU; an ONNX Runtime core takes host memory
         on_gpu = self.input_device is not None and self.input_device.type == "cuda"
         self.decoder = choose_decoder(spec.library, on_gpu)
@@ -302,13 +305,13 @@ class DetectorPipeline:
             if self.input_device is not None and self.input_device.type != "cpu":
                 batch = batch.to(self.input_device, non_blocking=True)
         with timer.stage("forward"):
-            events = ForwardEvents.begin(self.device.torch_device) if self.device.is_cuda else None
+            events = ForwardEvents.begin(self.device.torch_device) if self.forward_gpu_timed else None
             raw = self.core(batch)
             if events is not None:
                 events.stop(self.device.torch_device)
             if sync:
                 self.device.synchronize()
-        if events is not None:  # GPU time of the forward beside its wall time; absent on CPU (not 0)
+        if events is not None:  # GPU time of the forward beside its wall time; absent otherwise (not 0)
             timer.device_time("forward_gpu", events)
         return raw
 
