@@ -4,6 +4,7 @@ recorded. The real providers need onnxruntime-gpu and a GPU; these fakes stand i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.machinery
@@ -458,6 +459,29 @@ def fake_trt(monkeypatch):
     return FakeEngine
 
 
+class FakeStream:
+    """torch.cuda.Stream stand-in: counts its synchronize() calls; `make_current` is torch.cuda.stream(s)."""
+
+    default: FakeStream
+    made: list[FakeStream] = []
+
+    def __init__(self, device=None, priority=0):
+        self.cuda_stream, self.synced = len(FakeStream.made) + 1, 0
+        FakeStream.made.append(self)
+
+    def synchronize(self):
+        self.synced += 1
+
+    @staticmethod
+    @contextlib.contextmanager
+    def make_current(stream):
+        yield stream
+
+
+FakeStream.default = FakeStream()
+FakeStream.default.cuda_stream = 0
+
+
 class CurrentDevice:
     """torch.cuda.device(index) stand-in: the indices made current, in order (CurrentDevice.entered)."""
 
@@ -494,7 +518,9 @@ def cuda_on_cpu(monkeypatch, fake_cuda):
     monkeypatch.setattr(DeviceClass, "torch_device", property(lambda self: torch.device("cpu")))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "device", CurrentDevice)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream.default)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", FakeStream.make_current)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda index=0: SimpleNamespace(name=GPU_NAME, total_memory=80 * 2**30, major=9, minor=0))
@@ -706,3 +732,38 @@ def test_engine_on_cuda_n_loads_and_runs_with_that_device_current(fake_trt, cuda
     core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda", 1), "fp16", (416, 416))
     core(torch.zeros(1, 3, 416, 416))
     assert len(CurrentDevice.entered) >= 3 and set(CurrentDevice.entered) == {1}
+
+
+@requires_coco
+@requires_yolox
+def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_cpu, monkeypatch):
+    """Overlapped mode on a (faked) GPU: each batch is prepared on a stream of its own and waited for there,
+    the forward waits for its own stream only (never a device-wide sync, which would also wait for the
+    workers' preprocessing), and the detections equal latency mode's. The real ONNX core runs on the CPU
+    behind a core that takes device tensors (as a torch or TensorRT core does)."""
+    from harness.data.coco import CocoDataset
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    detector = get_detector("yolox-nano")
+    real = detector.load_core("onnxruntime", Device("cpu"), "fp32", (416, 416))
+    core = type("Core", (), {"backend": "x", "takes_device_tensors": True,
+                             "__call__": lambda self, batch: real(batch)})()
+    device = Device("cuda", 0)
+    dataset = CocoDataset(COCO_DIR)
+    records = dataset.records(dataset.variant("sample"))[:12]
+    batches = [records[i:i + 4] for i in range(0, 12, 4)]
+    latency = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100))
+    expected = [latency.run_batch(b, StageTimer(device)) for b in batches]
+    device_syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: device_syncs.append(device))
+    FakeStream.made, FakeStream.default.synced = [], 0
+    overlapped = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100),
+                                  stream_workers=2)
+    got = [detections for detections, _ in overlapped.run_overlapped(batches)]
+    flat = lambda runs: [(d.image_id, d.boxes.tobytes(), d.scores.tobytes(), d.labels.tobytes())  # noqa: E731
+                         for run in runs for d in run]
+    assert flat(got) == flat(expected) and len(flat(got)) == 12
+    prepare_streams = FakeStream.made[1:]  # the first is the finishing side stream
+    assert len(prepare_streams) == 3 and all(s.synced == 1 for s in prepare_streams)
+    assert FakeStream.default.synced == 3 and device_syncs == []  # the forward's stream, once per batch

@@ -29,6 +29,12 @@ class Device:
         if self.is_cuda:
             torch.cuda.synchronize(self.index)
 
+    def synchronize_stream(self) -> None:
+        """Wait for the work queued on the calling thread's current stream only (other streams, e.g. the
+        overlapped workers' preprocessing, keep running); nothing on CPU."""
+        if self.is_cuda:
+            torch.cuda.current_stream(self.index).synchronize()
+
     def name(self) -> str:
         if self.is_cuda:
             return torch.cuda.get_device_name(self.index)

@@ -248,8 +248,15 @@ class DetectorPipeline:
                 self.max_ahead = max(self.max_ahead, k + 1 - taken)
             timer = StageTimer(self.device, stage_sync=False, batch_sync=False)
             timer.begin_batch(len(batches[k]))
+            # On CUDA each batch is prepared on a stream of its own, not the forward's: on the shared default
+            # stream its kernels would queue behind (and be timed inside) the running forward. Waiting for that
+            # stream ends the stage when its GPU work is done, so the forward reads a complete batch.
+            stream = torch.cuda.Stream(device=self.device.torch_device) if self.device.is_cuda else None
             with timer.stage("preprocess"):
-                batch, transforms = self._collate(batches[k], timer, images[k] if images is not None else None)
+                with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                    batch, transforms = self._collate(batches[k], timer, images[k] if images is not None else None)
+                if stream is not None:
+                    stream.synchronize()
             return timer, batch, transforms
 
         # On CUDA the workers post-process on their own stream: on the default stream their kernels would queue
@@ -272,6 +279,8 @@ class DetectorPipeline:
                 taken = k + 1
             if k + self.stream_workers < len(batches):
                 ahead.append(workers.submit(prepare, k + self.stream_workers))
+            if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
+                batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
             raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
             if finishing is not None:
                 yield finishing.result()  # in order: one batch finishing at a time
@@ -309,8 +318,8 @@ class DetectorPipeline:
             raw = self.core(batch)
             if events is not None:
                 events.stop(self.device.torch_device)
-            if sync:
-                self.device.synchronize()
+            if sync:  # this stream only: a device-wide sync would also wait for the workers' preprocessing
+                self.device.synchronize_stream()
         if events is not None:  # GPU time of the forward beside its wall time; absent otherwise (not 0)
             timer.device_time("forward_gpu", events)
         return raw
