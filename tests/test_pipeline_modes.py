@@ -118,6 +118,8 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     assert record.environment["threads"]["overlapped_host_worker"]["threads"] == 1
     assert record.environment["threads"]["overlapped_host_worker"]["workers"] == 2  # --workers 2
     assert record.runtime["host"]["mode"] == "overlapped" and record.runtime["host"]["workers"] == 2
+    # warmed up in the timed mode: one overlapped stream of workers + 1 = 3 batches (2 asked for)
+    assert t.warmup_batches == 3
 
 
 @requires_corpus

@@ -245,11 +245,15 @@ class GroupExecutor:
         short = batches.pop() if len(batches[-1]) < size else None
         scratch = StageTimer(ctx.device, config.stage_sync)
         warm_count, start = 0, time.perf_counter()
+        # Warm up in the mode that is timed: overlapped mode's workers, queue and (on CUDA) streams are first
+        # used here, not inside the first timed batches. An overlapped chunk keeps every worker busy.
+        chunk = pipeline.stream_workers + 1 if config.overlap else 1
         with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
             while warm_count < config.warmup_batches or time.perf_counter() - start < config.warmup_seconds:
-                pipeline.run_batch(batches[warm_count % len(batches)], scratch)
-                warm_count += 1
-                advance()
+                warm = [batches[(warm_count + j) % len(batches)] for j in range(chunk)]
+                for _ in pipeline.run_stream(warm, scratch, overlap=config.overlap):
+                    warm_count += 1
+                    advance()
         warm_seconds = time.perf_counter() - start
         n_timed = max(len(batches), config.min_timed_batches)
         if config.max_timed_batches:
