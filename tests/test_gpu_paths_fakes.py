@@ -397,11 +397,13 @@ class FakeExecutionContext:
         for out, value in zip(self.engine.outputs, outputs, strict=True):
             self._buffer(out)[...] = value
         self.engine.executed.append(self.shapes[name])
+        self.engine.streams.append(stream)
         return True
 
 
 class FakeEngine:
     executed: list[tuple[int, ...]] = []  # input shapes of every execution, across engines (cleared per test)
+    streams: list[int] = []  # the stream handle of every execution
 
     def __init__(self, header: dict, graph: bytes):
         self.session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
@@ -454,7 +456,7 @@ def fake_tensorrt() -> types.ModuleType:
 @pytest.fixture
 def fake_trt(monkeypatch):
     """`import tensorrt` gives the fake; find_spec sees it installed."""
-    FakeEngine.executed = []
+    FakeEngine.executed, FakeEngine.streams = [], []
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     return FakeEngine
 
@@ -471,6 +473,9 @@ class FakeStream:
 
     def synchronize(self):
         self.synced += 1
+
+    def wait_stream(self, other):
+        self.waited_for = getattr(self, "waited_for", []) + [other]
 
     @staticmethod
     @contextlib.contextmanager
@@ -732,6 +737,10 @@ def test_engine_on_cuda_n_loads_and_runs_with_that_device_current(fake_trt, cuda
     core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda", 1), "fp16", (416, 416))
     core(torch.zeros(1, 3, 416, 416))
     assert len(CurrentDevice.entered) >= 3 and set(CurrentDevice.entered) == {1}
+    # enqueued on the core's own stream (not the legacy default stream, handle 0), joined to the caller's
+    assert fake_trt.streams and set(fake_trt.streams) == {core.stream.cuda_stream} and core.stream.cuda_stream != 0
+    assert core.stream.waited_for == [FakeStream.default] * len(fake_trt.streams)
+    assert FakeStream.default.waited_for[-1] is core.stream
 
 
 @requires_coco

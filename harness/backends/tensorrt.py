@@ -252,6 +252,9 @@ class TensorRTEngineCore:
                              f"TensorRT {self.build.manifest.get('tensorrt_version', '?')}?); rebuild it here")
         with torch.cuda.device(device.index):
             self.context = self.engine.create_execution_context()
+            # enqueueV3 on the legacy default stream costs extra cudaStreamSynchronize calls (TensorRT warns):
+            # the engine runs on a stream of its own, joined to torch's current stream both ways
+            self.stream = torch.cuda.Stream(device=device.torch_device)
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
@@ -286,21 +289,28 @@ class TensorRTEngineCore:
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         name = self.inputs[0]
-        x = batch.to(self.device.torch_device, self.dtypes[name]).contiguous()
+        caller = torch.cuda.current_stream(self.device.index)
+        x = batch.to(self.device.torch_device, self.dtypes[name]).contiguous()  # on the caller's stream
         if not self.context.set_input_shape(name, tuple(x.shape)):
             raise RuntimeError(f"{self.engine_file.name} does not take input shape {tuple(x.shape)} (outside the "
                                "shapes it was built for)")
-        self.context.set_tensor_address(name, x.data_ptr())
-        outputs = []
-        for out in self.outputs:
-            y = torch.empty(tuple(self.context.get_tensor_shape(out)), dtype=self.dtypes[out],
-                            device=self.device.torch_device)
-            self.context.set_tensor_address(out, y.data_ptr())
-            outputs.append(y)
-        with torch.cuda.device(self.device.index):
-            launched = self.context.execute_async_v3(torch.cuda.current_stream(self.device.index).cuda_stream)
+        self.stream.wait_stream(caller)  # the input is written before the engine reads it
+        with torch.cuda.device(self.device.index), torch.cuda.stream(self.stream):
+            self.context.set_tensor_address(name, x.data_ptr())
+            outputs = []
+            for out in self.outputs:
+                y = torch.empty(tuple(self.context.get_tensor_shape(out)), dtype=self.dtypes[out],
+                                device=self.device.torch_device)
+                self.context.set_tensor_address(out, y.data_ptr())
+                outputs.append(y)
+            launched = self.context.execute_async_v3(self.stream.cuda_stream)
         if not launched:
             raise RuntimeError(f"TensorRT execution failed for {self.engine_file.name}")
+        caller.wait_stream(self.stream)  # what the caller queues next (events, decode) follows the engine
+        if x.is_cuda:  # the caching allocator must not hand these blocks out while the other stream uses them
+            x.record_stream(self.stream)  # made on the caller's stream, read on the engine's
+            for y in outputs:
+                y.record_stream(caller)  # made on the engine's stream, read on the caller's
         return [o.float() for o in outputs]
 
     def info(self) -> dict[str, Any]:
