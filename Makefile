@@ -32,8 +32,11 @@ $(STAMP): pyproject.toml Makefile
 bench: $(STAMP)
 	$(BIN)/va-bench run --config configs/default.yaml
 
+# DEVICE=cuda: images decoded inside the timed path, torch preprocessing on the GPU (see harness/bench/overhead.py)
+DEVICE ?= cpu
+BATCH ?= 8
 bench-overhead: $(STAMP)
-	$(BIN)/python -m harness.bench.overhead --batch-size 8
+	$(BIN)/python -m harness.bench.overhead --batch-size $(BATCH) --device $(DEVICE)
 
 bench-hooks: $(STAMP)
 	$(BIN)/python -m harness.bench.hook_leak --backend pytorch --batch-size 8

@@ -187,3 +187,19 @@ def test_validate_does_not_import_torch(tmp_path):
                             cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "1 []"  # validate ran, found the empty submission wanting
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("decode", ["in-path", "pre-decoded"])
+def test_overhead_bench_decodes_inside_the_timed_path_when_asked(decode):
+    """`make bench-overhead DEVICE=cuda` decodes inside the timed path (auto on CUDA); the CPU default hands
+    the pipeline decoded images. What each measured is recorded; a decode substep only where it was timed."""
+    from harness.bench.overhead import measure
+
+    result = measure("yolox-nano", "onnxruntime", 2, rounds=1, iterations=2, device_spec="cpu", workers=[1],
+                     decode=decode, preprocess="torch")
+    assert result["decode"].startswith("in the timed path" if decode == "in-path" else "pre-decoded")
+    assert result["preprocess"]["implementation"] == "torch"
+    assert ("preprocess.decode" in result["latency_mode"]["stages_ms_p50"]) is (decode == "in-path")
+    assert result["forward_images_per_s"] > 0 and result["overlapped_mode"]["images_per_s"] > 0

@@ -1,5 +1,4 @@
-"""Pipeline overhead: images/s of the whole pipeline (images already decoded) / images/s of the core
-forward alone, at one batch size, per backend, in both execution modes: latency mode (stages one
+"""Pipeline overhead: images/s of the whole pipeline / images/s of the core forward alone, at one batch size, per backend, in both execution modes: latency mode (stages one
 after another, `run_batch`) and overlapped mode (host work overlapped with the forward,
 `run_overlapped`, with each `--workers` count asked for). Rounds alternate the modes in one process,
 because timings of small models drift between processes; the reported ratios are medians over rounds.
@@ -13,8 +12,14 @@ the latency-mode stage medians show what the load does to the harness's own host
 adds latency mode with the host stages on the calling thread, through the forward's torch thread team (the
 design before the host thread; what the profiler pass still does), to the same alternating rounds.
 
+`--decode`: `pre-decoded` hands the pipeline decoded images (the CPU figures in README), `in-path` decodes
+inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-path on CUDA, where the
+decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-bench run --preprocess`
+(auto: torch on CUDA, the family's own library on CPU).
+
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
-                                     [--busy 2] [--calling-thread] [--json]
+                                     [--device cuda] [--decode auto|in-path|pre-decoded]
+                                     [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread] [--json]
 """
 
 from __future__ import annotations
@@ -27,18 +32,21 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
+from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
-from harness.pipeline.preprocess import decode_image, preprocess_batch
+from harness.pipeline.preprocess import PREPROCESS_CHOICES, decode_image, preprocess_batch, resolve_implementation
 from harness.pipeline.stage_timer import StageTimer
 
 # Latency-mode stages whose per-batch medians are reported (the host stages and the forward beside them).
-REPORTED_STAGES = ("preprocess", "forward", "postprocess", "postprocess.nms", "postprocess.boxes")
+REPORTED_STAGES = ("preprocess", "preprocess.decode", "preprocess.upload", "transfer", "forward", "forward_gpu",
+                   "postprocess", "postprocess.nms", "postprocess.boxes")
 
 
 def _images_per_s(fn, batch_size: int, iterations: int) -> float:
@@ -61,24 +69,30 @@ def _stage_medians(timer: StageTimer) -> dict:
 
 
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
-            workers: list[int] | None = None, calling_thread: bool = False) -> dict:
+            workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
+            preprocess: str = "auto") -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
-    `calling_thread`: also latency mode with the host stages on the calling thread."""
+    `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
+    pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation."""
     workers = workers or [1]
     device = parse_device(device_spec)
+    in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
     detector = get_detector(model)
-    spec = detector.preprocess
+    spec = resolve_implementation(detector.preprocess, preprocess, device.is_cuda)
     core = detector.load_core(backend, device, "fp32", spec.input_size, threads=torch.get_num_threads())
     d = detector.defaults
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
-    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w) for w in workers}
-    pipeline = pipelines[workers[0]]
-    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False) if calling_thread
-                 else None)
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
-    images = [decode_image(r.path) for r in records]
-    batch, _ = preprocess_batch(images, spec)
+    read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
+    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read)
+                 for w in workers}
+    pipeline = pipelines[workers[0]]
+    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read)
+                 if calling_thread else None)
+    decoded = [decode_image(r.path) for r in records]
+    images = None if in_path else decoded  # None: the pipeline decodes inside the timed path
+    batch, _ = preprocess_batch(decoded, replace(spec, library="cv2"))  # the forward-only input: any letterbox
     if pipeline.input_device is not None:
         batch = batch.to(pipeline.input_device)
     timer, caller_timer = StageTimer(device), StageTimer(device)
@@ -94,7 +108,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         on_caller.run_batch(records, caller_timer, images=images)
 
     def overlapped_mode(w: int):  # one call streams `iterations` batches
-        for _ in pipelines[w].run_overlapped([records] * iterations, images=[images] * iterations):
+        for _ in pipelines[w].run_overlapped([records] * iterations,
+                                             images=None if images is None else [images] * iterations):
             pass
 
     for _ in range(3):  # warm-up every path
@@ -125,6 +140,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
                                                 "stages_ms_p50": _stage_medians(caller_timer)}
     return {
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
+        "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
+        "preprocess": pipeline.preprocess_info(),
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
         "overlapped_by_workers": by_workers, "rounds": rounds,
@@ -167,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside the measurement")
     parser.add_argument("--calling-thread", action="store_true",
                         help="also latency mode with the host stages on the calling thread (not judged)")
+    parser.add_argument("--decode", choices=("auto", "in-path", "pre-decoded"), default="auto",
+                        help="decode inside the timed path or hand the pipeline decoded images (auto: in-path on "
+                             "CUDA, pre-decoded on CPU)")
+    parser.add_argument("--preprocess", choices=PREPROCESS_CHOICES, default="auto")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -174,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
-                           args.calling_thread) for b in backends]
+                           args.calling_thread, args.decode, args.preprocess) for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
     if args.json:
@@ -184,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         from rich.table import Table
 
         busy = f", {args.busy} busy processes beside" if args.busy else ""
-        table = Table(title=f"pipeline overhead, batch {args.batch_size}{busy} (target ratio >= {args.target})")
+        decoding = "decode timed" if results[0]["decode"].startswith("in the timed path") else "images pre-decoded"
+        table = Table(title=f"pipeline overhead, batch {args.batch_size}, {results[0]['device']}, {decoding}{busy} "
+                            f"(target ratio >= {args.target})")
         for col in ("backend", "mode", "forward img/s", "pipeline img/s", "ratio p50", "ratio range"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in results:
