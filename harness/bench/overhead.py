@@ -1,4 +1,5 @@
-"""Pipeline overhead: images/s of the whole pipeline / images/s of the core forward alone, at one batch size, per backend, in both execution modes: latency mode (stages one
+"""Pipeline overhead: images/s of the whole pipeline / images/s of the core forward alone, at one batch
+size, per backend, in both execution modes: latency mode (stages one
 after another, `run_batch`) and overlapped mode (host work overlapped with the forward,
 `run_overlapped`, with each `--workers` count asked for). Rounds alternate the modes in one process,
 because timings of small models drift between processes; the reported ratios are medians over rounds.
