@@ -331,12 +331,13 @@ def test_max_autotune_outputs_are_cloned_out_of_inductors_cuda_graphs(cuda_on_cp
     from harness.backends.pytorch import TorchCore
 
     owned = torch.zeros(2, 4)
-    modes = []
+    modes, calls = [], []
 
     def fake_compile(module, mode=None, dynamic=None):
         modes.append(mode)
 
         def replay(batch):
+            calls.append(tuple(batch.shape))
             owned.fill_(float(batch.sum()))
             return owned
         return replay
@@ -348,6 +349,13 @@ def test_max_autotune_outputs_are_cloned_out_of_inductors_cuda_graphs(cuda_on_cp
     second = core(torch.full((2, 3, 8, 8), 2.0))[0]
     assert modes == ["max-autotune"] and first.data_ptr() != owned.data_ptr()
     assert float(first[0, 0]) == 2 * 3 * 8 * 8 and float(second[0, 0]) == 2 * 2 * 3 * 8 * 8
+    calls.clear()
+    core.prepare_shape((1, 3, 8, 8))  # a short batch: inductor's CUDA graphs warm up, then record, untimed
+    assert calls == [(1, 3, 8, 8)] * 2
+    monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: contextlib.nullcontext())  # no CUDA here
+    low = TorchCore(torch.nn.Conv2d(3, 4, 1), Device("cuda"), "bf16")  # `.float()` of an fp32 output is itself
+    low.prepare("max-autotune", False, (8, 8), (2,))
+    assert low(torch.ones(2, 3, 8, 8))[0].data_ptr() != owned.data_ptr()
     plain = TorchCore(torch.nn.Conv2d(3, 4, 1), Device("cuda"))
     plain.prepare("max-autotune", True, (8, 8), ())  # with our own CUDA graphs inductor adds none: no copy here
     assert modes[-1] == "max-autotune-no-cudagraphs" and not plain._clone_outputs
@@ -774,5 +782,6 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
                          for run in runs for d in run]
     assert flat(got) == flat(expected) and len(flat(got)) == 12
     prepare_streams = FakeStream.made[1:]  # the first is the finishing side stream
-    assert len(prepare_streams) == 3 and all(s.synced == 1 for s in prepare_streams)
+    assert 1 <= len(prepare_streams) <= 2  # one per worker thread that prepared, made once
+    assert sum(s.synced for s in prepare_streams) == 3  # each batch waited for on its worker's stream
     assert FakeStream.default.synced == 3 and device_syncs == []  # the forward's stream, once per batch

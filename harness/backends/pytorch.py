@@ -60,12 +60,15 @@ class TorchCore:
             mode = {"default": None, "max-autotune": "max-autotune-no-cudagraphs" if cuda_graphs
                     else "max-autotune"}[compile_mode]
             # dynamic=False compiles one graph per input shape: every batch size and its short final batch.
-            # Past dynamo's recompile limit (8) it would run eager under a "compiled" label: raise the limit
-            # to the shapes of this run and make hitting it an error, never a silent fallback.
+            # Past dynamo's recompile limit (8) it would run eager under a "compiled" label. The limit counts
+            # per code object, and cores of other precisions may share this module's: raise it by this core's
+            # shapes, and make hitting it an error, never a silent fallback (where this torch has the switch).
             import torch._dynamo.config as dynamo_config
 
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(batch_sizes) + 2)
-            dynamo_config.fail_on_recompile_limit_hit = True
+            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, limit, getattr(dynamo_config, limit) + 2 * len(batch_sizes) + 2)
+            if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+                dynamo_config.fail_on_recompile_limit_hit = True
             self._forward = torch.compile(self.torch_module, mode=mode, dynamic=False)
             # max-autotune on CUDA replays inductor's CUDA graphs (CUDAGraph Trees), whose outputs the next
             # replay overwrites: in overlapped mode batch k-1 is post-processed while batch k runs
@@ -88,7 +91,9 @@ class TorchCore:
     def prepare_shape(self, shape: tuple[int, ...]) -> None:
         """Compile and/or capture for one more input shape (a short final batch) before it is timed."""
         if self.mode["compile"] != "none" and shape not in self._compiled_shapes:
-            self._run(torch.zeros(shape, device=self.device.torch_device))
+            # inductor's CUDA graphs (max-autotune) warm up at a shape's first call and record at its second
+            for _ in range(2 if self._clone_outputs else 1):
+                self._run(torch.zeros(shape, device=self.device.torch_device))
             self.device.synchronize()
             self._compiled_shapes.add(shape)
             self.mode.setdefault("compiled_before_short_batch", []).append(shape[0])
@@ -123,7 +128,8 @@ class TorchCore:
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         if not self.mode["cuda_graphs"]:
             outputs = self._run(batch)
-            return [o.clone() for o in outputs] if self._clone_outputs and self.dtype is None else outputs
+            # always a copy: under autocast `.float()` of an output that is already fp32 is that same tensor
+            return [o.clone() for o in outputs] if self._clone_outputs else outputs
         shape = tuple(batch.shape)
         if shape not in self._graphs:  # not prepared (prepare_shape): captured at first use, and says so
             self._capture(shape)

@@ -165,6 +165,7 @@ class DetectorPipeline:
         self.host_thread = _host_thread() if host_thread else None
         self.stream_workers = stream_workers
         self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
+        self._worker_streams = threading.local()  # on CUDA: each overlapped worker's preprocessing stream
         self.detector = detector
         self.core = core
         self.device = device
@@ -239,6 +240,7 @@ class DetectorPipeline:
         the same workers. With one worker it is one thread doing prepare(k+1) then finish(k) while the
         forward runs batch k."""
         workers = _stream_worker(self.stream_workers)
+        worker_streams = self._worker_streams
         taken = 0  # batches the forward has taken from the queue
         count_lock = threading.Lock()
         self.max_ahead = 0
@@ -248,10 +250,16 @@ class DetectorPipeline:
                 self.max_ahead = max(self.max_ahead, k + 1 - taken)
             timer = StageTimer(self.device, stage_sync=False, batch_sync=False)
             timer.begin_batch(len(batches[k]))
-            # On CUDA each batch is prepared on a stream of its own, not the forward's: on the shared default
+            # On CUDA each worker prepares on a stream of its own, not the forward's: on the shared default
             # stream its kernels would queue behind (and be timed inside) the running forward. Waiting for that
-            # stream ends the stage when its GPU work is done, so the forward reads a complete batch.
-            stream = torch.cuda.Stream(device=self.device.torch_device) if self.device.is_cuda else None
+            # stream ends the stage when its GPU work is done, so the forward reads a complete batch. One stream
+            # per worker thread, made once: the allocator reuses blocks per stream, and torch hands streams out
+            # round-robin from a pool of 32 (a new one per batch would come back as another's stream).
+            stream = None
+            if self.device.is_cuda:
+                stream = getattr(worker_streams, "stream", None)
+                if stream is None:
+                    stream = worker_streams.stream = torch.cuda.Stream(device=self.device.torch_device)
             with timer.stage("preprocess"):
                 with torch.cuda.stream(stream) if stream is not None else nullcontext():
                     batch, transforms = self._collate(batches[k], timer, images[k] if images is not None else None)
