@@ -13,7 +13,7 @@ import torch
 from harness.measure.device import Device
 from harness.measure.stats import median_ci, summarize
 from harness.models.protocol import PreprocessSpec
-from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_worker, stream_worker_priority
+from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_workers, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
 from harness.pipeline.stage_timer import StageTimer
 
@@ -155,18 +155,18 @@ def test_overlapped_host_worker_yields_to_the_forward():
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     before = own_nice()
-    worker_nice = _stream_worker().submit(own_nice).result()
+    worker_nice = _stream_workers(1).submit(own_nice).result()
     assert worker_nice == min(19, before + STREAM_WORKER_NICE) and own_nice() == before
     assert stream_worker_priority() == {"torch_intra_op": 1, "nice_increment": STREAM_WORKER_NICE}
 
 
 def test_overlapped_host_worker_is_single_threaded_and_leaves_the_callers_threads_alone():
-    """A torch thread team in the worker slows the caller's PyTorch forward for good (see _init_stream_worker);
+    """A torch thread team in the worker slows the caller's PyTorch forward for good (see _init_host_thread);
     making the worker single-threaded must not change the caller's count or the default of later threads."""
     from concurrent.futures import ThreadPoolExecutor
 
     before = torch.get_num_threads()
-    assert _stream_worker().submit(torch.get_num_threads).result() == 1
+    assert _stream_workers(1).submit(torch.get_num_threads).result() == 1
     assert torch.get_num_threads() == before
     with ThreadPoolExecutor(1) as later:
         assert later.submit(torch.get_num_threads).result() == before

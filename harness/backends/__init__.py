@@ -143,5 +143,5 @@ def load_core(source: CoreSource, backend: str, device: Any, precision: str, inp
                          f"{', '.join(backend_names(source))}")
     from harness.backends.support import check_support
 
-    check_support(backend, device.kind, precision, current_options().ort_provider, device.index or 0)
+    check_support(backend, device.kind, precision, current_options().ort_provider, device.index)
     return registry[backend].load(source, device, precision, input_size, threads)

@@ -45,7 +45,7 @@ class OnnxRuntimeCore:
             model, self.precision_mode = to_fp16(model)
         self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device))]
         if provider == "tensorrt":  # nodes TensorRT does not take run on CUDA, not on the CPU (ORT's TensorRT EP docs)
-            self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index or 0}))
+            self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index}))
         if provider != "cpu":
             self._wanted.append(("CPUExecutionProvider", {}))
         self._model = model
@@ -74,7 +74,7 @@ class OnnxRuntimeCore:
         if provider == "cpu":
             return {}
         # `--device cuda:1` must run on GPU 1: both GPU providers default to device 0
-        gpu = {"device_id": device.index or 0}
+        gpu = {"device_id": device.index}
         if provider == "cuda":
             return gpu
         cache = Path(options.trt_cache_dir).expanduser()

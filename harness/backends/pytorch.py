@@ -38,7 +38,7 @@ class TorchCore:
     format = "pytorch"
 
     def __init__(self, module: torch.nn.Module, device: Device, precision: str = "fp32"):
-        check_support("pytorch", device.kind, precision, device_index=device.index or 0)
+        check_support("pytorch", device.kind, precision, device_index=device.index)
         # the family's module is shared (FLOP count, ONNX export, the next group): move a copy, never it
         on_device = all(t.device == device.torch_device for t in [*module.parameters(), *module.buffers()])
         self.torch_module = (module if on_device else copy.deepcopy(module).to(device.torch_device)).eval()

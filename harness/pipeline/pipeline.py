@@ -132,13 +132,9 @@ def _host_thread() -> ThreadPoolExecutor:
 
 @cache
 def _stream_workers(workers: int) -> ThreadPoolExecutor:
-    return _single_threaded_pool(workers, "va-stream", lower_priority=True)
-
-
-def _stream_worker(workers: int = 1) -> ThreadPoolExecutor:
     """The host workers of `run_overlapped` (one pool per count, per process), running torch ops
     single-threaded and at a lower priority than the forward (see STREAM_WORKER_NICE)."""
-    return _stream_workers(workers)
+    return _single_threaded_pool(workers, "va-stream", lower_priority=True)
 
 
 class DetectorPipeline:
@@ -166,6 +162,7 @@ class DetectorPipeline:
         self.stream_workers = stream_workers
         self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
         self._worker_streams = threading.local()  # on CUDA: each overlapped worker's preprocessing stream
+        self._finish_stream = None  # on CUDA: overlapped mode's post-processing stream
         self.detector = detector
         self.core = core
         self.device = device
@@ -239,7 +236,7 @@ class DetectorPipeline:
         many ahead of the forward; finishing (decode, NMS, boxes) runs one batch at a time, in order, on
         the same workers. With one worker it is one thread doing prepare(k+1) then finish(k) while the
         forward runs batch k."""
-        workers = _stream_worker(self.stream_workers)
+        workers = _stream_workers(self.stream_workers)
         worker_streams = self._worker_streams
         taken = 0  # batches the forward has taken from the queue
         count_lock = threading.Lock()
@@ -267,9 +264,12 @@ class DetectorPipeline:
                     stream.synchronize()
             return timer, batch, transforms
 
-        # On CUDA the workers post-process on their own stream: on the default stream their kernels would queue
-        # behind the next batch's forward (raw is complete: the forward stage synchronised).
-        side_stream = torch.cuda.Stream(device=self.device.torch_device) if self.device.is_cuda else None
+        # On CUDA the workers post-process on their own stream (one per pipeline, as the prepare streams): on the
+        # default stream their kernels would queue behind the next batch's forward (raw is complete: the
+        # forward stage synchronised).
+        if self.device.is_cuda and self._finish_stream is None:
+            self._finish_stream = torch.cuda.Stream(device=self.device.torch_device)
+        side_stream = self._finish_stream
 
         def finish(k: int, timer: StageTimer, raw: list[torch.Tensor], transforms: list[ImageTransform]):
             with torch.cuda.stream(side_stream) if side_stream is not None else nullcontext():
