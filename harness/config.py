@@ -48,6 +48,14 @@ class RunConfig(BaseModel):
     limit: int | None = option(None, "--limit", "first N images of the variant (-> subsetN)", ge=1)
     coco_dir: str | None = option(None, "--coco-dir",
                                   "COCO root (annotations/ + val2017/); else $VA_BENCH_COCO, datasets/coco")
+    dataset: str | None = option(None, "--dataset",
+                                 "any COCO-format dataset instead of COCO val2017: an annotation JSON (images "
+                                 "beside it), a folder with _annotations.coco.json, or a Roboflow export root")
+    split: str | None = option(None, "--split", "--dataset: the Roboflow export's split (valid, test, train; "
+                               "default: the first present)")
+    class_map: str | None = option(None, "--class-map",
+                                   "YAML file of `dataset category name: model class name` lines, for datasets "
+                                   "whose class names differ from the model's")
     device: str = option("cpu", "--device", "cpu, cuda or cuda:N")
     threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores", ge=1)
     warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed)", ge=0)

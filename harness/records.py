@@ -106,10 +106,13 @@ class ImageDetections:
     labels: np.ndarray  # [K] contiguous class index
 
     def to_coco(self, class_map: tuple[int, ...]) -> list[dict]:
-        """COCO results format: bbox [x, y, w, h], category_id in the 91-id scheme."""
+        """COCO results format: bbox [x, y, w, h], category_id = class_map[label]; a label mapped to a
+        negative id (a class the dataset does not have) is left out."""
         out = []
         for (x1, y1, x2, y2), score, label in zip(self.boxes.tolist(), self.scores.tolist(),
                                                    self.labels.tolist(), strict=True):
+            if class_map[label] < 0:
+                continue
             out.append({"image_id": self.image_id, "category_id": class_map[label],
                         "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
                         "score": round(score, 6)})

@@ -21,3 +21,5 @@ COCO80_NAMES: tuple[str, ...] = (
     "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors", "teddy bear",
     "hair drier", "toothbrush",
 )
+
+COCO_NAMES_BY_ID: dict[int, str] = dict(zip(COCO80_TO_91, COCO80_NAMES, strict=True))

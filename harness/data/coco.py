@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import Annotated, Literal
 from pycocotools.coco import COCO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.data.categories import COCO_NAMES_BY_ID
+from harness.data.classes import ClassMap, match_classes
 from harness.data.images import check_image_files
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
 from harness.errors import UsageError, path_problem
@@ -105,13 +109,13 @@ def _structure_problems(data) -> list[str]:
     return problems
 
 
-def load_instances(path: Path, name: str | None = None) -> COCO:
+def load_instances(path: Path, name: str | None = None, how_to_fix: str = HOW_TO_GET_COCO) -> COCO:
     """A pycocotools COCO index of a validated instances file; any problem is one UsageError line.
 
     `name` is how messages name the file (as the user's --coco-dir reaches it); its absolute path follows."""
     name = name or str(path)
 
-    def problem(text: str, fix: str = HOW_TO_GET_COCO) -> UsageError:
+    def problem(text: str, fix: str = how_to_fix) -> UsageError:
         where = "" if name == str(path) else f" ({path})"
         return UsageError(f"{name} {text}{where}; {fix}")
 
@@ -185,24 +189,79 @@ def _annotation_file(root: Path) -> Path | None:
 
 
 class CocoDataset:
-    """COCO val2017 rooted at `root` (annotations/ + val2017/)."""
+    """A COCO-format dataset: COCO val2017 rooted at `root` (annotations/ + val2017/), or, through
+    `open_dataset`, any annotation JSON with its image folder (a Roboflow COCO export too). Its identity
+    (id, split) and categories are read from what was loaded, never assumed."""
 
     def __init__(self, root: str | Path | None = None):
         self.root = find_coco_dir(root)
         self.annotation_file = _annotation_file(self.root)
         self.image_dir = self.root / "val2017"
+        self.layout = "coco"
+        self._fix = HOW_TO_GET_COCO
         source = coco_dir_source(root)
         # how messages name the root: as the user gave it (the absolute path follows), else absolute
         self._named_root = None if source is None else f"{source[0]} {source[1]}"
         self._shown_root = str(self.root) if source is None or source[1] == str(self.root) \
             else f"{source[1]} ({self.root})"
 
+    @classmethod
+    def from_path(cls, given: str, split: str | None = None) -> CocoDataset:
+        """`--dataset PATH`: an annotation JSON (images beside it, or in images/ beside it), a folder holding
+        `_annotations.coco.json` (a Roboflow export split), or a Roboflow export root (`--split`)."""
+        annotation_file, image_dir, name, split_name = _custom_layout(given, split)
+        self = cls.__new__(cls)
+        self.root, self.annotation_file, self.image_dir, self.layout = annotation_file.parent, annotation_file, \
+            image_dir, "custom"
+        self._named_root = f"--dataset {given}"
+        self._shown_root = given if str(Path(given).resolve()) == given else f"{given} ({Path(given).resolve()})"
+        self._custom_identity = (name, split_name)
+        self._fix = "fix the annotation file (COCO format: images, annotations, categories)"
+        return self
+
+    @cached_property
+    def categories(self) -> dict[int, str]:
+        """Category id -> name of the dataset's classes. A Roboflow export's workspace supercategory (the
+        category that is every other one's supercategory and has no annotation) is not a class."""
+        cats = self.coco.dataset["categories"]
+        annotated = {a["category_id"] for a in self.coco.dataset["annotations"]}
+        parents = {c.get("supercategory") for c in cats}
+        return {c["id"]: c["name"] for c in cats
+                if not (c["id"] not in annotated and c["name"] in parents and len(cats) > 1)}
+
+    @cached_property
+    def is_coco_val2017(self) -> bool:
+        """A COCO-layout folder whose categories are COCO's 80 (same ids, same names)."""
+        return self.layout == "coco" and self.categories == COCO_NAMES_BY_ID
+
+    @cached_property
+    def identity(self) -> tuple[str, str]:
+        """(dataset id, split) as a submission's dataset block names them."""
+        if self.layout == "custom":
+            return self._custom_identity
+        return ("coco2017", "val2017") if self.is_coco_val2017 else (_slug(self.root.name), "val2017")
+
+    def describe(self) -> dict:
+        """The dataset block of run.json and submissions (images are the variant's)."""
+        dataset_id, split = self.identity
+        return {"id": dataset_id, "split": split, "num_categories": len(self.categories),
+                "categories_sha256": categories_sha256(self.categories)}
+
+    def label_categories(self, model_id: str, class_names: tuple[str | None, ...],
+                         class_map: ClassMap | None = None) -> tuple[int, ...]:
+        """The dataset category of each model label (harness/data/classes.py); a UsageError when the model
+        does not know the dataset's categories."""
+        try:
+            return match_classes(model_id, class_names, self.categories, class_map)
+        except UsageError as exc:
+            raise UsageError(f"{self._shown_root}: {exc}") from exc
+
     @cached_property
     def coco(self) -> COCO:
         name = None
         if self._named_root is not None:
             name = f"{self._named_root}: {self.annotation_file.relative_to(self.root)}"
-        return load_instances(self.annotation_file, name)
+        return load_instances(self.annotation_file, name, self._fix)
 
     def record(self, image_id: int) -> ImageRecord:
         info = self.coco.imgs[image_id]
@@ -232,6 +291,9 @@ class CocoDataset:
         """
         if limit is not None and limit < 1:
             raise UsageError(f"--limit must be a positive number of images, got {limit}")
+        if name in ("full", "mini500") and not self.is_coco_val2017:
+            raise UsageError(f"--subset {name} is a COCO val2017 variant and {self._shown_root} is another dataset; "
+                             "use --subset sample (all its images) and --limit N")
         if name == "full":
             wanted = sorted(self.coco.imgs) if len(self.coco.imgs) >= VAL2017_NUM_IMAGES else None
             expected = VAL2017_NUM_IMAGES
@@ -265,3 +327,49 @@ class CocoDataset:
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)
+
+
+ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
+ROBOFLOW_SPLITS = ("valid", "test", "train")
+
+
+def _slug(name: str) -> str:
+    """A dataset id from a folder or file name: lower-case letters, digits, '_', '.' and '-'."""
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "dataset"
+
+
+def categories_sha256(categories: dict[int, str]) -> str:
+    """SHA-256 of the sorted `id<TAB>name` lines: two datasets with the same classes under the same ids
+    have the same value."""
+    text = "\n".join(f"{i}\t{n}" for i, n in sorted(categories.items()))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]:
+    """(annotation file, image folder, dataset id, split) of a `--dataset` path; one UsageError line when
+    it is none of the layouts."""
+    path = Path(given).expanduser()
+    layouts = (f"an annotation JSON, a folder with {ROBOFLOW_ANNOTATIONS}, or a Roboflow export with "
+               f"{'/'.join(ROBOFLOW_SPLITS)} folders")
+    if not path.exists():
+        raise UsageError(path_problem("--dataset", given, "no such file or folder") + f"; give {layouts}")
+    if path.is_file():
+        if split is not None:
+            raise UsageError("--split applies to a Roboflow export folder, not to an annotation file; drop it")
+        images = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
+        return path.resolve(), images.resolve(), _slug(path.parent.name), _slug(path.stem)
+    if (path / ROBOFLOW_ANNOTATIONS).is_file():
+        if split is not None and split != path.name:
+            raise UsageError(path_problem("--dataset", given, f"is the {path.name!r} split already")
+                             + f"; drop --split {split} or give the export's root folder")
+        return (path / ROBOFLOW_ANNOTATIONS).resolve(), path.resolve(), _slug(path.resolve().parent.name), \
+            _slug(path.name)
+    present = [s for s in ROBOFLOW_SPLITS if (path / s / ROBOFLOW_ANNOTATIONS).is_file()]
+    if not present:
+        raise UsageError(path_problem("--dataset", given, "holds no COCO annotations") + f"; give {layouts}")
+    chosen = split or present[0]
+    if chosen not in present:
+        raise UsageError(path_problem("--dataset", given, f"has no {chosen!r} split")
+                         + f"; use --split {' or '.join(present)}")
+    return (path / chosen / ROBOFLOW_ANNOTATIONS).resolve(), (path / chosen).resolve(), \
+        _slug(path.resolve().name), chosen

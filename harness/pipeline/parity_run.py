@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox
@@ -54,13 +55,14 @@ def _input_tensor(pipeline: DetectorPipeline, record: ImageRecord) -> torch.Tens
     return batch[0].cpu()
 
 
-def _detections(pipeline: DetectorPipeline, records: list[ImageRecord], batch_size: int) -> list[dict]:
+def _detections(pipeline: DetectorPipeline, records: list[ImageRecord], batch_size: int,
+                label_categories: tuple[int, ...]) -> list[dict]:
     """COCO results of every image, in batches of `batch_size` (latency mode)."""
     timer = StageTimer(pipeline.device)
     out: list[dict] = []
     for start in range(0, len(records), batch_size):
         for det in pipeline.run_batch(records[start:start + batch_size], timer):
-            out.extend(det.to_coco(pipeline.detector.class_map))
+            out.extend(det.to_coco(label_categories))
     return out
 
 
@@ -81,14 +83,15 @@ def run_parity(detector: Detector, core, device: Device, dataset: CocoDataset, r
     def evaluate(results: list[dict]) -> tuple[dict[str, float], DetectionSet]:
         return evaluate_bbox(dataset.coco, results, image_ids), parse_coco_detections(results)
 
-    ref_metrics, ref_set = evaluate(_detections(pipelines[reference], records, setup.batch_size))
+    categories = dataset.label_categories(detector.model_id, model_class_names(detector))
+    ref_metrics, ref_set = evaluate(_detections(pipelines[reference], records, setup.batch_size, categories))
     ref_inputs = [_input_tensor(pipelines[reference], r).numpy() for r in records]
     candidates = []
     runs = [(f"{reference} (again)", reference, setup.batch_size, True),
             (f"{reference} (batch {setup.noise_batch_size})", reference, setup.noise_batch_size, True)]
     runs += [(name, name, setup.batch_size, False) for name in pipelines if name != reference]
     for label, name, batch_size, noise in runs:
-        metrics, dets = evaluate(_detections(pipelines[name], records, batch_size))
+        metrics, dets = evaluate(_detections(pipelines[name], records, batch_size, categories))
         pixels = None
         if not noise:
             pixels = PixelStats()

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import cv2
 
-from harness.data.categories import COCO80_NAMES
 from harness.records import ImageDetections
 
 MIN_SCORE = 0.3
 
 
-def draw_detections(path: Path, detections: ImageDetections, class_map: tuple[int, ...]) -> bytes:
-    """JPEG bytes of the image with boxes scoring >= 0.3 and their class names."""
+def draw_detections(path: Path, detections: ImageDetections, class_names: tuple[str | None, ...]) -> bytes:
+    """JPEG bytes of the image with boxes scoring >= 0.3 and their class names (the label where unnamed)."""
     image = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if image is None:
         raise ValueError(f"{path} could not be decoded for drawing")
@@ -21,7 +20,7 @@ def draw_detections(path: Path, detections: ImageDetections, class_map: tuple[in
         if score < MIN_SCORE:
             continue
         x1, y1, x2, y2 = (int(round(v)) for v in box)
-        name = COCO80_NAMES[label] if len(class_map) == len(COCO80_NAMES) else str(class_map[label])
+        name = class_names[label] or str(label)
         cv2.rectangle(image, (x1, y1), (x2, y2), (0, 200, 0), 2)
         cv2.putText(image, f"{name} {score:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.45,
                     (0, 200, 0), 1, cv2.LINE_AA)

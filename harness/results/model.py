@@ -109,6 +109,11 @@ class Submission(Block):
         return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
 
     @property
+    def is_rf100vl(self) -> bool:
+        """The site's rule for its RF100-VL section: an `rf100vl` block, or dataset id rf100_vl."""
+        return isinstance(getattr(self, "rf100vl", None), dict) or self.dataset_id == "rf100_vl"
+
+    @property
     def dataset_variant(self) -> str | None:
         """Declared variant, else derived from the image count (5000 -> full, 500 -> mini500)."""
         if self.dataset and self.dataset.variant:

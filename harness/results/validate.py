@@ -163,6 +163,10 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     if not (sub.hardware.id and str(sub.hardware.id).strip()) and coords["hardware.id"]:
         out.append(Finding("hardware.id", f"hardware.id absent; derived {coords['hardware.id']!r} from device names",
                            "coordinates", "warning"))
+    # a dataset of its own: the site has no board for it (its rule puts every non-RF100-VL file on COCO's)
+    if sub.dataset_id != "coco2017" and not sub.is_rf100vl:
+        out.append(Finding("dataset.id", f"dataset {sub.dataset_id!r} is not COCO val2017: the site would list this "
+                           "file on its COCO board; keep it for your own comparisons", "dataset"))
     # dataset fingerprint
     n, sha = sub.num_images, sub.image_id_sha256
     if variant in KNOWN_FINGERPRINTS:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import torch
 
 from harness.config import RunConfig
 from harness.data.cache import ImageBytes
+from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
 from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
@@ -85,6 +86,7 @@ class RunContext:
     monitor: MemoryMonitor | None
     progress: object
     threads: int
+    label_categories: dict[str, tuple[int, ...]] = field(default_factory=dict)  # model id -> category per label
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
@@ -115,6 +117,8 @@ class GroupExecutor:
 
     def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey):
         self.ctx, self.detector, self.key = ctx, detector, key
+        # the dataset category each label is scored as (checked at plan time: data/classes.py)
+        self.label_categories = ctx.label_categories[detector.model_id]
         config = ctx.config
         process_start = psutil.Process().create_time()
         load_start, clock = time.time(), time.perf_counter()
@@ -146,7 +150,7 @@ class GroupExecutor:
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
         """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
         by_image = {d.image_id: d for d in detections_from_coco(json.loads(detections_file.read_text()))}
-        contiguous = {category: i for i, category in enumerate(self.detector.class_map)}
+        contiguous = {category: i for i, category in enumerate(self.label_categories) if category >= 0}
         reference = []
         for record in self.ctx.records:
             d = by_image.get(record.image_id)
@@ -187,7 +191,7 @@ class GroupExecutor:
                      "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
                      "preprocess": self.pipeline.preprocess_info(),  # --preprocess: implementation, decoder
                      "host": self.pipeline.host_info(ctx.config.overlap)},  # --workers; where host ops run
-            dataset=ctx.variant.describe(),
+            dataset={**ctx.dataset.describe(), **ctx.variant.describe()},
             thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
                         "preprocess": self.spec.to_dict()},
             hardware=ctx.hardware,
@@ -321,11 +325,10 @@ class GroupExecutor:
         """detections/<cell>.json (COCO results format), written image by image: the cell holds its
         detections as arrays, never as one Python dict per box. Returns the path relative to the run
         folder and the number of detections."""
-        class_map = self.detector.class_map
         rel = f"detections/{cell_slug(cell)}.json"
         with JsonArrayWriter(self.ctx.run_dir / rel) as out:
             for det in detections:
-                out.extend(det.to_coco(class_map))
+                out.extend(det.to_coco(self.label_categories))
         return rel, out.count
 
     def _evaluate(self, cell: Cell, detections_file: str, num_detections: int,
@@ -352,7 +355,7 @@ class GroupExecutor:
     def _draw(self, detections: list[ImageDetections]) -> None:
         ctx = self.ctx
         for det, record in zip(detections[: ctx.config.draw_images], ctx.records, strict=False):
-            image = draw_detections(record.path, det, self.detector.class_map)
+            image = draw_detections(record.path, det, model_class_names(self.detector))
             name = f"{load_slug(self.key)}__{record.image_id}.jpg"
             atomic_write_bytes(ctx.run_dir / "images" / name, image)
 

@@ -356,7 +356,7 @@ class FleetDriver:
     def _header(self, hardware_id: str) -> dict:
         plan = self.plan
         return {"config": {**self.config.model_dump(), "hardware_id": hardware_id},
-                "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
+                "dataset": {**plan.dataset.describe(), **plan.variant.describe(), "root": str(plan.dataset.root),
                             "annotation_file": str(plan.dataset.annotation_file)},
                 "device": self.config.device, "hardware": {"id": hardware_id}, "environment": {},
                 "fleet": {"run_id": plan.run_id, "hardware_id": hardware_id, "fleet_file": f"../{FLEET_FILE}",
@@ -632,7 +632,8 @@ class FleetDriver:
             stats = evaluate_bbox_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
                                        list(plan.variant.image_ids), config.evaluator)
             record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
-                      "batch_size": entry["batch_size"], "dataset": plan.variant.describe(),
+                      "batch_size": entry["batch_size"],
+                      "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": stats,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,

@@ -244,7 +244,7 @@ def detect_shard(job: ShardJob) -> dict:
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=scratch, device=plan.device, dataset=plan.dataset,
                          variant=plan.variant, records=records, environment={}, hardware={},
                          artifacts=ProbeArtifacts(scratch), energy_probe=None, monitor=None,
-                         progress=SilentProgress(), threads=threads)
+                         progress=SilentProgress(), threads=threads, label_categories=plan.label_categories)
         executor = GroupExecutor(ctx, plan.detectors[job.group.model], job.group)
         timer = StageTimer(plan.device, config.stage_sync)
         start = time.perf_counter()
@@ -252,7 +252,7 @@ def detect_shard(job: ShardJob) -> dict:
         with JsonArrayWriter(path) as out:  # as the executor writes a cell's detections, image by image
             for batch in ctx.batches(job.batch_size):
                 for image in executor.pipeline.run_batch(batch, timer):
-                    out.extend(image.to_coco(executor.detector.class_map))
+                    out.extend(image.to_coco(executor.label_categories))
         return {"detections_json": path.read_bytes(), "detections": out.count, "images": len(records),
                 "seconds": round(time.perf_counter() - start, 3), "threads": threads}
     finally:

@@ -23,6 +23,7 @@ import torch
 
 from harness.backends.tensorrt import engine_defaults
 from harness.config import RunConfig, build_config
+from harness.data.classes import ClassMap, model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.images import find_corrupt_images
 from harness.data.variants import DatasetVariant
@@ -59,6 +60,7 @@ class RunPlan:
     records: list[ImageRecord]
     detectors: dict[str, Detector]
     groups: list[tuple[LoadKey, list[Cell]]]
+    label_categories: dict[str, tuple[int, ...]]  # model id -> the dataset category of each label
     resume: dict | None = None  # run.json of the run being resumed
     retry_failed: bool = False
 
@@ -85,13 +87,25 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
+def open_dataset(config: RunConfig) -> CocoDataset:
+    """The run's dataset: `--dataset PATH` (any COCO-format dataset) or COCO val2017 (`--coco-dir`, ...)."""
+    if config.dataset is not None:
+        if config.coco_dir is not None:
+            raise UsageError("--dataset and --coco-dir name two datasets; give one")
+        return CocoDataset.from_path(config.dataset, config.split)
+    if config.split is not None:
+        raise UsageError("--split selects a split of a --dataset Roboflow export; give --dataset PATH or drop it")
+    return CocoDataset(config.coco_dir)
+
+
 def prepare(config: RunConfig) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
     device = parse_device(config.device)
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
-    dataset = CocoDataset(config.coco_dir)
+    dataset = open_dataset(config)
     variant = dataset.variant(config.subset, config.limit)
+    class_map = ClassMap.read(config.class_map) if config.class_map else None
     if config.weights and len(config.models) > 1:
         raise UsageError("--weights applies to a single --model; run one model at a time with it")
     if config.weights and PLUGIN_PATTERN.match(config.models[0]):
@@ -100,6 +114,8 @@ def prepare(config: RunConfig) -> RunPlan:
     for spec in config.models:
         detector = get_detector(spec, config.weights)
         detectors[detector.model_id] = detector
+    label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
+                        for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
     output_dir = Path(config.output_dir)
     try:
@@ -114,7 +130,8 @@ def prepare(config: RunConfig) -> RunPlan:
     if run_dir.exists():
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
                          + f"; pick another --run-id or continue it with --resume {run_id}")
-    return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups)
+    return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups,
+                   label_categories)
 
 
 def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
@@ -190,7 +207,7 @@ class Scheduler:
                          energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
                          if config.energy else None,
                          monitor=MemoryMonitor(plan.device) if config.memory else None,
-                         progress=self.progress, threads=threads)
+                         progress=self.progress, threads=threads, label_categories=plan.label_categories)
         ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
         self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
         ctx.artifacts.keep_cells(ok)
@@ -242,7 +259,7 @@ class Scheduler:
         for c in corrupt:
             self.progress.log(f"warning: {c['path']} decodes only with errors ({c['problem']})")
         header = {"config": self.config.model_dump(),
-                  "dataset": {**plan.variant.describe(), "root": str(plan.dataset.root),
+                  "dataset": {**plan.dataset.describe(), **plan.variant.describe(), "root": str(plan.dataset.root),
                               "annotation_file": str(plan.dataset.annotation_file),
                               "corrupt_images": corrupt},
                   "device": str(plan.device), "hardware": hardware, "environment": environment}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.data.categories import COCO80_TO_91
 from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 
 
@@ -38,7 +39,7 @@ class BatchDependentDetector:
     preprocess = PreprocessSpec(input_size=(64, 64), resize="stretch", channel_order="RGB", scale=1 / 255)
     defaults = ProtocolDefaults()
     backends = ("pytorch",)
-    class_map = (1,)
+    class_map = COCO80_TO_91  # a COCO detector's classes (it only ever predicts label 0, person)
     weights = WeightsInfo(file="none", sha256=None, source="plugin")
 
     def load_core(self, backend, device, precision, input_size, threads=None):

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from harness.data.categories import COCO80_TO_91
 from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 
 FORWARD_MS = float(os.environ.get("VA_BENCH_TEST_FORWARD_MS", "40"))
@@ -63,7 +64,7 @@ class SyntheticDetector:
     preprocess = PreprocessSpec(input_size=(64, 64), resize="stretch", channel_order="RGB", scale=1 / 255)
     defaults = ProtocolDefaults()
     backends = ("pytorch",)
-    class_map = (1,)
+    class_map = COCO80_TO_91  # a COCO detector's classes (it only ever predicts label 0, person)
     weights = WeightsInfo(file="none", sha256=None, source="plugin")
 
     def __init__(self, fail_at: int | None = None, fail_kind: str = "error"):

@@ -1,0 +1,96 @@
+"""Which dataset category each of a model's classes scores as: matched by name, or by a class map.
+
+A detector's label i is its class `class_names[i]`; a dataset has its own category ids and names. A
+detection is written under the dataset category of its class; a class the dataset does not have is left
+out of the scored detections (its category does not exist there), and a dataset category that no class of
+the model names is refused: scoring it would give a silent AP of 0 for that category.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from harness.data.categories import COCO_NAMES_BY_ID
+from harness.errors import UsageError, path_problem
+
+NOT_IN_DATASET = -1  # a model class with no category in the dataset: its detections are not scored
+
+
+def model_class_names(detector) -> tuple[str | None, ...]:
+    """The model's class name per contiguous label: its own `class_names`, or, for the COCO-trained
+    families (whose `class_map` holds COCO category ids), COCO's names; None for a label that is no class
+    (torchvision's background and unused ids)."""
+    names = getattr(detector, "class_names", None)
+    if names is not None:
+        return tuple(names)
+    return tuple(COCO_NAMES_BY_ID.get(int(category)) for category in detector.class_map)
+
+
+def _norm(name: str) -> str:
+    return " ".join(str(name).lower().replace("_", " ").replace("-", " ").split())
+
+
+@dataclass(frozen=True)
+class ClassMap:
+    """A user's class map: dataset category name -> model class name (`--class-map FILE`, YAML)."""
+
+    path: str
+    entries: dict[str, str]
+
+    @classmethod
+    def read(cls, given: str) -> ClassMap:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise UsageError(path_problem("--class-map", given, "no such file") + "; give a YAML file of "
+                             "`dataset category name: model class name` lines")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+            raise UsageError(path_problem("--class-map", given, f"not readable YAML ({type(exc).__name__})")
+                             + "; fix the file") from exc
+        if not isinstance(data, dict) or not data or not all(
+                isinstance(k, (str, int)) and isinstance(v, (str, int)) for k, v in data.items()):
+            raise UsageError(path_problem("--class-map", given, "not a mapping of names")
+                             + "; write `dataset category name: model class name` lines")
+        return cls(str(given), {str(k): str(v) for k, v in data.items()})
+
+
+def match_classes(model_id: str, class_names: tuple[str | None, ...], categories: dict[int, str],
+                  class_map: ClassMap | None = None) -> tuple[int, ...]:
+    """The dataset category id of each model label (NOT_IN_DATASET where the dataset lacks the class).
+
+    Names are compared case- and separator-insensitively ("traffic_light" is "traffic light"); a class map
+    renames dataset categories to model classes first. Raises UsageError, naming the categories no model
+    class matches, when any dataset category is left unmatched, or two categories claim one class."""
+    by_name = {_norm(name): label for label, name in enumerate(class_names) if name is not None}
+    renames = {_norm(k): _norm(v) for k, v in (class_map.entries if class_map else {}).items()}
+    labels: dict[int, int] = {}
+    unmatched, unknown_targets = [], []
+    for category, name in sorted(categories.items()):
+        wanted = renames.get(_norm(name), _norm(name))
+        label = by_name.get(wanted)
+        if label is None:
+            (unknown_targets if _norm(name) in renames else unmatched).append(f"{name!r} (id {category})")
+        elif label in labels:
+            raise UsageError(f"dataset categories {categories[labels[label]]!r} and {name!r} both map to "
+                             f"{model_id}'s class {class_names[label]!r}; give each its own class in --class-map")
+        else:
+            labels[label] = category
+    if unknown_targets:
+        raise UsageError(f"--class-map {class_map.path}: {', '.join(unknown_targets)} map to no class of "
+                         f"{model_id} (its classes: {_some(class_names)}); fix the file")
+    if unmatched:
+        more = f" and {len(unmatched) - 3} more" if len(unmatched) > 3 else ""
+        raise UsageError(f"the dataset's categories {', '.join(unmatched[:3])}{more} are not classes of "
+                         f"{model_id} (its classes: {_some(class_names)}); scoring them would give AP 0. Map them "
+                         "with --class-map FILE (YAML: `dataset category name: model class name`), or use "
+                         "weights trained on this dataset")
+    return tuple(labels.get(label, NOT_IN_DATASET) for label in range(len(class_names)))
+
+
+def _some(names: tuple[str | None, ...]) -> str:
+    real = [n for n in names if n is not None]
+    return ", ".join(real[:5]) + (f", ... ({len(real)} in all)" if len(real) > 5 else "")

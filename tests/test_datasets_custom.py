@@ -1,0 +1,155 @@
+"""Datasets other than COCO val2017: scored by class name, refused when the model does not know their
+classes (never a silent mAP of 0), and identified by what was loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
+
+from harness.data.classes import ClassMap, match_classes, model_class_names
+from harness.errors import UsageError
+
+# three COCO classes under other ids (COCO's own: person 1, car 3, dog 18)
+RENUMBERED = {"person": 7, "car": 3, "dog": 11}
+RENAMED = {"person": "pedestrian", "car": "vehicle", "dog": "canine"}
+IMAGES = 24
+
+
+def _three_class_dataset(folder: Path, names: dict[str, str] | None = None, layout: str = "json") -> Path:
+    """The first IMAGES sample images holding a person, car or dog, with those three classes' official
+    boxes under the ids in RENUMBERED (and the names in `names`, COCO's when None)."""
+    source = json.loads(SUBSET_ANNOTATIONS.read_text())
+    coco_ids = {c["name"]: c["id"] for c in source["categories"]}
+    to_new = {coco_ids[name]: new for name, new in RENUMBERED.items()}
+    annotations = [dict(a, category_id=to_new[a["category_id"]]) for a in source["annotations"]
+                   if a["category_id"] in to_new]
+    keep = sorted({a["image_id"] for a in annotations})[:IMAGES]
+    images = [img for img in source["images"] if img["id"] in keep]
+    data = {"images": images, "annotations": [a for a in annotations if a["image_id"] in keep],
+            "categories": [{"id": new, "name": (names or {}).get(name, name), "supercategory": "things"}
+                           for name, new in RENUMBERED.items()]}
+    if layout == "roboflow":  # an export's split folder: its workspace supercategory at id 0, images beside
+        data["categories"].insert(0, {"id": 0, "name": "things", "supercategory": "none"})
+        split = folder / "my-export" / "valid"
+        image_dir, annotation = split, split / "_annotations.coco.json"
+    elif layout == "coco":  # the COCO layout --coco-dir reads
+        image_dir, annotation = folder / "val2017", folder / "annotations" / "instances_val2017.json"
+    else:
+        image_dir, annotation = folder / "images", folder / "three.json"
+    image_dir.mkdir(parents=True)
+    annotation.parent.mkdir(parents=True, exist_ok=True)
+    for img in images:
+        os.symlink(COCO_DIR / "val2017" / img["file_name"], image_dir / img["file_name"])
+    annotation.write_text(json.dumps(data))
+    return {"roboflow": folder / "my-export", "coco": folder}.get(layout, annotation)
+
+
+def _run(tmp_path: Path, *args: str):
+    out = tmp_path / "out"
+    result = run_in_process("run", "--model", "yolox-nano", "--batch-sizes", "2", "--warmup-batches", "1",
+                            "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-energy", "--draw-images",
+                            "0", "--output-dir", str(out), "--json", *args)
+    return result, out
+
+
+def _only_submission(out: Path) -> dict:
+    (path,) = list(out.glob("*/submissions/*.json"))
+    return json.loads(path.read_text())
+
+
+def test_classes_match_by_name_whatever_the_ids():
+    names = ("person", "bicycle", "car", "traffic light")
+    assert match_classes("m", names, {7: "person", 3: "Car", 11: "traffic_light"}) == (7, -1, 3, 11)
+
+
+def test_unknown_categories_are_refused_with_the_class_map_hint():
+    with pytest.raises(UsageError, match=r"'widget' \(id 2\).*--class-map FILE"):
+        match_classes("m", ("person", "car"), {1: "person", 2: "widget"})
+
+
+def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("widget: car\n")
+    bad.write_text("widget: spaceship\n")
+    assert match_classes("m", ("person", "car"), {1: "person", 2: "widget"}, ClassMap.read(str(good))) == (1, 2)
+    with pytest.raises(UsageError, match=r"--class-map .*bad.yaml: 'widget' \(id 2\) map to no class"):
+        match_classes("m", ("person", "car"), {1: "person", 2: "widget"}, ClassMap.read(str(bad)))
+    with pytest.raises(UsageError, match="both map to"):
+        match_classes("m", ("person", "car"), {1: "person", 2: "human"}, ClassMap("f", {"human": "person"}))
+
+
+def test_torchvision_labels_without_a_class_are_not_scored():
+    class TorchvisionLike:
+        class_map = tuple(range(91))  # label = COCO id; 0 is background, 12 is unused
+    names = model_class_names(TorchvisionLike())
+    assert names[0] is None and names[12] is None and names[1] == "person" and names[90] == "toothbrush"
+
+
+@requires_coco
+@requires_yolox
+def test_renumbered_coco_classes_score_as_pycocotools_says(tmp_path):
+    """Independent truth: pycocotools run directly on the saved detections and the dataset's own file."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    annotation = _three_class_dataset(tmp_path)
+    result, out = _run(tmp_path, "--dataset", str(annotation))
+    assert result.returncode == 0, result.stderr
+    sub = _only_submission(out)
+    assert sub["dataset"]["id"] == tmp_path.name.lower() and sub["dataset"]["split"] == "three"
+    assert sub["dataset"]["num_images"] == IMAGES and sub["dataset"]["num_categories"] == 3
+    detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
+    assert {d["category_id"] for d in detections} <= set(RENUMBERED.values())
+    gt = COCO(str(annotation))
+    coco_eval = COCOeval(gt, gt.loadRes(detections), "bbox")
+    coco_eval.evaluate(), coco_eval.accumulate(), coco_eval.summarize()
+    assert sub["accuracy"]["mAP_50_95"] == pytest.approx(coco_eval.stats[0], abs=1e-12)
+    assert sub["accuracy"]["mAP_50_95"] > 0.2  # a real detector on three of its own classes
+    findings = run_in_process("validate", str(next(out.glob("*/submissions/*.json"))))
+    assert findings.returncode == 1 and "is not COCO val2017" in findings.stdout
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("layout", ["json", "coco"])
+def test_other_names_are_refused_before_anything_is_written(tmp_path, layout):
+    path = _three_class_dataset(tmp_path, RENAMED, layout)
+    flag = "--coco-dir" if layout == "coco" else "--dataset"
+    result, out = _run(tmp_path, flag, str(path))
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "'canine' (id 11)" in line and "--class-map FILE" in line
+    assert not any(out.glob("*"))
+
+
+@requires_coco
+@requires_yolox
+def test_a_class_map_scores_a_roboflow_export_like_the_coco_names(tmp_path):
+    renamed = _three_class_dataset(tmp_path / "a", RENAMED, "roboflow")
+    plain = _three_class_dataset(tmp_path / "b")
+    class_map = tmp_path / "map.yaml"
+    class_map.write_text("".join(f"{new}: {name}\n" for name, new in RENAMED.items()))
+    result, out = _run(tmp_path / "a", "--dataset", str(renamed), "--class-map", str(class_map))
+    assert result.returncode == 0, result.stderr
+    mapped = _only_submission(out)
+    assert (mapped["dataset"]["id"], mapped["dataset"]["split"]) == ("my-export", "valid")
+    assert mapped["dataset"]["num_categories"] == 3  # the workspace supercategory is no class
+    result, out = _run(tmp_path / "b", "--dataset", str(plain))
+    assert result.returncode == 0, result.stderr
+    assert mapped["accuracy"] == _only_submission(out)["accuracy"]
+
+
+@requires_coco
+def test_coco_variants_and_dataset_options_are_refused_on_other_datasets(tmp_path):
+    annotation = _three_class_dataset(tmp_path)
+    for args, message in [(("--dataset", str(annotation), "--subset", "mini500"), "--subset mini500 is a COCO"),
+                          (("--dataset", str(annotation), "--coco-dir", str(COCO_DIR)), "name two datasets"),
+                          (("--split", "valid"), "--split selects a split"),
+                          (("--dataset", str(annotation), "--split", "valid"), "--split applies to a Roboflow"),
+                          (("--dataset", str(tmp_path / "nope")), "no such file or folder")]:
+        result, _ = _run(tmp_path, *args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
