@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: setup bench bench-overhead bench-hooks bench-run bench-memory test report-check lint clean
+.PHONY: gpu-pack setup bench bench-overhead bench-hooks bench-run bench-memory test report-check lint clean
 
 setup: $(STAMP)
 
@@ -62,3 +62,21 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The GPU acceptance's carry (docs/gpu-checklist.md): py3.12 x86-64 wheels the lent GPU machine lacks, at this
+# venv's versions, and the assets a run needs, in .gpu-pack/ (ignored by git; <= 64 MiB with the checkout).
+GPU_PACK := .gpu-pack
+GPU_WHEELS := onnx2torch pycocotools faster-coco-eval pydantic pydantic-core annotated-types typing-inspection \
+	typing-extensions jsonschema jsonschema-specifications referencing rpds-py simplejpeg typer click
+PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64
+gpu-pack: $(STAMP)
+	rm -rf $(GPU_PACK) && mkdir -p $(GPU_PACK)/wheels $(GPU_PACK)/coco/annotations $(GPU_PACK)/onnx
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $(PLATFORMS) \
+		-d $(GPU_PACK)/wheels $$($(BIN)/pip freeze | grep -i -E "^($$(echo $(GPU_WHEELS) | sed 's/[-_]/[-_]/g; s/ /|/g'))==")
+	cp -rL $(VA_BENCH_COCO)/val2017 $(GPU_PACK)/coco/
+	cp $(VA_BENCH_COCO)/annotations/instances_val2017_subset.json $(GPU_PACK)/coco/annotations/
+	cp $(VA_BENCH_YOLOX_NANO) $(GPU_PACK)/onnx/
+	@echo "$(GPU_PACK): $$(du -sh $(GPU_PACK) | cut -f1) ($$(ls $(GPU_PACK)/wheels | wc -l) wheels); with the checkout:" \
+		"$$(( ($$(du -sk $(GPU_PACK) | cut -f1) + $$(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1)) / 1024 )) MiB of 64"
+	@echo "on the GPU (device run, carry [\"$(GPU_PACK)\"]): bash tools/gpu_check"

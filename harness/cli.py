@@ -253,7 +253,8 @@ def aggregate(
     as_json: bool = typer.Option(False, "--json", help="print the leaderboard JSON on stdout"),
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
-    from harness.report.leaderboard import gate_table, leaderboard_table
+    from harness.models.sizes import size_ranks
+    from harness.report.leaderboard import gate_table, leaderboard_table, size_order_table
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
     from harness.results.writer import atomic_write_json
@@ -262,7 +263,8 @@ def aggregate(
         raise UsageError("--tolerance must be >= 0 (mAP points)")
     support = load_support_matrix(support_matrix)
     validation = validate_paths(paths, support, _progress(as_json))
-    board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant)
+    board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
+                  size_ranks())
     if output is not None:
         atomic_write_json(output, board)
     if as_json:
@@ -272,10 +274,13 @@ def aggregate(
             console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         console.print(leaderboard_table(board))
         console.print(gate_table(board))
+        if board["size_order"]:
+            console.print(size_order_table(board))
         c = board["counts"]
         console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
                       "random weights), "
-                      f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings"
+                      f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings, "
+                      f"{c['size_order_findings']} size-order findings"
                       + (f"; written to {output}" if output else ""))
     raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
 

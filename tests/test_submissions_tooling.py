@@ -7,6 +7,7 @@ import pytest
 from conftest import CORPUS, requires_corpus, run_in_process
 
 from harness.errors import UsageError
+from harness.models.sizes import size_ranks
 from harness.results.aggregate import aggregate
 from harness.results.site_rules import schema_findings
 from harness.results.validate import EXTENDED_SCHEMA, validate_file, validate_paths
@@ -515,3 +516,44 @@ def test_json_writer_refuses_nan_and_keeps_none(tmp_path):
         assert list(tmp_path.iterdir()) == []  # nothing written, no temp file left
     atomic_write_json(tmp_path / "ok.json", {"peak_vram_mb": None, "p50": 1.5})
     assert json.loads((tmp_path / "ok.json").read_text()) == {"peak_vram_mb": None, "p50": 1.5}
+
+
+def test_a_larger_variant_measured_faster_is_a_size_order_finding(tmp_path, base_doc):
+    """yolox-s (base_doc) and yolox-m/l at the same coordinate: m 20 % faster than s is a finding naming both
+    rows; l 5 % faster than s is within the margin; another batch size is another coordinate."""
+    p50 = base_doc["timing"]["total_ms"]["p50"]
+    m = _variant(base_doc, model__id="yolox-m", model__variant="m")
+    m["timing"]["total_ms"]["p50"] = 0.8 * p50
+    large = _variant(base_doc, model__id="yolox-l", model__variant="l")
+    large["timing"]["total_ms"]["p50"] = 0.95 * p50
+    other_batch = _variant(m, config__batch_size=8, timing__batch_size=8)
+    board = aggregate(_write(tmp_path / "sizes", [base_doc, m, large, other_batch]), size_ranks=size_ranks())
+    (finding,) = board["size_order"]
+    assert (finding["smaller"]["model"], finding["larger"]["model"]) == ("yolox-s", "yolox-m")
+    assert (finding["smaller"]["file"], finding["larger"]["file"]) == ("s0.json", "s1.json")
+    assert finding["faster_pct"] == pytest.approx(20.0, abs=0.05)
+    assert board["counts"]["size_order_findings"] == 1
+
+
+def test_size_order_findings_on_the_real_corpus_equal_a_plain_count(corpus_reports):
+    """Independent count over the raw files: every pair of one family's variants (catalogue order) at the same
+    hardware/format/provider/precision/input/batch where the larger one's p50 is > 10 % lower."""
+    import yaml
+
+    from harness.models.sizes import CATALOGUE, SIZES, ULTRALYTICS_PATTERNS
+
+    order = {pattern.format(s): (family, i) for family, pattern in ULTRALYTICS_PATTERNS.items()
+             for i, s in enumerate(SIZES)}
+    for key, block in yaml.safe_load(CATALOGUE.read_text())["libreyolo"]["families"].items():
+        order.update({m: (block.get("family", key), i) for i, m in enumerate(block["models"])})
+    groups = {}
+    for path in sorted(SUBMISSIONS.glob("*.json")):
+        d = json.loads(path.read_text())
+        if d["model"]["id"] in order:
+            key = (order[d["model"]["id"]][0], d["hardware"]["id"], d["runtime"]["format"], d["runtime"]["provider"],
+                   d["runtime"]["precision"], d["config"]["input_size"], d["config"]["batch_size"])
+            groups.setdefault(key, []).append((order[d["model"]["id"]][1], d["timing"]["total_ms"]["p50"]))
+    expected = sum(1 for rows in groups.values() for small_rank, small in rows for large_rank, large in rows
+                   if large_rank > small_rank and large < 0.9 * small)
+    board = aggregate(corpus_reports, size_ranks=size_ranks())
+    assert expected > 0 and len(board["size_order"]) == expected

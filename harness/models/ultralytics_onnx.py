@@ -55,15 +55,10 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
+from harness.models.sizes import ULTRALYTICS_MODEL_IDS
 from harness.models.weights import file_sha256, weights_dir
 
-SIZES = ("n", "s", "m", "l", "x")
-MODEL_IDS: dict[str, str] = {
-    **{f"yolov8{s}": "yolov8" for s in SIZES},
-    **{f"yolo11{s}": "yolo11" for s in SIZES},
-    **{f"yolov5{s}u": "yolov5u" for s in SIZES},
-    **{f"yolo26{s}": "yolo26" for s in SIZES},
-}
+MODEL_IDS = ULTRALYTICS_MODEL_IDS
 DEFAULT_INPUT_SIZE = 640
 MAX_NMS = 30000  # Ultralytics' pre-NMS candidate cap
 BATCH_CHECK = (1, 2)

@@ -52,3 +52,18 @@ def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
             g["model"], g["dataset_variant"], g["precision"], g["canonical"], g["canonical_hardware"], g["other"],
             f"{g['other_hardware']} ({g['other_format']})", f"{g['delta_points']:+.2f}")))
     return table
+
+
+def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
+    """Larger variants measured faster than smaller ones of their family at the same coordinate."""
+    found = board["size_order"]
+    table = Table(title=f"size order: {len(found)} larger variants measured >10% faster than a smaller one "
+                        "(busy or throttled device?)")
+    for col in ("hardware", "runtime", "smaller", "p50 ms", "larger", "p50 ms", "faster"):
+        table.add_column(col)
+    for f in sorted(found, key=lambda f: -f["faster_pct"])[:max_rows]:
+        table.add_row(*(escape(str(v)) for v in (
+            f["hardware"], f"{f['format']}/{f['precision']} b{f['batch_size']}", f["smaller"]["model"],
+            f["smaller"]["latency_ms_p50"], f["larger"]["model"], f["larger"]["latency_ms_p50"],
+            f"{f['faster_pct']:.0f}%")))
+    return table

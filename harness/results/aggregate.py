@@ -23,6 +23,11 @@
   pinned to the canonical number of `leaderboard_variant` (default "full"); a model without one shows
   none rather than a subset number. Another variant (e.g. "mini500") shows its canonical numbers with
   the `subset` badge.
+* Size order: within one family, hardware, format, provider, precision, input size, batch size, timing mode
+  and dataset variant, a variant later in its family's size order (`size_ranks`: the CLI passes the
+  catalogue's, harness/models/sizes.py) measured
+  more than SIZE_ORDER_MARGIN faster (latency p50) than a smaller one is a finding naming both rows: the
+  tell of a busy or throttled device (the site removed such rows).
 * Files the site would reject, and random-weights runs, are left out.
 """
 
@@ -39,6 +44,7 @@ BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
 KNOWN_VARIANTS = ("full", "mini500")
 # Our rules that keep a file out of the leaderboard altogether (the site's own rules always do).
 UNPUBLISHABLE = {"random-weights"}
+SIZE_ORDER_MARGIN = 0.10  # a larger variant this much faster than a smaller one is a finding
 # Our rules that keep a file's accuracy out of the canonical numbers (its timing still counts).
 DISTRUST_ACCURACY = {"commit_guard", "degenerate", "detections"}
 
@@ -180,7 +186,8 @@ def pick_canonical(rows: list[PerfRow], order: list[str]) -> PerfRow:
 
 
 def aggregate(reports: list[FileReport], reference_hardware: str = "a100", tolerance_points: float = 0.3,
-              fallback_hardware: list[str] | None = None, leaderboard_variant: str = "full") -> dict:
+              fallback_hardware: list[str] | None = None, leaderboard_variant: str = "full",
+              size_ranks: dict[str, tuple[str, int]] | None = None) -> dict:
     """Build the leaderboard document from validated files (files the site would reject, and
     random-weights runs, are left out)."""
     rows, excluded = [], []
@@ -237,6 +244,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         full = canonical_of(row, "full")
         show(row, full or canonical_of(row, row.dataset_variant), "full" if full else row.dataset_variant)
 
+    size_order = size_order_findings(cube, size_ranks or {})
     leaderboard = [replace(r) for r in _leaderboard_rows(cube, leaderboard_variant)]
     for row in leaderboard:  # pinned: the leaderboard variant's canonical number or nothing
         show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
@@ -251,10 +259,12 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                    "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
                                          "input_size", "protocol (conf, iou, max_det)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
-                   "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate)},
+                   "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),
+                   "size_order_findings": len(size_order)},
         "leaderboard": [asdict(r) for r in leaderboard],
         "canonical_accuracy": list(canonical.values()),
         "agreement_gate": gate,
+        "size_order": size_order,
         "cube": [asdict(r) for r in cube],
         "excluded": excluded,
     }
@@ -285,3 +295,31 @@ def _default_input_sizes(rows: list[PerfRow]) -> dict[str, int | None]:
         if r.batch_size == 1:
             counts.setdefault(r.model, Counter())[r.input_size] += 1
     return {m: min(c.items(), key=lambda kv: (-kv[1], kv[0] or 0))[0] for m, c in counts.items()}
+
+
+def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
+                        margin: float = SIZE_ORDER_MARGIN) -> list[dict]:
+    """Pairs of one family's variants at the same coordinate where the larger one's latency p50 is more than
+    `margin` below the smaller one's: {coordinate, smaller, larger (model, file, p50), faster_pct}."""
+    groups: dict[tuple, list[PerfRow]] = {}
+    for r in rows:
+        if r.model in ranks and r.latency_ms_p50:
+            key = (ranks[r.model][0], r.hardware, r.format, r.provider, r.precision, r.tf32, r.input_size,
+                   r.batch_size, r.timing_mode, r.dataset_variant)
+            groups.setdefault(key, []).append(r)
+    findings = []
+    for key, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        group.sort(key=lambda r: ranks[r.model][1])
+        for i, small in enumerate(group):
+            for large in group[i + 1:]:
+                if ranks[large.model][1] == ranks[small.model][1]:
+                    continue
+                faster = 1 - large.latency_ms_p50 / small.latency_ms_p50
+                if faster > margin:
+                    findings.append({
+                        "family": key[0], "hardware": key[1], "format": key[2], "provider": key[3],
+                        "precision": key[4], "input_size": key[6], "batch_size": key[7],
+                        "smaller": {"model": small.model, "latency_ms_p50": small.latency_ms_p50, "file": small.file},
+                        "larger": {"model": large.model, "latency_ms_p50": large.latency_ms_p50, "file": large.file},
+                        "faster_pct": round(100 * faster, 1)})
+    return findings

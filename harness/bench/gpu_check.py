@@ -1,0 +1,305 @@
+"""The GPU acceptance in one call: every check of docs/gpu-checklist.md that a PyTorch-CUDA machine can run,
+each with its figure and pass/fail against its goal, written as JSON and Markdown under --out ($OUT).
+
+Each check runs the harness as a user would (`python -m harness run ... --json`, the overhead bench), in a
+subprocess of its own with a time limit, and reads the figures back from what it printed and wrote. The
+whole call stays inside --budget seconds: a check that no longer fits is listed as not run, with why. GPU
+settings are never changed (no clocks, power limits or modes; NVML is only read). Checks that need what
+the machine lacks (onnxruntime-gpu, TensorRT: their wheels exceed what can be carried) are listed as not
+run with the reason.
+
+    python -m harness.bench.gpu_check [--device cuda] [--out $OUT] [--budget 540] [--limit N] [--checks a,b]
+
+`--device cpu` runs the same plumbing on the CPU (the CUDA-only checks say why they did not run): how the
+script is tested on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CHECKS = ("env", "fakes", "reference", "fp32", "precisions", "compile", "overhead", "parity", "runtimes")
+
+
+@dataclass
+class Check:
+    """One check's outcome: its figure (text), the goal, passed (None: a figure without a goal), or why not run."""
+
+    name: str
+    figure: str = ""
+    goal: str = ""
+    passed: bool | None = None
+    status: str = "ok"  # ok | failed | not run
+    reason: str = ""
+    seconds: float = 0.0
+    data: dict = field(default_factory=dict)
+
+
+class Runner:
+    """Runs commands under one time budget; every command's output is kept in the log folder."""
+
+    def __init__(self, device: str, out: Path, budget_s: float, limit: int | None):
+        self.device, self.out, self.limit = device, out, limit
+        self.deadline = time.monotonic() + budget_s
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        self.log = out / "gpu_check.log"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def command(self, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+        timeout = min(timeout, max(self.left(), 1.0))
+        start = time.monotonic()
+        try:
+            done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+        except subprocess.TimeoutExpired as exc:
+            done = subprocess.CompletedProcess(args, 124, exc.stdout or "", f"timed out after {timeout:.0f} s")
+        with self.log.open("a") as log:
+            log.write(f"$ {' '.join(args)}  # rc {done.returncode}, {time.monotonic() - start:.1f} s\n"
+                      f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n")
+        return done
+
+    def run(self, *options: str, timeout: float = 240) -> dict:
+        """`va-bench run OPTIONS --json` on the sample; the JSON it printed (RuntimeError with its last error
+        line when it printed none)."""
+        args = [sys.executable, "-m", "harness", "run", "--subset", "sample", "--output-dir", str(self.work),
+                "--draw-images", "0", "--json", *options]
+        if self.limit:
+            args += ["--limit", str(self.limit)]
+        done = self.command(args, timeout)
+        try:
+            return json.loads(done.stdout)
+        except json.JSONDecodeError:
+            last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            raise RuntimeError(last[:300]) from None
+
+
+def _cells(result: dict) -> dict[int, dict]:
+    """Batch size -> cell of one run's JSON; a cell that did not finish ok raises with its reason."""
+    cells = {}
+    for cell in result["cells"]:
+        if cell["status"] != "ok":
+            raise RuntimeError(f"{cell['cell']}: {cell['status']}: {cell['reason']}")
+        cells[cell["batch_size"]] = cell
+    return cells
+
+
+def _submission(cell: dict) -> dict:
+    return json.loads(Path(cell["submission"]).read_text())
+
+
+def check_env(r: Runner, state: dict) -> Check:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": r.device}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                 "compute_capability": f"{props.major}.{props.minor}"}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception as exc:  # NVML absent: the figure says so
+            info["driver"] = f"unavailable ({type(exc).__name__})"
+    state["env"] = info
+    return Check("env", ", ".join(f"{k} {v}" for k, v in info.items()), data=info)
+
+
+def check_fakes(r: Runner, state: dict) -> Check:
+    done = r.command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu_paths_fakes.py"],
+                     300)
+    last = (done.stdout.strip().splitlines() or ["no output"])[-1]
+    return Check("fakes", last, "the CUDA-path tests pass here too", done.returncode == 0)
+
+
+def check_reference(r: Runner, state: dict) -> Check:
+    """The CPU run every CUDA figure is compared with: PyTorch fp32, batch 8."""
+    cell = _cells(r.run("--backend", "pytorch", "--device", "cpu", "--batch-sizes", "8", "--no-energy"))[8]
+    state["cpu_map"] = cell["mAP_50_95"]
+    return Check("reference", f"CPU PyTorch fp32 b8 mAP {cell['mAP_50_95']:.4f}", data={"cell": cell["cell"]})
+
+
+def check_fp32(r: Runner, state: dict) -> list[Check]:
+    sizes = [str(b) for b in (1, 8, 32) if not r.limit or b <= r.limit]  # a run refuses batches > its images
+    cells = _cells(r.run("--backend", "pytorch", "--device", r.device, "--tf32", "off", "--batch-sizes", *sizes))
+    state["fp32"] = cells
+    out = []
+    if "cpu_map" in state:
+        delta = abs(cells[1]["mAP_50_95"] - state["cpu_map"])
+        out.append(Check("fp32.map_vs_cpu", f"mAP b1 {cells[1]['mAP_50_95']:.4f} vs CPU {state['cpu_map']:.4f} "
+                         f"(|d| {delta:.4f})", "|d| <= 0.002", delta <= 0.002))
+    rate = cells[8]["batch_invariance"].get("match_rate")
+    out.append(Check("fp32.batch8_vs_1", f"{100 * rate:.2f}% of detections matched" if rate is not None else "absent",
+                     ">= 99%", rate is not None and rate >= 0.99))
+    for b, cell in sorted(cells.items()):
+        stages = {k: v for k, v in cell["stages_ms_mean"].items() if "." not in k}
+        total, mean = sum(stages.values()), cell["batch_ms"]["mean"]
+        out.append(Check(f"fp32.stage_sum_b{b}", f"stages {total:.2f} ms vs batch mean {mean:.2f} ms "
+                         f"({', '.join(f'{k} {v:.2f}' for k, v in stages.items())}); {cell['images_per_s']:.0f} img/s",
+                         "within 5%", abs(total - mean) <= 0.05 * mean))
+    energy = _submission(cells[8]).get("energy") or {}
+    per_image = energy.get("joules_per_image")
+    out.append(Check("fp32.energy_b8", f"{per_image} J/image ({energy.get('source', energy.get('reason', ''))})"
+                     if per_image is not None else f"unavailable: {energy.get('reason')}",
+                     "measured on a GPU" if r.device != "cpu" else "", per_image is not None if r.device != "cpu"
+                     else None))
+    run_json = json.loads((Path(_cells_run_dir(cells)) / "run.json").read_text())
+    hygiene = {k: run_json.get("environment", {}).get(k) for k in ("gpu_hygiene", "cpu_governor", "device")}
+    out.append(Check("fp32.hygiene", json.dumps(hygiene)[:300], "recorded", None, data=hygiene))
+    return out
+
+
+def _cells_run_dir(cells: dict[int, dict]) -> str:
+    return str(Path(next(iter(cells.values()))["submission"]).parents[1])
+
+
+def check_precisions(r: Runner, state: dict) -> list[Check]:
+    if "fp32" not in state:
+        return [Check("precisions", status="not run", reason="needs the fp32 check")]
+    base = state["fp32"][8]
+    out = []
+    for precision, tolerance in (("fp16", 0.005), ("bf16", 0.01)):
+        try:
+            cell = _cells(r.run("--backend", "pytorch", "--device", r.device, "--precision", precision,
+                                "--batch-sizes", "8", "--no-energy"))[8]
+        except RuntimeError as exc:
+            out.append(Check(f"precision.{precision}", status="failed", reason=str(exc)))
+            continue
+        delta = cell["mAP_50_95"] - base["mAP_50_95"]
+        out.append(Check(f"precision.{precision}", f"mAP {cell['mAP_50_95']:.4f} ({delta:+.4f} vs fp32), p50 "
+                         f"{cell['image_ms_p50']:.3f} vs {base['image_ms_p50']:.3f} ms/image",
+                         f"|d mAP| <= {tolerance}", abs(delta) <= tolerance))
+    return out
+
+
+def check_compile(r: Runner, state: dict) -> list[Check]:
+    if "fp32" not in state:
+        return [Check("compile", status="not run", reason="needs the fp32 check")]
+    out = []
+    for name, options, batch in (("compile.default", ("--compile", "default"), 8),
+                                 ("compile.max_autotune", ("--compile", "max-autotune"), 8),
+                                 ("cuda_graphs", ("--cuda-graphs",), 1)):
+        base = state["fp32"][batch]
+        try:
+            cell = _cells(r.run("--backend", "pytorch", "--device", r.device, "--tf32", "off", "--batch-sizes",
+                                str(batch), "--no-energy", *options, timeout=300))[batch]
+        except RuntimeError as exc:
+            out.append(Check(name, status="failed", reason=str(exc)))
+            continue
+        delta = cell["mAP_50_95"] - base["mAP_50_95"]
+        speed = base["batch_ms"]["p50"] / cell["batch_ms"]["p50"]
+        out.append(Check(name, f"b{batch} forward batch p50 {cell['batch_ms']['p50']:.2f} ms vs eager "
+                         f"{base['batch_ms']['p50']:.2f} (x{speed:.2f}); mAP {delta:+.4f}",
+                         "mAP within 0.001 of eager", abs(delta) <= 0.001))
+    return out
+
+
+def check_overhead(r: Runner, state: dict) -> list[Check]:
+    out = []
+    for batch, goal in ((8, 0.9), (32, 0.8)):
+        done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--batch-size",
+                          str(batch), "--backend", "pytorch", "--rounds", "3", "--json"], 200)
+        try:
+            (result,) = json.loads(done.stdout)
+        except (json.JSONDecodeError, ValueError):
+            out.append(Check(f"overhead.b{batch}", status="failed",
+                             reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300]))
+            continue
+        mode = result[result["throughput_mode"]]
+        out.append(Check(f"overhead.b{batch}", f"{result['throughput_mode']}: {mode['images_per_s']:.0f} img/s = "
+                         f"{mode['ratio_median']:.3f} of the forward alone ({result['forward_images_per_s']:.0f})",
+                         f">= {goal}", mode["ratio_median"] >= goal, data=result))
+    return out
+
+
+def check_parity(r: Runner, state: dict) -> Check:
+    args = [sys.executable, "-m", "harness", "parity", "preprocess", "--backend", "pytorch", "--device", r.device,
+            "--limit", str(r.limit or 64)]
+    done = r.command(args, 200)
+    last = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["no output"])[-1]
+    return Check("parity.preprocess", last[:300], "within its noise floor (exit 0)", done.returncode == 0)
+
+
+def check_runtimes(r: Runner, state: dict) -> list[Check]:
+    why = "its wheels exceed what can be carried to the lent machine (64 MiB): tested with fakes only"
+    return [Check("onnxruntime-gpu", status="not run", reason=why), Check("tensorrt", status="not run", reason=why)]
+
+
+STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
+         "precisions": check_precisions, "compile": check_compile, "overhead": check_overhead,
+         "parity": check_parity, "runtimes": check_runtimes}
+CUDA_ONLY = {"precisions", "compile"}
+MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "compile": 120, "overhead": 60,
+               "parity": 30}
+
+
+def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:
+    out.mkdir(parents=True, exist_ok=True)
+    runner, state, results = Runner(device, out, budget_s, limit), {}, []
+    for name in names:
+        start = time.monotonic()
+        if name in CUDA_ONLY and not device.startswith("cuda"):
+            found = [Check(name, status="not run", reason="needs a CUDA device")]
+        elif runner.left() < MIN_SECONDS.get(name, 0):
+            found = [Check(name, status="not run", reason=f"time budget: {runner.left():.0f} s left")]
+        else:
+            try:
+                found = STEPS[name](runner, state)
+            except Exception as exc:  # one check's failure is its own line; the others still run
+                found = [Check(name, status="failed", reason=f"{type(exc).__name__}: {str(exc)[:300]}")]
+        found = found if isinstance(found, list) else [found]
+        for check in found:
+            check.seconds = round(time.monotonic() - start, 1)
+            if check.passed is False and check.status == "ok":
+                check.status = "failed"
+        results.extend(found)
+    return results
+
+
+def markdown(results: list[Check], env: dict) -> str:
+    tag = f"{env.get('gpu', env.get('device'))}, driver {env.get('driver', '-')}, torch {env.get('torch')}"
+    lines = [f"GPU acceptance ({tag})", "", "| check | figure | goal | result |", "|---|---|---|---|"]
+    for c in results:
+        result = c.status if c.status != "ok" else ("pass" if c.passed else "figure" if c.passed is None else "FAIL")
+        text = c.figure or c.reason
+        lines.append(f"| {c.name} | {text.replace('|', '/')} | {c.goal} | {result}"
+                     f"{': ' + c.reason if c.reason and c.figure else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole call")
+    parser.add_argument("--limit", type=int, default=None, help="first N sample images (default: all 206)")
+    parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, of {', '.join(CHECKS)}")
+    args = parser.parse_args(argv)
+    names = tuple(n for n in args.checks.split(",") if n)
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        parser.error(f"unknown checks {unknown}; use some of {', '.join(CHECKS)}")
+    out = Path(args.out)
+    results = run_checks(args.device, out, args.budget, args.limit, names)
+    env = next((c.data for c in results if c.name == "env"), {"device": args.device})
+    (out / "gpu_check.json").write_text(json.dumps({"env": env, "checks": [asdict(c) for c in results]}, indent=2))
+    text = markdown(results, env)
+    (out / "gpu_check.md").write_text(text)
+    print(text)
+    return 1 if any(c.status == "failed" for c in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The GPU acceptance script's plumbing, run on the CPU: every check gives a figure, a goal and a result, or
+says why it did not run; the JSON and Markdown reports are written."""
+
+import json
+
+from conftest import requires_coco, requires_yolox
+
+from harness.bench.gpu_check import main
+
+
+@requires_coco
+@requires_yolox
+def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
+    code = main(["--device", "cpu", "--limit", "8", "--out", str(tmp_path),
+                 "--checks", "env,reference,fp32,precisions,runtimes"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["env"]["data"]["torch"] and checks["env"]["data"]["device"] == "cpu"
+    assert checks["reference"]["status"] == "ok" and "mAP" in checks["reference"]["figure"]
+    # the same CPU PyTorch core at batch 1 and 8: the checks' own goals hold
+    assert checks["fp32.map_vs_cpu"]["passed"] and checks["fp32.batch8_vs_1"]["passed"], checks
+    assert all(checks[f"fp32.stage_sum_b{b}"]["status"] in ("ok", "failed") for b in (1, 8))
+    assert "fp32.stage_sum_b32" not in checks  # 8 images: no batch of 32
+    assert checks["fp32.energy_b8"]["figure"].startswith("unavailable")
+    assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
+    assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert markdown.count("\n| ") == len(report["checks"]) + 1  # header + a row per check
+    assert code == (1 if any(c["status"] == "failed" for c in report["checks"]) else 0)
