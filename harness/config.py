@@ -57,6 +57,11 @@ class RunConfig(BaseModel):
                                    "YAML file of `dataset category name: model class name` lines, for datasets "
                                    "whose class names differ from the model's")
     device: str = option("cpu", "--device", "cpu, cuda or cuda:N")
+    allow_shared_gpu: bool = option(False, "--allow-shared-gpu/--no-allow-shared-gpu",
+                                    "run although other compute processes use the GPU (recorded; submissions "
+                                    "marked); without it such a run is refused")
+    lock_clocks: int | None = option(None, "--lock-clocks", "lock the GPU clocks at MHz during the run (NVML, needs "
+                                     "root; reset afterwards; recorded)", ge=1)
     threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores", ge=1)
     warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed)", ge=0)
     warmup_seconds: float = option(1.0, "--warmup-seconds", "warm-up: and at least this long", ge=0)

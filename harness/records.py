@@ -191,6 +191,7 @@ class TimingRecord:
     short_batch: dict[str, Any] | None
     batch_samples_ms: list[float] = field(default_factory=list)  # every timed batch, in order: the evidence
     warnings: list[str] = field(default_factory=list)
+    throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
 
 
 @dataclass

@@ -115,6 +115,7 @@ def build_submission(record: CellRecord) -> dict:
             "stage_sync": t.stage_sync,
             "mode": t.mode,
             "short_batch": t.short_batch,
+            "throttled": t.throttled,
             "warnings": t.warnings,
         },
         "throughput": {"fps_mean": round(1000.0 / image.mean, 3), "fps_p50": round(1000.0 / image.p50, 3),
@@ -143,7 +144,8 @@ def build_submission(record: CellRecord) -> dict:
                   "workers": (record.runtime.get("host") or {}).get("workers")},  # --workers (overlapped mode)
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
                                             "device")}
-        | {k: env[k] for k in ("startup", "images") if k in env},  # start-up times; where decode reads from
+        # start-up times; where decode reads from; the device's state during the pass and before the run
+        | {k: env[k] for k in ("startup", "images", "device_state", "gpu_hygiene") if k in env},
         "artifacts": record.artifacts,
     }
     return doc

@@ -34,6 +34,7 @@ from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
 from harness.eval.matching import match_detections
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
+from harness.measure.hygiene import DeviceSampler
 from harness.measure.layers import hook_leaf_modules, ort_profile_calls, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
@@ -87,6 +88,7 @@ class RunContext:
     progress: object
     threads: int
     label_categories: dict[str, tuple[int, ...]] = field(default_factory=dict)  # model id -> category per label
+    sampler: DeviceSampler | None = None  # the device's state (throttling, clocks, load) during each timed pass
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
@@ -197,7 +199,8 @@ class GroupExecutor:
             hardware=ctx.hardware,
             environment={**ctx.environment, "load_average": {"cell_start": [round(v, 2) for v in load_start],
                                                              "cell_end": [round(v, 2) for v in load_end]},
-                         "startup": self.startup, "images": ctx.images.decision.to_dict()},
+                         "startup": self.startup, "images": ctx.images.decision.to_dict(),
+                         "device_state": probes["device_state"]},
             model_stats=self.stats,
             timing=timing,
             accuracy=accuracy,
@@ -267,6 +270,8 @@ class GroupExecutor:
         energy_window: dict = {}
         if ctx.monitor is not None:
             ctx.monitor.begin_window(f"timing {cell.label}")
+        if ctx.sampler is not None:
+            ctx.sampler.begin_window(cell.label)
         energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
         timed = [batches[i % len(batches)] for i in range(n_timed)]
         stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
@@ -276,6 +281,7 @@ class GroupExecutor:
                     detections += out
                 advance()
         stream_seconds = time.perf_counter() - stream_start
+        device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
         if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
@@ -311,12 +317,13 @@ class GroupExecutor:
                                else [t / size for t in totals]),
             images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
-            warnings=list(batch_ms.warnings),
+            warnings=list(batch_ms.warnings) + (device_state["warnings"] if device_state else []),
+            throttled=device_state["throttled"] if device_state else None,
         )
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")
-        probes = {"memory": memory, "energy_window": energy_window or None,
+        probes = {"memory": memory, "energy_window": energy_window or None, "device_state": device_state,
                   "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}
         return record, detections, probes

@@ -31,6 +31,7 @@ from harness.errors import RunInterrupted, UsageError, VaBenchError, path_proble
 from harness.measure.device import Device, parse_device
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, git_state, hardware_block
+from harness.measure.hygiene import DeviceSampler, gpu_processes, locked_clocks
 from harness.measure.memory import MemoryMonitor
 from harness.models.protocol import Detector
 from harness.models.registry import PLUGIN_PATTERN, get_detector
@@ -61,6 +62,7 @@ class RunPlan:
     detectors: dict[str, Detector]
     groups: list[tuple[LoadKey, list[Cell]]]
     label_categories: dict[str, tuple[int, ...]]  # model id -> the dataset category of each label
+    gpu_hygiene: dict | None  # other compute processes on the GPU, checked at plan time (CUDA runs)
     resume: dict | None = None  # run.json of the run being resumed
     retry_failed: bool = False
 
@@ -98,9 +100,20 @@ def open_dataset(config: RunConfig) -> CocoDataset:
     return CocoDataset(config.coco_dir)
 
 
+def check_device(device: Device, config: RunConfig) -> dict | None:
+    """Plan-time hygiene of a CUDA run: other compute processes on the GPU are refused unless
+    --allow-shared-gpu (measure/hygiene.py); --lock-clocks only on CUDA."""
+    if not device.is_cuda:
+        if config.lock_clocks is not None:
+            raise UsageError("--lock-clocks applies to an NVIDIA GPU (--device cuda); drop it")
+        return None
+    return gpu_processes(device.index, config.allow_shared_gpu)
+
+
 def prepare(config: RunConfig) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
     device = parse_device(config.device)
+    gpu_hygiene = check_device(device, config)  # before this process makes a CUDA context of its own
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     dataset = open_dataset(config)
@@ -131,7 +144,7 @@ def prepare(config: RunConfig) -> RunPlan:
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
                          + f"; pick another --run-id or continue it with --resume {run_id}")
     return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups,
-                   label_categories)
+                   label_categories, gpu_hygiene)
 
 
 def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
@@ -199,6 +212,7 @@ class Scheduler:
             workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
                                                                 **stream_worker_priority()}
+        environment["gpu_hygiene"] = dict(plan.gpu_hygiene or {"status": "not a CUDA run"})
         hardware = hardware_block(plan.device, config.hardware_id)
         state = self._open_state(environment, hardware)
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
@@ -207,7 +221,8 @@ class Scheduler:
                          energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
                          if config.energy else None,
                          monitor=MemoryMonitor(plan.device) if config.memory else None,
-                         progress=self.progress, threads=threads, label_categories=plan.label_categories)
+                         progress=self.progress, threads=threads, label_categories=plan.label_categories,
+                         sampler=DeviceSampler.for_device(plan.device))
         ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
         self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
         ctx.artifacts.keep_cells(ok)
@@ -216,6 +231,10 @@ class Scheduler:
             with ExitStack() as stack:
                 if ctx.monitor is not None:
                     stack.enter_context(ctx.monitor)
+                stack.enter_context(ctx.sampler)
+                clocks = stack.enter_context(locked_clocks(plan.device.index, config.lock_clocks)) \
+                    if plan.device.is_cuda else None
+                environment["gpu_hygiene"]["locked_clocks"] = clocks
                 for key, cells in plan.groups:
                     self._run_group(ctx, key, cells, outcome)
         except Interrupted as exc:

@@ -1,0 +1,404 @@
+"""Is the device clean enough to measure on? Before a CUDA run: other compute processes on the GPU (NVML).
+During each timed pass: clock-event (throttle) reasons, clocks, temperature and power of an NVIDIA GPU;
+GPU devfreq and thermal trips on a Jetson (no NVML there); governor, frequencies, thermal zones and the
+Raspberry Pi's throttled flags on CPUs and boards; the load and the busiest other processes.
+
+Everything is read, nothing is changed, except `--lock-clocks`, which a user asks for on their own machine
+(locked through NVML, always reset afterwards). Every path reads through a `root` folder and an `nvml`
+module given as values, so tests drive them with fake sysfs trees and a fake NVML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UsageError
+
+# nvmlDeviceGetCurrentClocksEventReasons bits (nvml.h, "clocks event reasons", formerly throttle reasons)
+CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                       0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                       0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+SLOWDOWNS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+# `vcgencmd get_throttled` bits (Raspberry Pi firmware): now (0-3) and since boot (16-19)
+RPI_THROTTLED = {0: "under_voltage", 1: "arm_frequency_capped", 2: "throttled", 3: "soft_temperature_limit",
+                 16: "under_voltage_occurred", 17: "arm_frequency_capped_occurred", 18: "throttling_occurred",
+                 19: "soft_temperature_limit_occurred"}
+JETSON_GPU_DEVFREQ = re.compile(r"gpu|gv11b|ga10b|gp10b|gb10b", re.IGNORECASE)
+BUSY_PROCESS_PERCENT = 50.0  # another process using half a core or more during a timed pass is worth naming
+FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _int(path: Path) -> int | None:
+    text = _read(path)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------ other GPU processes
+
+
+def own_pids(root: Path = Path("/")) -> set[int]:
+    """This process's PID in every PID namespace it is in (/proc/self/status NSpid): NVML reports the host's
+    PIDs, which differ from ours inside a container."""
+    pids = {os.getpid()}
+    status = _read(root / "proc" / "self" / "status") or ""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            pids.update(int(p) for p in line.split()[1:] if p.isdigit())
+    return pids
+
+
+def load_nvml(nvml=None):
+    """The NVML module, initialised; None (with the reason) when it cannot be used here."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return None, "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return None, f"NVML could not start ({type(exc).__name__}: {exc})"
+    return nvml, None
+
+
+def is_jetson(root: Path = Path("/")) -> bool:
+    model = _read(root / "proc" / "device-tree" / "model") or ""
+    return "jetson" in model.lower() or (root / "etc" / "nv_tegra_release").is_file()
+
+
+def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("/")) -> dict:
+    """Compute processes on GPU `index` other than this one, checked before this process makes a CUDA context.
+    Refuses (UsageError) when there are some, unless `allow_shared`; the record says what was found."""
+    if is_jetson(root):
+        return {"status": "unavailable", "reason": "Jetson: no NVML process list (nothing refused)"}
+    nvml, why = load_nvml(nvml)
+    if nvml is None:
+        return {"status": "unavailable", "reason": why}
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    ours = own_pids(root)
+    others = []
+    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if proc.pid in ours:
+            continue
+        used = getattr(proc, "usedGpuMemory", None)
+        others.append({"pid": proc.pid, "used_gpu_memory_mib": round(used / 2**20) if isinstance(used, int) else None})
+    record = {"status": "ok", "other_processes": others, "shared_gpu_allowed": allow_shared}
+    if others and not allow_shared:
+        listed = ", ".join(f"pid {p['pid']}" + (f" ({p['used_gpu_memory_mib']} MiB)" if p["used_gpu_memory_mib"]
+                                               is not None else "") for p in others[:3])
+        raise UsageError(f"GPU {index} is in use by {len(others)} other compute process(es): {listed}; their work "
+                         "would be timed with ours. Stop them, or pass --allow-shared-gpu (recorded, and the "
+                         "submissions are marked)")
+    return record
+
+
+# ------------------------------------------------------------------------------------ clocks (users' machines)
+
+
+@contextmanager
+def locked_clocks(index: int, mhz: int | None, nvml=None):
+    """`--lock-clocks MHz`: the GPU's clocks locked at MHz for the block (NVML, needs root), reset afterwards
+    even when the block fails. Yields the record of what was done (None when not asked)."""
+    if mhz is None:
+        yield None
+        return
+    nvml, why = load_nvml(nvml)
+    if nvml is None:
+        raise UsageError(f"--lock-clocks needs NVML: {why}")
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        nvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
+    except Exception as exc:  # NVMLError_NoPermission without root, NotSupported on some boards
+        raise UsageError(f"--lock-clocks {mhz}: NVML refused ({type(exc).__name__}: {exc}); run as root on a GPU "
+                         "that supports locked clocks, or drop the option") from exc
+    try:
+        yield {"locked_mhz": mhz, "reset": "nvmlDeviceResetGpuLockedClocks after the run"}
+    finally:
+        nvml.nvmlDeviceResetGpuLockedClocks(handle)
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+
+def _reasons(bits: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_REASONS.items() if bits & bit]
+
+
+class NvmlReader:
+    """One NVIDIA GPU's clock-event reasons, clocks, temperature and power, read through NVML."""
+
+    source = "nvml"
+
+    def __init__(self, nvml, index: int):
+        self.nvml, self.handle = nvml, nvml.nvmlDeviceGetHandleByIndex(index)
+        get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # the name before driver 535
+        self._reasons = get
+        self.max_sm_mhz = self._try(lambda: nvml.nvmlDeviceGetMaxClockInfo(self.handle, nvml.NVML_CLOCK_SM))
+
+    @staticmethod
+    def _try(read):
+        try:
+            return read()
+        except Exception:  # a figure this GPU does not report stays None
+            return None
+
+    def sample(self) -> dict:
+        n = self.nvml
+        power = self._try(lambda: n.nvmlDeviceGetPowerUsage(self.handle))
+        return {"reasons": self._try(lambda: self._reasons(self.handle)) or 0,
+                "sm_mhz": self._try(lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)),
+                "mem_mhz": self._try(lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM)),
+                "temp_c": self._try(lambda: n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)),
+                "power_w": None if power is None else power / 1000.0}
+
+
+class JetsonReader:
+    """A Jetson's GPU devfreq (current vs maximum clock) and thermal zones against their trip points."""
+
+    source = "jetson-sysfs"
+
+    def __init__(self, root: Path):
+        self.root = root
+        devfreq = sorted(p for p in (root / "sys" / "class" / "devfreq").glob("*") if JETSON_GPU_DEVFREQ.search(p.name))
+        self.gpu = devfreq[0] if devfreq else None
+        self.max_sm_mhz = _khz_or_hz_to_mhz(_int(self.gpu / "max_freq")) if self.gpu else None
+
+    def sample(self) -> dict:
+        cur = _khz_or_hz_to_mhz(_int(self.gpu / "cur_freq")) if self.gpu else None
+        return {"sm_mhz": cur, "trips": thermal_trips(self.root)}
+
+
+def _khz_or_hz_to_mhz(value: int | None) -> float | None:
+    """devfreq reports Hz; cpufreq kHz. Either way, MHz."""
+    if value is None:
+        return None
+    return round(value / 1e6, 1) if value > 10_000_000 else round(value / 1e3, 1)
+
+
+def thermal_trips(root: Path) -> list[str]:
+    """Thermal zones at or above one of their passive/hot/critical trip points."""
+    hit = []
+    for zone in sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*")):
+        temp = _int(zone / "temp")
+        if temp is None:
+            continue
+        for trip in zone.glob("trip_point_*_temp"):
+            kind = _read(zone / trip.name.replace("_temp", "_type")) or "?"
+            limit = _int(trip)
+            if kind in ("passive", "hot", "critical") and limit and temp >= limit:
+                hit.append(f"{_read(zone / 'type') or zone.name} {temp / 1000:.0f}C >= {kind} {limit / 1000:.0f}C")
+    return hit
+
+
+def cpu_sample(root: Path) -> dict:
+    """Current frequencies (MHz, min over CPUs), governors and the hottest thermal zone."""
+    cpus = sorted((root / "sys" / "devices" / "system" / "cpu").glob("cpu[0-9]*"))
+    freqs = [f for f in (_khz_or_hz_to_mhz(_int(c / "cpufreq" / "scaling_cur_freq")) for c in cpus) if f]
+    temps = [t for t in (_int(z / "temp") for z in (root / "sys" / "class" / "thermal").glob("thermal_zone*"))
+             if t is not None]
+    return {"freq_mhz": min(freqs) if freqs else None, "temp_c": max(temps) / 1000 if temps else None}
+
+
+def cpu_static(root: Path) -> dict:
+    cpus = sorted((root / "sys" / "devices" / "system" / "cpu").glob("cpu[0-9]*"))
+    governors = sorted({g for g in (_read(c / "cpufreq" / "scaling_governor") for c in cpus) if g})
+    maxima = [f for f in (_khz_or_hz_to_mhz(_int(c / "cpufreq" / "cpuinfo_max_freq")) for c in cpus) if f]
+    return {"governors": governors or None, "max_freq_mhz": max(maxima) if maxima else None}
+
+
+def rpi_throttled(run=subprocess.run) -> dict | None:
+    """`vcgencmd get_throttled` (Raspberry Pi firmware), None where the command does not exist."""
+    if shutil.which("vcgencmd") is None and run is subprocess.run:
+        return None
+    try:
+        out = run(["vcgencmd", "get_throttled"], capture_output=True, text=True, timeout=5).stdout
+        value = int(out.strip().split("=")[1], 16)
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+    return {"value": hex(value), "flags": [name for bit, name in RPI_THROTTLED.items() if value & (1 << bit)]}
+
+
+def jetson_power(root: Path, run=subprocess.run) -> dict:
+    """The power mode (nvpmodel -q) and whether jetson_clocks pinned the GPU clock (devfreq min = max)."""
+    mode = None
+    try:
+        out = run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=5).stdout
+        found = re.search(r"NV Power Mode:\s*(\S+)", out)
+        number = re.search(r"^\s*(\d+)\s*$", out, re.MULTILINE)
+        mode = {"name": found.group(1) if found else None, "id": int(number.group(1)) if number else None}
+    except (OSError, subprocess.TimeoutExpired):
+        mode = None
+    reader = JetsonReader(root)
+    pinned = None
+    if reader.gpu is not None:
+        low, high = _int(reader.gpu / "min_freq"), _int(reader.gpu / "max_freq")
+        pinned = low is not None and low == high
+    return {"nvpmodel": mode or "unavailable (nvpmodel not found)", "jetson_clocks": pinned,
+            "gpu_max_mhz": reader.max_sm_mhz}
+
+
+@dataclass
+class _Window:
+    tag: str
+    started: float
+    samples: list[dict] = field(default_factory=list)
+    cpu: list[dict] = field(default_factory=list)
+    load_start: tuple[float, ...] = ()
+    rpi_start: dict | None = None
+
+
+class DeviceSampler:
+    """Samples the device's state on a thread during each timed pass (begin_window / end_window), like the
+    memory monitor; end_window returns what was seen, a `throttled` flag and warnings."""
+
+    def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.1, run=subprocess.run,
+                 processes=None):
+        self.gpu, self.root, self.interval_s, self.run = gpu_reader, root, interval_s, run
+        self.static = cpu_static(root)
+        self.processes = processes  # psutil-like process_iter, for tests; None: psutil's
+        self._window: _Window | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @classmethod
+    def for_device(cls, device, root: Path = Path("/"), nvml=None) -> DeviceSampler:
+        """NVML on an NVIDIA GPU, devfreq on a Jetson, the CPU side alone on a CPU run."""
+        reader = None
+        if is_jetson(root):
+            reader = JetsonReader(root)
+        elif getattr(device, "is_cuda", False):
+            nvml, _ = load_nvml(nvml)
+            reader = NvmlReader(nvml, device.index) if nvml is not None else None
+        return cls(reader, root)
+
+    def __enter__(self) -> DeviceSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        with self._lock:
+            window = self._window
+        if window is None:
+            return
+        if self.gpu is not None:
+            window.samples.append(self.gpu.sample())
+        window.cpu.append(cpu_sample(self.root))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _process_iter(self):
+        if self.processes is not None:
+            return self.processes()
+        import psutil
+
+        return psutil.process_iter(["pid", "name"])
+
+    def begin_window(self, tag: str) -> None:
+        for proc in self._process_iter():  # primes cpu_percent: the next call measures the window
+            try:
+                proc.cpu_percent(None)
+            except Exception:  # a process that ended meanwhile
+                pass
+        window = _Window(tag, time.time(), load_start=os.getloadavg(), rpi_start=rpi_throttled(self.run))
+        with self._lock:
+            self._window = window
+        self._sample()
+
+    def end_window(self) -> dict:
+        self._sample()
+        with self._lock:
+            window, self._window = self._window, None
+        me = os.getpid()
+        busiest = []
+        for proc in self._process_iter():
+            try:
+                percent = proc.cpu_percent(None)
+                if proc.pid != me and percent >= BUSY_PROCESS_PERCENT:
+                    busiest.append({"pid": proc.pid, "name": proc.info.get("name"), "cpu_percent": round(percent)})
+            except Exception:
+                pass
+        busiest.sort(key=lambda p: -p["cpu_percent"])
+        return summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(),
+                                rpi_throttled(self.run))
+
+
+def _span(values: list) -> list | None:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else None
+
+
+def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], load_end: tuple,
+                     rpi_end: dict | None) -> dict:
+    """What one timed pass saw, whether the device throttled, and the warnings to show."""
+    out: dict[str, Any] = {"samples": len(window.cpu)}
+    reasons: list[str] = []
+    warnings: list[str] = []
+    if gpu is not None and gpu.source == "nvml":
+        seen = sorted({r for s in window.samples for r in _reasons(s["reasons"])})
+        reasons = [r for r in seen if r in SLOWDOWNS]
+        out["gpu"] = {"source": "nvml", "clock_event_reasons": seen,
+                      "sm_clock_mhz": _span([s["sm_mhz"] for s in window.samples]), "max_sm_clock_mhz": gpu.max_sm_mhz,
+                      "mem_clock_mhz": _span([s["mem_mhz"] for s in window.samples]),
+                      "temperature_c_max": max((s["temp_c"] for s in window.samples if s["temp_c"] is not None),
+                                               default=None),
+                      "power_w_max": max((s["power_w"] for s in window.samples if s["power_w"] is not None),
+                                         default=None)}
+    elif gpu is not None:  # Jetson: a GPU clock below its maximum, or a thermal trip, during the pass
+        trips = sorted({t for s in window.samples for t in s["trips"]})
+        clocks = _span([s["sm_mhz"] for s in window.samples])
+        out["gpu"] = {"source": gpu.source, "sm_clock_mhz": clocks, "max_sm_clock_mhz": gpu.max_sm_mhz,
+                      "thermal_trips": trips}
+        reasons = [f"thermal trip: {t}" for t in trips]
+        if clocks and gpu.max_sm_mhz and clocks[0] < FREQ_DROP * gpu.max_sm_mhz:
+            reasons.append(f"GPU clock {clocks[0]:.0f} MHz < max {gpu.max_sm_mhz:.0f} MHz")
+    freqs = _span([c["freq_mhz"] for c in window.cpu])
+    out["cpu"] = {**static, "freq_mhz": freqs,
+                  "temperature_c_max": max((c["temp_c"] for c in window.cpu if c["temp_c"] is not None), default=None)}
+    if rpi_end is not None:
+        out["rpi_throttled"] = {"start": (window.rpi_start or {}).get("value"), "end": rpi_end["value"],
+                                "flags": rpi_end["flags"]}
+        now = [f for f in rpi_end["flags"] if not f.endswith("_occurred")]
+        reasons += [f"raspberry pi: {f}" for f in now]
+    governors = static.get("governors") or []
+    if freqs and static.get("max_freq_mhz") and freqs[0] < FREQ_DROP * static["max_freq_mhz"] \
+            and governors == ["performance"]:
+        warnings.append(f"CPU frequency fell to {freqs[0]:.0f} MHz (max {static['max_freq_mhz']:.0f}) with the "
+                        "performance governor: thermal or power capping")
+    out["load_average"] = {"start": [round(v, 2) for v in window.load_start], "end": [round(v, 2) for v in load_end]}
+    out["busiest_other_processes"] = busiest
+    if busiest:
+        warnings.append("other processes busy during the timed pass: " + ", ".join(
+            f"{p['name']} (pid {p['pid']}, {p['cpu_percent']}% CPU)" for p in busiest))
+    out["throttled"] = bool(reasons)
+    out["throttle_reasons"] = reasons
+    if reasons:
+        warnings.insert(0, "throttled during the timed pass (" + ", ".join(reasons) + "): timings are suspect")
+    out["warnings"] = warnings
+    return out

@@ -1,0 +1,235 @@
+"""Device hygiene with fakes for every condition: another GPU process (refused at plan time), our own PID
+seen through a container's namespace, throttle bits during a timed pass, Jetson power modes and devfreq,
+Raspberry Pi throttled flags, CPU sysfs trees, busy processes, locked clocks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import requires_coco, requires_yolox, run_in_process
+
+from harness.errors import UsageError
+from harness.measure import hygiene
+from harness.measure.hygiene import DeviceSampler, JetsonReader, NvmlReader, gpu_processes, jetson_power, locked_clocks
+
+
+class FakeNvml:
+    """NVML as pynvml exposes it, with the processes, clock-event reasons and clocks a test sets."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 1, 0
+
+    def __init__(self, processes=(), reasons=(0,), lock_error=None):
+        self.processes = [SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20) for pid, mib in processes]
+        self.reasons = list(reasons)
+        self.calls: list[tuple] = []
+        self.lock_error = lock_error
+
+    def nvmlInit(self):
+        self.calls.append(("init",))
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"gpu{index}"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return self.processes
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self.reasons.pop(0) if len(self.reasons) > 1 else self.reasons[0]
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        return 1980 if kind == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, kind):
+        return 1980
+
+    def nvmlDeviceGetTemperature(self, handle, kind):
+        return 61
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 312_000
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle, low, high):
+        if self.lock_error:
+            raise self.lock_error
+        self.calls.append(("lock", low, high))
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle):
+        self.calls.append(("reset",))
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_another_gpu_process_is_refused_and_allowed_when_asked(tmp_path):
+    nvml = FakeNvml(processes=[(4242, 3000)])
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nNSpid:\t{os.getpid()}\n"})
+    with pytest.raises(UsageError, match=r"GPU 0 is in use by 1 other compute process\(es\): pid 4242 \(3000 MiB\)"
+                                         r".*--allow-shared-gpu"):
+        gpu_processes(0, False, nvml, root)
+    record = gpu_processes(0, True, nvml, root)
+    assert record["shared_gpu_allowed"] and record["other_processes"] == [{"pid": 4242, "used_gpu_memory_mib": 3000}]
+
+
+def test_our_own_pid_in_a_container_namespace_is_not_another_process(tmp_path):
+    """NVML lists the host's PID (91234) of this process; /proc/self/status NSpid holds it beside ours."""
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nNSpid:\t91234\t{os.getpid()}\n"})
+    assert gpu_processes(0, False, FakeNvml(processes=[(91234, 500)]), root)["other_processes"] == []
+
+
+def test_jetson_and_missing_nvml_are_unavailable_not_refused(tmp_path):
+    jetson = _tree(tmp_path / "j", {"proc/device-tree/model": "NVIDIA Jetson AGX Orin Developer Kit\0"})
+    assert gpu_processes(0, False, FakeNvml(processes=[(1, 1)]), jetson)["status"] == "unavailable"
+
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+    record = gpu_processes(0, False, Broken(), _tree(tmp_path / "x", {}))
+    assert record["status"] == "unavailable" and "NVML Shared Library Not Found" in record["reason"]
+
+
+@requires_coco
+@requires_yolox
+def test_plan_time_refusal_is_one_line_exit_2_and_no_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(hygiene, "load_nvml", lambda nvml=None: (FakeNvml(processes=[(4242, 3000)]), None))
+    out = tmp_path / "o"
+    result = run_in_process("run", "--device", "cuda", "--backend", "pytorch", "--output-dir", str(out))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "pid 4242" in lines[0], result.stderr
+    assert not out.exists()
+
+
+def _sampler(gpu=None, root=None, run=None, processes=None):
+    sampler = DeviceSampler(gpu, root or Path("/nonexistent"), run=run or _no_vcgencmd,
+                            processes=processes or (lambda: []))
+    return sampler
+
+
+def _no_vcgencmd(*args, **kwargs):
+    raise FileNotFoundError("vcgencmd")
+
+
+def test_a_thermal_throttle_bit_during_the_pass_marks_the_cell(tmp_path):
+    reader = NvmlReader(FakeNvml(reasons=[0x1, 0x20, 0x1]), 0)  # idle, sw thermal slowdown, idle
+    sampler = _sampler(reader)
+    sampler.begin_window("cell")
+    sampler._sample()
+    state = sampler.end_window()
+    assert state["throttled"] and state["throttle_reasons"] == ["sw_thermal_slowdown"]
+    assert state["gpu"]["clock_event_reasons"] == ["gpu_idle", "sw_thermal_slowdown"]
+    assert state["gpu"]["sm_clock_mhz"] == [1980, 1980] and state["gpu"]["power_w_max"] == 312.0
+    assert state["warnings"][0].startswith("throttled during the timed pass (sw_thermal_slowdown)")
+    idle = _sampler(NvmlReader(FakeNvml(reasons=[0x1]), 0))
+    idle.begin_window("cell")
+    assert idle.end_window()["throttled"] is False  # an idle GPU between batches is no slowdown
+
+
+def test_jetson_power_mode_clocks_and_trips(tmp_path):
+    root = _tree(tmp_path, {
+        "sys/class/devfreq/17000000.ga10b/cur_freq": "510000000", "sys/class/devfreq/17000000.ga10b/max_freq":
+        "1300500000", "sys/class/devfreq/17000000.ga10b/min_freq": "306000000",
+        "sys/class/thermal/thermal_zone0/type": "gpu-thermal", "sys/class/thermal/thermal_zone0/temp": "99500",
+        "sys/class/thermal/thermal_zone0/trip_point_0_temp": "99000",
+        "sys/class/thermal/thermal_zone0/trip_point_0_type": "passive"})
+    for out, expected in (("NV Power Mode: MAXN\n0\n", {"name": "MAXN", "id": 0}),
+                          ("NVPM WARN: ...\nNV Power Mode: 15W\n2\n", {"name": "15W", "id": 2})):
+        power = jetson_power(root, run=lambda *a, out=out, **k: SimpleNamespace(stdout=out))
+        assert power["nvpmodel"] == expected and power["jetson_clocks"] is False and power["gpu_max_mhz"] == 1300.5
+    (root / "sys/class/devfreq/17000000.ga10b/min_freq").write_text("1300500000")
+    assert jetson_power(root, run=_no_vcgencmd)["jetson_clocks"] is True
+    assert "nvpmodel not found" in jetson_power(root, run=_no_vcgencmd)["nvpmodel"]
+    sampler = _sampler(JetsonReader(root), root)
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["throttled"] and state["gpu"]["sm_clock_mhz"] == [510.0, 510.0]
+    assert any("thermal trip: gpu-thermal 100C >= passive 99C" == r for r in state["throttle_reasons"])
+    assert any(r.startswith("GPU clock 510 MHz < max 1300 MHz") for r in state["throttle_reasons"])
+
+
+def test_raspberry_pi_throttled_flags(tmp_path):
+    run = lambda *a, **k: SimpleNamespace(stdout="throttled=0x50005\n")  # noqa: E731
+    sampler = _sampler(run=run)
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["rpi_throttled"]["flags"] == ["under_voltage", "throttled", "under_voltage_occurred",
+                                               "throttling_occurred"]
+    assert state["throttled"]
+    assert state["throttle_reasons"] == ["raspberry pi: under_voltage", "raspberry pi: throttled"]
+    past = _sampler(run=lambda *a, **k: SimpleNamespace(stdout="throttled=0x50000\n"))
+    past.begin_window("cell")
+    assert past.end_window()["throttled"] is False  # only "occurred since boot": recorded, not this pass
+
+
+def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path):
+    files = {}
+    for cpu in (0, 1):
+        files |= {f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor": "performance",
+                  f"sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq": "2400000",
+                  f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq": "1500000" if cpu else "2400000"}
+    root = _tree(tmp_path, files | {"sys/class/thermal/thermal_zone0/temp": "81000"})
+
+    class Proc:
+        def __init__(self, pid, name, percent):
+            self.pid, self.info, self.percent = pid, {"name": name}, percent
+
+        def cpu_percent(self, interval):
+            return self.percent
+    procs = [Proc(os.getpid(), "va-bench", 199.0), Proc(777, "stress", 97.0), Proc(778, "idle", 1.0)]
+    sampler = _sampler(root=root, processes=lambda: procs)
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["cpu"]["governors"] == ["performance"] and state["cpu"]["max_freq_mhz"] == 2400.0
+    assert state["cpu"]["freq_mhz"] == [1500.0, 1500.0] and state["cpu"]["temperature_c_max"] == 81.0
+    assert state["busiest_other_processes"] == [{"pid": 777, "name": "stress", "cpu_percent": 97}]
+    assert any("fell to 1500 MHz" in w for w in state["warnings"])
+    assert any("stress (pid 777, 97% CPU)" in w for w in state["warnings"])
+    assert state["throttled"] is False  # recorded and warned; a CPU's frequency alone is no throttle flag
+
+
+def test_locked_clocks_are_reset_even_when_the_run_fails():
+    nvml = FakeNvml()
+    with pytest.raises(RuntimeError, match="cell blew up"):
+        with locked_clocks(0, 1500, nvml) as record:
+            assert record["locked_mhz"] == 1500
+            raise RuntimeError("cell blew up")
+    assert nvml.calls[-2:] == [("lock", 1500, 1500), ("reset",)]
+    with pytest.raises(UsageError, match="--lock-clocks 1500: NVML refused .*run as root"):
+        with locked_clocks(0, 1500, FakeNvml(lock_error=PermissionError("Insufficient Permissions"))):
+            pass
+
+
+def test_lock_clocks_on_a_cpu_run_is_refused():
+    result = run_in_process("run", "--lock-clocks", "1500")
+    assert result.returncode == 2 and "--lock-clocks applies to an NVIDIA GPU" in result.stderr
+
+
+def test_a_real_cpu_run_records_the_device_state(ort_run):
+    plan, records = ort_run
+    sub = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    state = sub["environment"]["device_state"]
+    assert sub["timing"]["throttled"] is False and state["samples"] >= 2
+    assert set(state) >= {"cpu", "load_average", "busiest_other_processes", "throttled"}
+    assert sub["environment"]["gpu_hygiene"]["status"] == "not a CUDA run"
+
+
+def test_validate_warns_on_throttled_and_shared_gpu_submissions(tmp_path, ort_run):
+    plan, _ = ort_run
+    doc = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    doc["timing"]["throttled"] = True
+    doc["environment"]["gpu_hygiene"] = {"status": "ok", "shared_gpu_allowed": True,
+                                         "other_processes": [{"pid": 1, "used_gpu_memory_mib": 10}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    result = run_in_process("validate", str(path))
+    assert "throttled during the timed pass" in result.stdout and "measured on a shared GPU" in result.stdout
