@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: gpu-pack setup bench bench-overhead bench-hooks bench-run bench-memory test report-check lint clean
+.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-memory test report-check lint clean
 
 setup: $(STAMP)
 
@@ -50,7 +50,11 @@ bench-memory: $(STAMP)
 	$(BIN)/python -m harness.bench.memory_scaling --small 500 --large 5000
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not catalogue"
+
+# matrices that grow with the catalogue (every variant of a family); run before an issue is resolved
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m catalogue
 
 # `va-bench report`'s HTML rendered in headless Chromium (installs Debian's chromium; needs root)
 report-check: $(STAMP)

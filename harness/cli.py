@@ -212,11 +212,12 @@ def validate(
     """Check submissions: site schema and rules, numeric types, commit guard, coordinates, dataset
     fingerprint, degenerate statistics, protocol, random weights, the run's detections (a run folder:
     its submissions/ only). Exit 0 clean, 1 errors found, 2 bad usage."""
+    from harness.catalogue import pending_site_ids
     from harness.results.validate import load_support_matrix, validate_paths
 
     support = load_support_matrix(support_matrix)
     progress = _progress(as_json)
-    validation = validate_paths(paths, support, progress)
+    validation = validate_paths(paths, support, progress, pending_site_ids())
     reports = validation.reports
     n_errors = sum(len(r.errors) for r in reports)
     bad_files = sum(1 for r in reports if r.errors)
@@ -253,8 +254,8 @@ def aggregate(
     as_json: bool = typer.Option(False, "--json", help="print the leaderboard JSON on stdout"),
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
-    from harness.models.sizes import size_ranks
-    from harness.report.leaderboard import gate_table, leaderboard_table, size_order_table
+    from harness.catalogue import pending_site_ids, size_ranks
+    from harness.report.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
     from harness.results.writer import atomic_write_json
@@ -262,7 +263,7 @@ def aggregate(
     if tolerance < 0:
         raise UsageError("--tolerance must be >= 0 (mAP points)")
     support = load_support_matrix(support_matrix)
-    validation = validate_paths(paths, support, _progress(as_json))
+    validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
                   size_ranks())
     if output is not None:
@@ -276,6 +277,8 @@ def aggregate(
         console.print(gate_table(board))
         if board["size_order"]:
             console.print(size_order_table(board))
+        if board["rf100vl"]:
+            console.print(rf100vl_table(board))
         c = board["counts"]
         console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
                       "random weights), "
@@ -355,26 +358,42 @@ def data_fetch(
 
 
 @models_app.command("list")
-def models_list(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Registered models and whether their weights are present locally."""
+def models_list(
+    family: str | None = typer.Option(None, "--family", help="only this family (e.g. rtmdet)"),
+    task: str | None = typer.Option(None, "--task", help="only this task: detect or segment"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Registered models, their task and whether their weights are present locally; the families the
+    leaderboard names that cannot be built here are listed as not available, with why."""
     from rich.table import Table
 
+    from harness.catalogue import unavailable_families
     from harness.models.registry import REGISTRY
 
+    if task is not None and task not in ("detect", "segment"):
+        raise UsageError(f"--task {task!r}: use detect or segment")
+    families = {e.family for e in REGISTRY.values()} | {u.family for u in unavailable_families()}
+    if family is not None and family not in families:
+        raise UsageError(f"--family {family!r} is not a family here; families: {', '.join(sorted(families))}")
     rows = []
     for entry in REGISTRY.values():
-        found = entry.local_weights()
-        local = str(found) if found else None
-        rows.append({"id": entry.model_id, "family": entry.family, "weights": local, "url": entry.weights_url,
-                     "note": entry.note})
+        if family in (None, entry.family) and task in (None, entry.task):
+            found = entry.local_weights()
+            rows.append({"id": entry.model_id, "family": entry.family, "task": entry.task, "available": True,
+                         "weights": str(found) if found else None, "url": entry.weights_url, "note": entry.note})
+    for missing in unavailable_families():
+        if family in (None, missing.family) and task in (None, "detect"):
+            rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
+                      "url": None, "note": f"not available: {missing.why}"} for model_id in missing.ids]
     if as_json:
         console.print_json(json.dumps(rows))
         return
     table = Table(title="models")
-    for col in ("id", "family", "local weights", "note"):
+    for col in ("id", "family", "task", "local weights", "note"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["id"], r["family"], r["weights"] or "- (va-bench models fetch)", r["note"])
+        weights = r["weights"] or ("- (va-bench models fetch)" if r["available"] else "-")
+        table.add_row(r["id"], r["family"], r["task"], weights, r["note"])
     console.print(table)
 
 

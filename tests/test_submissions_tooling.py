@@ -6,8 +6,8 @@ import json
 import pytest
 from conftest import CORPUS, requires_corpus, run_in_process
 
+from harness.catalogue import size_ranks
 from harness.errors import UsageError
-from harness.models.sizes import size_ranks
 from harness.results.aggregate import aggregate
 from harness.results.site_rules import schema_findings
 from harness.results.validate import EXTENDED_SCHEMA, validate_file, validate_paths
@@ -537,10 +537,11 @@ def test_a_larger_variant_measured_faster_is_a_size_order_finding(tmp_path, base
 
 def test_size_order_findings_on_the_real_corpus_equal_a_plain_count(corpus_reports):
     """Independent count over the raw files: every pair of one family's variants (catalogue order) at the same
-    hardware/format/provider/precision/input/batch where the larger one's p50 is > 10 % lower."""
+    hardware/format/provider/precision/input/batch where the larger one's p50 is > 10 % lower (COCO rows: the
+    RF100-VL section's are timed on other data)."""
     import yaml
 
-    from harness.models.sizes import CATALOGUE, SIZES, ULTRALYTICS_PATTERNS
+    from harness.catalogue import CATALOGUE, SIZES, ULTRALYTICS_PATTERNS
 
     order = {pattern.format(s): (family, i) for family, pattern in ULTRALYTICS_PATTERNS.items()
              for i, s in enumerate(SIZES)}
@@ -549,7 +550,7 @@ def test_size_order_findings_on_the_real_corpus_equal_a_plain_count(corpus_repor
     groups = {}
     for path in sorted(SUBMISSIONS.glob("*.json")):
         d = json.loads(path.read_text())
-        if d["model"]["id"] in order:
+        if d["model"]["id"] in order and "rf100vl" not in d:
             key = (order[d["model"]["id"]][0], d["hardware"]["id"], d["runtime"]["format"], d["runtime"]["provider"],
                    d["runtime"]["precision"], d["config"]["input_size"], d["config"]["batch_size"])
             groups.setdefault(key, []).append((order[d["model"]["id"]][1], d["timing"]["total_ms"]["p50"]))
@@ -557,3 +558,30 @@ def test_size_order_findings_on_the_real_corpus_equal_a_plain_count(corpus_repor
                    if large_rank > small_rank and large < 0.9 * small)
     board = aggregate(corpus_reports, size_ranks=size_ranks())
     assert expected > 0 and len(board["size_order"]) == expected
+
+
+def test_rf100vl_rows_are_known_for_what_they_are(corpus_reports, tmp_path):
+    """The corpus's two RF100-VL rows: RF100-VL's protocol (iou 0.65, max_det 500) is not a non-standard COCO
+    one; their real defects stay flagged (peak_ram_mb 0, an unpinned commit); aggregate lists them in their own
+    section and never on the COCO leaderboard. A doctored mean or a false valid_submission is found."""
+    rf = [r for r in corpus_reports if r.submission is not None and r.submission.is_rf100vl]
+    assert sorted(r.path.name.split("__")[0] for r in rf) == ["yolov9s", "yolov9t"]
+    for report in rf:
+        rules = {(f.rule, f.path) for f in report.findings}
+        assert not any(rule == "nonstandard-protocol" for rule, _ in rules)
+        assert ("degenerate", "memory.peak_ram_mb") in rules and ("commit_guard", "repro.harness_commit") in rules
+        assert not any(rule == "rf100vl" for rule, _ in rules)  # its mean is its datasets' mean
+    board = aggregate(corpus_reports)
+    assert [r["model"] for r in board["rf100vl"]] == ["yolov9s", "yolov9t"]
+    assert {r["variant"] for r in board["rf100vl"]} == {"full100"}
+    files = {r.path.name for r in rf}
+    assert not any(row["file"] in files for row in board["leaderboard"])
+    doc = json.loads(rf[0].path.read_text())
+    doc["accuracy"]["mAP_50_95"] += 0.01
+    doc["rf100vl"]["datasets"] = doc["rf100vl"]["datasets"][:3]
+    (tmp_path / "doctored.json").write_text(json.dumps(doc))
+    (report,) = validate_paths([tmp_path / "doctored.json"], None).reports
+    messages = [f.message for f in report.findings if f.rule == "rf100vl"]
+    assert any("is not the mean of the 3 datasets' mAP_50_95" in m for m in messages)
+    assert any("valid_submission is true with 3 of 100 datasets" in m for m in messages)
+    assert report.submission.rf100vl_variant == "partial3"

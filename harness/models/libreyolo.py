@@ -23,6 +23,7 @@ import importlib
 import logging
 import typing
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -66,6 +67,8 @@ class LibreFamily:
     licence: str
     preprocess: dict[str, Any]  # PreprocessSpec fields
     postprocess: dict[str, Any]  # PostprocessSpec fields
+    size_multiple: int = 32  # input sizes other than the native one must be multiples of this
+    site_matrix: str = "listed"  # "pending": the site's support matrix does not list its ids yet
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,8 @@ def catalogue() -> dict[str, LibreModel]:
             fam = LibreFamily(key=key, family=block.get("family", key), class_name=block["class"], head=block["head"],
                               task=block.get("task", "detect"), weights=block["weights"], licence=block["licence"],
                               preprocess=dict(block["preprocess"]),
-                              postprocess=dict(block["postprocess"]))
+                              postprocess=dict(block["postprocess"]), size_multiple=int(block.get("size_multiple", 32)),
+                              site_matrix=block.get("site_matrix", "listed"))
             if fam.head not in HEADS:
                 raise ValueError(f"unknown head {fam.head!r}; known: {', '.join(HEADS)}")
             for model_id, entry in block["models"].items():
@@ -167,8 +171,10 @@ def libreyolo_class(model: LibreModel):
 def _trusted(cls, path: Path, sha256: str) -> bool:
     """A file we let libreyolo load: one torch reads without unpickling objects (weights_only; RF-DETR
     checkpoints also carry their training arguments as an argparse.Namespace, a plain attribute bag), or
-    one whose SHA-256 libreyolo itself pins (YOLO-NAS's Deci checkpoints are pickles it verifies so)."""
-    if sha256 in set(getattr(cls, "_DECI_CHECKPOINT_SHA256", {}).values()):
+    one whose SHA-256 libreyolo itself pins (YOLO-NAS's and PP-YOLOE's Deci checkpoints are pickles it
+    verifies so)."""
+    pinned = {**getattr(cls, "_DECI_CHECKPOINT_SHA256", {}), **getattr(cls, "_CHECKPOINT_SHA256", {})}
+    if sha256 in set(pinned.values()):
         return True
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
@@ -260,26 +266,53 @@ def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, st
 
 class LibreCore(torch.nn.Module):
     """The bare libreyolo module; forward returns its raw head outputs as a tuple of tensors (the same
-    on every backend, and what ONNX export sees). Nothing of the post-processing happens here."""
+    on every backend, and what ONNX export sees). Nothing of the post-processing happens here, except where
+    the family decodes inside its network (YOLO-NAS, PP-YOLOE) or libreyolo's own export wrapper does
+    (YOLOv7: its anchors baked into the graph, as libreyolo exports it)."""
 
     def __init__(self, module: torch.nn.Module, head: str):
         super().__init__()
+        if head == "yolo7":
+            from libreyolo.models.yolo7.export import YOLO7ExportWrapper
+
+            module = YOLO7ExportWrapper(module)
         self.module = module
         self.head = head
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.head in EXPORT_MODE_HEADS:
+            with _export_mode(self.module.head):
+                out = self.module(x)
+            # yolo9: [B, 4 + C, N] xyxy input pixels + class probabilities; ppyoloe: boxes [B,N,4], scores [B,N,C]
+            return (out,) if self.head == "yolo9" else tuple(out)
         out = self.module(x)
         if self.head == "yolox":  # per-level [B,85,h,w] -> [B,N,85], the layout of the official ONNX export
             return (torch.cat([level.flatten(2) for level in out], dim=2).transpose(1, 2),)
-        if self.head == "yolo9":
-            return (out["predictions"],)  # [B, 4 + C, N]: xyxy input pixels, class probabilities
+        if self.head == "yolo7":
+            return (out,)  # [B, 4 + C, N]: xyxy input pixels, objectness x class probability
         if self.head == "yolonas":
             boxes, scores = out[0]  # decoded in the network: [B,N,4] xyxy, [B,N,C] probabilities
             return boxes, scores
-        if self.head == "picodet":
-            cls_maps, reg_maps = out  # per level: [B,C,h,w] logits, [B,4*(reg_max+1),h,w] distributions
+        if self.head in ("picodet", "rtmdet"):
+            cls_maps, reg_maps = out  # per level: [B,C,h,w] logits, box regression maps
             return (*cls_maps, *reg_maps)
         return out["pred_logits"], out["pred_boxes"]  # DETR-style: [B,Q,C] logits, [B,Q,4] cxcywh in [0,1]
+
+
+# Heads whose eval forward returns extra outputs (features, raw maps) and, in YOLOv9's case, caches anchor
+# grids per input shape (a grid made under inference mode breaks the ONNX trace). Their `export` flag makes
+# the forward return the predictions alone and skip the cache: what libreyolo's own exporters set.
+EXPORT_MODE_HEADS = ("yolo9", "ppyoloe")
+
+
+@contextmanager
+def _export_mode(head: torch.nn.Module):
+    previous = head.export
+    head.export = True
+    try:
+        yield
+    finally:
+        head.export = previous
 
 
 # ------------------------------------------------------------------------------------------ decoders
@@ -345,24 +378,20 @@ def decode_rfdetr(raw: list[torch.Tensor], input_size: tuple[int, int], k: int) 
     return out
 
 
-def decode_picodet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float, strides: tuple[int, ...],
-                   nms_pre: int) -> list[Candidates]:
-    """GFL/DFL decode (PicoDet's head; no library has it): per image and level, the (anchor, class) pairs
-    whose sigmoid score > conf, that level's `nms_pre` best, each box the softmax-expected distance to
-    the four sides x stride from the cell centre, clamped to the input. Multi-label by construction."""
-    n_levels = len(strides)
-    cls_maps, reg_maps = raw[:n_levels], raw[n_levels:]
+def decode_levels(cls_maps: list[torch.Tensor], input_size: tuple[int, int], conf: float, strides: tuple[int, ...],
+                  nms_pre: int, offset: float, distances: Callable) -> list[Candidates]:
+    """Dense per-level heads (PicoDet's GFL, RTMDet's): per image and level, the (anchor, class) pairs whose
+    sigmoid score > conf, that level's `nms_pre` best, each box its point ((cell + `offset`) x stride) minus /
+    plus the distances `distances(level, image, anchors)` gives (left, top, right, bottom in input pixels),
+    clamped to the input. Multi-label by construction. No library has this decode."""
     h_in, w_in = input_size
-    reg_max = reg_maps[0].shape[1] // 4 - 1
-    project = torch.arange(reg_max + 1, dtype=reg_maps[0].dtype, device=reg_maps[0].device)
     per_image: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = [[] for _ in range(cls_maps[0].shape[0])]
-    for cls_map, reg_map, stride in zip(cls_maps, reg_maps, strides, strict=True):
+    for level, (cls_map, stride) in enumerate(zip(cls_maps, strides, strict=True)):
         b, n_classes, h, w = cls_map.shape
         scores = cls_map.sigmoid().permute(0, 2, 3, 1).reshape(b, h * w * n_classes)
         ys, xs = torch.meshgrid(torch.arange(h, device=cls_map.device), torch.arange(w, device=cls_map.device),
                                 indexing="ij")
-        centres = (torch.stack((xs, ys), -1).reshape(-1, 2).to(reg_map.dtype) + 0.5) * stride
-        dist = reg_map.permute(0, 2, 3, 1).reshape(b, h * w, 4, reg_max + 1)
+        points = (torch.stack((xs, ys), -1).reshape(-1, 2).to(cls_map.dtype) + offset) * stride
         for i in range(b):
             hits = (scores[i] > conf).nonzero().squeeze(1)
             kept = scores[i, hits]
@@ -370,18 +399,55 @@ def decode_picodet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: f
                 kept, top = kept.topk(nms_pre)
                 hits = hits[top]
             anchor = torch.div(hits, n_classes, rounding_mode="floor")
-            d = (dist[i, anchor].softmax(-1) * project).sum(-1) * stride  # left, top, right, bottom
-            c = centres[anchor]
-            boxes = torch.cat((c - d[:, :2], c + d[:, 2:]), dim=1)
+            d = distances(level, i, anchor)
+            p = points[anchor]
+            boxes = torch.cat((p - d[:, :2], p + d[:, 2:]), dim=1)
             boxes = torch.minimum(boxes.clamp(min=0), boxes.new_tensor([w_in, h_in, w_in, h_in]))
             per_image[i].append((boxes, kept, hits % n_classes))
     return [Candidates(boxes=torch.cat([p[0] for p in parts]), scores=torch.cat([p[1] for p in parts]),
                        labels=torch.cat([p[2] for p in parts])) for parts in per_image]
 
 
-HEADS = ("yolox", "yolo9", "yolonas", "picodet", "detr", "rfdetr")
+def decode_picodet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float, strides: tuple[int, ...],
+                   nms_pre: int) -> list[Candidates]:
+    """PicoDet (GFL/DFL): each side's distance is the softmax expectation of its distribution x stride, from
+    the cell centre."""
+    n_levels = len(strides)
+    reg_maps = raw[n_levels:]
+    reg_max = reg_maps[0].shape[1] // 4 - 1
+    project = torch.arange(reg_max + 1, dtype=reg_maps[0].dtype, device=reg_maps[0].device)
+    dists = [r.permute(0, 2, 3, 1).reshape(r.shape[0], -1, 4, reg_max + 1) for r in reg_maps]
+
+    def distances(level: int, image: int, anchor: torch.Tensor) -> torch.Tensor:
+        return (dists[level][image, anchor].softmax(-1) * project).sum(-1) * strides[level]
+
+    return decode_levels(list(raw[:n_levels]), input_size, conf, strides, nms_pre, 0.5, distances)
+
+
+def decode_rtmdet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float, strides: tuple[int, ...],
+                  nms_pre: int) -> list[Candidates]:
+    """RTMDet: its regression maps hold the four distances in input pixels already (x stride in the head),
+    from the cell's corner (offset 0, mmdetection's prior generator)."""
+    n_levels = len(strides)
+    dists = [r.permute(0, 2, 3, 1).reshape(r.shape[0], -1, 4) for r in raw[n_levels:]]
+    return decode_levels(list(raw[:n_levels]), input_size, conf, strides, nms_pre, 0.0,
+                         lambda level, image, anchor: dists[level][image, anchor])
+
+
+def decode_lwdetr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
+    """LW-DETR: 91 logit columns indexed by COCO category id; the 80 that are classes are kept before the
+    top-k (libreyolo's order), as contiguous classes."""
+    logits, boxes = raw
+    if logits.shape[-1] == 91:
+        logits = logits.index_select(-1, torch.tensor(COCO80_TO_91, device=logits.device))
+    return decode_detr([logits, boxes], input_size, conf)
+
+
+HEADS = ("yolox", "yolo9", "yolo7", "yolonas", "ppyoloe", "picodet", "rtmdet", "detr", "rfdetr", "lwdetr")
 PICODET_STRIDES = (8, 16, 32, 64)  # libreyolo's PicoDet head levels
 PICODET_NMS_PRE = 1000  # per level, libreyolo's (and upstream's test_cfg) nms_pre
+RTMDET_STRIDES = (8, 16, 32)
+RTMDET_NMS_PRE = 30000  # per level, libreyolo's RTMDet post-processing
 YOLONAS_FIT = 636  # libreyolo's YOLO-NAS resizes the long side to min(636, input size)
 
 
@@ -400,6 +466,7 @@ class LibreYoloDetector:
         self.entry = entry
         self.model_id, self.family, self.variant = model_id, entry.family.family, entry.variant
         self.licence = entry.family.licence
+        self.size_multiple = entry.family.size_multiple
         self.wrapper, self.weights = build_libreyolo(entry, weights)
         self.core_module = LibreCore(self.wrapper.model, entry.family.head).eval()
         self.postprocess = entry.postprocess
@@ -438,9 +505,12 @@ class LibreYoloDetector:
             return self._yolox.decode(raw, input_size, conf)
         if head == "picodet":
             return decode_picodet(raw, input_size, conf, PICODET_STRIDES, PICODET_NMS_PRE)
+        if head == "rtmdet":
+            return decode_rtmdet(raw, input_size, conf, RTMDET_STRIDES, RTMDET_NMS_PRE)
         if head == "rfdetr":  # its top-k is the model's num_select (the catalogue's max_det) before the drop
             return decode_rfdetr(raw, input_size, self.postprocess.max_det)
-        decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolonas": decode_yolonas, "detr": decode_detr}
+        decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolo7": decode_yolo9, "yolonas": decode_yolonas,
+                                         "ppyoloe": decode_yolonas, "detr": decode_detr, "lwdetr": decode_lwdetr}
         return decoders[head](raw, input_size, conf)
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.backends.tensorrt import is_engine_file
+from harness.catalogue import unavailable_families
 from harness.errors import UsageError, path_problem
 from harness.models import torchvision_family, ultralytics_onnx, yolox
 from harness.models.protocol import RANDOM_WEIGHTS, Detector
@@ -33,6 +34,7 @@ class ModelEntry:
     postprocess: str = "nms"  # the family's post-processing kind (PostprocessSpec.kind)
     local_weights: Callable[[], Path | None] = lambda: None  # the weights file found locally, if any
     engines: bool = False  # whether --weights may be a TensorRT engine of the model (--backend tensorrt)
+    task: str = "detect"  # detect | segment
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -107,7 +109,7 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     if onnx_yolox is None:
         return ModelEntry(model_id=model_id, family=model.family.family, factory=factory, weights_url=None,
                           weights_file=model.weights_file, note=note, postprocess=model.postprocess.kind,
-                          local_weights=cached)
+                          local_weights=cached, task=model.family.task)
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
                       note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
@@ -168,6 +170,9 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
         return load_plugin(match["path"], match["factory"])
     entry = REGISTRY.get(spec)
     if entry is None:
+        missing = next((u for u in unavailable_families() if spec in u.ids), None)
+        if missing is not None:
+            raise UsageError(f"{spec} is not available: {missing.why}; `va-bench models list` shows what runs")
         raise UsageError(f"unknown model {spec!r}; known: {', '.join(REGISTRY)} (or path/to/file.py:factory)")
     if weights is not None and weights != RANDOM_WEIGHTS and not Path(weights).is_file():  # one message, every family
         problem = "not a file" if Path(weights).exists() else "no such file"

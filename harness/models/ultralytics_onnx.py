@@ -43,6 +43,7 @@ from harness.backends.tensorrt import (
     probe_outputs,
     read_manifest,
 )
+from harness.catalogue import ULTRALYTICS_MODEL_IDS
 from harness.data.categories import COCO80_TO_91
 from harness.errors import UsageError
 from harness.measure.device import Device
@@ -55,7 +56,6 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.sizes import ULTRALYTICS_MODEL_IDS
 from harness.models.weights import file_sha256, weights_dir
 
 MODEL_IDS = ULTRALYTICS_MODEL_IDS

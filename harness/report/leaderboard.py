@@ -67,3 +67,15 @@ def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
             f["smaller"]["latency_ms_p50"], f["larger"]["model"], f["larger"]["latency_ms_p50"],
             f"{f['faster_pct']:.0f}%")))
     return table
+
+
+def rf100vl_table(board: dict) -> Table:
+    """The RF100-VL section: one row per campaign (unweighted mean over its datasets), no latency."""
+    table = Table(title=f"RF100-VL: {len(board['rf100vl'])} rows (mean over fine-tuned datasets; off the COCO boards)")
+    for col in ("model", "hardware", "runtime", "variant", "mAP 50:95", "mAP 50", "valid"):
+        table.add_column(col)
+    for r in board["rf100vl"]:
+        maps = ("-" if r[k] is None else f"{r[k]:.3f}" for k in ("mAP_50_95", "mAP_50"))
+        table.add_row(*(escape(str(v)) for v in (
+            r["model"], r["hardware"], f"{r['format']}/{r['precision']}", r["variant"], *maps, r["valid_submission"])))
+    return table

@@ -25,9 +25,12 @@
   the `subset` badge.
 * Size order: within one family, hardware, format, provider, precision, input size, batch size, timing mode
   and dataset variant, a variant later in its family's size order (`size_ranks`: the CLI passes the
-  catalogue's, harness/models/sizes.py) measured
+  catalogue's, harness.catalogue.py) measured
   more than SIZE_ORDER_MARGIN faster (latency p50) than a smaller one is a finding naming both rows: the
   tell of a busy or throttled device (the site removed such rows).
+* RF100-VL rows (an `rf100vl` block or dataset id rf100_vl: 100 fine-tuned datasets, one row) are the site's
+  own section: they stay in the cube, as the site lists them, but never in the COCO leaderboard, its
+  canonical accuracy or the size-order check; `rf100vl` lists them with their variant (full100 / partial{n}).
 * Files the site would reject, and random-weights runs, are left out.
 """
 
@@ -85,6 +88,7 @@ class PerfRow:
     superseded: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)  # our validator's findings on this file
     accuracy_trusted: bool = True  # False: unpinned full-val commit or implausible accuracy
+    section: str = "coco"  # "rf100vl": the site's RF100-VL section, off the COCO boards
 
     @property
     def coordinate(self) -> tuple:
@@ -146,6 +150,7 @@ def row_from(report: FileReport) -> PerfRow:
         flags=[f"{f.severity}: {f.message}" for f in ours],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
+        section="rf100vl" if sub.is_rf100vl else "coco",
     )
 
 
@@ -206,7 +211,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     order = hardware_order(reference_hardware, fallback_hardware)
 
     by_accuracy: dict[tuple, list[PerfRow]] = {}
-    for row in cube:
+    coco_cube = [r for r in cube if r.section == "coco"]
+    for row in coco_cube:
         if row.map_50_95 is not None and row.accuracy_trusted:
             by_accuracy.setdefault(row.accuracy_key, []).append(row)
     canonical, gate = {}, []
@@ -244,8 +250,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         full = canonical_of(row, "full")
         show(row, full or canonical_of(row, row.dataset_variant), "full" if full else row.dataset_variant)
 
-    size_order = size_order_findings(cube, size_ranks or {})
-    leaderboard = [replace(r) for r in _leaderboard_rows(cube, leaderboard_variant)]
+    size_order = size_order_findings(coco_cube, size_ranks or {})
+    leaderboard = [replace(r) for r in _leaderboard_rows(coco_cube, leaderboard_variant)]
     for row in leaderboard:  # pinned: the leaderboard variant's canonical number or nothing
         show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
     leaderboard.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
@@ -260,11 +266,12 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                                          "input_size", "protocol (conf, iou, max_det)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),
-                   "size_order_findings": len(size_order)},
+                   "size_order_findings": len(size_order), "rf100vl_rows": len(cube) - len(coco_cube)},
         "leaderboard": [asdict(r) for r in leaderboard],
         "canonical_accuracy": list(canonical.values()),
         "agreement_gate": gate,
         "size_order": size_order,
+        "rf100vl": rf100vl_rows(reports, {r.file for r in cube if r.section == "rf100vl"}),
         "cube": [asdict(r) for r in cube],
         "excluded": excluded,
     }
@@ -323,3 +330,19 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
                         "larger": {"model": large.model, "latency_ms_p50": large.latency_ms_p50, "file": large.file},
                         "faster_pct": round(100 * faster, 1)})
     return findings
+
+
+def rf100vl_rows(reports: list[FileReport], files: set[str]) -> list[dict]:
+    """The RF100-VL section: one row per campaign, as the site shows it (no latency)."""
+    out = []
+    for report in reports:
+        sub = report.submission
+        if sub is None or report.path.name not in files:
+            continue
+        block = getattr(sub, "rf100vl", None) or {}
+        out.append({"model": sub.model.id, "hardware": sub.hardware_id, "format": sub.runtime.format,
+                    "precision": sub.runtime.precision, "variant": sub.rf100vl_variant,
+                    "datasets": len(block.get("datasets") or []), "valid_submission": block.get("valid_submission"),
+                    "mAP_50_95": _num(sub.accuracy.get("mAP_50_95")), "mAP_50": _num(sub.accuracy.get("mAP_50")),
+                    "file": report.path.name})
+    return sorted(out, key=lambda r: (-(r["mAP_50_95"] or -1), r["model"]))

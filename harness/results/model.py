@@ -114,6 +114,16 @@ class Submission(Block):
         return isinstance(getattr(self, "rf100vl", None), dict) or self.dataset_id == "rf100_vl"
 
     @property
+    def rf100vl_variant(self) -> str | None:
+        """The site's RF100-VL variant: full100 when every expected dataset is there, else partial{n}."""
+        block = getattr(self, "rf100vl", None)
+        if not isinstance(block, dict) or not isinstance(block.get("datasets"), list):
+            return None
+        expected = (block.get("protocol") or {}).get("expected_datasets", 100)
+        n = len(block["datasets"])
+        return f"full{n}" if n == expected else f"partial{n}"
+
+    @property
     def dataset_variant(self) -> str | None:
         """Declared variant, else derived from the image count (5000 -> full, 500 -> mini500)."""
         if self.dataset and self.dataset.variant:

@@ -39,6 +39,23 @@ SITE_NUMBERS: dict[str, str] = {
 # Ultralytics' own val defaults are iou 0.7 (the corpus's yolov5u/yolov8/yolo11/yolo26 runs use it).
 SITE_PROTOCOL = {"conf": 0.001, "iou": 0.6, "max_det": 300}
 FAMILY_PROTOCOL = {family: {**SITE_PROTOCOL, "iou": 0.7} for family in ("yolov5u", "yolov8", "yolo11", "yolo26")}
+RF100VL_PROTOCOL = {"conf": 0.001, "iou": 0.65, "max_det": 500}  # the site's RF100-VL section (rf100vl.libreyolo.v1)
+
+
+def is_rf100vl(doc: Any) -> bool:
+    """The site's rule (transform.ts): an `rf100vl` block, or dataset id rf100_vl."""
+    if not isinstance(doc, dict):
+        return False
+    dataset = doc.get("dataset")
+    return isinstance(doc.get("rf100vl"), dict) or (isinstance(dataset, dict) and dataset.get("id") == "rf100_vl")
+
+
+def _rf100vl_protocol(doc: dict) -> dict:
+    """RF100-VL's protocol as the file's own block states it (nms_iou, max_det), else the section's."""
+    block = doc.get("rf100vl") if isinstance(doc.get("rf100vl"), dict) else {}
+    stated = block.get("protocol") if isinstance(block.get("protocol"), dict) else {}
+    return {"conf": RF100VL_PROTOCOL["conf"], "iou": stated.get("nms_iou", RF100VL_PROTOCOL["iou"]),
+            "max_det": stated.get("max_det", RF100VL_PROTOCOL["max_det"])}
 
 
 @dataclass(frozen=True)
@@ -176,14 +193,14 @@ def protocol_findings(doc: Any) -> list[Finding]:
         return []
     family = doc["model"].get("family") if isinstance(doc.get("model"), dict) else None
     family = family if isinstance(family, str) else None
-    protocol = FAMILY_PROTOCOL.get(family, SITE_PROTOCOL)
+    protocol = _rf100vl_protocol(doc) if is_rf100vl(doc) else FAMILY_PROTOCOL.get(family, SITE_PROTOCOL)
     config = doc["config"]
     off = {k: config[k] for k, want in protocol.items() if _number(config.get(k)) and config[k] != want}
     if not off:
         return []
     got = ", ".join(f"{k} {v}" for k, v in off.items())
     want = ", ".join(f"{k} {protocol[k]}" for k in off)
-    whose = f"the {family} family's" if family in FAMILY_PROTOCOL else "the site's"
+    whose = "RF100-VL's" if is_rf100vl(doc) else f"the {family} family's" if family in FAMILY_PROTOCOL else "the site's"
     return [Finding("config", f"non-standard protocol: {got} ({whose} protocol is {want}); its accuracy is "
                     "not comparable with standard runs", "nonstandard-protocol", "warning")]
 

@@ -151,8 +151,9 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
                 out.append(Finding(where, f"full-val accuracy needs a pinned, clean commit: {problem}",
                                    "commit_guard"))
             else:
-                out.append(Finding(where, f"unpinned commit on a subset run: {problem}", "commit_guard",
-                                   "warning"))
+                kind = "an RF100-VL run" if sub.is_rf100vl else "a subset run"
+                out.append(Finding(where, f"unpinned commit on {kind}: {problem}", "commit_guard", "warning"))
+    out += rf100vl_findings(doc, sub)
     # coordinate completeness
     coords = {"hardware.id": sub.hardware_id if sub.hardware_id != "unknown" else None,
               "config.batch_size": sub.batch_size, "config.input_size": sub.input_size,
@@ -167,6 +168,14 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     if sub.dataset_id != "coco2017" and not sub.is_rf100vl:
         out.append(Finding("dataset.id", f"dataset {sub.dataset_id!r} is not COCO val2017: the site would list this "
                            "file on its COCO board; keep it for your own comparisons", "dataset"))
+    # the device it was measured on
+    if sub.timing.get("throttled") is True:
+        out.append(Finding("timing.throttled", "the device throttled during the timed pass (environment.device_state"
+                           " says why): timings are suspect", "device", "warning"))
+    hygiene = (doc.get("environment") or {}).get("gpu_hygiene") if isinstance(doc.get("environment"), dict) else None
+    if isinstance(hygiene, dict) and hygiene.get("shared_gpu_allowed") and hygiene.get("other_processes"):
+        out.append(Finding("environment.gpu_hygiene", f"measured on a shared GPU ({len(hygiene['other_processes'])} "
+                           "other compute processes, --allow-shared-gpu): latency is suspect", "device", "warning"))
     # dataset fingerprint
     n, sha = sub.num_images, sub.image_id_sha256
     if variant in KNOWN_FINGERPRINTS:
@@ -212,6 +221,29 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     if sub.random_weights:
         out.append(Finding("repro.weights.source", "random weights (a timing-only run): not publishable, its "
                            "accuracy means nothing; rerun with trained weights to publish", "random-weights"))
+    return out
+
+
+def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
+    """An RF100-VL row's block against itself: each accuracy key the unweighted mean of the datasets' values
+    (the site's aggregation), and `valid_submission` true only with every expected dataset scored."""
+    block = doc.get("rf100vl")
+    if not sub.is_rf100vl or not isinstance(block, dict):
+        return []
+    datasets = block.get("datasets")
+    if not isinstance(datasets, list) or not datasets:
+        return [Finding("rf100vl.datasets", "an RF100-VL row without its per-dataset results", "rf100vl")]
+    out = []
+    for key in ("mAP_50_95", "mAP_50", "mAP_75", "AR100", "AR_max_det"):
+        values = [d.get(key) for d in datasets if isinstance(d, dict) and _finite_number(d.get(key))]
+        stated = sub.accuracy.get(key)
+        if values and _finite_number(stated) and abs(sum(values) / len(values) - stated) > 1e-6:
+            out.append(Finding(f"accuracy.{key}", f"accuracy.{key} {stated:.6f} is not the mean of the "
+                               f"{len(values)} datasets' {key} ({sum(values) / len(values):.6f})", "rf100vl"))
+    expected = (block.get("protocol") or {}).get("expected_datasets", 100)
+    if block.get("valid_submission") is True and len(datasets) != expected:
+        out.append(Finding("rf100vl.valid_submission", f"valid_submission is true with {len(datasets)} of "
+                           f"{expected} datasets (a partial{len(datasets)} row)", "rf100vl"))
     return out
 
 
@@ -275,9 +307,11 @@ def detections_findings(file: Path) -> list[Finding]:
 
 
 def validate_file(path: Path, support: dict | None, schema: dict,
-                  checked_detections: dict[Path, list[Finding]] | None = None) -> FileReport:
+                  checked_detections: dict[Path, list[Finding]] | None = None,
+                  pending_models: frozenset[str] = frozenset()) -> FileReport:
     """Every rule on one file. `checked_detections` caches detections checks: a run's batch sizes share
-    one detections file."""
+    one detections file. `pending_models`: ids the harness builds that the site's support matrix does not
+    list yet; for them the matrix's model check is a warning."""
     report = FileReport(path)
     doc, problem = read_json(path)
     if problem:
@@ -289,7 +323,7 @@ def validate_file(path: Path, support: dict | None, schema: dict,
         report.findings.append(Finding("$", f"a JSON {type(doc).__name__}, not an object ({what})", "site.type"))
         return report
     report.findings += schema_findings(doc, schema)
-    report.findings += site_findings(doc, support)
+    report.findings += [_pending(f, doc, pending_models) for f in site_findings(doc, support)]
     report.findings += number_type_findings(doc)
     report.findings += protocol_findings(doc)
     report.raw = doc
@@ -319,18 +353,28 @@ def validate_file(path: Path, support: dict | None, schema: dict,
     return report
 
 
-def validate_paths(paths: list[str | Path], support: dict | None, progress=None) -> Validation:
+def _pending(finding: Finding, doc: dict, pending_models: frozenset[str]) -> Finding:
+    model_id = (doc.get("model") or {}).get("id") if isinstance(doc.get("model"), dict) else None
+    if finding.rule == "site.support_matrix" and finding.path == "model.id" and model_id in pending_models:
+        return Finding("model.id", f"model.id {model_id} is not on the site's support matrix yet (a family "
+                       "va-bench builds; the site's validator refuses it until the matrix lists it)",
+                       "pending-support-matrix", "warning")
+    return finding
+
+
+def validate_paths(paths: list[str | Path], support: dict | None, progress=None,
+                   pending_models: frozenset[str] = frozenset()) -> Validation:
     """Validate every file, then the cross-file rule (unique submission_id)."""
     schema = json.loads(EXTENDED_SCHEMA.read_text())
     files, notes = collect_files(paths)
     reports = []
     checked: dict[Path, list[Finding]] = {}
     if progress is None:
-        reports = [validate_file(f, support, schema, checked) for f in files]
+        reports = [validate_file(f, support, schema, checked, pending_models) for f in files]
     else:
         with progress.task("validate", len(files)) as advance:
             for f in files:
-                reports.append(validate_file(f, support, schema, checked))
+                reports.append(validate_file(f, support, schema, checked, pending_models))
                 advance()
     owners: dict[str, Path] = {}
     for r in reports:
