@@ -171,6 +171,8 @@ class AccuracyRecord:
     num_detections: int
     batch_size: int
     detections_file: str  # relative to the run folder
+    max_dets: list[int] = field(default_factory=lambda: [1, 10, 100])  # COCOeval's maxDets (the last: the cap)
+    per_class_file: str | None = None  # per-category AP, relative to the run folder
 
 
 @dataclass

@@ -153,3 +153,28 @@ def test_coco_variants_and_dataset_options_are_refused_on_other_datasets(tmp_pat
                           (("--dataset", str(tmp_path / "nope")), "no such file or folder")]:
         result, _ = _run(tmp_path, *args)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+
+
+@requires_coco
+@requires_yolox
+def test_eval_max_det_and_per_class_ap_of_a_run(tmp_path):
+    """`--eval-max-det 500`: eval.maxDets and AR_max_det in the submission; the per-class file's AP of each
+    category is pycocotools' own on the saved detections, restricted to that category."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    annotation = _three_class_dataset(tmp_path)
+    result, out = _run(tmp_path, "--dataset", str(annotation), "--eval-max-det", "500", "--max-det", "600")
+    assert result.returncode == 0, result.stderr
+    sub = _only_submission(out)
+    assert sub["eval"]["maxDets"] == [1, 10, 100, 500] and "AR_max_det" in sub["accuracy"]
+    run_dir = next(out.glob("*"))
+    per_class = json.loads((run_dir / sub["eval"]["per_class"]).read_text())
+    assert per_class["eval_max_det"] == 500 and [c["id"] for c in per_class["categories"]] == [3, 7, 11]
+    detections = json.loads(next(run_dir.glob("detections/*.json")).read_text())
+    gt = COCO(str(annotation))
+    for entry in per_class["categories"]:
+        ev = COCOeval(gt, gt.loadRes(detections), "bbox")
+        ev.params.catIds, ev.params.maxDets = [entry["id"]], [1, 10, 500]  # summarize's mAP_50 reads maxDets[2]
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+        assert entry["AP50"] == pytest.approx(ev.stats[1], abs=1e-6), entry

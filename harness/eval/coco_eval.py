@@ -19,6 +19,55 @@ EVALUATORS = ("pycocotools", "faster-coco-eval")
 # COCOeval.stats order -> the site's accuracy field names
 STAT_NAMES = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
               "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
+COCO_MAX_DETS = 100  # COCO's own detection cap per image
+
+
+def max_dets_for(cap: int) -> list[int]:
+    """COCOeval's maxDets for an evaluation cap: sorted({1, 10, 100, cap}) (RF100-VL: [1, 10, 100, 500])."""
+    return sorted({1, 10, 100, cap})
+
+
+def summarize(coco_eval, cap: int = COCO_MAX_DETS) -> dict[str, float]:
+    """The COCO statistics from an accumulated COCOeval, with AP and the area-range ARs read at `cap` (and
+    `AR_max_det`, the AR at the cap, when the cap is not 100). For cap 100 these are pycocotools'
+    `summarize()` figures (tested); pycocotools reads AP at maxDets[2] whatever the cap, so it cannot give
+    them at another cap. -1 where undefined, as pycocotools."""
+    params, ev = coco_eval.params, coco_eval.eval
+    iou_thrs = np.asarray(params.iouThrs)
+    area = list(params.areaRngLbl).index
+    m = list(params.maxDets).index
+
+    def mean(values) -> float:
+        valid = values[values > -1]
+        return float(np.mean(valid)) if valid.size else -1.0
+
+    def ap(iou=None, rng="all", dets=cap):
+        p = ev["precision"][:, :, :, area(rng), m(dets)]
+        return mean(p if iou is None else p[np.where(np.isclose(iou_thrs, iou))[0]])
+
+    def ar(rng="all", dets=cap):
+        return mean(ev["recall"][:, :, area(rng), m(dets)])
+
+    stats = {"mAP_50_95": ap(), "mAP_50": ap(0.5), "mAP_75": ap(0.75), "mAP_small": ap(rng="small"),
+             "mAP_medium": ap(rng="medium"), "mAP_large": ap(rng="large"), "AR1": ar(dets=1), "AR10": ar(dets=10),
+             "AR100": ar(dets=100), "AR_small": ar("small"), "AR_medium": ar("medium"), "AR_large": ar("large")}
+    if cap != COCO_MAX_DETS:
+        stats["AR_max_det"] = ar()
+    return stats
+
+
+def per_class_ap(coco_eval, cap: int = COCO_MAX_DETS) -> dict[int, dict[str, float]]:
+    """Category id -> AP 50:95 and AP 50 (area all, at the cap); -1 where the category has no ground truth."""
+    params, ev = coco_eval.params, coco_eval.eval
+    iou_thrs = np.asarray(params.iouThrs)
+    a, m = list(params.areaRngLbl).index("all"), list(params.maxDets).index(cap)
+    out = {}
+    for k, category in enumerate(params.catIds):
+        p = ev["precision"][:, :, k, a, m]
+        at50 = p[np.where(np.isclose(iou_thrs, 0.5))[0]]
+        out[int(category)] = {"AP": float(np.mean(p[p > -1])) if (p > -1).any() else -1.0,
+                              "AP50": float(np.mean(at50[at50 > -1])) if (at50 > -1).any() else -1.0}
+    return out
 
 
 def evaluator_version(name: str) -> str:
@@ -28,14 +77,22 @@ def evaluator_version(name: str) -> str:
 
 
 def evaluate_bbox(coco_gt: COCO, detections: list[dict], image_ids: list[int],
-                  evaluator: str = "pycocotools") -> dict[str, float]:
-    """The 12 COCO bbox statistics over exactly `image_ids` (max_dets 1/10/100, as COCO defines)."""
-    return _evaluate(coco_gt, copy.deepcopy(detections), image_ids, evaluator)  # loadRes mutates its input
+                  evaluator: str = "pycocotools", cap: int = COCO_MAX_DETS) -> dict[str, float]:
+    """The 12 COCO bbox statistics over exactly `image_ids` (max_dets 1/10/100, as COCO defines; with another
+    evaluation `cap`, AP read at it and `AR_max_det`: `summarize`)."""
+    return _evaluate(coco_gt, copy.deepcopy(detections), image_ids, evaluator, cap)[0]  # loadRes mutates its input
 
 
 def evaluate_bbox_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
-                       pairs_per_chunk: int | None = None) -> dict[str, float]:
-    """`evaluate_bbox` of a COCO results file (a run's detections/<cell>.json) in bounded memory.
+                       pairs_per_chunk: int | None = None, cap: int = COCO_MAX_DETS) -> dict[str, float]:
+    """`evaluate_bbox` of a COCO results file; `evaluate_bbox_file_per_class` also gives each category's AP."""
+    return evaluate_bbox_file_per_class(coco_gt, path, image_ids, evaluator, pairs_per_chunk, cap)[0]
+
+
+def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: list[int],
+                                 evaluator: str = "pycocotools", pairs_per_chunk: int | None = None,
+                                 cap: int = COCO_MAX_DETS) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """(statistics, per-category AP) of a COCO results file (a run's detections/<cell>.json) in bounded memory.
 
     pycocotools holds a dict per detection (loadRes adds a polygon to each) and a record per image,
     category and area range: measured, 1.6 GB more at 5000 images than at 500. Its AP is computed per
@@ -45,10 +102,10 @@ def evaluate_bbox_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
     to mini500; the file is parsed into arrays one object at a time. faster-coco-eval (C++) takes
     the file whole."""
     if evaluator != "pycocotools":
-        return _evaluate(coco_gt, json.loads(Path(path).read_bytes()), image_ids, evaluator)
+        return _evaluate(coco_gt, json.loads(Path(path).read_bytes()), image_ids, evaluator, cap)
     columns = _read_results(Path(path))
     if columns is None:
-        return dict.fromkeys(STAT_NAMES, 0.0)  # as evaluate_bbox: no detections scores 0
+        return _no_detections(cap)
     from pycocotools.cocoeval import COCOeval
 
     image_ids = sorted(image_ids)
@@ -58,20 +115,25 @@ def evaluate_bbox_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
         for chunk in _category_groups(categories, columns, len(image_ids), pairs_per_chunk or CHUNK_PAIRS):
             coco_eval = COCOeval(coco_gt, _results_of(coco_gt, columns, chunk), "bbox")
             coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, chunk
+            coco_eval.params.maxDets = max_dets_for(cap)
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
             del coco_eval  # this group's per-image records go before the next group's are built
         coco_eval = COCOeval(coco_gt, _results_of(coco_gt, columns, []), "bbox")
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
+        coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.eval = {"params": coco_eval.params, "counts": [*parts[0]["counts"][:2], len(categories),
                                                                  *parts[0]["counts"][3:]],
                           "precision": np.concatenate([e["precision"] for e in parts], axis=2),
                           "recall": np.concatenate([e["recall"] for e in parts], axis=1),
                           "scores": np.concatenate([e["scores"] for e in parts], axis=2)}
-        coco_eval.summarize()
-    stats = np.asarray(coco_eval.stats[: len(STAT_NAMES)], dtype=float)
-    return {name: float(value) for name, value in zip(STAT_NAMES, stats, strict=True)}
+    return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)
+
+
+def _no_detections(cap: int) -> tuple[dict[str, float], dict]:
+    """No detections scores 0 by definition (loadRes rejects an empty list)."""
+    return dict.fromkeys((*STAT_NAMES, *(("AR_max_det",) if cap != COCO_MAX_DETS else ())), 0.0), {}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections
@@ -161,15 +223,16 @@ def _results_of(coco_gt: COCO, columns: _Results, categories: list[int]) -> COCO
 _FASTER_GT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the GT index per dataset, built once
 
 
-def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str) -> dict[str, float]:
+def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
+              cap: int = COCO_MAX_DETS) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     if evaluator == "pycocotools":
         from pycocotools.cocoeval import COCOeval
     elif evaluator == "faster-coco-eval":
         from faster_coco_eval import COCOeval_faster as COCOeval
     else:
         raise ValueError(f"unknown evaluator {evaluator!r}; use one of {EVALUATORS}")
-    if not detections:  # loadRes rejects an empty list; no detections scores 0 by definition
-        return dict.fromkeys(STAT_NAMES, 0.0)
+    if not detections:
+        return _no_detections(cap)
     with contextlib.redirect_stdout(io.StringIO()):
         if evaluator == "pycocotools":
             coco_eval = COCOeval(coco_gt, coco_gt.loadRes(detections), "bbox")
@@ -181,8 +244,7 @@ def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evalu
                 gt = _FASTER_GT[coco_gt] = FasterCOCO(copy.deepcopy(coco_gt.dataset))
             coco_eval = COCOeval(gt, gt.loadRes(detections), "bbox")
         coco_eval.params.imgIds = sorted(image_ids)
+        coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.evaluate()
         coco_eval.accumulate()
-        coco_eval.summarize()
-    stats = np.asarray(coco_eval.stats[: len(STAT_NAMES)], dtype=float)
-    return {name: float(value) for name, value in zip(STAT_NAMES, stats, strict=True)}
+    return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)

@@ -131,6 +131,8 @@ def build_submission(record: CellRecord) -> dict:
                  "numImages": dataset["num_images"],
                  "evaluator": record.accuracy.evaluator if record.accuracy else None,
                  "batch_size": record.accuracy.batch_size if record.accuracy else None,
+                 "maxDets": record.accuracy.max_dets if record.accuracy else None,
+                 "per_class": record.accuracy.per_class_file if record.accuracy else None,
                  "detections": record.accuracy.detections_file if record.accuracy else None,
                  "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"},
         "runtime": runtime_block(record),

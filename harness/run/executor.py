@@ -30,7 +30,7 @@ from harness.data.cache import ImageBytes
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
-from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
+from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
@@ -58,7 +58,7 @@ from harness.records import (
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
 from harness.results.json_stream import JsonArrayWriter
-from harness.results.writer import atomic_write_bytes
+from harness.results.writer import atomic_write_bytes, atomic_write_json
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
 # from the cells' timings, from the process start to here and to each group's model load (environment.startup).
@@ -346,9 +346,15 @@ class GroupExecutor:
             return None, "random weights: a timing-only run, accuracy is not meaningful"
         if not ctx.config.accuracy:
             return None, "accuracy evaluation skipped (--no-accuracy)"
+        cap = ctx.config.eval_max_det
         with ctx.progress.task(f"COCO eval {cell.label}", None):
-            stats = evaluate_bbox_file(ctx.dataset.coco, ctx.run_dir / detections_file, list(ctx.variant.image_ids),
-                                       ctx.config.evaluator)
+            stats, per_class = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / detections_file,
+                                                            list(ctx.variant.image_ids), ctx.config.evaluator, cap=cap)
+        per_class_file = f"per_class/{cell_slug(cell)}.json"
+        names = ctx.dataset.categories
+        atomic_write_json(ctx.run_dir / per_class_file, {"eval_max_det": cap, "categories": [
+            {"id": c, "name": names.get(c), **{k: (None if v < 0 else round(v, 6)) for k, v in ap.items()}}
+            for c, ap in sorted(per_class.items())]})
         # pycocotools' -1 means "no ground truth in this area range" (small subsets): not a score
         missing = sorted(k for k, v in stats.items() if v < 0)
         stats = {k: (None if k in missing else v) for k, v in stats.items()}
@@ -357,7 +363,8 @@ class GroupExecutor:
                                     for k in missing}
         return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
                               num_detections=num_detections, batch_size=cell.batch_size,
-                              detections_file=detections_file), None
+                              detections_file=detections_file, max_dets=max_dets_for(cap),
+                              per_class_file=per_class_file), None
 
     def _draw(self, detections: list[ImageDetections]) -> None:
         ctx = self.ctx

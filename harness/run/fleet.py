@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.config import SAFE_ID, RunConfig, build_config
 from harness.errors import RunInterrupted, UsageError, path_problem
-from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version
+from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version, max_dets_for
 from harness.records import RETRYABLE_STATES, LoadKey
 from harness.report.progress import SilentProgress
 from harness.results.artifacts import load_slug
@@ -630,11 +630,12 @@ class FleetDriver:
             atomic_write_bytes(self.fplan.fleet_dir / rel_dets, merged)
             # the evaluation a cell's detections get (executor.py), on the merged file
             stats = evaluate_bbox_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
-                                       list(plan.variant.image_ids), config.evaluator)
+                                       list(plan.variant.image_ids), config.evaluator, cap=config.eval_max_det)
             record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": stats,
+                      "maxDets": max_dets_for(config.eval_max_det),
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,
                       "shards": [{**s, **{k: p[k] for k in ("node", "images", "detections", "seconds", "threads")}}

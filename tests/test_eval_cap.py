@@ -1,0 +1,102 @@
+"""The evaluation cap (COCOeval's maxDets, separate from the NMS max_det) and per-class AP, against
+pycocotools' own summarize on the same detections."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+from conftest import SUBSET_ANNOTATIONS, requires_coco
+
+from harness.eval.coco_eval import STAT_NAMES, evaluate_bbox, evaluate_bbox_file_per_class, max_dets_for
+
+
+def _noisy_detections(coco, per_image: int = 200, seed: int = 0) -> list[dict]:
+    """Every ground-truth box jittered (the true class, low scores), plus random boxes of the image's own classes
+    scoring higher: pycocotools caps detections per image and category, and there true positives rank past 100,
+    so a cap of 100 and one of 500 give different figures."""
+    rng = np.random.default_rng(seed)
+    categories = coco.getCatIds()
+    out = []
+    for image_id in sorted(coco.imgs):
+        info = coco.imgs[image_id]
+        for ann in coco.imgToAnns[image_id]:
+            x, y, w, h = ann["bbox"]
+            for _ in range(3):
+                out.append({"image_id": image_id, "category_id": ann["category_id"],
+                            "score": float(rng.uniform(0.0, 0.6)),
+                            "bbox": [x + rng.normal(0, 2), y + rng.normal(0, 2), w * rng.uniform(0.9, 1.1),
+                                     h * rng.uniform(0.9, 1.1)]})
+        present = sorted({a["category_id"] for a in coco.imgToAnns[image_id]}) or categories
+        for _ in range(per_image):
+            w, h = rng.uniform(5, info["width"] / 2), rng.uniform(5, info["height"] / 2)
+            out.append({"image_id": image_id, "category_id": int(rng.choice(present)),
+                        "score": float(rng.uniform(0.3, 1.0)),
+                        "bbox": [rng.uniform(0, info["width"] - w), rng.uniform(0, info["height"] - h), w, h]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def sample():
+    if not SUBSET_ANNOTATIONS.is_file():
+        pytest.skip("COCO sample missing")
+    from pycocotools.coco import COCO
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(SUBSET_ANNOTATIONS))
+    ids = sorted(coco.imgs)[:60]
+    dets = [d for d in _noisy_detections(coco) if d["image_id"] in set(ids)]
+    return coco, ids, dets
+
+
+def _pycocotools(coco, dets, ids, max_dets):
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = COCOeval(coco, coco.loadRes(json.loads(json.dumps(dets))), "bbox")
+        ev.params.imgIds, ev.params.maxDets = ids, max_dets
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+    return ev
+
+
+@requires_coco
+def test_cap_100_is_pycocotools_summarize(sample):
+    coco, ids, dets = sample
+    ours = evaluate_bbox(coco, dets, ids)
+    theirs = _pycocotools(coco, dets, ids, [1, 10, 100]).stats
+    assert list(ours) == list(STAT_NAMES)
+    assert [ours[k] for k in STAT_NAMES] == pytest.approx(list(theirs), abs=1e-12)
+
+
+@requires_coco
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_cap_500_reads_ap_at_the_cap(sample, evaluator, tmp_path):
+    """pycocotools' summarize reads mAP_50..mAP_large and the area ARs at maxDets[2]: with maxDets [1, 10, 500]
+    that is the cap, an independent value for ours at [1, 10, 100, 500] (its mAP_50_95 is read at a literal 100,
+    so that one is the mean of pycocotools' own precision array at the cap); AR1/AR10/AR100 at their own caps
+    (pycocotools with [1, 10, 100])."""
+    coco, ids, dets = sample
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(dets))
+    ours, per_class = evaluate_bbox_file_per_class(coco, path, ids, evaluator, cap=500)
+    at_cap = _pycocotools(coco, dets, ids, [1, 10, 500]).stats
+    at_100 = _pycocotools(coco, dets, ids, [1, 10, 100]).stats
+    assert max_dets_for(500) == [1, 10, 100, 500]
+    for i, key in enumerate(("mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large"), start=1):
+        assert ours[key] == pytest.approx(at_cap[i], abs=1e-12), key
+    ref = _pycocotools(coco, dets, ids, [1, 10, 100, 500])
+    everything = ref.eval["precision"][:, :, :, 0, 3]
+    assert ours["mAP_50_95"] == pytest.approx(float(np.mean(everything[everything > -1])), abs=1e-12)
+    assert [ours["AR_small"], ours["AR_medium"], ours["AR_large"]] == pytest.approx(list(at_cap[9:12]), abs=1e-12)
+    assert ours["AR_max_det"] == pytest.approx(at_cap[8], abs=1e-12)
+    assert [ours["AR1"], ours["AR10"], ours["AR100"]] == pytest.approx(list(at_100[6:9]), abs=1e-12)
+    assert ours["AR_max_det"] > ours["AR100"] and ours["mAP_50_95"] != pytest.approx(at_100[0], abs=1e-6)
+    # per-class AP: pycocotools' own precision array, category by category
+    k = ref.params.catIds.index(1)  # person
+    p = ref.eval["precision"][:, :, k, 0, 3]
+    assert per_class[1]["AP"] == pytest.approx(float(np.mean(p[p > -1])), abs=1e-12)
+    with_gt = {a["category_id"] for i in ids for a in coco.imgToAnns[i]}
+    assert {c for c, v in per_class.items() if v["AP"] >= 0} == with_gt
