@@ -178,3 +178,40 @@ def test_eval_max_det_and_per_class_ap_of_a_run(tmp_path):
         ev.params.catIds, ev.params.maxDets = [entry["id"]], [1, 10, 500]  # summarize's mAP_50 reads maxDets[2]
         ev.evaluate(), ev.accumulate(), ev.summarize()
         assert entry["AP50"] == pytest.approx(ev.stats[1], abs=1e-6), entry
+
+
+def _fine_tuned_checkpoint(path: Path, names: dict[int, str] | None) -> None:
+    """A libreyolo YOLOX-Nano checkpoint for 3 classes, saved with libreyolo's own `save` (its `nc`, and its
+    `names` when given; libreyolo calls them class_0.. otherwise)."""
+    libreyolo = pytest.importorskip("libreyolo")
+    wrapper = libreyolo.LibreYOLOX._from_scratch(size="n", nb_classes=3, device="cpu", seed=3)
+    if names is not None:
+        wrapper.names = names
+    wrapper.save(str(path))
+
+
+@requires_coco
+def test_fine_tuned_weights_match_the_dataset_by_their_own_class_names(tmp_path):
+    """A checkpoint with `nc` 3 named person/car/dog scores the renumbered dataset by name (detections only
+    under its 3 ids); one whose classes are class_0.. is refused (counts and names in the line), and scores
+    with a class map by index."""
+    from harness.models.libreyolo import LibreYoloDetector
+
+    annotation = _three_class_dataset(tmp_path / "data")
+    named, unnamed = tmp_path / "named.pt", tmp_path / "unnamed.pt"
+    _fine_tuned_checkpoint(named, {0: "dog", 1: "person", 2: "car"})
+    _fine_tuned_checkpoint(unnamed, None)
+    assert LibreYoloDetector("yolox-nano", str(named)).class_names == ("dog", "person", "car")
+    result, out = _run(tmp_path / "a", "--weights", str(named), "--backend", "pytorch", "--dataset", str(annotation))
+    assert result.returncode == 0, result.stderr
+    sub = _only_submission(out)
+    assert isinstance(sub["accuracy"]["mAP_50_95"], float) and sub["dataset"]["num_categories"] == 3
+    detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
+    assert detections and {d["category_id"] for d in detections} <= set(RENUMBERED.values())
+    refused, out = _run(tmp_path / "b", "--weights", str(unnamed), "--backend", "pytorch", "--dataset", str(annotation))
+    assert refused.returncode == 2 and "the dataset has 3 classes, yolox-nano 3: class_0" in refused.stderr
+    class_map = tmp_path / "map.yaml"
+    class_map.write_text("dog: 0\nperson: 1\ncar: 2\n")
+    mapped, out = _run(tmp_path / "c", "--weights", str(unnamed), "--backend", "pytorch", "--dataset", str(annotation),
+                       "--class-map", str(class_map))
+    assert mapped.returncode == 0, mapped.stderr

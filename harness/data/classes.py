@@ -35,7 +35,7 @@ def _norm(name: str) -> str:
 
 @dataclass(frozen=True)
 class ClassMap:
-    """A user's class map: dataset category name -> model class name (`--class-map FILE`, YAML)."""
+    """A user's class map: dataset category name -> model class name or index (`--class-map FILE`, YAML)."""
 
     path: str
     entries: dict[str, str]
@@ -72,6 +72,8 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
     for category, name in sorted(categories.items()):
         wanted = renames.get(_norm(name), _norm(name))
         label = by_name.get(wanted)
+        if label is None and _norm(name) in renames and wanted.isdigit() and int(wanted) < len(class_names):
+            label = int(wanted)  # a class map may name the model's class by its index
         if label is None:
             (unknown_targets if _norm(name) in renames else unmatched).append(f"{name!r} (id {category})")
         elif label in labels:
@@ -84,10 +86,11 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                          f"{model_id} (its classes: {_some(class_names)}); fix the file")
     if unmatched:
         more = f" and {len(unmatched) - 3} more" if len(unmatched) > 3 else ""
+        counts = f"the dataset has {len(categories)} classes, {model_id} {sum(n is not None for n in class_names)}"
         raise UsageError(f"the dataset's categories {', '.join(unmatched[:3])}{more} are not classes of "
-                         f"{model_id} (its classes: {_some(class_names)}); scoring them would give AP 0. Map them "
-                         "with --class-map FILE (YAML: `dataset category name: model class name`), or use "
-                         "weights trained on this dataset")
+                         f"{model_id} ({counts}: {_some(class_names)}); scoring them would give AP 0. Map them "
+                         "with --class-map FILE (YAML: `dataset category name: model class name or index`), or "
+                         "use weights trained on this dataset")
     return tuple(labels.get(label, NOT_IN_DATASET) for label in range(len(class_names)))
 
 

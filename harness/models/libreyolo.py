@@ -349,14 +349,14 @@ def decode_detr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: floa
 
 
 def rfdetr_column_labels(n_columns: int) -> torch.Tensor:
-    """Contiguous class of each RF-DETR logit column, -1 for columns that are no COCO class: COCO
-    checkpoints have 91 columns indexed by category id (0 and the 10 unused ids are not classes); a
-    model built for 80 classes has 81, the last one never trained as a class."""
+    """Contiguous class of each RF-DETR logit column, -1 for columns that are no class: COCO checkpoints have
+    91 columns indexed by category id (0 and the 10 unused ids are not classes); a model built for N classes
+    (80, or a fine-tuned checkpoint's) has N + 1, the last one never trained as a class."""
     labels = torch.full((n_columns,), -1, dtype=torch.long)
     if n_columns == 91:
         labels[list(COCO80_TO_91)] = torch.arange(80)
-    else:
-        labels[:min(80, n_columns)] = torch.arange(min(80, n_columns))
+    else:  # a model built for n - 1 classes (COCO's 80, or a fine-tuned checkpoint's): the last column is none
+        labels[:n_columns - 1] = torch.arange(n_columns - 1)
     return labels
 
 
@@ -468,6 +468,11 @@ class LibreYoloDetector:
         self.licence = entry.family.licence
         self.size_multiple = entry.family.size_multiple
         self.wrapper, self.weights = build_libreyolo(entry, weights)
+        # the model's classes as libreyolo loaded them: COCO's 80, or a fine-tuned checkpoint's own (its `nc` and
+        # `names`; libreyolo names them class_0... when the checkpoint does not)
+        self.class_names = tuple(str(self.wrapper.names[i]) for i in range(self.wrapper.nb_classes))
+        if len(self.class_names) != len(COCO80_TO_91):
+            self.class_map = tuple(range(len(self.class_names)))  # no COCO ids: classes match by name
         self.core_module = LibreCore(self.wrapper.model, entry.family.head).eval()
         self.postprocess = entry.postprocess
         self.defaults = self.postprocess.defaults
