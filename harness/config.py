@@ -54,8 +54,8 @@ class RunConfig(BaseModel):
     split: str | None = option(None, "--split", "--dataset: the Roboflow export's split (valid, test, train; "
                                "default: the first present)")
     class_map: str | None = option(None, "--class-map",
-                                   "YAML file of `dataset category name: model class name or index` lines, for datasets "
-                                   "whose class names differ from the model's")
+                                   "YAML file of `dataset category name: model class name or index` lines, for "
+                                   "datasets whose class names differ from the model's")
     device: str = option("cpu", "--device", "cpu, cuda or cuda:N")
     allow_shared_gpu: bool = option(False, "--allow-shared-gpu/--no-allow-shared-gpu",
                                     "run although other compute processes use the GPU (recorded; submissions "
