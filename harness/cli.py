@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.errors import UsageError, VaBenchError
+from harness.errors import UsageError, VaBenchError, path_problem
 
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -289,6 +289,60 @@ def aggregate(
 
 
 @app.command()
+def campaign(
+    file: Path | None = typer.Argument(None, help="campaign YAML: model, split, datasets [{name, dataset, weights}]"),
+    rf100vl: Path | None = typer.Option(None, "--rf100vl", help="an RF100-VL download (va-bench data fetch rf100vl)"),
+    weights_root: Path | None = typer.Option(None, "--weights-root",
+                                             help="with --rf100vl: one folder of fine-tuned weights per dataset"),
+    model: str | None = typer.Option(None, "--model", help="with --rf100vl: the model id the weights are for"),
+    split: str = typer.Option("test", "--split", help="with --rf100vl: the split every dataset is scored on"),
+    backend: str = typer.Option("pytorch", "--backend", help="the runtime of every dataset's run"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    output_dir: Path = typer.Option(Path("outputs"), "--output-dir", help="where the campaign folder goes"),
+    campaign_id: str | None = typer.Option(None, "--campaign-id",
+                                           help="the campaign folder's name; the same id again resumes it"),
+    as_json: bool = typer.Option(False, "--json", help="print the campaign's row and datasets as JSON"),
+) -> None:
+    """One model fine-tuned per dataset: a run per dataset (isolated, resumable) and one row in the site's
+    RF100-VL shape (unweighted mean over datasets; partial{n} when some are missing). Exit 0 when every
+    dataset was scored, 1 when some were skipped, 2 for bad input."""
+    import re as _re
+
+    from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign
+
+    options = {"backends": [backend], "device": device}
+    if (file is None) == (rf100vl is None):
+        raise UsageError("give a campaign FILE or --rf100vl ROOT (with --weights-root and --model), one of them")
+    if rf100vl is not None:
+        if weights_root is None or model is None:
+            raise UsageError("--rf100vl needs --weights-root DIR and --model ID (the family the weights are for)")
+        plan = rf100vl_campaign(rf100vl, weights_root, model, split, options)
+    else:
+        if not file.is_file():
+            raise UsageError(path_problem("campaign file", file, "no such file") + "; give a campaign YAML")
+        plan = read_campaign_file(file, options)
+    campaign_id = campaign_id or f"{plan.model}-{rf100vl.name if rf100vl else file.stem}"
+    if not _re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", campaign_id):
+        raise UsageError(f"--campaign-id {campaign_id!r} is not a plain name: use letters, digits, '_', '.' and '-'")
+    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(as_json))
+    doc = json.loads(path.read_text())
+    block = doc["rf100vl"]
+    if as_json:
+        console.print_json(json.dumps({"submission": str(path), "valid_submission": block["valid_submission"],
+                                       "skipped_datasets": block["skipped_datasets"],
+                                       "accuracy": doc["accuracy"], "datasets": block["datasets"]}))
+    else:
+        variant = "full" if block["valid_submission"] else "partial"
+        console.print(f"{len(block['datasets'])} of {block['protocol']['expected_datasets']} datasets scored "
+                      f"({variant}{len(block['datasets'])}): mean mAP 50:95 {doc['accuracy']['mAP_50_95']:.4f}; "
+                      f"{escape(str(path))}", highlight=False)
+        for name in block["skipped_datasets"]:
+            reason = next(r.reason for r in results if r.name == name)
+            console.print(f"skipped {escape(name)}: {escape(str(reason))}", highlight=False)
+    raise typer.Exit(0 if block["valid_submission"] else 1)
+
+
+@app.command()
 def schema() -> None:
     """Print the extended va.submission.v1 JSON Schema (a superset of the site's)."""
     from harness.results.validate import EXTENDED_SCHEMA
@@ -322,7 +376,8 @@ def hw(as_json: bool = typer.Option(False, "--json", help="print the report as J
 
 @data_app.command("fetch")
 def data_fetch(
-    dataset: str = typer.Argument(..., help="coco (val2017 images + annotations)"),
+    dataset: str = typer.Argument(..., help="coco (val2017 images + annotations) or rf100vl (the 100 RF100-VL "
+                                             "datasets; needs ROBOFLOW_API_KEY and `pip install rf100vl`)"),
     dest: Path | None = typer.Option(None, "--dest", help="where the dataset goes (default: the checkout's "
                                                            "datasets/coco, where runs look for it)"),
     base_url: str = typer.Option("http://images.cocodataset.org", "--base-url",
@@ -334,8 +389,15 @@ def data_fetch(
 
     from harness.data.fetch import fetch_archives
 
+    if dataset == "rf100vl":
+        from harness.data.fetch import fetch_rf100vl
+
+        target = dest or Path("datasets") / "rf100vl"
+        lines = fetch_rf100vl(target, progress=lambda line: err_console.print(escape(line), highlight=False))
+        console.print(f"{len(lines)} RF100-VL datasets in {target} (versions in {target / 'rf100vl_versions.json'})")
+        return
     if dataset != "coco":
-        raise UsageError(f"unknown dataset {dataset!r}; `va-bench data fetch coco` is the one there is")
+        raise UsageError(f"unknown dataset {dataset!r}; use `va-bench data fetch coco` or `... rf100vl`")
     if dest is None:
         from harness.data.coco import DEFAULT_COCO_DIRS
 
@@ -376,15 +438,17 @@ def models_list(
     if family is not None and family not in families:
         raise UsageError(f"--family {family!r} is not a family here; families: {', '.join(sorted(families))}")
     rows = []
+    libreyolo_ids = _libreyolo_ids()  # fetched through libreyolo's own download
     for entry in REGISTRY.values():
         if family in (None, entry.family) and task in (None, entry.task):
             found = entry.local_weights()
             rows.append({"id": entry.model_id, "family": entry.family, "task": entry.task, "available": True,
-                         "weights": str(found) if found else None, "url": entry.weights_url, "note": entry.note})
+                         "weights": str(found) if found else None, "url": entry.weights_url, "note": entry.note,
+                         "fetch": bool(entry.weights_url) or entry.model_id in libreyolo_ids})
     for missing in unavailable_families():
         if family in (None, missing.family) and task in (None, "detect"):
             rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
-                      "url": None, "note": f"not available: {missing.why}"} for model_id in missing.ids]
+                      "url": None, "note": f"not available: {missing.why}", "fetch": False} for model_id in missing.ids]
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -392,7 +456,7 @@ def models_list(
     for col in ("id", "family", "task", "local weights", "note"):
         table.add_column(col)
     for r in rows:
-        weights = r["weights"] or ("- (va-bench models fetch)" if r["available"] else "-")
+        weights = r["weights"] or ("- (va-bench models fetch)" if r["fetch"] else "-")
         table.add_row(r["id"], r["family"], r["task"], weights, r["note"])
     console.print(table)
 

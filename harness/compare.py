@@ -246,6 +246,7 @@ class AccuracyDelta:
     a: dict[str, float | None]
     b: dict[str, float | None]
     unavailable: str | None = None
+    per_class: list[dict] = field(default_factory=list)  # {id, name, a, b, delta} of AP 50:95, largest |delta| first
 
     def delta(self, name: str) -> float | None:
         a, b = self.a.get(name), self.b.get(name)
@@ -255,7 +256,8 @@ class AccuracyDelta:
         if self.unavailable:
             return {"label": self.label, "status": "unavailable", "reason": self.unavailable}
         return {"label": self.label, "status": "ok",
-                "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in STAT_NAMES}}
+                "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in STAT_NAMES},
+                "per_class": self.per_class}
 
 
 @dataclass(frozen=True)
@@ -386,8 +388,32 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) ->
         label = " ".join(filter(None, [label, _cells_label(members, vary)]))
         (acc_a, why_a), (acc_b, why_b) = _accuracy_of(ea), _accuracy_of(eb)
         unavailable = "; ".join(f"{side} {w}" for side, w in (("A", why_a), ("B", why_b)) if w) or None
-        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable))
+        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, _per_class_deltas(ea, eb)))
     return out
+
+
+def _per_class(entry: Entry) -> dict[int, dict] | None:
+    """Category id -> {name, AP, AP50} from the cell's per_class file (eval.per_class), None when absent."""
+    rel = (entry.doc.get("eval") or {}).get("per_class") if isinstance(entry.doc.get("eval"), dict) else None
+    if not isinstance(rel, str):
+        return None
+    doc, problem = read_json(entry.run_dir / rel)
+    if problem or not isinstance(doc, dict) or not isinstance(doc.get("categories"), list):
+        return None
+    return {c["id"]: c for c in doc["categories"] if isinstance(c, dict) and isinstance(c.get("id"), int)}
+
+
+def _per_class_deltas(ea: Entry, eb: Entry) -> list[dict]:
+    """Per-category AP 50:95 of both sides (categories both evaluated), the largest |B - A| first."""
+    a, b = _per_class(ea), _per_class(eb)
+    if a is None or b is None:
+        return []
+    rows = []
+    for category in sorted(set(a) & set(b)):
+        ap_a, ap_b = _num(a[category].get("AP")), _num(b[category].get("AP"))
+        delta = None if ap_a is None or ap_b is None else ap_b - ap_a
+        rows.append({"id": category, "name": a[category].get("name"), "a": ap_a, "b": ap_b, "delta": delta})
+    return sorted(rows, key=lambda r: -abs(r["delta"] or 0))
 
 
 def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:

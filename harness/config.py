@@ -136,6 +136,12 @@ class RunConfig(BaseModel):
             raise ValueError(f"{value!r}: use a number of workers from 1 to 64, or auto")
         return text if text == "auto" else str(int(text))  # YAML `workers: 3` and `--workers 3` alike
 
+    @field_validator("backends")
+    @classmethod
+    def _site_backend_names(cls, values: list[str]) -> list[str]:
+        """The site's runtime name `onnx` is ONNX Runtime here."""
+        return list(dict.fromkeys("onnxruntime" if v == "onnx" else v for v in values))
+
     @field_validator("models", "backends", "precisions", "batch_sizes")
     @classmethod
     def _not_empty(cls, values: list) -> list:

@@ -336,6 +336,14 @@ def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
     for acc in c.accuracy:
         a, b = subs["a", 1]["accuracy"], subs["b", 1]["accuracy"]
         assert all(acc.delta(n) == pytest.approx(b[n] - a[n], abs=1e-12) for n in STAT_NAMES)
+        # per-class deltas: each the difference of the two cells' own per_class files, the largest first
+        files = [json.loads((run / subs[side, 1]["eval"]["per_class"]).read_text())["categories"]
+                 for side, run in (("a", ort), ("b", pt))]
+        ap = [{c["id"]: c["AP"] for c in f} for f in files]
+        assert len(acc.per_class) == len(ap[0]) and abs(acc.per_class[0]["delta"]) == max(
+            abs(ap[1][k] - ap[0][k]) for k in ap[0] if ap[0][k] is not None and ap[1][k] is not None)
+        for row in acc.per_class:
+            assert row["delta"] is None or row["delta"] == pytest.approx(ap[1][row["id"]] - ap[0][row["id"]])
     # the detection diff agrees with the torch matcher the run itself uses (any score difference allowed)
     for row in c.detections:
         batch = int(row.label.removeprefix("b"))
@@ -350,7 +358,7 @@ def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
     console.print(render_comparison(c))
     text = console.export_text()
     assert max(map(len, text.splitlines())) <= 80 and "…" not in text
-    assert "differ  backend: onnx/cpu → pytorch/cpu" in text
+    assert "differ  backend: onnx/cpu → pytorch/cpu" in text and "per class AP 50:95" in text
     assert f"{c.cells[0].p50_b:.2f}" in text and f"{subs['a', 1]['accuracy']['mAP_50_95']:.4f}" in text
     cli = va_bench("compare", str(ort), str(pt), "--json")
     assert cli.returncode == 0 and json.loads(cli.stdout)["comparisons"][0]["differ"] == {

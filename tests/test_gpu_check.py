@@ -22,6 +22,9 @@ def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     assert all(checks[f"fp32.stage_sum_b{b}"]["status"] in ("ok", "failed") for b in (1, 8))
     assert "fp32.stage_sum_b32" not in checks  # 8 images: no batch of 32
     assert checks["fp32.energy_b8"]["figure"].startswith("unavailable")
+    hygiene = checks["fp32.hygiene"]
+    assert hygiene["passed"] and hygiene["data"]["samples"] >= 1 and hygiene["data"]["throttled"] is False
+    assert hygiene["data"]["gpu_hygiene"] == {"status": "not a CUDA run", "locked_clocks": None}
     assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
     assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
     markdown = (tmp_path / "gpu_check.md").read_text()

@@ -155,14 +155,18 @@ def check_fp32(r: Runner, state: dict) -> list[Check]:
                      if per_image is not None else f"unavailable: {energy.get('reason')}",
                      "measured on a GPU" if r.device != "cpu" else "", per_image is not None if r.device != "cpu"
                      else None))
-    run_json = json.loads((Path(_cells_run_dir(cells)) / "run.json").read_text())
-    hygiene = {k: run_json.get("environment", {}).get(k) for k in ("gpu_hygiene", "cpu_governor", "device")}
-    out.append(Check("fp32.hygiene", json.dumps(hygiene)[:300], "recorded", None, data=hygiene))
+    environment = _submission(cells[8]).get("environment") or {}
+    state = environment.get("device_state") or {}
+    gpu = state.get("gpu") or {}
+    hygiene = {"gpu_hygiene": environment.get("gpu_hygiene"), "throttled": state.get("throttled"),
+               "throttle_reasons": state.get("throttle_reasons"), "clock_event_reasons": gpu.get("clock_event_reasons"),
+               "sm_clock_mhz": gpu.get("sm_clock_mhz"), "max_sm_clock_mhz": gpu.get("max_sm_clock_mhz"),
+               "temperature_c_max": gpu.get("temperature_c_max"), "power_w_max": gpu.get("power_w_max"),
+               "samples": state.get("samples")}
+    recorded = state.get("samples") is not None and (r.device == "cpu" or gpu.get("source") == "nvml")
+    out.append(Check("fp32.hygiene", json.dumps(hygiene)[:400], "sampled during the timed pass (NVML on a GPU)",
+                     recorded, data=hygiene))
     return out
-
-
-def _cells_run_dir(cells: dict[int, dict]) -> str:
-    return str(Path(next(iter(cells.values()))["submission"]).parents[1])
 
 
 def check_precisions(r: Runner, state: dict) -> list[Check]:

@@ -29,8 +29,8 @@ DEFAULT_COCO_DIRS = (REPO_ROOT / "datasets" / "coco", REPO_ROOT.parent / "shared
 # The official full file first; a subset file holds the official records of the images present.
 ANNOTATION_FILES = ("instances_val2017.json", "instances_val2017_subset.json")
 HOW_TO_GET_COCO = (
-    "get COCO val2017 (images + annotations, see datasets/README.md) and pass --coco-dir or set "
-    f"${ENV_COCO_DIR}"
+    "run `va-bench data fetch coco` (or get COCO val2017 yourself, see datasets/README.md, and pass --coco-dir or "
+    f"set ${ENV_COCO_DIR})"
 )
 
 

@@ -147,3 +147,45 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
     if not keep_archives:
         shutil.rmtree(dest / ".downloads", ignore_errors=True)
     return lines
+
+
+RF100VL_INSTALL = "pip install rf100vl (the optional RF100-VL download; it brings the roboflow client)"
+
+
+def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> list[str]:
+    """The 100 RF100-VL datasets (COCO format, Roboflow's layout: <dataset>/{train,valid,test}) through the
+    `rf100vl` package, each at its latest version, recorded in <dest>/rf100vl_versions.json for campaigns.
+    Needs ROBOFLOW_API_KEY: without it the package would ask for a login on the terminal."""
+    import importlib
+    import json
+
+    if not os.environ.get("ROBOFLOW_API_KEY"):
+        raise UsageError("RF100-VL downloads need a Roboflow API key: set ROBOFLOW_API_KEY (your key from "
+                         "app.roboflow.com settings) and run the command again")
+    try:
+        rf100vl = importlib.import_module("rf100vl")
+    except ImportError as exc:
+        raise UsageError(f"the `rf100vl` package is not installed ({exc}); {RF100VL_INSTALL}") from exc
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {dest} ({exc.strerror}); pick another --dest") from exc
+    versions_file = dest / "rf100vl_versions.json"
+    versions = json.loads(versions_file.read_text()) if versions_file.is_file() else {}
+    lines = []
+    try:
+        for dataset in rf100vl.get_rf100vl_projects():
+            latest = max(dataset.rf_project.versions(), key=lambda v: v.id)
+            dataset.download(str(dest / dataset.name))
+            versions[dataset.name] = str(latest.id).rsplit("/", 1)[-1]
+            versions_file.write_text(json.dumps(versions, indent=2, sort_keys=True))  # after each: resumable
+            line = f"{dataset.name}: version {versions[dataset.name]} in {dest / dataset.name}"
+            if progress:
+                progress(line)
+            lines.append(line)
+    except UsageError:
+        raise
+    except Exception as exc:  # the roboflow client's network/auth errors: one line, exit 1
+        raise FetchError(f"RF100-VL download stopped ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                         f"{len(lines)} datasets are in {dest}; run the command again to continue") from exc
+    return lines

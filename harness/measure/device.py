@@ -56,4 +56,7 @@ def parse_device(spec: str) -> Device:
         if index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present")
         return Device("cuda", index)
+    if spec == "mps" or spec.startswith("mps:"):
+        raise UsageError("--device mps (Apple GPUs) is not supported yet: va-bench's backends run on cpu and CUDA "
+                         "here; use --device cpu")
     raise UsageError(f"unknown --device {spec!r}; use cpu, cuda or cuda:N")

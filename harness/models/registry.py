@@ -7,6 +7,7 @@ it and where its weights are.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import re
 import sys
@@ -173,7 +174,10 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
         missing = next((u for u in unavailable_families() if spec in u.ids), None)
         if missing is not None:
             raise UsageError(f"{spec} is not available: {missing.why}; `va-bench models list` shows what runs")
-        raise UsageError(f"unknown model {spec!r}; known: {', '.join(REGISTRY)} (or path/to/file.py:factory)")
+        close = difflib.get_close_matches(spec, list(REGISTRY), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise UsageError(f"unknown model {spec!r}; {hint}`va-bench models list` shows the {len(REGISTRY)} ids (or give "
+                         "a plugin path/to/file.py:factory)")
     if weights is not None and weights != RANDOM_WEIGHTS and not Path(weights).is_file():  # one message, every family
         problem = "not a file" if Path(weights).exists() else "no such file"
         raise UsageError(path_problem("--weights", weights, problem) + "; give the model's weights file")

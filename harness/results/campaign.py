@@ -1,0 +1,114 @@
+"""One campaign submission from its datasets' submissions: the site's RF100-VL row (one fine-tuned model per
+dataset, unweighted mean over datasets), built from files already written, so a resumed campaign gives the
+same row (its created_at and submission id aside, and the measured timing of the datasets run after the stop).
+
+The row's shape is the site's (two real RF100-VL submissions in the vision-analysis corpus): `dataset`
+{id rf100_vl, split, num_images, num_datasets}, `eval.maxDets`, `accuracy` (each key the unweighted mean of
+the datasets' values; a statistic COCOeval leaves undefined for a dataset, e.g. no small objects, is left out
+of that key's mean), the `rf100vl` block and `repro.dataset` with its identity scheme.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+RF100VL_ID = "rf100_vl"
+PROTOCOL_VERSION = "rf100vl.libreyolo.v1"
+IDENTITY_SCHEME = ("sha256(canonical JSON of dataset name, image count, per-dataset image-id SHA-256, and locked "
+                   "version id)")
+PER_DATASET_KEYS = ("mAP_50", "mAP_50_95", "mAP_75", "AR100", "AR_max_det")
+
+
+@dataclass(frozen=True)
+class DatasetResult:
+    """One dataset of a campaign: its submission (None when it was skipped) and why it was skipped."""
+
+    name: str
+    version: str | int | None
+    weights: str
+    submission: dict | None
+    reason: str | None = None
+
+
+def canonical_sha256(obj: Any) -> str:
+    """SHA-256 of canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _mean(values: list) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return float(np.mean(numbers)) if numbers else None
+
+
+def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict, split: str,
+                        created_at: str | None = None) -> dict:
+    """The campaign's row from its datasets' submissions (at least one scored)."""
+    scored = [r for r in results if r.submission is not None]
+    if not scored:
+        raise ValueError("no dataset of the campaign was scored")
+    template = scored[0].submission
+    subs = [r.submission for r in scored]
+    created_at = created_at or datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    stat_keys = [k for k in template["accuracy"] if isinstance(template["accuracy"][k], (int, float, type(None)))]
+    accuracy = {k: _mean([s["accuracy"].get(k) for s in subs]) for k in dict.fromkeys([*stat_keys, "AR_max_det"])}
+    datasets = [{"dataset": r.name, "num_images": r.submission["dataset"]["num_images"],
+                 "num_classes": r.submission["dataset"].get("num_categories"), "dataset_version": r.version,
+                 "weights": r.weights, "weights_sha256": (r.submission["repro"].get("weights") or {}).get("sha256"),
+                 **{k: r.submission["accuracy"].get(k) for k in PER_DATASET_KEYS}} for r in scored]
+    identities = [{"dataset": r.name, "num_images": r.submission["dataset"]["num_images"],
+                   "image_id_sha256": r.submission["dataset"]["image_id_sha256"], "version_id": r.version}
+                  for r in scored]
+    skipped = [{"dataset": r.name, "reason": r.reason} for r in results if r.submission is None]
+    invalid = [f"{len(scored)} of {expected} datasets scored"] if len(scored) != expected else []
+    invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
+    num_images = sum(d["num_images"] for d in datasets)
+    model, runtime, hardware = template["model"], template["runtime"], template["hardware"]
+    stamp = created_at.replace("-", "").replace(":", "").replace(".", "")
+    return {
+        "schema_version": template["schema_version"],
+        "submission_id": "-".join([model["id"], "rf100vl", runtime["format"], runtime["provider"], hardware["id"],
+                                   stamp]),
+        "created_at": created_at,
+        "benchmark": template["benchmark"],
+        "model": {**model, "weights": "fine-tuned per dataset (rf100vl.datasets[].weights)"},
+        "dataset": {"id": RF100VL_ID, "split": split, "num_images": num_images, "num_datasets": expected},
+        "config": {k: template["config"][k] for k in ("batch_size", "input_size", "conf", "iou", "max_det")},
+        "hardware": hardware,
+        "software": template.get("software"),
+        "runtime": runtime,
+        "accuracy": accuracy,
+        "timing": pooled_timing(subs),
+        "throughput": {"fps_mean": round(1000.0 / pooled_timing(subs)["total_ms"]["mean"], 3)},
+        "model_stats": template.get("model_stats") or {},
+        "memory": {"peak_ram_mb": max((s.get("memory") or {}).get("peak_ram_mb") or 0 for s in subs) or None},
+        "metadata": {"benchmark_date": created_at, "campaign": "rf100vl"},
+        "eval": {"dataset": RF100VL_ID, "split": split, "numImages": num_images,
+                 "maxDets": template["eval"].get("maxDets")},
+        "repro": {**{k: template["repro"][k] for k in ("harness_version", "harness_commit", "harness_dirty")},
+                  "dataset": {"id": RF100VL_ID, "split": split, "image_id_sha256": canonical_sha256(identities),
+                              "identity_scheme": IDENTITY_SCHEME, "datasets": identities}},
+        "rf100vl": {"regime": "fine-tuned", "aggregation": "unweighted mean across datasets",
+                    "protocol": {"version": PROTOCOL_VERSION, "nms_iou": template["config"]["iou"],
+                                 "max_det": template["config"]["max_det"], "expected_datasets": expected},
+                    "dataset_versions_sha256": canonical_sha256([[i["dataset"], i["version_id"]] for i in identities]),
+                    "recipe_sha256": canonical_sha256(recipe),
+                    "valid_submission": not invalid, "invalid_reasons": invalid,
+                    "skipped_datasets": [s["dataset"] for s in skipped], "datasets": datasets},
+    }
+
+
+def pooled_timing(subs: list[dict]) -> dict:
+    """Per-image latency over every dataset's timed batches pooled (each batch / its batch size)."""
+    samples = [t / s["timing"]["batch_size"] for s in subs for t in s["timing"]["batch_samples_ms"]]
+    x = np.asarray(samples)
+    p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    return {"batch_size": subs[0]["timing"]["batch_size"], "num_images": sum(s["timing"]["num_images"] for s in subs),
+            "total_ms": {"mean": round(float(x.mean()), 4), "std": round(float(x.std()), 4),
+                         "p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)},
+            "aggregation": "every dataset's timed batches pooled, per image"}

@@ -1,0 +1,181 @@
+"""A campaign: one model fine-tuned per dataset, one run per dataset, one row for all of them (the site's
+RF100-VL section: 100 datasets, unweighted mean; harness/results/campaign.py builds the row).
+
+Each dataset is a run of its own under `<output>/<campaign id>/datasets/<dataset>/` with the campaign's options
+(the RF100-VL protocol: NMS IoU 0.65, max_det 500, COCOeval cap 500): isolated (a dataset that cannot be
+loaded or fails is skipped with its reason and the row says `partial{n}`) and resumable (running the same
+campaign id again keeps every finished dataset and runs the rest; an unfinished dataset runs again).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import build_config
+from harness.errors import RunInterrupted, UsageError, path_problem
+from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
+from harness.results.writer import atomic_write_bytes, atomic_write_json
+
+RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
+VERSIONS_FILE = "rf100vl_versions.json"  # written by `va-bench data fetch rf100vl`: dataset -> version id
+WEIGHT_SUFFIXES = (".pt", ".pth", ".onnx")
+
+
+@dataclass(frozen=True)
+class CampaignEntry:
+    """One dataset of a campaign and the weights fine-tuned on it."""
+
+    name: str
+    dataset: str  # what `--dataset` takes
+    weights: str | None  # None: no weights found (the dataset is skipped, named)
+    version: str | int | None = None
+    split: str | None = None
+
+
+@dataclass
+class Campaign:
+    model: str
+    entries: list[CampaignEntry]
+    split: str
+    options: dict[str, Any] = field(default_factory=dict)  # RunConfig fields every dataset's run shares
+
+    @property
+    def expected(self) -> int:
+        return len(self.entries)
+
+    def recipe(self) -> dict:
+        """What makes two campaigns the same measurement (its hash is the row's recipe_sha256)."""
+        return {"model": self.model, "split": self.split, "options": self.options,
+                "datasets": [[e.name, e.version] for e in self.entries]}
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "dataset"
+
+
+def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, options: dict) -> Campaign:
+    """Every dataset folder under `root` (an RF100-VL download: <dataset>/<split>/_annotations.coco.json) with
+    the one weights file under `weights_root/<dataset>/`."""
+    if not root.is_dir():
+        raise UsageError(path_problem("--rf100vl", root, "no such folder") + "; run `va-bench data fetch rf100vl`")
+    if not weights_root.is_dir():
+        raise UsageError(path_problem("--weights-root", weights_root, "no such folder")
+                         + "; give the folder holding one folder of fine-tuned weights per dataset")
+    versions = json.loads((root / VERSIONS_FILE).read_text()) if (root / VERSIONS_FILE).is_file() else {}
+    entries = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        candidates = sorted(p for p in (weights_root / folder.name).glob("*") if p.suffix in WEIGHT_SUFFIXES) \
+            if (weights_root / folder.name).is_dir() else []
+        entries.append(CampaignEntry(folder.name, str(folder), str(candidates[0]) if len(candidates) == 1 else None,
+                                     versions.get(folder.name), split))
+    if not entries:
+        raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
+    return Campaign(model, entries, split, {**RF100VL_OPTIONS, **options})
+
+
+def read_campaign_file(path: Path, options: dict) -> Campaign:
+    """A campaign YAML (safe_load): `model`, `split`, optional `options` (run options), and `datasets`, a list of
+    {name, dataset, weights, version?, split?}."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UsageError(path_problem("campaign file", path, f"not readable YAML ({type(exc).__name__})")
+                         + "; fix it") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("datasets"), list) or "model" not in data:
+        raise UsageError(path_problem("campaign file", path, "needs `model` and a `datasets` list")
+                         + " of {name, dataset, weights}")
+    entries = []
+    for i, item in enumerate(data["datasets"]):
+        if not isinstance(item, dict) or not {"name", "dataset", "weights"} <= set(item):
+            raise UsageError(path_problem("campaign file", path, f"datasets[{i}] needs name, dataset and weights"))
+        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(item["weights"]),
+                                     item.get("version"), item.get("split", data.get("split"))))
+    return Campaign(str(data["model"]), entries, str(data.get("split", "test")),
+                    {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
+
+
+def _finished_submission(run_dir: Path) -> dict | None:
+    """The dataset's submission when its run finished with every cell ok."""
+    try:
+        state = json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    cells = state.get("cells") or []
+    if not cells or any(c.get("status") != "ok" for c in cells):
+        return None
+    files = sorted((run_dir / "submissions").glob("*.json"))
+    return json.loads(files[0].read_text()) if len(files) == 1 else None
+
+
+def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str],
+                progress) -> DatasetResult:
+    """One dataset's run, or its reason for being skipped; a finished one is read back, not run again."""
+    from harness.run.scheduler import prepare, run_with_interrupts
+
+    run_id = _slug(entry.name)
+    run_dir = datasets_dir / run_id
+    finished = _finished_submission(run_dir)
+    if finished is not None:
+        return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
+    if entry.weights is None:
+        return DatasetResult(entry.name, entry.version, "", None, "no weights file for it")
+    if run_dir.exists():  # an unfinished run (killed, or failed before): the dataset runs again
+        shutil.rmtree(run_dir)
+    try:
+        config = build_config({**campaign.options, "models": [campaign.model], "weights": entry.weights,
+                               "dataset": entry.dataset, "split": entry.split, "output_dir": str(datasets_dir),
+                               "run_id": run_id, "draw_images": 0})
+        outcome = run_with_interrupts(prepare(config), argv, progress)
+    except RunInterrupted:
+        raise
+    except UsageError as exc:
+        return DatasetResult(entry.name, entry.version, entry.weights, None, str(exc).splitlines()[0][:300])
+    if outcome.problems:
+        return DatasetResult(entry.name, entry.version, entry.weights, None, "; ".join(outcome.problems.values()))
+    return DatasetResult(entry.name, entry.version, entry.weights, _finished_submission(run_dir))
+
+
+def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str],
+                 progress) -> tuple[Path, list[DatasetResult]]:
+    """Every dataset's run, then the campaign's row (submissions/) and its per-dataset table (datasets.csv)."""
+    folder = output_dir / campaign_id
+    (folder / "datasets").mkdir(parents=True, exist_ok=True)
+    atomic_write_json(folder / "campaign.json", {"campaign_id": campaign_id, "recipe": campaign.recipe()})
+    results = []
+    for entry in campaign.entries:
+        result = run_dataset(campaign, entry, folder / "datasets", argv, progress)
+        progress.log(f"{entry.name}: " + ("ok, mAP {:.4f}".format(result.submission["accuracy"]["mAP_50_95"] or 0)
+                                          if result.submission else f"skipped ({result.reason})"))
+        results.append(result)
+    if not any(r.submission for r in results):
+        raise UsageError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason})")
+    doc = campaign_submission(results, campaign.expected, campaign.recipe(), campaign.split)
+    runtime, hardware = doc["runtime"], doc["hardware"]
+    path = folder / "submissions" / f"{campaign.model}__rf100vl__{runtime['format']}__{runtime['provider']}__" \
+                                    f"{hardware['id']}.json"
+    atomic_write_json(path, doc)
+    atomic_write_bytes(folder / "datasets.csv", datasets_csv(results))
+    return path, results
+
+
+def datasets_csv(results: list[DatasetResult]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["dataset", "status", "num_images", "num_classes", *PER_DATASET_KEYS, "reason"])
+    for r in results:
+        sub = r.submission
+        if sub is None:
+            writer.writerow([r.name, "skipped", "", "", *("" for _ in PER_DATASET_KEYS), r.reason or ""])
+        else:
+            writer.writerow([r.name, "ok", sub["dataset"]["num_images"], sub["dataset"].get("num_categories"),
+                             *(sub["accuracy"].get(k) for k in PER_DATASET_KEYS), ""])
+    return out.getvalue().encode()

@@ -1,0 +1,135 @@
+"""A campaign over a fake RF100-VL download (four tiny datasets cut from the sample, each with its own classes,
+and a fine-tuned-shaped libreyolo checkpoint per dataset): one row in the site's RF100-VL shape whose means are
+its datasets', that validates and that the site's rule puts in its RF100-VL section; resumable; a dataset with a
+broken annotation file is skipped and named, and the row is partial."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, run_in_process
+
+DATASETS = {"cars-and-people": ("person", "car"), "pets": ("dog", "cat"), "street": ("person", "car", "bus")}
+IMAGES = 6
+
+
+def _fake_download(root: Path, weights_root: Path) -> None:
+    """<root>/<name>/test/_annotations.coco.json (Roboflow's layout, its supercategory at id 0) and a checkpoint
+    per dataset whose classes are the dataset's, by name; "broken" has an annotation file that is not JSON."""
+    libreyolo = pytest.importorskip("libreyolo")
+    source = json.loads(SUBSET_ANNOTATIONS.read_text())
+    coco_ids = {c["name"]: c["id"] for c in source["categories"]}
+    for k, (name, classes) in enumerate(DATASETS.items()):
+        ids = {coco_ids[c]: i + 1 for i, c in enumerate(classes)}
+        anns = [dict(a, category_id=ids[a["category_id"]]) for a in source["annotations"] if a["category_id"] in ids]
+        keep = sorted({a["image_id"] for a in anns})[k:k + IMAGES]
+        split = root / name / "test"
+        split.mkdir(parents=True)
+        images = [i for i in source["images"] if i["id"] in keep]
+        for image in images:
+            os.symlink(COCO_DIR / "val2017" / image["file_name"], split / image["file_name"])
+        (split / "_annotations.coco.json").write_text(json.dumps({
+            "images": images, "annotations": [a for a in anns if a["image_id"] in keep],
+            "categories": [{"id": 0, "name": name, "supercategory": "none"},
+                           *({"id": i, "name": c, "supercategory": name} for c, i in
+                             ((c, ids[coco_ids[c]]) for c in classes))]}))
+        wrapper = libreyolo.LibreYOLOX._from_scratch(size="n", nb_classes=len(classes), device="cpu", seed=k)
+        wrapper.names = dict(enumerate(classes))
+        (weights_root / name).mkdir(parents=True)
+        wrapper.save(str(weights_root / name / "LibreYOLOXn.pt"))
+    (root / "broken" / "test").mkdir(parents=True)
+    (root / "broken" / "test" / "_annotations.coco.json").write_text("{not json")
+    (weights_root / "broken").mkdir()
+    (weights_root / "broken" / "LibreYOLOXn.pt").write_bytes((weights_root / "pets" / "LibreYOLOXn.pt").read_bytes())
+    (root / "rf100vl_versions.json").write_text(json.dumps({"cars-and-people": "2", "pets": "1", "street": "3"}))
+
+
+def _campaign(tmp_path: Path, *extra: str):
+    return run_in_process("campaign", "--rf100vl", str(tmp_path / "rf"), "--weights-root", str(tmp_path / "w"),
+                          "--model", "yolox-nano", "--output-dir", str(tmp_path / "out"), "--campaign-id", "c1",
+                          "--json", *extra)
+
+
+@requires_coco
+def test_rf100vl_campaign_row(tmp_path):
+    from harness.results.site_rules import is_rf100vl
+    from harness.results.validate import validate_paths
+
+    _fake_download(tmp_path / "rf", tmp_path / "w")
+    result = _campaign(tmp_path)
+    assert result.returncode == 1, result.stderr  # a dataset was skipped: the row is partial
+    (path,) = (tmp_path / "out" / "c1" / "submissions").glob("*.json")
+    doc = json.loads(path.read_text())
+    block = doc["rf100vl"]
+    assert [d["dataset"] for d in block["datasets"]] == list(DATASETS)
+    assert block["skipped_datasets"] == ["broken"] and block["valid_submission"] is False
+    assert any(r.startswith("broken: ") and "not valid JSON" in r for r in block["invalid_reasons"])
+    assert block["protocol"] == {"version": "rf100vl.libreyolo.v1", "nms_iou": 0.65, "max_det": 500,
+                                 "expected_datasets": 4}
+    assert [d["dataset_version"] for d in block["datasets"]] == ["2", "1", "3"]
+    assert [d["num_classes"] for d in block["datasets"]] == [2, 2, 3]
+    # each accuracy key is the unweighted mean of the datasets' own runs (read from their submissions)
+    runs = [json.loads(next((tmp_path / "out" / "c1" / "datasets" / n / "submissions").glob("*.json")).read_text())
+            for n in DATASETS]
+    for key in ("mAP_50_95", "mAP_50", "AR100", "AR_max_det"):
+        values = [r["accuracy"][key] for r in runs]
+        assert doc["accuracy"][key] == pytest.approx(sum(values) / len(values), abs=1e-12), key
+    assert len({r["accuracy"]["mAP_50_95"] for r in runs}) > 1  # the datasets' figures differ: a real mean
+    assert doc["eval"]["maxDets"] == [1, 10, 100, 500] and doc["config"]["iou"] == 0.65
+    assert doc["dataset"] == {"id": "rf100_vl", "split": "test", "num_images": 3 * IMAGES, "num_datasets": 4}
+    assert is_rf100vl(doc)
+    (report,) = validate_paths([path], json.loads((COCO_DIR.parents[1] / "corpus" / "vision-analysis" /
+                                                  "support-matrix.json").read_text())).reports
+    errors = {f.rule for f in report.errors}
+    assert errors <= {"site.support_matrix", "commit_guard"}, [f.to_dict() for f in report.findings]
+    assert not any(f.rule in ("rf100vl", "nonstandard-protocol", "schema") for f in report.findings)
+    csv_lines = (tmp_path / "out" / "c1" / "datasets.csv").read_text().splitlines()
+    assert len(csv_lines) == 5 and any(line.startswith("broken,skipped,") for line in csv_lines)
+
+    # resumed: the finished datasets are read back, the row is the same but for its time stamp and id
+    (tmp_path / "out" / "c1" / "datasets" / "pets" / "run.json").unlink()  # as if killed during "pets"
+    again = _campaign(tmp_path)
+    assert again.returncode == 1, again.stderr
+    redo = json.loads(path.read_text())
+    for d in (doc, redo):
+        for key in ("created_at", "submission_id", "timing", "throughput", "memory", "metadata"):
+            d.pop(key)
+    assert redo == doc
+
+
+class _FakeVersion(SimpleNamespace):
+    pass
+
+
+class _FakeDataset:
+    """What the `rf100vl` package hands out: a name, the Roboflow project's versions, and a download."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.rf_project = SimpleNamespace(versions=lambda: [_FakeVersion(id=f"rf100-vl/{name}/1"),
+                                                            _FakeVersion(id=f"rf100-vl/{name}/4")])
+
+    def download(self, path: str) -> None:
+        (Path(path) / "test").mkdir(parents=True)
+        (Path(path) / "test" / "_annotations.coco.json").write_text("{}")
+
+
+def test_data_fetch_rf100vl(tmp_path, monkeypatch):
+    dest = tmp_path / "rf"
+    monkeypatch.delenv("ROBOFLOW_API_KEY", raising=False)
+    no_key = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest))
+    assert no_key.returncode == 2 and "set ROBOFLOW_API_KEY" in no_key.stderr and len(no_key.stderr.splitlines()) == 1
+    monkeypatch.setitem(sys.modules, "rf100vl", None)  # not installed
+    missing = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
+    assert missing.returncode == 2 and "pip install rf100vl" in missing.stderr
+    fake = SimpleNamespace(get_rf100vl_projects=lambda: [_FakeDataset("aquarium"), _FakeDataset("-grccs")])
+    monkeypatch.setitem(sys.modules, "rf100vl", fake)
+    done = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads((dest / "rf100vl_versions.json").read_text()) == {"aquarium": "4", "-grccs": "4"}
+    assert (dest / "aquarium" / "test" / "_annotations.coco.json").is_file()

@@ -1,0 +1,41 @@
+"""What a new user trips on first: the site's backend name, devices that are not supported, a typo in a model id,
+which models `models fetch` can get, and where COCO comes from."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
+
+
+@requires_coco
+@requires_yolox
+def test_the_sites_backend_name_onnx_runs_onnxruntime(tmp_path):
+    result = run_in_process("run", "--backend", "onnx", "--limit", "2", "--warmup-batches", "1", "--warmup-seconds",
+                            "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0", "--coco-dir",
+                            str(COCO_DIR), "--output-dir", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    run = json.loads(next(tmp_path.glob("*/run.json")).read_text())
+    assert run["config"]["backends"] == ["onnxruntime"]
+    sub = json.loads(next(tmp_path.glob("*/submissions/*.json")).read_text())
+    assert sub["runtime"]["format"] == "onnx"
+
+
+def test_refusals_say_what_exists():
+    backend = run_in_process("run", "--backend", "tensorflow")
+    assert backend.returncode == 2 and "it has pytorch, onnxruntime" in backend.stderr and "tensorrt" in backend.stderr
+    mps = run_in_process("run", "--device", "mps")
+    assert mps.returncode == 2 and "--device mps (Apple GPUs) is not supported yet" in mps.stderr
+    typo = run_in_process("run", "--model", "yolox-nan")
+    assert typo.returncode == 2 and "did you mean yolox-nano" in typo.stderr
+    assert "ssdlite" not in typo.stderr  # no wall of ids: the list command is named instead
+    assert "`va-bench models list`" in typo.stderr
+
+
+def test_models_list_offers_fetch_only_where_models_fetch_can():
+    rows = {r["id"]: r for r in json.loads(run_in_process("models", "list", "--json").stdout)}
+    assert rows["yolov8n"]["fetch"] is False and rows["yolox-s"]["fetch"] is True and rows["dfine-n"]["fetch"] is True
+    table = run_in_process("models", "list", "--family", "yolov8").stdout
+    assert "(va-bench models fetch)" not in table
+    refused = run_in_process("models", "fetch", "yolov8n")
+    assert refused.returncode == 2 and "no download of its own" in refused.stderr
