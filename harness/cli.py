@@ -151,17 +151,20 @@ RUN_FLAGS = [
                                                                   "harness commit or another machine")),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                       default=typer.Option(False, "--json", help="print the run summary as JSON")),
+    inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                      default=typer.Option(False, "--dry-run", help="print the plan (cells, batches, timed batches, "
+                                                                    "what each group loads) and exit; writes nothing")),
 ]
 
 
 def run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,
-                force: bool = False, as_json: bool = False, **options) -> None:
+                force: bool = False, as_json: bool = False, dry_run: bool = False, **options) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell).
 
     Exit 0 when every cell is ok, 1 when a cell failed (the others still run), 2 for bad input,
     130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
     from harness.config import given, load_config
-    from harness.report.tables import print_summary, summary_json
+    from harness.report.tables import print_plan, print_summary, summary_json
     from harness.run.scheduler import prepare, prepare_resume, run_with_interrupts
 
     if resume is not None:
@@ -171,7 +174,13 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     else:
         if retry_failed or force:
             raise UsageError("--retry-failed and --force go with --resume RUN_ID")
-        plan = prepare(load_config(config, options))
+        plan = prepare(load_config(config, options), dry_run=dry_run)
+    if dry_run:
+        if resume is not None:
+            raise UsageError("--dry-run plans a new run; drop --resume")
+        described = plan.describe()
+        console.print_json(json.dumps(described)) if as_json else print_plan(console, described)
+        return
     if not as_json:
         console.print(f"{'resuming' if plan.resume else 'run'} [bold]{escape(plan.run_id)}[/]: "
                       f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "

@@ -39,3 +39,25 @@ def test_models_list_offers_fetch_only_where_models_fetch_can():
     assert "(va-bench models fetch)" not in table
     refused = run_in_process("models", "fetch", "yolov8n")
     assert refused.returncode == 2 and "no download of its own" in refused.stderr
+
+
+@requires_coco
+@requires_yolox
+def test_dry_run_writes_nothing_and_plans_what_the_run_does(tmp_path):
+    args = ("--limit", "18", "--batch-sizes", "1", "4", "--min-timed-batches", "3", "--warmup-batches", "1",
+            "--warmup-seconds", "0", "--no-energy", "--draw-images", "0", "--coco-dir", str(COCO_DIR), "--json")
+    out = tmp_path / "out"
+    planned = run_in_process("run", "--dry-run", "--output-dir", str(out), *args)
+    assert planned.returncode == 0, planned.stderr
+    assert not out.exists()
+    plan = json.loads(planned.stdout)
+    cells = {c["cell"]: c for g in plan["groups"] for c in g["cells"]}
+    assert plan["cells"] == 2 and {c["batch_size"] for c in cells.values()} == {1, 4}
+    assert cells["yolox-nano onnxruntime fp32 416 b4"]["short_batch"] == 2
+    ran = run_in_process("run", "--output-dir", str(out), *args)
+    assert ran.returncode == 0, ran.stderr
+    for path in out.glob("*/submissions/*.json"):
+        sub = json.loads(path.read_text())
+        cell = cells[f"yolox-nano onnxruntime fp32 416 b{sub['config']['batch_size']}"]
+        assert sub["timing"]["timed_batches"] == cell["timed_batches"]
+        assert (sub["timing"]["short_batch"] or {}).get("size") == cell["short_batch"]

@@ -175,3 +175,22 @@ def summary_json(run_dir: Path, outcome) -> dict:
         cells.append(entry)
     return {"run_id": outcome.state.run_id, "run_dir": str(run_dir), "cells": cells,
             "counts": outcome.state.counts(), "warnings": run_warnings(outcome.records)}
+
+
+def print_plan(console: Console, plan: dict) -> None:
+    """`run --dry-run`: the cells in the order they run, and what each group loads."""
+    d = plan["dataset"]
+    console.print(f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
+                  f"({d['num_images']} images), {plan['cells']} cells on {escape(plan['device'])}; warm-up >= "
+                  f"{plan['warmup']['batches']} batches and >= {plan['warmup']['seconds']} s per cell; evaluation: "
+                  f"{plan['evaluation'] or 'off'}; nothing written (a run writes {escape(plan['run_dir'])})",
+                  highlight=False, soft_wrap=True)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, justify in (("cell", "left"), ("batches", "right"), ("timed", "right"), ("loads", "left")):
+        table.add_column(col, justify=justify)
+    for group in plan["groups"]:
+        for i, cell in enumerate(group["cells"]):
+            short = f" + 1 of {cell['short_batch']}" if cell["short_batch"] else ""
+            table.add_row(escape(cell["cell"]), f"{cell['full_batches']}{short}", str(cell["timed_batches"]),
+                          escape(f"{group['loads']} ({group['weights']} weights)") if i == 0 else "")
+    console.print(table)

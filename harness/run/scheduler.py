@@ -70,6 +70,35 @@ class RunPlan:
     def cells(self) -> list[Cell]:
         return [c for _, cells in self.groups for c in cells]
 
+    def describe(self) -> dict:
+        """What the run will do, cell by cell (`--dry-run`): batches, timed batches, what each group loads."""
+        config, n = self.config, self.variant.num_images
+        groups = []
+        for key, cells in self.groups:
+            source = self.detectors[key.model].core_source
+            if source.engine_file is not None:
+                loads = "a TensorRT engine"
+            elif key.backend == "onnxruntime":
+                loads = "its ONNX graph" if source.onnx_model is not None else "an ONNX export of its torch core " \
+                                                                                  "(cached by content)"
+            else:
+                loads = "its torch core" if source.torch_module is not None else "onnx2torch of its ONNX graph"
+            rows = []
+            for cell in cells:
+                full, short = divmod(n, cell.batch_size)
+                timed = max(full, config.min_timed_batches) if full else 0
+                if config.max_timed_batches:
+                    timed = min(timed, config.max_timed_batches)
+                rows.append({"cell": cell.label, "batch_size": cell.batch_size, "full_batches": full,
+                             "short_batch": short or None, "timed_batches": timed, "scored_images": n})
+            groups.append({"load": key.label, "loads": loads, "weights": self.detectors[key.model].weights.source,
+                           "cells": rows})
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "device": str(self.device),
+                "dataset": {**self.dataset.describe(), **self.variant.describe()},
+                "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
+                "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
+                "cells": len(self.cells)}
+
 
 @dataclass
 class RunOutcome:
@@ -110,8 +139,9 @@ def check_device(device: Device, config: RunConfig) -> dict | None:
     return gpu_processes(device.index, config.allow_shared_gpu)
 
 
-def prepare(config: RunConfig) -> RunPlan:
-    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing."""
+def prepare(config: RunConfig, dry_run: bool = False) -> RunPlan:
+    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
+    even create --output-dir)."""
     device = parse_device(config.device)
     gpu_hygiene = check_device(device, config)  # before this process makes a CUDA context of its own
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
@@ -131,6 +161,10 @@ def prepare(config: RunConfig) -> RunPlan:
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
     output_dir = Path(config.output_dir)
+    run_id = config.run_id or new_run_id()
+    if dry_run:
+        return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, dataset.records(variant),
+                       detectors, groups, label_categories, gpu_hygiene)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -138,7 +172,6 @@ def prepare(config: RunConfig) -> RunPlan:
                          + "; pick a writable folder") from exc
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
-    run_id = config.run_id or new_run_id()
     run_dir = Path(config.output_dir) / run_id
     if run_dir.exists():
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
