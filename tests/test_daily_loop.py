@@ -61,3 +61,17 @@ def test_dry_run_writes_nothing_and_plans_what_the_run_does(tmp_path):
         cell = cells[f"yolox-nano onnxruntime fp32 416 b{sub['config']['batch_size']}"]
         assert sub["timing"]["timed_batches"] == cell["timed_batches"]
         assert (sub["timing"]["short_batch"] or {}).get("size") == cell["short_batch"]
+
+
+def test_memory_timeline_reads_back_with_memory_profilers_own_reader(ort_run):
+    """memory.mprof.dat is what `mprof plot` reads: memory-profiler's reader gives memory.csv's samples back."""
+    import csv
+
+    mprof = __import__("mprof")
+    plan, _ = ort_run
+    content = mprof.read_mprofile_file(str(plan.run_dir / "memory.mprof.dat"))
+    rows = list(csv.DictReader((plan.run_dir / "memory.csv").open()))
+    assert content["mem_usage"] == [round(float(r["rss_mb"]), 4) for r in rows]
+    assert content["timestamp"] == [round(float(r["timestamp"]), 4) for r in rows]
+    tags = {r["tag"].replace(" ", "_") for r in rows}
+    assert set(content["func_timestamp"]) == tags and any(t.startswith("timing_") for t in tags)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord
-from harness.results.writer import atomic_write_csv
+from harness.results.writer import atomic_write_bytes, atomic_write_csv
 
 
 def _slug(text: str) -> str:
@@ -124,6 +124,25 @@ class ProbeArtifacts:
         self.files["energy"] = "energy.csv"
 
     def write_memory(self, samples: list[tuple]) -> None:
-        """memory.csv: the rows of earlier processes of this run, then this process's samples."""
-        atomic_write_csv(self.run_dir / "memory.csv", MEMORY_HEADER, self._memory_rows + [list(s) for s in samples])
+        """memory.csv: the rows of earlier processes of this run, then this process's samples; the same timeline
+        in memory-profiler's mprofile format (memory.mprof.dat: `mprof plot memory.mprof.dat` draws it, each
+        tagged window as a bracket)."""
+        rows = self._memory_rows + [list(s) for s in samples]
+        atomic_write_csv(self.run_dir / "memory.csv", MEMORY_HEADER, rows)
+        atomic_write_bytes(self.run_dir / "memory.mprof.dat", mprofile(rows))
         self.files["memory"] = "memory.csv"
+
+
+def mprofile(rows: list[list]) -> bytes:
+    """memory.csv rows (timestamp, tag, rss MiB, ...) as an mprofile: MEM lines, and a FUNC line per run of
+    samples with one tag (its name with spaces as '_')."""
+    lines = ["CMDLINE va-bench run"]
+    lines += [f"MEM {float(r[2]):.4f} {float(r[0]):.4f}" for r in rows]
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][1] != rows[start][1]:
+            tag = re.sub(r"\s+", "_", str(rows[start][1]))
+            lines.append(f"FUNC {tag} {float(rows[start][2]):.4f} {float(rows[start][0]):.4f} "
+                         f"{float(rows[i - 1][2]):.4f} {float(rows[i - 1][0]):.4f}")
+            start = i
+    return ("\n".join(lines) + "\n").encode()
