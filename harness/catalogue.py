@@ -29,16 +29,15 @@ def _catalogue() -> dict:
 
 @cache
 def size_ranks() -> dict[str, tuple[str, int]]:
-    """Model id -> (family, rank in the family's size order, 0 = smallest)."""
+    """Model id -> (catalogue block, rank in its size order, 0 = smallest)."""
     ranks: dict[str, tuple[str, int]] = {}
     for family, pattern in ULTRALYTICS_PATTERNS.items():
         for rank, size in enumerate(SIZES):
             ranks[pattern.format(size)] = (family, rank)
-    families = _catalogue()["libreyolo"]["families"]
-    for key, block in families.items():
-        family = block.get("family", key)
+    # ranked within a catalogue block: a family's segmentation ids (dfine-seg) are not sizes of its detectors
+    for key, block in _catalogue()["libreyolo"]["families"].items():
         for rank, model_id in enumerate(block["models"]):
-            ranks[model_id] = (family, rank)
+            ranks[model_id] = (key, rank)
     return ranks
 
 

@@ -548,13 +548,14 @@ def test_size_order_findings_on_the_real_corpus_equal_a_plain_count(corpus_repor
     order = {pattern.format(s): (family, i) for family, pattern in ULTRALYTICS_PATTERNS.items()
              for i, s in enumerate(SIZES)}
     for key, block in yaml.safe_load(CATALOGUE.read_text())["libreyolo"]["families"].items():
-        order.update({m: (block.get("family", key), i) for i, m in enumerate(block["models"])})
+        order.update({m: (key, i) for i, m in enumerate(block["models"])})  # a block's ids: one size order
     groups = {}
     for path in sorted(SUBMISSIONS.glob("*.json")):
         d = json.loads(path.read_text())
         if d["model"]["id"] in order and "rf100vl" not in d:
             key = (order[d["model"]["id"]][0], d["hardware"]["id"], d["runtime"]["format"], d["runtime"]["provider"],
-                   d["runtime"]["precision"], d["config"]["input_size"], d["config"]["batch_size"])
+                   d["runtime"]["precision"], d["config"]["input_size"], d["config"]["batch_size"],
+                   d["config"]["conf"], d["config"]["iou"], d["config"]["max_det"])
             groups.setdefault(key, []).append((order[d["model"]["id"]][1], d["timing"]["total_ms"]["p50"]))
     expected = sum(1 for rows in groups.values() for small_rank, small in rows for large_rank, large in rows
                    if large_rank > small_rank and large < 0.9 * small)
@@ -587,3 +588,18 @@ def test_rf100vl_rows_are_known_for_what_they_are(corpus_reports, tmp_path):
     assert any("is not the mean of the 3 datasets' mAP_50_95" in m for m in messages)
     assert any("valid_submission is true with 3 of 100 datasets" in m for m in messages)
     assert report.submission.rf100vl_variant == "partial3"
+
+
+
+def test_another_dataset_never_mixes_with_coco_rows(tmp_path, base_doc):
+    """The same model, hardware and coordinates on another dataset (same variant name, "sample"): its own row,
+    neither superseding nor superseded, never canonical COCO accuracy, never on the COCO leaderboard."""
+    coco = _variant(base_doc, dataset__variant="sample")
+    other = _variant(coco, dataset__id="my-data", dataset__split="valid")
+    other["created_at"] = "2030-01-01T00:00:00Z"
+    other["accuracy"]["mAP_50_95"] = 0.9
+    board = aggregate(_write(tmp_path / "mixed", [coco, other]))
+    assert len(board["cube"]) == 2 and board["counts"]["superseded"] == 0
+    assert {r["section"] for r in board["cube"]} == {"coco", "other"}
+    assert all(c["mAP_50_95"] != 0.9 for c in board["canonical_accuracy"])
+    assert all(r["section"] == "coco" for r in board["leaderboard"])

@@ -88,7 +88,8 @@ class PerfRow:
     superseded: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)  # our validator's findings on this file
     accuracy_trusted: bool = True  # False: unpinned full-val commit or implausible accuracy
-    section: str = "coco"  # "rf100vl": the site's RF100-VL section, off the COCO boards
+    section: str = "coco"  # "rf100vl": the site's RF100-VL section; "other": another dataset; both off the COCO boards
+    dataset: str = "coco2017"  # dataset id and split
 
     @property
     def coordinate(self) -> tuple:
@@ -104,7 +105,7 @@ class PerfRow:
 
     @property
     def perf_key(self) -> tuple:
-        return (*self.coordinate, self.protocol, self.dataset_variant, self.timing_mode)
+        return (*self.coordinate, self.protocol, self.dataset, self.dataset_variant, self.timing_mode)
 
     @property
     def accuracy_precision(self) -> str:
@@ -115,8 +116,8 @@ class PerfRow:
     def accuracy_key(self) -> tuple:
         """Accuracy depends on the input size (a 320 px run never stands for a 640 px row; 0: unknown) and on
         the thresholds (a conf 0.25 run never stands for rows at the site's conf 0.001)."""
-        return (self.model, self.weights, self.dataset_variant, self.accuracy_precision, self.input_size or 0,
-                self.protocol)
+        return (self.model, self.weights, self.dataset, self.dataset_variant, self.accuracy_precision,
+                self.input_size or 0, self.protocol)
 
 
 def _num(value) -> float | None:
@@ -150,7 +151,8 @@ def row_from(report: FileReport) -> PerfRow:
         flags=[f"{f.severity}: {f.message}" for f in ours],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
-        section="rf100vl" if sub.is_rf100vl else "coco",
+        section="rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other",
+        dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
     )
 
 
@@ -219,8 +221,9 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     for key, group in sorted(by_accuracy.items()):
         best = pick_canonical(group, order)
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
-        identity = {"model": key[0], "weights": key[1], "dataset_variant": key[2], "precision": key[3],
-                    "input_size": key[4] or None, "conf": best.conf, "iou": best.iou, "max_det": best.max_det}
+        identity = {"model": key[0], "weights": key[1], "dataset": key[2], "dataset_variant": key[3],
+                    "precision": key[4], "input_size": key[5] or None, "conf": best.conf, "iou": best.iou,
+                    "max_det": best.max_det}
         canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
@@ -234,8 +237,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                              "other_format": other.format, "delta_points": round(delta, 2)})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
-        return canonical.get((row.model, row.weights, variant, row.accuracy_precision, row.input_size or 0,
-                              row.protocol))
+        return canonical.get((row.model, row.weights, row.dataset, variant, row.accuracy_precision,
+                              row.input_size or 0, row.protocol))
 
     def show(row: PerfRow, entry: dict | None, variant: str) -> None:
         if entry is None:
@@ -312,7 +315,7 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
     for r in rows:
         if r.model in ranks and r.latency_ms_p50:
             key = (ranks[r.model][0], r.hardware, r.format, r.provider, r.precision, r.tf32, r.input_size,
-                   r.batch_size, r.timing_mode, r.dataset_variant)
+                   r.batch_size, r.timing_mode, r.dataset, r.dataset_variant, r.protocol)
             groups.setdefault(key, []).append(r)
     findings = []
     for key, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
