@@ -114,7 +114,10 @@ class _FakeDataset:
         self.rf_project = SimpleNamespace(versions=lambda: [_FakeVersion(id=f"rf100-vl/{name}/1"),
                                                             _FakeVersion(id=f"rf100-vl/{name}/4")])
 
+    downloads = 0
+
     def download(self, path: str) -> None:
+        _FakeDataset.downloads += 1
         (Path(path) / "test").mkdir(parents=True)
         (Path(path) / "test" / "_annotations.coco.json").write_text("{}")
 
@@ -132,4 +135,36 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
     done = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
     assert done.returncode == 0, done.stderr
     assert json.loads((dest / "rf100vl_versions.json").read_text()) == {"aquarium": "4", "-grccs": "4"}
-    assert (dest / "aquarium" / "test" / "_annotations.coco.json").is_file()
+    assert (dest / "aquarium" / "test" / "_annotations.coco.json").is_file() and _FakeDataset.downloads == 2
+    again = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
+    assert again.returncode == 0 and _FakeDataset.downloads == 2  # what is there is not downloaded again
+
+
+@requires_coco
+def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
+    """Resuming a campaign id with other options is refused (its finished datasets would mix); a YAML without
+    datasets, or with two names that make one folder, is refused in one line."""
+    _fake_download(tmp_path / "rf", tmp_path / "w")
+    first = _campaign(tmp_path)
+    assert first.returncode == 1, first.stderr
+    other = _campaign(tmp_path, "--backend", "onnxruntime")
+    assert other.returncode == 2 and "was started with other options" in other.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("model: yolox-nano\ndatasets: []\n")
+    result = run_in_process("campaign", str(empty), "--output-dir", str(tmp_path / "o2"))
+    assert result.returncode == 2 and "lists no datasets" in result.stderr
+    twins = tmp_path / "twins.yaml"
+    twins.write_text("model: yolox-nano\ndatasets:\n  - {name: a b, dataset: x, weights: w}\n"
+                     "  - {name: a-b, dataset: y, weights: w}\n")
+    result = run_in_process("campaign", str(twins), "--output-dir", str(tmp_path / "o3"))
+    assert result.returncode == 2 and "names two datasets alike" in result.stderr
+
+
+def test_a_campaign_files_datasets_take_its_split(tmp_path):
+    from harness.run.campaign import read_campaign_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: yolox-nano\ndatasets:\n  - {name: a, dataset: x, weights: w}\n"
+                    "  - {name: b, dataset: y, weights: w, split: valid}\n")
+    campaign = read_campaign_file(path, {})
+    assert campaign.split == "test" and [e.split for e in campaign.entries] == ["test", "valid"]

@@ -215,3 +215,23 @@ def test_fine_tuned_weights_match_the_dataset_by_their_own_class_names(tmp_path)
     mapped, out = _run(tmp_path / "c", "--weights", str(unnamed), "--backend", "pytorch", "--dataset", str(annotation),
                        "--class-map", str(class_map))
     assert mapped.returncode == 0, mapped.stderr
+
+
+@requires_coco
+def test_coco_images_without_people_are_still_coco(tmp_path):
+    """'person' is also a COCO supercategory: with no person in the images it is still a class (the Roboflow
+    workspace rule applies to --dataset exports only)."""
+    from harness.data.coco import CocoDataset
+
+    source = json.loads(SUBSET_ANNOTATIONS.read_text())
+    with_people = {a["image_id"] for a in source["annotations"] if a["category_id"] == 1}
+    images = [i for i in source["images"] if i["id"] not in with_people][:5]
+    keep = {i["id"] for i in images}
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "val2017").mkdir()
+    for image in images:
+        os.symlink(COCO_DIR / "val2017" / image["file_name"], tmp_path / "val2017" / image["file_name"])
+    (tmp_path / "annotations" / "instances_val2017.json").write_text(json.dumps(
+        {**source, "images": images, "annotations": [a for a in source["annotations"] if a["image_id"] in keep]}))
+    dataset = CocoDataset(tmp_path)
+    assert len(dataset.categories) == 80 and dataset.identity == ("coco2017", "val2017")

@@ -153,8 +153,19 @@ def test_jetson_power_mode_clocks_and_trips(tmp_path):
     sampler.begin_window("cell")
     state = sampler.end_window()
     assert state["throttled"] and state["gpu"]["sm_clock_mhz"] == [510.0, 510.0]
-    assert any("thermal trip: gpu-thermal 100C >= passive 99C" == r for r in state["throttle_reasons"])
-    assert any(r.startswith("GPU clock 510 MHz < max 1300 MHz") for r in state["throttle_reasons"])
+    assert state["throttle_reasons"] == ["thermal trip: gpu-thermal 100C >= passive 99C"]
+    # a clock below its maximum is recorded and warned about, not called throttling (idle clocks scale down)
+    assert any(w.startswith("GPU clock at most 510 MHz of 1300 MHz") for w in state["warnings"])
+    (root / "sys/class/thermal/thermal_zone0/temp").write_text("50000")
+    cool = _sampler(JetsonReader(root), root)
+    cool.begin_window("cell")
+    assert cool.end_window()["throttled"] is False
+    # a CPU run on a Jetson samples no GPU at all
+    (root / "proc/device-tree").mkdir(parents=True)
+    (root / "proc/device-tree/model").write_text("NVIDIA Jetson AGX Orin")
+    from harness.measure.device import Device
+    assert DeviceSampler.for_device(Device("cpu"), root).gpu is None
+    assert isinstance(DeviceSampler.for_device(Device("cuda", 0), root).gpu, JetsonReader)
 
 
 def test_raspberry_pi_throttled_flags(tmp_path):
@@ -233,3 +244,24 @@ def test_validate_warns_on_throttled_and_shared_gpu_submissions(tmp_path, ort_ru
     path.write_text(json.dumps(doc))
     result = run_in_process("validate", str(path))
     assert "throttled during the timed pass" in result.stdout and "measured on a shared GPU" in result.stdout
+
+
+
+def test_nvml_refusing_the_process_list_is_unavailable_not_a_crash(tmp_path):
+    """A MIG GPU gives a non-root user NVMLError_NoPermission for the whole GPU's process list."""
+    class NoPermission(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):
+            raise PermissionError("Insufficient Permissions")
+    record = gpu_processes(0, False, NoPermission(), _tree(tmp_path, {}))
+    assert record["status"] == "unavailable" and "Insufficient Permissions" in record["reason"]
+
+
+def test_a_failing_sample_is_recorded_and_the_window_still_closes():
+    class Flaky(NvmlReader):
+        def sample(self):
+            raise RuntimeError("GPU is lost")
+    sampler = _sampler(Flaky(FakeNvml(), 0))
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["sample_errors"][0] == "RuntimeError: GPU is lost" and state["throttled"] is False
+    assert _sampler().end_window()["status"] == "unavailable"  # no window open: a record, not a crash

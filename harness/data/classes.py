@@ -24,6 +24,8 @@ def model_class_names(detector) -> tuple[str | None, ...]:
     families (whose `class_map` holds COCO category ids), COCO's names; None for a label that is no class
     (torchvision's background and unused ids)."""
     names = getattr(detector, "class_names", None)
+    if isinstance(names, dict):  # {index: name}, as Ultralytics-style models give them
+        return tuple(names.get(i) for i in range(max(names) + 1)) if names else ()
     if names is not None:
         return tuple(names)
     return tuple(COCO_NAMES_BY_ID.get(int(category)) for category in detector.class_map)

@@ -225,9 +225,12 @@ class CocoDataset:
         category that is every other one's supercategory and has no annotation) is not a class."""
         cats = self.coco.dataset["categories"]
         annotated = {a["category_id"] for a in self.coco.dataset["annotations"]}
-        parents = {c.get("supercategory") for c in cats}
-        return {c["id"]: c["name"] for c in cats
-                if not (c["id"] not in annotated and c["name"] in parents and len(cats) > 1)}
+
+        def workspace(c: dict) -> bool:  # Roboflow's export: {"id": 0, "name": <workspace>, "supercategory": "none"}
+            others = [o for o in cats if o is not c]
+            return (self.layout == "custom" and c.get("supercategory") == "none" and c["id"] not in annotated
+                    and bool(others) and all(o.get("supercategory") == c["name"] for o in others))
+        return {c["id"]: c["name"] for c in cats if not workspace(c)}
 
     @cached_property
     def is_coco_val2017(self) -> bool:

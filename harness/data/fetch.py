@@ -175,6 +175,9 @@ def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> 
     lines = []
     try:
         for dataset in rf100vl.get_rf100vl_projects():
+            if dataset.name in versions and (dest / dataset.name).is_dir():  # fetched by an earlier call
+                lines.append(f"{dataset.name}: version {versions[dataset.name]} already in {dest / dataset.name}")
+                continue
             latest = max(dataset.rf_project.versions(), key=lambda v: v.id)
             dataset.download(str(dest / dataset.name))
             versions[dataset.name] = str(latest.id).rsplit("/", 1)[-1]

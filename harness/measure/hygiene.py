@@ -80,6 +80,21 @@ def load_nvml(nvml=None):
     return nvml, None
 
 
+def nvml_handle(nvml, index: int):
+    """NVML's handle of torch's CUDA device `index`: found by its UUID where torch reports one (CUDA_VISIBLE_DEVICES
+    and schedulers renumber CUDA devices, NVML's indices are the machine's), else by index."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:  # no CUDA here (tests with a fake NVML), or an older torch
+        uuid = None
+    if uuid is not None and hasattr(nvml, "nvmlDeviceGetHandleByUUID"):
+        text = str(uuid)
+        return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+    return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def is_jetson(root: Path = Path("/")) -> bool:
     model = _read(root / "proc" / "device-tree" / "model") or ""
     return "jetson" in model.lower() or (root / "etc" / "nv_tegra_release").is_file()
@@ -93,10 +108,13 @@ def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("
     nvml, why = load_nvml(nvml)
     if nvml is None:
         return {"status": "unavailable", "reason": why}
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml_handle(nvml, index))
+    except Exception as exc:  # NoPermission (a MIG GPU for a non-root user), NotSupported (vGPU, WSL)
+        return {"status": "unavailable", "reason": f"NVML's process list: {type(exc).__name__}: {exc}"}
     ours = own_pids(root)
     others = []
-    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+    for proc in processes:
         if proc.pid in ours:
             continue
         used = getattr(proc, "usedGpuMemory", None)
@@ -124,7 +142,7 @@ def locked_clocks(index: int, mhz: int | None, nvml=None):
     nvml, why = load_nvml(nvml)
     if nvml is None:
         raise UsageError(f"--lock-clocks needs NVML: {why}")
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    handle = nvml_handle(nvml, index)
     try:
         nvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
     except Exception as exc:  # NVMLError_NoPermission without root, NotSupported on some boards
@@ -149,7 +167,7 @@ class NvmlReader:
     source = "nvml"
 
     def __init__(self, nvml, index: int):
-        self.nvml, self.handle = nvml, nvml.nvmlDeviceGetHandleByIndex(index)
+        self.nvml, self.handle = nvml, nvml_handle(nvml, index)
         get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
             or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # the name before driver 535
         self._reasons = get
@@ -210,12 +228,27 @@ def thermal_trips(root: Path) -> list[str]:
     return hit
 
 
-def cpu_sample(root: Path) -> dict:
-    """Current frequencies (MHz, min over CPUs), governors and the hottest thermal zone."""
-    cpus = sorted((root / "sys" / "devices" / "system" / "cpu").glob("cpu[0-9]*"))
-    freqs = [f for f in (_khz_or_hz_to_mhz(_int(c / "cpufreq" / "scaling_cur_freq")) for c in cpus) if f]
-    temps = [t for t in (_int(z / "temp") for z in (root / "sys" / "class" / "thermal").glob("thermal_zone*"))
-             if t is not None]
+@dataclass(frozen=True)
+class CpuFiles:
+    """The sysfs files a CPU sample reads, found once: one scaling_cur_freq per cpufreq policy (CPUs that share
+    a clock share a policy; per CPU where the kernel has no policy folders) and every thermal zone's temp."""
+
+    freqs: tuple[Path, ...]
+    temps: tuple[Path, ...]
+
+    @classmethod
+    def find(cls, root: Path) -> CpuFiles:
+        cpufreq = root / "sys" / "devices" / "system" / "cpu"
+        freqs = sorted(cpufreq.glob("cpufreq/policy*/scaling_cur_freq")) or \
+            sorted(cpufreq.glob("cpu[0-9]*/cpufreq/scaling_cur_freq"))
+        temps = sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*/temp"))
+        return cls(tuple(freqs), tuple(temps))
+
+
+def cpu_sample(files: CpuFiles) -> dict:
+    """Current frequency (MHz, the lowest policy's) and the hottest thermal zone."""
+    freqs = [f for f in (_khz_or_hz_to_mhz(_int(p)) for p in files.freqs) if f]
+    temps = [t for t in (_int(p) for p in files.temps) if t is not None]
     return {"freq_mhz": min(freqs) if freqs else None, "temp_c": max(temps) / 1000 if temps else None}
 
 
@@ -271,10 +304,12 @@ class DeviceSampler:
     """Samples the device's state on a thread during each timed pass (begin_window / end_window), like the
     memory monitor; end_window returns what was seen, a `throttled` flag and warnings."""
 
-    def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.1, run=subprocess.run,
+    def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.5, run=subprocess.run,
                  processes=None):
         self.gpu, self.root, self.interval_s, self.run = gpu_reader, root, interval_s, run
         self.static = cpu_static(root)
+        self.cpu_files = CpuFiles.find(root)
+        self.errors: list[str] = []  # a sample that failed (recorded with the window, the thread goes on)
         self.processes = processes  # psutil-like process_iter, for tests; None: psutil's
         self._window: _Window | None = None
         self._lock = threading.Lock()
@@ -285,11 +320,12 @@ class DeviceSampler:
     def for_device(cls, device, root: Path = Path("/"), nvml=None) -> DeviceSampler:
         """NVML on an NVIDIA GPU, devfreq on a Jetson, the CPU side alone on a CPU run."""
         reader = None
-        if is_jetson(root):
-            reader = JetsonReader(root)
-        elif getattr(device, "is_cuda", False):
-            nvml, _ = load_nvml(nvml)
-            reader = NvmlReader(nvml, device.index) if nvml is not None else None
+        if getattr(device, "is_cuda", False):
+            if is_jetson(root):
+                reader = JetsonReader(root)
+            else:
+                nvml, _ = load_nvml(nvml)
+                reader = NvmlReader(nvml, device.index) if nvml is not None else None
         return cls(reader, root)
 
     def __enter__(self) -> DeviceSampler:
@@ -305,9 +341,12 @@ class DeviceSampler:
             window = self._window
         if window is None:
             return
-        if self.gpu is not None:
-            window.samples.append(self.gpu.sample())
-        window.cpu.append(cpu_sample(self.root))
+        try:
+            if self.gpu is not None:
+                window.samples.append(self.gpu.sample())
+            window.cpu.append(cpu_sample(self.cpu_files))
+        except Exception as exc:  # a sysfs file that vanished, an NVML hiccup: the pass goes on, the record says so
+            self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -335,6 +374,8 @@ class DeviceSampler:
         self._sample()
         with self._lock:
             window, self._window = self._window, None
+        if window is None:
+            return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
         me = os.getpid()
         busiest = []
         for proc in self._process_iter():
@@ -345,8 +386,10 @@ class DeviceSampler:
             except Exception:
                 pass
         busiest.sort(key=lambda p: -p["cpu_percent"])
-        return summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(),
-                                rpi_throttled(self.run))
+        state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run))
+        if self.errors:
+            state["sample_errors"], self.errors = self.errors[:5], []
+        return state
 
 
 def _span(values: list) -> list | None:
@@ -376,8 +419,9 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
         out["gpu"] = {"source": gpu.source, "sm_clock_mhz": clocks, "max_sm_clock_mhz": gpu.max_sm_mhz,
                       "thermal_trips": trips}
         reasons = [f"thermal trip: {t}" for t in trips]
-        if clocks and gpu.max_sm_mhz and clocks[0] < FREQ_DROP * gpu.max_sm_mhz:
-            reasons.append(f"GPU clock {clocks[0]:.0f} MHz < max {gpu.max_sm_mhz:.0f} MHz")
+        if clocks and gpu.max_sm_mhz and clocks[1] < FREQ_DROP * gpu.max_sm_mhz:  # never near its maximum
+            warnings.append(f"GPU clock at most {clocks[1]:.0f} MHz of {gpu.max_sm_mhz:.0f} MHz during the pass "
+                            "(jetson_clocks off, or capped)")
     freqs = _span([c["freq_mhz"] for c in window.cpu])
     out["cpu"] = {**static, "freq_mhz": freqs,
                   "temperature_c_max": max((c["temp_c"] for c in window.cpu if c["temp_c"] is not None), default=None)}

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from harness.config import build_config
-from harness.errors import RunInterrupted, UsageError, path_problem
+from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
+from harness.models.weights import file_sha256
 from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
 from harness.results.writer import atomic_write_bytes, atomic_write_json
 
@@ -93,14 +94,20 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
     if not isinstance(data, dict) or not isinstance(data.get("datasets"), list) or "model" not in data:
         raise UsageError(path_problem("campaign file", path, "needs `model` and a `datasets` list")
                          + " of {name, dataset, weights}")
+    split = str(data.get("split", "test"))
     entries = []
     for i, item in enumerate(data["datasets"]):
         if not isinstance(item, dict) or not {"name", "dataset", "weights"} <= set(item):
             raise UsageError(path_problem("campaign file", path, f"datasets[{i}] needs name, dataset and weights"))
         entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(item["weights"]),
-                                     item.get("version"), item.get("split", data.get("split"))))
-    return Campaign(str(data["model"]), entries, str(data.get("split", "test")),
-                    {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
+                                     item.get("version"), str(item.get("split", split))))
+    if not entries:
+        raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")
+    slugs = [_slug(e.name) for e in entries]
+    if len(set(slugs)) != len(slugs):
+        raise UsageError(path_problem("campaign file", path, "names two datasets alike (their folders would be one)")
+                         + "; give each a distinct name")
+    return Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
 
 
 def _finished_submission(run_dir: Path) -> dict | None:
@@ -148,8 +155,16 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                  progress) -> tuple[Path, list[DatasetResult]]:
     """Every dataset's run, then the campaign's row (submissions/) and its per-dataset table (datasets.csv)."""
     folder = output_dir / campaign_id
+    recipe = {**campaign.recipe(), "weights": {e.name: e.weights and file_sha256(Path(e.weights))
+                                               for e in campaign.entries}}
+    if (folder / "campaign.json").is_file():  # resuming: only the same campaign may add to its folder
+        before = json.loads((folder / "campaign.json").read_text()).get("recipe")
+        if before != recipe:
+            changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
+            raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "
+                             "its finished datasets would mix with these: use another --campaign-id")
     (folder / "datasets").mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / "campaign.json", {"campaign_id": campaign_id, "recipe": campaign.recipe()})
+    atomic_write_json(folder / "campaign.json", {"campaign_id": campaign_id, "recipe": recipe})
     results = []
     for entry in campaign.entries:
         result = run_dataset(campaign, entry, folder / "datasets", argv, progress)
@@ -157,7 +172,8 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                                           if result.submission else f"skipped ({result.reason})"))
         results.append(result)
     if not any(r.submission for r in results):
-        raise UsageError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason})")
+        raise VaBenchError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason}); "
+                           f"each dataset's run is in {folder / 'datasets'}")
     doc = campaign_submission(results, campaign.expected, campaign.recipe(), campaign.split)
     runtime, hardware = doc["runtime"], doc["hardware"]
     path = folder / "submissions" / f"{campaign.model}__rf100vl__{runtime['format']}__{runtime['provider']}__" \

@@ -149,6 +149,18 @@ class GroupExecutor:
                                          stream_workers=resolve_workers(config.workers, ctx.device.is_cuda))
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
 
+    def _scored(self, detections: list[ImageDetections]) -> list[ImageDetections]:
+        """The detections the dataset scores (classes it has): what batch invariance compares, the same whether the
+        reference cell ran in this process or is read back from its detections file on --resume."""
+        keep = np.asarray(self.label_categories) >= 0
+        if keep.all():
+            return detections
+        out = []
+        for d in detections:
+            mask = keep[d.labels] if len(d.labels) else np.zeros(0, bool)
+            out.append(ImageDetections(d.image_id, d.boxes[mask], d.scores[mask], d.labels[mask]))
+        return out
+
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
         """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
         by_image = {d.image_id: d for d in detections_from_coco(json.loads(detections_file.read_text()))}
@@ -174,13 +186,14 @@ class GroupExecutor:
         accuracy, accuracy_reason = self._evaluate(cell, detections_file, count, len(detections))
         invariance = None
         if self.reference is None:
-            self.reference = (cell.batch_size, detections)
+            self.reference = (cell.batch_size, self._scored(detections))
             self._draw(detections)
             if len(ctx.config.batch_sizes) > 1:
                 invariance = Invariance(cell.batch_size, None)
         else:
             ref_size, ref = self.reference
-            invariance = Invariance(ref_size, match_detections(ref, detections, INVARIANCE_IOU, INVARIANCE_SCORE_TOL))
+            invariance = Invariance(ref_size, match_detections(ref, self._scored(detections), INVARIANCE_IOU,
+                                                               INVARIANCE_SCORE_TOL))
         load_end = os.getloadavg()
         record = CellRecord(
             run_id=ctx.run_id,

@@ -89,7 +89,7 @@ def _plan(config_fields: dict, scratch: Path, dataset_sha256: str):
     """The node's own plan of a job's configuration (datasets and weights resolved here)."""
     from harness.run.scheduler import prepare
 
-    plan = prepare(build_config({**config_fields, "output_dir": str(scratch), "run_id": None}))
+    plan = prepare(build_config({**config_fields, "output_dir": str(scratch), "run_id": None}), fleet_node=True)
     if plan.variant.image_id_sha256 != dataset_sha256:
         raise UsageError(f"this node's dataset variant {plan.variant.name} ({plan.variant.num_images} images, ids "
                          f"{plan.variant.image_id_sha256[:12]}) differs from the driver's ({dataset_sha256[:12]}); "

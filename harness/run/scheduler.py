@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import traceback
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -129,21 +129,25 @@ def open_dataset(config: RunConfig) -> CocoDataset:
     return CocoDataset(config.coco_dir)
 
 
-def check_device(device: Device, config: RunConfig) -> dict | None:
+def check_device(device: Device, config: RunConfig, fleet_node: bool = False) -> dict | None:
     """Plan-time hygiene of a CUDA run: other compute processes on the GPU are refused unless
-    --allow-shared-gpu (measure/hygiene.py); --lock-clocks only on CUDA."""
+    --allow-shared-gpu (measure/hygiene.py); --lock-clocks only on CUDA. On a fleet node the job's own Ray
+    workers hold CUDA contexts, so the process list cannot tell them from strangers: not checked there."""
     if not device.is_cuda:
         if config.lock_clocks is not None:
             raise UsageError("--lock-clocks applies to an NVIDIA GPU (--device cuda); drop it")
         return None
+    if fleet_node:
+        return {"status": "unavailable", "reason": "not checked on a fleet node (this job's Ray workers hold CUDA "
+                                                   "contexts there)"}
     return gpu_processes(device.index, config.allow_shared_gpu)
 
 
-def prepare(config: RunConfig, dry_run: bool = False) -> RunPlan:
+def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
     even create --output-dir)."""
     device = parse_device(config.device)
-    gpu_hygiene = check_device(device, config)  # before this process makes a CUDA context of its own
+    gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
     dataset = open_dataset(config)
@@ -236,6 +240,13 @@ class Scheduler:
         self.argv = argv
 
     def run(self) -> RunOutcome:
+        """The run, with the GPU's clocks locked around it when --lock-clocks asks (before the run folder exists:
+        a lock NVML refuses leaves nothing behind)."""
+        device = self.plan.device
+        with locked_clocks(device.index, self.config.lock_clocks) if device.is_cuda else nullcontext() as clocks:
+            return self._run(clocks)
+
+    def _run(self, clocks: dict | None) -> RunOutcome:
         plan, config = self.plan, self.config
         threads = config.threads or torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -245,7 +256,7 @@ class Scheduler:
             workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
                                                                 **stream_worker_priority()}
-        environment["gpu_hygiene"] = dict(plan.gpu_hygiene or {"status": "not a CUDA run"})
+        environment["gpu_hygiene"] = {**(plan.gpu_hygiene or {"status": "not a CUDA run"}), "locked_clocks": clocks}
         hardware = hardware_block(plan.device, config.hardware_id)
         state = self._open_state(environment, hardware)
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
@@ -265,9 +276,6 @@ class Scheduler:
                 if ctx.monitor is not None:
                     stack.enter_context(ctx.monitor)
                 stack.enter_context(ctx.sampler)
-                clocks = stack.enter_context(locked_clocks(plan.device.index, config.lock_clocks)) \
-                    if plan.device.is_cuda else None
-                environment["gpu_hygiene"]["locked_clocks"] = clocks
                 for key, cells in plan.groups:
                     self._run_group(ctx, key, cells, outcome)
         except Interrupted as exc:
