@@ -151,10 +151,12 @@ RUN_FLAGS = [
                                                                   "harness commit or another machine")),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                       default=typer.Option(False, "--json", help="print the run summary as JSON")),
-    inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                      default=typer.Option(False, "--dry-run", help="print the plan (cells, batches, timed batches, "
-                                                                    "what each group loads) and exit; writes nothing")),
 ]
+# `va-bench run` only (a fleet plans over its cluster's nodes)
+DRY_RUN_FLAG = inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                 default=typer.Option(False, "--dry-run",
+                                                      help="print the plan (cells, batches, timed batches, what each "
+                                                           "group loads) and exit; writes nothing"))
 
 
 def run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,
@@ -194,8 +196,8 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
 
 
 def _register_run() -> None:
-    params = RUN_FLAGS + _run_options()
-    fixed = {p.name for p in RUN_FLAGS}
+    params = RUN_FLAGS + [DRY_RUN_FLAG] + _run_options()
+    fixed = {p.name for p in RUN_FLAGS} | {DRY_RUN_FLAG.name}
 
     def run(**kwargs) -> None:
         run_command(**{k: v for k, v in kwargs.items() if k in fixed},
