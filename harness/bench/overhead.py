@@ -8,7 +8,7 @@ at the first `--workers` value (default auto, what a run uses): overlapping only
 leaves cores idle (ONNX Runtime, whose threads do not spin; a GPU), not where its threads never yield
 them (PyTorch's OpenMP on every core), so the harness offers both and this bench reports both.
 
-`--busy N` runs N CPU-bound processes beside the measurement (a loaded machine, as in issue 12, item 5);
+`--busy N` runs N CPU-bound processes beside the measurement (a loaded machine);
 the latency-mode stage medians show what the load does to the harness's own host work. `--calling-thread`
 adds latency mode with the host stages on the calling thread, through the forward's torch thread team (the
 design before the host thread; what the profiler pass still does), to the same alternating rounds.

@@ -1,4 +1,4 @@
-"""Detection diff of two COCO-format detection sets (seed 003's correctness harness).
+"""Detection diff of two COCO-format detection sets.
 
 Greedy pairing per image and class: A's detections in descending score order each take the
 unpaired B detection of the same class with the highest IoU >= the threshold. Greedy pairing keeps a

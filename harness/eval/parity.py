@@ -1,4 +1,4 @@
-"""Preprocessing parity (seed 003): how far each implementation is from the reference (cv2), and whether
+"""Preprocessing parity: how far each implementation is from the reference (cv2), and whether
 that distance is larger than the noise floor of the reference itself.
 
 Torch-free: it works on what a parity run produced (pixel statistics, COCO detections, the 12 COCO

@@ -1,4 +1,4 @@
-"""Summary statistics of timing samples, with the stability warnings DESIGN.md asks for."""
+"""Summary statistics of timing samples, with stability warnings (high CV, a slow first sample, few samples)."""
 
 from __future__ import annotations
 

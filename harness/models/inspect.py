@@ -1,4 +1,4 @@
-"""`va-bench inspect`: static metrics of a model (seed 004): parameters, FLOPs, per-layer table,
+"""`va-bench inspect`: static metrics of a model: parameters, FLOPs, per-layer table,
 weight sparsity, ONNX graph metrics.
 
 One code path per source:

@@ -1,6 +1,6 @@
 """The Detector protocol: what every model family provides to the shared pipeline.
 
-A detector is split as DESIGN.md says: a *core* (float tensor [B,3,H,W] -> raw head tensors), a
+A detector is split as docs/families-and-backends.md says: a *core* (float tensor [B,3,H,W] -> raw head tensors), a
 *preprocessing spec* the harness applies, a *decoder* (raw head tensors -> candidate boxes and
 scores) and a *post-processing spec* (which kind of selection the harness applies to those
 candidates, with the family's own thresholds). Selection (NMS or top-k), rescaling and COCO mapping

@@ -1,7 +1,7 @@
 """torchvision detectors on the shared pipeline: SSDLite, Faster R-CNN, RetinaNet, FCOS.
 
 torchvision's own `model(images)` resizes inside forward (GeneralizedRCNNTransform), runs the network
-and post-processes. Here the pieces are split as DESIGN.md says:
+and post-processes. Here the pieces are split as docs/families-and-backends.md says:
 
 - preprocessing = its transform, done by the harness: RGB / 255, the model's mean/std, a float bilinear
   resize (`library="torch"`), boxes rescaled per axis by resized / original size. SSDLite stretches to a

@@ -1,6 +1,6 @@
 """The device-resident path on CUDA: decode, upload and the forward's GPU time.
 
-On a GPU the harness must measure the model, not itself (issue 12): JPEGs decode with nvJPEG in one
+On a GPU the harness must measure the model, not itself: JPEGs decode with nvJPEG in one
 batched call (`torchvision.io.decode_jpeg(list, device="cuda")`), or, where images were decoded on the
 host, go up as uint8 (4x fewer bytes than float32) from pinned memory with non-blocking copies; the
 letterbox, normalisation, NMS and rescale then run on the device (preprocess.preprocess_tensors,
@@ -33,7 +33,7 @@ DECODERS = {"nvjpeg": "nvJPEG: torchvision.io.decode_jpeg(list, device='cuda'), 
 def choose_decoder(library: str, cuda: bool) -> str:
     """The decoder for a preprocessing implementation on a device: cv2/PIL resize cv2-decoded arrays;
     torch decodes with nvJPEG on CUDA (measured on an H100: 10,936 img/s against 3,388 with 16 cv2
-    threads, issue 12) and with torchvision.io on the host otherwise."""
+    threads) and with torchvision.io on the host otherwise."""
     if library != "torch":
         return "cv2"
     return "nvjpeg" if cuda else "torchvision"

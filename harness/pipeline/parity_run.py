@@ -1,4 +1,4 @@
-"""Run the preprocessing parity study (seed 003; `va-bench parity preprocess`): one model core, several
+"""Run the preprocessing parity study (`va-bench parity preprocess`): one model core, several
 preprocessing implementations, the same images. The comparison itself is torch-free (harness/eval/parity.py).
 
 Per implementation: the model input tensor against the reference's, image by image (pixel max / mean

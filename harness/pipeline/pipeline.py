@@ -92,7 +92,7 @@ def _lower_own_priority() -> None:
 def _init_host_thread(lower_priority: bool) -> None:
     # Host ops on one thread. Run through a torch (OpenMP) team, even a tiny op waits at a barrier for a
     # partner thread: on a loaded 2-core box `boxes.max(dim=1)` on a 7x4 tensor took 7-15 ms with 2 threads,
-    # 0.003 ms with 1 (issue 12). A worker with a team of its own also (1) spins at every barrier for a
+    # 0.003 ms with 1. A worker with a team of its own also (1) spins at every barrier for a
     # partner that the forward's threads keep off the cores (ONNX Runtime, batch 8: worker CPU per batch
     # 23 -> 13 ms) and (2) once that second team exists, slows the PyTorch forward on the calling thread
     # ~28 % for the rest of the process (YOLOX-Nano b8: 50 -> 36 img/s).

@@ -1,5 +1,5 @@
 """Gates: targets from a YAML file (configs/gates.yaml) held against a run's submissions, shown in the
-benchmark log as target vs today with met / NOT MET (seed 002).
+benchmark log as target vs today with met / NOT MET.
 
 File format (validated; one clear line on any problem)::
 
@@ -187,7 +187,7 @@ def evaluate(gates: list[Gate], run: RunFolder) -> list[GateResult]:
 
 
 def gate_table(results: list[GateResult]) -> Table:
-    """Gate | Cell | Target | Today | Status, as in seed 002's log."""
+    """Gate | Cell | Target | Today | Status."""
     rows = [[r.gate.title, r.cell, r.gate.target_text, r.today_text(), r.status] for r in results]
     return Table(["Gate", "Cell", "Target", "Today", "Status"], rows, [False, False, True, True, False])
 

@@ -1,4 +1,4 @@
-"""The benchmark log (seed 002): one dated Markdown section per run, appended to a file that is never
+"""The benchmark log: one dated Markdown section per run, appended to a file that is never
 rewritten. Setup, accuracy and performance tables, gates as target vs today, notes, the reproduce command
 and the artefact list. The file is opened in append mode only, so earlier sections stay byte-identical."""
 
@@ -37,7 +37,7 @@ def _cell(value: str) -> str:
 
 
 def markdown_table(table: Table, bold: str | None = None) -> str:
-    """A GitHub-flavoured Markdown table; cells equal to `bold` are emphasised (NOT MET, as in seed 002)."""
+    """A GitHub-flavoured Markdown table; cells equal to `bold` are emphasised (NOT MET)."""
     lines = ["| " + " | ".join(_cell(h) for h in table.header) + " |",
              "|" + "|".join("---:" if num else "---" for num in table.numeric) + "|"]
     for row in table.rows:

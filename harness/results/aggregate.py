@@ -1,4 +1,4 @@
-"""`va-bench aggregate`: many submissions -> one leaderboard (seed 000, steps 1-3).
+"""`va-bench aggregate`: many submissions -> one leaderboard.
 
 * Performance identity: model | weights | hardware | format | provider | precision | TF32 | input size |
   batch size | protocol | dataset variant | timing mode. Within one identity the latest timestamp wins; nothing

@@ -1,4 +1,4 @@
-"""Probe artifacts of a run (seed 001's files): layer_timer.csv, layer_types.csv, profiler_ops.csv,
+"""Probe artifacts of a run: layer_timer.csv, layer_types.csv, profiler_ops.csv,
 trace*.json, energy.csv, memory.csv. Every file is rewritten atomically as cells finish."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class ProbeArtifacts:
         self.files[Path(profile.trace_file).stem] = profile.trace_file
 
     def add_energy(self, tag: str, window: dict | None) -> None:
-        """energy.csv as in seed 001: timestamp, tag, duration, then microjoules per domain."""
+        """energy.csv: timestamp, tag, duration, then microjoules per domain."""
         if not window:
             return
         row = {"timestamp": round(window["timestamp"], 3), "tag": tag, "duration": round(window["duration_s"], 6)}

@@ -1,4 +1,4 @@
-"""steps_timer.csv in the shape of seed 001 (stage, total, count, avg, std, min, max, total %), one
+"""steps_timer.csv in the benchmark's classic shape (stage, total, count, avg, std, min, max, total %), one
 block per cell; times in seconds, `total_pct` relative to the cell's whole batch time."""
 
 from __future__ import annotations
