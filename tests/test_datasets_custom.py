@@ -138,6 +138,8 @@ def test_a_class_map_scores_a_roboflow_export_like_the_coco_names(tmp_path):
     mapped = _only_submission(out)
     assert (mapped["dataset"]["id"], mapped["dataset"]["split"]) == ("my-export", "valid")
     assert mapped["dataset"]["num_categories"] == 3  # the workspace supercategory is no class
+    recorded = mapped["repro"]["dataset"]["class_map"]  # the map's entries, not only its path
+    assert recorded["entries"] == {new: name for name, new in RENAMED.items()} and len(recorded["sha256"]) == 64
     result, out = _run(tmp_path / "b", "--dataset", str(plain))
     assert result.returncode == 0, result.stderr
     assert mapped["accuracy"] == _only_submission(out)["accuracy"]

@@ -100,3 +100,12 @@ def test_cap_500_reads_ap_at_the_cap(sample, evaluator, tmp_path):
     assert per_class[1]["AP"] == pytest.approx(float(np.mean(p[p > -1])), abs=1e-12)
     with_gt = {a["category_id"] for i in ids for a in coco.imgToAnns[i]}
     assert {c for c, v in per_class.items() if v["AP"] >= 0} == with_gt
+
+
+@requires_coco
+def test_no_detections_is_zero_only_where_there_is_something_to_find(sample):
+    coco, ids, _ = sample
+    assert set(evaluate_bbox(coco, [], ids).values()) == {0.0}
+    empty = [i for i in sorted(coco.imgs) if not coco.imgToAnns.get(i)]
+    if empty:  # an image without ground truth: nothing to find, every statistic undefined (-1, as COCOeval)
+        assert set(evaluate_bbox(coco, [], empty[:1]).values()) == {-1.0}

@@ -8,6 +8,8 @@ the model names is refused: scoring it would give a silent AP of 0 for that cate
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,13 @@ class ClassMap:
 
     path: str
     entries: dict[str, str]
+
+    def record(self) -> dict:
+        """What a run records of it: the file as given, its entries and their SHA-256 (a later edit of the file
+        shows)."""
+        canonical = json.dumps(self.entries, sort_keys=True, separators=(",", ":"))
+        return {"file": self.path, "entries": self.entries,
+                "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
 
     @classmethod
     def read(cls, given: str) -> ClassMap:

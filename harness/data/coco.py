@@ -244,11 +244,16 @@ class CocoDataset:
             return self._custom_identity
         return ("coco2017", "val2017") if self.is_coco_val2017 else (_slug(self.root.name), "val2017")
 
+    class_map: ClassMap | None = None  # --class-map, when one renamed the dataset's categories
+
     def describe(self) -> dict:
         """The dataset block of run.json and submissions (images are the variant's)."""
         dataset_id, split = self.identity
-        return {"id": dataset_id, "split": split, "num_categories": len(self.categories),
-                "categories_sha256": categories_sha256(self.categories)}
+        out = {"id": dataset_id, "split": split, "num_categories": len(self.categories),
+               "categories_sha256": categories_sha256(self.categories)}
+        if self.class_map is not None:
+            out["class_map"] = self.class_map.record()
+        return out
 
     def label_categories(self, model_id: str, class_names: tuple[str | None, ...],
                          class_map: ClassMap | None = None) -> tuple[int, ...]:

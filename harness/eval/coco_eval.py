@@ -105,7 +105,7 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
         return _evaluate(coco_gt, json.loads(Path(path).read_bytes()), image_ids, evaluator, cap)
     columns = _read_results(Path(path))
     if columns is None:
-        return _no_detections(cap)
+        return _no_detections(coco_gt, image_ids, cap)
     from pycocotools.cocoeval import COCOeval
 
     image_ids = sorted(image_ids)
@@ -131,9 +131,12 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)
 
 
-def _no_detections(cap: int) -> tuple[dict[str, float], dict]:
-    """No detections scores 0 by definition (loadRes rejects an empty list)."""
-    return dict.fromkeys((*STAT_NAMES, *(("AR_max_det",) if cap != COCO_MAX_DETS else ())), 0.0), {}
+def _no_detections(coco_gt: COCO, image_ids: list[int], cap: int) -> tuple[dict[str, float], dict]:
+    """No detections scores 0 by definition (loadRes rejects an empty list), where there is something to find:
+    without any ground truth among the images every statistic is undefined (-1, as COCOeval says)."""
+    has_truth = any(coco_gt.imgToAnns.get(i) for i in image_ids)
+    return dict.fromkeys((*STAT_NAMES, *(("AR_max_det",) if cap != COCO_MAX_DETS else ())),
+                         0.0 if has_truth else -1.0), {}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections
@@ -232,7 +235,7 @@ def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evalu
     else:
         raise ValueError(f"unknown evaluator {evaluator!r}; use one of {EVALUATORS}")
     if not detections:
-        return _no_detections(cap)
+        return _no_detections(coco_gt, image_ids, cap)
     with contextlib.redirect_stdout(io.StringIO()):
         if evaluator == "pycocotools":
             coco_eval = COCOeval(coco_gt, coco_gt.loadRes(detections), "bbox")

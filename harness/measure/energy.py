@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.measure.hygiene import nvml_handle
+
 RAPL_HOW_TO = ("RAPL energy counters are root-only since Linux 5.10: run as root or "
                "`sudo chmod a+r /sys/class/powercap/intel-rapl*/**/energy_uj`")
 JETSON_GLOB = "/sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"
@@ -114,7 +116,7 @@ class NvmlSource:
         self.nvml = nvml
         try:
             nvml.nvmlInit()
-            self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self.handle = nvml_handle(nvml, index)  # by the CUDA device's UUID: CUDA_VISIBLE_DEVICES renumbers
             nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
         except Exception as exc:  # NVMLError subclasses: no driver, no GPU, not supported
             raise EnergyUnavailable(f"NVML energy counter not readable: {exc}") from exc

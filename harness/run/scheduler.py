@@ -153,6 +153,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     dataset = open_dataset(config)
     variant = dataset.variant(config.subset, config.limit)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
+    dataset.class_map = class_map
     if config.weights and len(config.models) > 1:
         raise UsageError("--weights applies to a single --model; run one model at a time with it")
     if config.weights and PLUGIN_PATTERN.match(config.models[0]):
