@@ -75,3 +75,19 @@ def test_memory_timeline_reads_back_with_memory_profilers_own_reader(ort_run):
     assert content["timestamp"] == [round(float(r["timestamp"]), 4) for r in rows]
     tags = {r["tag"].replace(" ", "_") for r in rows}
     assert set(content["func_timestamp"]) == tags and any(t.startswith("timing_") for t in tags)
+
+
+@requires_coco
+@requires_yolox
+def test_a_run_under_the_default_allocator_says_so(tmp_path, monkeypatch):
+    args = ("run", "--limit", "2", "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "1",
+            "--no-energy", "--draw-images", "0", "--coco-dir", str(COCO_DIR))
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    default = run_in_process(*args, "--output-dir", str(tmp_path / "a"))
+    assert default.returncode == 0 and "glibc malloc with its default thresholds" in default.stderr
+    tuned = run_in_process(*args, "--output-dir", str(tmp_path / "b"),
+                           env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4294967296"})
+    assert tuned.returncode == 0 and "glibc malloc with its default" not in tuned.stderr
+    sub = json.loads(next((tmp_path / "a").glob("*/submissions/*.json")).read_text())
+    assert sub["environment"]["memory_allocator"]["allocator"] == "glibc (default)"

@@ -258,6 +258,11 @@ class Scheduler:
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
                                                                 **stream_worker_priority()}
         environment["gpu_hygiene"] = {**(plan.gpu_hygiene or {"status": "not a CUDA run"}), "locked_clocks": clocks}
+        if environment["memory_allocator"]["allocator"] == "glibc (default)":
+            self.progress.log("warning: glibc malloc with its default thresholds (GLIBC_TUNABLES unset, no tcmalloc or "
+                              "jemalloc preloaded): detector forwards can spend a quarter of their CPU time in page "
+                              "faults; `make bench` sets GLIBC_TUNABLES (see the Makefile); the allocator is recorded "
+                              "in every submission (environment.memory_allocator)")
         hardware = hardware_block(plan.device, config.hardware_id)
         state = self._open_state(environment, hardware)
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
