@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch/torchvision pinned: the pair that installs from local wheels on the reference box
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[energy,memory,dev,fleet,libreyolo]'
+	$(BIN)/pip install --quiet -e '.[energy,memory,dev,fleet,libreyolo,edge]'
 	# libreyolo without its own requirements: they would add opencv-python beside opencv-python-headless
 	$(BIN)/pip install --quiet --no-deps libreyolo==1.6.0
 	touch $(STAMP)

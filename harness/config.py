@@ -37,9 +37,14 @@ class RunConfig(BaseModel):
                                "registry id (`va-bench models list`) or path/to/file.py:factory")
     weights: str | None = option(None, "--weights", "weights file for a single --model")
     backends: list[str] = option(lambda: ["onnxruntime"], "--backend",
-                                 "onnxruntime, pytorch, tensorrt (a serialized engine: --weights FILE.engine)")
+                                 "onnxruntime, pytorch, openvino, tensorrt (a serialized engine: --weights "
+                                 "FILE.engine)")
     precisions: list[str] = option(lambda: ["fp32"], "--precision",
-                                   "fp32, fp16, bf16 (what each backend/device runs: README, Precisions)")
+                                   "fp32, fp16, bf16, int8 (what each backend/device runs: README, Precisions)")
+    calibration: str | None = option(None, "--calibration",
+                                     "int8: folder of calibration images (never evaluated ones); default: the "
+                                     "dataset's images the run does not evaluate")
+    calibration_images: int = option(300, "--calibration-images", "int8: calibration images used at most", ge=1)
     input_sizes: list[int] = option(list, ["--input-size", "--input-sizes"],
                                     "square input sizes (multiples of 32); default: each model's native size")
     batch_sizes: list[int] = option(lambda: [1], ["--batch-sizes", "--batch-size"],

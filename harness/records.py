@@ -173,6 +173,7 @@ class AccuracyRecord:
     detections_file: str  # relative to the run folder
     max_dets: list[int] = field(default_factory=lambda: [1, 10, 100])  # COCOeval's maxDets (the last: the cap)
     per_class_file: str | None = None  # per-category AP, relative to the run folder
+    reference: dict[str, Any] | None = None  # int8: the same model's fp32 mAP on the same images, and the verdict
 
 
 @dataclass

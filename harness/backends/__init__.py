@@ -117,10 +117,11 @@ def _registry() -> dict[str, Backend]:
     global _builtins_loaded
     if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
         from harness.backends.onnxruntime import OnnxRuntimeBackend
+        from harness.backends.openvino import OpenVinoBackend
         from harness.backends.pytorch import PyTorchBackend
         from harness.backends.tensorrt import TensorRTBackend
 
-        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend()):
+        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend(), OpenVinoBackend()):
             _BACKENDS.setdefault(backend.name, backend)
         _builtins_loaded = True
     return _BACKENDS

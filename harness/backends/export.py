@@ -187,14 +187,14 @@ def _max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> flo
 
 
 def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tuple[int, int],
-                 path: Path) -> dict[str, Any]:
-    """Run the exported core at batch 1, 2 and 4 against the torch module on the same random images;
-    a disagreement deletes the cached export and raises one line. Returns what was checked."""
+                 path: Path, runtime: str = "onnxruntime", batches: tuple[int, ...] = CHECK_BATCHES) -> dict[str, Any]:
+    """Run the exported core (on `runtime`) at batch 1, 2 and 4 against the torch module on the same random
+    images; a disagreement deletes the cached export and raises one line. Returns what was checked."""
     torch.manual_seed(0)
-    x = torch.rand(max(CHECK_BATCHES), 3, *input_size)
+    x = torch.rand(max(batches), 3, *input_size)
     want = _outputs(module, x)
     worst = 0.0
-    for b in CHECK_BATCHES:
+    for b in batches:
         try:
             got = core(x[:b].contiguous())
             diff = _max_relative_diff(got, [w[:b] for w in want])
@@ -204,10 +204,10 @@ def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tupl
             error = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
         if not diff <= RELATIVE_TOLERANCE:
             path.unlink(missing_ok=True)
-            raise UsageError(f"{name}: its ONNX export disagrees with PyTorch at batch {b} ({error}); "
-                             "it cannot run on onnxruntime with a dynamic batch, use --backend pytorch")
+            raise UsageError(f"{name}: its ONNX export on {runtime} disagrees with PyTorch at batch {b} ({error}); "
+                             f"it cannot run on {runtime} with a dynamic batch, use --backend pytorch")
         worst = max(worst, diff)
-    return {"opset": OPSET, "traced_batch": EXPORT_BATCH, "checked_batches": list(CHECK_BATCHES),
+    return {"opset": OPSET, "traced_batch": EXPORT_BATCH, "checked_batches": list(batches),
             "max_relative_diff": worst}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -111,11 +112,19 @@ class OnnxRuntimeCore:
 
     def profiling_copy(self, prefix: str) -> OnnxRuntimeCore:
         """A second session of the same model with ORT's per-node profiler on (for the layer pass);
-        `end_profiling()` on its session writes the Chrome-trace JSON and returns its path."""
+        `finish_profile` ends it."""
         copy = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
         copy.__dict__.update(self.__dict__)
         copy.session = self._session(profile_prefix=prefix)
         return copy
+
+    def finish_profile(self, trace_path: Path) -> tuple[list, str]:
+        """End the profiling copy's session: its Chrome trace moves to `trace_path`; its node calls and how
+        they were measured."""
+        from harness.measure.layers import ort_profile_calls
+
+        os.replace(self.session.end_profiling(), trace_path)
+        return ort_profile_calls(trace_path), "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         outputs = self.session.run(None, {self.input_name: batch.numpy()})

@@ -16,13 +16,22 @@ import torch
 
 from harness.errors import UsageError
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # --ort-provider value -> the ONNX Runtime execution provider it asks for
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                  "tensorrt": "TensorrtExecutionProvider"}
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
 # one pip wrote last wins (ONNX Runtime's install docs)
+# Runtimes that run their own converted format: device kind -> precisions (the site's support matrix), and
+# the Python packages each needs (one `pip install` line when one is missing).
+RUNTIME_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
+    "openvino": {"cpu": ("fp32", "fp16", "int8")},
+    "ncnn": {"cpu": ("fp32", "fp16")},
+    "torchscript": {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
+}
+RUNTIME_PACKAGES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "torchscript": ()}
+EDGE_EXTRA = "pip install 'va-bench[edge]'"
 GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "
              "pip install onnxruntime-gpu (both builds install the same `onnxruntime` package)")
 
@@ -67,11 +76,30 @@ def check_support(backend: str, device_kind: str, precision: str, ort_provider: 
     elif backend == "tensorrt":  # a serialized engine: its precision is its build's (backends/tensorrt.py)
         if device_kind != "cuda":
             raise UsageError("--backend tensorrt runs a serialized TensorRT engine on a GPU; add --device cuda")
+    elif backend in RUNTIME_SUPPORT:
+        _check_runtime(backend, device_kind, precision)
     elif precision != "fp32":  # a plugged-in backend states its own support at load; fp32 is the baseline
-        raise UsageError(f"precision {precision} is only known for the pytorch and onnxruntime backends; use fp32")
+        raise UsageError(f"precision {precision} is only known for the built-in backends; use fp32")
+
+
+def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
+    support = RUNTIME_SUPPORT[backend]
+    if device_kind not in support:
+        raise UsageError(f"--backend {backend} runs on {' and '.join(support)} only; use --device "
+                         f"{next(iter(support))}")
+    if precision not in support[device_kind]:
+        raise UsageError(f"precision {precision} is not supported by the {backend} backend on {device_kind}; use "
+                         f"{', '.join(support[device_kind])}")
+    missing = [p for p in RUNTIME_PACKAGES[backend] if importlib.util.find_spec(p) is None]
+    if missing:
+        raise UsageError(f"--backend {backend} needs the Python package{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)}, not installed here; {EDGE_EXTRA} (or pip install {' '.join(missing)})")
 
 
 def _check_pytorch(device_kind: str, precision: str, device_index: int) -> None:
+    if precision == "int8":
+        raise UsageError("precision int8 is not supported by the pytorch backend; use --backend openvino "
+                         "(post-training quantisation on calibration images)")
     if device_kind == "cpu":
         if precision == "fp16":
             raise UsageError("precision fp16 on the CPU is not supported by the pytorch backend (no fast fp16 "
@@ -96,6 +124,9 @@ def _check_onnxruntime(device_kind: str, precision: str, provider: str) -> None:
     if wanted not in ort_available_providers():
         raise UsageError(f"--backend onnxruntime --device cuda needs ONNX Runtime's {wanted}, which this "
                          f"onnxruntime does not have; {GPU_EXTRA}")
+    if precision == "int8":
+        raise UsageError("precision int8 is not supported by the onnxruntime backend; use --backend openvino "
+                         "(post-training quantisation on calibration images)")
     if precision == "bf16":
         raise UsageError("precision bf16 is not supported by the onnxruntime backend; use fp16 (GPU) or fp32, "
                          "or --backend pytorch")

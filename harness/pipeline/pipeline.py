@@ -215,6 +215,13 @@ class DetectorPipeline:
         timer.end_batch()
         return detections
 
+    def inputs(self, records: list[ImageRecord]) -> torch.Tensor:
+        """The model input of these images, preprocessed exactly as a timed batch is (untimed: int8 calibration)."""
+        timer = StageTimer(self.device)
+        timer.begin_batch(len(records))
+        batch, _ = self._collate(records, timer, None)
+        return batch
+
     def run_stream(self, batches: Sequence[list[ImageRecord]], timer: StageTimer,
                    overlap: bool = False) -> Iterator[list[ImageDetections]]:
         """Run batches in latency mode (`run_batch`) or overlapped (`run_overlapped`); either way

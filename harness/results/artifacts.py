@@ -94,7 +94,7 @@ class ProbeArtifacts:
         self.files["layer_timer"] = "layer_timer.csv"
         self.files["layer_types"] = "layer_types.csv"
         if layers.ort_trace:
-            self.files[f"ort_profile__{load_slug(cell.load)}"] = layers.ort_trace
+            self.files[Path(layers.ort_trace).stem] = layers.ort_trace  # the runtime's own profile
 
     def add_profile(self, cell: Cell, profile: ProfilePassRecord) -> None:
         cols = _cell_cols(cell)

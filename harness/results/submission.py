@@ -134,7 +134,8 @@ def build_submission(record: CellRecord) -> dict:
                  "maxDets": record.accuracy.max_dets if record.accuracy else None,
                  "per_class": record.accuracy.per_class_file if record.accuracy else None,
                  "detections": record.accuracy.detections_file if record.accuracy else None,
-                 "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"},
+                 "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"}
+        | ({"int8_vs_fp32": record.accuracy.reference} if record.accuracy and record.accuracy.reference else {}),
         "runtime": runtime_block(record),
         "batch_invariance": record.invariance.to_dict() if record.invariance else None,
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],

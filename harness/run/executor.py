@@ -27,15 +27,17 @@ import torch
 
 from harness.config import RunConfig
 from harness.data.cache import ImageBytes
+from harness.data.calibration import CalibrationSet
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
+from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler
-from harness.measure.layers import hook_leaf_modules, ort_profile_calls, per_batch_totals, summarize_by_type
+from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.stats import summarize
@@ -67,6 +69,8 @@ MODULES_LOADED_AT = time.time()
 # Batch invariance: same class, IoU >= 0.99 and |score delta| <= 1e-3 between two cells' detections.
 INVARIANCE_IOU = 0.99
 INVARIANCE_SCORE_TOL = 1e-3
+# An int8 cell must keep this share of the same model's fp32 mAP on the same images (MLPerf's rule)
+INT8_KEEP = 0.99
 
 
 @dataclass
@@ -90,6 +94,7 @@ class RunContext:
     label_categories: dict[str, tuple[int, ...]] = field(default_factory=dict)  # model id -> category per label
     sampler: DeviceSampler | None = None  # the device's state (throttling, clocks, load) during each timed pass
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
+    calibration: CalibrationSet | None = None  # int8 groups: images disjoint from the evaluated ones
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
         """The variant's images in order, `size` at a time (the last batch may be short)."""
@@ -148,6 +153,22 @@ class GroupExecutor:
                                          read_image=ctx.images.read,
                                          stream_workers=resolve_workers(config.workers, ctx.device.is_cuda))
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
+        self.fp32_reference: dict | None = None  # int8: the fp32 core's accuracy on the same images
+        if getattr(self.core, "needs_calibration", False):
+            clock = time.perf_counter()
+            self._calibrate()
+            self.startup["int8_calibration_s"] = round(time.perf_counter() - clock, 3)
+
+    def _calibrate(self) -> None:
+        """int8: quantise the core on the run's calibration images (never evaluated ones), preprocessed exactly
+        as the evaluated images are, one image per input; then compile it for the run's batch sizes."""
+        calibration = self.ctx.calibration
+        if calibration is None:
+            raise UsageError("int8 needs calibration images and this run has none; give --calibration DIR")
+        with self.ctx.progress.task(f"int8 calibration on {len(calibration.records)} images", None):
+            batches = [self.pipeline.inputs([record]) for record in calibration.records]
+            self.core.calibrate(batches, calibration.describe())
+            self.core.prepare(tuple(sorted(self.ctx.config.batch_sizes)))
 
     def _scored(self, detections: list[ImageDetections]) -> list[ImageDetections]:
         """The detections the dataset scores (classes it has): what batch invariance compares, the same whether the
@@ -184,6 +205,10 @@ class GroupExecutor:
         timing, detections, probes = self._timing_pass(cell)
         detections_file, count = self._save_detections(cell, detections)
         accuracy, accuracy_reason = self._evaluate(cell, detections_file, count, len(detections))
+        if accuracy is not None and cell.load.precision == "int8":
+            accuracy.reference = self._int8_verdict(cell, accuracy)
+            if "failing" in accuracy.reference:
+                ctx.progress.log(f"warning: {cell.label}: {accuracy.reference['failing']}")
         invariance = None
         if self.reference is None:
             self.reference = (cell.batch_size, self._scored(detections))
@@ -238,8 +263,9 @@ class GroupExecutor:
         if config.layers:
             batches = [full[i % len(full)] for i in range(config.layer_batches)]
             with ctx.progress.task(f"layers {cell.label}", None):
+                runtime = "ort" if self.key.backend == "onnxruntime" else self.key.backend
                 layers = layer_pass(self.pipeline, batches, ctx.run_dir,
-                                    ctx.run_dir / f"ort_profile__{load_slug(self.key)}.json")
+                                    ctx.run_dir / f"{runtime}_profile__{load_slug(self.key)}.json")
             if layers.ort_trace:
                 layers.ort_trace = str(Path(layers.ort_trace).relative_to(ctx.run_dir))
             ctx.artifacts.add_layers(cell, layers)
@@ -379,6 +405,39 @@ class GroupExecutor:
                               detections_file=detections_file, max_dets=max_dets_for(cap),
                               per_class_file=per_class_file), None
 
+    def _int8_verdict(self, cell: Cell, accuracy: AccuracyRecord) -> dict:
+        """The int8 cell's mAP beside the same model's fp32 mAP on the same images and backend (an untimed scoring
+        pass of an fp32 core, once per group), failing when it keeps < 99 % of it (MLPerf's rule for int8)."""
+        ctx = self.ctx
+        if self.fp32_reference is None:
+            fp32 = self.detector.load_core(self.key.backend, ctx.device, "fp32", self.key.input_size,
+                                           threads=ctx.threads)
+            pipeline = DetectorPipeline(self.detector, fp32, ctx.device, self.spec, self.thresholds,
+                                        read_image=ctx.images.read)
+            timer = StageTimer(ctx.device, ctx.config.stage_sync)
+            with ctx.progress.task(f"fp32 reference {cell.label}", None):
+                detections = [d for batch in ctx.batches(cell.batch_size) for d in pipeline.run_batch(batch, timer)]
+            rel = f"detections/{cell_slug(cell)}__fp32_reference.json"
+            with JsonArrayWriter(ctx.run_dir / rel) as out:
+                for det in detections:
+                    out.extend(det.to_coco(self.label_categories))
+            stats, _ = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / rel, list(ctx.variant.image_ids),
+                                                    ctx.config.evaluator, cap=ctx.config.eval_max_det)
+            self.fp32_reference = {"precision": "fp32", "backend": self.key.backend,
+                                   "mAP_50_95": round(stats["mAP_50_95"], 6), "mAP_50": round(stats["mAP_50"], 6),
+                                   "detections_file": rel}
+        fp32_map, int8_map = self.fp32_reference["mAP_50_95"], accuracy.stats["mAP_50_95"]
+        kept = int8_map / fp32_map if fp32_map else None
+        passed = kept is not None and kept >= INT8_KEEP
+        verdict = {**self.fp32_reference, "int8_mAP_50_95": int8_map, "kept": None if kept is None else round(kept, 4),
+                   "required": INT8_KEEP, "passed": passed,
+                   "rule": "an int8 row keeps >= 99 % of the same model's fp32 mAP on the same images (MLPerf)"}
+        if not passed:
+            kept_text = "an undefined share" if kept is None else f"{100 * kept:.1f} %"
+            verdict["failing"] = (f"int8 keeps {kept_text} of the fp32 mAP ({int8_map:.4f} vs {fp32_map:.4f}); "
+                                  "below 99 %: this row is marked failing")
+        return verdict
+
     def _draw(self, detections: list[ImageDetections]) -> None:
         ctx = self.ctx
         for det, record in zip(detections[: ctx.config.draw_images], ctx.records, strict=False):
@@ -388,9 +447,10 @@ class GroupExecutor:
 
 
 def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], work_dir: Path,
-               ort_trace: Path) -> LayerPassRecord:
-    """Per-layer timing of a few batches: hooks on leaf modules (PyTorch), or ORT's per-node profiler on a
-    second session whose Chrome trace lands at `ort_trace` (its temp files under `work_dir`)."""
+               trace_path: Path) -> LayerPassRecord:
+    """Per-layer timing of a few batches: hooks on leaf modules (PyTorch), or the runtime's own per-node
+    profiler (ONNX Runtime, OpenVINO) on a second copy of the core, whose trace lands at `trace_path`
+    (temp files under `work_dir`)."""
     core, device = pipeline.core, pipeline.device
     timer = StageTimer(device)
     if getattr(core, "torch_module", None) is not None:
@@ -400,21 +460,19 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], wor
         calls = list(calls)
         method = "forward pre/post hooks on leaf modules (device-synced)"
         trace = None
-    elif hasattr(core, "profiling_copy"):
-        tmp = tempfile.mkdtemp(prefix=".ort_profile_", dir=work_dir)
+    elif hasattr(core, "profiling_copy"):  # a runtime's own per-node profiler on a second copy of the core
+        tmp = tempfile.mkdtemp(prefix=".layer_profile_", dir=work_dir)
         try:
-            profiled = DetectorPipeline(pipeline.detector, core.profiling_copy(str(Path(tmp) / "ort")), device,
+            profiled = DetectorPipeline(pipeline.detector, core.profiling_copy(str(Path(tmp) / "profile")), device,
                                         pipeline.spec, pipeline.thresholds, read_image=pipeline.read_image)
             for batch in batches:
                 profiled.run_batch(batch, timer)
-            os.replace(profiled.core.session.end_profiling(), ort_trace)
+            calls, method = profiled.core.finish_profile(trace_path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        trace = str(ort_trace)
-        calls = ort_profile_calls(ort_trace)
-        method = "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
+        trace = str(trace_path)
     else:
-        raise ValueError(f"{type(core).__name__} has neither a torch module nor an ORT session to profile")
+        raise ValueError(f"{type(core).__name__} has neither a torch module nor a runtime profiler")
     totals = per_batch_totals(calls)
     return LayerPassRecord(method=method, calls=calls, by_type=summarize_by_type(calls),
                            forward_ms=[b.ms("forward") for b in timer.batches],

@@ -23,6 +23,7 @@ import torch
 
 from harness.backends.tensorrt import engine_defaults
 from harness.config import RunConfig, build_config
+from harness.data.calibration import CalibrationSet, calibration_set
 from harness.data.classes import ClassMap, model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.images import find_corrupt_images
@@ -65,6 +66,7 @@ class RunPlan:
     gpu_hygiene: dict | None  # other compute processes on the GPU, checked at plan time (CUDA runs)
     resume: dict | None = None  # run.json of the run being resumed
     retry_failed: bool = False
+    calibration: CalibrationSet | None = None  # int8 cells: images disjoint from the evaluated ones
 
     @property
     def cells(self) -> list[Cell]:
@@ -165,11 +167,13 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
+    records = dataset.records(variant)
+    calibration = int8_calibration(config, dataset, records)
     output_dir = Path(config.output_dir)
     run_id = config.run_id or new_run_id()
     if dry_run:
-        return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, dataset.records(variant),
-                       detectors, groups, label_categories, gpu_hygiene)
+        return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
+                       detectors, groups, label_categories, gpu_hygiene, calibration=calibration)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -181,8 +185,15 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     if run_dir.exists():
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
                          + f"; pick another --run-id or continue it with --resume {run_id}")
-    return RunPlan(config, run_id, run_dir, device, dataset, variant, dataset.records(variant), detectors, groups,
-                   label_categories, gpu_hygiene)
+    return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
+                   label_categories, gpu_hygiene, calibration=calibration)
+
+
+def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[ImageRecord]) -> CalibrationSet | None:
+    """The int8 cells' calibration images (checked disjoint from the evaluated ones); None without int8."""
+    if "int8" not in config.precisions:
+        return None
+    return calibration_set(dataset, records, config.calibration, config.calibration_images)
 
 
 def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
@@ -272,7 +283,7 @@ class Scheduler:
                          if config.energy else None,
                          monitor=MemoryMonitor(plan.device) if config.memory else None,
                          progress=self.progress, threads=threads, label_categories=plan.label_categories,
-                         sampler=DeviceSampler.for_device(plan.device))
+                         sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
         ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
         self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
         ctx.artifacts.keep_cells(ok)
