@@ -10,8 +10,10 @@ name, and backends know nothing about families:
 
 Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch), "onnxruntime" (an
 ONNX source as it is; a torch-only source is exported once with a dynamic batch, cached, and checked
-against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py) and "tensorrt" (a serialized
-engine, `--weights x.engine`: harness/backends/tensorrt.py). More backends plug in with `register_backend`.
+against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py), "tensorrt" (a serialized
+engine, `--weights x.engine`: harness/backends/tensorrt.py), and the runtimes that convert the ONNX graph
+to their own format: "openvino" (fp32/fp16/int8), "ncnn" (pnnx; batch 1), and "torchscript" (a trace of
+the torch core). One file each; more backends plug in with `register_backend`.
 """
 
 from __future__ import annotations
@@ -116,12 +118,15 @@ def register_backend(backend: Backend) -> None:
 def _registry() -> dict[str, Backend]:
     global _builtins_loaded
     if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
+        from harness.backends.ncnn import NcnnBackend
         from harness.backends.onnxruntime import OnnxRuntimeBackend
         from harness.backends.openvino import OpenVinoBackend
         from harness.backends.pytorch import PyTorchBackend
         from harness.backends.tensorrt import TensorRTBackend
+        from harness.backends.torchscript import TorchScriptBackend
 
-        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend(), OpenVinoBackend()):
+        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend(), OpenVinoBackend(), NcnnBackend(),
+                        TorchScriptBackend()):
             _BACKENDS.setdefault(backend.name, backend)
         _builtins_loaded = True
     return _BACKENDS

@@ -176,7 +176,8 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
     return model, path
 
 
-def _max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+def max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest |got - want| of any output, relative to that output's magnitude (at least 1)."""
     worst = 0.0
     for g, w in zip(got, want, strict=True):
         if g.shape != w.shape:
@@ -197,7 +198,7 @@ def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tupl
     for b in batches:
         try:
             got = core(x[:b].contiguous())
-            diff = _max_relative_diff(got, [w[:b] for w in want])
+            diff = max_relative_diff(got, [w[:b] for w in want])
         except Exception as exc:  # ORT raises its own types when a baked shape meets another batch
             diff, error = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         else:
@@ -227,7 +228,7 @@ def check_batch_rows(name: str, core: Any, input_size: tuple[int, int], batches:
         try:
             got = core(x[:b].contiguous())
             want = [torch.cat([alone[i][k] for i in range(b)]) for k in range(len(alone[0]))]
-            diff = _max_relative_diff(got, want)
+            diff = max_relative_diff(got, want)
         except Exception as exc:
             diff = float("inf")
             detail = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"

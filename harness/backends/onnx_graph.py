@@ -2,8 +2,8 @@
 
 Backends that run their own format (OpenVINO, ncnn, LiteRT) convert from ONNX: the family's graph as it
 is, or its torch core exported once with a dynamic batch (harness/backends/export.py, cached). What the
-runtime built is run at batch 1, 2 and 4 before use: against the torch module for an exported core, or
-each output row against its image run alone for a graph given as ONNX.
+runtime built is run at batch 1, 2 and 4 before use, on the same random images as its reference: the torch
+module for an exported core, ONNX Runtime (CPU) on the source graph for a graph given as ONNX.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import onnx
 import torch
 
 from harness.backends import CoreSource
-from harness.backends.export import CHECK_BATCHES, check_batch_rows, check_export, export_core
+from harness.backends.export import (
+    CHECK_BATCHES,
+    RELATIVE_TOLERANCE,
+    check_export,
+    export_core,
+    max_relative_diff,
+)
+from harness.errors import UsageError
 
 
 def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.ModelProto, torch.nn.Module | None]:
@@ -26,7 +33,7 @@ def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.Mo
     return model, module
 
 
-def check_against_source(source: CoreSource, module: torch.nn.Module | None, core: Any,
+def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: torch.nn.Module | None, core: Any,
                          input_size: tuple[int, int], runtime: str,
                          batches: tuple[int, ...] = CHECK_BATCHES) -> dict[str, Any]:
     """Run the converted core at `batches` against its source (one UsageError line when it disagrees);
@@ -37,5 +44,22 @@ def check_against_source(source: CoreSource, module: torch.nn.Module | None, cor
         path = export_path(source.name, state_dict_sha256(module), input_size)
         return {"against": "the torch module", **check_export(source.name, module, core, input_size, path,
                                                                 runtime=runtime, batches=batches)}
-    check_batch_rows(source.name, core, input_size, batches)
-    return {"against": "each image run alone", "checked_batches": list(batches)}
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    torch.manual_seed(0)
+    x = torch.rand(max(batches), 3, *input_size)
+    want = [torch.from_numpy(o) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+    worst = 0.0
+    for b in batches:
+        try:
+            diff = max_relative_diff(core(x[:b].contiguous()), [w[:b] for w in want])
+            detail = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
+        except Exception as exc:
+            diff, detail = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        if not diff <= RELATIVE_TOLERANCE:
+            raise UsageError(f"{source.name}: its {runtime} conversion disagrees with ONNX Runtime on the source graph "
+                             f"at batch {b} ({detail}); use --backend onnxruntime")
+        worst = max(worst, diff)
+    return {"against": "ONNX Runtime (CPU) on the source graph", "checked_batches": list(batches),
+            "max_relative_diff": worst}

@@ -1,0 +1,270 @@
+"""The ncnn backend (CPU): the family's ONNX graph (or its torch core's export) converted by pnnx.
+
+- Conversion: pnnx's own binary (shipped in the `pnnx` package) run on the ONNX file with the input shape,
+  `fp16=0` for an fp32 row (pnnx stores fp16 weights by default). Cached by the graph's SHA-256, the pnnx
+  version, the input size and the weight precision.
+- Precision: ncnn's Python runtime turns fp16 storage *and arithmetic* on by default, so an "fp32" row would
+  run fp16. fp32 turns every fp16/bf16 option off; fp16 stores weights and blobs in fp16 and computes in
+  fp16 only where the CPU has fp16 arithmetic (ARMv8.2 asimdhp), else fp32. What ran is recorded as
+  `compute_precision`.
+- One image per extractor call: ncnn has no batch axis, so batch sizes above 1 are refused.
+- Strided slices: ncnn's Crop has no step, so pnnx leaves the space-to-depth stem of YOLOX/YOLOv5 ("Focus":
+  four `x[..., i::2, j::2]` concatenated) unconverted. Before conversion that pattern is rewritten into the
+  equivalent SpaceToDepth + Split + Concat (checked equal in ONNX Runtime by the tests), and pnnx's
+  translation of SpaceToDepth into ncnn's Reorg is given Reorg's mode 1 (SpaceToDepth's depth-column-row
+  order; pnnx writes mode 0, pixel_unshuffle's channel-major order, which reorders the channels).
+Every conversion is checked against ONNX Runtime on the source graph (or the torch module) before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from harness.backends import CoreSource, current_options
+from harness.backends.onnx_graph import check_against_source, onnx_graph
+from harness.backends.support import check_support
+from harness.errors import UsageError
+from harness.measure.device import Device
+from harness.models.weights import weights_dir
+
+CONVERT_TIMEOUT_S = 600
+
+
+def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], weights: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    h, w = input_size
+    return weights_dir() / "ncnn" / f"{safe}__{graph_sha[:16]}__pnnx{version('pnnx')}__{h}x{w}__{weights}"
+
+
+def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int], fp16_weights: bool) -> tuple[Path, dict]:
+    """The ncnn param/bin of this ONNX graph (from the cache, else converted by pnnx); returns the folder and
+    what was done, for the record. One UsageError line when pnnx fails (its last lines name the op)."""
+    import pnnx
+
+    sha = hashlib.sha256(graph_bytes).hexdigest()
+    folder = _cache_dir(name, sha, input_size, "fp16" if fp16_weights else "fp32")
+    info = {"converter": "pnnx (ONNX -> ncnn)", "pnnx": version("pnnx"), "source_sha256": sha,
+            "folder": str(folder), "weights": "fp16" if fp16_weights else "fp32"}
+    if (folder / "model.ncnn.param").is_file() and (folder / "model.ncnn.bin").is_file():
+        return folder, {**info, "cached": True}
+    clock = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        model, focus = rewrite_focus(onnx.ModelProto.FromString(graph_bytes))
+        model.ir_version = min(model.ir_version, 8)  # pnnx's own ONNX reader refuses newer IR versions
+        (tmp / "model.onnx").write_bytes(model.SerializeToString())
+        info["rewrites"] = {"focus_to_space_to_depth": focus}
+        h, w = input_size
+        # pnnx writes its intermediate files beside the input; the arguments are a list, never a shell string
+        command = [pnnx.EXEC_PATH, "model.onnx", f"inputshape=[1,3,{h},{w}]f32", f"fp16={int(fp16_weights)}",
+                   "ncnnparam=model.ncnn.param", "ncnnbin=model.ncnn.bin"]
+        done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+        if done.returncode != 0 or not (tmp / "model.ncnn.param").is_file():
+            tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()][-2:]
+            raise UsageError(f"{name}: pnnx cannot convert this graph to ncnn (exit {done.returncode}: "
+                             f"{' / '.join(tail)[:300]}); use --backend onnxruntime")
+        if focus:
+            info["rewrites"]["reorg_mode_1"] = _reorg_as_space_to_depth(tmp / "model.ncnn.param", focus)
+        unsupported = _unsupported_layers(tmp / "model.ncnn.param")
+        if unsupported:
+            raise UsageError(f"{name}: pnnx left operators ncnn cannot run ({', '.join(unsupported)}); "
+                             "use --backend onnxruntime")
+        for leftover in tmp.iterdir():
+            if leftover.name not in ("model.ncnn.param", "model.ncnn.bin"):
+                leftover.unlink()
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder, {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    values = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    values[node.output[0]] = onnx.numpy_helper.to_array(attr.t)
+    return values
+
+
+def _focus_offsets(graph: onnx.GraphProto, concat: onnx.NodeProto, values: dict, producer: dict) -> tuple | None:
+    """(root tensor, [(row, col) offset of each concat input]) when `concat` joins the four stride-2 slices of
+    one tensor along axes 2 and 3 (the Focus stem); None otherwise."""
+    if concat.op_type != "Concat" or len(concat.input) != 4 or \
+            next((a.i for a in concat.attribute if a.name == "axis"), None) != 1:
+        return None
+    roots, offsets = set(), []
+    for name in concat.input:
+        steps: dict[int, tuple[int, int]] = {}
+        while name in producer and producer[name].op_type == "Slice":
+            node = producer[name]
+            if len(node.input) < 5 or any(x not in values for x in node.input[1:5]):
+                return None
+            starts, _, axes, strides = (values[x].tolist() for x in node.input[1:5])
+            for start, axis, stride in zip(starts, axes, strides, strict=True):
+                steps[axis % 4] = (start, stride)
+            name = node.input[0]
+        if set(steps) != {2, 3} or any(stride != 2 or start not in (0, 1) for start, stride in steps.values()):
+            return None
+        roots.add(name)
+        offsets.append((steps[2][0], steps[3][0]))
+    if len(roots) != 1 or sorted(offsets) != [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        return None
+    return roots.pop(), offsets
+
+
+def rewrite_focus(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy whose Focus stems (see the module docstring) are SpaceToDepth + Split + Concat, and how many
+    were rewritten. The same values in ONNX semantics; ncnn can run it (strided slices it cannot)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    values = _constants(graph)
+    producer = {out: node for node in graph.node for out in node.output}
+    channels = {v.name: v.type.tensor_type.shape.dim[1].dim_value for v in graph.input
+                if len(v.type.tensor_type.shape.dim) == 4}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    rewritten = 0
+    for concat in list(graph.node):
+        found = _focus_offsets(graph, concat, values, producer)
+        if found is None or not channels.get(found[0]):
+            continue
+        root, offsets = found
+        c = channels[root]
+        base = f"{concat.output[0]}__space_to_depth"
+        parts = [f"{base}_{k}" for k in range(4)]  # SpaceToDepth's channel blocks: offset (i, j) is block 2i + j
+        if opset >= 13:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([c] * 4, dtype=np.int64), f"{base}_sizes"))
+            split = onnx.helper.make_node("Split", [base, f"{base}_sizes"], parts, axis=1)
+        else:
+            split = onnx.helper.make_node("Split", [base], parts, axis=1, split=[c] * 4)
+        nodes = [onnx.helper.make_node("SpaceToDepth", [root], [base], blocksize=2), split,
+                 onnx.helper.make_node("Concat", [parts[2 * i + j] for i, j in offsets], list(concat.output), axis=1)]
+        at = list(graph.node).index(concat)
+        graph.node.remove(concat)
+        for k, node in enumerate(nodes):
+            graph.node.insert(at + k, node)
+        rewritten += 1
+    while rewritten:  # drop the slices nobody reads any more
+        used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+        dead = [node for node in graph.node if not any(out in used for out in node.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    return model, rewritten
+
+
+def _reorg_as_space_to_depth(param: Path, expected: int) -> int:
+    """Give the Reorg layers pnnx made of ONNX SpaceToDepth nodes SpaceToDepth's order (mode 1)."""
+    lines = param.read_text().splitlines()
+    reorg = [k for k, line in enumerate(lines) if line.split()[:1] == ["Reorg"]]
+    if len(reorg) != expected:
+        return 0
+    for k in reorg:
+        lines[k] = re.sub(r"(?<= )1=0\b", "1=1", lines[k]) if " 1=" in lines[k] else lines[k] + " 1=1"
+    param.write_text("\n".join(lines) + "\n")
+    return len(reorg)
+
+
+def _unsupported_layers(param: Path) -> list[str]:
+    """Layer types pnnx writes when it has no ncnn equivalent (they fail only at load or at run time)."""
+    types = {line.split()[0] for line in param.read_text().splitlines()[2:] if line.strip()}
+    return sorted(t for t in types if "." in t or t.startswith(("pnnx", "torch", "F.", "Tensor")))
+
+
+class NcnnCore:
+    """An ncnn net on the CPU, one image per extractor call (batch 1 only)."""
+
+    backend = "ncnn"
+    format = "ncnn"
+    provider = "cpu"
+    takes_device_tensors = False
+    torch_module = None
+
+    def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
+                 input_size: tuple[int, int]):
+        import ncnn
+
+        check_support("ncnn", device.kind, precision)
+        self.precision, self.device, self.input_size = precision, device, input_size
+        fp16 = precision == "fp16"
+        folder, self.conversion = convert_with_pnnx(name, graph.SerializeToString(), input_size, fp16)
+        self.net = ncnn.Net()
+        opt = self.net.opt
+        arithmetic = fp16 and bool(ncnn.cpu_support_arm_asimdhp())
+        opt.use_fp16_storage = opt.use_fp16_packed = fp16
+        opt.use_fp16_arithmetic = arithmetic
+        opt.use_bf16_storage = opt.use_bf16_packed = False
+        opt.use_vulkan_compute = False
+        opt.num_threads = threads or ncnn.get_big_cpu_count()
+        if self.net.load_param(str(folder / "model.ncnn.param")) != 0 or \
+                self.net.load_model(str(folder / "model.ncnn.bin")) != 0:
+            raise UsageError(f"{name}: ncnn cannot load the converted model in {folder} (delete the folder to "
+                             "convert again)")
+        # pnnx names the graph's outputs out0, out1, ... in the ONNX graph's order: the order of the raw outputs
+        self.inputs = list(self.net.input_names())
+        self.outputs = sorted(self.net.output_names(), key=lambda n: (len(n), n))
+        self.compute_precision = "fp16" if arithmetic else "fp32"
+        self.options = {"use_fp16_storage": bool(opt.use_fp16_storage), "use_fp16_packed": bool(opt.use_fp16_packed),
+                        "use_fp16_arithmetic": bool(opt.use_fp16_arithmetic),
+                        "use_bf16_storage": bool(opt.use_bf16_storage), "num_threads": int(opt.num_threads),
+                        "use_vulkan_compute": bool(opt.use_vulkan_compute)}
+
+    def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        import ncnn
+
+        if batch.shape[0] != 1:
+            raise UsageError("ncnn runs one image per call; use --batch-sizes 1")
+        with self.net.create_extractor() as ex:
+            ex.input(self.inputs[0], ncnn.Mat(batch[0].numpy()))
+            outputs = []
+            for name in self.outputs:
+                code, mat = ex.extract(name)
+                if code != 0:
+                    raise RuntimeError(f"ncnn extract({name}) failed with {code}")
+                outputs.append(torch.from_numpy(np.array(mat)).unsqueeze(0))  # the batch axis ncnn drops
+        return outputs
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.backend, "ncnn": version("ncnn"), "device_name": "cpu",
+                "compute_precision": self.compute_precision,
+                "precision_mode": ("fp32 weights and arithmetic (ncnn's fp16/bf16 options off)" if self.precision == "fp32"
+                                   else f"fp16 weights and storage, {self.compute_precision} arithmetic"),
+                "options": self.options, "conversion": self.conversion,
+                "layers_unavailable": "ncnn's Python runtime exposes no per-layer timing"}
+
+
+class NcnnBackend:
+    """ncnn on the CPU: fp32 and fp16, batch 1 (one image per extractor call)."""
+
+    name = "ncnn"
+
+    def supports(self, source: CoreSource) -> bool:
+        return source.onnx_model is not None or (source.torch_module is not None and source.exportable)
+
+    def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
+             threads: int | None) -> NcnnCore:
+        if current_options().max_batch > 1:
+            raise UsageError("ncnn runs one image per call (no batch axis); use --batch-sizes 1 with --backend ncnn")
+        graph, module = onnx_graph(source, input_size)
+        core = NcnnCore(source.name, graph, device, threads, precision, input_size)
+        if precision == "fp32":  # fp16 storage differs from the source by more than the check's tolerance
+            core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "ncnn",
+                                                                  batches=(1,))
+        return core

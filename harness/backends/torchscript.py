@@ -1,0 +1,155 @@
+"""The TorchScript backend: the family's torch core (or its ONNX graph's onnx2torch conversion) traced with
+`torch.jit.trace` and frozen, on the CPU or a GPU.
+
+Traced at batch 2 (a batch-1 trace can bake the batch size into reshapes) and checked against the eager
+module at batch 1, 2 and 4 before use, as the ONNX export is. fp16 (CUDA only, where the GPU computes it)
+traces the module converted to half precision; inputs are cast on the way in and outputs back to fp32.
+Traces are cached by the weights' SHA-256, the torch version, device kind, precision and input size.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.backends import CoreSource
+from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
+from harness.backends.pytorch import device_name, onnx_to_torch
+from harness.backends.support import check_support
+from harness.errors import UsageError
+from harness.measure.device import Device
+from harness.models.weights import weights_dir
+
+
+def _trace_path(name: str, weights_sha: str, kind: str, precision: str, input_size: tuple[int, int]) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    h, w = input_size
+    return (weights_dir() / "torchscript" /
+            f"{safe}__{weights_sha[:16]}__torch{torch.__version__.split('+')[0]}__{kind}__{precision}__{h}x{w}.pt")
+
+
+class TorchScriptCore:
+    """A frozen TorchScript module on the device (takes device tensors, as the eager core does)."""
+
+    backend = "torchscript"
+    format = "torchscript"
+    takes_device_tensors = True
+    torch_module = None  # a traced graph: module hooks do not fire inside it
+
+    def __init__(self, scripted: torch.jit.ScriptModule, device: Device, precision: str, conversion: dict):
+        self.scripted, self.device, self.precision, self.conversion = scripted, device, precision, conversion
+        self.provider = "cuda" if device.is_cuda else "cpu"
+        self.dtype = torch.float16 if precision == "fp16" else torch.float32
+
+    def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            out = self.scripted(batch.to(self.dtype))
+        outputs = [out] if isinstance(out, torch.Tensor) else list(out)
+        return [o.float() for o in outputs]
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.backend, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                "device_name": device_name(self.device), "compute_precision": self.precision,
+                "precision_mode": "fp16 module and inputs (.half())" if self.precision == "fp16" else "fp32 (IEEE)",
+                "conversion": self.conversion,
+                "layers_unavailable": "a traced TorchScript graph runs no module hooks; per-layer timing: "
+                                      "--backend pytorch"}
+
+
+class TorchScriptBackend:
+    """TorchScript (torch.jit.trace + freeze): fp32 on the CPU and GPU, fp16 on the GPU."""
+
+    name = "torchscript"
+
+    def supports(self, source: CoreSource) -> bool:
+        return source.torch_module is not None or source.onnx_model is not None
+
+    def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
+             threads: int | None) -> TorchScriptCore:
+        check_support("torchscript", device.kind, precision, device_index=device.index)
+        if source.torch_module is not None:
+            module = source.torch_module().eval()
+        else:
+            try:
+                module = onnx_to_torch(source.onnx_model()).eval()
+            except Exception as exc:
+                raise UsageError(f"{source.name}: onnx2torch cannot convert this ONNX graph for tracing "
+                                 f"({type(exc).__name__}: {str(exc)[:200]}); use --backend onnxruntime") from exc
+        path = _trace_path(source.name, state_dict_sha256(module), device.kind, precision, input_size)
+        cached = path.is_file()
+        clock = time.perf_counter()
+        scripted = None
+        if cached:
+            try:
+                scripted = torch.jit.load(str(path), map_location=device.torch_device)
+            except Exception:  # a damaged cache file: trace again
+                path.unlink(missing_ok=True)
+                cached = False
+        if scripted is None:
+            scripted = self._trace(source.name, module, device, precision, input_size, path)
+        conversion = {"converter": "torch.jit.trace + torch.jit.freeze", "torch": torch.__version__,
+                      "traced_batch": EXPORT_BATCH, "file": str(path), "cached": cached,
+                      "seconds": round(time.perf_counter() - clock, 3)}
+        core = TorchScriptCore(scripted, device, precision, conversion)
+        if precision == "fp32":  # fp16 differs from the fp32 module by more than the check's tolerance
+            reference = module if not device.is_cuda else copy.deepcopy(module).to(device.torch_device)
+            check = check_export(source.name, _OnDevice(reference, device), _HostInput(core, device), input_size,
+                                 path, runtime="torchscript")
+            conversion["checked"] = {"against": "the torch module", **check}
+        return core
+
+    @staticmethod
+    def _trace(name: str, module: torch.nn.Module, device: Device, precision: str, input_size: tuple[int, int],
+               path: Path) -> torch.jit.ScriptModule:
+        module = copy.deepcopy(module).to(device.torch_device)
+        if precision == "fp16":
+            module = module.half()
+        example = torch.rand(EXPORT_BATCH, 3, *input_size, device=device.torch_device,
+                             dtype=torch.float16 if precision == "fp16" else torch.float32)
+        try:
+            with warnings.catch_warnings(), torch.no_grad():  # the tracer warns about Python-side shape maths
+                warnings.simplefilter("ignore")
+                scripted = torch.jit.freeze(torch.jit.trace(module, example, check_trace=False))
+        except Exception as exc:
+            raise UsageError(f"{name}: torch.jit.trace cannot trace this core ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200]}); use --backend pytorch") from exc
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        os.close(fd)
+        try:
+            torch.jit.save(scripted, tmp)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return scripted
+
+
+class _OnDevice(torch.nn.Module):
+    """The eager reference on the core's device, taking host tensors (what check_export feeds)."""
+
+    def __init__(self, module: torch.nn.Module, device: Device):
+        super().__init__()
+        self.module, self.device = module, device
+
+    def forward(self, x: torch.Tensor):
+        out = self.module(x.to(self.device.torch_device))
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        return [o.cpu() for o in outs]
+
+
+class _HostInput:
+    """The traced core fed host tensors (check_export's random batches), outputs back on the host."""
+
+    def __init__(self, core: TorchScriptCore, device: Device):
+        self.core, self.device = core, device
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [o.cpu() for o in self.core(x.to(self.device.torch_device))]
