@@ -63,8 +63,8 @@ def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: in
         for backend in config.backends:
             if backend not in detector.backends:
                 raise UsageError(f"{model_id} has no backend {backend!r}; it has {', '.join(detector.backends)} "
-                                 "(backends here: onnxruntime or onnx, pytorch, openvino, ncnn, torchscript, tensorrt with "
-                                 "--weights FILE.engine)")
+                                 "(backends here: onnxruntime or onnx, pytorch, openvino, ncnn, torchscript, "
+                                 "tensorrt with --weights FILE.engine)")
             for precision in config.precisions:
                 sizes = [(s, s) for s in config.input_sizes] or [detector.preprocess.input_size]
                 multiple = getattr(detector, "size_multiple", 32)  # the family's stride; 32 for most detectors

@@ -49,7 +49,8 @@ def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], weights: 
     return weights_dir() / "ncnn" / f"{safe}__{graph_sha[:16]}__pnnx{version('pnnx')}__{h}x{w}__{weights}"
 
 
-def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int], fp16_weights: bool) -> tuple[Path, dict]:
+def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int],
+                      fp16_weights: bool) -> tuple[Path, dict]:
     """The ncnn param/bin of this ONNX graph (from the cache, else converted by pnnx); returns the folder and
     what was done, for the record. One UsageError line when pnnx fails (its last lines name the op)."""
     import pnnx
@@ -244,7 +245,8 @@ class NcnnCore:
     def info(self) -> dict[str, Any]:
         return {"backend": self.backend, "ncnn": version("ncnn"), "device_name": "cpu",
                 "compute_precision": self.compute_precision,
-                "precision_mode": ("fp32 weights and arithmetic (ncnn's fp16/bf16 options off)" if self.precision == "fp32"
+                "precision_mode": ("fp32 weights and arithmetic (ncnn's fp16/bf16 options off)"
+                                   if self.precision == "fp32"
                                    else f"fp16 weights and storage, {self.compute_precision} arithmetic"),
                 "options": self.options, "conversion": self.conversion,
                 "layers_unavailable": "ncnn's Python runtime exposes no per-layer timing"}
