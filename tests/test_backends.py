@@ -54,10 +54,12 @@ def _weights_cache(tmp_path, monkeypatch):
 
 def test_sources_pick_their_backends():
     torch_only = CoreSource("t", torch_module=Head)
-    assert backend_names(torch_only) == ("pytorch", "onnxruntime")
-    assert backend_names(CoreSource("t", torch_module=Head, exportable=False)) == ("pytorch",)
+    converting = ("openvino", "ncnn")  # runtimes that convert the ONNX graph (an export of a torch core)
+    assert backend_names(torch_only) == ("pytorch", "onnxruntime", *converting, "torchscript")
+    assert backend_names(CoreSource("t", torch_module=Head, exportable=False)) == ("pytorch", "torchscript")
     onnx_only = CoreSource("o", onnx_model=lambda: onnx.ModelProto())
-    assert backend_names(onnx_only) == ("pytorch", "onnxruntime")  # pytorch through onnx2torch
+    # pytorch and torchscript through onnx2torch
+    assert backend_names(onnx_only) == ("pytorch", "onnxruntime", *converting, "torchscript")
     with pytest.raises(UsageError, match="unknown backend 'tensorflow'"):
         load_core(torch_only, "tensorflow", CPU, "fp32", SIZE)
     with pytest.raises(UsageError, match="cannot run on onnxruntime .*because"):

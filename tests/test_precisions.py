@@ -44,7 +44,12 @@ def never_load(monkeypatch) -> list:
     ("pytorch", "cpu", "fp16", "use --precision bf16 or fp32"),
     ("onnxruntime", "cpu", "fp16", "CPU provider"),
     ("onnxruntime", "cpu", "bf16", "not supported by the onnxruntime backend"),
-    ("pytorch", "cpu", "int8", "unknown precision"),
+    ("pytorch", "cpu", "int8", "not supported by the pytorch backend; use --backend openvino"),
+    ("onnxruntime", "cpu", "int8", "not supported by the onnxruntime backend; use --backend openvino"),
+    ("pytorch", "cpu", "int4", "unknown precision"),
+    ("openvino", "cuda", "fp32", "runs on cpu only; use --device cpu"),
+    ("ncnn", "cpu", "int8", "not supported by the ncnn backend on cpu; use fp32, fp16"),
+    ("torchscript", "cpu", "fp16", "not supported by the torchscript backend on cpu; use fp32"),
     ("my-backend", "cpu", "fp16", "use fp32"),
 ])
 def test_unsupported_combinations_are_one_line_refusals(backend, device, precision, expect):

@@ -19,10 +19,13 @@ Every conversion is checked against ONNX Runtime on the source graph (or the tor
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from importlib.metadata import version
@@ -41,6 +44,26 @@ from harness.measure.device import Device
 from harness.models.weights import weights_dir
 
 CONVERT_TIMEOUT_S = 600
+# A converted model is first run in a child process: ncnn crashes (SIGSEGV) on some graphs pnnx writes, and a
+# crash there costs one cell a one-line refusal instead of the whole sweep.
+PROBE = """
+import json, resource, sys, ncnn, numpy as np
+limit = int(sys.argv[5])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+net = ncnn.Net()
+net.opt.use_fp16_storage = net.opt.use_fp16_packed = net.opt.use_fp16_arithmetic = False
+net.opt.num_threads = 1
+assert net.load_param(sys.argv[1]) == 0 and net.load_model(sys.argv[2]) == 0, "load failed"
+ex = net.create_extractor()
+ex.input(net.input_names()[0], ncnn.Mat(np.zeros((3, int(sys.argv[3]), int(sys.argv[4])), np.float32)))
+sizes = {}
+for name in net.output_names():
+    code, mat = ex.extract(name)
+    assert code == 0, f"extract({name}) returned {code}"
+    sizes[name] = int(np.array(mat).size)
+print(json.dumps(sizes))
+"""
+PROBE_MEMORY_BYTES = 6 << 30  # the child's address space: a mis-converted broadcast fails there, not the machine
 
 
 def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], weights: str) -> Path:
@@ -84,6 +107,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
         if unsupported:
             raise UsageError(f"{name}: pnnx left operators ncnn cannot run ({', '.join(unsupported)}); "
                              "use --backend onnxruntime")
+        _probe(name, tmp, input_size, output_sizes(model))
         for leftover in tmp.iterdir():
             if leftover.name not in ("model.ncnn.param", "model.ncnn.bin"):
                 leftover.unlink()
@@ -92,6 +116,35 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder, {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}
+
+
+def output_shapes(model: onnx.ModelProto) -> list[list[int]]:
+    """Each graph output's shape at batch 1 (0 where a dimension is symbolic)."""
+    return [[1] + [d.dim_value for d in out.type.tensor_type.shape.dim][1:] for out in model.graph.output]
+
+
+def output_sizes(model: onnx.ModelProto) -> list[int]:
+    """Each graph output's element count at batch 1; empty when a dimension is not known statically."""
+    shapes = output_shapes(model)
+    return [int(np.prod(s)) for s in shapes] if all(all(s) for s in shapes) else []
+
+
+def _probe(name: str, folder: Path, input_size: tuple[int, int], sizes: list[int]) -> None:
+    """Run the converted model once in a child process (address space capped) and compare each output's
+    element count with the graph's; one UsageError line when ncnn fails, crashes or returns other shapes."""
+    command = [sys.executable, "-c", PROBE, "model.ncnn.param", "model.ncnn.bin", *map(str, input_size),
+               str(PROBE_MEMORY_BYTES)]
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    if done.returncode != 0:
+        why = (f"crashed with signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"failed ({(done.stderr.strip().splitlines() or ['?'])[-1][:200]})")
+        raise UsageError(f"{name}: ncnn {version('ncnn')} {why} running the model pnnx converted; "
+                         "use --backend onnxruntime")
+    got = [n for _, n in sorted(json.loads(done.stdout.strip().splitlines()[-1]).items(),
+                                key=lambda kv: (len(kv[0]), kv[0]))]
+    if sizes and got != sizes:
+        raise UsageError(f"{name}: the model pnnx converted gives outputs of {got} values where the graph gives "
+                         f"{sizes} (a mis-converted operator); use --backend onnxruntime")
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -221,6 +274,8 @@ class NcnnCore:
         # pnnx names the graph's outputs out0, out1, ... in the ONNX graph's order: the order of the raw outputs
         self.inputs = list(self.net.input_names())
         self.outputs = sorted(self.net.output_names(), key=lambda n: (len(n), n))
+        # ncnn's blobs have no batch axis and drop leading unit axes: each output goes back to the graph's shape
+        self.output_shapes = output_shapes(graph)
         self.compute_precision = "fp16" if arithmetic else "fp32"
         self.options = {"use_fp16_storage": bool(opt.use_fp16_storage), "use_fp16_packed": bool(opt.use_fp16_packed),
                         "use_fp16_arithmetic": bool(opt.use_fp16_arithmetic),
@@ -239,7 +294,9 @@ class NcnnCore:
                 code, mat = ex.extract(name)
                 if code != 0:
                     raise RuntimeError(f"ncnn extract({name}) failed with {code}")
-                outputs.append(torch.from_numpy(np.array(mat)).unsqueeze(0))  # the batch axis ncnn drops
+                array, shape = np.array(mat), self.output_shapes[len(outputs)]
+                known = all(shape) and array.size == int(np.prod(shape))
+                outputs.append(torch.from_numpy(array.reshape(shape) if known else array[None]))
         return outputs
 
     def info(self) -> dict[str, Any]:
