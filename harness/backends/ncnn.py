@@ -55,7 +55,8 @@ net.opt.use_fp16_storage = net.opt.use_fp16_packed = net.opt.use_fp16_arithmetic
 net.opt.num_threads = 1
 assert net.load_param(sys.argv[1]) == 0 and net.load_model(sys.argv[2]) == 0, "load failed"
 ex = net.create_extractor()
-ex.input(net.input_names()[0], ncnn.Mat(np.zeros((3, int(sys.argv[3]), int(sys.argv[4])), np.float32)))
+image = np.zeros((3, int(sys.argv[3]), int(sys.argv[4])), np.float32)  # ncnn.Mat wraps it: keep it alive
+ex.input(net.input_names()[0], ncnn.Mat(image))
 sizes = {}
 for name in net.output_names():
     code, mat = ex.extract(name)
@@ -137,7 +138,9 @@ def _probe(name: str, folder: Path, input_size: tuple[int, int], sizes: list[int
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
     if done.returncode != 0:
         why = (f"crashed with signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
-               else f"failed ({(done.stderr.strip().splitlines() or ['?'])[-1][:200]})")
+               else f"failed in a child process capped at {PROBE_MEMORY_BYTES >> 30} GiB (exit {done.returncode}: "
+                    f"{(done.stderr.strip().splitlines() or ['?'])[-1][:160]}; a mis-converted operator can blow up "
+                    "a shape)")
         raise UsageError(f"{name}: ncnn {version('ncnn')} {why} running the model pnnx converted; "
                          "use --backend onnxruntime")
     got = [n for _, n in sorted(json.loads(done.stdout.strip().splitlines()[-1]).items(),
@@ -287,8 +290,9 @@ class NcnnCore:
 
         if batch.shape[0] != 1:
             raise UsageError("ncnn runs one image per call; use --batch-sizes 1")
+        image = np.ascontiguousarray(batch[0].numpy())  # ncnn.Mat wraps this memory without a copy: keep it alive
         with self.net.create_extractor() as ex:
-            ex.input(self.inputs[0], ncnn.Mat(batch[0].numpy()))
+            ex.input(self.inputs[0], ncnn.Mat(image))
             outputs = []
             for name in self.outputs:
                 code, mat = ex.extract(name)

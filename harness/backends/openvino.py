@@ -104,8 +104,8 @@ class OpenVinoCore:
         variant = "fp16" if self.precision == "fp16" else "fp32"
         path = _ir_cache_path(self.name, self.graph_sha256, variant)
         clock = time.perf_counter()
-        cached = path.is_file() and path.with_suffix(".bin").is_file()
-        model = self._read_ir(path) if cached else None
+        model = self._read_ir(path) if path.is_file() and path.with_suffix(".bin").is_file() else None
+        cached = model is not None
         if model is None:
             with tempfile.TemporaryDirectory(prefix=".va-ov-") as tmp:
                 onnx_file = Path(tmp) / "core.onnx"
@@ -163,8 +163,8 @@ class OpenVinoCore:
         calibration_sha = digest.hexdigest()
         path = _ir_cache_path(self.name, self.graph_sha256, f"int8-nncf{version('nncf')}-{calibration_sha[:16]}")
         clock = time.perf_counter()
-        cached = path.is_file() and path.with_suffix(".bin").is_file()
-        model = self._read_ir(path) if cached else None
+        model = self._read_ir(path) if path.is_file() and path.with_suffix(".bin").is_file() else None
+        cached = model is not None
         if model is None:
             saved, self.precision = self.precision, "fp32"
             try:

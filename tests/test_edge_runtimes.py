@@ -1,0 +1,352 @@
+"""The runtimes that convert the family's graph: OpenVINO (fp32/fp16/int8), ncnn (fp32/fp16, batch 1) and
+TorchScript, checked against ONNX Runtime on the real yolox-nano and the sample's real images.
+
+Independent truths: ONNX Runtime's detections and pycocotools' mAP on the same images; libreyolo's seeded
+families on ONNX Runtime. With `CI=true` a runtime that is not installed fails these tests instead of
+skipping them (`make setup` installs every one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import COCO_DIR, CORPUS, YOLOX_NANO, requires_coco, requires_yolox, run_benchmark
+
+from harness.backends import BackendOptions, set_options
+from harness.errors import UsageError
+from harness.measure.device import parse_device
+
+RUNTIMES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx")}
+CPU = parse_device("cpu")
+
+
+def need(backend: str) -> None:
+    """Skip (or, with CI=true, fail) when the runtime's packages are not installed."""
+    missing = [m for m in RUNTIMES.get(backend, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        message = f"{backend} needs {', '.join(missing)}: pip install 'va-bench[edge]'"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def _weights_cache(tmp_path_factory, monkeypatch):
+    """One conversion cache for the module's tests (conversions are what the cache tests look at)."""
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path_factory.getbasetemp() / "edge-weights"))
+
+
+def _by_cell(records) -> dict[tuple[str, str, int], object]:
+    return {(r.cell.load.backend, r.cell.load.precision, r.cell.batch_size): r for r in records}
+
+
+@pytest.fixture(scope="module")
+def first_106(tmp_path_factory):
+    """yolox-nano, batch 1, on the first 106 sample images (sorted ids): ONNX Runtime fp32 beside OpenVINO
+    fp32/fp16/int8, ncnn fp32/fp16 and TorchScript fp32; int8 calibrated on the other 100 images."""
+    for backend in RUNTIMES:
+        need(backend)
+    if not (YOLOX_NANO.is_file() and (COCO_DIR / "annotations").is_dir()):
+        pytest.skip("offline assets missing (../shared/assets)")
+    os.environ["VA_BENCH_WEIGHTS"] = str(tmp_path_factory.getbasetemp() / "edge-weights")
+    cells = {}
+    for backends, precisions in ((["onnxruntime", "openvino", "ncnn", "torchscript"], ["fp32"]),
+                                 (["openvino", "ncnn"], ["fp16"]), (["openvino"], ["int8"])):
+        plan, records = run_benchmark(tmp_path_factory, "edge-" + "-".join(precisions), backends=backends,
+                                      precisions=precisions, batch_sizes=[1], limit=106, min_timed_batches=1,
+                                      warmup_batches=1, energy=False, draw_images=0)
+        cells |= {key: (plan, r) for key, r in _by_cell(records).items()}
+    return cells
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_fp32_runtimes_match_onnxruntime(first_106):
+    """fp32 on OpenVINO, ncnn and TorchScript: mAP within 0.002 of ONNX Runtime's, detections >= 99 % matched."""
+    from harness.eval.matching import match_detections
+    from harness.records import detections_from_coco
+
+    plan, reference = first_106[("onnxruntime", "fp32", 1)]
+    want = json.loads((plan.run_dir / reference.accuracy.detections_file).read_text())
+    for backend in ("openvino", "ncnn", "torchscript"):
+        plan_b, record = first_106[(backend, "fp32", 1)]
+        assert abs(record.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.002, backend
+        got = json.loads((plan_b.run_dir / record.accuracy.detections_file).read_text())
+        match = match_detections(detections_from_coco(want), detections_from_coco(got), 0.99, 1e-3)
+        assert match.match_rate >= 0.99, (backend, match)
+        assert record.runtime["format"] == backend and record.runtime["provider"] == "cpu"
+        assert record.runtime["compute_precision"] == "fp32"
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_openvino_fp16_keeps_accuracy_and_says_what_it_computes(first_106):
+    _, reference = first_106[("onnxruntime", "fp32", 1)]
+    _, record = first_106[("openvino", "fp16", 1)]
+    assert abs(record.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.005
+    runtime = record.runtime
+    assert runtime["conversion"]["weights"].startswith("fp16")
+    # this CPU has no native fp16: the plugin widens fp16 weights and computes f32 (read back, not assumed)
+    assert runtime["compute_precision"] in ("fp32", "fp16")
+    assert runtime["read_back"]["INFERENCE_PRECISION_HINT"] in ("<Type: 'float32'>", "<Type: 'float16'>")
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_ncnn_fp16_stores_fp16_weights_and_reports_its_accuracy(first_106):
+    """ncnn fp16 is pnnx's fp16 weights; its mAP stands beside fp32's in the record (measured loss: see
+    docs/benchmarks.md), never silently fp32."""
+    _, fp32 = first_106[("ncnn", "fp32", 1)]
+    _, fp16 = first_106[("ncnn", "fp16", 1)]
+    assert fp16.runtime["conversion"]["weights"] == "fp16" and fp16.runtime["options"]["use_bf16_storage"] is False
+    assert fp32.runtime["options"]["use_fp16_storage"] is False and fp32.runtime["options"]["use_fp16_arithmetic"] \
+        is False
+    assert 0 < fp16.accuracy.stats["mAP_50_95"] < fp32.accuracy.stats["mAP_50_95"] + 0.005
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_openvino_int8_keeps_99_percent_calibrated_on_other_images(first_106):
+    plan, record = first_106[("openvino", "int8", 1)]
+    verdict = record.accuracy.reference
+    fp32_map = first_106[("openvino", "fp32", 1)][1].accuracy.stats["mAP_50_95"]
+    assert verdict["mAP_50_95"] == pytest.approx(fp32_map, abs=1e-6)  # the reference pass: the same fp32 core
+    assert verdict["int8_mAP_50_95"] == record.accuracy.stats["mAP_50_95"]
+    assert verdict["kept"] == pytest.approx(record.accuracy.stats["mAP_50_95"] / fp32_map, abs=1e-4)
+    assert verdict["passed"] is (verdict["kept"] >= 0.99) and verdict["passed"]
+    quantization = record.runtime["quantization"]
+    assert quantization["calibration_images"] == 100 and quantization["calibration_disjoint_from_evaluated"]
+    evaluated = set(plan.variant.image_ids)
+    assert len(evaluated) == 106 and not evaluated & {r.image_id for r in plan.calibration.records}
+    doc = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    assert doc["runtime"]["precision"] == "int8" and doc["eval"]["int8_vs_fp32"]["passed"] is True
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_submissions_of_every_runtime_pass_the_sites_rules(first_106):
+    from harness.results.validate import load_support_matrix, validate_paths
+
+    dirs = {plan.run_dir / "submissions" for plan, _ in first_106.values()}
+    support = CORPUS / "support-matrix.json"
+    report = validate_paths(sorted(dirs), load_support_matrix(support) if support.is_file() else None)
+    errors = [f.to_dict() for r in report.reports for f in r.findings if f.severity == "error"]
+    assert not errors, errors
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
+def test_batched_runtimes_give_each_image_its_own_detections(tmp_path_factory):
+    """OpenVINO and TorchScript run a real batch: batch 4 matches batch 1 (>= 99 %); OpenVINO's layer pass is its
+    own performance counters."""
+    need("openvino")
+    _, records = run_benchmark(tmp_path_factory, "edge-batch", backends=["openvino", "torchscript"],
+                               batch_sizes=[1, 4], limit=24, min_timed_batches=1, warmup_batches=1, energy=False,
+                               draw_images=0, layers=True, layer_batches=2)
+    cells = _by_cell(records)
+    for backend in ("openvino", "torchscript"):
+        assert cells[(backend, "fp32", 4)].invariance.report.match_rate >= 0.99, backend
+    layers = cells[("openvino", "fp32", 4)].layers
+    assert "OpenVINO performance counters" in layers["method"]
+    assert any(t["layer_type"] == "Convolution" for t in layers["by_type_top"])
+    assert [4, 3, 416, 416] in cells[("openvino", "fp32", 4)].runtime["compiled_shapes"]  # static shape per batch
+
+
+# ------------------------------------------------------------------------------------ refusals, checks
+
+
+def test_a_missing_runtime_is_one_line_with_the_pip_command(monkeypatch):
+    from harness.backends import support
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(support.importlib.util, "find_spec", lambda name: None if name == "nncf" else real(name))
+    with pytest.raises(UsageError) as err:
+        support.check_support("openvino", "cpu", "int8")
+    assert "needs the Python package nncf" in str(err.value) and "pip install 'va-bench[edge]'" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_ncnn_refuses_batches_above_one():
+    need("ncnn")
+    from harness.backends import CoreSource, load_core
+
+    set_options(BackendOptions(max_batch=4, batch_sizes=(1, 4)))
+    try:
+        with pytest.raises(UsageError, match="ncnn runs one image per call .*--batch-sizes 1"):
+            load_core(CoreSource("m", onnx_model=lambda: onnx.load(str(YOLOX_NANO))), "ncnn", CPU, "fp32", (416, 416))
+    finally:
+        set_options(BackendOptions())
+
+
+class _Compiled:
+    """A compiled model that reports the compute precision it was given (what a bf16 CPU plugin does)."""
+
+    def __init__(self, hint):
+        self.hint = hint
+
+    def get_property(self, key):
+        return self.hint if key == "INFERENCE_PRECISION_HINT" else "1"
+
+
+def test_an_fp32_row_computing_in_bf16_is_refused():
+    need("openvino")
+    from harness.backends.openvino import OpenVinoCore
+
+    core = OpenVinoCore.__new__(OpenVinoCore)
+    core.precision, core.properties = "fp32", {"INFERENCE_PRECISION_HINT": "f32"}
+    with pytest.raises(UsageError, match="compiled the fp32 model to compute in bf16"):
+        core._check_read_back(_Compiled("bf16"))
+    core._check_read_back(_Compiled("f32"))
+    assert core.compute_precision == "fp32"
+    core.precision = "fp16"
+    core._check_read_back(_Compiled("f16"))
+    assert core.compute_precision == "fp16"
+    with pytest.raises(UsageError, match="compute in bf16"):  # bf16 has fewer mantissa bits than fp16
+        core._check_read_back(_Compiled("bf16"))
+
+
+@requires_yolox
+def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_path, monkeypatch):
+    need("openvino")
+    from harness.backends import CoreSource, load_core
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    source = CoreSource("yolox-nano", onnx_model=lambda: _dynamic_yolox())
+    first = load_core(source, "openvino", CPU, "fp32", (416, 416))
+    again = load_core(source, "openvino", CPU, "fp32", (416, 416))
+    assert first.conversion["cached"] is False and again.conversion["cached"] is True
+    xml = Path(again.conversion["ir_file"])
+    xml.write_text("<net broken")  # a damaged cache entry (a crash while writing elsewhere, a full disk)
+    third = load_core(source, "openvino", CPU, "fp32", (416, 416))
+    assert third.conversion["cached"] is False and xml.is_file()
+    x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
+    import torch
+
+    assert np.allclose(third(torch.from_numpy(x))[0].numpy(), first(torch.from_numpy(x))[0].numpy())
+
+
+def _dynamic_yolox() -> onnx.ModelProto:
+    from harness.backends.export import make_batch_dynamic
+
+    return make_batch_dynamic(onnx.load(str(YOLOX_NANO)))
+
+
+@requires_yolox
+def test_the_focus_rewrite_is_the_same_graph_in_onnxruntime():
+    need("ncnn")
+    import onnxruntime as ort
+
+    from harness.backends.ncnn import rewrite_focus
+
+    model = onnx.load(str(YOLOX_NANO))
+    rewritten, count = rewrite_focus(model)
+    assert count == 1 and not any(n.op_type == "Slice" for n in rewritten.graph.node[:8])
+    x = np.random.default_rng(1).random((1, 3, 416, 416), dtype=np.float32) * 255
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"images": x})[0]
+    got = ort.InferenceSession(rewritten.SerializeToString()).run(None, {"images": x})[0]
+    assert np.array_equal(want, got)
+
+
+@requires_coco
+def test_calibration_images_are_never_evaluated_ones(tmp_path):
+    from harness.data.calibration import calibration_set
+    from harness.data.coco import CocoDataset
+
+    dataset = CocoDataset(COCO_DIR)
+    variant = dataset.variant("sample", 106)
+    evaluated = dataset.records(variant)
+    default = calibration_set(dataset, evaluated, None, 300)
+    assert len(default.records) == len(dataset.coco.imgs) - 106
+    assert not {r.image_id for r in default.records} & set(variant.image_ids)
+    assert len(calibration_set(dataset, evaluated, None, 10).records) == 10
+    everything = dataset.records(dataset.variant("sample"))
+    with pytest.raises(UsageError, match="every image of the dataset is evaluated; evaluate fewer"):
+        calibration_set(dataset, everything, None, 300)
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    shutil.copy(evaluated[5].path, folder / "renamed.jpg")  # the same image under another name
+    shutil.copy(default.records[0].path, folder / "other.jpg")
+    with pytest.raises(UsageError, match=r"1 of its images are also evaluated \(e.g. renamed.jpg is image"):
+        calibration_set(dataset, evaluated, str(folder), 300)
+    (folder / "renamed.jpg").unlink()
+    given = calibration_set(dataset, evaluated, str(folder), 300)
+    assert len(given.records) == 1 and given.describe()["calibration_source"].startswith("--calibration")
+    with pytest.raises(UsageError, match="--calibration .* not a folder"):
+        calibration_set(dataset, evaluated, str(tmp_path / "absent"), 300)
+
+
+@requires_coco
+@requires_yolox
+def test_int8_overlap_is_refused_before_anything_runs(tmp_path):
+    from conftest import run_in_process
+
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    shutil.copy(COCO_DIR / "val2017" / "000000000139.jpg", folder / "a.jpg")
+    done = run_in_process("run", "--backend", "openvino", "--precision", "int8", "--limit", "8",
+                          "--calibration", str(folder), "--output-dir", str(tmp_path / "out"))
+    assert done.returncode == 2 and "also evaluated" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ----------------------------------------------------------------------------------------- families
+
+# YOLOv9 gets more calibration images than the parity tests use: with two, some of its BatchNorm variances are so
+# small that float reordering alone moves an out-of-image box by a pixel, past the export check's tolerance.
+FAMILY_CALIBRATION = {"yolov9t": (552775, 553664, 555009, 555705, 557172, 560256, 565607, 565778)}
+# What ncnn cannot run, by the line it says (the refusals docs/families-and-backends.md lists)
+NCNN_REFUSALS = {"yolov9t": "capped at", "rtdetr-r18": "pnnx left operators ncnn cannot run (Tensor.reshape"}
+
+
+@requires_coco
+@pytest.mark.catalogue
+@pytest.mark.parametrize("model_id", ["yolov9t", "rtdetr-r18"])
+def test_seeded_families_on_every_converting_runtime(model_id, monkeypatch):
+    """Seeded, BatchNorm-calibrated weights on 3 real images: OpenVINO and TorchScript detections >= 99 % matched to
+    ONNX Runtime's; ncnn runs them or refuses in one line saying why."""
+    for backend in RUNTIMES:
+        need(backend)
+    import test_libreyolo_families as parity
+
+    from harness.data.coco import CocoDataset
+    from harness.eval.matching import match_detections
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    monkeypatch.setattr(parity, "CALIBRATION_IMAGES", FAMILY_CALIBRATION.get(model_id, parity.CALIBRATION_IMAGES))
+    coco = CocoDataset(COCO_DIR)
+    det = parity.calibrated(model_id, coco)
+    records = [coco.record(i) for i in parity.PARITY_IMAGES]
+    post = det.postprocess
+    set_options(BackendOptions(max_batch=1, batch_sizes=(1,)))
+    try:
+        detections = {}
+        for backend in ("onnxruntime", "openvino", "torchscript", "ncnn"):
+            try:
+                core = det.load_core(backend, CPU, "fp32", det.preprocess.input_size)
+            except UsageError as exc:
+                assert backend == "ncnn" and NCNN_REFUSALS[model_id] in str(exc) and "\n" not in str(exc), str(exc)
+                continue
+            pipeline = DetectorPipeline(det, core, CPU, det.preprocess, Thresholds(post.conf, post.iou, post.max_det))
+            timer = StageTimer(CPU)
+            detections[backend] = [d for r in records for d in pipeline.run_batch([r], timer)]
+    finally:
+        set_options(BackendOptions())
+    assert sum(len(d.scores) for d in detections["onnxruntime"]) > 0
+    for backend in ("openvino", "torchscript"):
+        match = match_detections(detections["onnxruntime"], detections[backend], 0.99, 1e-3)
+        assert match.match_rate >= 0.99, (backend, match)
