@@ -136,6 +136,24 @@ def test_openvino_int8_keeps_99_percent_calibrated_on_other_images(first_106):
 @requires_coco
 @requires_yolox
 @pytest.mark.slow
+def test_validate_marks_a_failing_or_unchecked_int8_row(first_106, tmp_path):
+    from harness.results.validate import validate_paths
+
+    plan, _ = first_106[("openvino", "int8", 1)]
+    doc = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
+    doc["eval"]["int8_vs_fp32"].update(kept=0.9, passed=False)
+    (tmp_path / "failing.json").write_text(json.dumps(doc))
+    del doc["eval"]["int8_vs_fp32"]
+    (tmp_path / "unchecked.json").write_text(json.dumps(doc))
+    report = validate_paths([tmp_path], None)
+    found = {Path(r.path).name: [(f.rule, f.severity) for f in r.findings if f.rule == "int8-accuracy"]
+             for r in report.reports}
+    assert found == {"failing.json": [("int8-accuracy", "error")], "unchecked.json": [("int8-accuracy", "warning")]}
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.slow
 def test_submissions_of_every_runtime_pass_the_sites_rules(first_106):
     from harness.results.validate import load_support_matrix, validate_paths
 

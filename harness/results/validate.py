@@ -218,10 +218,28 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     for path, value in _walk_numbers(doc):
         if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > 1e15:
             out.append(Finding(path, f"{path} = {value} is not a plausible measurement", "degenerate"))
+    out += int8_findings(doc, sub, has_accuracy)
     if sub.random_weights:
         out.append(Finding("repro.weights.source", "random weights (a timing-only run): not publishable, its "
                            "accuracy means nothing; rerun with trained weights to publish", "random-weights"))
     return out
+
+
+def int8_findings(doc: dict, sub: Submission, has_accuracy: bool) -> list[Finding]:
+    """An int8 row publishes its mAP beside the same model's fp32 mAP on the same images; one that keeps < 99 % of
+    it (MLPerf's rule) is failing."""
+    if sub.runtime.precision != "int8" or not has_accuracy:
+        return []
+    ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
+    verdict = ev.get("int8_vs_fp32")
+    if not isinstance(verdict, dict):
+        return [Finding("eval.int8_vs_fp32", "an int8 row without the same model's fp32 mAP on the same images: "
+                        "its accuracy loss is unknown", "int8-accuracy", "warning")]
+    if verdict.get("passed") is not True:
+        return [Finding("eval.int8_vs_fp32", f"int8 keeps {verdict.get('kept')} of the fp32 mAP "
+                        f"({verdict.get('int8_mAP_50_95')} vs {verdict.get('mAP_50_95')}): below 0.99, a failing "
+                        "int8 row", "int8-accuracy")]
+    return []
 
 
 def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
