@@ -368,3 +368,18 @@ def test_seeded_families_on_every_converting_runtime(model_id, monkeypatch):
     for backend in ("openvino", "torchscript"):
         match = match_detections(detections["onnxruntime"], detections[backend], 0.99, 1e-3)
         assert match.match_rate >= 0.99, (backend, match)
+
+
+def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):
+    """On a Raspberry Pi the hardware block is what the leaderboard's rpi5 rows hold: the board's name as `gpu`,
+    id rpi5 (from /proc/device-tree/model, NUL-terminated)."""
+    from harness.measure import env
+
+    (tmp_path / "proc" / "device-tree").mkdir(parents=True)
+    (tmp_path / "proc" / "device-tree" / "model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.1\x00")
+    read = env.board_model
+    assert read(tmp_path) == "Raspberry Pi 5 Model B Rev 1.1" and read(tmp_path / "absent") is None
+    monkeypatch.setattr(env, "board_model", lambda: read(tmp_path))
+    block = env.hardware_block(CPU, None)
+    assert block["id"] == "rpi5" and block["gpu"] == "Raspberry Pi 5 Model B Rev 1.1"
+    assert block["gpu_memory_gb"] == 0.0 and block["driver_version"] == "N/A"

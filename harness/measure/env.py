@@ -34,6 +34,14 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def board_model(root: Path = Path("/")) -> str | None:
+    """The board an ARM machine is (`/proc/device-tree/model`: "Raspberry Pi 5 Model B Rev 1.1"); None elsewhere."""
+    try:
+        return (root / "proc" / "device-tree" / "model").read_bytes().rstrip(b"\x00").decode().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def cpu_governor() -> str | None:
     try:
         return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
@@ -114,8 +122,10 @@ def hardware_block(device: Device, hardware_id: str | None) -> dict:
         gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 1)
         cuda = torch.version.cuda or "N/A"
         driver = _nvidia_driver() or "unknown"
+    elif "raspberry pi" in (board := board_model() or "").lower():
+        gpu_name = board  # the leaderboard's Raspberry Pi rows name the board there (and derive the id "rpi5" from it)
     return {
-        "id": hardware_id or derive_hardware_id(gpu_name if device.is_cuda else None, cpu),
+        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu),
         "id_source": "--hardware-id" if hardware_id else "derived",
         "gpu": gpu_name,
         "gpu_memory_gb": gpu_mem,
