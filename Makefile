@@ -54,11 +54,11 @@ bench-memory: $(STAMP)
 	$(BIN)/python -m harness.bench.memory_scaling --small 500 --large 5000
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not catalogue"
+	$(BIN)/python -m pytest -q -m "not catalogue and not heavy"
 
 # matrices that grow with the catalogue (every variant of a family); run before an issue is resolved
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m catalogue
+	$(BIN)/python -m pytest -q -m "catalogue or heavy"
 
 # `va-bench report`'s HTML rendered in headless Chromium (installs Debian's chromium; needs root)
 report-check: $(STAMP)

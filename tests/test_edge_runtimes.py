@@ -23,7 +23,7 @@ from harness.backends import BackendOptions, set_options
 from harness.errors import UsageError
 from harness.measure.device import parse_device
 
-RUNTIMES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx")}
+RUNTIMES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "tflite": ("ai_edge_litert", "onnx2tf")}
 CPU = parse_device("cpu")
 
 
@@ -50,15 +50,15 @@ def _by_cell(records) -> dict[tuple[str, str, int], object]:
 @pytest.fixture(scope="module")
 def first_106(tmp_path_factory):
     """yolox-nano, batch 1, on the first 106 sample images (sorted ids): ONNX Runtime fp32 beside OpenVINO
-    fp32/fp16/int8, ncnn fp32/fp16 and TorchScript fp32; int8 calibrated on the other 100 images."""
+    fp32/fp16/int8, ncnn fp32/fp16, LiteRT fp32/fp16 and TorchScript fp32; int8 calibrated on the other 100."""
     for backend in RUNTIMES:
         need(backend)
     if not (YOLOX_NANO.is_file() and (COCO_DIR / "annotations").is_dir()):
         pytest.skip("offline assets missing (../shared/assets)")
     os.environ["VA_BENCH_WEIGHTS"] = str(tmp_path_factory.getbasetemp() / "edge-weights")
     cells = {}
-    for backends, precisions in ((["onnxruntime", "openvino", "ncnn", "torchscript"], ["fp32"]),
-                                 (["openvino", "ncnn"], ["fp16"]), (["openvino"], ["int8"])):
+    for backends, precisions in ((["onnxruntime", "openvino", "ncnn", "tflite", "torchscript"], ["fp32"]),
+                                 (["openvino", "ncnn", "tflite"], ["fp16"]), (["openvino"], ["int8"])):
         plan, records = run_benchmark(tmp_path_factory, "edge-" + "-".join(precisions), backends=backends,
                                       precisions=precisions, batch_sizes=[1], limit=106, min_timed_batches=1,
                                       warmup_batches=1, energy=False, draw_images=0)
@@ -70,13 +70,14 @@ def first_106(tmp_path_factory):
 @requires_yolox
 @pytest.mark.slow
 def test_fp32_runtimes_match_onnxruntime(first_106):
-    """fp32 on OpenVINO, ncnn and TorchScript: mAP within 0.002 of ONNX Runtime's, detections >= 99 % matched."""
+    """fp32 on OpenVINO, ncnn, LiteRT and TorchScript: mAP within 0.002 of ONNX Runtime's, detections >= 99 %
+    matched."""
     from harness.eval.matching import match_detections
     from harness.records import detections_from_coco
 
     plan, reference = first_106[("onnxruntime", "fp32", 1)]
     want = json.loads((plan.run_dir / reference.accuracy.detections_file).read_text())
-    for backend in ("openvino", "ncnn", "torchscript"):
+    for backend in ("openvino", "ncnn", "tflite", "torchscript"):
         plan_b, record = first_106[(backend, "fp32", 1)]
         assert abs(record.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.002, backend
         got = json.loads((plan_b.run_dir / record.accuracy.detections_file).read_text())
@@ -89,8 +90,12 @@ def test_fp32_runtimes_match_onnxruntime(first_106):
 @requires_coco
 @requires_yolox
 @pytest.mark.slow
-def test_openvino_fp16_keeps_accuracy_and_says_what_it_computes(first_106):
+def test_openvino_and_litert_fp16_keep_accuracy_and_say_what_they_compute(first_106):
     _, reference = first_106[("onnxruntime", "fp32", 1)]
+    _, litert = first_106[("tflite", "fp16", 1)]
+    assert abs(litert.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.005
+    assert litert.runtime["conversion"]["file"].endswith("model_float16.tflite")
+    assert litert.runtime["tensor_types"].get("float16", 0) > 0  # the model holds fp16 weights (read back)
     _, record = first_106[("openvino", "fp16", 1)]
     assert abs(record.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.005
     runtime = record.runtime
@@ -168,14 +173,15 @@ def test_submissions_of_every_runtime_pass_the_sites_rules(first_106):
 @requires_yolox
 @pytest.mark.slow
 def test_batched_runtimes_give_each_image_its_own_detections(tmp_path_factory):
-    """OpenVINO and TorchScript run a real batch: batch 4 matches batch 1 (>= 99 %); OpenVINO's layer pass is its
-    own performance counters."""
+    """OpenVINO, LiteRT and TorchScript run a real batch: batch 4 matches batch 1 (>= 99 %); OpenVINO's layer pass
+    is its own performance counters."""
     need("openvino")
-    _, records = run_benchmark(tmp_path_factory, "edge-batch", backends=["openvino", "torchscript"],
+    need("tflite")
+    _, records = run_benchmark(tmp_path_factory, "edge-batch", backends=["openvino", "tflite", "torchscript"],
                                batch_sizes=[1, 4], limit=24, min_timed_batches=1, warmup_batches=1, energy=False,
                                draw_images=0, layers=True, layer_batches=2)
     cells = _by_cell(records)
-    for backend in ("openvino", "torchscript"):
+    for backend in ("openvino", "tflite", "torchscript"):
         assert cells[(backend, "fp32", 4)].invariance.report.match_rate >= 0.99, backend
     layers = cells[("openvino", "fp32", 4)].layers
     assert "OpenVINO performance counters" in layers["method"]
@@ -383,3 +389,23 @@ def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):
     block = env.hardware_block(CPU, None)
     assert block["id"] == "rpi5" and block["gpu"] == "Raspberry Pi 5 Model B Rev 1.1"
     assert block["gpu_memory_gb"] == 0.0 and block["driver_version"] == "N/A"
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.heavy
+def test_litert_int8_is_scored_beside_fp32_and_marked_when_it_fails(tmp_path_factory):
+    """LiteRT int8 (onnx2tf's integer quantisation, ~2 min of calibration here): its cell keeps its own mAP and the
+    fp32 one; on yolox-nano the quantised head loses most of it, and the row says so (both numbers, failing)."""
+    need("tflite")
+    _, records = run_benchmark(tmp_path_factory, "edge-tflite-int8", backends=["tflite"], precisions=["int8"],
+                               batch_sizes=[1], limit=106, min_timed_batches=1, warmup_batches=1, energy=False,
+                               draw_images=0)
+    record = records[0]
+    verdict = record.accuracy.reference
+    assert verdict["int8_mAP_50_95"] == record.accuracy.stats["mAP_50_95"] and verdict["mAP_50_95"] > 0.25
+    assert verdict["passed"] is (verdict["kept"] >= 0.99)
+    if not verdict["passed"]:
+        assert "marked failing" in verdict["failing"] and f"{verdict['mAP_50_95']:.4f}" in verdict["failing"]
+    assert record.runtime["tensor_types"].get("int8", 0) > 0  # quantised tensors, read back from the model
+    assert record.runtime["quantization"]["calibration_images"] == 100

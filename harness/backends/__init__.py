@@ -12,8 +12,9 @@ Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch), "
 ONNX source as it is; a torch-only source is exported once with a dynamic batch, cached, and checked
 against PyTorch at batch 1, 2 and 4 before use: harness/backends/export.py), "tensorrt" (a serialized
 engine, `--weights x.engine`: harness/backends/tensorrt.py), and the runtimes that convert the ONNX graph
-to their own format: "openvino" (fp32/fp16/int8), "ncnn" (pnnx; batch 1), and "torchscript" (a trace of
-the torch core). One file each; more backends plug in with `register_backend`.
+to their own format: "openvino" (fp32/fp16/int8), "ncnn" (pnnx; batch 1), "tflite" (LiteRT, converted by
+onnx2tf; fp32/fp16/int8) and "torchscript" (a trace of the torch core). One file each; more backends plug
+in with `register_backend`.
 """
 
 from __future__ import annotations
@@ -123,10 +124,11 @@ def _registry() -> dict[str, Backend]:
         from harness.backends.openvino import OpenVinoBackend
         from harness.backends.pytorch import PyTorchBackend
         from harness.backends.tensorrt import TensorRTBackend
+        from harness.backends.tflite import TfliteBackend
         from harness.backends.torchscript import TorchScriptBackend
 
         for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend(), OpenVinoBackend(), NcnnBackend(),
-                        TorchScriptBackend()):
+                        TfliteBackend(), TorchScriptBackend()):
             _BACKENDS.setdefault(backend.name, backend)
         _builtins_loaded = True
     return _BACKENDS

@@ -29,8 +29,10 @@ RUNTIME_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
     "openvino": {"cpu": ("fp32", "fp16", "int8")},
     "ncnn": {"cpu": ("fp32", "fp16")},
     "torchscript": {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
+    "tflite": {"cpu": ("fp32", "fp16", "int8")},
 }
-RUNTIME_PACKAGES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "torchscript": ()}
+RUNTIME_PACKAGES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "torchscript": (),
+                    "tflite": ("ai_edge_litert", "onnx2tf", "tensorflow")}
 EDGE_EXTRA = "pip install 'va-bench[edge]'"
 GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "
              "pip install onnxruntime-gpu (both builds install the same `onnxruntime` package)")

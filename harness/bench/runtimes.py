@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 MATRIX = (("onnxruntime", ("fp32",), (1, 4)), ("openvino", ("fp32", "fp16", "int8"), (1, 4)),
-          ("ncnn", ("fp32", "fp16"), (1,)), ("torchscript", ("fp32",), (1, 4)))
+          ("ncnn", ("fp32", "fp16"), (1,)), ("tflite", ("fp32", "fp16", "int8"), (1, 4)),
+          ("torchscript", ("fp32",), (1, 4)))
 MEDIAN_LINE = re.compile(r"Median:\s+([\d.]+) ms")
 
 
