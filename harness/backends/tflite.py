@@ -99,7 +99,8 @@ def convert_with_onnx2tf(name: str, graph: onnx.ModelProto, input_size: tuple[in
         produced = {p.name: p for p in (tmp / "out").glob("*.tflite")} if (tmp / "out").is_dir() else {}
         wanted = {MODEL_FILES[k] for k in (("int8",) if calibration is not None else ("fp32", "fp16"))}
         if done.returncode != 0 or not wanted <= set(produced):
-            tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()
+            text = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr + done.stdout)  # onnx2tf colours its errors
+            tail = [line.strip() for line in text.splitlines() if line.strip()
                     and not line.startswith(("I0000", "W0000", "WARNING: All log"))][-2:]
             raise UsageError(f"{name}: onnx2tf cannot convert this graph to TFLite (exit {done.returncode}: "
                              f"{' / '.join(tail)[:300]}); use --backend onnxruntime")
