@@ -54,9 +54,10 @@ def _weights_cache(tmp_path, monkeypatch):
 
 def test_sources_pick_their_backends():
     torch_only = CoreSource("t", torch_module=Head)
-    converting = ("openvino", "ncnn")  # runtimes that convert the ONNX graph (an export of a torch core)
+    converting = ("openvino", "ncnn", "tflite")  # runtimes that convert the ONNX graph (an export of a torch core)
     assert backend_names(torch_only) == ("pytorch", "onnxruntime", *converting, "torchscript")
-    assert backend_names(CoreSource("t", torch_module=Head, exportable=False)) == ("pytorch", "torchscript")
+    # a core the tracer cannot export (data-dependent control flow) cannot be traced for TorchScript either
+    assert backend_names(CoreSource("t", torch_module=Head, exportable=False)) == ("pytorch",)
     onnx_only = CoreSource("o", onnx_model=lambda: onnx.ModelProto())
     # pytorch and torchscript through onnx2torch
     assert backend_names(onnx_only) == ("pytorch", "onnxruntime", *converting, "torchscript")

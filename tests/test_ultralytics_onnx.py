@@ -203,7 +203,7 @@ def test_static_export_gets_a_dynamic_batch_checked_per_row(dense_onnx):
 def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):
     records, imgs = images
     detector = get_detector("yolov8n", str(dense_onnx))
-    assert detector.backends == ("pytorch", "onnxruntime")
+    assert detector.backends[:2] == ("pytorch", "onnxruntime")
     timer = StageTimer(parse_device("cpu"))
     ort_dets = _pipeline(detector).run_batch(records, timer, images=imgs)
     torch_dets = _pipeline(detector, "pytorch").run_batch(records, timer, images=imgs)

@@ -70,7 +70,8 @@ class TorchScriptBackend:
     name = "torchscript"
 
     def supports(self, source: CoreSource) -> bool:
-        return source.torch_module is not None or source.onnx_model is not None
+        # the tracer that exports to ONNX is the one that makes TorchScript: the same cores are out of reach
+        return (source.torch_module is not None and source.exportable) or source.onnx_model is not None
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None) -> TorchScriptCore:
