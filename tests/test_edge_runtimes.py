@@ -47,38 +47,47 @@ def _by_cell(records) -> dict[tuple[str, str, int], object]:
     return {(r.cell.load.backend, r.cell.load.precision, r.cell.batch_size): r for r in records}
 
 
-@pytest.fixture(scope="module")
-def first_106(tmp_path_factory):
-    """yolox-nano, batch 1, on the first 106 sample images (sorted ids): ONNX Runtime fp32 beside OpenVINO
-    fp32/fp16/int8, ncnn fp32/fp16, LiteRT fp32/fp16 and TorchScript fp32; int8 calibrated on the other 100."""
+def _edge_cells(tmp_path_factory, runs, limit: int) -> dict:
     for backend in RUNTIMES:
         need(backend)
     if not (YOLOX_NANO.is_file() and (COCO_DIR / "annotations").is_dir()):
         pytest.skip("offline assets missing (../shared/assets)")
     os.environ["VA_BENCH_WEIGHTS"] = str(tmp_path_factory.getbasetemp() / "edge-weights")
     cells = {}
-    for backends, precisions in ((["onnxruntime", "openvino", "ncnn", "tflite", "torchscript"], ["fp32"]),
-                                 (["openvino", "ncnn", "tflite"], ["fp16"]), (["openvino"], ["int8"])):
-        plan, records = run_benchmark(tmp_path_factory, "edge-" + "-".join(precisions), backends=backends,
-                                      precisions=precisions, batch_sizes=[1], limit=106, min_timed_batches=1,
+    for backends, precisions in runs:
+        plan, records = run_benchmark(tmp_path_factory, f"edge-{limit}-" + "-".join(precisions), backends=backends,
+                                      precisions=precisions, batch_sizes=[1], limit=limit, min_timed_batches=1,
                                       warmup_batches=1, energy=False, draw_images=0)
         cells |= {key: (plan, r) for key, r in _by_cell(records).items()}
     return cells
 
 
-@requires_coco
-@requires_yolox
-@pytest.mark.slow
-def test_fp32_runtimes_match_onnxruntime(first_106):
+@pytest.fixture(scope="module")
+def fp32_cells(tmp_path_factory):
+    """yolox-nano fp32, batch 1, the first 32 sample images: ONNX Runtime beside OpenVINO, ncnn, LiteRT and
+    TorchScript (`make test`; the 106-image acceptance with fp16 and int8 is `first_106`, in `make test-slow`)."""
+    return _edge_cells(tmp_path_factory, [(["onnxruntime", "openvino", "ncnn", "tflite", "torchscript"], ["fp32"])],
+                       32)
+
+
+@pytest.fixture(scope="module")
+def first_106(tmp_path_factory):
+    """yolox-nano, batch 1, on the first 106 sample images (sorted ids): ONNX Runtime fp32 beside OpenVINO
+    fp32/fp16/int8, ncnn fp32/fp16, LiteRT fp32/fp16 and TorchScript fp32; int8 calibrated on the other 100."""
+    return _edge_cells(tmp_path_factory, [(["onnxruntime", "openvino", "ncnn", "tflite", "torchscript"], ["fp32"]),
+                                          (["openvino", "ncnn", "tflite"], ["fp16"]), (["openvino"], ["int8"])], 106)
+
+
+def _fp32_agrees(cells) -> None:
     """fp32 on OpenVINO, ncnn, LiteRT and TorchScript: mAP within 0.002 of ONNX Runtime's, detections >= 99 %
-    matched."""
+    matched, the runtime's own vocabulary and compute precision in the record."""
     from harness.eval.matching import match_detections
     from harness.records import detections_from_coco
 
-    plan, reference = first_106[("onnxruntime", "fp32", 1)]
+    plan, reference = cells[("onnxruntime", "fp32", 1)]
     want = json.loads((plan.run_dir / reference.accuracy.detections_file).read_text())
     for backend in ("openvino", "ncnn", "tflite", "torchscript"):
-        plan_b, record = first_106[(backend, "fp32", 1)]
+        plan_b, record = cells[(backend, "fp32", 1)]
         assert abs(record.accuracy.stats["mAP_50_95"] - reference.accuracy.stats["mAP_50_95"]) <= 0.002, backend
         got = json.loads((plan_b.run_dir / record.accuracy.detections_file).read_text())
         match = match_detections(detections_from_coco(want), detections_from_coco(got), 0.99, 1e-3)
@@ -90,6 +99,20 @@ def test_fp32_runtimes_match_onnxruntime(first_106):
 @requires_coco
 @requires_yolox
 @pytest.mark.slow
+def test_fp32_runtimes_match_onnxruntime_on_32_images(fp32_cells):
+    _fp32_agrees(fp32_cells)
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.heavy
+def test_fp32_runtimes_match_onnxruntime_on_106_images(first_106):
+    _fp32_agrees(first_106)
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.heavy
 def test_openvino_and_litert_fp16_keep_accuracy_and_say_what_they_compute(first_106):
     _, reference = first_106[("onnxruntime", "fp32", 1)]
     _, litert = first_106[("tflite", "fp16", 1)]
@@ -107,7 +130,7 @@ def test_openvino_and_litert_fp16_keep_accuracy_and_say_what_they_compute(first_
 
 @requires_coco
 @requires_yolox
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ncnn_fp16_stores_fp16_weights_and_reports_its_accuracy(first_106):
     """ncnn fp16 is pnnx's fp16 weights; its mAP stands beside fp32's in the record (measured loss: see
     docs/benchmarks.md), never silently fp32."""
@@ -121,7 +144,7 @@ def test_ncnn_fp16_stores_fp16_weights_and_reports_its_accuracy(first_106):
 
 @requires_coco
 @requires_yolox
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_openvino_int8_keeps_99_percent_calibrated_on_other_images(first_106):
     plan, record = first_106[("openvino", "int8", 1)]
     verdict = record.accuracy.reference
@@ -140,7 +163,7 @@ def test_openvino_int8_keeps_99_percent_calibrated_on_other_images(first_106):
 
 @requires_coco
 @requires_yolox
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_validate_marks_a_failing_or_unchecked_int8_row(first_106, tmp_path):
     from harness.results.validate import validate_paths
 
@@ -159,10 +182,10 @@ def test_validate_marks_a_failing_or_unchecked_int8_row(first_106, tmp_path):
 @requires_coco
 @requires_yolox
 @pytest.mark.slow
-def test_submissions_of_every_runtime_pass_the_sites_rules(first_106):
+def test_submissions_of_every_runtime_pass_the_sites_rules(fp32_cells):
     from harness.results.validate import load_support_matrix, validate_paths
 
-    dirs = {plan.run_dir / "submissions" for plan, _ in first_106.values()}
+    dirs = {plan.run_dir / "submissions" for plan, _ in fp32_cells.values()}
     support = CORPUS / "support-matrix.json"
     report = validate_paths(sorted(dirs), load_support_matrix(support) if support.is_file() else None)
     errors = [f.to_dict() for r in report.reports for f in r.findings if f.severity == "error"]
@@ -178,7 +201,7 @@ def test_batched_runtimes_give_each_image_its_own_detections(tmp_path_factory):
     need("openvino")
     need("tflite")
     _, records = run_benchmark(tmp_path_factory, "edge-batch", backends=["openvino", "tflite", "torchscript"],
-                               batch_sizes=[1, 4], limit=24, min_timed_batches=1, warmup_batches=1, energy=False,
+                               batch_sizes=[1, 4], limit=12, min_timed_batches=1, warmup_batches=1, energy=False,
                                draw_images=0, layers=True, layer_batches=2)
     cells = _by_cell(records)
     for backend in ("openvino", "tflite", "torchscript"):
