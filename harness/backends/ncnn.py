@@ -256,12 +256,25 @@ class NcnnCore:
 
     def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
                  input_size: tuple[int, int]):
-        import ncnn
-
         check_support("ncnn", device.kind, precision)
         self.precision, self.device, self.input_size = precision, device, input_size
         fp16 = precision == "fp16"
         folder, self.conversion = convert_with_pnnx(name, graph.SerializeToString(), input_size, fp16)
+        if not self._load(folder, threads, fp16, required=None if self.conversion["cached"] else name):
+            shutil.rmtree(folder, ignore_errors=True)  # a damaged cache entry: convert again, once
+            folder, self.conversion = convert_with_pnnx(name, graph.SerializeToString(), input_size, fp16)
+            self._load(folder, threads, fp16, required=name)
+        # pnnx names the graph's outputs out0, out1, ... in the ONNX graph's order: the order of the raw outputs
+        self.inputs = list(self.net.input_names())
+        self.outputs = sorted(self.net.output_names(), key=lambda n: (len(n), n))
+        # ncnn's blobs have no batch axis and drop leading unit axes: each output goes back to the graph's shape
+        self.output_shapes = output_shapes(graph)
+
+    def _load(self, folder: Path, threads: int | None, fp16: bool, required: str | None = None) -> bool:
+        """Load the param/bin with the row's options; False (or, with `required`, one UsageError line naming
+        the model) when ncnn cannot read them."""
+        import ncnn
+
         self.net = ncnn.Net()
         opt = self.net.opt
         arithmetic = fp16 and bool(ncnn.cpu_support_arm_asimdhp())
@@ -270,20 +283,17 @@ class NcnnCore:
         opt.use_bf16_storage = opt.use_bf16_packed = False
         opt.use_vulkan_compute = False
         opt.num_threads = threads or ncnn.get_big_cpu_count()
-        if self.net.load_param(str(folder / "model.ncnn.param")) != 0 or \
-                self.net.load_model(str(folder / "model.ncnn.bin")) != 0:
-            raise UsageError(f"{name}: ncnn cannot load the converted model in {folder} (delete the folder to "
-                             "convert again)")
-        # pnnx names the graph's outputs out0, out1, ... in the ONNX graph's order: the order of the raw outputs
-        self.inputs = list(self.net.input_names())
-        self.outputs = sorted(self.net.output_names(), key=lambda n: (len(n), n))
-        # ncnn's blobs have no batch axis and drop leading unit axes: each output goes back to the graph's shape
-        self.output_shapes = output_shapes(graph)
         self.compute_precision = "fp16" if arithmetic else "fp32"
         self.options = {"use_fp16_storage": bool(opt.use_fp16_storage), "use_fp16_packed": bool(opt.use_fp16_packed),
                         "use_fp16_arithmetic": bool(opt.use_fp16_arithmetic),
                         "use_bf16_storage": bool(opt.use_bf16_storage), "num_threads": int(opt.num_threads),
                         "use_vulkan_compute": bool(opt.use_vulkan_compute)}
+        loaded = (self.net.load_param(str(folder / "model.ncnn.param")) == 0
+                  and self.net.load_model(str(folder / "model.ncnn.bin")) == 0)
+        if not loaded and required:
+            raise UsageError(f"{required}: ncnn cannot load the model pnnx converted in {folder}; use --backend "
+                             "onnxruntime")
+        return loaded
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         import ncnn

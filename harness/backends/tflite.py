@@ -133,6 +133,7 @@ class TfliteCore:
         self.quantization: dict[str, Any] | None = None
         self._interpreters: dict[int, Any] = {}
         self.held: dict[str, int] = {}
+        self._calibration_data: np.ndarray | None = None
         if precision != "int8":
             self.path, self.conversion = convert_with_onnx2tf(name, graph, input_size, precision)
 
@@ -144,6 +145,7 @@ class TfliteCore:
         """int8: onnx2tf's integer quantisation calibrated on these preprocessed images (NHWC, as the model
         takes them; mean 0 and std 1: they are already what the model reads)."""
         data = np.concatenate([b.numpy() for b in batches]).transpose(0, 2, 3, 1).copy()
+        self._calibration_data = data
         self.path, self.conversion = convert_with_onnx2tf(self.name, self.graph, self.input_size, "int8", data)
         self.quantization = {"method": "onnx2tf integer quantisation (int8 weights and activations, float input "
                                        "and output)", "calibration_data_sha256": hashlib.sha256(data.tobytes())
@@ -158,21 +160,29 @@ class TfliteCore:
 
     def _interpreter(self, batch: int) -> Any:
         if batch not in self._interpreters:
-            from ai_edge_litert.interpreter import Interpreter
-
             if self.path is None:
                 raise RuntimeError("int8 TFLite core used before calibrate()")
             try:
-                interpreter = Interpreter(model_path=str(self.path), num_threads=self.threads or os.cpu_count())
-                interpreter.resize_tensor_input(interpreter.get_input_details()[0]["index"],
-                                                [batch, *self.input_size, 3])
-                interpreter.allocate_tensors()
+                interpreter = self._interpreter_for(batch)
             except (RuntimeError, ValueError) as exc:
-                raise UsageError(f"{self.name}: LiteRT cannot run the converted model at batch {batch} "
-                                 f"({str(exc).splitlines()[0][:200]}); use --backend onnxruntime") from exc
+                if not self.conversion.get("cached") or self._interpreters:
+                    raise UsageError(f"{self.name}: LiteRT cannot run the converted model at batch {batch} "
+                                     f"({str(exc).splitlines()[0][:200]}); use --backend onnxruntime") from exc
+                shutil.rmtree(self.path.parent, ignore_errors=True)  # a damaged cache entry: convert again, once
+                self.path, self.conversion = convert_with_onnx2tf(self.name, self.graph, self.input_size,
+                                                                  self.precision, self._calibration_data)
+                interpreter = self._interpreter_for(batch)
             self._interpreters[batch] = interpreter
             self.held = self._read_back(interpreter)
         return self._interpreters[batch]
+
+    def _interpreter_for(self, batch: int) -> Any:
+        from ai_edge_litert.interpreter import Interpreter
+
+        interpreter = Interpreter(model_path=str(self.path), num_threads=self.threads or os.cpu_count())
+        interpreter.resize_tensor_input(interpreter.get_input_details()[0]["index"], [batch, *self.input_size, 3])
+        interpreter.allocate_tensors()
+        return interpreter
 
     @staticmethod
     def _read_back(interpreter: Any) -> dict[str, int]:

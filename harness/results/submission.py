@@ -144,6 +144,9 @@ def build_submission(record: CellRecord) -> dict:
                               "num_images": dataset["num_images"], "categories_sha256": dataset["categories_sha256"],
                               **({"class_map": dataset["class_map"]} if "class_map" in dataset else {})},
                   "weights": model["weights"],
+                  # a converting runtime: which converter made the model it ran, its version, from which graph
+                  **({"conversion": {k: v for k, v in record.runtime["conversion"].items() if k != "checked"}}
+                     if record.runtime.get("conversion") else {}),
                   "preprocess": (record.runtime.get("preprocess") or {}).get("implementation"),
                   "workers": (record.runtime.get("host") or {}).get("workers")},  # --workers (overlapped mode)
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
