@@ -459,3 +459,18 @@ def test_damaged_ncnn_and_litert_caches_are_converted_again(tmp_path, monkeypatc
             assert torch.allclose(again(x)[0], want), backend
     finally:
         set_options(BackendOptions())
+
+
+@requires_coco
+@requires_yolox
+def test_layers_on_a_runtime_without_a_profiler_is_unavailable_with_the_reason(tmp_path):
+    """`--layers` with ncnn: the cell runs and says why there is no per-layer table (not a failure, not zeros)."""
+    need("ncnn")
+    from conftest import run_in_process
+
+    done = run_in_process("run", "--backend", "ncnn", "--limit", "4", "--layers", "--no-energy", "--draw-images", "0",
+                          "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "per-layer timing unavailable" in done.stdout + done.stderr
+    doc = json.loads(next(tmp_path.glob("*/submissions/*.json")).read_text())
+    assert doc["layers"]["status"] == "unavailable" and "ncnn" in doc["layers"]["reason"]

@@ -101,6 +101,8 @@ def probe_lines(records: list[CellRecord], top: int = 6) -> list[str]:
             types = ", ".join(f"{t['layer_type']} {t['share_pct']:.0f}%" for t in r.layers["by_type_top"][:top])
             cover = ", ".join(f"{c:.2f}" for c in r.layers["layer_sum_over_forward"])
             lines.append(f"time per layer type ({r.cell.label}): {types}  [layer sum / forward: {cover}]")
+        elif r.layers and r.layers.get("status") == "unavailable":
+            lines.append(f"per-layer timing unavailable ({r.cell.label}): {r.layers['reason']}")
         if r.profiler and "top_ops" in r.profiler:
             ops = ", ".join(f"{o['name']} {o.get('self_cpu_ms', 0):.1f} ms" for o in r.profiler["top_ops"][:top])
             lines.append(f"profiler top self-CPU ops ({r.cell.label}): {ops}  -> {r.profiler['trace']}")

@@ -260,7 +260,11 @@ class GroupExecutor:
         """Layer and profiler passes (each on its own), once per group at its largest batch size."""
         ctx, config = self.ctx, self.ctx.config
         full = [b for b in ctx.batches(cell.batch_size) if len(b) == cell.batch_size]
-        if config.layers:
+        core = self.core
+        if config.layers and getattr(core, "torch_module", None) is None and not hasattr(core, "profiling_copy"):
+            reason = core.info().get("layers_unavailable") or f"{core.backend} has no per-layer timing"
+            record.layers = {"status": "unavailable", "reason": reason}  # said, never zeros
+        elif config.layers:
             batches = [full[i % len(full)] for i in range(config.layer_batches)]
             with ctx.progress.task(f"layers {cell.label}", None):
                 runtime = "ort" if self.key.backend == "onnxruntime" else self.key.backend
