@@ -435,10 +435,13 @@ def test_litert_int8_is_scored_beside_fp32_and_marked_when_it_fails(tmp_path_fac
 
 
 @requires_yolox
-def test_damaged_ncnn_and_litert_caches_are_converted_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend, damage", [
+    ("ncnn", "model.ncnn.param"),
+    pytest.param("tflite", "model_float32.tflite", marks=pytest.mark.heavy),  # two onnx2tf conversions: ~40 s
+])
+def test_a_damaged_cache_entry_is_converted_again(backend, damage, tmp_path, monkeypatch):
     """A cache entry cut short (a crash, a full disk) is converted again, not an error or a wrong model."""
-    need("ncnn")
-    need("tflite")
+    need(backend)
     import torch
 
     from harness.backends import CoreSource, load_core
@@ -448,15 +451,14 @@ def test_damaged_ncnn_and_litert_caches_are_converted_again(tmp_path, monkeypatc
     try:
         source = CoreSource("yolox-nano", onnx_model=_dynamic_yolox)
         x = torch.from_numpy(np.random.default_rng(2).random((1, 3, 416, 416), dtype=np.float32) * 255)
-        for backend, damage in (("ncnn", "model.ncnn.param"), ("tflite", "model_float32.tflite")):
-            first = load_core(source, backend, CPU, "fp32", (416, 416))
-            want = first(x)[0]
-            folder = Path(first.conversion["file"]).parent if backend == "tflite" else Path(first.conversion["folder"])
-            del first  # LiteRT maps its model file: cutting that file short under a live interpreter is a SIGBUS
-            (folder / damage).write_bytes(b"7767517\n" if backend == "ncnn" else b"not a flatbuffer")
-            again = load_core(source, backend, CPU, "fp32", (416, 416))
-            assert again.conversion["cached"] is False, backend
-            assert torch.allclose(again(x)[0], want), backend
+        first = load_core(source, backend, CPU, "fp32", (416, 416))
+        want = first(x)[0]
+        folder = Path(first.conversion["file"]).parent if backend == "tflite" else Path(first.conversion["folder"])
+        del first  # LiteRT maps its model file: cutting that file short under a live interpreter is a SIGBUS
+        (folder / damage).write_bytes(b"7767517\n" if backend == "ncnn" else b"not a flatbuffer")
+        again = load_core(source, backend, CPU, "fp32", (416, 416))
+        assert again.conversion["cached"] is False
+        assert torch.allclose(again(x)[0], want)
     finally:
         set_options(BackendOptions())
 
