@@ -244,7 +244,8 @@ def detect_shard(job: ShardJob) -> dict:
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=scratch, device=plan.device, dataset=plan.dataset,
                          variant=plan.variant, records=records, environment={}, hardware={},
                          artifacts=ProbeArtifacts(scratch), energy_probe=None, monitor=None,
-                         progress=SilentProgress(), threads=threads, label_categories=plan.label_categories)
+                         progress=SilentProgress(), threads=threads, label_categories=plan.label_categories,
+                         calibration=plan.calibration)  # int8: the same images on every node
         executor = GroupExecutor(ctx, plan.detectors[job.group.model], job.group)
         timer = StageTimer(plan.device, config.stage_sync)
         start = time.perf_counter()
