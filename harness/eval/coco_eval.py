@@ -1,4 +1,5 @@
-"""COCO bbox evaluation of detections on a dataset variant: pycocotools (reference) or faster-coco-eval."""
+"""COCO evaluation of detections on a dataset variant (bbox; segm and bbox together for instance masks):
+pycocotools (reference) or faster-coco-eval."""
 
 from __future__ import annotations
 
@@ -131,6 +132,24 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)
 
 
+def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
+                        cap: int = COCO_MAX_DETS) -> dict[str, dict[str, float]]:
+    """Instance segmentation: COCO `segm` and `bbox` statistics of one results file, on the same detections
+    (each result has a `segmentation` COCO RLE at the source image's height x width and its predicted `bbox`).
+    Returns {"segm": stats, "bbox": stats}; the ground truth's polygons and RLEs both count (pycocotools'
+    annToRLE converts the polygons)."""
+    detections = json.loads(Path(path).read_bytes())
+    for k, det in enumerate(detections):
+        rle = det.get("segmentation") if isinstance(det, dict) else None
+        if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list)) and len(rle.get("size", ())) == 2):
+            raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
+    # loadRes replaces a result's bbox by its mask's bounding box when the result has a segmentation: the box
+    # statistics are of the predicted boxes, so their pass reads the results without their masks
+    boxes_only = [{k: v for k, v in det.items() if k != "segmentation"} for det in detections]
+    return {"segm": _evaluate(coco_gt, detections, image_ids, evaluator, cap, "segm")[0],
+            "bbox": _evaluate(coco_gt, boxes_only, image_ids, evaluator, cap, "bbox")[0]}
+
+
 def _no_detections(coco_gt: COCO, image_ids: list[int], cap: int) -> tuple[dict[str, float], dict]:
     """No detections scores 0 by definition (loadRes rejects an empty list), where there is something to find:
     without any ground truth among the images every statistic is undefined (-1, as COCOeval says)."""
@@ -227,7 +246,7 @@ _FASTER_GT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the GT in
 
 
 def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
-              cap: int = COCO_MAX_DETS) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+              cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     if evaluator == "pycocotools":
         from pycocotools.cocoeval import COCOeval
     elif evaluator == "faster-coco-eval":
@@ -238,14 +257,14 @@ def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evalu
         return _no_detections(coco_gt, image_ids, cap)
     with contextlib.redirect_stdout(io.StringIO()):
         if evaluator == "pycocotools":
-            coco_eval = COCOeval(coco_gt, coco_gt.loadRes(detections), "bbox")
+            coco_eval = COCOeval(coco_gt, coco_gt.loadRes(detections), iou_type)
         else:
             from faster_coco_eval import COCO as FasterCOCO
 
             gt = _FASTER_GT.get(coco_gt)
             if gt is None:
                 gt = _FASTER_GT[coco_gt] = FasterCOCO(copy.deepcopy(coco_gt.dataset))
-            coco_eval = COCOeval(gt, gt.loadRes(detections), "bbox")
+            coco_eval = COCOeval(gt, gt.loadRes(detections), iou_type)
         coco_eval.params.imgIds = sorted(image_ids)
         coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.evaluate()

@@ -1,0 +1,89 @@
+"""COCO segm evaluation (instance masks) against pycocotools called directly on the same RLEs.
+
+Independent truth: the sample's own ground-truth masks fed back as detections score segm AP 1.000; the same
+masks eroded by a known amount score exactly what a plain pycocotools COCOeval gives for them (written here
+with pycocotools' own API, not through the harness)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+
+import cv2
+import numpy as np
+import pytest
+from conftest import COCO_DIR, requires_coco
+from pycocotools import mask as mask_utils
+from pycocotools.cocoeval import COCOeval
+
+from harness.eval.coco_eval import evaluate_masks_file
+
+IMAGES = 24
+
+
+@pytest.fixture(scope="module")
+def coco():
+    from harness.data.coco import CocoDataset
+
+    return CocoDataset(COCO_DIR).coco
+
+
+def _results(coco, image_ids, erode: int = 0) -> list[dict]:
+    """Every non-crowd ground-truth object as a detection: its mask (optionally eroded by `erode` pixels) as a
+    Fortran-ordered uint8 RLE, its own box, a score that orders them."""
+    out = []
+    for image_id in image_ids:
+        for k, ann in enumerate(coco.loadAnns(coco.getAnnIds(imgIds=image_id, iscrowd=False))):
+            mask = coco.annToMask(ann)
+            if erode:
+                mask = cv2.erode(mask, np.ones((2 * erode + 1, 2 * erode + 1), np.uint8))
+            rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+            rle["counts"] = rle["counts"].decode("ascii")
+            out.append({"image_id": image_id, "category_id": ann["category_id"], "bbox": list(ann["bbox"]),
+                        "score": 1.0 - 0.001 * k, "segmentation": rle})
+    return out
+
+
+def _plain_pycocotools(coco, results, image_ids, iou_type) -> float:
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluator = COCOeval(coco, coco.loadRes(copy.deepcopy(results)), iou_type)
+        evaluator.params.imgIds = sorted(image_ids)
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return float(evaluator.stats[0])
+
+
+@requires_coco
+def test_ground_truth_masks_score_one(coco, tmp_path):
+    image_ids = sorted(coco.getImgIds())[:IMAGES]
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(_results(coco, image_ids)))
+    stats = evaluate_masks_file(coco, path, image_ids)
+    assert stats["segm"]["mAP_50_95"] == pytest.approx(1.0, abs=1e-9)
+    assert stats["bbox"]["mAP_50_95"] == pytest.approx(1.0, abs=1e-9)
+
+
+@requires_coco
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_eroded_masks_score_what_pycocotools_gives(coco, tmp_path, evaluator):
+    image_ids = sorted(coco.getImgIds())[:IMAGES]
+    results = _results(coco, image_ids, erode=3)
+    path = tmp_path / "eroded.json"
+    path.write_text(json.dumps(results))
+    stats = evaluate_masks_file(coco, path, image_ids, evaluator)
+    want_segm = _plain_pycocotools(coco, results, image_ids, "segm")
+    assert 0.05 < want_segm < 0.95  # eroding 3 px is a real, partial loss
+    assert stats["segm"]["mAP_50_95"] == pytest.approx(want_segm, abs=1e-12 if evaluator == "pycocotools" else 1e-6)
+    # the boxes are the predicted (ground-truth) ones, not the eroded masks' bounding boxes
+    assert stats["bbox"]["mAP_50_95"] == pytest.approx(1.0, abs=1e-9)
+
+
+@requires_coco
+def test_a_result_without_a_mask_is_refused(coco, tmp_path):
+    path = tmp_path / "boxes.json"
+    path.write_text(json.dumps([{"image_id": 139, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}]))
+    with pytest.raises(ValueError, match="result 0 has no COCO RLE segmentation"):
+        evaluate_masks_file(coco, path, [139])
