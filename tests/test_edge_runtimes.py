@@ -52,13 +52,14 @@ def _edge_cells(tmp_path_factory, runs, limit: int) -> dict:
         need(backend)
     if not (YOLOX_NANO.is_file() and (COCO_DIR / "annotations").is_dir()):
         pytest.skip("offline assets missing (../shared/assets)")
-    os.environ["VA_BENCH_WEIGHTS"] = str(tmp_path_factory.getbasetemp() / "edge-weights")
-    cells = {}
-    for backends, precisions in runs:
-        plan, records = run_benchmark(tmp_path_factory, f"edge-{limit}-" + "-".join(precisions), backends=backends,
-                                      precisions=precisions, batch_sizes=[1], limit=limit, min_timed_batches=1,
-                                      warmup_batches=1, energy=False, draw_images=0)
-        cells |= {key: (plan, r) for key, r in _by_cell(records).items()}
+    with pytest.MonkeyPatch.context() as env:  # the module's conversion cache, for this fixture only
+        env.setenv("VA_BENCH_WEIGHTS", str(tmp_path_factory.getbasetemp() / "edge-weights"))
+        cells = {}
+        for backends, precisions in runs:
+            plan, records = run_benchmark(tmp_path_factory, f"edge-{limit}-" + "-".join(precisions), backends=backends,
+                                          precisions=precisions, batch_sizes=[1], limit=limit, min_timed_batches=1,
+                                          warmup_batches=1, energy=False, draw_images=0)
+            cells |= {key: (plan, r) for key, r in _by_cell(records).items()}
     return cells
 
 
@@ -470,7 +471,7 @@ def test_layers_on_a_runtime_without_a_profiler_is_unavailable_with_the_reason(t
     need("ncnn")
     from conftest import run_in_process
 
-    done = run_in_process("run", "--backend", "ncnn", "--limit", "4", "--layers", "--no-energy", "--draw-images", "0",
+    done = run_in_process("run", "--backend", "ncnn", "--limit", "2", "--layers", "--no-energy", "--draw-images", "0",
                           "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "per-layer timing unavailable" in done.stdout + done.stderr
