@@ -27,6 +27,9 @@ def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     assert hygiene["data"]["gpu_hygiene"] == {"status": "not a CUDA run", "locked_clocks": None}
     assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
     assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
+    # TorchScript (in torch: on the lent machine too) against eager fp32; fp16 only on a GPU
+    assert checks["torchscript.fp32"]["passed"], checks["torchscript.fp32"]
+    assert "torchscript.fp16" not in checks
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert markdown.count("\n| ") == len(report["checks"]) + 1  # header + a row per check
     assert code == (1 if any(c["status"] == "failed" for c in report["checks"]) else 0)

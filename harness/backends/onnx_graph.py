@@ -24,6 +24,11 @@ from harness.backends.export import (
 from harness.errors import UsageError
 
 
+def has_onnx_graph(source: CoreSource) -> bool:
+    """Whether the source has an ONNX graph: given as one, or exportable from its torch core."""
+    return source.onnx_model is not None or (source.torch_module is not None and source.exportable)
+
+
 def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.ModelProto, torch.nn.Module | None]:
     """The source's ONNX graph (batch axis symbolic) and, for an exported torch core, its module."""
     if source.onnx_model is not None:

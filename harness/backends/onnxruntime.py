@@ -12,6 +12,7 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions, CoreSource, current_options
+from harness.backends.onnx_graph import has_onnx_graph
 from harness.backends.pytorch import device_name
 from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, check_support, ort_provider_for
 from harness.errors import UsageError
@@ -170,7 +171,7 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def supports(self, source: CoreSource) -> bool:
-        return source.onnx_model is not None or (source.torch_module is not None and source.exportable)
+        return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None) -> OnnxRuntimeCore:

@@ -33,7 +33,7 @@ import onnx
 import torch
 
 from harness.backends import CoreSource, current_options
-from harness.backends.onnx_graph import check_against_source, onnx_graph
+from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
 from harness.backends.support import check_support
 from harness.errors import UsageError
 from harness.measure.device import Device
@@ -243,7 +243,7 @@ class TfliteBackend:
     name = "tflite"
 
     def supports(self, source: CoreSource) -> bool:
-        return source.onnx_model is not None or (source.torch_module is not None and source.exportable)
+        return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None) -> TfliteCore:

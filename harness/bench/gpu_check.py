@@ -237,8 +237,24 @@ def check_parity(r: Runner, state: dict) -> Check:
 
 
 def check_runtimes(r: Runner, state: dict) -> list[Check]:
+    """TorchScript (part of torch, so on the lent machine) against eager PyTorch: fp32, and fp16 on a GPU."""
     why = "its wheels exceed what can be carried to the lent machine (64 MiB): tested with fakes only"
-    return [Check("onnxruntime-gpu", status="not run", reason=why), Check("tensorrt", status="not run", reason=why)]
+    out = [Check("onnxruntime-gpu", status="not run", reason=why), Check("tensorrt", status="not run", reason=why)]
+    if "fp32" not in state:
+        return [*out, Check("torchscript", status="not run", reason="needs the fp32 check")]
+    base = state["fp32"][8]
+    for precision, tolerance in (("fp32", 0.002), *((("fp16", 0.005),) if r.device.startswith("cuda") else ())):
+        try:
+            cell = _cells(r.run("--backend", "torchscript", "--device", r.device, "--precision", precision,
+                                "--batch-sizes", "8", "--no-energy"))[8]
+        except RuntimeError as exc:
+            out.append(Check(f"torchscript.{precision}", status="failed", reason=str(exc)))
+            continue
+        delta = cell["mAP_50_95"] - base["mAP_50_95"]
+        out.append(Check(f"torchscript.{precision}", f"mAP {cell['mAP_50_95']:.4f} ({delta:+.4f} vs eager fp32), p50 "
+                         f"{cell['image_ms_p50']:.3f} vs {base['image_ms_p50']:.3f} ms/image",
+                         f"|d mAP| <= {tolerance}", abs(delta) <= tolerance))
+    return out
 
 
 STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
@@ -246,7 +262,7 @@ STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "
          "parity": check_parity, "runtimes": check_runtimes}
 CUDA_ONLY = {"precisions", "compile"}
 MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "compile": 120, "overhead": 60,
-               "parity": 30}
+               "parity": 30, "runtimes": 30}
 
 
 def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:
