@@ -37,8 +37,8 @@ class RunConfig(BaseModel):
                                "registry id (`va-bench models list`) or path/to/file.py:factory")
     weights: str | None = option(None, "--weights", "weights file for a single --model")
     backends: list[str] = option(lambda: ["onnxruntime"], "--backend",
-                                 "onnxruntime, pytorch, openvino, tensorrt (a serialized engine: --weights "
-                                 "FILE.engine)")
+                                 "onnxruntime, pytorch, openvino, ncnn, tflite, torchscript, tensorrt (a serialized "
+                                 "engine: --weights FILE.engine)")
     precisions: list[str] = option(lambda: ["fp32"], "--precision",
                                    "fp32, fp16, bf16, int8 (what each backend/device runs: README, Precisions)")
     calibration: str | None = option(None, "--calibration",

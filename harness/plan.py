@@ -22,6 +22,9 @@ def check_runtimes(config: RunConfig) -> None:
     kind = device_kind(config.device)
     index = int(config.device.split(":", 1)[1]) if ":" in config.device else 0  # parse_device checked it
     check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
+    if "ncnn" in config.backends and max(config.batch_sizes) > 1:
+        raise UsageError("--backend ncnn runs one image per call (no batch axis); use --batch-sizes 1 for it, or "
+                         "run the other batch sizes on another backend")
     for backend in config.backends:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider, index)
@@ -63,8 +66,8 @@ def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: in
         for backend in config.backends:
             if backend not in detector.backends:
                 raise UsageError(f"{model_id} has no backend {backend!r}; it has {', '.join(detector.backends)} "
-                                 "(backends here: onnxruntime or onnx, pytorch, openvino, ncnn, torchscript, "
-                                 "tensorrt with --weights FILE.engine)")
+                                 "(backends here: onnxruntime or onnx, pytorch, openvino, ncnn, tflite, "
+                                 "torchscript, tensorrt with --weights FILE.engine)")
             for precision in config.precisions:
                 sizes = [(s, s) for s in config.input_sizes] or [detector.preprocess.input_size]
                 multiple = getattr(detector, "size_multiple", 32)  # the family's stride; 32 for most detectors

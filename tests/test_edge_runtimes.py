@@ -477,3 +477,31 @@ def test_layers_on_a_runtime_without_a_profiler_is_unavailable_with_the_reason(t
     assert "per-layer timing unavailable" in done.stdout + done.stderr
     doc = json.loads(next(tmp_path.glob("*/submissions/*.json")).read_text())
     assert doc["layers"]["status"] == "unavailable" and "ncnn" in doc["layers"]["reason"]
+
+
+@requires_coco
+@requires_yolox
+def test_ncnn_with_a_batch_above_one_is_refused_before_anything_loads(tmp_path):
+    from conftest import run_in_process
+
+    done = run_in_process("run", "--backend", "ncnn", "--batch-sizes", "1", "4", "--limit", "8",
+                          "--output-dir", str(tmp_path / "out"))
+    assert done.returncode == 2 and "ncnn runs one image per call" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_query_rows_compare_as_a_set_only_where_the_source_says_so():
+    """Rows in another order: equal for a DETR-style source's query set, a disagreement for any other output
+    (a YOLO head's channels or anchors in another order are a wrong model)."""
+    import torch
+
+    from harness.backends.export import max_relative_diff
+
+    torch.manual_seed(0)
+    logits, boxes = torch.rand(1, 6, 3), torch.rand(1, 6, 4)
+    order = torch.tensor([3, 1, 0, 5, 2, 4])
+    swapped = [logits[:, order], boxes[:, order]]
+    assert max_relative_diff(swapped, [logits, boxes], rows_as_set=True) == 0.0
+    assert max_relative_diff(swapped, [logits, boxes]) > 0.1
+    unpaired = [logits[:, order], boxes]  # each output a permutation of its own, the pairs broken
+    assert max_relative_diff(unpaired, [logits, boxes], rows_as_set=True) > 0.1

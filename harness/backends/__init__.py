@@ -46,6 +46,8 @@ class CoreSource:
       sizes at which each output row must equal that image run alone (checked at load; empty: none).
     - `engine_file`: a serialized TensorRT engine of the core (built elsewhere by trtexec; only the
       tensorrt backend runs it, and a family gives it instead of a module or graph).
+    - `query_rows`: the outputs are [B, N, K] rows of a set of queries (DETR-style, NMS-free top-k): another
+      runtime may order near-equal queries differently, so load checks compare each image's rows as a set.
     """
 
     name: str
@@ -55,6 +57,7 @@ class CoreSource:
     export_note: str = ""
     check_batches: tuple[int, ...] = ()
     engine_file: Path | None = None
+    query_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -231,8 +231,9 @@ def _reorg_as_space_to_depth(param: Path, expected: int) -> int:
     """Give the Reorg layers pnnx made of ONNX SpaceToDepth nodes SpaceToDepth's order (mode 1)."""
     lines = param.read_text().splitlines()
     reorg = [k for k, line in enumerate(lines) if line.split()[:1] == ["Reorg"]]
-    if len(reorg) != expected:
-        return 0
+    if len(reorg) != expected:  # not the layers made of our SpaceToDepth nodes: their order would be wrong
+        raise UsageError(f"pnnx wrote {len(reorg)} Reorg layers for {expected} SpaceToDepth nodes; this graph's "
+                         "space-to-depth cannot be given the right channel order: use --backend onnxruntime")
     for k in reorg:
         lines[k] = re.sub(r"(?<= )1=0\b", "1=1", lines[k]) if " 1=" in lines[k] else lines[k] + " 1=1"
     param.write_text("\n".join(lines) + "\n")
@@ -309,8 +310,13 @@ class NcnnCore:
                 if code != 0:
                     raise RuntimeError(f"ncnn extract({name}) failed with {code}")
                 array, shape = np.array(mat), self.output_shapes[len(outputs)]
-                known = all(shape) and array.size == int(np.prod(shape))
-                outputs.append(torch.from_numpy(array.reshape(shape) if known else array[None]))
+                if not all(shape):  # a symbolic dimension: ncnn's own shape, the batch axis put back
+                    outputs.append(torch.from_numpy(array[None]))
+                elif array.size == int(np.prod(shape)):
+                    outputs.append(torch.from_numpy(array.reshape(shape)))
+                else:
+                    raise RuntimeError(f"ncnn output {name} has {array.size} values where the graph's {shape} has "
+                                       f"{int(np.prod(shape))}")
         return outputs
 
     def info(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from harness.backends import CoreSource
 from harness.backends.export import (
     CHECK_BATCHES,
     RELATIVE_TOLERANCE,
+    check_batch_rows,
     check_export,
     export_core,
     max_relative_diff,
@@ -41,24 +42,30 @@ def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.Mo
 def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: torch.nn.Module | None, core: Any,
                          input_size: tuple[int, int], runtime: str,
                          batches: tuple[int, ...] = CHECK_BATCHES) -> dict[str, Any]:
-    """Run the converted core at `batches` against its source (one UsageError line when it disagrees);
-    returns what was checked, for the record."""
+    """Run the converted core at `batches` against its source (one UsageError line when it disagrees), and
+    each output row against its image alone where the source asks for it (`check_batches`); returns what was
+    checked, for the record."""
+    if source.check_batches:
+        check_batch_rows(source.name, core, input_size, tuple(b for b in source.check_batches if b <= max(batches))
+                         or (1,), source.query_rows)
     if module is not None:
-        from harness.backends.export import export_path, state_dict_sha256
-
-        path = export_path(source.name, state_dict_sha256(module), input_size)
-        return {"against": "the torch module", **check_export(source.name, module, core, input_size, path,
-                                                                runtime=runtime, batches=batches)}
+        return {"against": "the torch module", **check_export(source.name, module, core, input_size, None,
+                                                                runtime=runtime, batches=batches,
+                                                                rows_as_set=source.query_rows)}
     import onnxruntime as ort
 
-    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     torch.manual_seed(0)
     x = torch.rand(max(batches), 3, *input_size)
-    want = [torch.from_numpy(o) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+    try:
+        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = [torch.from_numpy(o) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+    except Exception as exc:  # ORT's own exception types
+        raise UsageError(f"{source.name}: ONNX Runtime cannot run the source graph at batch {max(batches)} to check "
+                         f"the {runtime} conversion ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
     worst = 0.0
     for b in batches:
         try:
-            diff = max_relative_diff(core(x[:b].contiguous()), [w[:b] for w in want])
+            diff = max_relative_diff(core(x[:b].contiguous()), [w[:b] for w in want], source.query_rows)
             detail = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
         except Exception as exc:
             diff, detail = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"

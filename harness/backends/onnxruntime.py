@@ -180,12 +180,13 @@ class OnnxRuntimeBackend:
         if source.onnx_model is not None:
             core = OnnxRuntimeCore(source.onnx_model(), device, threads, precision)
             if source.check_batches:
-                check_batch_rows(source.name, core, input_size, source.check_batches)
+                check_batch_rows(source.name, core, input_size, source.check_batches, source.query_rows)
         else:
             module = source.torch_module().eval()
             model, path = export_core(source.name, module, input_size)
             core = OnnxRuntimeCore(model, device, threads, precision)
-            core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path)}
+            core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path,
+                                                                  rows_as_set=source.query_rows)}
         if core.execution_provider == "TensorrtExecutionProvider":
             core.build_engine(input_size, current_options().max_batch)
         return core

@@ -179,6 +179,9 @@ class OpenVinoCore:
                 raise UsageError(f"{self.name}: NNCF could not quantise this model ({_first_line(exc)}); "
                                  "use --precision fp32 or fp16") from exc
             model.reshape({0: [-1, 3, *self.input_size]})
+            if not any(op.get_type_name() == "FakeQuantize" for op in model.get_ops()):
+                raise UsageError(f"{self.name}: NNCF left no quantised operation in the model; it cannot be "
+                                 "published as int8: use --precision fp32 or fp16")
             self._save_ir(model, path, compress_to_fp16=False)
             model = self._read_ir(path)
         self._model = model

@@ -200,6 +200,6 @@ class PyTorchBackend:
             if source.check_batches:
                 from harness.backends.export import check_batch_rows
 
-                check_batch_rows(source.name, core, input_size, source.check_batches)
+                check_batch_rows(source.name, core, input_size, source.check_batches, source.query_rows)
         core.prepare(options.compile, options.cuda_graphs, input_size, options.batch_sizes)
         return core

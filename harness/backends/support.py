@@ -21,8 +21,6 @@ TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # --ort-provider value -> the ONNX Runtime execution provider it asks for
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                  "tensorrt": "TensorrtExecutionProvider"}
-# onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
-# one pip wrote last wins (ONNX Runtime's install docs)
 # Runtimes that run their own converted format: device kind -> precisions (the site's support matrix), and
 # the Python packages each needs (one `pip install` line when one is missing).
 RUNTIME_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
@@ -34,6 +32,8 @@ RUNTIME_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
 RUNTIME_PACKAGES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "torchscript": (),
                     "tflite": ("ai_edge_litert", "onnx2tf", "tensorflow")}
 EDGE_EXTRA = "pip install 'va-bench[edge]'"
+# onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
+# one pip wrote last wins (ONNX Runtime's install docs)
 GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "
              "pip install onnxruntime-gpu (both builds install the same `onnxruntime` package)")
 

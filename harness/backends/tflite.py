@@ -48,7 +48,7 @@ import sys
 import onnx2tf
 calibration = sys.argv[2] if len(sys.argv) > 2 else None
 onnx2tf.convert(input_onnx_file_path="model.onnx", output_folder_path="out", non_verbose=True,
-                            output_integer_quantized_tflite=calibration is not None,
+                output_integer_quantized_tflite=calibration is not None,
                 custom_input_op_name_np_data_path=[[sys.argv[1], calibration, 0.0, 1.0]] if calibration else None)
 """
 
@@ -132,6 +132,7 @@ class TfliteCore:
         self.conversion: dict[str, Any] = {}
         self.quantization: dict[str, Any] | None = None
         self._interpreters: dict[int, Any] = {}
+        self._io: dict[int, tuple[int, list[int]]] = {}  # batch size -> input index, output indices in graph order
         self.held: dict[str, int] = {}
         self._calibration_data: np.ndarray | None = None
         if precision != "int8":
@@ -174,6 +175,11 @@ class TfliteCore:
                 interpreter = self._interpreter_for(batch)
             self._interpreters[batch] = interpreter
             self.held = self._read_back(interpreter)
+            if self.precision == "int8" and not self.held.get("int8"):
+                raise UsageError(f"{self.name}: the int8 TFLite model onnx2tf wrote holds no int8 tensor (not "
+                                 "quantised); it cannot be published as int8: use --precision fp32 or fp16")
+            inputs, outputs = interpreter.get_input_details(), self._outputs_in_graph_order(interpreter)
+            self._io[batch] = (inputs[0]["index"], [d["index"] for d in outputs])
         return self._interpreters[batch]
 
     def _interpreter_for(self, batch: int) -> Any:
@@ -209,12 +215,12 @@ class TfliteCore:
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         interpreter = self._interpreter(batch.shape[0])
-        interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
-                               np.ascontiguousarray(batch.numpy().transpose(0, 2, 3, 1)))
+        input_index, output_indices = self._io[batch.shape[0]]
+        interpreter.set_tensor(input_index, np.ascontiguousarray(batch.numpy().transpose(0, 2, 3, 1)))
         interpreter.invoke()
         outputs = []
-        for detail in self._outputs_in_graph_order(interpreter):
-            array = interpreter.get_tensor(detail["index"])
+        for index in output_indices:
+            array = interpreter.get_tensor(index)
             if array.ndim == 4:  # onnx2tf keeps 4-D outputs NHWC: the decoder reads the graph's NCHW
                 array = array.transpose(0, 3, 1, 2)
             outputs.append(torch.from_numpy(np.ascontiguousarray(array)))
@@ -222,9 +228,7 @@ class TfliteCore:
 
     @property
     def compute_precision(self) -> str:
-        if self.precision == "int8":
-            return "int8 (quantised ops) + fp32" if self.held.get("int8") else "fp32 (no int8 tensors: not quantised)"
-        return "fp32"
+        return "int8 (quantised ops) + fp32" if self.precision == "int8" else "fp32"
 
     def info(self) -> dict[str, Any]:
         return {"backend": self.backend, "ai_edge_litert": version("ai-edge-litert"), "device_name": "cpu",

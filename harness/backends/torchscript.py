@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from harness.backends import CoreSource
-from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
+from harness.backends.export import EXPORT_BATCH, check_batch_rows, check_export, state_dict_sha256
+from harness.backends.onnx_graph import has_onnx_graph
 from harness.backends.pytorch import device_name, onnx_to_torch
 from harness.backends.support import check_support
 from harness.errors import UsageError
@@ -71,7 +72,7 @@ class TorchScriptBackend:
 
     def supports(self, source: CoreSource) -> bool:
         # the tracer that exports to ONNX is the one that makes TorchScript: the same cores are out of reach
-        return (source.torch_module is not None and source.exportable) or source.onnx_model is not None
+        return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None) -> TorchScriptCore:
@@ -100,11 +101,15 @@ class TorchScriptBackend:
                       "traced_batch": EXPORT_BATCH, "file": str(path), "cached": cached,
                       "seconds": round(time.perf_counter() - clock, 3)}
         core = TorchScriptCore(scripted, device, precision, conversion)
+        if source.check_batches:  # a graph whose batch axis was made dynamic after export: each row its own image
+            check_batch_rows(source.name, _HostInput(core, device), input_size, source.check_batches,
+                             source.query_rows)
         if precision == "fp32":  # fp16 differs from the fp32 module by more than the check's tolerance
             reference = module if not device.is_cuda else copy.deepcopy(module).to(device.torch_device)
             check = check_export(source.name, _OnDevice(reference, device), _HostInput(core, device), input_size,
-                                 path, runtime="torchscript")
-            conversion["checked"] = {"against": "the torch module", **check}
+                                 path, runtime="torchscript", rows_as_set=source.query_rows)
+            conversion["checked"] = {"against": "the torch module",
+                                     **{k: v for k, v in check.items() if k != "opset"}}
         return core
 
     @staticmethod

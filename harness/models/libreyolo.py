@@ -493,7 +493,8 @@ class LibreYoloDetector:
 
     @property
     def core_source(self) -> CoreSource:
-        return CoreSource(self.model_id, torch_module=lambda: self.core_module)
+        return CoreSource(self.model_id, torch_module=lambda: self.core_module,
+                          query_rows=self.postprocess.kind == "topk")
 
     @property
     def backends(self) -> tuple[str, ...]:
