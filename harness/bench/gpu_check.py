@@ -169,23 +169,29 @@ def check_fp32(r: Runner, state: dict) -> list[Check]:
     return out
 
 
-def check_precisions(r: Runner, state: dict) -> list[Check]:
-    if "fp32" not in state:
-        return [Check("precisions", status="not run", reason="needs the fp32 check")]
-    base = state["fp32"][8]
+def _map_against_eager(r: Runner, base: dict, backend: str, label: str,
+                       tolerances: tuple[tuple[str, float], ...]) -> list[Check]:
+    """`backend` at each (precision, tolerance), batch 8: its mAP against eager PyTorch fp32's (`base`)."""
     out = []
-    for precision, tolerance in (("fp16", 0.005), ("bf16", 0.01)):
+    for precision, tolerance in tolerances:
+        name = f"{label}.{precision}"
         try:
-            cell = _cells(r.run("--backend", "pytorch", "--device", r.device, "--precision", precision,
+            cell = _cells(r.run("--backend", backend, "--device", r.device, "--precision", precision,
                                 "--batch-sizes", "8", "--no-energy"))[8]
         except RuntimeError as exc:
-            out.append(Check(f"precision.{precision}", status="failed", reason=str(exc)))
+            out.append(Check(name, status="failed", reason=str(exc)))
             continue
         delta = cell["mAP_50_95"] - base["mAP_50_95"]
-        out.append(Check(f"precision.{precision}", f"mAP {cell['mAP_50_95']:.4f} ({delta:+.4f} vs fp32), p50 "
+        out.append(Check(name, f"mAP {cell['mAP_50_95']:.4f} ({delta:+.4f} vs eager fp32), p50 "
                          f"{cell['image_ms_p50']:.3f} vs {base['image_ms_p50']:.3f} ms/image",
                          f"|d mAP| <= {tolerance}", abs(delta) <= tolerance))
     return out
+
+
+def check_precisions(r: Runner, state: dict) -> list[Check]:
+    if "fp32" not in state:
+        return [Check("precisions", status="not run", reason="needs the fp32 check")]
+    return _map_against_eager(r, state["fp32"][8], "pytorch", "precision", (("fp16", 0.005), ("bf16", 0.01)))
 
 
 def check_compile(r: Runner, state: dict) -> list[Check]:
@@ -242,19 +248,8 @@ def check_runtimes(r: Runner, state: dict) -> list[Check]:
     out = [Check("onnxruntime-gpu", status="not run", reason=why), Check("tensorrt", status="not run", reason=why)]
     if "fp32" not in state:
         return [*out, Check("torchscript", status="not run", reason="needs the fp32 check")]
-    base = state["fp32"][8]
-    for precision, tolerance in (("fp32", 0.002), *((("fp16", 0.005),) if r.device.startswith("cuda") else ())):
-        try:
-            cell = _cells(r.run("--backend", "torchscript", "--device", r.device, "--precision", precision,
-                                "--batch-sizes", "8", "--no-energy"))[8]
-        except RuntimeError as exc:
-            out.append(Check(f"torchscript.{precision}", status="failed", reason=str(exc)))
-            continue
-        delta = cell["mAP_50_95"] - base["mAP_50_95"]
-        out.append(Check(f"torchscript.{precision}", f"mAP {cell['mAP_50_95']:.4f} ({delta:+.4f} vs eager fp32), p50 "
-                         f"{cell['image_ms_p50']:.3f} vs {base['image_ms_p50']:.3f} ms/image",
-                         f"|d mAP| <= {tolerance}", abs(delta) <= tolerance))
-    return out
+    tolerances = (("fp32", 0.002), *((("fp16", 0.005),) if r.device.startswith("cuda") else ()))
+    return [*out, *_map_against_eager(r, state["fp32"][8], "torchscript", "torchscript", tolerances)]
 
 
 STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
