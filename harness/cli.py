@@ -55,7 +55,8 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
 
 def _progress(quiet: bool):
     """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
-    from harness.report.progress import PlainProgress, RichProgress, SilentProgress
+    from harness.run.progress import SilentProgress
+    from harness.views.progress import PlainProgress, RichProgress
 
     if quiet:
         return SilentProgress()
@@ -166,8 +167,10 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     Exit 0 when every cell is ok, 1 when a cell failed (the others still run), 2 for bad input,
     130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
     from harness.config import given, load_config
-    from harness.report.tables import print_plan, print_summary, summary_json
-    from harness.run.scheduler import prepare, prepare_resume, run_with_interrupts
+    from harness.run.plan import prepare
+    from harness.run.resume import prepare_resume
+    from harness.run.scheduler import run_with_interrupts
+    from harness.views.tables import print_plan, print_summary, summary_json
 
     if resume is not None:
         if config is not None:
@@ -266,10 +269,10 @@ def aggregate(
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
     from harness.catalogue import pending_site_ids, size_ranks
-    from harness.report.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
+    from harness.files import atomic_write_json
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
-    from harness.results.writer import atomic_write_json
+    from harness.views.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
 
     if tolerance < 0:
         raise UsageError("--tolerance must be >= 0 (mAP points)")
@@ -484,8 +487,9 @@ def models_fetch(
     force: bool = typer.Option(False, "--force", help="download again even when the weights are found locally"),
 ) -> None:
     """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
+    from harness.detector.weights import weights_dir
+    from harness.files import download, file_sha256
     from harness.models.registry import REGISTRY
-    from harness.models.weights import download, file_sha256, weights_dir
 
     entry = REGISTRY.get(model_id)
     if entry is None:
@@ -531,8 +535,8 @@ latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall lar
 rise larger than it; a trailing % makes it relative to A. Latency and throughput gates skip changes the \
 significance test calls noise; a gate with nothing to check fails.
     """
-    from harness.compare import check_gate, compare_paths, parse_gate
-    from harness.report.compare_view import render_comparison, render_gates
+    from harness.results.compare import check_gate, compare_paths, parse_gate
+    from harness.views.compare_view import render_comparison, render_gates
 
     gates = [parse_gate(spec) for spec in fail_on or []]
     if baseline is None and len(runs) != 2:
@@ -565,9 +569,9 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Parameters, FLOPs (FLOP = 2 x MAC), per-layer table, weight sparsity and ONNX graph metrics."""
+    from harness.files import atomic_write_csv
     from harness.models.inspect import inspect_model
-    from harness.report.inspect_view import render_inspect
-    from harness.results.writer import atomic_write_csv
+    from harness.views.inspect_view import render_inspect
 
     if input_size and len(input_size) > 1:
         raise UsageError(f"--input-size: give one size (got {' '.join(map(str, input_size))})")
@@ -640,7 +644,7 @@ FLEET_FLAGS = [
 
 def _fleet_module():
     try:
-        from harness.run import fleet
+        from harness.fleet import driver as fleet
     except ModuleNotFoundError as exc:
         if exc.name != "ray":
             raise
@@ -657,7 +661,7 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
     time. Exit 0 when every cell is ok, 1 when a cell or shard failed or was interrupted (the rest still runs;
     continue with --resume RUN_ID), 2 for bad input, 130/143 when interrupted. See docs/fleet.md."""
     from harness.config import given, load_config
-    from harness.report.fleet_view import fleet_summary_json, print_fleet_summary
+    from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
 
     fleet = _fleet_module()
     if resume is not None:
@@ -713,7 +717,7 @@ def fleet_join(
     """Start Ray on this device with its hardware id as a resource (`ray start`, wrapped); stop with `ray stop`."""
     import shlex
 
-    from harness.run.fleet_join import join_command, start
+    from harness.fleet.join import join_command, start
 
     command = join_command(address, head, port, node_ip_address, hardware_id, extra or [])
     env = " ".join(f"{k}={v}" for k, v in command.env_added.items())
@@ -753,13 +757,15 @@ def parity_preprocess(
     the 12 COCO metrics with deltas and the noise floor; exit 1 when a gated delta exceeds --tolerance."""
     import torch
 
+    from harness.backends import BackendOptions, load_detector_core
+    from harness.config import RunConfig
     from harness.data.coco import CocoDataset
+    from harness.files import atomic_write_bytes
     from harness.measure.device import parse_device
     from harness.models.registry import get_detector
     from harness.pipeline.parity_run import ParitySetup, run_parity
     from harness.pipeline.preprocess import IMPLEMENTATIONS
-    from harness.report.parity_view import render_parity
-    from harness.results.writer import atomic_write_bytes
+    from harness.views.parity_view import render_parity
 
     names = tuple(dict.fromkeys(n.strip() for n in impls.split(",") if n.strip()))
     unknown = [n for n in names if n not in IMPLEMENTATIONS]
@@ -771,7 +777,9 @@ def parity_preprocess(
     records = dataset.records(dataset.variant(subset, limit))
     detector = get_detector(model)
     spec = detector.preprocess
-    core = detector.load_core(backend, dev, "fp32", spec.input_size, threads=threads or torch.get_num_threads())
+    options = BackendOptions.from_config(RunConfig(backends=[backend], device=device, batch_sizes=[batch_size]))
+    core = load_detector_core(detector, backend, dev, "fp32", spec.input_size, options=options,
+                              threads=threads or torch.get_num_threads())
     setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), conf, iou, tolerance)
     report = run_parity(detector, core, dev, dataset, records, setup)
     console.print(render_parity(report), highlight=False)

@@ -35,7 +35,8 @@ def _asset_env():
 def run_benchmark(tmp_path_factory, name: str, **overrides):
     """Run the real pipeline through the library entry points; returns (plan, records)."""
     from harness.config import RunConfig
-    from harness.run.scheduler import Scheduler, prepare
+    from harness.run.plan import prepare
+    from harness.run.scheduler import Scheduler
 
     settings = dict(models=["yolox-nano"], subset="sample", warmup_batches=2, warmup_seconds=0.0,
                     min_timed_batches=10, output_dir=str(tmp_path_factory.mktemp(name)), draw_images=1,
@@ -81,7 +82,6 @@ def run_in_process(*args: str, env: dict[str, str] | None = None, cwd: Path = RE
     import torch
 
     from harness import cli
-    from harness.backends import BackendOptions, set_options
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
@@ -111,7 +111,30 @@ def run_in_process(*args: str, env: dict[str, str] | None = None, cwd: Path = RE
         os.chdir(saved_cwd)
         sys.argv = saved_argv
         torch.set_num_threads(saved_threads)
-        set_options(BackendOptions())
         for s, handler in saved_signals.items():
             signal.signal(s, handler)
     return subprocess.CompletedProcess(["va-bench", *args], code, out.getvalue(), err.getvalue())
+
+
+def backend_options(**fields):
+    """A run's backend options: RunConfig's defaults with `fields` of RunConfig changed (batch_sizes=[1, 4], ...)."""
+    from harness.backends import BackendOptions
+    from harness.config import RunConfig
+
+    return BackendOptions.from_config(RunConfig(**fields))
+
+
+def load_core_of(detector, backend, device, precision, input_size, threads=None, **fields):
+    """A detector's core on a backend, as a run with RunConfig `fields` would load it."""
+    from harness.backends import load_detector_core
+
+    return load_detector_core(detector, backend, device, precision, input_size, options=backend_options(**fields),
+                              threads=threads)
+
+
+def load_source(source, backend, device, precision, input_size, threads=None, **fields):
+    """A CoreSource loaded on a backend, as a run with RunConfig `fields` would load it."""
+    from harness.backends import load_core
+
+    return load_core(source, backend, device, precision, input_size, options=backend_options(**fields),
+                     threads=threads)

@@ -6,11 +6,13 @@ import warnings
 import onnx
 import pytest
 import torch
-from conftest import YOLOX_NANO
+from conftest import YOLOX_NANO, load_source
 from torch import nn
 
-from harness.backends import CoreSource, _registry, backend_names, load_core, register_backend
-from harness.backends.export import export_path, make_batch_dynamic, state_dict_sha256
+from harness.backends import _registry, backend_names, register_backend
+from harness.backends.export import export_path, state_dict_sha256
+from harness.detector.graph import make_batch_dynamic
+from harness.detector.source import CoreSource
 from harness.errors import UsageError
 from harness.measure.device import parse_device
 
@@ -62,12 +64,12 @@ def test_sources_pick_their_backends():
     # pytorch and torchscript through onnx2torch
     assert backend_names(onnx_only) == ("pytorch", "onnxruntime", *converting, "torchscript")
     with pytest.raises(UsageError, match="unknown backend 'tensorflow'"):
-        load_core(torch_only, "tensorflow", CPU, "fp32", SIZE)
+        load_source(torch_only, "tensorflow", CPU, "fp32", SIZE)
     with pytest.raises(UsageError, match="cannot run on onnxruntime .*because"):
-        load_core(CoreSource("t", torch_module=Head, exportable=False, export_note="because"), "onnxruntime", CPU,
+        load_source(CoreSource("t", torch_module=Head, exportable=False, export_note="because"), "onnxruntime", CPU,
                   "fp32", SIZE)
     with pytest.raises(UsageError, match="fp16"):
-        load_core(torch_only, "pytorch", CPU, "fp16", SIZE)
+        load_source(torch_only, "pytorch", CPU, "fp16", SIZE)
 
 
 def test_a_new_backend_plugs_in_without_touching_families():
@@ -77,7 +79,7 @@ def test_a_new_backend_plugs_in_without_touching_families():
         def supports(self, source):
             return source.torch_module is not None
 
-        def load(self, source, device, precision, input_size, threads):
+        def load(self, source, device, precision, input_size, threads, options):
             module = source.torch_module().eval()
             return lambda x: [2 * t for t in module(x)]
 
@@ -87,14 +89,14 @@ def test_a_new_backend_plugs_in_without_touching_families():
         assert "doubling-test" in backend_names(source)
         x = torch.rand(2, 3, *SIZE)
         with torch.no_grad():
-            assert torch.equal(load_core(source, "doubling-test", CPU, "fp32", SIZE)(x)[0], 2 * Head()(x)[0])
+            assert torch.equal(load_source(source, "doubling-test", CPU, "fp32", SIZE)(x)[0], 2 * Head()(x)[0])
     finally:  # the registry is process-wide: later tests must not see the test backend
         _registry().pop("doubling-test", None)
 
 
 def test_export_matches_torch_and_is_cached_by_weights_hash():
     source = CoreSource("tiny-head", torch_module=Head)
-    core = load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+    core = load_source(source, "onnxruntime", CPU, "fp32", SIZE)
     info = core.info()["exported_from_pytorch"]
     assert info["checked_batches"] == [1, 2, 4] and info["max_relative_diff"] < 1e-5
     path = export_path("tiny-head", state_dict_sha256(Head()), SIZE)
@@ -104,7 +106,7 @@ def test_export_matches_torch_and_is_cached_by_weights_hash():
         for got, want in zip(core(x), Head()(x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     mtime = path.stat().st_mtime_ns
-    load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+    load_source(source, "onnxruntime", CPU, "fp32", SIZE)
     assert path.stat().st_mtime_ns == mtime  # served from the cache
     other = export_path("tiny-head", state_dict_sha256(Head(seed=1)), SIZE)
     assert other != path  # other weights, other file
@@ -113,7 +115,7 @@ def test_export_matches_torch_and_is_cached_by_weights_hash():
 def test_export_that_bakes_the_batch_is_refused_and_not_kept():
     source = CoreSource("baked", torch_module=BakedBatch)
     with pytest.raises(UsageError, match="disagrees with PyTorch at batch 1") as err:
-        load_core(source, "onnxruntime", CPU, "fp32", SIZE)
+        load_source(source, "onnxruntime", CPU, "fp32", SIZE)
     assert "\n" not in str(err.value) and "--backend pytorch" in str(err.value)
     assert not export_path("baked", state_dict_sha256(BakedBatch()), SIZE).exists()
 
@@ -137,10 +139,10 @@ def _onnx(module, path, dynamic=True):
 def test_onnx_source_batch_rows_are_checked(tmp_path):
     good = make_batch_dynamic(_onnx(Head(), tmp_path / "good.onnx", dynamic=False))
     for backend in ("onnxruntime", "pytorch"):
-        load_core(CoreSource("good", onnx_model=lambda: good, check_batches=(1, 2)), backend, CPU, "fp32", SIZE)
+        load_source(CoreSource("good", onnx_model=lambda: good, check_batches=(1, 2)), backend, CPU, "fp32", SIZE)
     mixed = _onnx(MixesBatch(), tmp_path / "mixed.onnx")
     with pytest.raises(UsageError, match="at batch 2 the graph does not give each image's own output"):
-        load_core(CoreSource("mixed", onnx_model=lambda: mixed, check_batches=(1, 2)), "onnxruntime", CPU, "fp32",
+        load_source(CoreSource("mixed", onnx_model=lambda: mixed, check_batches=(1, 2)), "onnxruntime", CPU, "fp32",
                   SIZE)
 
 
@@ -151,7 +153,7 @@ def test_onnx2torch_gaps_are_one_line(tmp_path):
 
     model = _onnx(ClampMax(), tmp_path / "clip.onnx")
     with pytest.raises(UsageError, match="onnx2torch cannot convert this ONNX graph.*--backend onnxruntime"):
-        load_core(CoreSource("clip", onnx_model=lambda: model), "pytorch", CPU, "fp32", SIZE)
+        load_source(CoreSource("clip", onnx_model=lambda: model), "pytorch", CPU, "fp32", SIZE)
 
 
 def test_torch_core_moves_a_copy_never_the_family_module(monkeypatch):
@@ -172,8 +174,8 @@ def test_torch_core_moves_a_copy_never_the_family_module(monkeypatch):
 def test_flop_count_is_cached_per_graph_and_input_size(monkeypatch, tmp_path):
     """The count is a pure function of the graph and the input size: the second run reads it, a damaged
     cache file is counted again, another input size is its own entry."""
-    import harness.backends.pytorch as pytorch_backend
-    from harness.backends.export import onnx_model_stats
+    import harness.detector.graph as graph_tools
+    from harness.detector.graph import onnx_model_stats
 
     monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
     graph = onnx.load(str(YOLOX_NANO))
@@ -181,14 +183,14 @@ def test_flop_count_is_cached_per_graph_and_input_size(monkeypatch, tmp_path):
     # YOLOX's README: 1.08 GFLOPs at 416 (thop also counts BN/activations: within 5 %, as test_inspect checks)
     assert abs(first.gflops - 1.08) / 1.08 < 0.05
     counted = []
-    real = pytorch_backend.count_flops
-    monkeypatch.setattr(pytorch_backend, "count_flops", lambda *a: counted.append(a) or real(*a))
+    real = graph_tools.count_flops
+    monkeypatch.setattr(graph_tools, "count_flops", lambda *a: counted.append(a) or real(*a))
     assert onnx_model_stats(graph, (416, 416)).gflops == first.gflops and counted == []
     (cache,) = (tmp_path / "model-stats").glob("*__416x416.json")
     cache.write_text("{not json")
     assert onnx_model_stats(graph, (416, 416)).gflops == first.gflops and len(counted) == 1
     assert onnx_model_stats(graph, (320, 320)).gflops < first.gflops and len(counted) == 2
-    assert not list((tmp_path / "model-stats").glob(".*.part"))
+    assert not list((tmp_path / "model-stats").glob(".*"))  # no temporary file left
 
 
 def test_batch_row_check_feeds_a_device_core_on_its_device_and_fails_in_one_line():
@@ -196,7 +198,7 @@ def test_batch_row_check_feeds_a_device_core_on_its_device_and_fails_in_one_line
     that device (a CPU batch into CUDA weights is a crash on a GPU); a core that cannot run at all is one line."""
     from types import SimpleNamespace
 
-    from harness.backends.export import check_batch_rows
+    from harness.detector.graph import check_batch_rows
 
     class RowWise:  # each output row from its own input row: passes the check
         takes_device_tensors = True

@@ -16,17 +16,17 @@ import pytest
 from conftest import REPO, SUBSET_ANNOTATIONS, YOLOX_NANO, run_benchmark, run_in_process
 from rich.console import Console
 
-from harness.compare import (
+from harness.errors import UsageError
+from harness.eval.coco_eval import STAT_NAMES
+from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
+from harness.results.compare import (
     compare_paths,
     compare_sides,
     latency_significance,
     load_side,
     parse_gate,
 )
-from harness.errors import UsageError
-from harness.eval.coco_eval import STAT_NAMES
-from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
-from harness.report.compare_view import render_comparison
+from harness.views.compare_view import render_comparison
 
 SHA = "0" * 64
 
@@ -151,7 +151,7 @@ def test_gates(tmp_path):
     b = write_submission(tmp_path / "b", lognormal(2, 60), accuracy=acc_b)
     noise = write_submission(tmp_path / "n", lognormal(3, 50), accuracy=acc_a)
     c = compare_paths(a, [b])[0]
-    from harness.compare import check_gate
+    from harness.results.compare import check_gate
 
     status = {spec: check_gate(parse_gate(spec), c).status for spec in
               ("map:-0.005", "map:-0.02", "map:-5%", "ar100:-0.001", "latency:+10%", "latency:+30%",
@@ -206,7 +206,7 @@ def test_not_a_submission_is_a_usage_error(tmp_path):
 
 
 def test_compare_stays_torch_free():
-    code = ("import sys, harness.compare, harness.eval.detection_diff, harness.report.compare_view; "
+    code = ("import sys, harness.results.compare, harness.eval.detection_diff, harness.views.compare_view; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "False"

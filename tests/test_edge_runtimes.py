@@ -17,9 +17,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import COCO_DIR, CORPUS, YOLOX_NANO, requires_coco, requires_yolox, run_benchmark
+from conftest import (
+    COCO_DIR,
+    CORPUS,
+    YOLOX_NANO,
+    load_core_of,
+    load_source,
+    requires_coco,
+    requires_yolox,
+    run_benchmark,
+)
 
-from harness.backends import BackendOptions, set_options
 from harness.errors import UsageError
 from harness.measure.device import parse_device
 
@@ -229,14 +237,11 @@ def test_a_missing_runtime_is_one_line_with_the_pip_command(monkeypatch):
 
 def test_ncnn_refuses_batches_above_one():
     need("ncnn")
-    from harness.backends import CoreSource, load_core
+    from harness.detector.source import CoreSource
 
-    set_options(BackendOptions(max_batch=4, batch_sizes=(1, 4)))
-    try:
-        with pytest.raises(UsageError, match="ncnn runs one image per call .*--batch-sizes 1"):
-            load_core(CoreSource("m", onnx_model=lambda: onnx.load(str(YOLOX_NANO))), "ncnn", CPU, "fp32", (416, 416))
-    finally:
-        set_options(BackendOptions())
+    with pytest.raises(UsageError, match="ncnn runs one image per call .*--batch-sizes 1"):
+        load_source(CoreSource("m", onnx_model=lambda: onnx.load(str(YOLOX_NANO))), "ncnn", CPU, "fp32", (416, 416),
+                    batch_sizes=[1, 4])
 
 
 class _Compiled:
@@ -269,16 +274,16 @@ def test_an_fp32_row_computing_in_bf16_is_refused():
 @requires_yolox
 def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_path, monkeypatch):
     need("openvino")
-    from harness.backends import CoreSource, load_core
+    from harness.detector.source import CoreSource
 
     monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
     source = CoreSource("yolox-nano", onnx_model=lambda: _dynamic_yolox())
-    first = load_core(source, "openvino", CPU, "fp32", (416, 416))
-    again = load_core(source, "openvino", CPU, "fp32", (416, 416))
+    first = load_source(source, "openvino", CPU, "fp32", (416, 416))
+    again = load_source(source, "openvino", CPU, "fp32", (416, 416))
     assert first.conversion["cached"] is False and again.conversion["cached"] is True
     xml = Path(again.conversion["ir_file"])
     xml.write_text("<net broken")  # a damaged cache entry (a crash while writing elsewhere, a full disk)
-    third = load_core(source, "openvino", CPU, "fp32", (416, 416))
+    third = load_source(source, "openvino", CPU, "fp32", (416, 416))
     assert third.conversion["cached"] is False and xml.is_file()
     x = np.random.default_rng(0).random((1, 3, 416, 416), dtype=np.float32)
     import torch
@@ -287,7 +292,7 @@ def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_
 
 
 def _dynamic_yolox() -> onnx.ModelProto:
-    from harness.backends.export import make_batch_dynamic
+    from harness.detector.graph import make_batch_dynamic
 
     return make_batch_dynamic(onnx.load(str(YOLOX_NANO)))
 
@@ -380,20 +385,16 @@ def test_seeded_families_on_every_converting_runtime(model_id, monkeypatch):
     det = parity.calibrated(model_id, coco)
     records = [coco.record(i) for i in parity.PARITY_IMAGES]
     post = det.postprocess
-    set_options(BackendOptions(max_batch=1, batch_sizes=(1,)))
-    try:
-        detections = {}
-        for backend in ("onnxruntime", "openvino", "torchscript", "ncnn"):
-            try:
-                core = det.load_core(backend, CPU, "fp32", det.preprocess.input_size)
-            except UsageError as exc:
-                assert backend == "ncnn" and NCNN_REFUSALS[model_id] in str(exc) and "\n" not in str(exc), str(exc)
-                continue
-            pipeline = DetectorPipeline(det, core, CPU, det.preprocess, Thresholds(post.conf, post.iou, post.max_det))
-            timer = StageTimer(CPU)
-            detections[backend] = [d for r in records for d in pipeline.run_batch([r], timer)]
-    finally:
-        set_options(BackendOptions())
+    detections = {}
+    for backend in ("onnxruntime", "openvino", "torchscript", "ncnn"):
+        try:
+            core = load_core_of(det, backend, CPU, "fp32", det.preprocess.input_size)
+        except UsageError as exc:
+            assert backend == "ncnn" and NCNN_REFUSALS[model_id] in str(exc) and "\n" not in str(exc), str(exc)
+            continue
+        pipeline = DetectorPipeline(det, core, CPU, det.preprocess, Thresholds(post.conf, post.iou, post.max_det))
+        timer = StageTimer(CPU)
+        detections[backend] = [d for r in records for d in pipeline.run_batch([r], timer)]
     assert sum(len(d.scores) for d in detections["onnxruntime"]) > 0
     for backend in ("openvino", "torchscript"):
         match = match_detections(detections["onnxruntime"], detections[backend], 0.99, 1e-3)
@@ -445,23 +446,19 @@ def test_a_damaged_cache_entry_is_converted_again(backend, damage, tmp_path, mon
     need(backend)
     import torch
 
-    from harness.backends import CoreSource, load_core
+    from harness.detector.source import CoreSource
 
     monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
-    set_options(BackendOptions(max_batch=1, batch_sizes=(1,)))
-    try:
-        source = CoreSource("yolox-nano", onnx_model=_dynamic_yolox)
-        x = torch.from_numpy(np.random.default_rng(2).random((1, 3, 416, 416), dtype=np.float32) * 255)
-        first = load_core(source, backend, CPU, "fp32", (416, 416))
-        want = first(x)[0]
-        folder = Path(first.conversion["file"]).parent if backend == "tflite" else Path(first.conversion["folder"])
-        del first  # LiteRT maps its model file: cutting that file short under a live interpreter is a SIGBUS
-        (folder / damage).write_bytes(b"7767517\n" if backend == "ncnn" else b"not a flatbuffer")
-        again = load_core(source, backend, CPU, "fp32", (416, 416))
-        assert again.conversion["cached"] is False
-        assert torch.allclose(again(x)[0], want)
-    finally:
-        set_options(BackendOptions())
+    source = CoreSource("yolox-nano", onnx_model=_dynamic_yolox)
+    x = torch.from_numpy(np.random.default_rng(2).random((1, 3, 416, 416), dtype=np.float32) * 255)
+    first = load_source(source, backend, CPU, "fp32", (416, 416))
+    want = first(x)[0]
+    folder = Path(first.conversion["file"]).parent if backend == "tflite" else Path(first.conversion["folder"])
+    del first  # LiteRT maps its model file: cutting that file short under a live interpreter is a SIGBUS
+    (folder / damage).write_bytes(b"7767517\n" if backend == "ncnn" else b"not a flatbuffer")
+    again = load_source(source, backend, CPU, "fp32", (416, 416))
+    assert again.conversion["cached"] is False
+    assert torch.allclose(again(x)[0], want)
 
 
 @requires_coco
@@ -495,7 +492,7 @@ def test_query_rows_compare_as_a_set_only_where_the_source_says_so():
     (a YOLO head's channels or anchors in another order are a wrong model)."""
     import torch
 
-    from harness.backends.export import max_relative_diff
+    from harness.detector.graph import max_relative_diff
 
     torch.manual_seed(0)
     logits, boxes = torch.rand(1, 6, 3), torch.rand(1, 6, 4)

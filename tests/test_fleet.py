@@ -16,10 +16,10 @@ from conftest import COCO_DIR, CORPUS, requires_coco, requires_yolox
 from typer.testing import CliRunner
 
 from harness.errors import UsageError
+from harness.fleet.fingerprint import build_differences
+from harness.fleet.gather import append_csv_rows, safe_relative
+from harness.fleet.shards import Shard, merge_result_files, split_shards
 from harness.results.site_rules import schema_findings, site_findings
-from harness.run.fingerprint import build_differences
-from harness.run.gather import append_csv_rows, safe_relative
-from harness.run.shards import Shard, merge_result_files, split_shards
 
 PLUGINS = Path(__file__).parent / "plugins"
 SYNTHETIC = f"{PLUGINS / 'synthetic_detector.py'}:make_detector"
@@ -114,7 +114,7 @@ def test_without_ray_the_fleet_says_how_to_install_it_in_one_line():
 
 def test_resuming_a_fleet_run_that_is_not_there_names_the_folder_as_given_and_absolute(tmp_path, monkeypatch):
     pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
-    from harness.run.fleet import prepare_fleet_resume
+    from harness.fleet.driver import prepare_fleet_resume
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError) as info:
@@ -127,7 +127,7 @@ def test_an_unreachable_head_is_one_line_not_minutes_of_retries(tmp_path):
     ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
     if ray.is_initialized():
         pytest.skip("this process is already connected to a cluster")
-    from harness.run.fleet import connect
+    from harness.fleet.driver import connect
 
     with pytest.raises(UsageError, match=r"cannot reach the Ray head at 127.0.0.1:1 \(Connection refused\)"):
         connect("127.0.0.1:1")
@@ -321,7 +321,7 @@ def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path)
     """A third raylet ("gamma") is removed while it benchmarks: its running group is interrupted (the task
     died) and its queued group too (no node of that hardware is left); the driver does not hang."""
     from harness.config import RunConfig
-    from harness.run.fleet import prepare_fleet, run_fleet
+    from harness.fleet.driver import prepare_fleet, run_fleet
 
     c = cluster["cluster"]
     gamma = c.add_node(**cluster["common"], resources={"hw:gamma": 1, "va-bench-slot": 1})
@@ -357,7 +357,7 @@ def _safe_statuses(run_json: Path) -> dict:
 @requires_coco
 def test_nodes_of_another_build_are_refused_with_one_line(cluster, tmp_path, monkeypatch):
     from harness.config import RunConfig
-    from harness.run import fleet as fleet_module
+    from harness.fleet import driver as fleet_module
 
     real = fleet_module.build_fingerprint
     monkeypatch.setattr(fleet_module, "build_fingerprint", lambda: {**real(), "harness_commit": "f" * 40})
@@ -390,7 +390,7 @@ def test_fleet_modules_on_the_driver_side_load_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import harness.run.gather, harness.run.shards, harness.report.fleet_view; "
+    code = ("import sys; import harness.fleet.gather, harness.fleet.shards, harness.views.fleet_view; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ}).stdout.strip()

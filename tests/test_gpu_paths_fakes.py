@@ -20,13 +20,22 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
+from conftest import (
+    COCO_DIR,
+    YOLOX_NANO,
+    backend_options,
+    load_core_of,
+    load_source,
+    requires_coco,
+    requires_yolox,
+    run_in_process,
+)
 from test_precisions import never_load, run_cli
 
-from harness.backends import BackendOptions, set_options
+from harness.backends import detector_backends
 from harness.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeCore
 from harness.backends.support import check_support, fp16_converter_installed
-from harness.backends.tensorrt import check_engine_weights
+from harness.detector.engine import check_engine_weights
 from harness.errors import UsageError
 from harness.measure.device import Device
 from harness.models.registry import get_detector  # imported before never_load patches harness.backends.load_core
@@ -44,12 +53,6 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: GPU_NAME)
     monkeypatch.setattr(torch.cuda, "get_device_properties",  # an H100: compute capability 9.0
                         lambda index=0: SimpleNamespace(name=GPU_NAME, total_memory=80 * 2**30, major=9, minor=0))
-
-
-@pytest.fixture(autouse=True)
-def _reset_backend_options():
-    yield
-    set_options(BackendOptions())
 
 
 class FakeSession:
@@ -156,7 +159,7 @@ def test_gpu_precisions_accepted(fake_ort, fake_cuda):
 # ------------------------------------------------------------------------------ selection and recording
 
 def test_ort_cuda_session_records_the_provider_it_runs(fake_ort, fake_cuda, yolox_graph):
-    core = OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None)
+    core = OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, options=backend_options())
     assert [name for name, _ in fake_ort.made[0].providers] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     info = core.info()
     assert (core.format, core.provider, info["execution_provider"]) == ("onnx", "cuda", "CUDAExecutionProvider")
@@ -164,9 +167,8 @@ def test_ort_cuda_session_records_the_provider_it_runs(fake_ort, fake_cuda, yolo
 
 
 def test_ort_gpu_providers_run_on_the_device_index_asked_for(fake_ort, fake_cuda, yolox_graph):
-    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None)
-    set_options(BackendOptions(ort_provider="tensorrt"))
-    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None)
+    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None, options=backend_options())
+    OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None, options=backend_options(ort_provider="tensorrt"))
     assert [s.providers[0][1]["device_id"] for s in fake_ort.made] == [1, 1]
     assert fake_ort.made[1].providers[1] == ("CUDAExecutionProvider", {"device_id": 1})
 
@@ -174,12 +176,12 @@ def test_ort_gpu_providers_run_on_the_device_index_asked_for(fake_ort, fake_cuda
 def test_ort_provider_silently_dropped_is_an_error(fake_ort, fake_cuda, yolox_graph):
     fake_ort.drop = {"CUDAExecutionProvider"}
     with pytest.raises(UsageError, match="dropped the requested CUDAExecutionProvider"):
-        OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None)
+        OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, options=backend_options())
 
 
 @pytest.mark.skipif(not fp16_converter_installed(), reason="onnxconverter-common not installed (va-bench[gpu])")
 def test_ort_cuda_fp16_runs_the_converted_graph(fake_ort, fake_cuda, yolox_graph):
-    core = OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, precision="fp16")
+    core = OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, precision="fp16", options=backend_options())
     given = fake_ort.made[0].model
     conv_weights = [i.data_type for i in given.graph.initializer if len(i.dims) == 4]
     assert conv_weights and set(conv_weights) == {onnx.TensorProto.FLOAT16}
@@ -188,12 +190,12 @@ def test_ort_cuda_fp16_runs_the_converted_graph(fake_ort, fake_cuda, yolox_graph
 
 
 def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda, yolox_graph, tmp_path):
-    set_options(BackendOptions(ort_provider="tensorrt", trt_cache_dir=str(tmp_path / "trt"), trt_workspace_mb=512,
-                               max_batch=8))
-    from harness.backends import CoreSource
+    from harness.detector.source import CoreSource
 
     core = OnnxRuntimeBackend().load(CoreSource("yolox-nano", onnx_model=lambda: yolox_graph), Device("cuda"),
-                                     "fp16", (416, 416), threads=None)
+                                     "fp16", (416, 416), threads=None,
+                                     options=backend_options(ort_provider="tensorrt", trt_workspace_mb=512,
+                                                             trt_cache_dir=str(tmp_path / "trt"), batch_sizes=[1, 8]))
     session = fake_ort.made[-1]
     name, options = session.providers[0]
     assert name == "TensorrtExecutionProvider"
@@ -234,7 +236,7 @@ def engine_file(tmp_path):
 
 def test_engine_without_tensorrt_package_is_refused(monkeypatch, engine_file):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import (and find_spec) of tensorrt fails
-    monkeypatch.setattr("harness.backends.tensorrt.tensorrt_installed", lambda: False)
+    monkeypatch.setattr("harness.detector.engine.tensorrt_installed", lambda: False)
     with pytest.raises(UsageError, match="`tensorrt` package is not installed; pip install tensorrt"):
         check_engine_weights(str(engine_file), "cuda")
     with pytest.raises(UsageError, match="GPU only"):
@@ -276,8 +278,7 @@ def test_shape_constants_stay_on_the_host_and_the_forward_is_unchanged(yolox_gra
     """onnx2torch's Slice/Reshape/Resize constants: resolved on the host (no device->host copy per forward,
     capturable), and the yolox-nano forward is bit-identical to onnx2torch's own."""
     from harness.backends.capturable import HostConstantCall, StaticSlice, keep_shape_constants_on_host
-    from harness.backends.export import make_batch_dynamic
-    from harness.backends.pytorch import onnx_to_torch
+    from harness.detector.graph import make_batch_dynamic, onnx_to_torch
 
     graph = make_batch_dynamic(yolox_graph)
     reference, module = onnx_to_torch(graph).eval(), onnx_to_torch(graph).eval()
@@ -551,7 +552,7 @@ def write_engine(path: Path, graph: onnx.ModelProto, command: str | None = "trte
 
 @pytest.fixture(scope="module")
 def dynamic_yolox(yolox_graph):
-    from harness.backends.export import make_batch_dynamic
+    from harness.detector.graph import make_batch_dynamic
 
     return make_batch_dynamic(yolox_graph)  # what trtexec --minShapes/--maxShapes would be given
 
@@ -564,7 +565,7 @@ def yolox_engine(tmp_path, dynamic_yolox):
 def test_an_engine_selects_the_tensorrt_backend_and_is_the_weights_identity(yolox_engine):
     detector = get_detector("yolox-nano", str(yolox_engine))
     assert type(detector).__name__ == "YoloxDetector"  # the ONNX family, not libreyolo's yolox-nano
-    assert detector.backends == ("tensorrt",) and detector.core_source.engine_file == yolox_engine
+    assert detector_backends(detector) == ("tensorrt",) and detector.core_source.engine_file == yolox_engine
     assert detector.weights.sha256 == hashlib.sha256(yolox_engine.read_bytes()).hexdigest()
     assert detector.preprocess.input_size == (416, 416) and detector.postprocess.iou == 0.6
     stats = detector.model_stats((416, 416)).to_dict()
@@ -574,7 +575,7 @@ def test_an_engine_selects_the_tensorrt_backend_and_is_the_weights_identity(yolo
         sidecar = {"command": "trtexec --fp16", **({"layout": sidecar_layout} if sidecar_layout else {})}
         engine = write_engine(yolox_engine.with_name(f"{model_id}.engine"), onnx.ModelProto(), sidecar=sidecar)
         ultralytics = get_detector(model_id, str(engine))
-        assert ultralytics.backends == ("tensorrt",) and ultralytics.layout == layout
+        assert detector_backends(ultralytics) == ("tensorrt",) and ultralytics.layout == layout
     with pytest.raises(UsageError, match="does not run TensorRT engines"):
         get_detector("ssdlite320_mobilenet_v3_large", str(yolox_engine))
 
@@ -602,7 +603,7 @@ def test_engine_refusals_are_one_line_before_loading(monkeypatch, tmp_path, fake
     sidecar = yolox_engine.with_name(yolox_engine.name + ".json")
     if case == "no package":
         monkeypatch.setitem(sys.modules, "tensorrt", None)
-        monkeypatch.setattr("harness.backends.tensorrt.tensorrt_installed", lambda: False)
+        monkeypatch.setattr("harness.detector.engine.tensorrt_installed", lambda: False)
     edits = {"no sidecar": None, "sidecar not JSON": "{not json", "sidecar without command": {"precision": "fp16"},
              "int8 engine": {"command": "trtexec --onnx=m.onnx --int8 --fp16"},
              "sidecar contradicts command": {"command": "trtexec --fp16", "precision": "fp32"},
@@ -625,8 +626,8 @@ def test_engine_refusals_are_one_line_before_loading(monkeypatch, tmp_path, fake
 
 
 def test_precision_and_tf32_not_given_are_the_engines(tmp_path, dynamic_yolox):
-    from harness.backends.tensorrt import engine_defaults
     from harness.config import load_config
+    from harness.run.plan import engine_defaults
 
     def resolved(command: str, **given):
         engine = write_engine(tmp_path / "m.engine", dynamic_yolox, command=command)
@@ -641,16 +642,15 @@ def test_precision_and_tf32_not_given_are_the_engines(tmp_path, dynamic_yolox):
 
 
 def test_engine_shapes_and_precision_are_checked_at_load(fake_trt, cuda_on_cpu, tmp_path, dynamic_yolox):
-    from harness.backends import CoreSource, load_core
     from harness.backends.tensorrt import TensorRTEngineCore
+    from harness.detector.source import CoreSource
 
     static = write_engine(tmp_path / "static.engine", dynamic_yolox, header={"shape": [1, 3, 416, 416]})
-    set_options(BackendOptions(batch_sizes=(1, 8)))
     with pytest.raises(UsageError, match="takes images from 1x3x416x416 to 1x3x416x416, not 8x3x416x416"):
-        load_core(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16", (416, 416))
-    set_options(BackendOptions(batch_sizes=(1,)))
-    assert load_core(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16",
-                     (416, 416)).info()["engine_io"]["images"]["shape"] == [1, 3, 416, 416]
+        load_source(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16", (416, 416),
+                    batch_sizes=[1, 8])
+    assert load_source(CoreSource("yolox-nano", engine_file=static), "tensorrt", Device("cuda"), "fp16",
+                       (416, 416)).info()["engine_io"]["images"]["shape"] == [1, 3, 416, 416]
     with pytest.raises(UsageError, match="built fp16 \\(its sidecar\\), not fp32"):
         TensorRTEngineCore(static, Device("cuda"), "fp32")
     int8_io = write_engine(tmp_path / "int8_io.engine", dynamic_yolox, header={**DYNAMIC_PROFILE, "dtype": "int8"})
@@ -666,8 +666,8 @@ def test_engine_head_is_checked_against_the_family_at_load(fake_trt, cuda_on_cpu
     """A YOLOX engine given as yolov8n: its [1, 3549, 85] output is not the dense layout's [1, 84, N]."""
     detector = get_detector("yolov8n", str(yolox_engine))
     with pytest.raises(UsageError, match=r"outputs are \[\[1, 3549, 85\]\], not the dense layout's one \[1, 84, N\]"):
-        detector.load_core("tensorrt", Device("cuda"), "fp16", (416, 416))
-    core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda"), "fp16", (416, 416))
+        load_core_of(detector, "tensorrt", Device("cuda"), "fp16", (416, 416))
+    core = load_core_of(get_detector("yolox-nano", str(yolox_engine)), "tensorrt", Device("cuda"), "fp16", (416, 416))
     assert core.info()["engine_precision"] == "fp16" and fake_trt.executed == [(1, 3, 416, 416)] * 2
 
 
@@ -724,7 +724,7 @@ def test_forward_gpu_is_timed_only_for_cores_on_torchs_stream(cuda_on_cpu, takes
     from harness.pipeline.stage_timer import StageTimer
 
     detector = get_detector("yolox-nano")
-    real = detector.load_core("onnxruntime", Device("cpu"), "fp32", (416, 416))
+    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
     core = type("Core", (), {"backend": "x", "takes_device_tensors": takes_device_tensors,
                              "__call__": lambda self, batch: real(batch)})()
     device = Device("cuda", 0)
@@ -742,7 +742,8 @@ def test_engine_on_cuda_n_loads_and_runs_with_that_device_current(fake_trt, cuda
     """TensorRT (runtime, context, enqueue) works on the current CUDA device, which is device 0 unless set:
     an engine run on cuda:1 makes cuda:1 current around each of them."""
     CurrentDevice.entered = []
-    core = get_detector("yolox-nano", str(yolox_engine)).load_core("tensorrt", Device("cuda", 1), "fp16", (416, 416))
+    core = load_core_of(get_detector("yolox-nano", str(yolox_engine)), "tensorrt", Device("cuda", 1), "fp16",
+                       (416, 416))
     core(torch.zeros(1, 3, 416, 416))
     assert len(CurrentDevice.entered) >= 3 and set(CurrentDevice.entered) == {1}
     # enqueued on the core's own stream (not the legacy default stream, handle 0), joined to the caller's
@@ -763,7 +764,7 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     from harness.pipeline.stage_timer import StageTimer
 
     detector = get_detector("yolox-nano")
-    real = detector.load_core("onnxruntime", Device("cpu"), "fp32", (416, 416))
+    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
     core = type("Core", (), {"backend": "x", "takes_device_tensors": True,
                              "__call__": lambda self, batch: real(batch)})()
     device = Device("cuda", 0)

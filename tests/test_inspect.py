@@ -64,8 +64,7 @@ def test_yolox_nano_layers_add_up_and_the_graph_is_described(nano):
 
 @requires_yolox
 def test_onnx_and_its_torch_conversion_report_the_same_params():
-    from harness.backends.export import make_batch_dynamic
-    from harness.backends.pytorch import onnx_to_torch
+    from harness.detector.graph import make_batch_dynamic, onnx_to_torch
 
     model = onnx.load(str(YOLOX_NANO))
     graph = onnx_graph_info(model)

@@ -27,13 +27,13 @@ from http.server import HTTPServer, SimpleHTTPRequestHandler
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, CORPUS, requires_coco, requires_corpus, requires_yolox
+from conftest import COCO_DIR, CORPUS, load_core_of, requires_coco, requires_corpus, requires_yolox
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.errors import UsageError
 from harness.eval.matching import match_detections
 from harness.models import libreyolo as ly
-from harness.models.protocol import RANDOM_WEIGHTS
 from harness.records import ImageDetections
 
 libreyolo = pytest.importorskip("libreyolo", reason="the optional `libreyolo` extra is not installed")
@@ -134,7 +134,7 @@ def our_detections(det, records, batch_size: int = 1) -> list[ImageDetections]:
     from harness.pipeline.stage_timer import StageTimer
 
     device = parse_device("cpu")
-    core = det.load_core("pytorch", device, "fp32", det.preprocess.input_size)
+    core = load_core_of(det, "pytorch", device, "fp32", det.preprocess.input_size)
     p = det.postprocess
     pipeline = DetectorPipeline(det, core, device, det.preprocess, Thresholds(p.conf, p.iou, p.max_det))
     timer = StageTimer(device)
@@ -322,7 +322,8 @@ def test_random_weights_run_end_to_end(model_id, input_size, tmp_path):
     from harness.catalogue import pending_site_ids
     from harness.config import RunConfig
     from harness.results.validate import load_support_matrix, validate_paths
-    from harness.run.scheduler import Scheduler, prepare
+    from harness.run.plan import prepare
+    from harness.run.scheduler import Scheduler
 
     plan = prepare(RunConfig(models=[model_id], weights=RANDOM_WEIGHTS, backends=["pytorch"], batch_sizes=[1, 4],
                              limit=8, input_sizes=[input_size], warmup_batches=1,
@@ -533,7 +534,7 @@ def test_onnx_export_of_the_families_runs_at_batch_1_2_4(model_id, coco):
 
     det = calibrated(model_id, coco) if model_id == "lwdetr-t" else ly.LibreYoloDetector(model_id, RANDOM_WEIGHTS)
     device = parse_device("cpu")
-    core = det.load_core("onnxruntime", device, "fp32", det.preprocess.input_size)  # export + its own check
+    core = load_core_of(det, "onnxruntime", device, "fp32", det.preprocess.input_size)  # export + its own check
     batch, _ = preprocess_batch([decode_image(coco.record(i).path) for i in PARITY_IMAGES], det.preprocess)
     with torch.inference_mode():
         want = det.core_module(batch)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from harness.detector.protocol import PreprocessSpec
 from harness.measure.device import Device
 from harness.measure.stats import median_ci, summarize
-from harness.models.protocol import PreprocessSpec
 from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_workers, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
 from harness.pipeline.stage_timer import StageTimer

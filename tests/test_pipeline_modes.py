@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, CORPUS, SUBSET_ANNOTATIONS, YOLOX_NANO, requires_corpus, run_benchmark
+from conftest import COCO_DIR, CORPUS, SUBSET_ANNOTATIONS, YOLOX_NANO, load_core_of, requires_corpus, run_benchmark
 from torchvision.ops import batched_nms, clip_boxes_to_image
 
 from harness.config import build_config
@@ -34,7 +34,7 @@ def pipeline(_needs_assets):
     device = parse_device("cpu")
     detector = get_detector("yolox-nano")
     spec = detector.preprocess
-    core = detector.load_core("onnxruntime", device, "fp32", spec.input_size, threads=torch.get_num_threads())
+    core = load_core_of(detector, "onnxruntime", device, "fp32", spec.input_size, threads=torch.get_num_threads())
     d = detector.defaults
     return DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det))
 

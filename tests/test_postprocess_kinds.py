@@ -7,8 +7,9 @@ import pytest
 import torch
 from torchvision.ops import batched_nms, clip_boxes_to_image, remove_small_boxes
 
-from harness.models.protocol import Candidates, DenseCandidates, PostprocessSpec, ProtocolDefaults, postprocess_spec
-from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select, top_k_per_group
+from harness.detector.ops import top_k_per_group
+from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSpec, ProtocolDefaults, postprocess_spec
+from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select
 from harness.pipeline.preprocess import ImageTransform
 
 B, K, C = 3, 400, 12

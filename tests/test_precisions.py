@@ -27,7 +27,6 @@ def run_cli(monkeypatch, capsys, *args) -> tuple[int, str]:
 def never_load(monkeypatch) -> list:
     """Make every core load fail the test loudly; returns the list of attempted loads (must stay empty)."""
     import harness.backends as backends
-    from harness.models.yolox import YoloxDetector
 
     calls = []
 
@@ -35,8 +34,7 @@ def never_load(monkeypatch) -> list:
         calls.append(args)
         raise AssertionError("a model core was loaded before the precision check")
 
-    monkeypatch.setattr(backends, "load_core", refuse)
-    monkeypatch.setattr(YoloxDetector, "load_core", refuse)
+    monkeypatch.setattr(backends, "load_core", refuse)  # every detector's core loads through it
     return calls
 
 

@@ -11,13 +11,13 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, requires_coco, requires_yolox
+from conftest import COCO_DIR, load_core_of, requires_coco, requires_yolox
 
 from harness.data.coco import CocoDataset
+from harness.detector.protocol import PostprocessSpec, PreprocessSpec
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox
 from harness.measure.device import Device, parse_device
-from harness.models.protocol import PostprocessSpec, PreprocessSpec
 from harness.models.registry import get_detector
 from harness.pipeline import gpu
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
@@ -113,8 +113,8 @@ def test_the_builtin_cores_say_where_their_batch_goes():
 
     detector = get_detector("yolox-nano")
     cpu = parse_device("cpu")
-    assert detector.load_core("pytorch", cpu, "fp32", (416, 416)).takes_device_tensors is True
-    assert detector.load_core("onnxruntime", cpu, "fp32", (416, 416)).takes_device_tensors is False
+    assert load_core_of(detector, "pytorch", cpu, "fp32", (416, 416)).takes_device_tensors is True
+    assert load_core_of(detector, "onnxruntime", cpu, "fp32", (416, 416)).takes_device_tensors is False
     assert TensorRTEngineCore.takes_device_tensors is True
 
 
@@ -231,7 +231,7 @@ def test_pipeline_on_cpu_has_no_forward_gpu_time(records):
     device = parse_device("cpu")
     detector = get_detector("yolox-nano")
     spec = replace(detector.preprocess, library="torch")
-    core = detector.load_core("onnxruntime", device, "fp32", spec.input_size, threads=torch.get_num_threads())
+    core = load_core_of(detector, "onnxruntime", device, "fp32", spec.input_size, threads=torch.get_num_threads())
     pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(0.001, 0.65, 100))
     timer = StageTimer(device)
     pipeline.run_batch(records[:2], timer)
@@ -248,7 +248,7 @@ def test_torch_preprocessing_keeps_map_within_0_002_of_cv2(records, backend):
     device = parse_device("cpu")
     detector = get_detector("yolox-nano")
     d = detector.defaults
-    core = detector.load_core(backend, device, "fp32", detector.preprocess.input_size,
+    core = load_core_of(detector, backend, device, "fp32", detector.preprocess.input_size,
                               threads=torch.get_num_threads())
     dataset = CocoDataset(str(COCO_DIR))
     ids = [r.image_id for r in records]

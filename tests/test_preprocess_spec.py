@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from harness.models.protocol import PreprocessSpec
+from harness.detector.protocol import PreprocessSpec
 from harness.pipeline.preprocess import preprocess_batch
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

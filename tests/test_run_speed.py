@@ -15,9 +15,8 @@ from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox, evaluate_bbox_file
-from harness.results.json_stream import JsonArrayWriter
+from harness.files import JsonArrayWriter, NonFiniteNumberError
 from harness.results.submission import build_submission
-from harness.results.writer import NonFiniteNumberError
 
 PLUGIN = Path(__file__).parent / "plugins" / "batch_dependent_detector.py"
 FAST = dict(warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2, layers=False, profile=False, energy=False,

@@ -508,7 +508,7 @@ def test_empty_input_is_exit_2_with_one_line(tmp_path, command):
 
 
 def test_json_writer_refuses_nan_and_keeps_none(tmp_path):
-    from harness.results.writer import NonFiniteNumberError, atomic_write_json
+    from harness.files import NonFiniteNumberError, atomic_write_json
 
     for bad, where in (({"timing": {"total_ms": {"p50": float("nan")}}}, "timing.total_ms.p50"),
                        ([{"bbox": [1.0, float("inf"), 2.0, 3.0]}], "$[0].bbox[1]")):

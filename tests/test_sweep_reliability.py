@@ -205,7 +205,7 @@ def test_run_ids_cannot_escape_the_output_folder(tmp_path, run_id):
 
 def test_records_results_and_validation_load_no_torch_and_no_pipeline():
     code = ("import sys, harness.records, harness.results.validate, harness.results.aggregate, "
-            "harness.results.submission, harness.report.tables; "
+            "harness.results.submission, harness.views.tables; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'harness.pipeline', "
             "'harness.run', 'harness.models'))]; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -215,7 +215,7 @@ def test_records_results_and_validation_load_no_torch_and_no_pipeline():
 def test_the_run_path_loads_no_scipy():
     """scipy.stats costs a run ~1 s of imports and ~60 MB (issue 13): only `compare` uses it."""
     code = ("import sys, harness.cli, harness.run.scheduler, harness.run.executor, harness.eval.coco_eval, "
-            "harness.pipeline.pipeline, harness.backends, harness.report.tables; "
+            "harness.pipeline.pipeline, harness.backends, harness.views.tables; "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'scipy']; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -8,13 +8,14 @@ see harness/models/torchvision_family.py) on the same real COCO images."""
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, requires_coco
+from conftest import COCO_DIR, load_core_of, requires_coco
 
+from harness.backends import detector_backends
 from harness.data.coco import CocoDataset
+from harness.detector.protocol import PostprocessSpec
 from harness.errors import UsageError
 from harness.eval.matching import match_detections
 from harness.measure.device import parse_device
-from harness.models.protocol import PostprocessSpec
 from harness.models.registry import get_detector
 from harness.models.torchvision_family import MODELS, TorchvisionDetector
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
@@ -55,7 +56,7 @@ def _torchvision_own(detector: TorchvisionDetector, size: int, images: list[np.n
 def _ours(detector: TorchvisionDetector, size: int, records, images, backend="pytorch") -> list[ImageDetections]:
     device = parse_device("cpu")
     spec = detector.preprocess.with_input_size(size)
-    core = detector.load_core(backend, device, "fp32", spec.input_size)
+    core = load_core_of(detector, backend, device, "fp32", spec.input_size)
     d = detector.postprocess
     pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det))
     return pipeline.run_batch(records, StageTimer(device), images=images)
@@ -154,9 +155,9 @@ def test_faster_rcnn_core_reads_each_image_area_from_the_padding(records):
 
 def test_faster_rcnn_has_no_export_backend():
     detector = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", "random")
-    assert detector.backends == ("pytorch",)
+    assert detector_backends(detector) == ("pytorch",)
     with pytest.raises(UsageError, match="data-dependent"):
-        detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (320, 320))
+        load_core_of(detector, "onnxruntime", parse_device("cpu"), "fp32", (320, 320))
 
 
 def test_onnxruntime_backend_exports_the_core_and_matches(tmp_path, monkeypatch, records):
@@ -171,7 +172,7 @@ def test_onnxruntime_backend_exports_the_core_and_matches(tmp_path, monkeypatch,
     assert report.detections_a >= 20 and report.match_rate >= 0.99, report.to_dict()
     (export,) = (tmp_path / "onnx-exports").glob("*.onnx")
     assert "opset17" in export.name
-    core = detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (320, 320))
+    core = load_core_of(detector, "onnxruntime", parse_device("cpu"), "fp32", (320, 320))
     assert core.info()["exported_from_pytorch"]["checked_batches"] == [1, 2, 4]
     assert list((tmp_path / "onnx-exports").glob("*.onnx")) == [export]  # the cache served the second load
 

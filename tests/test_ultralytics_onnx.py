@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import COCO_DIR, requires_coco, run_in_process
+from conftest import COCO_DIR, load_core_of, requires_coco, run_in_process
 from torch import nn
 from torchvision.ops import batched_nms
 
@@ -153,7 +153,7 @@ def _unmatched(ours, reference, box_tol=1e-2, score_tol=1e-5) -> int:
 
 def _pipeline(detector, backend="onnxruntime"):
     device = parse_device("cpu")
-    core = detector.load_core(backend, device, "fp32", detector.preprocess.input_size)
+    core = load_core_of(detector, backend, device, "fp32", detector.preprocess.input_size)
     d = detector.postprocess
     return DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou, d.max_det))
 
@@ -191,13 +191,13 @@ def test_static_export_gets_a_dynamic_batch_checked_per_row(dense_onnx):
     detector = get_detector("yolov8n", str(dense_onnx))
     dims = detector._raw_model.graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_value == 1  # the file is batch-1 static, as Ultralytics exports by default
-    core = detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (SIZE, SIZE))
+    core = load_core_of(detector, "onnxruntime", parse_device("cpu"), "fp32", (SIZE, SIZE))
     x = torch.rand(3, 3, SIZE, SIZE)
     together = core(x)[0]
     alone = torch.cat([core(x[i:i + 1])[0] for i in range(3)])
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
     with pytest.raises(UsageError, match="runs at that size only"):
-        detector.load_core("onnxruntime", parse_device("cpu"), "fp32", (640, 640))
+        load_core_of(detector, "onnxruntime", parse_device("cpu"), "fp32", (640, 640))
 
 
 def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):

@@ -1,12 +1,12 @@
 """Backends run a family's core; families only describe it.
 
 A family hands over a `CoreSource` (a torch module builder and/or an ONNX graph); a backend turns it
-into a loaded `Core` (harness/models/protocol.py) on a device. Families never dispatch on the backend
+into a loaded `Core` (harness/detector/protocol.py) on a device. Families never dispatch on the backend
 name, and backends know nothing about families:
 
     source = CoreSource("yolox-nano", onnx_model=lambda: graph)
     backend_names(source)                      # ("pytorch", "onnxruntime"): what can run it
-    core = load_core(source, "onnxruntime", device, "fp32", (416, 416), threads=2)
+    core = load_core(source, "onnxruntime", device, "fp32", (416, 416), options=options, threads=2)
 
 Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch), "onnxruntime" (an
 ONNX source as it is; a torch-only source is exported once with a dynamic batch, cached, and checked
@@ -19,80 +19,46 @@ in with `register_backend`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.detector.source import CoreSource
 from harness.errors import UsageError
 
 if TYPE_CHECKING:
-    import onnx
-    import torch
-
-    from harness.models.protocol import Core
-
-
-@dataclass(frozen=True)
-class CoreSource:
-    """What a family provides for its core: [B,3,H,W] float tensor in, raw head tensors out.
-
-    - `torch_module`: builds the core as a torch module (weights loaded); its forward returns a
-      tensor or a tuple of tensors (that order is the order of the raw outputs on every backend).
-    - `onnx_model`: the core as an ONNX graph whose batch axis is symbolic.
-    - `exportable`: False when the torch core cannot be exported with a dynamic batch; `export_note`
-      says why (shown when someone asks for an export backend).
-    - `check_batches`: for an ONNX source whose batch axis was made dynamic after the fact, batch
-      sizes at which each output row must equal that image run alone (checked at load; empty: none).
-    - `engine_file`: a serialized TensorRT engine of the core (built elsewhere by trtexec; only the
-      tensorrt backend runs it, and a family gives it instead of a module or graph).
-    - `query_rows`: the outputs are [B, N, K] rows of a set of queries (DETR-style, NMS-free top-k): another
-      runtime may order near-equal queries differently, so load checks compare each image's rows as a set.
-    """
-
-    name: str
-    torch_module: Callable[[], torch.nn.Module] | None = None
-    onnx_model: Callable[[], onnx.ModelProto] | None = None
-    exportable: bool = True
-    export_note: str = ""
-    check_batches: tuple[int, ...] = ()
-    engine_file: Path | None = None
-    query_rows: bool = False
+    from harness.config import RunConfig
+    from harness.detector.protocol import Core, Detector
 
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """Run-wide backend settings (from RunConfig, set by plan_cells before anything loads).
+    """A run's backend settings, passed to every load (built from its RunConfig by `from_config`).
 
     - `ort_provider`: ONNX Runtime provider: auto (the device's own: cpu or cuda), cpu, cuda, tensorrt.
     - `trt_cache_dir`, `trt_workspace_mb`: TensorRT provider engine cache and builder workspace.
-    - `max_batch`: the largest batch size of the run (TensorRT engines are built for 1 and this at load).
-    - `batch_sizes`, `compile`, `cuda_graphs`: PyTorch execution modes, compiled/captured per batch size.
+    - `batch_sizes`: the run's batch sizes (TensorRT engines are built for 1 and the largest; OpenVINO,
+      LiteRT and compiled PyTorch prepare one shape each).
+    - `compile`, `cuda_graphs`: PyTorch execution modes, compiled/captured per batch size.
     """
 
-    ort_provider: str = "auto"
-    trt_cache_dir: str = "~/.cache/va-bench/tensorrt"
-    trt_workspace_mb: int = 4096
-    max_batch: int = 1
-    batch_sizes: tuple[int, ...] = (1,)
-    compile: str = "none"
-    cuda_graphs: bool = False
+    ort_provider: str
+    trt_cache_dir: str
+    trt_workspace_mb: int
+    batch_sizes: tuple[int, ...]
+    compile: str
+    cuda_graphs: bool
 
+    @property
+    def max_batch(self) -> int:
+        """The largest batch size of the run."""
+        return max(self.batch_sizes)
 
-# One run per process: plan_cells sets these once, and the backends read them at load (the load_core
-# signature shared by every family stays backend-agnostic).
-_options = BackendOptions()
-
-
-def set_options(options: BackendOptions) -> None:
-    """Set the run-wide backend options (plan_cells does, from the RunConfig)."""
-    global _options
-    _options = options
-
-
-def current_options() -> BackendOptions:
-    """The run-wide backend options in effect."""
-    return _options
+    @classmethod
+    def from_config(cls, config: RunConfig) -> BackendOptions:
+        """The backend settings of a run (its defaults are RunConfig's: declared once, there)."""
+        return cls(ort_provider=config.ort_provider, trt_cache_dir=config.trt_cache_dir,
+                   trt_workspace_mb=config.trt_workspace_mb, batch_sizes=tuple(sorted(set(config.batch_sizes))),
+                   compile=config.compile, cuda_graphs=config.cuda_graphs)
 
 
 class Backend(Protocol):
@@ -105,7 +71,7 @@ class Backend(Protocol):
         ...
 
     def load(self, source: CoreSource, device: Any, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> Core:
+             threads: int | None, options: BackendOptions) -> Core:
         """Load the core on the device; UsageError (one line) when it cannot."""
         ...
 
@@ -142,8 +108,8 @@ def backend_names(source: CoreSource) -> tuple[str, ...]:
     return tuple(name for name, backend in _registry().items() if backend.supports(source))
 
 
-def load_core(source: CoreSource, backend: str, device: Any, precision: str, input_size: tuple[int, int],
-              threads: int | None = None) -> Core:
+def load_core(source: CoreSource, backend: str, device: Any, precision: str, input_size: tuple[int, int], *,
+              options: BackendOptions, threads: int | None = None) -> Core:
     """Load `source` on the named backend; one-line UsageError when that backend cannot run it."""
     registry = _registry()
     if backend not in registry:
@@ -154,5 +120,33 @@ def load_core(source: CoreSource, backend: str, device: Any, precision: str, inp
                          f"{', '.join(backend_names(source))}")
     from harness.backends.support import check_support
 
-    check_support(backend, device.kind, precision, current_options().ort_provider, device.index)
-    return registry[backend].load(source, device, precision, input_size, threads)
+    check_support(backend, device.kind, precision, options.ort_provider, device.index)
+    return registry[backend].load(source, device, precision, input_size, threads, options)
+
+
+def detector_backends(detector: Detector) -> tuple[str, ...]:
+    """The backends that can run a detector: those that can run its `core_source`, or what a plugin that loads
+    its own core declares (`backends`)."""
+    source = getattr(detector, "core_source", None)
+    return backend_names(source) if source is not None else tuple(detector.backends)
+
+
+def load_detector_core(detector: Detector, backend: str, device: Any, precision: str, input_size: tuple[int, int],
+                       *, options: BackendOptions, threads: int | None = None) -> Core:
+    """A detector's core loaded on a backend: its `core_source` on the registered backend, with the family's own
+    checks when it has them (`check_input_size(input_size)` before, `check_core(core, input_size)` after); a
+    plugin without a core source loads its core itself (`load_core(backend, device, precision, input_size,
+    threads)`)."""
+    check_size = getattr(detector, "check_input_size", None)
+    if check_size is not None:
+        check_size(input_size)
+    source = getattr(detector, "core_source", None)
+    if source is None:
+        if backend not in detector.backends:
+            raise UsageError(f"{detector.model_id} has no backend {backend!r}; it has {', '.join(detector.backends)}")
+        return detector.load_core(backend, device, precision, input_size, threads)
+    core = load_core(source, backend, device, precision, input_size, options=options, threads=threads)
+    check = getattr(detector, "check_core", None)
+    if check is not None:
+        check(core, input_size)
+    return core

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -36,12 +34,14 @@ import numpy as np
 import onnx
 import torch
 
-from harness.backends import CoreSource, current_options
+from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
 from harness.backends.support import check_support
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
 from harness.errors import UsageError
+from harness.files import atomic_folder
 from harness.measure.device import Device
-from harness.models.weights import weights_dir
 
 CONVERT_TIMEOUT_S = 600
 # A converted model is first run in a child process: ncnn crashes (SIGSEGV) on some graphs pnnx writes, and a
@@ -86,9 +86,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
     if (folder / "model.ncnn.param").is_file() and (folder / "model.ncnn.bin").is_file():
         return folder, {**info, "cached": True}
     clock = time.perf_counter()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
+    with atomic_folder(folder) as tmp:
         model, focus = rewrite_focus(onnx.ModelProto.FromString(graph_bytes))
         model.ir_version = min(model.ir_version, 8)  # pnnx's own ONNX reader refuses newer IR versions
         (tmp / "model.onnx").write_bytes(model.SerializeToString())
@@ -112,10 +110,6 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
         for leftover in tmp.iterdir():
             if leftover.name not in ("model.ncnn.param", "model.ncnn.bin"):
                 leftover.unlink()
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder, {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}
 
 
@@ -338,8 +332,8 @@ class NcnnBackend:
         return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> NcnnCore:
-        if current_options().max_batch > 1:
+             threads: int | None, options: BackendOptions) -> NcnnCore:
+        if options.max_batch > 1:
             raise UsageError("ncnn runs one image per call (no batch axis); use --batch-sizes 1 with --backend ncnn")
         graph, module = onnx_graph(source, input_size)
         core = NcnnCore(source.name, graph, device, threads, precision, input_size)

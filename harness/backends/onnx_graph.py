@@ -13,15 +13,9 @@ from typing import Any
 import onnx
 import torch
 
-from harness.backends import CoreSource
-from harness.backends.export import (
-    CHECK_BATCHES,
-    RELATIVE_TOLERANCE,
-    check_batch_rows,
-    check_export,
-    export_core,
-    max_relative_diff,
-)
+from harness.backends.export import CHECK_BATCHES, check_export, export_core
+from harness.detector.graph import RELATIVE_TOLERANCE, check_batch_rows, max_relative_diff
+from harness.detector.source import CoreSource
 from harness.errors import UsageError
 
 

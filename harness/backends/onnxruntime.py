@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -11,11 +10,13 @@ from typing import Any
 import onnx
 import torch
 
-from harness.backends import BackendOptions, CoreSource, current_options
+from harness.backends import BackendOptions
 from harness.backends.onnx_graph import has_onnx_graph
 from harness.backends.pytorch import device_name
 from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, check_support, ort_provider_for
+from harness.detector.source import CoreSource
 from harness.errors import UsageError
+from harness.files import move_into_place
 from harness.measure.device import Device
 
 ORT_PROVIDER_NAMES = {
@@ -38,8 +39,7 @@ class OnnxRuntimeCore:
     format = "onnx"
 
     def __init__(self, model: onnx.ModelProto, device: Device, threads: int | None, precision: str = "fp32",
-                 allow_spinning: bool = False, options: BackendOptions | None = None):
-        options = options or current_options()
+                 allow_spinning: bool = False, *, options: BackendOptions):
         provider = ort_provider_for(device.kind, options.ort_provider)
         check_support("onnxruntime", device.kind, precision, provider)
         self.precision_mode = "fp32 (IEEE)"
@@ -124,7 +124,7 @@ class OnnxRuntimeCore:
         they were measured."""
         from harness.measure.layers import ort_profile_calls
 
-        os.replace(self.session.end_profiling(), trace_path)
+        move_into_place(self.session.end_profiling(), trace_path)
         return ort_profile_calls(trace_path), "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
@@ -174,19 +174,20 @@ class OnnxRuntimeBackend:
         return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> OnnxRuntimeCore:
-        from harness.backends.export import check_batch_rows, check_export, export_core
+             threads: int | None, options: BackendOptions) -> OnnxRuntimeCore:
+        from harness.backends.export import check_export, export_core
+        from harness.detector.graph import check_batch_rows
 
         if source.onnx_model is not None:
-            core = OnnxRuntimeCore(source.onnx_model(), device, threads, precision)
+            core = OnnxRuntimeCore(source.onnx_model(), device, threads, precision, options=options)
             if source.check_batches:
                 check_batch_rows(source.name, core, input_size, source.check_batches, source.query_rows)
         else:
             module = source.torch_module().eval()
             model, path = export_core(source.name, module, input_size)
-            core = OnnxRuntimeCore(model, device, threads, precision)
+            core = OnnxRuntimeCore(model, device, threads, precision, options=options)
             core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path,
                                                                   rows_as_set=source.query_rows)}
         if core.execution_provider == "TensorrtExecutionProvider":
-            core.build_engine(input_size, current_options().max_batch)
+            core.build_engine(input_size, options.max_batch)
         return core

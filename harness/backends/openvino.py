@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -31,12 +30,14 @@ import numpy as np
 import onnx
 import torch
 
-from harness.backends import CoreSource, current_options
+from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
 from harness.backends.support import check_support
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
 from harness.errors import UsageError
+from harness.files import atomic_folder
 from harness.measure.device import Device
-from harness.models.weights import weights_dir
 from harness.records import LayerCall
 
 # compiled-model precision type name -> the record's vocabulary
@@ -137,14 +138,8 @@ class OpenVinoCore:
         """Written into a temporary folder, then renamed: a crash never leaves half an IR in the cache."""
         import openvino as ov
 
-        path.parent.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent.parent, prefix=f".{path.parent.name}."))
-        try:
+        with atomic_folder(path.parent) as tmp:
             ov.save_model(model, str(tmp / path.name), compress_to_fp16=compress_to_fp16)
-            shutil.rmtree(path.parent, ignore_errors=True)
-            os.replace(tmp, path.parent)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     # -------------------------------------------------------------------------------- int8
 
@@ -290,12 +285,12 @@ class OpenVinoBackend:
         return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> OpenVinoCore:
+             threads: int | None, options: BackendOptions) -> OpenVinoCore:
         graph, module = onnx_graph(source, input_size)
         core = OpenVinoCore(source.name, graph, device, threads, precision, input_size)
         if core.needs_calibration:  # int8: checked against its source after calibration (executor)
             return core
-        core.prepare(current_options().batch_sizes)
+        core.prepare(options.batch_sizes)
         if precision == "fp32":  # fp16 weights differ from the source by more than the check's tolerance
             core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "OpenVINO")
         return core

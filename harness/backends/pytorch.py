@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import copy
-import io
 import time
-import warnings
 from typing import Any
 
-import onnx
 import torch
 
-from harness.backends import CoreSource, current_options
+from harness.backends import BackendOptions
 from harness.backends.capturable import keep_shape_constants_on_host
 from harness.backends.support import TORCH_DTYPES, check_support
+from harness.detector.graph import onnx_to_torch
+from harness.detector.source import CoreSource
 from harness.errors import UsageError
 from harness.measure.device import Device
 
@@ -151,28 +150,6 @@ def device_name(device: Device) -> str:
     return f"{device} {device.name()}" if device.is_cuda else "cpu"
 
 
-def onnx_to_torch(model: onnx.ModelProto) -> torch.nn.Module:
-    """Convert an ONNX graph into a real torch module (onnx2torch): hooks/profiler see real layers."""
-    from onnx2torch import convert
-
-    # onnx2torch's Slice indexes with a list (deprecated in torch); harmless, but noisy at every forward.
-    warnings.filterwarnings("ignore", message="Using a non-tuple sequence", category=UserWarning)
-
-    buffer = io.BytesIO(model.SerializeToString())
-    return convert(onnx.load_model(buffer))
-
-
-def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
-    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    x = torch.zeros(1, 3, *input_size)
-    counter = FlopCounterMode(display=False)
-    with counter, torch.inference_mode():
-        module(x)
-    return int(counter.get_total_flops())
-
-
 class PyTorchBackend:
     """Eager PyTorch. A source with only an ONNX graph runs as its onnx2torch conversion."""
 
@@ -182,8 +159,7 @@ class PyTorchBackend:
         return source.torch_module is not None or source.onnx_model is not None
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> TorchCore:
-        options = current_options()
+             threads: int | None, options: BackendOptions) -> TorchCore:
         if source.torch_module is not None:
             core = TorchCore(source.torch_module(), device, precision)
         else:
@@ -198,7 +174,7 @@ class PyTorchBackend:
             core = TorchCore(module, device, precision)
             core.mode["host_shape_constants"] = rebound
             if source.check_batches:
-                from harness.backends.export import check_batch_rows
+                from harness.detector.graph import check_batch_rows
 
                 check_batch_rows(source.name, core, input_size, source.check_batches, source.query_rows)
         core.prepare(options.compile, options.cuda_graphs, input_size, options.batch_sizes)

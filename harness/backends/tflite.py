@@ -32,12 +32,14 @@ import numpy as np
 import onnx
 import torch
 
-from harness.backends import CoreSource, current_options
+from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
 from harness.backends.support import check_support
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
 from harness.errors import UsageError
+from harness.files import move_into_place
 from harness.measure.device import Device
-from harness.models.weights import weights_dir
 
 CONVERT_TIMEOUT_S = 1200
 # onnx2tf's own sample data (for its internal checks), read from the working folder when present
@@ -107,7 +109,7 @@ def convert_with_onnx2tf(name: str, graph: onnx.ModelProto, input_size: tuple[in
         folder.mkdir(parents=True, exist_ok=True)
         for file, path in produced.items():  # onnx2tf names them after model.onnx: model_float32.tflite ...
             if file in MODEL_FILES.values():
-                os.replace(path, folder / file)
+                move_into_place(path, folder / file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder / MODEL_FILES[precision], {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}
@@ -250,12 +252,12 @@ class TfliteBackend:
         return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> TfliteCore:
+             threads: int | None, options: BackendOptions) -> TfliteCore:
         graph, module = onnx_graph(source, input_size)
         core = TfliteCore(source.name, graph, device, threads, precision, input_size)
         if core.needs_calibration:
             return core
-        core.prepare(current_options().batch_sizes)
+        core.prepare(options.batch_sizes)
         if precision == "fp32":
             core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "LiteRT")
         return core

@@ -10,9 +10,7 @@ Traces are cached by the weights' SHA-256, the torch version, device kind, preci
 from __future__ import annotations
 
 import copy
-import os
 import re
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -20,14 +18,17 @@ from typing import Any
 
 import torch
 
-from harness.backends import CoreSource
-from harness.backends.export import EXPORT_BATCH, check_batch_rows, check_export, state_dict_sha256
+from harness.backends import BackendOptions
+from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
 from harness.backends.onnx_graph import has_onnx_graph
-from harness.backends.pytorch import device_name, onnx_to_torch
+from harness.backends.pytorch import device_name
 from harness.backends.support import check_support
+from harness.detector.graph import check_batch_rows, onnx_to_torch
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
 from harness.errors import UsageError
+from harness.files import atomic_file
 from harness.measure.device import Device
-from harness.models.weights import weights_dir
 
 
 def _trace_path(name: str, weights_sha: str, kind: str, precision: str, input_size: tuple[int, int]) -> Path:
@@ -75,7 +76,7 @@ class TorchScriptBackend:
         return has_onnx_graph(source)
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
-             threads: int | None) -> TorchScriptCore:
+             threads: int | None, options: BackendOptions) -> TorchScriptCore:
         check_support("torchscript", device.kind, precision, device_index=device.index)
         if source.torch_module is not None:
             module = source.torch_module().eval()
@@ -127,14 +128,8 @@ class TorchScriptBackend:
         except Exception as exc:
             raise UsageError(f"{name}: torch.jit.trace cannot trace this core ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0][:200]}); use --backend pytorch") from exc
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-        os.close(fd)
-        try:
+        with atomic_file(path) as tmp:
             torch.jit.save(scripted, tmp)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
         return scripted
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from harness.backends import BackendOptions, load_detector_core
+from harness.config import RunConfig
 from harness.data.coco import CocoDataset
 from harness.measure.device import Device
 from harness.models.registry import get_detector
@@ -41,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = Device("cpu")
     detector = get_detector(args.model)
-    core = detector.load_core(args.backend, device, "fp32", detector.preprocess.input_size,
+    options = BackendOptions.from_config(RunConfig(backends=[args.backend], batch_sizes=[args.batch_size]))
+    core = load_detector_core(detector, args.backend, device, "fp32", detector.preprocess.input_size, options=options,
                               threads=torch.get_num_threads())
     d = detector.defaults
     pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou, d.max_det))

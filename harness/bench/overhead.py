@@ -37,6 +37,8 @@ from dataclasses import replace
 
 import torch
 
+from harness.backends import BackendOptions, detector_backends, load_detector_core
+from harness.config import RunConfig
 from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
@@ -80,7 +82,9 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, preprocess, device.is_cuda)
-    core = detector.load_core(backend, device, "fp32", spec.input_size, threads=torch.get_num_threads())
+    options = BackendOptions.from_config(RunConfig(backends=[backend], device=device_spec, batch_sizes=[batch_size]))
+    core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options,
+                              threads=torch.get_num_threads())
     d = detector.defaults
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
     dataset = CocoDataset()
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    backends = args.backend or list(get_detector(args.model).backends)
+    backends = args.backend or list(detector_backends(get_detector(args.model)))
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.data.coco import REPO_ROOT, find_coco_dir
 from harness.errors import UsageError
+from harness.files import atomic_write_bytes
 
 FIRST_ID = 900_000_000  # far above val2017's ids, so a synthetic id is never mistaken for a real one
 ALLOWED_IN_REPO = ("outputs", "datasets")  # git-ignored contents
@@ -75,9 +76,7 @@ def build_tree(out: Path, images: int, coco_dir: str | Path | None = None) -> Pa
                     **stamp},
            "licenses": source.get("licenses", []), "images": new_images, "annotations": new_annotations,
            "categories": source["categories"]}
-    tmp = annotation_file.with_suffix(".json.part")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, annotation_file)
+    atomic_write_bytes(annotation_file, json.dumps(doc).encode())
     return out
 
 

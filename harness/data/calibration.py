@@ -17,7 +17,7 @@ from typing import Any
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import image_id_sha256
 from harness.errors import UsageError, path_problem
-from harness.models.weights import file_sha256
+from harness.files import file_sha256
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError, VaBenchError
+from harness.files import move_into_place
 
 COCO_BASE_URL = "http://images.cocodataset.org"
 CHUNK = 1 << 20
@@ -113,9 +114,9 @@ def _extract(path: Path, archive: Archive, dest: Path) -> None:
     final = dest / provides
     if final.exists():  # a complete earlier copy: merge (the zip never holds fewer files than it)
         for item in tree.iterdir():
-            os.replace(item, final / item.name)
+            move_into_place(item, final / item.name)
     else:
-        os.replace(tree, final)
+        move_into_place(tree, final)
     shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -140,7 +141,7 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
                              "download was deleted, run the command again")
         _extract(part, archive, dest)
         if keep_archives:
-            os.replace(part, dest / ".downloads" / archive.name)
+            move_into_place(part, dest / ".downloads" / archive.name)
         else:
             part.unlink()
         lines.append(f"{archive.name}: SHA-1 {actual} verified, extracted to {dest / archive.provides}")

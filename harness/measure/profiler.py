@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from harness.files import atomic_file
 from harness.measure.device import Device
 
 
@@ -23,15 +22,8 @@ def torch_profile(device: Device):
 
 def export_trace(prof, path: Path) -> Path:
     """Write the Chrome trace atomically (the profiler writes to a temp file we then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    os.chmod(tmp, 0o644)
-    try:
+    with atomic_file(path, suffix=".tmp") as tmp:
         prof.export_chrome_trace(tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return path
 
 

@@ -263,8 +263,7 @@ def _static_size(model: onnx.ModelProto) -> tuple[int, int] | None:
 def inspect_onnx(model: onnx.ModelProto, input_size: tuple[int, int] | None, name: str,
                  file_bytes: int | None = None) -> InspectReport:
     """Graph metrics from the ONNX graph; layers and FLOPs from its onnx2torch conversion."""
-    from harness.backends.export import make_batch_dynamic
-    from harness.backends.pytorch import onnx_to_torch
+    from harness.detector.graph import make_batch_dynamic, onnx_to_torch
 
     graph = onnx_graph_info(model, file_bytes)
     static = _static_size(model)

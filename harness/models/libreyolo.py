@@ -33,11 +33,9 @@ import torch
 import yaml
 from torchvision.ops import box_convert
 
-from harness.backends import CoreSource, backend_names, load_core
-from harness.backends.pytorch import count_flops
 from harness.data.categories import COCO80_TO_91
-from harness.errors import UsageError
-from harness.models.protocol import (
+from harness.detector.graph import count_flops
+from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     DenseCandidates,
@@ -46,7 +44,10 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.weights import DownloadError, file_sha256, weights_dir
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
+from harness.errors import UsageError
+from harness.files import DownloadError, file_sha256
 from harness.models.yolox import YoloxDetector
 
 CATALOGUE = Path(__file__).with_name("catalogue.yaml")
@@ -93,7 +94,7 @@ class LibreModel:
 
 
 def _spec_error(where: str, exc: Exception) -> UsageError:
-    return UsageError(f"{CATALOGUE}: {where}: {exc}; fix the entry (fields: harness/models/protocol.py)")
+    return UsageError(f"{CATALOGUE}: {where}: {exc}; fix the entry (fields: harness/detector/protocol.py)")
 
 
 @cache
@@ -455,7 +456,7 @@ YOLONAS_FIT = 636  # libreyolo's YOLO-NAS resizes the long side to min(636, inpu
 
 
 class LibreYoloDetector:
-    """A catalogue model built by libreyolo: the Detector protocol (harness/models/protocol.py)."""
+    """A catalogue model built by libreyolo: the Detector protocol (harness/detector/protocol.py)."""
 
     class_map = COCO80_TO_91
 
@@ -495,14 +496,6 @@ class LibreYoloDetector:
     def core_source(self) -> CoreSource:
         return CoreSource(self.model_id, torch_module=lambda: self.core_module,
                           query_rows=self.postprocess.kind == "topk")
-
-    @property
-    def backends(self) -> tuple[str, ...]:
-        return backend_names(self.core_source)
-
-    def load_core(self, backend: str, device: Any, precision: str, input_size: tuple[int, int],
-                  threads: int | None = None):
-        return load_core(self.core_source, backend, device, precision, input_size, threads)
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> list[Candidates] | DenseCandidates:

@@ -1,7 +1,7 @@
 """Model registry: names -> Detector factories, plus user plugins (`path/to/file.py:factory`).
 
 One place registers families: FAMILY_ENTRIES below, one function per family returning its ModelEntry
-rows. A family module provides the Detector (harness/models/protocol.py); the entry says how to build
+rows. A family module provides the Detector (harness/detector/protocol.py); the entry says how to build
 it and where its weights are.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends.tensorrt import is_engine_file
 from harness.catalogue import unavailable_families
+from harness.detector.engine import is_engine_file
+from harness.detector.protocol import RANDOM_WEIGHTS, Detector
 from harness.errors import UsageError, path_problem
 from harness.models import torchvision_family, ultralytics_onnx, yolox
-from harness.models.protocol import RANDOM_WEIGHTS, Detector
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     """A catalogue id. The yolox-* ids are also the official-ONNX YOLOX family's: ONNX weights (the
     default, or --weights FILE.onnx) and TensorRT engines of them (FILE.engine) keep that family;
     --weights random or a libreyolo checkpoint builds the model with libreyolo."""
+    from harness.detector.protocol import RANDOM_WEIGHTS
+    from harness.detector.weights import weights_dir
     from harness.models import libreyolo
-    from harness.models.protocol import RANDOM_WEIGHTS
-    from harness.models.weights import weights_dir
 
     model = libreyolo.catalogue()[model_id]
 
@@ -136,8 +136,10 @@ FAMILY_ENTRIES: tuple[Callable[[], list[ModelEntry]], ...] = (
 )
 REGISTRY: dict[str, ModelEntry] = {e.model_id: e for entries in FAMILY_ENTRIES for e in entries()}
 PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")
-REQUIRED_ATTRS = ("model_id", "family", "variant", "preprocess", "defaults", "backends", "class_map",
-                  "weights", "load_core", "decode", "model_stats")
+REQUIRED_ATTRS = ("model_id", "family", "variant", "preprocess", "defaults", "class_map", "weights", "decode",
+                  "model_stats")
+# A plugin's core: a `core_source` the backends run, or its own `load_core` with the `backends` it offers.
+CORE_ATTRS = (("core_source",), ("load_core", "backends"))
 
 
 def load_plugin(path: str, factory_name: str) -> Detector:
@@ -158,9 +160,11 @@ def load_plugin(path: str, factory_name: str) -> Detector:
         raise UsageError(f"model plugin {file} has no callable {factory_name!r}")
     detector = factory()
     missing = [a for a in REQUIRED_ATTRS if not hasattr(detector, a)]
+    if not any(all(hasattr(detector, a) for a in attrs) for attrs in CORE_ATTRS):
+        missing.append("core_source (or load_core and backends)")
     if missing:
         raise UsageError(f"{file}:{factory_name} returned an object without {', '.join(missing)} "
-                         "(see harness/models/protocol.py: Detector)")
+                         "(see harness/detector/protocol.py: Detector)")
     return detector
 
 

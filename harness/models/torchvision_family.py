@@ -44,11 +44,9 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from harness.backends import CoreSource, backend_names, load_core
-from harness.backends.pytorch import count_flops
-from harness.errors import UsageError
-from harness.measure.device import Device
-from harness.models.protocol import (
+from harness.detector.graph import count_flops
+from harness.detector.ops import top_k_per_group
+from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     ModelStats,
@@ -56,8 +54,9 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.weights import file_sha256
-from harness.pipeline.postprocess import top_k_per_group
+from harness.detector.source import CoreSource
+from harness.errors import UsageError
+from harness.files import file_sha256
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -268,16 +267,10 @@ class TorchvisionDetector:
                           export_note="its proposals have a data-dependent count per image, so no ONNX export "
                                       "with a dynamic batch" if two_stage else "")
 
-    @property
-    def backends(self) -> tuple[str, ...]:
-        return backend_names(self.core_source)
-
-    def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
-                  threads: int | None = None):
-        core = load_core(self.core_source, backend, device, precision, input_size, threads)
+    def check_core(self, core, input_size: tuple[int, int]) -> None:
+        """Build this input size's anchors before the first timed batch."""
         if self.config.kind != "fasterrcnn":
-            self._anchors_for(input_size)  # before the first timed batch
-        return core
+            self._anchors_for(input_size)
 
     def _anchors_for(self, input_size: tuple[int, int]) -> tuple[torch.Tensor, list[int]]:
         """The model's own anchors for this input size (its anchor generator on a blank image), and how

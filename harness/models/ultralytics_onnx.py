@@ -33,9 +33,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from harness.backends import CoreSource, backend_names, load_core
-from harness.backends.export import make_batch_dynamic, onnx_model_stats
-from harness.backends.tensorrt import (
+from harness.catalogue import ULTRALYTICS_MODEL_IDS
+from harness.data.categories import COCO80_TO_91
+from harness.detector.engine import (
     engine_core_source,
     engine_model_stats,
     engine_weights,
@@ -43,11 +43,8 @@ from harness.backends.tensorrt import (
     probe_outputs,
     read_manifest,
 )
-from harness.catalogue import ULTRALYTICS_MODEL_IDS
-from harness.data.categories import COCO80_TO_91
-from harness.errors import UsageError
-from harness.measure.device import Device
-from harness.models.protocol import (
+from harness.detector.graph import make_batch_dynamic, onnx_model_stats
+from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     DenseCandidates,
@@ -56,7 +53,10 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.weights import file_sha256, weights_dir
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
+from harness.errors import UsageError
+from harness.files import file_sha256
 
 MODEL_IDS = ULTRALYTICS_MODEL_IDS
 DEFAULT_INPUT_SIZE = 640
@@ -183,19 +183,16 @@ class UltralyticsOnnxDetector:
             return engine_core_source(self.model_id, self.path)
         return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model, check_batches=BATCH_CHECK)
 
-    @property
-    def backends(self) -> tuple[str, ...]:
-        return backend_names(self.core_source)
-
-    def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
-                  threads: int | None = None):
+    def check_input_size(self, input_size: tuple[int, int]) -> None:
+        """A fixed-size export runs at its size only (checked before its core is loaded)."""
         if self.fixed_size is not None and tuple(input_size) != self.fixed_size:
             raise UsageError(f"{self.path} was exported at {self.fixed_size[0]}x{self.fixed_size[1]} and runs at "
                              f"that size only; drop --input-size or export with dynamic=True")
-        core = load_core(self.core_source, backend, device, precision, input_size, threads)
+
+    def check_core(self, core, input_size: tuple[int, int]) -> None:
+        """An engine's outputs must be this head's."""
         if self.engine:
             self._check_engine_head(core, input_size)
-        return core
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> DenseCandidates | list[Candidates]:

@@ -15,19 +15,16 @@ from pathlib import Path
 import onnx
 import torch
 
-from harness.backends import CoreSource, backend_names, load_core
-from harness.backends.export import make_batch_dynamic, onnx_model_stats
-from harness.backends.tensorrt import (
+from harness.data.categories import COCO80_TO_91
+from harness.detector.engine import (
     engine_core_source,
     engine_model_stats,
     engine_weights,
     is_engine_file,
     probe_outputs,
 )
-from harness.data.categories import COCO80_TO_91
-from harness.errors import UsageError, path_problem
-from harness.measure.device import Device
-from harness.models.protocol import (
+from harness.detector.graph import make_batch_dynamic, onnx_model_stats
+from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     ModelStats,
@@ -35,7 +32,10 @@ from harness.models.protocol import (
     PreprocessSpec,
     WeightsInfo,
 )
-from harness.models.weights import file_sha256, weights_dir
+from harness.detector.source import CoreSource
+from harness.detector.weights import weights_dir
+from harness.errors import UsageError, path_problem
+from harness.files import file_sha256
 
 # variant -> native input size (the official release's export size)
 VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}
@@ -191,19 +191,10 @@ class YoloxDetector:
             return engine_core_source(self.model_id, self.path)
         return CoreSource(self.model_id, onnx_model=lambda: self.onnx_model)
 
-    @property
-    def backends(self) -> tuple[str, ...]:
-        return backend_names(self.core_source)
-
-    def load_core(self, backend: str, device: Device, precision: str, input_size: tuple[int, int],
-                  threads: int | None = None):
-        core = load_core(self.core_source, backend, device, precision, input_size, threads)
-        if self.engine:
-            self._check_engine_head(core, input_size)
-        return core
-
-    def _check_engine_head(self, core, input_size: tuple[int, int]) -> None:
-        """One zero batch: the engine's outputs must be YOLOX's single [1, anchors, 85] at this input size."""
+    def check_core(self, core, input_size: tuple[int, int]) -> None:
+        """An engine's outputs (one zero batch) must be YOLOX's single [1, anchors, 85] at this input size."""
+        if not self.engine:
+            return
         anchors = anchor_count(input_size)
         shapes = probe_outputs(core, input_size)
         if shapes != [(1, anchors, 85)]:

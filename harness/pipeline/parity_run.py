@@ -15,12 +15,12 @@ import torch
 
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
+from harness.detector.protocol import Detector, postprocess_spec
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox
 from harness.eval.detection_diff import DetectionSet, diff_detections, parse_coco_detections
 from harness.eval.parity import Candidate, ParityReport, PixelStats
 from harness.measure.device import Device
-from harness.models.protocol import Detector, postprocess_spec
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.preprocess import (
     IMPLEMENTATIONS,

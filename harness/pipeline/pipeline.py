@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from harness.data.coco import ImageRecord
+from harness.detector.protocol import Core, Detector, PreprocessSpec, postprocess_spec
 from harness.measure.device import Device
-from harness.models.protocol import Core, Detector, PreprocessSpec, postprocess_spec
 from harness.pipeline.checks import check_finite
 from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
 from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from torchvision.ops import nms
 
-from harness.models.protocol import Candidates, DenseCandidates, PostprocessSpec
+from harness.detector.ops import top_k_per_group
+from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSpec
 from harness.pipeline.preprocess import ImageTransform
 from harness.records import ImageDetections
 
@@ -73,20 +74,6 @@ class BatchCandidates:
             box_rows = image * n_boxes + box
         boxes = dense.boxes.reshape(n_images * n_boxes, 4)[box_rows].float()
         return cls(boxes, scores.float(), labels, image, torch.bincount(image, minlength=n_images).tolist())
-
-
-def top_k_per_group(scores: torch.Tensor, groups: torch.Tensor, k: int | None) -> torch.Tensor:
-    """Indices of the `k` best scores of each group (all with k None), ordered by group, best first
-    (ties keep their order: stable sorts). One sort for all groups instead of a topk per group."""
-    order = torch.argsort(scores, descending=True, stable=True)
-    order = order[torch.argsort(groups[order], stable=True)]
-    if k is None:
-        return order
-    sorted_groups = groups[order]
-    _, counts = torch.unique_consecutive(sorted_groups, return_counts=True)
-    starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-    rank = torch.arange(order.numel(), device=order.device) - starts
-    return order[rank < k]
 
 
 def best_per_image(cands: BatchCandidates, k: int) -> BatchCandidates:

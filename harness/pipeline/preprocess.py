@@ -1,6 +1,6 @@
 """Batched preprocessing: decode, resize/letterbox into one buffer, collate to [B,3,H,W].
 
-Every convention a family needs is in its PreprocessSpec (harness/models/protocol.py): letterbox,
+Every convention a family needs is in its PreprocessSpec (harness/detector/protocol.py): letterbox,
 stretch or fit-then-stretch, fit margin (long side then pad), rounding, pad position/value, channel order,
 scale/mean/std, and the resize library (cv2, PIL, torch) with its interpolation.
 
@@ -22,8 +22,8 @@ from PIL import Image
 from torchvision.io import ImageReadMode
 from torchvision.io import decode_image as tv_decode_image
 
+from harness.detector.protocol import PreprocessSpec
 from harness.errors import UsageError
-from harness.models.protocol import PreprocessSpec
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.files import atomic_write_bytes
 from harness.report.gates import DEFAULT_GATES, NOT_MET, GateResult, evaluate, gate_notes, load_gates
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
 from harness.report.run_folder import load_run
-from harness.results.writer import atomic_write_bytes
 
 
 @dataclass

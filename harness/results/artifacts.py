@@ -7,8 +7,8 @@ import csv
 import re
 from pathlib import Path
 
+from harness.files import atomic_write_bytes, atomic_write_csv
 from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord
-from harness.results.writer import atomic_write_bytes, atomic_write_csv
 
 
 def _slug(text: str) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from harness.files import atomic_write_csv
 from harness.records import CellRecord
-from harness.results.writer import atomic_write_csv
 
 HEADER = ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count", "avg", "std",
           "min", "max", "total_pct"]

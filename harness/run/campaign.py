@@ -22,9 +22,8 @@ import yaml
 
 from harness.config import build_config
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
-from harness.models.weights import file_sha256
+from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
 from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
-from harness.results.writer import atomic_write_bytes, atomic_write_json
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
 VERSIONS_FILE = "rf100vl_versions.json"  # written by `va-bench data fetch rf100vl`: dataset -> version id
@@ -126,7 +125,8 @@ def _finished_submission(run_dir: Path) -> dict | None:
 def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str],
                 progress) -> DatasetResult:
     """One dataset's run, or its reason for being skipped; a finished one is read back, not run again."""
-    from harness.run.scheduler import prepare, run_with_interrupts
+    from harness.run.plan import prepare
+    from harness.run.scheduler import run_with_interrupts
 
     run_id = _slug(entry.name)
     run_dir = datasets_dir / run_id

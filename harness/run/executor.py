@@ -25,15 +25,18 @@ import numpy as np
 import psutil
 import torch
 
+from harness.backends import BackendOptions, load_detector_core
 from harness.config import RunConfig
 from harness.data.cache import ImageBytes
 from harness.data.calibration import CalibrationSet
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
+from harness.detector.protocol import Detector, postprocess_spec
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
+from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_json
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler
@@ -41,7 +44,6 @@ from harness.measure.layers import hook_leaf_modules, per_batch_totals, summariz
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.stats import summarize
-from harness.models.protocol import Detector, postprocess_spec
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
@@ -59,8 +61,6 @@ from harness.records import (
 )
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
-from harness.results.json_stream import JsonArrayWriter
-from harness.results.writer import atomic_write_bytes, atomic_write_json
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
 # from the cells' timings, from the process start to here and to each group's model load (environment.startup).
@@ -91,6 +91,7 @@ class RunContext:
     monitor: MemoryMonitor | None
     progress: object
     threads: int
+    backend_options: BackendOptions  # the plan's, passed to every load
     label_categories: dict[str, tuple[int, ...]] = field(default_factory=dict)  # model id -> category per label
     sampler: DeviceSampler | None = None  # the device's state (throttling, clocks, load) during each timed pass
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
@@ -134,7 +135,8 @@ class GroupExecutor:
         cache_s, clock = time.perf_counter() - clock, time.perf_counter()
         self.spec = resolve_implementation(detector.preprocess.with_input_size(key.input_size), config.preprocess,
                                            ctx.device.is_cuda)  # --preprocess
-        self.core = detector.load_core(key.backend, ctx.device, key.precision, key.input_size, threads=ctx.threads)
+        self.core = load_detector_core(detector, key.backend, ctx.device, key.precision, key.input_size,
+                                       options=ctx.backend_options, threads=ctx.threads)
         load_s, clock = time.perf_counter() - clock, time.perf_counter()
         with _one_torch_thread():
             self.stats = detector.model_stats(key.input_size).to_dict()
@@ -435,8 +437,8 @@ class GroupExecutor:
     def _fp32_reference(self, cell: Cell) -> dict:
         """The same model's fp32 core on the same backend, images and thresholds: an untimed scoring pass."""
         ctx = self.ctx
-        fp32 = self.detector.load_core(self.key.backend, ctx.device, "fp32", self.key.input_size,
-                                       threads=ctx.threads)
+        fp32 = load_detector_core(self.detector, self.key.backend, ctx.device, "fp32", self.key.input_size,
+                                  options=ctx.backend_options, threads=ctx.threads)
         pipeline = DetectorPipeline(self.detector, fp32, ctx.device, self.spec, self.thresholds,
                                     read_image=ctx.images.read)
         timer = StageTimer(ctx.device, ctx.config.stage_sync)

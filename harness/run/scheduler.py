@@ -11,8 +11,6 @@ the sweep stops (the running cell `interrupted`, exit 1, a resume hint) and a pl
 
 from __future__ import annotations
 
-import os
-import secrets
 import traceback
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
@@ -21,85 +19,23 @@ from pathlib import Path
 
 import torch
 
-from harness.backends.tensorrt import engine_defaults
-from harness.config import RunConfig, build_config
-from harness.data.calibration import CalibrationSet, calibration_set
-from harness.data.classes import ClassMap, model_class_names
-from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.images import find_corrupt_images
-from harness.data.variants import DatasetVariant
-from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
-from harness.measure.device import Device, parse_device
+from harness.errors import RunInterrupted, VaBenchError
+from harness.files import DiskFullError, atomic_write_json, is_disk_full
 from harness.measure.energy import EnergyProbe
-from harness.measure.env import apply_tf32, collect_environment, git_state, hardware_block
-from harness.measure.hygiene import DeviceSampler, gpu_processes, locked_clocks
+from harness.measure.env import apply_tf32, collect_environment, hardware_block
+from harness.measure.hygiene import DeviceSampler, locked_clocks
 from harness.measure.memory import MemoryMonitor
-from harness.models.protocol import Detector
-from harness.models.registry import PLUGIN_PATTERN, get_detector
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
-from harness.plan import check_runtimes, plan_cells
 from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
-from harness.report.progress import SilentProgress
 from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
-from harness.results.writer import DiskFullError, atomic_write_json, is_disk_full
 from harness.run.executor import GroupExecutor, RunContext
+from harness.run.plan import RunPlan
+from harness.run.progress import SilentProgress
 from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
-from harness.run.state import RunState, read_run_json
-
-
-@dataclass
-class RunPlan:
-    """Everything resolved and checked before the first file is written."""
-
-    config: RunConfig
-    run_id: str
-    run_dir: Path
-    device: Device
-    dataset: CocoDataset
-    variant: DatasetVariant
-    records: list[ImageRecord]
-    detectors: dict[str, Detector]
-    groups: list[tuple[LoadKey, list[Cell]]]
-    label_categories: dict[str, tuple[int, ...]]  # model id -> the dataset category of each label
-    gpu_hygiene: dict | None  # other compute processes on the GPU, checked at plan time (CUDA runs)
-    resume: dict | None = None  # run.json of the run being resumed
-    retry_failed: bool = False
-    calibration: CalibrationSet | None = None  # int8 cells: images disjoint from the evaluated ones
-
-    @property
-    def cells(self) -> list[Cell]:
-        return [c for _, cells in self.groups for c in cells]
-
-    def describe(self) -> dict:
-        """What the run will do, cell by cell (`--dry-run`): batches, timed batches, what each group loads."""
-        config, n = self.config, self.variant.num_images
-        groups = []
-        for key, cells in self.groups:
-            source = self.detectors[key.model].core_source
-            if source.engine_file is not None:
-                loads = "a TensorRT engine"
-            elif key.backend == "onnxruntime":
-                loads = "its ONNX graph" if source.onnx_model is not None else "an ONNX export of its torch core " \
-                                                                                  "(cached by content)"
-            else:
-                loads = "its torch core" if source.torch_module is not None else "onnx2torch of its ONNX graph"
-            rows = []
-            for cell in cells:
-                full, short = divmod(n, cell.batch_size)
-                timed = max(full, config.min_timed_batches) if full else 0
-                if config.max_timed_batches:
-                    timed = min(timed, config.max_timed_batches)
-                rows.append({"cell": cell.label, "batch_size": cell.batch_size, "full_batches": full,
-                             "short_batch": short or None, "timed_batches": timed, "scored_images": n})
-            groups.append({"load": key.label, "loads": loads, "weights": self.detectors[key.model].weights.source,
-                           "cells": rows})
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "device": str(self.device),
-                "dataset": {**self.dataset.describe(), **self.variant.describe()},
-                "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
-                "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
-                "cells": len(self.cells)}
+from harness.run.state import RunState
 
 
 @dataclass
@@ -114,119 +50,6 @@ class RunOutcome:
         """Cells that did not finish ok: label -> 'state: reason'."""
         return {label: f"{s.state}: {s.reason}" if s.reason else s.state
                 for label, s in self.state.cells.items() if s.state != "ok"}
-
-
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
-
-
-def open_dataset(config: RunConfig) -> CocoDataset:
-    """The run's dataset: `--dataset PATH` (any COCO-format dataset) or COCO val2017 (`--coco-dir`, ...)."""
-    if config.dataset is not None:
-        if config.coco_dir is not None:
-            raise UsageError("--dataset and --coco-dir name two datasets; give one")
-        return CocoDataset.from_path(config.dataset, config.split)
-    if config.split is not None:
-        raise UsageError("--split selects a split of a --dataset Roboflow export; give --dataset PATH or drop it")
-    return CocoDataset(config.coco_dir)
-
-
-def check_device(device: Device, config: RunConfig, fleet_node: bool = False) -> dict | None:
-    """Plan-time hygiene of a CUDA run: other compute processes on the GPU are refused unless
-    --allow-shared-gpu (measure/hygiene.py); --lock-clocks only on CUDA. On a fleet node the job's own Ray
-    workers hold CUDA contexts, so the process list cannot tell them from strangers: not checked there."""
-    if not device.is_cuda:
-        if config.lock_clocks is not None:
-            raise UsageError("--lock-clocks applies to an NVIDIA GPU (--device cuda); drop it")
-        return None
-    if fleet_node:
-        return {"status": "unavailable", "reason": "not checked on a fleet node (this job's Ray workers hold CUDA "
-                                                   "contexts there)"}
-    return gpu_processes(device.index, config.allow_shared_gpu)
-
-
-def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) -> RunPlan:
-    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
-    even create --output-dir)."""
-    device = parse_device(config.device)
-    gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
-    config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
-    check_runtimes(config)  # an unsupported backend/device/precision is refused before anything is read
-    dataset = open_dataset(config)
-    variant = dataset.variant(config.subset, config.limit)
-    class_map = ClassMap.read(config.class_map) if config.class_map else None
-    dataset.class_map = class_map
-    if config.weights and len(config.models) > 1:
-        raise UsageError("--weights applies to a single --model; run one model at a time with it")
-    if config.weights and PLUGIN_PATTERN.match(config.models[0]):
-        raise UsageError("--weights does not apply to a plugin model (its factory loads its own weights); drop it")
-    detectors = {}
-    for spec in config.models:
-        detector = get_detector(spec, config.weights)
-        detectors[detector.model_id] = detector
-    label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
-                        for model_id, d in detectors.items()}
-    groups = plan_cells(config, detectors, variant.num_images)
-    records = dataset.records(variant)
-    calibration = int8_calibration(config, dataset, records)
-    output_dir = Path(config.output_dir)
-    run_id = config.run_id or new_run_id()
-    if dry_run:
-        return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
-                       detectors, groups, label_categories, gpu_hygiene, calibration=calibration)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(path_problem("--output-dir", config.output_dir, f"cannot create it ({exc.strerror})")
-                         + "; pick a writable folder") from exc
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
-    run_dir = Path(config.output_dir) / run_id
-    if run_dir.exists():
-        raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
-                         + f"; pick another --run-id or continue it with --resume {run_id}")
-    return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
-                   label_categories, gpu_hygiene, calibration=calibration)
-
-
-def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[ImageRecord]) -> CalibrationSet | None:
-    """The int8 cells' calibration images (checked disjoint from the evaluated ones); None without int8."""
-    if "int8" not in config.precisions:
-        return None
-    return calibration_set(dataset, records, config.calibration, config.calibration_images)
-
-
-def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
-                   retry_failed: bool) -> RunPlan:
-    """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
-    harness commit or the hardware differ from the original run, unless `force`."""
-    run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
-    doc = read_run_json(run_dir, run_id)
-    original = build_config(doc["config"])
-    config = build_config({**doc["config"], **overrides, "run_id": run_id, "output_dir": str(run_dir.parent)})
-    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
-                if original.identity()[k] != v]
-    env = doc.get("environment", {})
-    commit, dirty = git_state()
-    if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
-        problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
-                        f"(dirty {dirty})")
-    if problems and not force:
-        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
-                         "incomparable cells: rerun with the original options or add --force")
-    plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
-    recorded = doc.get("hardware", {}).get("id")
-    here = hardware_block(plan.device, config.hardware_id)["id"]
-    if recorded != here:
-        problems.append(f"hardware {recorded} -> {here}")
-    if problems and not force:
-        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
-                         "incomparable cells: rerun with the original options or add --force")
-    plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
-    plan.resume, plan.retry_failed = doc, retry_failed
-    if problems:
-        plan.resume = {**doc, "forced_differences": problems}
-    return plan
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -282,7 +105,8 @@ class Scheduler:
                          energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
                          if config.energy else None,
                          monitor=MemoryMonitor(plan.device) if config.memory else None,
-                         progress=self.progress, threads=threads, label_categories=plan.label_categories,
+                         progress=self.progress, threads=threads, backend_options=plan.backend_options,
+                         label_categories=plan.label_categories,
                          sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
         ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
         self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError, path_problem
+from harness.files import DiskFullError, atomic_write_csv, atomic_write_json
 from harness.records import Cell, CellStatus
-from harness.results.writer import DiskFullError, atomic_write_csv, atomic_write_json
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from harness.data.categories import COCO80_TO_91
-from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
+from harness.detector.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 
 
 class BatchDependentCore:

@@ -16,7 +16,7 @@ import time
 import torch
 
 from harness.data.categories import COCO80_TO_91
-from harness.models.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
+from harness.detector.protocol import Candidates, ModelStats, PreprocessSpec, ProtocolDefaults, WeightsInfo
 
 FORWARD_MS = float(os.environ.get("VA_BENCH_TEST_FORWARD_MS", "40"))
 MEASURED_MS: list[float] = []  # the core's own clock around each sleep

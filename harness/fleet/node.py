@@ -4,7 +4,7 @@
   ordinary scheduler and executor, in a scratch run folder of the node's own; yields a `NodeUpdate`
   every time that folder's run.json changes (a cell started or finished), with the files that changed.
 - `detect_shard`: the detections (a COCO results file) of one shard of a group's accuracy pass
-  (harness/run/shards.py).
+  (harness/fleet/shards.py).
 - `probe`: this node's build fingerprint and threads, for the driver to accept or refuse it.
 
 Datasets and weights are resolved here, on the node (its $VA_BENCH_COCO, weights cache, plugin paths);
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from harness.config import build_config
 from harness.errors import UsageError, VaBenchError
+from harness.fleet.fingerprint import build_differences, build_fingerprint
+from harness.fleet.gather import NodeUpdate
+from harness.fleet.shards import Shard
 from harness.records import LoadKey
-from harness.run.fingerprint import build_differences, build_fingerprint
-from harness.run.gather import NodeUpdate
-from harness.run.shards import Shard
 from harness.run.state import ERROR_LOG, LOCK_FILE, RUN_FILE
 
 POLL_SECONDS = 0.5  # how often the node looks at its run.json (a stat; read only when it changed)
@@ -87,7 +87,7 @@ def probe() -> dict:
 
 def _plan(config_fields: dict, scratch: Path, dataset_sha256: str):
     """The node's own plan of a job's configuration (datasets and weights resolved here)."""
-    from harness.run.scheduler import prepare
+    from harness.run.plan import prepare
 
     plan = prepare(build_config({**config_fields, "output_dir": str(scratch), "run_id": None}), fleet_node=True)
     if plan.variant.image_id_sha256 != dataset_sha256:
@@ -225,12 +225,12 @@ def detect_shard(job: ShardJob) -> dict:
     """Detections (COCO results format) of the shard's images, in the unsharded pass's batches."""
     import torch
 
+    from harness.files import JsonArrayWriter
     from harness.measure.env import apply_tf32
     from harness.pipeline.stage_timer import StageTimer
-    from harness.report.progress import SilentProgress
     from harness.results.artifacts import ProbeArtifacts
-    from harness.results.json_stream import JsonArrayWriter
     from harness.run.executor import GroupExecutor, RunContext
+    from harness.run.progress import SilentProgress
 
     check_build(job.build)
     scratch = scratch_folder("shard")
@@ -244,7 +244,8 @@ def detect_shard(job: ShardJob) -> dict:
         ctx = RunContext(config=config, run_id=plan.run_id, run_dir=scratch, device=plan.device, dataset=plan.dataset,
                          variant=plan.variant, records=records, environment={}, hardware={},
                          artifacts=ProbeArtifacts(scratch), energy_probe=None, monitor=None,
-                         progress=SilentProgress(), threads=threads, label_categories=plan.label_categories,
+                         progress=SilentProgress(), threads=threads, backend_options=plan.backend_options,
+                         label_categories=plan.label_categories,
                          calibration=plan.calibration)  # int8: the same images on every node
         executor = GroupExecutor(ctx, plan.detectors[job.group.model], job.group)
         timer = StageTimer(plan.device, config.stage_sync)

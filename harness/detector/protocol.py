@@ -1,6 +1,6 @@
 """The Detector protocol: what every model family provides to the shared pipeline.
 
-A detector is split as docs/families-and-backends.md says: a *core* (float tensor [B,3,H,W] -> raw head tensors), a
+A detector is split in four (docs/families-and-backends.md): a *core* (float tensor [B,3,H,W] -> raw head tensors), a
 *preprocessing spec* the harness applies, a *decoder* (raw head tensors -> candidate boxes and
 scores) and a *post-processing spec* (which kind of selection the harness applies to those
 candidates, with the family's own thresholds). Selection (NMS or top-k), rescaling and COCO mapping
@@ -182,20 +182,20 @@ class Core(Protocol):
 @runtime_checkable
 class Detector(Protocol):
     """A model family instance: see the module docstring. `postprocess` is optional for plugins
-    (they may give `defaults` only); families built in harness/models give both."""
+    (they may give `defaults` only); families built in harness/models give both.
+
+    Its core comes as `core_source` (a CoreSource, harness/detector/source.py), which the backends load; a
+    family may add `check_input_size(input_size)` (refused before loading) and `check_core(core, input_size)`
+    (after loading). A plugin may instead load its core itself: `backends` (the names it offers) and
+    `load_core(backend, device, precision, input_size, threads)`."""
 
     model_id: str
     family: str
     variant: str
     preprocess: PreprocessSpec
     defaults: ProtocolDefaults
-    backends: tuple[str, ...]
     class_map: tuple[int, ...]  # contiguous class index -> COCO category id
     weights: WeightsInfo
-
-    def load_core(
-        self, backend: str, device: Any, precision: str, input_size: tuple[int, int], threads: int | None = None
-    ) -> Core: ...
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> list[Candidates] | DenseCandidates:

@@ -1,6 +1,6 @@
 """`va-bench fleet join`: `ray start` for a device of the fleet, with what the fleet needs of it.
 
-The node advertises `hw:<hardware id>` and `va-bench-slot` (harness/run/fleet.py: node_resources), the
+The node advertises `hw:<hardware id>` and `va-bench-slot` (harness/fleet/driver.py: node_resources), the
 hardware id being `va-bench hw`'s (or --hardware-id). Ray sets OMP_NUM_THREADS to a task's CPU count (1
 here) when it is unset, which would run every benchmark on one torch thread: the node is started with
 OMP_NUM_THREADS set to what `va-bench run` uses on this machine, unless the caller set it.

@@ -1,4 +1,4 @@
-"""Progress display: rich bars on a terminal, plain lines when piped, a silent sink for library use."""
+"""Progress display: rich bars on a terminal, plain lines when piped."""
 
 from __future__ import annotations
 
@@ -11,16 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-
-class SilentProgress:
-    """Accepts progress calls and shows nothing."""
-
-    @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator:
-        yield lambda advance=1: None
-
-    def log(self, message: str) -> None:
-        pass
+from harness.run.progress import SilentProgress
 
 
 class RichProgress(SilentProgress):

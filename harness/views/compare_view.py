@@ -8,8 +8,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from harness.compare import COORDS, CellDelta, Comparison, GateResult
 from harness.eval.coco_eval import STAT_NAMES
+from harness.results.compare import COORDS, CellDelta, Comparison, GateResult
 
 LABELS = dict(COORDS)
 

@@ -4,9 +4,9 @@
   `va-bench-slot` (1). A group of cells (one model, backend, precision, input size and its batch sizes)
   for hardware X is a Ray task asking for both, so it lands on a node of hardware X and never shares that
   node with another benchmark or accuracy shard; the node runs the ordinary scheduler and executor on it
-  (harness/run/fleet_node.py) and streams each cell's status and files back as it finishes.
+  (harness/fleet/node.py) and streams each cell's status and files back as it finishes.
 - The driver gathers everything into outputs/<run_id>/<hardware id>/ (an ordinary run folder, see
-  harness/run/gather.py), writes outputs/<run_id>/fleet.json (configuration, build, nodes, accuracy), and
+  harness/fleet/gather.py), writes outputs/<run_id>/fleet.json (configuration, build, nodes, accuracy), and
   with `--accuracy-shards N` splits each group's accuracy pass over any nodes (a slot each), merges the
   shards' detections and runs one COCO evaluation (outputs/<run_id>/accuracy/).
 - Before anything is sent, every node is probed: a node whose harness commit, sources or package versions
@@ -36,16 +36,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from harness.config import SAFE_ID, RunConfig, build_config
 from harness.errors import RunInterrupted, UsageError, path_problem
 from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version, max_dets_for
+from harness.files import atomic_write_bytes, atomic_write_json
+from harness.fleet.fingerprint import build_differences, build_fingerprint
+from harness.fleet.gather import HardwareFolder
+from harness.fleet.join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
+from harness.fleet.node import GroupJob, ShardJob
+from harness.fleet.shards import Shard, merge_result_files, split_shards
 from harness.records import RETRYABLE_STATES, LoadKey
-from harness.report.progress import SilentProgress
 from harness.results.artifacts import load_slug
-from harness.results.writer import atomic_write_bytes, atomic_write_json
-from harness.run.fingerprint import build_differences, build_fingerprint
-from harness.run.fleet_join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
-from harness.run.fleet_node import GroupJob, ShardJob
-from harness.run.gather import HardwareFolder
-from harness.run.scheduler import RunPlan, environment_time, one_line, prepare
-from harness.run.shards import Shard, merge_result_files, split_shards
+from harness.run.plan import RunPlan, prepare
+from harness.run.progress import SilentProgress
+from harness.run.scheduler import environment_time, one_line
 from harness.run.signals import Interrupted, protected
 
 FLEET_FILE = "fleet.json"
@@ -66,21 +67,21 @@ def _node_info() -> dict:
 # resumed by the user, never silently run twice. Shards and probes leave nothing running: workers are reused.
 @ray.remote(num_cpus=0, max_calls=1, max_retries=0)
 def _group_task(job: GroupJob):
-    from harness.run.fleet_node import run_group
+    from harness.fleet.node import run_group
 
     yield from run_group(job, _node_info())
 
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _shard_task(job: ShardJob) -> dict:
-    from harness.run.fleet_node import detect_shard
+    from harness.fleet.node import detect_shard
 
     return {**detect_shard(job), "node": _node_info()}
 
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _probe_task() -> dict:
-    from harness.run.fleet_node import probe
+    from harness.fleet.node import probe
 
     return {**probe(), "node": _node_info()}
 

@@ -1,0 +1,189 @@
+"""Tools over a core's graph that families and backends share: ONNX batch-axis rewriting, onnx2torch
+conversion, parameter and FLOP counts, and the agreement checks between two runs of a core (batch rows,
+query rows compared as a set)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from harness.detector.protocol import ModelStats
+from harness.detector.weights import weights_dir
+from harness.errors import UsageError
+from harness.files import write_cache_file
+
+# Agreement required between backends, relative to the output's magnitude: float32 kernels that fuse or
+# reorder operations differ by ~1e-6 relative; a baked batch or a wrong graph differs by orders more.
+RELATIVE_TOLERANCE = 1e-3
+
+
+def make_batch_dynamic(model: onnx.ModelProto, spatial_dynamic: bool = True) -> onnx.ModelProto:
+    """Return a copy whose batch axis (and optionally H, W) is symbolic.
+
+    Exporters often bake the traced batch into Reshape targets (YOLOX: [1, 85, -1]); a 0 there
+    means "copy this dim from the input", which makes the graph batch-agnostic.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    for value in list(graph.input) + list(graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+        if spatial_dynamic and value in graph.input and len(dims) == 4:
+            dims[2].dim_param, dims[3].dim_param = "height", "width"
+    reshape_shapes = {node.input[1] for node in graph.node if node.op_type == "Reshape"}
+    for init in graph.initializer:
+        if init.name in reshape_shapes:
+            shape = onnx.numpy_helper.to_array(init)
+            if shape.ndim == 1 and shape.size > 1 and shape[0] == 1:
+                fixed = shape.copy()
+                fixed[0] = 0
+                init.CopyFrom(onnx.numpy_helper.from_array(fixed, init.name))
+    for node in graph.node:  # the same constants may come as Constant nodes
+        if node.op_type == "Constant" and node.output[0] in reshape_shapes:
+            for attr in node.attribute:
+                if attr.name == "value":
+                    shape = onnx.numpy_helper.to_array(attr.t)
+                    if shape.ndim == 1 and shape.size > 1 and shape[0] == 1:
+                        fixed = shape.copy()
+                        fixed[0] = 0
+                        attr.t.CopyFrom(onnx.numpy_helper.from_array(fixed))
+    del graph.value_info[:]  # stale static shapes of intermediates would contradict the new dims
+    return model
+
+
+def onnx_param_count(model: onnx.ModelProto) -> int:
+    """Number of weights stored in the graph (float initializers)."""
+    total = 0
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            total += int(np.prod(init.dims)) if init.dims else 1
+    return total
+
+
+def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> ModelStats:
+    """Parameters stored in the graph and FLOPs of its onnx2torch conversion (None with the reason when
+    the conversion or the count fails).
+
+    The FLOP count converts the graph and runs a batch-1 forward (~0.4 s and ~70 MB for YOLOX-Nano): it is
+    a pure function of the graph's bytes and the input size, so it is kept in the weights cache
+    (`model-stats/<sha256 of the graph>__HxW.json`) and the next run of the same graph reads it."""
+    stats = ModelStats(params_millions=round(onnx_param_count(model) / 1e6, 4))
+    h, w = input_size
+    cache = weights_dir() / "model-stats" / f"{hashlib.sha256(model.SerializeToString()).hexdigest()}__{h}x{w}.json"
+    try:
+        stats.gflops = float(json.loads(cache.read_text())["gflops"])
+        return stats
+    except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: count again
+        pass
+    try:
+        stats.gflops = round(count_flops(onnx_to_torch(model), input_size) / 1e9, 4)
+    except Exception as exc:  # a converter gap must not sink the benchmark; say why
+        stats.notes["gflops"] = f"FLOP count failed: {exc}"
+        return stats
+    write_cache_file(cache, json.dumps({"gflops": stats.gflops, "input_size": [h, w]}).encode())
+    return stats
+
+
+def onnx_to_torch(model: onnx.ModelProto) -> torch.nn.Module:
+    """Convert an ONNX graph into a real torch module (onnx2torch): hooks/profiler see real layers."""
+    from onnx2torch import convert
+
+    # onnx2torch's Slice indexes with a list (deprecated in torch); harmless, but noisy at every forward.
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence", category=UserWarning)
+
+    buffer = io.BytesIO(model.SerializeToString())
+    return convert(onnx.load_model(buffer))
+
+
+def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
+    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, 3, *input_size)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.inference_mode():
+        module(x)
+    return int(counter.get_total_flops())
+
+
+def module_outputs(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """A torch core's outputs as a list, under inference mode."""
+    with torch.inference_mode():
+        out = module(x)
+    return [out] if isinstance(out, torch.Tensor) else list(out)
+
+
+def _elementwise_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        if g.shape != w.shape:
+            return float("inf")
+        scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
+        worst = max(worst, float((g.float() - w.float()).abs().max()) / scale if w.numel() else 0.0)
+    return worst
+
+
+def _query_rows(outputs: list[torch.Tensor]) -> torch.Tensor | None:
+    """The outputs of a DETR-style core as one row per (image, query): [B, N, sum K] when every output is
+    [B, N, K_i] with the same B and N; None otherwise."""
+    if not outputs or any(o.dim() != 3 or o.shape[:2] != outputs[0].shape[:2] for o in outputs):
+        return None
+    return torch.cat([o.float() for o in outputs], dim=2)
+
+
+def max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor], rows_as_set: bool = False) -> float:
+    """The largest |got - want| of any output, relative to that output's magnitude (at least 1).
+
+    `rows_as_set` (a DETR-style core, CoreSource.query_rows): its top-k query selection orders near-equal
+    encoder scores differently from one runtime (or kernel) to another. When the outputs differ element by
+    element but are all [B, N, K_i], each image's rows (every output's row of a query side by side, so a
+    query's logits stay paired with its box) are compared as a set: sorted, then element by element."""
+    diff = _elementwise_diff(got, want)
+    if diff <= RELATIVE_TOLERANCE or not rows_as_set:
+        return diff
+    g, w = _query_rows(got), _query_rows(want)
+    if g is None or w is None or g.shape != w.shape:
+        return diff
+    scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
+    worst = 0.0
+    for gi, wi in zip(g, w, strict=True):
+        order_g = torch.from_numpy(np.lexsort(gi.numpy().T[::-1].copy()))
+        order_w = torch.from_numpy(np.lexsort(wi.numpy().T[::-1].copy()))
+        worst = max(worst, float((gi[order_g] - wi[order_w]).abs().max()) / scale)
+    return min(diff, worst)
+
+
+def check_batch_rows(name: str, core: Any, input_size: tuple[int, int], batches: tuple[int, ...],
+                     rows_as_set: bool = False) -> None:
+    """Each output row of a batch must equal its image run alone (a graph whose batch axis was made
+    dynamic after export may still bake batch 1 somewhere); one line when it does not."""
+    torch.manual_seed(0)
+    x = torch.rand(max(batches), 3, *input_size)
+    if getattr(core, "takes_device_tensors", False):  # a torch core on a GPU reads a batch on its device
+        x = x.to(core.device.torch_device)
+    try:
+        alone = [core(x[i:i + 1].contiguous()) for i in range(max(batches))]
+    except Exception as exc:
+        raise UsageError(f"{name}: the graph does not run at batch 1 ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160]})") from exc
+    for b in batches:
+        try:
+            got = core(x[:b].contiguous())
+            want = [torch.cat([alone[i][k] for i in range(b)]) for k in range(len(alone[0]))]
+            diff = max_relative_diff(got, want, rows_as_set)
+        except Exception as exc:
+            diff = float("inf")
+            detail = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        else:
+            detail = f"max relative difference {diff:.2e}"
+        if not diff <= RELATIVE_TOLERANCE:
+            raise UsageError(f"{name}: at batch {b} the graph does not give each image's own output ({detail}); "
+                             "re-export it with a dynamic batch axis")

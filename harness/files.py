@@ -1,0 +1,237 @@
+"""Every file the harness writes goes through here: a temp file (or folder) beside the destination, fsync,
+then one rename, so a killed run or a full disk never leaves a half-written file under its final name. JSON is
+strict: NaN/inf are refused, not written as null. Also the one download helper and the files' SHA-256."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import errno
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from harness.errors import VaBenchError
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(VaBenchError):
+    """No space left on the device (or the quota is used up) while writing `path`: exit 1. Nothing was written
+    under the final name; a sweep stops here, since every later cell would fail the same way."""
+
+    def __init__(self, path: Path | str | None, cause: BaseException | None = None):
+        self.path = path
+        reason = cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror else "no space left on device"
+        super().__init__(f"{reason} writing {path}" if path else reason)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC/EDQUOT). Libraries that write
+    files (the profiler, cv2, pycocotools) may wrap the OSError or only keep its text."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
+            return True
+        if "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically. A full disk is a DiskFullError naming `path`; the temp file is
+    removed whatever happens, so a failed write leaves the previous version (or nothing) in place."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
+        raise
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # ENOSPC may come only here (delayed allocation), never after the rename
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
+        raise
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+class NonFiniteNumberError(VaBenchError, ValueError):
+    """A NaN or infinity where a number belongs: a bug upstream (exit 1), never written as null."""
+
+
+def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:
+    """The JSON path and value of the first NaN/inf in `obj`, depth first."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (path, obj)
+    if isinstance(obj, dict):
+        items = ((f"{path}.{k}" if path != "$" else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for sub_path, value in items:
+        found = _first_non_finite(value, sub_path)
+        if found is not None:
+            return found
+    return None
+
+
+def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:
+    """Write `obj` as JSON atomically. NaN/inf are refused (NonFiniteNumberError naming the JSON path),
+    never turned into null: null means "not measured" and is written only where the caller put None."""
+    try:
+        text = json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError as exc:
+        found = _first_non_finite(obj)
+        if found is None:
+            raise
+        where, value = found
+        raise NonFiniteNumberError(
+            f"refusing to write {path}: {where} is {value}, not a number (a bug upstream: an unmeasured "
+            "value must be None, and a computed one finite); nothing was written") from exc
+    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def atomic_write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return atomic_write_bytes(path, buffer.getvalue().encode("utf-8"))
+
+class JsonArrayWriter:
+    """`with JsonArrayWriter(path) as out: out.extend(items)`: `path` appears only when the block ends
+    without an exception. NaN/inf are refused as in `atomic_write_json`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.count = 0
+
+    def __enter__(self) -> JsonArrayWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.chmod(self._tmp, 0o666 & ~_UMASK)
+        self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        self._fh.write("[")
+        return self
+
+    def extend(self, items: list) -> None:
+        """Append `items` to the array."""
+        if not items:
+            return
+        try:
+            text = ",".join(json.dumps(item, allow_nan=False) for item in items)
+        except ValueError as exc:
+            raise NonFiniteNumberError(f"refusing to write {self.path}: an item holds NaN or inf (a bug upstream); "
+                                       "nothing was written") from exc
+        self._fh.write(("," if self.count else "") + text)
+        self.count += len(items)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc_type is None:
+                self._fh.write("]\n")
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            self._fh.close()
+            if exc_type is None:
+                os.replace(self._tmp, self.path)
+        finally:
+            Path(self._tmp).unlink(missing_ok=True)  # gone already after a successful rename
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, suffix: str = ".part") -> Iterator[str]:
+    """`with atomic_file(path) as tmp:` a library writes `tmp` (a path string in the same folder); it becomes
+    `path` only when the block ends without an exception, and is removed otherwise."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: Path) -> Iterator[Path]:
+    """`with atomic_folder(folder) as tmp:` fill the folder `tmp` (beside `folder`); it replaces `folder` as a
+    whole when the block ends without an exception (a converter's cache entry is complete or absent)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        yield tmp
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_into_place(source: Path | str, dest: Path) -> Path:
+    """Rename a finished file or folder (written by a library or an extraction) to its final name."""
+    os.replace(source, dest)
+    return Path(dest)
+
+
+def write_cache_file(path: Path, data: bytes) -> bool:
+    """Best effort for caches: atomically, but a cache that cannot be written (read-only home) only costs the
+    next run a recount. Returns whether it was written."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError:
+        return False
+    return True
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DownloadError(VaBenchError):
+    """A download that failed (network, server): exit 1, not a usage error."""
+
+
+def download(url: str, dest: Path, timeout: float = 60.0) -> Path:
+    """Download `url` to `dest` atomically; never a partial file under the final name."""
+    try:
+        with atomic_file(dest) as tmp, open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            shutil.copyfileobj(response, out)
+    except OSError as exc:
+        raise DownloadError(f"could not download {url} ({exc}); check the network or pass --weights PATH") from exc
+    return dest

@@ -1,0 +1,277 @@
+"""A run's plan: a RunConfig checked once and expanded into cells (model x backend x precision x input size x
+batch size), with its dataset, detectors, device and backend options resolved before anything is written."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harness.backends import BackendOptions, detector_backends
+from harness.backends.support import check_support
+from harness.config import RunConfig
+from harness.data.calibration import CalibrationSet, calibration_set
+from harness.data.classes import ClassMap, model_class_names
+from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.variants import DatasetVariant
+from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
+from harness.detector.protocol import Detector
+from harness.errors import UsageError, path_problem
+from harness.measure.device import Device, parse_device
+from harness.measure.hygiene import gpu_processes
+from harness.models.registry import PLUGIN_PATTERN, get_detector
+from harness.records import Cell, LoadKey
+
+
+@dataclass
+class RunPlan:
+    """Everything resolved and checked before the first file is written."""
+
+    config: RunConfig
+    run_id: str
+    run_dir: Path
+    device: Device
+    dataset: CocoDataset
+    variant: DatasetVariant
+    records: list[ImageRecord]
+    detectors: dict[str, Detector]
+    groups: list[tuple[LoadKey, list[Cell]]]
+    label_categories: dict[str, tuple[int, ...]]  # model id -> the dataset category of each label
+    gpu_hygiene: dict | None  # other compute processes on the GPU, checked at plan time (CUDA runs)
+    backend_options: BackendOptions  # what every load of this run gets (from check_runtimes)
+    resume: dict | None = None  # run.json of the run being resumed
+    retry_failed: bool = False
+    calibration: CalibrationSet | None = None  # int8 cells: images disjoint from the evaluated ones
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [c for _, cells in self.groups for c in cells]
+
+    def describe(self) -> dict:
+        """What the run will do, cell by cell (`--dry-run`): batches, timed batches, what each group loads."""
+        config, n = self.config, self.variant.num_images
+        groups = []
+        for key, cells in self.groups:
+            source = getattr(self.detectors[key.model], "core_source", None)
+            if source is None:
+                loads = "the plugin's own core"
+            elif source.engine_file is not None:
+                loads = "a TensorRT engine"
+            elif key.backend == "onnxruntime":
+                loads = "its ONNX graph" if source.onnx_model is not None else "an ONNX export of its torch core " \
+                                                                                  "(cached by content)"
+            else:
+                loads = "its torch core" if source.torch_module is not None else "onnx2torch of its ONNX graph"
+            rows = []
+            for cell in cells:
+                full, short = divmod(n, cell.batch_size)
+                timed = max(full, config.min_timed_batches) if full else 0
+                if config.max_timed_batches:
+                    timed = min(timed, config.max_timed_batches)
+                rows.append({"cell": cell.label, "batch_size": cell.batch_size, "full_batches": full,
+                             "short_batch": short or None, "timed_batches": timed, "scored_images": n})
+            groups.append({"load": key.label, "loads": loads, "weights": self.detectors[key.model].weights.source,
+                           "cells": rows})
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "device": str(self.device),
+                "dataset": {**self.dataset.describe(), **self.variant.describe()},
+                "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
+                "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
+                "cells": len(self.cells)}
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def open_dataset(config: RunConfig) -> CocoDataset:
+    """The run's dataset: `--dataset PATH` (any COCO-format dataset) or COCO val2017 (`--coco-dir`, ...)."""
+    if config.dataset is not None:
+        if config.coco_dir is not None:
+            raise UsageError("--dataset and --coco-dir name two datasets; give one")
+        return CocoDataset.from_path(config.dataset, config.split)
+    if config.split is not None:
+        raise UsageError("--split selects a split of a --dataset Roboflow export; give --dataset PATH or drop it")
+    return CocoDataset(config.coco_dir)
+
+
+def check_device(device: Device, config: RunConfig, fleet_node: bool = False) -> dict | None:
+    """Plan-time hygiene of a CUDA run: other compute processes on the GPU are refused unless
+    --allow-shared-gpu (measure/hygiene.py); --lock-clocks only on CUDA. On a fleet node the job's own Ray
+    workers hold CUDA contexts, so the process list cannot tell them from strangers: not checked there."""
+    if not device.is_cuda:
+        if config.lock_clocks is not None:
+            raise UsageError("--lock-clocks applies to an NVIDIA GPU (--device cuda); drop it")
+        return None
+    if fleet_node:
+        return {"status": "unavailable", "reason": "not checked on a fleet node (this job's Ray workers hold CUDA "
+                                                   "contexts there)"}
+    return gpu_processes(device.index, config.allow_shared_gpu)
+
+
+def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) -> RunPlan:
+    """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
+    even create --output-dir)."""
+    device = parse_device(config.device)
+    gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
+    config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
+    backend_options = check_runtimes(config)  # unsupported backend/device/precision: refused before anything is read
+    dataset = open_dataset(config)
+    variant = dataset.variant(config.subset, config.limit)
+    class_map = ClassMap.read(config.class_map) if config.class_map else None
+    dataset.class_map = class_map
+    if config.weights and len(config.models) > 1:
+        raise UsageError("--weights applies to a single --model; run one model at a time with it")
+    if config.weights and PLUGIN_PATTERN.match(config.models[0]):
+        raise UsageError("--weights does not apply to a plugin model (its factory loads its own weights); drop it")
+    detectors = {}
+    for spec in config.models:
+        detector = get_detector(spec, config.weights)
+        detectors[detector.model_id] = detector
+    label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
+                        for model_id, d in detectors.items()}
+    groups = plan_cells(config, detectors, variant.num_images)
+    records = dataset.records(variant)
+    calibration = int8_calibration(config, dataset, records)
+    output_dir = Path(config.output_dir)
+    run_id = config.run_id or new_run_id()
+    if dry_run:
+        return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
+                       detectors, groups, label_categories, gpu_hygiene, backend_options, calibration=calibration)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"cannot create it ({exc.strerror})")
+                         + "; pick a writable folder") from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
+    run_dir = Path(config.output_dir) / run_id
+    if run_dir.exists():
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
+                         + f"; pick another --run-id or continue it with --resume {run_id}")
+    return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
+                   label_categories, gpu_hygiene, backend_options, calibration=calibration)
+
+
+def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[ImageRecord]) -> CalibrationSet | None:
+    """The int8 cells' calibration images (checked disjoint from the evaluated ones); None without int8."""
+    if "int8" not in config.precisions:
+        return None
+    return calibration_set(dataset, records, config.calibration, config.calibration_images)
+
+
+def engine_defaults(config: RunConfig) -> RunConfig:
+    """An engine run's --precision and --tf32, when not given, are the engine's build's (its sidecar's
+    command): the config with them filled in. Given ones are left for check_engine_run to hold against the
+    engine; an unreadable sidecar too (it says what is wrong, in its order)."""
+    unset = {"precisions", "tf32"} - config.model_fields_set
+    if not unset or not is_engine_file(config.weights) or config.backends != ["tensorrt"]:
+        return config
+    try:
+        build = engine_build(Path(config.weights))
+    except UsageError:
+        return config
+    update = {"precisions": [build.precision], "tf32": "on" if build.tf32 and build.precision == "fp32" else "off"}
+    return config.model_copy(update={k: v for k, v in update.items() if k in unset})
+
+
+def check_engine_run(config: RunConfig, device_kind: str) -> None:
+    """A run's engine options, before any model is loaded: an engine runs on `--backend tensorrt` alone and
+    that backend runs engines alone; the engine must be runnable here (check_engine_weights), and the run's
+    --precision and --tf32 must be what the engine was built with (it cannot run another)."""
+    engine, wants_trt = is_engine_file(config.weights), "tensorrt" in config.backends
+    if not engine and not wants_trt:
+        return
+    if not engine:
+        raise UsageError("--backend tensorrt runs a serialized TensorRT engine: pass --weights MODEL.engine (built "
+                         "by trtexec, with its JSON sidecar); to build engines from ONNX use --backend onnxruntime "
+                         "--ort-provider tensorrt")
+    name = Path(config.weights).name
+    others = [b for b in config.backends if b != "tensorrt"]
+    if others:
+        raise UsageError(f"--weights {name} is a serialized TensorRT engine: it runs on --backend tensorrt only, not "
+                         f"{others[0]}; pass --backend tensorrt alone")
+    build = check_engine_weights(config.weights, device_kind)
+    if config.precisions != [build.precision]:
+        raise UsageError(f"--precision {' '.join(config.precisions)}: {name} was built {build.precision} (its "
+                         f"sidecar's command); drop --precision (an engine runs at its build's) or pass "
+                         f"--precision {build.precision}")
+    recorded_tf32 = config.tf32 != "off"  # "default" keeps torch's flags, which allow TF32 (runtime.tf32)
+    if build.precision == "fp32" and build.tf32 != recorded_tf32:
+        raise UsageError(
+            f"{name} was built without --noTF32 (trtexec then runs fp32 layers in TF32), but --tf32 off records "
+            "IEEE fp32; rebuild it with --noTF32, or drop --tf32 to record TF32 on" if build.tf32 else
+            f"{name} was built with --noTF32 (IEEE fp32), but --tf32 {config.tf32} records TF32; drop --tf32")
+    if config.layers:
+        raise UsageError("--layers times PyTorch modules or ONNX Runtime nodes; a TensorRT engine has neither here "
+                         "(use trtexec --dumpProfile): drop --layers")
+
+
+
+
+def device_kind(spec: str) -> str:
+    """'cpu' or 'cuda' from a --device value (parse_device has already checked the device exists)."""
+    return "cuda" if spec.strip().lower().startswith("cuda") else "cpu"
+
+
+def check_runtimes(config: RunConfig) -> BackendOptions:
+    """Refuse, before any model is loaded, every (backend, device, precision) this machine cannot run as
+    asked (one UsageError line: what and how to fix); the run's backend options."""
+    kind = device_kind(config.device)
+    index = int(config.device.split(":", 1)[1]) if ":" in config.device else 0  # parse_device checked it
+    check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
+    if "ncnn" in config.backends and max(config.batch_sizes) > 1:
+        raise UsageError("--backend ncnn runs one image per call (no batch axis); use --batch-sizes 1 for it, or "
+                         "run the other batch sizes on another backend")
+    for backend in config.backends:
+        for precision in config.precisions:
+            check_support(backend, kind, precision, config.ort_provider, index)
+    _check_execution_modes(config, kind)
+    return BackendOptions.from_config(config)
+
+
+def _check_execution_modes(config: RunConfig, kind: str) -> None:
+    """--compile / --cuda-graphs: PyTorch only, CUDA graphs on a GPU only, and not with the hook-based
+    layer pass (hooks on the eager modules do not fire inside a compiled or replayed forward)."""
+    modes = [flag for flag, on in (("--compile", config.compile != "none"), ("--cuda-graphs", config.cuda_graphs))
+             if on]
+    if not modes:
+        return
+    if config.cuda_graphs and kind != "cuda":
+        raise UsageError("--cuda-graphs needs --device cuda (CUDA graphs replay GPU work); drop it on the CPU")
+    others = [b for b in config.backends if b != "pytorch"]
+    if others:
+        raise UsageError(f"{' and '.join(modes)}: PyTorch execution modes, not for --backend {others[0]}; "
+                         "use --backend pytorch")
+    if config.layers:
+        raise UsageError(f"--layers times eager modules through hooks, which do not fire under "
+                         f"{' and '.join(modes)}; drop --layers (or run it eager)")
+
+
+def plan_cells(config: RunConfig, detectors: dict[str, Detector], num_images: int) -> list[tuple[LoadKey, list[Cell]]]:
+    """Cells grouped by what must be loaded, batch sizes ascending (an OOM at one batch size skips the
+    larger ones); every combination is checked before anything runs (check_runtimes has checked the runtimes)."""
+    too_big = [b for b in config.batch_sizes if b > num_images]
+    if too_big:
+        raise UsageError(f"batch size {max(too_big)} is larger than the {num_images} images of the dataset "
+                         "variant; use a bigger --subset or smaller --batch-sizes")
+    groups = []
+    for model_id, detector in detectors.items():
+        for backend in config.backends:
+            offered = detector_backends(detector)
+            if backend not in offered:
+                raise UsageError(f"{model_id} has no backend {backend!r}; it has {', '.join(offered)} "
+                                 "(backends here: onnxruntime or onnx, pytorch, openvino, ncnn, tflite, "
+                                 "torchscript, tensorrt with --weights FILE.engine)")
+            for precision in config.precisions:
+                sizes = [(s, s) for s in config.input_sizes] or [detector.preprocess.input_size]
+                multiple = getattr(detector, "size_multiple", 32)  # the family's stride; 32 for most detectors
+                for size in sizes:
+                    native = size == tuple(detector.preprocess.input_size)  # a family's own size is valid
+                    if not native and (size[0] % multiple or size[1] % multiple):
+                        raise UsageError(f"input size {size[0]} is not a multiple of {multiple} ({model_id}'s "
+                                         "strides); pick another --input-size")
+                    key = LoadKey(model_id, backend, precision, size)
+                    groups.append((key, [Cell(key, b) for b in sorted(config.batch_sizes)]))
+    return groups

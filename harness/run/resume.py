@@ -1,0 +1,44 @@
+"""Resuming a run: the plan of an existing run folder, refused when it was started differently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.config import RunConfig, build_config
+from harness.errors import UsageError
+from harness.measure.env import git_state, hardware_block
+from harness.run.plan import RunPlan, prepare
+from harness.run.state import read_run_json
+
+
+def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
+                   retry_failed: bool) -> RunPlan:
+    """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
+    harness commit or the hardware differ from the original run, unless `force`."""
+    run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
+    doc = read_run_json(run_dir, run_id)
+    original = build_config(doc["config"])
+    config = build_config({**doc["config"], **overrides, "run_id": run_id, "output_dir": str(run_dir.parent)})
+    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
+                if original.identity()[k] != v]
+    env = doc.get("environment", {})
+    commit, dirty = git_state()
+    if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
+        problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
+                        f"(dirty {dirty})")
+    if problems and not force:
+        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
+                         "incomparable cells: rerun with the original options or add --force")
+    plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
+    recorded = doc.get("hardware", {}).get("id")
+    here = hardware_block(plan.device, config.hardware_id)["id"]
+    if recorded != here:
+        problems.append(f"hardware {recorded} -> {here}")
+    if problems and not force:
+        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
+                         "incomparable cells: rerun with the original options or add --force")
+    plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
+    plan.resume, plan.retry_failed = doc, retry_failed
+    if problems:
+        plan.resume = {**doc, "forced_differences": problems}
+    return plan

@@ -1,0 +1,1 @@
+"""Every terminal rendering: tables, progress, the fleet view, the leaderboard, compare/parity/inspect views."""

@@ -1,0 +1,186 @@
+"""The shape of the code, read from the code itself (its AST): layers, cycles, where files are written and read.
+
+The layer order is written once, here and in docs/design.md: a module may import its own package and any
+package on a lower layer, never a package on its own layer or above. Imports inside functions count as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+# Top to bottom. A unit is `harness.<name>` (a package or a module); "" is the package's own __init__.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__main__",),
+    ("cli", "bench"),
+    ("views",),
+    ("fleet",),
+    ("run",),
+    ("report", "pipeline"),
+    ("backends", "models"),
+    ("detector",),
+    ("results", "measure"),
+    ("data", "config", "eval"),
+    ("records", "hardware", "catalogue", "files", ""),
+    ("errors",),
+)
+LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(HARNESS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_files() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(HARNESS.rglob("*.py"))}
+
+
+def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The harness modules `path` imports (anywhere in the file): `from a.b import c` is a.b.c when that is a
+    module, else a.b."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "harness")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "harness":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+    return {m for m in found if m != name}
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(path, modules) for name, path in modules.items()}
+
+
+def test_every_unit_has_a_layer():
+    units = {unit_of(m) for m in module_files()}
+    assert units <= set(LAYER_OF), f"give these a layer in LAYERS (and docs/design.md): {sorted(units - set(LAYER_OF))}"
+
+
+def test_no_import_climbs_a_layer_or_crosses_to_a_peer():
+    wrong = []
+    for module, targets in import_graph().items():
+        unit = unit_of(module)
+        for target in targets:
+            other = unit_of(target)
+            if other != unit and LAYER_OF[other] <= LAYER_OF[unit]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    # a package's __init__ importing its own submodules and back is Python's package mechanism, not a cycle of design
+    cycles = [c for c in cycles if not all(unit_of(m) == unit_of(c.split(" -> ")[0]) for m in c.split(" -> "))
+              or not any(m.count(".") == 1 and (HARNESS / m.split(".")[1] / "__init__.py").exists()
+                         for m in c.split(" -> "))]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _calls(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                yield node, f"{func.value.id}.{func.attr}"
+            elif isinstance(func, ast.Name):
+                yield node, func.id
+
+
+ATOMIC_WRITE_CALLS = {"os.replace", "os.rename", "shutil.move", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
+                      "mkstemp", "NamedTemporaryFile"}
+
+
+def test_renames_and_temporary_files_are_written_in_the_files_module_only():
+    """Every final file appears by one rename of a complete temp file: that logic lives in harness/files.py."""
+    wrong = []
+    for name, path in module_files().items():
+        if name == "harness.files":
+            continue
+        for node, call in _calls(ast.parse(path.read_text())):
+            if call in ATOMIC_WRITE_CALLS:
+                wrong.append(f"{path.relative_to(HARNESS.parent)}:{node.lineno}: {call}")
+    assert not wrong, "write through harness/files.py instead:\n" + "\n".join(wrong)
+
+
+# The names of what a finished run or a submissions folder holds: only the reader opens them.
+RESULT_FILE_NAMES = {"run.json", "cells.jsonl", "submissions"}
+
+
+def test_run_folders_and_submissions_are_read_in_the_reader_only():
+    """Finished runs and submission files are read through harness/results/reader.py (one idea of a cell, one
+    "latest wins", one set of size caps); writers name them too, so only reads are checked."""
+    allowed = {"harness.results.reader", "harness.run.state"}
+    wrong = []
+    for name, path in module_files().items():
+        if name in allowed:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "read_text", "read_bytes", "glob", "rglob", "iterdir", "open"):
+                text = ast.unparse(node.func.value)
+                if any(f'"{n}"' in text or f"'{n}'" in text for n in RESULT_FILE_NAMES):
+                    wrong.append(f"{path.relative_to(HARNESS.parent)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not wrong, "read these through harness/results/reader.py:\n" + "\n".join(wrong)
+
+
+def test_no_module_level_mutable_options_state():
+    """Options travel as values: no module rebinds a global, and no module-level name holds options."""
+    wrong = []
+    for name, path in module_files().items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                wrong.extend(f"{name}: global {n}" for n in node.names if "option" in n.lower())
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and "option" in target.id.lower() and not target.id.isupper():
+                    wrong.append(f"{name}: {target.id} = ...")
+    assert not wrong, "options as module state:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("unit", ["backends", "models"])
+def test_families_and_backends_meet_only_in_the_detector_contract(unit):
+    other = {"backends": "models", "models": "backends"}[unit]
+    wrong = [f"{m} -> {t}" for m, targets in import_graph().items() if unit_of(m) == unit
+             for t in targets if unit_of(t) == other]
+    assert not wrong, "\n".join(wrong)
