@@ -22,8 +22,8 @@ from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_proce
 from harness.errors import UsageError
 from harness.report.gates import DEFAULT_GATES, load_gates
 from harness.report.plots import BAND_FROM_SAMPLES, BAND_FROM_SUMMARY, energy_per_image
-from harness.report.run_folder import load_run
 from harness.report.run_report import make_report
+from harness.results.reader import load_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EXPECTED_PNGS = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.bench.run_vs_loop import _measure
 from harness.bench.synthetic_coco import build_tree, default_dir
+from harness.results.reader import read_json_object, submission_files
 
 RUN = ["run", "--model", "yolox-nano", "--backend", "onnxruntime", "--batch-sizes", "8", "--subset", "full",
        "--no-layers", "--no-profile"]
@@ -29,7 +30,7 @@ def measure(tree: Path, images: int, output_dir: Path) -> dict:
     argv = [sys.executable, "-m", "harness", *RUN, "--limit", str(images), "--coco-dir", str(tree),
             "--output-dir", str(output_dir), "--run-id", run_id]
     wall, _, rss, _, _ = _measure(argv, dict(os.environ))
-    submission = json.loads(next((output_dir / run_id / "submissions").glob("*.json")).read_text())
+    submission = read_json_object(submission_files(output_dir / run_id)[0])
     detections = output_dir / run_id / submission["eval"]["detections"]
     return {"images": images, "peak_rss_mb": round(rss, 1), "wall_s": round(wall, 1),
             "timing_window_peak_ram_mb": submission.get("memory", {}).get("peak_ram_mb"),

@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.results.reader import read_json_object, submission_files
+
 RUN = ["run", "--model", "yolox-nano", "--backend", "onnxruntime", "--batch-sizes", "8", "--subset", "sample",
        "--no-layers", "--no-profile"]
 # PlainProgress lines: "[12:00:01] timing yolox-nano onnxruntime fp32 416 b8: 25/25 done in 2.3 s"
@@ -65,8 +67,7 @@ def measure_run(output_dir: Path, tag: str, extra: list[str], env: dict) -> Meas
     run_id = f"bench-run-{tag}"
     argv = [sys.executable, "-m", "harness", *RUN, *extra, "--output-dir", str(output_dir), "--run-id", run_id]
     wall, cpu, rss, _, stderr = _measure(argv, env)
-    submission = next((output_dir / run_id / "submissions").glob("*.json"))
-    acc = json.loads(submission.read_text())["accuracy"]
+    acc = read_json_object(submission_files(output_dir / run_id)[0])["accuracy"]
     phases: dict[str, float] = {}
     for line in stderr.splitlines():
         m = PHASE_LINE.match(line.strip())

@@ -19,8 +19,9 @@ from pathlib import Path, PurePosixPath
 from harness.files import atomic_write_bytes, atomic_write_csv
 from harness.records import Cell
 from harness.results.artifacts import cell_slug
+from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.signals import protected
-from harness.run.state import ERROR_LOG, LOCK_FILE, RUN_FILE, RunState, read_run_json
+from harness.run.state import ERROR_LOG, LOCK_FILE, RunState
 
 FINAL_STATES = ("ok", "failed", "oom", "skipped")
 

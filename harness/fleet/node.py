@@ -29,7 +29,8 @@ from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import NodeUpdate
 from harness.fleet.shards import Shard
 from harness.records import LoadKey
-from harness.run.state import ERROR_LOG, LOCK_FILE, RUN_FILE
+from harness.results.reader import RUN_FILE, read_run_json
+from harness.run.state import ERROR_LOG, LOCK_FILE
 
 POLL_SECONDS = 0.5  # how often the node looks at its run.json (a stat; read only when it changed)
 
@@ -169,7 +170,7 @@ def _stream(plan, argv: list[str], node: dict) -> Iterator[NodeUpdate]:
         stamp = _stamp(run_dir / RUN_FILE)
         if stamp != last_stamp or done:
             last_stamp = stamp
-            doc = json.loads((run_dir / RUN_FILE).read_text())
+            doc = read_run_json(run_dir, run_dir.name)
             files = _changed_files(run_dir, sent)
             errors, errors_at = _read_from(run_dir / ERROR_LOG, errors_at)
             header = {} if header_sent else {k: v for k, v in doc.items() if k not in ("run_id", "cells")}

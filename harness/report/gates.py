@@ -29,8 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError
-from harness.report.run_folder import Cell, RunFolder, number
 from harness.report.sections import COCO_METRICS, Table
+from harness.results.reader import Cell, RunFolder, number
 
 DEFAULT_GATES = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
 MAX_GATES_BYTES = 1024 * 1024

@@ -13,7 +13,6 @@ from urllib.parse import quote
 from harness import __version__
 from harness.report.gates import NOT_MEASURED, NOT_MET, GateResult, gate_table
 from harness.report.plots import Plot
-from harness.report.run_folder import RunFolder
 from harness.report.sections import (
     Table,
     accuracy_table,
@@ -26,6 +25,7 @@ from harness.report.sections import (
     run_date,
     setup_table,
 )
+from harness.results.reader import RunFolder
 
 MAX_SAMPLE_IMAGES = 4
 MAX_IMAGE_BYTES = 2 * 1024 * 1024

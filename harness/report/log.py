@@ -9,7 +9,6 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.report.gates import NOT_MET, GateResult, gate_table
-from harness.report.run_folder import RunFolder
 from harness.report.sections import (
     Table,
     accuracy_table,
@@ -22,6 +21,7 @@ from harness.report.sections import (
     run_date,
     setup_table,
 )
+from harness.results.reader import RunFolder
 
 LOG_HEADER = ("# Benchmark log\n\nAppend-only: `va-bench report RUN_DIR --log FILE` adds one dated section per run "
               "and never rewrites earlier ones.\n")

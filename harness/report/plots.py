@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only: never pick an interactive backend on a head
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness.report.run_folder import Cell, RunFolder, number, short_labels  # noqa: E402
+from harness.results.reader import Cell, RunFolder, number, short_labels  # noqa: E402
 
 DPI = 100
 STAGES = ("preprocess", "transfer", "forward", "postprocess")

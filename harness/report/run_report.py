@@ -14,7 +14,7 @@ from harness.report.gates import DEFAULT_GATES, NOT_MET, GateResult, evaluate, g
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
-from harness.report.run_folder import load_run
+from harness.results.reader import load_run
 
 
 @dataclass

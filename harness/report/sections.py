@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.report.run_folder import RunFolder, lookup, number
+from harness.results.reader import RunFolder, lookup, number
 
 COCO_METRICS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
                 "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 
 from harness.errors import UsageError
 from harness.hardware import catalogue
+from harness.results.reader import latest_wins
 from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
@@ -162,18 +164,17 @@ def _derivable_hardware_id(report: FileReport, finding) -> bool:
     return about_id and report.submission is not None and report.submission.hardware_id != "unknown"
 
 
+def _created(row: PerfRow) -> datetime | None:
+    return datetime.fromisoformat(row.created_at) if row.created_at else None
+
+
 def dedup(rows: list[PerfRow]) -> list[PerfRow]:
-    """Latest timestamp wins within a performance identity; the losers are listed on the winner."""
-    groups: dict[tuple, list[PerfRow]] = {}
-    for row in rows:
-        groups.setdefault(row.perf_key, []).append(row)
-    out = []
-    for group in groups.values():
-        group.sort(key=lambda r: (r.created_at, r.file), reverse=True)
-        winner = group[0]
-        winner.superseded = [r.file for r in group[1:]]
-        out.append(winner)
-    return sorted(out, key=lambda r: str(r.perf_key))
+    """Latest timestamp wins within a leaderboard row's identity (the reader's rule); the losers are listed on the
+    winner, newest first."""
+    winners, losers = latest_wins(rows, key=lambda r: r.perf_key, when=_created, name=lambda r: r.file)
+    for row in winners:
+        row.superseded = [old.file for old, new in reversed(losers) if new is row]
+    return sorted(winners, key=lambda r: str(r.perf_key))
 
 
 def hardware_order(reference: str, fallback: list[str] | None) -> list[str]:

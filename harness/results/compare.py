@@ -23,19 +23,25 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 from scipy import stats as scipy_stats
 
 from harness.errors import UsageError
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
 from harness.results.model import Submission
-from harness.results.validate import read_json
+from harness.results.reader import (
+    CellIdentity,
+    inside_run_folder,
+    latest_wins,
+    read_json,
+    read_submission,
+    resolve_detections,
+    submission_files,
+)
 
 SCHEMA_VERSION = "va.submission.v1"
 # (key, label) of a cell's coordinates, in display order
@@ -58,29 +64,12 @@ class Entry:
     doc: dict
     coords: dict[str, Any]
     run_dir: Path  # artifacts with relative paths resolve against this
-    timestamp: datetime | None
+    identity: CellIdentity
     fingerprint: str | None  # dataset image_id_sha256
 
     def detections_file(self) -> tuple[Path | None, str]:
         """(path, note) of artifacts.detections, or (None, why not)."""
-        artifacts = self.doc.get("artifacts")
-        value = artifacts.get("detections") if isinstance(artifacts, dict) else None
-        if not isinstance(value, str) or not value:
-            return None, (f"{self.path.name} names no artifacts.detections (accuracy pass skipped or not a "
-                          "va-bench run)")
-        given = Path(value)
-        if not given.is_absolute():
-            path = (self.run_dir / given).resolve()
-            if not path.is_relative_to(self.run_dir.resolve()):
-                return None, f"artifacts.detections {value!r} points outside the run folder {self.run_dir}"
-            return (path, "") if path.is_file() else (None, f"{path}: no such file")
-        if given.is_file():
-            return given, ""
-        # run folders get moved or copied between machines: the same file name under this run folder
-        moved = self.run_dir / "detections" / given.name
-        if moved.is_file():
-            return moved, f"{given} is gone; read {moved} (run folder moved)"
-        return None, f"{given}: no such file (and no {moved})"
+        return resolve_detections(self.doc, self.path, self.run_dir)
 
 
 @dataclass
@@ -91,6 +80,7 @@ class Side:
     entries: list[Entry] = field(default_factory=list)
     detections: Path | None = None
     superseded: int = 0  # older submissions of a cell that appears twice (latest wins)
+    clashes: list[str] = field(default_factory=list)  # other cells with the same compare coordinates, not compared
 
 
 def _coords(sub: Submission) -> dict[str, Any]:
@@ -101,21 +91,9 @@ def _coords(sub: Submission) -> dict[str, Any]:
             "variant": sub.dataset_variant or "?", "mode": mode if isinstance(mode, str) else "latency"}
 
 
-def _read_submission(path: Path) -> Entry:
-    doc, problem = read_json(path)
-    if problem:
-        raise UsageError(f"{path}: {problem.message}; pass run folders or va.submission.v1 files")
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(f"{path} is not a {SCHEMA_VERSION} submission; pass run folders, submission files "
-                         "or COCO detection files")
-    try:
-        sub = Submission.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UsageError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']} (check it with "
-                         "`va-bench validate`)") from exc
-    run_dir = path.parent.parent if path.parent.name == "submissions" else path.parent
-    return Entry(path, doc, _coords(sub), run_dir, sub.timestamp, sub.image_id_sha256)
+def _entry(path: Path) -> Entry:
+    file = read_submission(path, SCHEMA_VERSION)
+    return Entry(path, file.doc, _coords(file.submission), file.run_dir, file.identity, file.submission.image_id_sha256)
 
 
 def _is_detections_file(path: Path) -> bool:
@@ -128,26 +106,25 @@ def load_side(path: str | Path) -> Side:
     """A run folder (its submissions/), a folder of submissions, a submission file or a detections file."""
     path = Path(path)
     if path.is_dir():
-        folder = path / "submissions" if (path / "submissions").is_dir() else path
-        files = sorted(p for p in folder.glob("*.json") if p.is_file())
+        files = submission_files(path, loose=True)
         if not files:
-            raise UsageError(f"{path}: no submissions (*.json) in {folder}; pass a run folder outputs/<run_id>/")
-        entries = [_read_submission(f) for f in files]
+            raise UsageError(f"{path}: no submissions (*.json) in it or its submissions/; pass a run folder "
+                             "outputs/<run_id>/")
+        entries = [_entry(f) for f in files]
     elif path.is_file():
         if _is_detections_file(path):
             return Side(str(path), detections=path)
-        entries = [_read_submission(path)]
+        entries = [_entry(path)]
     else:
         raise UsageError(f"{path}: no such file or folder")
-    # a cell written twice (a resumed run, a folder of several runs): the latest timestamp wins
-    latest: dict[tuple, Entry] = {}
-    undated = datetime.min.replace(tzinfo=timezone.utc)
-    for e in entries:
-        key = tuple(e.coords[k] for k, _ in COORDS)
-        old = latest.get(key)
-        if old is None or (e.timestamp or undated) >= (old.timestamp or undated):
-            latest[key] = e
-    return Side(str(path), list(latest.values()), superseded=len(entries) - len(latest))
+    # a cell written twice (a resumed run, a folder of several runs): the latest wins
+    kept, superseded = latest_wins(entries, key=lambda e: e.identity, when=lambda e: e.doc, name=lambda e: str(e.path))
+    # cells that differ only in what compare does not pair on (weights, thresholds, ONNX Runtime's TensorRT
+    # provider beside a native engine): one is compared, and the note says so
+    paired, clashes = latest_wins(kept, key=lambda e: tuple(e.coords[k] for k, _ in COORDS), when=lambda e: e.doc,
+                                  name=lambda e: str(e.path))
+    return Side(str(path), paired, superseded=len(superseded),
+                clashes=[f"{old.path.name} (kept {new.path.name})" for old, new in clashes])
 
 
 # --------------------------------------------------------------------------------- statistics --
@@ -395,9 +372,10 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) ->
 def _per_class(entry: Entry) -> dict[int, dict] | None:
     """Category id -> {name, AP, AP50} from the cell's per_class file (eval.per_class), None when absent."""
     rel = (entry.doc.get("eval") or {}).get("per_class") if isinstance(entry.doc.get("eval"), dict) else None
-    if not isinstance(rel, str):
+    path = inside_run_folder(entry.run_dir, rel) if isinstance(rel, str) else None
+    if path is None or not path.is_file():  # absent, or named outside the run folder
         return None
-    doc, problem = read_json(entry.run_dir / rel)
+    doc, problem = read_json(path)
     if problem or not isinstance(doc, dict) or not isinstance(doc.get("categories"), list):
         return None
     return {c["id"]: c for c in doc["categories"] if isinstance(c, dict) and isinstance(c.get("id"), int)}
@@ -498,6 +476,10 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
         if side.superseded:
             out.notes.append(f"{side.label}: {side.superseded} older submission(s) of a repeated cell ignored "
                              "(latest timestamp wins)")
+        if side.clashes:
+            out.notes.append(f"{side.label}: {len(side.clashes)} cell(s) share their coordinates with a later one "
+                             "and differ in weights, thresholds or runtime.backend; not compared: "
+                             f"{', '.join(side.clashes)}")
     out.differ, pairs, out.only_a, out.only_b = _pair_cells(a.entries, b.entries)
     vary = [k for k, _ in COORDS if k not in out.differ and len({key[k] for key, _, _ in pairs}) > 1]
     out.same = {k: pairs[0][0][k] for k, _ in COORDS if k not in out.differ and k not in vary} if pairs else {}

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
 from harness.results.model import Submission
+from harness.results.reader import collect_files, detections_file, read_detections, read_json
 from harness.results.site_rules import (
     Finding,
     number_type_findings,
@@ -24,9 +25,6 @@ from harness.results.site_rules import (
     site_findings,
 )
 
-MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
-MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
-RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 MIN_IMAGES_FOR_SPREAD = 10
 EXTENDED_SCHEMA = Path(__file__).with_name("submission.v1.extended.schema.json")
 
@@ -59,65 +57,6 @@ class Validation:
 
     reports: list[FileReport]
     notes: list[str] = field(default_factory=list)
-
-
-def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
-    """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
-    run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
-    a note says so. A missing path, or no file at all, is a usage error."""
-    files: list[Path] = []
-    notes: list[str] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(x for x in p.rglob("*.json") if x.is_file())
-            run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
-            for run_dir in run_dirs:
-                inside = [x for x in found if run_dir in x.parents]
-                keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
-                skipped = set(inside) - set(keep)
-                found = [x for x in found if x not in skipped]
-                notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
-                             f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
-                             "detections, traces)")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"{p}: no such file or folder")
-    if not files:
-        raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
-                         "files, folders of them, or a run folder outputs/<run_id>/")
-    return files, notes
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses to inf: no measurement is that
-        raise ValueError(f"{text} is beyond the range of a double")
-    return value
-
-
-def read_json(path: Path) -> tuple[Any, Finding | None]:
-    """Parse a file defensively: size cap, strict numbers (no NaN/Infinity), nesting, encoding."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return None, Finding("$", f"file is {size / 2**20:.1f} MiB; a submission is at most "
-                                      f"{MAX_FILE_BYTES // 2**20} MiB", "file.size")
-        text = path.read_text(encoding="utf-8")
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float), None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
-    except ValueError as exc:  # NaN/Infinity, integers beyond the digit limit
-        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
-    except RecursionError:
-        return None, Finding("$", "not valid JSON: nested too deeply", "file.json")
-    except OSError as exc:
-        return None, Finding("$", f"cannot read: {exc.strerror}", "file.read")
 
 
 def _walk_numbers(obj: Any, path: str = ""):
@@ -289,33 +228,16 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def detections_file(path: Path, doc: dict) -> Path | None:
-    """The detections file a submission inside a run folder references (artifacts.detections), looked up
-    by name in that run's detections/ only (an untrusted path never leads outside it). None when the
-    submission is not in a run folder (a copy for the site: its artifacts point at another machine)."""
-    artifacts = doc.get("artifacts")
-    ref = artifacts.get("detections") if isinstance(artifacts, dict) else None
-    run_dir = path.parent.parent
-    if not isinstance(ref, str) or path.parent.name != SUBMISSIONS_DIR or not (run_dir / RUN_FILE).is_file():
-        return None
-    name = Path(ref.replace("\\", "/")).name
-    return run_dir / DETECTIONS_DIR / name if name not in ("", ".", "..") else None
-
-
 def detections_findings(file: Path) -> list[Finding]:
     """Check a COCO-format detections file: every box 4 finite numbers (a NaN box written as null is an
     error), non-negative sizes, finite scores, integer ids."""
     where = "artifacts.detections"
     if not file.is_file():
         return [Finding(where, f"the detections file {file.name} is not in {file.parent}", "detections", "warning")]
-    size = file.stat().st_size
-    if size > MAX_DETECTIONS_BYTES:
-        return [Finding(where, f"{file.name} is {size / 2**30:.1f} GiB; not checked (limit "
-                        f"{MAX_DETECTIONS_BYTES // 2**30} GiB)", "detections", "warning")]
-    try:
-        dets = json.loads(file.read_bytes(), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return [Finding(where, f"{file.name} is not valid JSON: {str(exc)[:120]}", "detections")]
+    dets, problem = read_detections(file)
+    if problem is not None:
+        severity = "warning" if "not checked" in problem else "error"
+        return [Finding(where, problem, "detections", severity)]
     if not isinstance(dets, list):
         return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
     bad = [(i, problem) for i, d in enumerate(dets) if (problem := _detection_problem(d)) is not None]

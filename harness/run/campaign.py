@@ -24,6 +24,7 @@ from harness.config import build_config
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
 from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
+from harness.results.reader import finished_submission
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
 VERSIONS_FILE = "rf100vl_versions.json"  # written by `va-bench data fetch rf100vl`: dataset -> version id
@@ -109,19 +110,6 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
     return Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
 
 
-def _finished_submission(run_dir: Path) -> dict | None:
-    """The dataset's submission when its run finished with every cell ok."""
-    try:
-        state = json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    cells = state.get("cells") or []
-    if not cells or any(c.get("status") != "ok" for c in cells):
-        return None
-    files = sorted((run_dir / "submissions").glob("*.json"))
-    return json.loads(files[0].read_text()) if len(files) == 1 else None
-
-
 def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str],
                 progress) -> DatasetResult:
     """One dataset's run, or its reason for being skipped; a finished one is read back, not run again."""
@@ -130,7 +118,7 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
 
     run_id = _slug(entry.name)
     run_dir = datasets_dir / run_id
-    finished = _finished_submission(run_dir)
+    finished = finished_submission(run_dir)
     if finished is not None:
         return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
     if entry.weights is None:
@@ -148,7 +136,7 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
         return DatasetResult(entry.name, entry.version, entry.weights, None, str(exc).splitlines()[0][:300])
     if outcome.problems:
         return DatasetResult(entry.name, entry.version, entry.weights, None, "; ".join(outcome.problems.values()))
-    return DatasetResult(entry.name, entry.version, entry.weights, _finished_submission(run_dir))
+    return DatasetResult(entry.name, entry.version, entry.weights, finished_submission(run_dir))
 
 
 def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str],

@@ -7,8 +7,8 @@ from pathlib import Path
 from harness.config import RunConfig, build_config
 from harness.errors import UsageError
 from harness.measure.env import git_state, hardware_block
+from harness.results.reader import read_run_json
 from harness.run.plan import RunPlan, prepare
-from harness.run.state import read_run_json
 
 
 def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,

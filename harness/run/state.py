@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import fcntl
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -15,8 +14,8 @@ from typing import Any
 from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json
 from harness.records import Cell, CellStatus
+from harness.results.reader import RUN_FILE, read_run_json, submission_files
 
-RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 ERROR_LOG = "errors.log"
 ENERGY_FILE = "energy.csv"  # written by results/artifacts.py; rows of unfinished cells dropped on resume
@@ -99,7 +98,7 @@ class RunState:
                 status.state, status.reason = "pending", "its submission file is missing"
             statuses[cell.label] = status
         owned = {s.submission for s in statuses.values() if s.state == "ok"}
-        for path in (run_dir / "submissions").glob("*.json"):  # written by a process killed before "ok"
+        for path in submission_files(run_dir):  # written by a process killed before "ok"
             if str(path.relative_to(run_dir)) not in owned:
                 path.unlink()
         drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
@@ -165,19 +164,3 @@ def drop_energy_rows(run_dir: Path, keep: set[str]) -> None:
     kept = [row for row in rows[1:] if len(row) > tag and row[tag] in keep]
     if len(kept) < len(rows) - 1:
         atomic_write_csv(path, header, kept)
-
-
-def read_run_json(run_dir: Path, run_id: str) -> dict:
-    """run.json of an existing run, or a UsageError saying why it cannot be resumed."""
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise UsageError(path_problem("--output-dir", run_dir.parent,
-                                      f"no run {run_id} to resume (no {run_id}/{RUN_FILE})")
-                         + "; check --output-dir and the run id")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not readable JSON ({exc}); the run cannot be resumed") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
-        raise UsageError(f"{path} has no run configuration; the run cannot be resumed")
-    return doc

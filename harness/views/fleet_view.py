@@ -3,23 +3,12 @@ its status and headline numbers, the sharded accuracy per group, and a dict for 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-
-def _submission(run_dir: Path, rel: str | None) -> dict:
-    if not rel:
-        return {}
-    try:
-        doc = json.loads((run_dir / rel).read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+from harness.results.reader import submission_of_cell
 
 
 def _number(doc: dict, *path: str) -> float | None:
@@ -33,7 +22,7 @@ def cell_rows(outcome) -> list[dict]:
     rows = []
     for hw, folder in outcome.folders.items():
         for status in folder.state.cells.values():
-            doc = _submission(folder.run_dir, status.submission) if status.state == "ok" else {}
+            doc = submission_of_cell(folder.run_dir, status.submission) if status.state == "ok" else {}
             rows.append({"hardware_id": hw, **status.to_dict(),
                          "submission": str(folder.run_dir / status.submission) if status.submission else None,
                          "images_per_s": _number(doc, "throughput", "images_per_s"),

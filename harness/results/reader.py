@@ -1,0 +1,445 @@
+"""The one way to read what runs wrote: submission files, run folders (run.json, submissions/, detections/,
+probe CSVs) and folders of submissions. Every command that reads results (report, compare, aggregate, validate,
+resume, campaigns) goes through here, so they share one idea of a cell (`CellIdentity`), one "latest wins" rule
+(`latest_wins`) and one set of size caps. Torch-free.
+
+Tolerant where a report must be (optional parts missing, every field looked up with `lookup()`), strict
+about what makes a file unreadable: those are one-line `UsageError`s (or `Finding`s for validate).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from harness.errors import UsageError, path_problem
+from harness.results.model import Submission
+from harness.results.site_rules import Finding
+
+RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
+MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
+MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
+MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------------ identity --
+@dataclass(frozen=True)
+class CellIdentity:
+    """Everything that tells two measurements apart. Two files with the same identity are the same cell measured
+    twice (a resumed run, a folder of several runs): the latest wins. Files that differ in anything here never
+    replace each other."""
+
+    model: str
+    weights: str
+    hardware: str
+    backend: str  # runtime.backend (ONNX Runtime's TensorRT provider and a native engine share format/provider)
+    format: str
+    provider: str
+    precision: str
+    tf32: str
+    input_size: int | None
+    batch_size: int | None
+    protocol: tuple  # conf, iou, max_det
+    dataset: str
+    variant: str
+    mode: str
+
+    @classmethod
+    def of(cls, sub: Submission) -> CellIdentity:
+        mode = sub.timing.get("mode")
+        backend = getattr(sub.runtime, "backend", None)
+        return cls(model=sub.model.id or "unknown", weights=sub.weights_identity, hardware=sub.hardware_id,
+                   backend=str(backend or sub.runtime.format or "?"), format=sub.runtime.format or "?",
+                   provider=sub.runtime.provider or "?", precision=sub.runtime.precision or "?", tf32=sub.tf32,
+                   input_size=sub.input_size, batch_size=sub.batch_size,
+                   protocol=(sub.config.conf, sub.config.iou, sub.config.max_det),
+                   dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
+                   variant=sub.dataset_variant or "?", mode=mode if isinstance(mode, str) else "latency")
+
+    @classmethod
+    def of_doc(cls, doc: dict) -> CellIdentity:
+        return cls.of(Submission.model_validate(doc))
+
+
+def submission_time(doc_or_submission: dict | Submission) -> datetime | None:
+    """When a submission was made (created_at, else metadata.benchmark_date), as an aware datetime."""
+    sub = doc_or_submission if isinstance(doc_or_submission, Submission) else Submission.model_validate(
+        doc_or_submission)
+    return sub.timestamp
+
+
+def latest_wins(items: list[T], key: Callable[[T], Hashable], when: Callable[[T], Any],
+                name: Callable[[T], str]) -> tuple[list[T], list[tuple[T, T]]]:
+    """One item per key: the newest (`when` gives a submission, its doc, or a datetime; undated is oldest; a
+    tie goes to the later name). Returns the winners in first-seen order and (loser, winner) pairs."""
+    undated = datetime.min.replace(tzinfo=timezone.utc)
+
+    def stamp(item: T) -> tuple[datetime, str]:
+        value = when(item)
+        moment = value if isinstance(value, datetime) or value is None else submission_time(value)
+        return (moment or undated), name(item)
+
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    winners, losers = [], []
+    for group in groups.values():
+        group = sorted(group, key=stamp)
+        winners.append(group[-1])
+        losers += [(old, group[-1]) for old in group[:-1]]
+    return winners, losers
+
+
+# ------------------------------------------------------------------------------------- files --
+def submission_files(folder: Path, loose: bool = False) -> list[Path]:
+    """A run folder's submissions/*.json (sorted); `loose`: a plain folder of submissions when it has none."""
+    folder = Path(folder)
+    inner = folder / SUBMISSIONS_DIR
+    if inner.is_dir() or not loose:
+        return sorted(p for p in inner.glob("*.json") if p.is_file())
+    return sorted(p for p in folder.glob("*.json") if p.is_file())
+
+
+def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
+    """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
+    run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
+    a note says so. A missing path, or no file at all, is a usage error."""
+    files: list[Path] = []
+    notes: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(x for x in p.rglob("*.json") if x.is_file())
+            run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
+            for run_dir in run_dirs:
+                inside = [x for x in found if run_dir in x.parents]
+                keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
+                skipped = set(inside) - set(keep)
+                found = [x for x in found if x not in skipped]
+                notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
+                             f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
+                             "detections, traces)")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"{p}: no such file or folder")
+    if not files:
+        raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
+                         "files, folders of them, or a run folder outputs/<run_id>/")
+    return files, notes
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf: no measurement is that
+        raise ValueError(f"{text} is beyond the range of a double")
+    return value
+
+
+def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, Finding | None]:
+    """Parse a file defensively: size cap, strict numbers (no NaN/Infinity), nesting, encoding."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            return None, Finding("$", f"file is {size / 2**20:.1f} MiB; a submission is at most "
+                                      f"{max_bytes // 2**20} MiB", "file.size")
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float), None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
+    except ValueError as exc:  # NaN/Infinity, integers beyond the digit limit
+        return None, Finding("$", f"not valid JSON: {str(exc)[:120]}", "file.json")
+    except RecursionError:
+        return None, Finding("$", "not valid JSON: nested too deeply", "file.json")
+    except OSError as exc:
+        return None, Finding("$", f"cannot read: {exc.strerror}", "file.read")
+
+
+def read_detections(file: Path) -> tuple[Any, str | None]:
+    """A run's COCO detections file (strict numbers, 1 GiB cap): (the list, None) or (None, what is wrong)."""
+    size = file.stat().st_size
+    if size > MAX_DETECTIONS_BYTES:
+        return None, f"{file.name} is {size / 2**30:.1f} GiB; not checked (limit {MAX_DETECTIONS_BYTES // 2**30} GiB)"
+    try:
+        return json.loads(file.read_bytes(), parse_constant=_reject_constant), None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{file.name} is not valid JSON: {str(exc)[:120]}"
+
+
+def detections_file(path: Path, doc: dict) -> Path | None:
+    """The detections file a submission inside a run folder references (artifacts.detections), looked up
+    by name in that run's detections/ only (an untrusted path never leads outside it). None when the
+    submission is not in a run folder (a copy for the site: its artifacts point at another machine)."""
+    artifacts = doc.get("artifacts")
+    ref = artifacts.get("detections") if isinstance(artifacts, dict) else None
+    run_dir = path.parent.parent
+    if not isinstance(ref, str) or path.parent.name != SUBMISSIONS_DIR or not (run_dir / RUN_FILE).is_file():
+        return None
+    name = Path(ref.replace("\\", "/")).name
+    return run_dir / DETECTIONS_DIR / name if name not in ("", ".", "..") else None
+
+
+def resolve_detections(doc: dict, path: Path, run_dir: Path) -> tuple[Path | None, str]:
+    """(path, note) of a submission's artifacts.detections (absolute, or relative to its run folder and never
+    outside it; a moved run folder's file found by name), or (None, why not)."""
+    artifacts = doc.get("artifacts")
+    value = artifacts.get("detections") if isinstance(artifacts, dict) else None
+    if not isinstance(value, str) or not value:
+        return None, f"{path.name} names no artifacts.detections (accuracy pass skipped or not a va-bench run)"
+    given = Path(value)
+    if not given.is_absolute():
+        found = (run_dir / given).resolve()
+        if not found.is_relative_to(run_dir.resolve()):
+            return None, f"artifacts.detections {value!r} points outside the run folder {run_dir}"
+        return (found, "") if found.is_file() else (None, f"{found}: no such file")
+    if given.is_file():
+        return given, ""
+    # run folders get moved or copied between machines: the same file name under this run folder
+    moved = run_dir / DETECTIONS_DIR / given.name
+    if moved.is_file():
+        return moved, f"{given} is gone; read {moved} (run folder moved)"
+    return None, f"{given}: no such file (and no {moved})"
+
+
+def inside_run_folder(run_dir: Path, relative: str) -> Path | None:
+    """A file a submission names relative to its run folder, or None when the name leads outside it."""
+    path = (run_dir / relative).resolve()
+    return path if path.is_relative_to(run_dir.resolve()) else None
+
+
+def read_run_json(run_dir: Path, run_id: str) -> dict:
+    """run.json of an existing run, or a UsageError saying why it cannot be resumed."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise UsageError(path_problem("--output-dir", run_dir.parent,
+                                      f"no run {run_id} to resume (no {run_id}/{RUN_FILE})")
+                         + "; check --output-dir and the run id")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({exc}); the run cannot be resumed") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise UsageError(f"{path} has no run configuration; the run cannot be resumed")
+    return doc
+
+
+def finished_submission(run_dir: Path) -> dict | None:
+    """A one-cell run's submission when its run finished with every cell ok; None otherwise."""
+    try:
+        state = json.loads((run_dir / RUN_FILE).read_text())
+        cells = state.get("cells") or []
+        if not cells or any(not isinstance(c, dict) or c.get("status") != "ok" for c in cells):
+            return None
+        files = submission_files(run_dir)
+        return read_json_object(files[0], MAX_FILE_BYTES) if len(files) == 1 else None
+    except (OSError, ValueError, AttributeError, UsageError):
+        return None
+
+
+def submission_of_cell(run_dir: Path, relative: str | None) -> dict:
+    """The submission a run.json cell names (relative to its run folder); {} when absent or unreadable."""
+    path = inside_run_folder(run_dir, relative) if relative else None
+    if path is None:
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+@dataclass(frozen=True)
+class SubmissionFile:
+    """One submission file: its document, its parsed view, the run folder its artifacts resolve against."""
+
+    path: Path
+    doc: dict
+    submission: Submission
+    run_dir: Path
+
+    @property
+    def identity(self) -> CellIdentity:
+        return CellIdentity.of(self.submission)
+
+
+def read_submission(path: Path, schema_version: str = "va.submission.v1") -> SubmissionFile:
+    """A va.submission.v1 file, strictly (5 MiB, strict numbers, the schema version, the fields' types); a
+    one-line UsageError naming the problem otherwise."""
+    from pydantic import ValidationError
+
+    doc, problem = read_json(path)
+    if problem:
+        raise UsageError(f"{path}: {problem.message}; pass run folders or {schema_version} files")
+    if not isinstance(doc, dict) or doc.get("schema_version") != schema_version:
+        raise UsageError(f"{path} is not a {schema_version} submission; pass run folders, submission files "
+                         "or COCO detection files")
+    try:
+        sub = Submission.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UsageError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']} (check it with "
+                         "`va-bench validate`)") from exc
+    run_dir = path.parent.parent if path.parent.name == SUBMISSIONS_DIR else path.parent
+    return SubmissionFile(path, doc, sub, run_dir)
+
+
+# --------------------------------------------------------------------------------- run folders --
+def lookup(doc: Any, path: str, default: Any = None) -> Any:
+    """doc['a']['b'] for path 'a.b'; `default` when any step is missing or not a mapping."""
+    for part in path.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return default
+        doc = doc[part]
+    return doc
+
+
+def number(value: Any) -> float | None:
+    """A real number or None (bools, strings and nulls are not measurements)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """How a report shows one performance cell of a run (what varies inside one run folder; timing mode kept
+    apart). Which file stands for a cell is decided by its full CellIdentity."""
+
+    model: str
+    backend: str
+    precision: str
+    input_size: int
+    batch_size: int
+    mode: str
+
+    @property
+    def series(self) -> str:
+        """Everything but the batch size: one line in a batch-size sweep plot."""
+        label = f"{self.model} {self.backend} {self.precision} {self.input_size}"
+        return label if self.mode == "latency" else f"{label} ({self.mode})"
+
+    @property
+    def label(self) -> str:
+        return f"{self.series} b{self.batch_size}"
+
+
+def short_labels(keys: list[CellKey]) -> dict[CellKey, str]:
+    """Labels naming only the coordinates that differ between the keys (for crowded axes)."""
+    names = ("model", "backend", "precision", "input_size", "mode")
+    varying = [n for n in names if len({getattr(k, n) for k in keys}) > 1]
+    out = {}
+    for k in keys:
+        parts = [str(getattr(k, n)) for n in varying if not (n == "mode" and k.mode == "latency")]
+        out[k] = " ".join([*parts, f"b{k.batch_size}"])
+    return out
+
+
+@dataclass
+class Cell:
+    """One submission of the run."""
+
+    key: CellKey
+    path: Path
+    doc: dict[str, Any]
+
+    def get(self, path: str, default: Any = None) -> Any:
+        return lookup(self.doc, path, default)
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    run: dict[str, Any]  # run.json, {} when absent
+    cells: list[Cell]  # sorted by coordinates
+    cell_status: list[dict[str, Any]] = field(default_factory=list)  # run.json's cells [{cell, status, ...}]
+    notes: list[str] = field(default_factory=list)  # what the reader decided (superseded files)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run.get("run_id") or lookup(self.cells[0].doc, "metadata.run_id") or self.path.name)
+
+    @property
+    def created_at(self) -> str:
+        """When the run's first cell finished (ISO-8601), from the submissions."""
+        stamps = sorted(str(c.get("created_at")) for c in self.cells if c.get("created_at"))
+        return stamps[0] if stamps else ""
+
+    def first(self, path: str, default: Any = None) -> Any:
+        """A run-level fact: run.json first, else the first submission that has it."""
+        value = lookup(self.run, path)
+        if value is not None:
+            return value
+        return next((v for c in self.cells if (v := c.get(path)) is not None), default)
+
+    def csv_rows(self, name: str) -> list[dict[str, str]] | None:
+        """Rows of a probe CSV in the run folder, or None when the run did not write it."""
+        path = self.path / name
+        if not path.is_file():
+            return None
+        try:
+            with path.open(newline="", encoding="utf-8") as fh:
+                return list(csv.DictReader(fh))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise UsageError(f"{path}: not a readable CSV ({exc}); re-run the benchmark or remove the file") from None
+
+
+def read_json_object(path: Path, max_bytes: int = MAX_RUN_JSON_BYTES) -> dict[str, Any]:
+    """A JSON object from a run folder; a one-line UsageError when it is too big, not JSON or not an object."""
+    if path.stat().st_size > max_bytes:
+        raise UsageError(f"{path}: {path.stat().st_size} bytes is too big for a va-bench record; remove it")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}); re-run the benchmark or remove the file") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object, found {type(doc).__name__}; remove the file")
+    return doc
+
+
+def _cell_key(doc: dict[str, Any], path: Path) -> CellKey:
+    batch = number(lookup(doc, "config.batch_size", lookup(doc, "timing.batch_size")))
+    size = number(lookup(doc, "config.input_size", lookup(doc, "model.input_size")))
+    model = lookup(doc, "model.id")
+    if model is None or batch is None or size is None:
+        raise UsageError(f"{path}: not a va-bench submission (model.id, config.batch_size or config.input_size "
+                         "missing); remove it from submissions/")
+    return CellKey(model=str(model),
+                   backend=str(lookup(doc, "runtime.backend") or lookup(doc, "runtime.format") or "?"),
+                   precision=str(lookup(doc, "runtime.precision") or "?"), input_size=int(size),
+                   batch_size=int(batch), mode=str(lookup(doc, "timing.mode") or "latency"))
+
+
+def load_run(path: Path) -> RunFolder:
+    """Read outputs/<run_id>/; UsageError (one line) when it is not a readable run folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder: pass a run folder, e.g. outputs/<run_id>/")
+    run = read_json_object(path / RUN_FILE) if (path / RUN_FILE).is_file() else {}
+    files = submission_files(path)
+    if not files:
+        hint = "its cells did not finish (see run.json)" if run else "is it a va-bench run folder?"
+        raise UsageError(f"{path} has no {SUBMISSIONS_DIR}/*.json to report: {hint}")
+    cells = []
+    for f in files:
+        doc = read_json_object(f)
+        cells.append(Cell(_cell_key(doc, f), f, doc))
+    # a resumed run may have re-written a cell: the latest wins
+    cells, superseded = latest_wins(cells, key=lambda c: CellIdentity.of_doc(c.doc), when=lambda c: c.doc,
+                                    name=lambda c: c.path.name)
+    notes = [f"{old.path.name} superseded by {new.path.name} (same cell, later timestamp)" for old, new in superseded]
+    cells.sort(key=lambda c: (c.key.model, c.key.backend, c.key.precision, c.key.input_size, c.key.mode,
+                              c.key.batch_size))
+    status = [c for c in run.get("cells", []) if isinstance(c, dict)] if isinstance(run.get("cells"), list) else []
+    return RunFolder(path=path, run=run, cells=cells, cell_status=status, notes=notes)
