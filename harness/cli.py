@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import sys
 import typing
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from harness.errors import UsageError, VaBenchError, path_problem
+from harness.views.output import make_consoles, print_json, progress_for
 
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -24,15 +23,6 @@ models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weight
 app.add_typer(models_app, name="models")
 data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017).")
 app.add_typer(data_app, name="data")
-
-
-def make_consoles() -> tuple[Console, Console]:
-    """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
-    out = Console()
-    if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
-        columns = os.environ.get("COLUMNS", "")
-        out = Console(width=int(columns) if columns.isdigit() else 160)
-    return out, Console(stderr=True)
 
 
 console, err_console = make_consoles()
@@ -55,12 +45,33 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
 
 def _progress(quiet: bool):
     """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
-    from harness.run.progress import SilentProgress
-    from harness.views.progress import PlainProgress, RichProgress
+    return progress_for(err_console, quiet)
 
-    if quiet:
-        return SilentProgress()
-    return RichProgress(err_console) if err_console.is_terminal else PlainProgress(sys.stderr)
+
+def deprecated(old: str, new: str):
+    """A hidden option `old` that still works as `new`, with one deprecation line on stderr when given."""
+    def warn(value):
+        if value is not None:
+            err_console.print(f"[yellow]deprecated[/]: {old} is now {new}; the old spelling will be removed",
+                              highlight=False)
+        return value
+
+    return typer.Option(None, old, hidden=True, callback=warn)
+
+
+def run_field(name: str, flag: str | None = None, default=..., **constraints):
+    """A command's option declared by a RunConfig field: the same help (and flag and default unless given)."""
+    from harness.config import RunConfig
+
+    field = RunConfig.model_fields[name]
+    flags = field.json_schema_extra["flags"]
+    value = field.get_default(call_default_factory=True) if default is ... else default
+    return typer.Option(value, flag or flags[0], help=constraints.pop("help", field.description), **constraints)
+
+
+# Commands whose list options take several values after one flag, like `run --batch-sizes 1 2 4`; commands with
+# positional arguments (compare, aggregate) repeat the flag instead, so a value is never taken for a path.
+EXTRA_MULTI_VALUE_FLAGS = {("fleet", "run"): {"--hardware"}, ("parity", "preprocess"): {"--impls"}}
 
 
 def multi_value_flags() -> set[str]:
@@ -71,12 +82,33 @@ def multi_value_flags() -> set[str]:
             for flag in f.json_schema_extra["flags"]}
 
 
+def renamed_file_options(argv: list[str]) -> list[str]:
+    """`parity preprocess --json PATH` (its old file output) is `--json-out PATH` now; `--json` alone prints JSON."""
+    if argv[:2] != ["parity", "preprocess"]:
+        return list(argv)
+    out = []
+    for i, token in enumerate(argv):
+        if token.startswith("--json="):
+            token = "--json-out=" + token.split("=", 1)[1]
+        elif token == "--json" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            token = "--json-out"
+        else:
+            out.append(token)
+            continue
+        err_console.print("[yellow]deprecated[/]: parity preprocess --json PATH is now --json-out PATH (--json "
+                          "prints the report as JSON)", highlight=False)
+        out.append(token)
+    return out
+
+
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     """['--batch-sizes', '1', '2'] -> ['--batch-sizes', '1', '--batch-sizes', '2'] (Click has no nargs=-1
     for options, so main() rewrites them into repeated flags before Typer parses argv)."""
-    if argv[:1] != ["run"] and argv[:2] != ["fleet", "run"]:  # other commands' options take one value each
+    command = tuple(argv[:1]) if argv[:1] == ["run"] else tuple(argv[:2])
+    if command not in (("run",), ("fleet", "run"), ("parity", "preprocess")):  # options of one value each
         return list(argv)
-    multi = multi_value_flags()
+    multi = EXTRA_MULTI_VALUE_FLAGS.get(command, set()) | (multi_value_flags() if command != ("parity", "preprocess")
+                                                           else set())
     out: list[str] = []
     current = None
     for token in argv:
@@ -170,6 +202,7 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     from harness.run.plan import prepare
     from harness.run.resume import prepare_resume
     from harness.run.scheduler import run_with_interrupts
+    from harness.views.commands import run_header
     from harness.views.tables import print_plan, print_summary, summary_json
 
     if resume is not None:
@@ -184,15 +217,13 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         if resume is not None:
             raise UsageError("--dry-run plans a new run; drop --resume")
         described = plan.describe()
-        console.print_json(json.dumps(described)) if as_json else print_plan(console, described)
+        print_json(console, (described)) if as_json else print_plan(console, described)
         return
     if not as_json:
-        console.print(f"{'resuming' if plan.resume else 'run'} [bold]{escape(plan.run_id)}[/]: "
-                      f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "
-                      f"{plan.device}", highlight=False)
+        run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
     outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
     if as_json:
-        console.print_json(json.dumps(summary_json(plan.run_dir, outcome)))
+        print_json(console, (summary_json(plan.run_dir, outcome)))
     else:
         print_summary(console, outcome)
     raise typer.Exit(1 if outcome.problems else 0)
@@ -228,27 +259,15 @@ def validate(
     its submissions/ only). Exit 0 clean, 1 errors found, 2 bad usage."""
     from harness.catalogue import pending_site_ids
     from harness.results.validate import load_support_matrix, validate_paths
+    from harness.views.commands import print_validation, validation_json
 
     support = load_support_matrix(support_matrix)
-    progress = _progress(as_json)
-    validation = validate_paths(paths, support, progress, pending_site_ids())
-    reports = validation.reports
-    n_errors = sum(len(r.errors) for r in reports)
-    bad_files = sum(1 for r in reports if r.errors)
+    validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
     if as_json:
-        console.print_json(json.dumps({"files": len(reports), "files_with_errors": bad_files, "errors": n_errors,
-                                       "notes": validation.notes, "reports": [r.to_dict() for r in reports]}))
+        print_json(console, validation_json(validation))
     else:
-        for note in validation.notes:
-            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-        for r in reports:
-            for f in r.findings:
-                if f.severity == "error" or warnings:
-                    color = "red" if f.severity == "error" else "yellow"
-                    console.print(f"[{color}]{f.severity}[/] {escape(str(r.path))}: {escape(f.path)}: "
-                                  f"{escape(f.message)} [dim]({f.rule})[/]", highlight=False, soft_wrap=True)
-        n_warn = sum(1 for r in reports for f in r.findings if f.severity == "warning")
-        console.print(f"{len(reports)} files: {bad_files} with errors ({n_errors} errors), {n_warn} warnings")
+        print_validation(console, validation, warnings)
+    n_errors = sum(len(r.errors) for r in validation.reports)
     raise typer.Exit(1 if n_errors else 0)
 
 
@@ -272,7 +291,7 @@ def aggregate(
     from harness.files import atomic_write_json
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
-    from harness.views.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
+    from harness.views.commands import print_leaderboard
 
     if tolerance < 0:
         raise UsageError("--tolerance must be >= 0 (mAP points)")
@@ -283,22 +302,9 @@ def aggregate(
     if output is not None:
         atomic_write_json(output, board)
     if as_json:
-        console.print_json(json.dumps(board))
+        print_json(console, board)
     else:
-        for note in validation.notes:
-            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-        console.print(leaderboard_table(board))
-        console.print(gate_table(board))
-        if board["size_order"]:
-            console.print(size_order_table(board))
-        if board["rf100vl"]:
-            console.print(rf100vl_table(board))
-        c = board["counts"]
-        console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
-                      "random weights), "
-                      f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings, "
-                      f"{c['size_order_findings']} size-order findings"
-                      + (f"; written to {output}" if output else ""))
+        print_leaderboard(console, board, validation.notes, output)
     raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
 
 
@@ -322,7 +328,9 @@ def campaign(
     dataset was scored, 1 when some were skipped, 2 for bad input."""
     import re as _re
 
+    from harness.results.reader import read_json_object
     from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign
+    from harness.views.commands import campaign_json, print_campaign
 
     options = {"backends": [backend], "device": device}
     if (file is None) == (rf100vl is None):
@@ -339,21 +347,12 @@ def campaign(
     if not _re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", campaign_id):
         raise UsageError(f"--campaign-id {campaign_id!r} is not a plain name: use letters, digits, '_', '.' and '-'")
     path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(as_json))
-    doc = json.loads(path.read_text())
-    block = doc["rf100vl"]
+    doc = read_json_object(path)
     if as_json:
-        console.print_json(json.dumps({"submission": str(path), "valid_submission": block["valid_submission"],
-                                       "skipped_datasets": block["skipped_datasets"],
-                                       "accuracy": doc["accuracy"], "datasets": block["datasets"]}))
+        print_json(console, campaign_json(path, doc))
     else:
-        variant = "full" if block["valid_submission"] else "partial"
-        console.print(f"{len(block['datasets'])} of {block['protocol']['expected_datasets']} datasets scored "
-                      f"({variant}{len(block['datasets'])}): mean mAP 50:95 {doc['accuracy']['mAP_50_95']:.4f}; "
-                      f"{escape(str(path))}", highlight=False)
-        for name in block["skipped_datasets"]:
-            reason = next(r.reason for r in results if r.name == name)
-            console.print(f"skipped {escape(name)}: {escape(str(reason))}", highlight=False)
-    raise typer.Exit(0 if block["valid_submission"] else 1)
+        print_campaign(console, path, doc, results)
+    raise typer.Exit(0 if doc["rf100vl"]["valid_submission"] else 1)
 
 
 @app.command()
@@ -367,25 +366,11 @@ def schema() -> None:
 @app.command()
 def hw(as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
     """What this machine is (hardware id, CPU, GPU, RAM) and which probes work here, or why not."""
-    from rich.table import Table
-
     from harness.measure.machine import machine_report
+    from harness.views.commands import print_hw
 
     report = machine_report()
-    if as_json:
-        console.print_json(json.dumps(report))
-        return
-    h = report["hardware"]
-    console.print(f"hardware.id [bold]{escape(h['id'])}[/]: {escape(h['cpu'])} ({h['cpu_cores']} cores, "
-                  f"governor {escape(report['cpu']['governor'])}), {h['ram_gb']} GB RAM, GPU {escape(h['gpu'])}")
-    table = Table(title="measurement probes")
-    for col in ("probe", "status", "detail"):
-        table.add_column(col)
-    for name, p in report["probes"].items():
-        detail = p.get("reason") or p.get("method") or ", ".join(p.get("providers", []))
-        color = "green" if p["status"] == "ok" else "yellow"
-        table.add_row(name, f"[{color}]{p['status']}[/]", escape(str(detail)))
-    console.print(table)
+    print_json(console, report) if as_json else print_hw(console, report)
 
 
 @data_app.command("fetch")
@@ -399,9 +384,8 @@ def data_fetch(
     keep_archives: bool = typer.Option(False, "--keep-archives", help="keep the verified zip files"),
 ) -> None:
     """Download COCO val2017 (SHA-1 verified, resumable) into the layout the harness reads."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
     from harness.data.fetch import fetch_archives
+    from harness.views.progress import download_progress
 
     if dataset == "rf100vl":
         from harness.data.fetch import fetch_rf100vl
@@ -416,19 +400,8 @@ def data_fetch(
         from harness.data.coco import DEFAULT_COCO_DIRS
 
         dest = DEFAULT_COCO_DIRS[0]
-    if err_console.is_terminal:
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-        with Progress(*columns, console=err_console, transient=True) as bar:
-            tasks: dict[str, int] = {}
-
-            def progress(name: str, done: int, total: int | None) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(escape(name), total=total)
-                bar.update(tasks[name], completed=done, total=total)
-
-            lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
-    else:
-        lines = fetch_archives(dest, base_url=base_url, keep_archives=keep_archives)
+    with download_progress(err_console) as progress:
+        lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
     for line in lines:
         console.print(escape(line), highlight=False)
 
@@ -441,10 +414,9 @@ def models_list(
 ) -> None:
     """Registered models, their task and whether their weights are present locally; the families the
     leaderboard names that cannot be built here are listed as not available, with why."""
-    from rich.table import Table
-
     from harness.catalogue import unavailable_families
     from harness.models.registry import REGISTRY
+    from harness.views.commands import models_table
 
     if task is not None and task not in ("detect", "segment"):
         raise UsageError(f"--task {task!r}: use detect or segment")
@@ -463,16 +435,7 @@ def models_list(
         if family in (None, missing.family) and task in (None, "detect"):
             rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
                       "url": None, "note": f"not available: {missing.why}", "fetch": False} for model_id in missing.ids]
-    if as_json:
-        console.print_json(json.dumps(rows))
-        return
-    table = Table(title="models")
-    for col in ("id", "family", "task", "local weights", "note"):
-        table.add_column(col)
-    for r in rows:
-        weights = r["weights"] or ("- (va-bench models fetch)" if r["fetch"] else "-")
-        table.add_row(r["id"], r["family"], r["task"], weights, r["note"])
-    console.print(table)
+    print_json(console, rows) if as_json else console.print(models_table(rows))
 
 
 def _libreyolo_ids() -> set[str]:
@@ -518,8 +481,10 @@ def compare(
     runs: list[Path] = typer.Argument(..., help="run folders (outputs/<run_id>/), submission files or COCO "
                                                  "detection files: A B, or with --baseline one or more"),
     baseline: Path | None = typer.Option(None, "--baseline", help="compare each RUN against this one (A)"),
-    iou: float = typer.Option(0.5, "--iou", help="IoU for pairing detections (same image and class)"),
-    conf: float = typer.Option(0.4, "--conf", help="score cut of the detection diff"),
+    pair_iou: float = typer.Option(0.5, "--pair-iou", help="IoU for pairing detections (same image and class)"),
+    diff_conf: float = typer.Option(0.4, "--diff-conf", help="score cut of the detection diff"),
+    old_iou: float | None = deprecated("--iou", "--pair-iou"),
+    old_conf: float | None = deprecated("--conf", "--diff-conf"),
     alpha: float = typer.Option(0.05, "--alpha", help="significance level of the latency verdict"),
     fail_on: list[str] | None = typer.Option(None, "--fail-on", help="METRIC:THRESHOLD gate, e.g. map:-0.005, "
                                                   "latency:+10%, throughput:-5% (see above)"),
@@ -536,27 +501,33 @@ rise larger than it; a trailing % makes it relative to A. Latency and throughput
 significance test calls noise; a gate with nothing to check fails.
     """
     from harness.results.compare import check_gate, compare_paths, parse_gate
-    from harness.views.compare_view import render_comparison, render_gates
+    from harness.views.compare_view import comparisons_json, print_comparisons
 
     gates = [parse_gate(spec) for spec in fail_on or []]
     if baseline is None and len(runs) != 2:
         raise UsageError(f"compare takes two runs A B (got {len(runs)}), or --baseline A and one or more runs")
     base, others = (baseline, runs) if baseline is not None else (runs[0], runs[1:])
-    comparisons = compare_paths(base, others, iou=iou, conf=conf, alpha=alpha)
+    pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
+    comparisons = compare_paths(base, others, iou=pair_iou, conf=diff_conf, alpha=alpha)
     results = [[check_gate(g, c) for g in gates] for c in comparisons]
     failed = any(r.status != "ok" for rs in results for r in rs)
     if as_json:
-        console.print_json(json.dumps({"comparisons": [c.to_dict() | {"gates": [r.to_dict() for r in rs]}
-                                                       for c, rs in zip(comparisons, results, strict=True)],
-                                       "failed": failed}))
+        print_json(console, comparisons_json(comparisons, results, failed))
     else:
-        for i, (c, rs) in enumerate(zip(comparisons, results, strict=True)):
-            if i:
-                console.print()
-            console.print(render_comparison(c), highlight=False)
-            if rs:
-                console.print(render_gates(rs), highlight=False)
+        print_comparisons(console, comparisons, results)
     raise typer.Exit(1 if failed else 0)
+
+
+def _diff_thresholds(pair_iou: float, diff_conf: float, old_iou: float | None,
+                     old_conf: float | None) -> tuple[float, float]:
+    """The detection diff's pairing IoU and score cut (the deprecated spellings win when given), range-checked."""
+    pair_iou = old_iou if old_iou is not None else pair_iou
+    diff_conf = old_conf if old_conf is not None else diff_conf
+    if not 0 < pair_iou <= 1:
+        raise UsageError(f"--pair-iou {pair_iou}: must be in (0, 1]")
+    if not 0 <= diff_conf <= 1:
+        raise UsageError(f"--diff-conf {diff_conf}: must be in [0, 1]")
+    return pair_iou, diff_conf
 
 
 @app.command("inspect")
@@ -579,7 +550,7 @@ def inspect_command(
     if csv_path is not None:
         atomic_write_csv(csv_path, *report.csv_rows())
     if as_json:
-        console.print_json(json.dumps(report.to_dict()))
+        print_json(console, (report.to_dict()))
     else:
         console.print(render_inspect(report.to_dict(), top), highlight=False)
         if csv_path is not None:
@@ -597,27 +568,11 @@ def report(
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends
     the run to the benchmark log with its gates. Exit 0; 1 with --fail-on-gates when a gate is NOT MET; 2 on
     bad input."""
-    from harness.report.gates import NOT_MEASURED
     from harness.report.run_report import make_report
+    from harness.views.commands import print_report_outcome
 
     outcome = make_report(run_dir, gates, log, require_gates=fail_on_gates)
-    console.print(f"report: {escape(str(outcome.html))}", highlight=False)
-    console.print("plots: " + escape(", ".join(p.name for p in outcome.pngs)), highlight=False)
-    for plot in outcome.plots:
-        if plot.png is None:
-            console.print(f"[yellow]{escape(plot.title)}[/]: {escape(plot.unavailable or '')}", highlight=False,
-                          soft_wrap=True)
-    if outcome.gates is not None:
-        results = outcome.gates
-        unmeasured = sum(r.status == NOT_MEASURED for r in results)
-        not_met = outcome.gates_not_met
-        console.print(f"gates ({escape(outcome.gate_source)}): {len(results) - unmeasured - len(not_met)} met, "
-                      f"{len(not_met)} NOT MET, {unmeasured} not measured", highlight=False)
-        for r in not_met:
-            console.print(f"[red]NOT MET[/] {escape(r.gate.title)} on {escape(r.cell)}: target "
-                          f"{escape(r.gate.target_text)}, today {escape(r.today_text())}", highlight=False)
-    if log is not None:
-        console.print(f"log: appended run {escape(outcome.run_id)} to {escape(str(log))}", highlight=False)
+    print_report_outcome(console, outcome, log)
     raise typer.Exit(1 if fail_on_gates and outcome.gates_not_met else 0)
 
 
@@ -633,8 +588,8 @@ FLEET_FLAGS = [
                                            help="the Ray head (default: $RAY_ADDRESS or the cluster on this machine)")),
     inspect.Parameter("hardware", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
                       default=typer.Option(None, "--hardware", metavar="ID",
-                                           help="run on this hardware id (repeat the flag for several; default: every "
-                                                "hardware id of the cluster's accepted nodes)")),
+                                           help="run on these hardware ids (--hardware a b; default: every hardware "
+                                                "id of the cluster's accepted nodes)")),
     inspect.Parameter("accuracy_shards", inspect.Parameter.KEYWORD_ONLY, annotation=int | None,
                       default=typer.Option(None, "--accuracy-shards", metavar="N", min=1,
                                            help="also split each group's accuracy pass into N shards over any nodes "
@@ -661,6 +616,7 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
     time. Exit 0 when every cell is ok, 1 when a cell or shard failed or was interrupted (the rest still runs;
     continue with --resume RUN_ID), 2 for bad input, 130/143 when interrupted. See docs/fleet.md."""
     from harness.config import given, load_config
+    from harness.views.commands import run_header
     from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
 
     fleet = _fleet_module()
@@ -674,13 +630,10 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
             raise UsageError("--retry-failed and --force go with --resume RUN_ID")
         fplan = fleet.prepare_fleet(load_config(config, options), address, hardware, accuracy_shards or 0)
     if not as_json:
-        plan = fplan.plan
-        console.print(f"fleet {'resuming' if fplan.fleet_doc else 'run'} [bold]{escape(fplan.run_id)}[/]: "
-                      f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "
-                      f"{escape(', '.join(fplan.targets))}", highlight=False)
+        run_header(console, fplan.run_id, fplan.plan, bool(fplan.fleet_doc), ", ".join(fplan.targets), prefix="fleet ")
     outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
     if as_json:
-        console.print_json(json.dumps(fleet_summary_json(outcome)))
+        print_json(console, (fleet_summary_json(outcome)))
     else:
         print_fleet_summary(console, outcome)
     raise typer.Exit(1 if outcome.problems else 0)
@@ -736,22 +689,25 @@ app.add_typer(parity_app, name="parity")
 
 @parity_app.command("preprocess")
 def parity_preprocess(
-    model: str = typer.Option("yolox-nano", "--model", help="registry id or path/to/file.py:factory"),
-    backend: str = typer.Option("onnxruntime", "--backend", help="onnxruntime, pytorch"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    impls: str = typer.Option("cv2,torch,pil", "--impls", help="implementations, comma-separated; the first is "
-                              "the reference"),
-    subset: str = typer.Option("sample", "--subset", help="dataset variant: full, mini500 or sample"),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="first N images of the variant"),
-    coco_dir: str | None = typer.Option(None, "--coco-dir", help="COCO root; else $VA_BENCH_COCO, datasets/coco"),
-    batch_size: int = typer.Option(8, "--batch-size", min=1, help="batch size of every run"),
+    model: str = run_field("models", "--model", "yolox-nano"),
+    backend: str = run_field("backends", "--backend", "onnxruntime"),
+    device: str = run_field("device"),
+    impls: list[str] = typer.Option(["cv2", "torch", "pil"], "--impls", metavar="NAME...",
+                                    help="implementations, the reference first (e.g. --impls cv2 torch pil)"),
+    subset: str = run_field("subset"),
+    limit: int | None = run_field("limit", min=1),
+    coco_dir: str | None = run_field("coco_dir"),
+    batch_size: int = run_field("batch_sizes", "--batch-size", 8, min=1, help="batch size of every run"),
     noise_batch_size: int | None = typer.Option(None, "--noise-batch-size", min=1,
                                                 help="the noise floor's other batch size (default 1, or 2 at batch 1)"),
-    conf: float = typer.Option(0.4, "--conf", min=0, max=1, help="score cut of the detection diff"),
-    iou: float = typer.Option(0.5, "--iou", min=0, max=1, help="pairing IoU of the detection diff"),
+    diff_conf: float = typer.Option(0.4, "--diff-conf", help="score cut of the detection diff"),
+    pair_iou: float = typer.Option(0.5, "--pair-iou", help="pairing IoU of the detection diff"),
     tolerance: float = typer.Option(0.002, "--tolerance", min=0, help="largest |Δ AP| (mAP 50:95, 50, 75) allowed"),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for the core"),
-    json_path: Path | None = typer.Option(None, "--json", help="also write the report here (JSON)"),
+    threads: int | None = run_field("threads", min=1),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    json_out: Path | None = typer.Option(None, "--json-out", metavar="PATH", help="also write the report here (JSON)"),
+    old_conf: float | None = deprecated("--conf", "--diff-conf"),
+    old_iou: float | None = deprecated("--iou", "--pair-iou"),
 ) -> None:
     """Each preprocessing implementation vs the reference (cv2) on real images: input pixels, detection diff,
     the 12 COCO metrics with deltas and the noise floor; exit 1 when a gated delta exceeds --tolerance."""
@@ -760,18 +716,21 @@ def parity_preprocess(
     from harness.backends import BackendOptions, load_detector_core
     from harness.config import RunConfig
     from harness.data.coco import CocoDataset
-    from harness.files import atomic_write_bytes
+    from harness.files import atomic_write_json
     from harness.measure.device import parse_device
     from harness.models.registry import get_detector
     from harness.pipeline.parity_run import ParitySetup, run_parity
     from harness.pipeline.preprocess import IMPLEMENTATIONS
     from harness.views.parity_view import render_parity
 
-    names = tuple(dict.fromkeys(n.strip() for n in impls.split(",") if n.strip()))
+    if any("," in n for n in impls):
+        err_console.print("[yellow]deprecated[/]: --impls a,b is now --impls a b", highlight=False)
+    names = tuple(dict.fromkeys(n.strip() for item in impls for n in item.split(",") if n.strip()))
     unknown = [n for n in names if n not in IMPLEMENTATIONS]
     if unknown or not names:
-        raise UsageError(f"--impls {impls!r}: give implementations from {', '.join(IMPLEMENTATIONS)}, "
-                         "comma-separated, the reference first (e.g. cv2,torch,pil)")
+        raise UsageError(f"--impls {' '.join(impls)}: give implementations from {', '.join(IMPLEMENTATIONS)}, "
+                         "the reference first (e.g. --impls cv2 torch pil)")
+    pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)
     records = dataset.records(dataset.variant(subset, limit))
@@ -780,11 +739,12 @@ def parity_preprocess(
     options = BackendOptions.from_config(RunConfig(backends=[backend], device=device, batch_sizes=[batch_size]))
     core = load_detector_core(detector, backend, dev, "fp32", spec.input_size, options=options,
                               threads=threads or torch.get_num_threads())
-    setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), conf, iou, tolerance)
+    setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), diff_conf, pair_iou,
+                        tolerance)
     report = run_parity(detector, core, dev, dataset, records, setup)
-    console.print(render_parity(report), highlight=False)
-    if json_path is not None:
-        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode())
+    if json_out is not None:
+        atomic_write_json(json_out, report.to_dict())
+    print_json(console, report.to_dict()) if as_json else console.print(render_parity(report), highlight=False)
     raise typer.Exit(report.exit_code)
 
 
@@ -796,7 +756,7 @@ def main() -> None:
     console, err_console = make_consoles()
     ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
     debug = "--debug" in sys.argv[1:]
-    argv = expand_multi_value_options(ORIGINAL_ARGV)
+    argv = expand_multi_value_options(renamed_file_options(ORIGINAL_ARGV))
     sys.argv = [sys.argv[0], *argv]
     try:
         with interrupt_handling():

@@ -6,6 +6,7 @@ flags. The CLI builds `va-bench run`'s options from these fields (harness/cli.py
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,3 +215,20 @@ def load_config(path: str | Path | None, overrides: dict) -> RunConfig:
     """Load a YAML preset (safe_load) and apply CLI overrides (None means "not given")."""
     data = read_preset(path) if path is not None else {}
     return build_config({**data, **given(overrides)})
+
+
+def add_run_argument(parser: Any, name: str, flag: str | None = None, default: Any = ..., **overrides: Any) -> None:
+    """An argparse option declared by a RunConfig field (the bench scripts' options): its flag, type, choices and
+    help come from the field; `flag` (e.g. the singular --batch-size), `default` and `overrides` adapt it."""
+    field = RunConfig.model_fields[name]
+    annotation = field.annotation
+    item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
+    choices = typing.get_args(item) if typing.get_origin(item) is Literal else None
+    base = next((a for a in typing.get_args(item) if a is not type(None)), item) if choices is None else str
+    kwargs: dict[str, Any] = {"default": field.get_default(call_default_factory=True) if default is ... else default,
+                              "help": field.description}
+    if base is not bool:
+        kwargs["type"] = base
+    if choices:
+        kwargs["choices"] = choices
+    parser.add_argument(flag or field.json_schema_extra["flags"][0], **{**kwargs, **overrides})

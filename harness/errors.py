@@ -1,4 +1,4 @@
-"""Errors the CLI turns into one clear line and an exit code (DESIGN: 1 = problem found, 2 = bad input)."""
+"""Errors the CLI turns into one clear line and an exit code (1 = a problem found, 2 = bad input)."""
 
 import os
 

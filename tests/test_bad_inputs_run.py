@@ -102,10 +102,10 @@ def test_the_summary_fits_80_columns(tmp_path):
     assert "[" in result.stderr and "timing synthetic-sleepy" in result.stderr  # progress lines when piped
 
 
-def test_readme_lists_every_run_option():
+def test_the_run_docs_list_every_run_option():
     from harness.config import run_option_fields
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "running.md").read_text()
     missing = [f.json_schema_extra["flags"][0].split("/")[0] for f in run_option_fields().values()
                if f.json_schema_extra["flags"][0].split("/")[0] not in readme]
     assert missing == []

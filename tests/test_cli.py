@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
-from harness.cli import expand_multi_value_options
+from harness.cli import expand_multi_value_options, renamed_file_options
 
 
 def va_bench(*args, cwd=REPO):
@@ -19,6 +19,39 @@ def test_multi_value_options_expand():
         "run", "--batch-sizes", "1", "--batch-sizes", "2", "--subset", "sample"]
     assert expand_multi_value_options(["run", "--backend", "a", "b", "--limit", "3"]) == [
         "run", "--backend", "a", "--backend", "b", "--limit", "3"]
+    assert expand_multi_value_options(["parity", "preprocess", "--impls", "cv2", "torch", "--limit", "3"]) == [
+        "parity", "preprocess", "--impls", "cv2", "--impls", "torch", "--limit", "3"]
+    assert expand_multi_value_options(["compare", "--fail-on", "map:-0.01", "a", "b"]) == [
+        "compare", "--fail-on", "map:-0.01", "a", "b"]  # positionals are never taken for values
+
+
+def test_parity_json_path_is_json_out_now():
+    assert renamed_file_options(["parity", "preprocess", "--json", "p.json", "--limit", "3"]) == [
+        "parity", "preprocess", "--json-out", "p.json", "--limit", "3"]
+    assert renamed_file_options(["parity", "preprocess", "--json=p.json"]) == [
+        "parity", "preprocess", "--json-out=p.json"]
+    assert renamed_file_options(["parity", "preprocess", "--json", "--limit", "3"]) == [
+        "parity", "preprocess", "--json", "--limit", "3"]  # the flag: JSON on stdout
+    assert renamed_file_options(["validate", "--json", "x"]) == ["validate", "--json", "x"]
+
+
+def test_renamed_diff_options_keep_their_old_spelling_with_one_deprecation_line(tmp_path):
+    """compare's --iou/--conf are the detection diff's pairing IoU and score cut: now --pair-iou/--diff-conf; the
+    old names still work (hidden from --help) and say so once; the new ones are range-checked in one line."""
+    dets = [{"image_id": 1, "category_id": 1, "bbox": [10, 10, 50, 50], "score": 0.9}]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(dets))
+    b.write_text(json.dumps(dets))
+    new = va_bench("compare", str(a), str(b), "--pair-iou", "0.6", "--diff-conf", "0.3", "--json")
+    old = va_bench("compare", str(a), str(b), "--iou", "0.6", "--conf", "0.3", "--json")
+    assert new.returncode == old.returncode == 0 and json.loads(new.stdout) == json.loads(old.stdout)
+    assert "deprecated" not in new.stderr
+    notes = [line for line in old.stderr.splitlines() if line.strip()]
+    assert len(notes) == 2 and "--iou is now --pair-iou" in notes[0] + notes[1]
+    bad = va_bench("compare", str(a), str(b), "--pair-iou", "0")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--pair-iou" in bad.stderr
+    help_text = va_bench("compare", "--help").stdout
+    assert "--pair-iou" in help_text and "--iou" not in help_text.replace("--pair-iou", "")
 
 
 @requires_coco

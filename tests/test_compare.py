@@ -184,7 +184,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     for args, expect in ((["compare", str(a)], "two runs"), (["compare", str(a), str(tmp_path / "nope")],
                                                                "no such file or folder"),
                          (["compare", str(a), str(a), "--fail-on", "map"], "want METRIC"),
-                         (["compare", str(a), str(a), "--iou", "0"], "--iou")):
+                         (["compare", str(a), str(a), "--pair-iou", "0"], "--pair-iou")):
         result = va_bench(*args)
         assert result.returncode == 2, (args, result.stderr)
         lines = [line for line in result.stderr.splitlines() if line.strip()]

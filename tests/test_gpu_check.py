@@ -12,7 +12,7 @@ from harness.bench.gpu_check import main
 @requires_yolox
 def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     code = main(["--device", "cpu", "--limit", "8", "--out", str(tmp_path),
-                 "--checks", "env,reference,fp32,precisions,runtimes"])
+                 "--checks", "env", "reference", "fp32", "precisions", "runtimes"])
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["env"]["data"]["torch"] and checks["env"]["data"]["device"] == "cpu"

@@ -61,7 +61,7 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_impls_is_one_line_exit_2():
-    out = _parity("--impls", "cv2,opencv")
+    out = _parity("--impls", "cv2", "opencv")
     assert out.returncode == 2
     assert "--impls" in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -71,8 +71,8 @@ def test_bad_impls_is_one_line_exit_2():
 def test_parity_command_exit_codes_and_tables(tmp_path):
     """Real images, real detector: cv2 (reference) vs torch. A loose tolerance exits 0; a zero tolerance
     exits 1 because torch's input differs from cv2's (pixels measured), so its metrics move a little."""
-    common = ("--limit", "6", "--batch-size", "3", "--impls", "cv2,torch", "--threads", "1")
-    loose = _parity(*common, "--tolerance", "0.5", "--json", str(tmp_path / "p.json"))
+    common = ("--limit", "6", "--batch-size", "3", "--impls", "cv2", "torch", "--threads", "1")
+    loose = _parity(*common, "--tolerance", "0.5", "--json-out", str(tmp_path / "p.json"))
     assert loose.returncode == 0, loose.stderr
     for text in ("noise floor", "mAP_50_95", "cv2 (again)", "cv2 (batch 1)", "matched", "max |Δ|", "OK"):
         assert text in loose.stdout

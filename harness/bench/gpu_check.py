@@ -300,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole call")
     parser.add_argument("--limit", type=int, default=None, help="first N sample images (default: all 206)")
-    parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, of {', '.join(CHECKS)}")
+    parser.add_argument("--checks", nargs="+", default=list(CHECKS), help=f"some of: {' '.join(CHECKS)}")
     args = parser.parse_args(argv)
-    names = tuple(n for n in args.checks.split(",") if n)
+    names = tuple(n for item in args.checks for n in item.split(",") if n)  # "a,b" was the old spelling
     unknown = [n for n in names if n not in STEPS]
     if unknown:
         parser.error(f"unknown checks {unknown}; use some of {', '.join(CHECKS)}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from harness.backends import BackendOptions, load_detector_core
-from harness.config import RunConfig
+from harness.config import RunConfig, add_run_argument
 from harness.data.coco import CocoDataset
 from harness.measure.device import Device
 from harness.models.registry import get_detector
@@ -34,9 +34,9 @@ def forward_p50(pipeline: DetectorPipeline, batches, device: Device) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="yolox-nano")
-    parser.add_argument("--backend", default="pytorch")
-    parser.add_argument("--batch-size", type=int, default=8)
+    add_run_argument(parser, "models", "--model", "yolox-nano")
+    add_run_argument(parser, "backends", "--backend", "pytorch")
+    add_run_argument(parser, "batch_sizes", "--batch-size", 8)
     parser.add_argument("--batches", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threshold", type=float, default=0.03)

@@ -38,13 +38,13 @@ from dataclasses import replace
 import torch
 
 from harness.backends import BackendOptions, detector_backends, load_detector_core
-from harness.config import RunConfig
+from harness.config import RunConfig, add_run_argument
 from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
-from harness.pipeline.preprocess import PREPROCESS_CHOICES, decode_image, preprocess_batch, resolve_implementation
+from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
 from harness.pipeline.stage_timer import StageTimer
 
 # Latency-mode stages whose per-batch medians are reported (the host stages and the forward beside them).
@@ -178,12 +178,12 @@ def _worker_counts(values: list[str], cuda: bool) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="yolox-nano")
-    parser.add_argument("--backend", action="append", help="repeatable; default: all the model's backends")
-    parser.add_argument("--batch-size", type=int, default=8)
+    add_run_argument(parser, "models", "--model", "yolox-nano")
+    add_run_argument(parser, "backends", None, None, nargs="+", help="default: all the model's backends")
+    add_run_argument(parser, "batch_sizes", "--batch-size", 8)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=20, help="batches per round (and per stream)")
-    parser.add_argument("--device", default="cpu")
+    add_run_argument(parser, "device")
     parser.add_argument("--workers", nargs="+", default=["auto"],
                         help="overlapped-mode host worker counts (N or auto); the first is judged")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside the measurement")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", choices=("auto", "in-path", "pre-decoded"), default="auto",
                         help="decode inside the timed path or hand the pipeline decoded images (auto: in-path on "
                              "CUDA, pre-decoded on CPU)")
-    parser.add_argument("--preprocess", choices=PREPROCESS_CHOICES, default="auto")
+    add_run_argument(parser, "preprocess")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

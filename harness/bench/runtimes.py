@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.config import add_run_argument
+
 MATRIX = (("onnxruntime", ("fp32",), (1, 4)), ("openvino", ("fp32", "fp16", "int8"), (1, 4)),
           ("ncnn", ("fp32", "fp16"), (1,)), ("tflite", ("fp32", "fp16", "int8"), (1, 4)),
           ("torchscript", ("fp32",), (1, 4)))
@@ -106,9 +108,9 @@ def _row(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
+    add_run_argument(parser, "threads", default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=106)
+    add_run_argument(parser, "limit", default=106)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     comparison = compare_with_benchmark_app(args.threads, args.repeats)

@@ -16,6 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from harness.config import add_run_argument
 from harness.data.coco import REPO_ROOT, find_coco_dir
 from harness.errors import UsageError
 from harness.files import atomic_write_bytes
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", type=Path, help="where to build it (default: the temp folder)")
     parser.add_argument("--images", type=int, default=5000)
-    parser.add_argument("--coco-dir", default=None, help="source COCO root (default: $VA_BENCH_COCO, ...)")
+    add_run_argument(parser, "coco_dir")
     args = parser.parse_args(argv)
     try:
         out = build_tree(args.out or default_dir(args.images), args.images, args.coco_dir)

@@ -1,4 +1,4 @@
-"""`va-bench compare`: what changed between two runs (seeds 003 and 002).
+"""`va-bench compare`: what changed between two runs.
 
 Inputs are run folders (`outputs/<run_id>/`), submission files, or two COCO detection files. Torch-free:
 only the JSON records are read, nothing is re-run.
@@ -456,9 +456,9 @@ def _pair_cells(a: list[Entry], b: list[Entry]
 def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: float = ALPHA) -> Comparison:
     """Pair the cells of A and B and compute every delta."""
     if not 0 < iou <= 1:
-        raise UsageError(f"--iou {iou}: must be in (0, 1]")
+        raise UsageError(f"--pair-iou {iou}: must be in (0, 1]")
     if not 0 <= conf <= 1:
-        raise UsageError(f"--conf {conf}: must be in [0, 1]")
+        raise UsageError(f"--diff-conf {conf}: must be in [0, 1]")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
     out = Comparison(a.label, b.label)

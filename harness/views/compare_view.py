@@ -132,3 +132,17 @@ def render_gates(results: list[GateResult]) -> Group:
     style = {"ok": "green", "failed": "bold red", "unchecked": "bold red"}
     return Group(*[Text.assemble(("gate ", "bold"), f"{r.gate.spec}: ", (r.status.upper(), style[r.status]),
                                  f" ({r.detail})") for r in results])
+
+
+def comparisons_json(comparisons: list[Comparison], results: list[list[GateResult]], failed: bool) -> dict:
+    return {"comparisons": [c.to_dict() | {"gates": [r.to_dict() for r in rs]}
+                            for c, rs in zip(comparisons, results, strict=True)], "failed": failed}
+
+
+def print_comparisons(console, comparisons: list[Comparison], results: list[list[GateResult]]) -> None:
+    for i, (c, rs) in enumerate(zip(comparisons, results, strict=True)):
+        if i:
+            console.print()
+        console.print(render_comparison(c), highlight=False)
+        if rs:
+            console.print(render_gates(rs), highlight=False)

@@ -52,3 +52,23 @@ class PlainProgress(SilentProgress):
     def log(self, message: str) -> None:
         self.stream.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
         self.stream.flush()
+
+
+@contextmanager
+def download_progress(console: Console):
+    """A byte bar per file on a terminal (`update(name, done, total)`); None when stderr is piped."""
+    from rich.progress import DownloadColumn, TransferSpeedColumn
+
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(name: str, done: int, total: int | None) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(escape(name), total=total)
+            bar.update(tasks[name], completed=done, total=total)
+
+        yield update

@@ -1,0 +1,125 @@
+"""What the small commands print: validate, aggregate, campaign, hw, models list, report, and a run's header."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, prefix: str = "") -> None:
+    """The line a run (or a fleet run) starts with: its id, dataset variant, cells and where they run."""
+    console.print(f"{prefix}{'resuming' if resuming else 'run'} [bold]{escape(run_id)}[/]: "
+                  f"{escape(plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells on "
+                  f"{escape(where)}", highlight=False)
+
+
+def validation_json(validation) -> dict:
+    reports = validation.reports
+    return {"files": len(reports), "files_with_errors": sum(1 for r in reports if r.errors),
+            "errors": sum(len(r.errors) for r in reports), "notes": validation.notes,
+            "reports": [r.to_dict() for r in reports]}
+
+
+def print_notes(console: Console, notes: list[str]) -> None:
+    for note in notes:
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+
+
+def print_validation(console: Console, validation, warnings: bool) -> None:
+    """Every finding (warnings too unless told not to), then one line of totals."""
+    reports = validation.reports
+    print_notes(console, validation.notes)
+    for r in reports:
+        for f in r.findings:
+            if f.severity == "error" or warnings:
+                color = "red" if f.severity == "error" else "yellow"
+                console.print(f"[{color}]{f.severity}[/] {escape(str(r.path))}: {escape(f.path)}: "
+                              f"{escape(f.message)} [dim]({f.rule})[/]", highlight=False, soft_wrap=True)
+    n_errors = sum(len(r.errors) for r in reports)
+    bad_files = sum(1 for r in reports if r.errors)
+    n_warn = sum(1 for r in reports for f in r.findings if f.severity == "warning")
+    console.print(f"{len(reports)} files: {bad_files} with errors ({n_errors} errors), {n_warn} warnings")
+
+
+def print_leaderboard(console: Console, board: dict, notes: list[str], output) -> None:
+    """The leaderboard, its agreement gate, size order and RF100-VL tables, then the counts."""
+    from harness.views.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
+
+    print_notes(console, notes)
+    console.print(leaderboard_table(board))
+    console.print(gate_table(board))
+    if board["size_order"]:
+        console.print(size_order_table(board))
+    if board["rf100vl"]:
+        console.print(rf100vl_table(board))
+    c = board["counts"]
+    console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
+                  "random weights), "
+                  f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings, "
+                  f"{c['size_order_findings']} size-order findings"
+                  + (f"; written to {output}" if output else ""))
+
+
+def campaign_json(path, doc: dict) -> dict:
+    block = doc["rf100vl"]
+    return {"submission": str(path), "valid_submission": block["valid_submission"],
+            "skipped_datasets": block["skipped_datasets"], "accuracy": doc["accuracy"], "datasets": block["datasets"]}
+
+
+def print_campaign(console: Console, path, doc: dict, results) -> None:
+    block = doc["rf100vl"]
+    variant = "full" if block["valid_submission"] else "partial"
+    console.print(f"{len(block['datasets'])} of {block['protocol']['expected_datasets']} datasets scored "
+                  f"({variant}{len(block['datasets'])}): mean mAP 50:95 {doc['accuracy']['mAP_50_95']:.4f}; "
+                  f"{escape(str(path))}", highlight=False)
+    for name in block["skipped_datasets"]:
+        reason = next(r.reason for r in results if r.name == name)
+        console.print(f"skipped {escape(name)}: {escape(str(reason))}", highlight=False)
+
+
+def print_hw(console: Console, report: dict) -> None:
+    h = report["hardware"]
+    console.print(f"hardware.id [bold]{escape(h['id'])}[/]: {escape(h['cpu'])} ({h['cpu_cores']} cores, "
+                  f"governor {escape(report['cpu']['governor'])}), {h['ram_gb']} GB RAM, GPU {escape(h['gpu'])}")
+    table = Table(title="measurement probes")
+    for col in ("probe", "status", "detail"):
+        table.add_column(col)
+    for name, p in report["probes"].items():
+        detail = p.get("reason") or p.get("method") or ", ".join(p.get("providers", []))
+        color = "green" if p["status"] == "ok" else "yellow"
+        table.add_row(name, f"[{color}]{p['status']}[/]", escape(str(detail)))
+    console.print(table)
+
+
+def models_table(rows: list[dict]) -> Table:
+    table = Table(title="models")
+    for col in ("id", "family", "task", "local weights", "note"):
+        table.add_column(col)
+    for r in rows:
+        weights = r["weights"] or ("- (va-bench models fetch)" if r["fetch"] else "-")
+        table.add_row(r["id"], r["family"], r["task"], weights, r["note"])
+    return table
+
+
+def print_report_outcome(console: Console, outcome, log) -> None:
+    """Where the report and plots went, plots that could not be drawn, the gates, the log line."""
+    from harness.report.gates import NOT_MEASURED
+
+    console.print(f"report: {escape(str(outcome.html))}", highlight=False)
+    console.print("plots: " + escape(", ".join(p.name for p in outcome.pngs)), highlight=False)
+    for plot in outcome.plots:
+        if plot.png is None:
+            console.print(f"[yellow]{escape(plot.title)}[/]: {escape(plot.unavailable or '')}", highlight=False,
+                          soft_wrap=True)
+    if outcome.gates is not None:
+        results = outcome.gates
+        unmeasured = sum(r.status == NOT_MEASURED for r in results)
+        not_met = outcome.gates_not_met
+        console.print(f"gates ({escape(outcome.gate_source)}): {len(results) - unmeasured - len(not_met)} met, "
+                      f"{len(not_met)} NOT MET, {unmeasured} not measured", highlight=False)
+        for r in not_met:
+            console.print(f"[red]NOT MET[/] {escape(r.gate.title)} on {escape(r.cell)}: target "
+                          f"{escape(r.gate.target_text)}, today {escape(r.today_text())}", highlight=False)
+    if log is not None:
+        console.print(f"log: appended run {escape(outcome.run_id)} to {escape(str(log))}", highlight=False)

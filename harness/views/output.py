@@ -1,0 +1,34 @@
+"""The terminal itself: the two consoles, JSON on stdout, progress for a command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+
+
+def make_consoles() -> tuple[Console, Console]:
+    """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
+    out = Console()
+    if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
+        columns = os.environ.get("COLUMNS", "")
+        out = Console(width=int(columns) if columns.isdigit() else 160)
+    return out, Console(stderr=True)
+
+
+def print_json(console: Console, data: Any) -> None:
+    """`--json`: the document on stdout, and nothing else there (one meaning in every command)."""
+    console.print_json(json.dumps(data))
+
+
+def progress_for(err_console: Console, quiet: bool):
+    """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
+    from harness.run.progress import SilentProgress
+    from harness.views.progress import PlainProgress, RichProgress
+
+    if quiet:
+        return SilentProgress()
+    return RichProgress(err_console) if err_console.is_terminal else PlainProgress(sys.stderr)
