@@ -170,3 +170,23 @@ def test_overlapped_host_worker_is_single_threaded_and_leaves_the_callers_thread
     assert torch.get_num_threads() == before
     with ThreadPoolExecutor(1) as later:
         assert later.submit(torch.get_num_threads).result() == before
+
+
+@pytest.mark.parametrize("n_a, n_b, seed", [(5, 7, 0), (40, 30, 2), (200, 250, 1)])
+def test_two_sample_bootstrap_equals_scipys(n_a, n_b, seed):
+    """compare's CI of median(B) / median(A) is scipy.stats.bootstrap's (unpaired, percentile), drawn by the same
+    bootstrap the run's median CI uses."""
+    from scipy import stats as scipy_stats
+
+    from harness.measure.stats import bootstrap_ci
+
+    rng = np.random.default_rng(7 + n_a)
+    a, b = rng.lognormal(size=n_a), 1.1 * rng.lognormal(size=n_b)
+
+    def ratio(x, y, axis=-1):
+        return np.median(y, axis=axis) / np.median(x, axis=axis)
+
+    expected = scipy_stats.bootstrap((a, b), ratio, paired=False, vectorized=True, confidence_level=0.95,
+                                     n_resamples=2000, method="percentile",
+                                     random_state=np.random.default_rng(seed)).confidence_interval
+    assert bootstrap_ci((a, b), ratio, seed=seed) == pytest.approx((expected.low, expected.high), rel=1e-12, abs=0)

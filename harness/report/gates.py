@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError
 from harness.report.sections import COCO_METRICS, Table
-from harness.results.reader import Cell, RunFolder, number
+from harness.results.reader import FinishedCell, RunFolder, number
 
 DEFAULT_GATES = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
 MAX_GATES_BYTES = 1024 * 1024
@@ -71,7 +71,7 @@ class Selector(BaseModel):
     variant: str | None = None
     mode: Literal["latency", "overlapped"] | None = None
 
-    def matches(self, cell: Cell) -> bool:
+    def matches(self, cell: FinishedCell) -> bool:
         k = cell.key
         actual = {"model": k.model, "backend": k.backend, "precision": k.precision, "input_size": k.input_size,
                   "batch_size": k.batch_size, "hardware": cell.get("hardware.id"),
@@ -154,7 +154,7 @@ def load_gates(path: Path) -> list[Gate]:
         raise UsageError(f"gates file {path}: {loc}: {msg}; {fix}") from None
 
 
-def _value(cell: Cell, metric: str) -> tuple[float | None, str]:
+def _value(cell: FinishedCell, metric: str) -> tuple[float | None, str]:
     """(value, reason it is missing) of a metric in one submission."""
     path = METRICS[metric][0]
     value = number(cell.get(path))
@@ -187,9 +187,9 @@ def evaluate(gates: list[Gate], run: RunFolder) -> list[GateResult]:
 
 
 def gate_table(results: list[GateResult]) -> Table:
-    """Gate | Cell | Target | Today | Status."""
+    """Gate | FinishedCell | Target | Today | Status."""
     rows = [[r.gate.title, r.cell, r.gate.target_text, r.today_text(), r.status] for r in results]
-    return Table(["Gate", "Cell", "Target", "Today", "Status"], rows, [False, False, True, True, False])
+    return Table(["Gate", "FinishedCell", "Target", "Today", "Status"], rows, [False, False, True, True, False])
 
 
 def gate_notes(gates: list[Gate]) -> list[str]:

@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only: never pick an interactive backend on a head
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness.results.reader import Cell, RunFolder, number, short_labels  # noqa: E402
+from harness.results.reader import FinishedCell, RunFolder, number, short_labels  # noqa: E402
 
 DPI = 100
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
@@ -77,7 +77,7 @@ def _unavailable(name: str, title: str, reason: str) -> Plot:
     return Plot(name=name, title=title, png=None, data=None, unavailable=reason)
 
 
-def _bands(cell: Cell, p50: float) -> tuple[tuple[float, float], str, tuple[float, float]]:
+def _bands(cell: FinishedCell, p50: float) -> tuple[tuple[float, float], str, tuple[float, float]]:
     """(latency band, its source, images/s band) for one cell."""
     batch = cell.key.batch_size
     samples = cell.get("timing.batch_samples_ms")

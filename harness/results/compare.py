@@ -32,6 +32,7 @@ from scipy import stats as scipy_stats
 from harness.errors import UsageError
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
+from harness.measure.stats import bootstrap_ci
 from harness.results.model import Submission
 from harness.results.reader import (
     CellIdentity,
@@ -49,7 +50,6 @@ COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), 
           ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
 ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
 ALPHA = 0.05
-BOOTSTRAP_RESAMPLES = 2000
 GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75"}
 PERF_GATES = {"latency": ("p50_a", "p50_b"), "latency_p95": ("p95_a", "p95_b"),
               "throughput": ("ips_a", "ips_b")}
@@ -164,10 +164,7 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     def ratio_of_medians(x, y, axis=-1):
         return np.median(y, axis=axis) / np.median(x, axis=axis)
 
-    boot = scipy_stats.bootstrap((a, b), ratio_of_medians, paired=False, vectorized=True, confidence_level=0.95,
-                                 n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
-                                 random_state=np.random.default_rng(seed))
-    ci = (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
+    ci = bootstrap_ci((a, b), ratio_of_medians, seed=seed)
     significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
     verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
     return Significance(verdict, ratio, ci, p_value, n_a, n_b)
@@ -498,7 +495,7 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
 
 # ------------------------------------------------------------------------------------ gates --
 @dataclass(frozen=True)
-class Gate:
+class DeltaGate:
     """One --fail-on threshold."""
 
     spec: str
@@ -514,8 +511,8 @@ GATE_PATTERN = re.compile(r"^(?P<metric>[A-Za-z0-9_]+):(?P<value>[+-](?:\d+\.?\d
                           r"(?P<pct>%?)$")
 
 
-def parse_gate(spec: str) -> Gate:
-    """'map:-0.005' / 'latency:+10%' -> Gate; anything else is a usage error."""
+def parse_gate(spec: str) -> DeltaGate:
+    """'map:-0.005' / 'latency:+10%' -> DeltaGate; anything else is a usage error."""
     m = GATE_PATTERN.match(spec.strip())
     if not m:
         raise UsageError(f"--fail-on {spec!r}: want METRIC:+X or METRIC:-X (optionally X%), "
@@ -530,12 +527,12 @@ def parse_gate(spec: str) -> Gate:
     relative = m["pct"] == "%"
     if value == 0:
         raise UsageError(f"--fail-on {spec!r}: a threshold of 0 fails on noise; give a non-zero margin")
-    return Gate(spec, metric, value / 100 if relative else value, relative)
+    return DeltaGate(spec, metric, value / 100 if relative else value, relative)
 
 
 @dataclass(frozen=True)
-class GateResult:
-    gate: Gate
+class DeltaGateResult:
+    gate: DeltaGate
     status: str  # ok | failed | unchecked
     detail: str
 
@@ -547,7 +544,7 @@ def _fmt_delta(value: float, relative: bool) -> str:
     return f"{value:+.1%}" if relative else f"{value:+.4g}"
 
 
-def check_gate(gate: Gate, comparison: Comparison) -> GateResult:
+def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
     """Failed when any paired cell crosses the threshold (performance: unless the verdict says noise)."""
     crossings, checked = [], 0
     if gate.metric in PERF_GATES:
@@ -573,10 +570,10 @@ def check_gate(gate: Gate, comparison: Comparison) -> GateResult:
             if gate.crossed(delta):
                 crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}")
     if not checked:
-        return GateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
+        return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
     if crossings:
-        return GateResult(gate, "failed", "; ".join(crossings))
-    return GateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}")
+        return DeltaGateResult(gate, "failed", "; ".join(crossings))
+    return DeltaGateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}")
 
 
 def compare_paths(baseline: str | Path, others: list[str | Path], iou: float = 0.5, conf: float = 0.4,

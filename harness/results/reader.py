@@ -347,7 +347,7 @@ def short_labels(keys: list[CellKey]) -> dict[CellKey, str]:
 
 
 @dataclass
-class Cell:
+class FinishedCell:
     """One submission of the run."""
 
     key: CellKey
@@ -362,7 +362,7 @@ class Cell:
 class RunFolder:
     path: Path
     run: dict[str, Any]  # run.json, {} when absent
-    cells: list[Cell]  # sorted by coordinates
+    cells: list[FinishedCell]  # sorted by coordinates
     cell_status: list[dict[str, Any]] = field(default_factory=list)  # run.json's cells [{cell, status, ...}]
     notes: list[str] = field(default_factory=list)  # what the reader decided (superseded files)
 
@@ -434,7 +434,7 @@ def load_run(path: Path) -> RunFolder:
     cells = []
     for f in files:
         doc = read_json_object(f)
-        cells.append(Cell(_cell_key(doc, f), f, doc))
+        cells.append(FinishedCell(_cell_key(doc, f), f, doc))
     # a resumed run may have re-written a cell: the latest wins
     cells, superseded = latest_wins(cells, key=lambda c: CellIdentity.of_doc(c.doc), when=lambda c: c.doc,
                                     name=lambda c: c.path.name)

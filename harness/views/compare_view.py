@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.eval.coco_eval import STAT_NAMES
-from harness.results.compare import COORDS, CellDelta, Comparison, GateResult
+from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
 
 LABELS = dict(COORDS)
 
@@ -127,19 +127,19 @@ def render_comparison(c: Comparison) -> Group:
     return Group(*_header(c), *_accuracy(c), *_detections(c), *_performance(c), *notes)
 
 
-def render_gates(results: list[GateResult]) -> Group:
+def render_gates(results: list[DeltaGateResult]) -> Group:
     """One line per --fail-on gate."""
     style = {"ok": "green", "failed": "bold red", "unchecked": "bold red"}
     return Group(*[Text.assemble(("gate ", "bold"), f"{r.gate.spec}: ", (r.status.upper(), style[r.status]),
                                  f" ({r.detail})") for r in results])
 
 
-def comparisons_json(comparisons: list[Comparison], results: list[list[GateResult]], failed: bool) -> dict:
+def comparisons_json(comparisons: list[Comparison], results: list[list[DeltaGateResult]], failed: bool) -> dict:
     return {"comparisons": [c.to_dict() | {"gates": [r.to_dict() for r in rs]}
                             for c, rs in zip(comparisons, results, strict=True)], "failed": failed}
 
 
-def print_comparisons(console, comparisons: list[Comparison], results: list[list[GateResult]]) -> None:
+def print_comparisons(console, comparisons: list[Comparison], results: list[list[DeltaGateResult]]) -> None:
     for i, (c, rs) in enumerate(zip(comparisons, results, strict=True)):
         if i:
             console.print()
