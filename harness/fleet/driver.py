@@ -33,8 +33,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from harness.config import SAFE_ID, RunConfig, build_config
-from harness.errors import RunInterrupted, UsageError, path_problem
+from harness.config import SAFE_ID, RunConfig
+from harness.errors import RunInterrupted, UsageError
 from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version, max_dets_for
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
@@ -42,14 +42,15 @@ from harness.fleet.gather import HardwareFolder
 from harness.fleet.join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
 from harness.fleet.node import GroupJob, ShardJob
 from harness.fleet.shards import Shard, merge_result_files, split_shards
-from harness.records import RETRYABLE_STATES, LoadKey
+from harness.records import LoadKey
 from harness.results.artifacts import load_slug
+from harness.results.reader import FLEET_FILE, read_fleet_json
 from harness.run.plan import RunPlan, prepare
 from harness.run.progress import SilentProgress
+from harness.run.resume import refuse_differences, resumed_config, runnable
 from harness.run.scheduler import environment_time, one_line
 from harness.run.signals import Interrupted, protected
 
-FLEET_FILE = "fleet.json"
 PROBE_TIMEOUT_S = 120.0
 LIVENESS_EVERY_S = 5.0
 
@@ -254,22 +255,6 @@ def prepare_fleet(config: RunConfig, address: str | None, hardware: list[str] | 
     return FleetPlan(plan, specs, choose_targets(nodes, hardware), nodes, build, shards)
 
 
-def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
-    """fleet.json of an existing fleet run, or a UsageError saying why it cannot be resumed."""
-    path = fleet_dir / FLEET_FILE
-    if not path.is_file():
-        raise UsageError(path_problem("--output-dir", fleet_dir.parent,
-                                      f"no fleet run {run_id} to resume (no {run_id}/{FLEET_FILE})")
-                         + "; check --output-dir and the run id")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not readable JSON ({exc}); the fleet run cannot be resumed") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("targets"), list):
-        raise UsageError(f"{path} has no fleet configuration; the fleet run cannot be resumed")
-    return doc
-
-
 def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, address: str | None,
                          hardware: list[str] | None, shards: int | None, force: bool,
                          retry_failed: bool) -> FleetPlan:
@@ -277,19 +262,15 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
     or other hardware than the original run's, unless `force`."""
     fleet_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
     doc = read_fleet_json(fleet_dir, run_id)
-    original = build_config(doc["config"])
-    config = build_config({**doc["config"], **overrides, "run_id": None, "output_dir": str(fleet_dir.parent)})
-    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
-                if original.identity()[k] != v]
+    config, problems = resumed_config(doc["config"], overrides, fleet_dir.parent, None)
     build = build_fingerprint()
     problems += build_differences(doc.get("build", {}), build)
     if shards is not None and shards != doc.get("accuracy_shards", 0):
         problems.append(f"accuracy shards: {doc.get('accuracy_shards', 0)} -> {shards}")
     if hardware and sorted(dict.fromkeys(hardware)) != sorted(doc["targets"]):
         problems.append(f"hardware: {', '.join(doc['targets'])} -> {', '.join(hardware)}")
-    if problems and not force:
-        raise UsageError(f"fleet run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
-                         "incomparable cells: rerun with the original options and build, or add --force")
+    refuse_differences(f"fleet run {run_id}", problems, force,
+                       "rerun with the original options and build, or add --force")
     _check_options(config, doc.get("accuracy_shards", 0))
     plan = prepare(config)
     plan.run_id, plan.run_dir = run_id, fleet_dir
@@ -393,7 +374,7 @@ class FleetDriver:
     # ---- submission
 
     def _runnable(self, state: str) -> bool:
-        return state in ("pending", "interrupted") or (self.fplan.retry_failed and state in RETRYABLE_STATES)
+        return runnable(state, self.fplan.retry_failed)
 
     def _job_config(self, hardware_id: str | None, key: LoadKey) -> dict:
         return {**self.config.model_dump(), "hardware_id": hardware_id, "models": [self.fplan.specs[key.model]]}

@@ -23,6 +23,7 @@ from harness.results.model import Submission
 from harness.results.site_rules import Finding
 
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
+FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
 MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
 MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
@@ -232,6 +233,22 @@ def read_run_json(run_dir: Path, run_id: str) -> dict:
         raise UsageError(f"{path} is not readable JSON ({exc}); the run cannot be resumed") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise UsageError(f"{path} has no run configuration; the run cannot be resumed")
+    return doc
+
+
+def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
+    """fleet.json of an existing fleet run, or a UsageError saying why it cannot be resumed."""
+    path = fleet_dir / FLEET_FILE
+    if not path.is_file():
+        raise UsageError(path_problem("--output-dir", fleet_dir.parent,
+                                      f"no fleet run {run_id} to resume (no {run_id}/{FLEET_FILE})")
+                         + "; check --output-dir and the run id")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({exc}); the fleet run cannot be resumed") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("targets"), list):
+        raise UsageError(f"{path} has no fleet configuration; the fleet run cannot be resumed")
     return doc
 
 

@@ -7,8 +7,33 @@ from pathlib import Path
 from harness.config import RunConfig, build_config
 from harness.errors import UsageError
 from harness.measure.env import git_state, hardware_block
+from harness.records import RETRYABLE_STATES
 from harness.results.reader import read_run_json
 from harness.run.plan import RunPlan, prepare
+
+
+def runnable(state: str, retry_failed: bool) -> bool:
+    """Whether a resumed run runs a cell in this state: pending and interrupted ones always; failed, oom and
+    skipped ones with --retry-failed."""
+    return state in ("pending", "interrupted") or (retry_failed and state in RETRYABLE_STATES)
+
+
+def resumed_config(recorded: dict, overrides: dict, output_dir: Path,
+                   run_id: str | None) -> tuple[RunConfig, list[str]]:
+    """The configuration a resumed run (local or fleet) runs with: the recorded one with the options given now,
+    and what those options change (each a reason to refuse unless --force)."""
+    original = build_config(recorded)
+    config = build_config({**recorded, **overrides, "run_id": run_id, "output_dir": str(output_dir)})
+    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
+                if original.identity()[k] != v]
+    return config, problems
+
+
+def refuse_differences(what: str, problems: list[str], force: bool, fix: str) -> None:
+    """One line naming every difference from the original run, unless --force accepts them."""
+    if problems and not force:
+        raise UsageError(f"{what} was started differently ({'; '.join(problems)}); resuming would mix "
+                         f"incomparable cells: {fix}")
 
 
 def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
@@ -17,26 +42,19 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     harness commit or the hardware differ from the original run, unless `force`."""
     run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
     doc = read_run_json(run_dir, run_id)
-    original = build_config(doc["config"])
-    config = build_config({**doc["config"], **overrides, "run_id": run_id, "output_dir": str(run_dir.parent)})
-    problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
-                if original.identity()[k] != v]
+    config, problems = resumed_config(doc["config"], overrides, run_dir.parent, run_id)
     env = doc.get("environment", {})
     commit, dirty = git_state()
     if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
         problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
                         f"(dirty {dirty})")
-    if problems and not force:
-        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
-                         "incomparable cells: rerun with the original options or add --force")
+    refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
     plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
     recorded = doc.get("hardware", {}).get("id")
     here = hardware_block(plan.device, config.hardware_id)["id"]
     if recorded != here:
         problems.append(f"hardware {recorded} -> {here}")
-    if problems and not force:
-        raise UsageError(f"run {run_id} was started differently ({'; '.join(problems)}); resuming would mix "
-                         "incomparable cells: rerun with the original options or add --force")
+    refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
     plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
     plan.resume, plan.retry_failed = doc, retry_failed
     if problems:

@@ -27,13 +27,14 @@ from harness.measure.env import apply_tf32, collect_environment, hardware_block
 from harness.measure.hygiene import DeviceSampler, locked_clocks
 from harness.measure.memory import MemoryMonitor
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
-from harness.records import RETRYABLE_STATES, Cell, CellRecord, LoadKey
+from harness.records import Cell, CellRecord, LoadKey
 from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
 from harness.run.executor import GroupExecutor, RunContext
 from harness.run.plan import RunPlan
 from harness.run.progress import SilentProgress
+from harness.run.resume import runnable
 from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
 from harness.run.state import RunState
 
@@ -177,7 +178,7 @@ class Scheduler:
 
     def _runnable(self, state: RunState, cell: Cell) -> bool:
         s = state.cells[cell.label].state
-        return s in ("pending", "interrupted") or (self.plan.retry_failed and s in RETRYABLE_STATES)
+        return runnable(s, self.plan.retry_failed)
 
     def _run_group(self, ctx: RunContext, key: LoadKey, cells: list[Cell], outcome: RunOutcome) -> None:
         """One (model, backend, precision, input size): load once, then every runnable batch size."""
