@@ -16,7 +16,7 @@ rounded up; cv2 INTER_AREA when shrinking, INTER_LINEAR when enlarging), centre 
 /255. Boxes go back by the scale factor r (Ultralytics divides by its y gain, equal to r up to rounding).
 
 Ultralytics' default exports are static (batch 1, fixed size): the batch axis is made symbolic
-(harness/backends/export.py: make_batch_dynamic) and each output row is checked against its image
+(harness/detector/graph.py: make_batch_dynamic) and each output row is checked against its image
 run alone at load; a graph exported at a fixed size runs at that size only.
 
 A TensorRT engine built from such an export (`--backend tensorrt --weights x.engine`, harness/backends/
