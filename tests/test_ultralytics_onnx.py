@@ -15,6 +15,7 @@ from conftest import COCO_DIR, load_core_of, requires_coco, run_in_process
 from torch import nn
 from torchvision.ops import batched_nms
 
+from harness.backends import detector_backends
 from harness.data.categories import COCO80_TO_91
 from harness.data.coco import CocoDataset
 from harness.errors import UsageError
@@ -203,7 +204,7 @@ def test_static_export_gets_a_dynamic_batch_checked_per_row(dense_onnx):
 def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):
     records, imgs = images
     detector = get_detector("yolov8n", str(dense_onnx))
-    assert detector.backends[:2] == ("pytorch", "onnxruntime")
+    assert detector_backends(detector)[:2] == ("pytorch", "onnxruntime")
     timer = StageTimer(parse_device("cpu"))
     ort_dets = _pipeline(detector).run_batch(records, timer, images=imgs)
     torch_dets = _pipeline(detector, "pytorch").run_batch(records, timer, images=imgs)
