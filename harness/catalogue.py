@@ -1,6 +1,6 @@
-"""What the commands that read submissions need of the catalogue, without importing a model (torch-free):
-each family's size order (aggregate), the ids not on the site's support matrix yet (validate), and the
-families the leaderboard names that cannot be built here (models list).
+"""What commands need of the catalogue without importing a model (torch-free): every model id (a run refuses
+an unknown one before torch is imported), each family's size order (aggregate), the ids not on the site's
+support matrix yet (validate), and the families the leaderboard names that cannot be built here (models list).
 
 A family's ids are listed smallest first: the libreyolo families in catalogue.yaml's order, the
 Ultralytics-format families by their size letter. Torchvision's detectors are different architectures,
@@ -9,17 +9,25 @@ not sizes of one, and have no order.
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import yaml
 
+from harness.errors import UsageError
+
 SIZES = ("n", "s", "m", "l", "x")  # the Ultralytics-format families' size letters, smallest first
 ULTRALYTICS_PATTERNS = {"yolov8": "yolov8{}", "yolo11": "yolo11{}", "yolov5u": "yolov5{}u", "yolo26": "yolo26{}"}
 ULTRALYTICS_MODEL_IDS: dict[str, str] = {  # model id -> family, smallest first
     pattern.format(size): family for family, pattern in ULTRALYTICS_PATTERNS.items() for size in SIZES}
 CATALOGUE = Path(__file__).parent / "models" / "catalogue.yaml"
+PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")  # --model file.py:factory
+YOLOX_VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}  # -> the release's input size
+TORCHVISION_IDS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn",
+                   "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
 
 
 @cache
@@ -61,3 +69,26 @@ class UnavailableFamily:
 def unavailable_families() -> tuple[UnavailableFamily, ...]:
     return tuple(UnavailableFamily(block.get("family", key), tuple(block["ids"]), block["why"])
                  for key, block in (_catalogue().get("unavailable") or {}).items())
+
+
+@cache
+def model_ids() -> tuple[str, ...]:
+    """Every registry id, in `va-bench models list` order (the registry builds exactly these; a test checks)."""
+    ids = [f"yolox-{v}" for v in YOLOX_VARIANTS] + list(TORCHVISION_IDS) + list(ULTRALYTICS_MODEL_IDS)
+    ids += [m for block in _catalogue()["libreyolo"]["families"].values() for m in block["models"]]
+    return tuple(dict.fromkeys(ids))
+
+
+def check_model_id(spec: str) -> None:
+    """A one-line UsageError for an id the registry does not have: why, when the leaderboard names it but it
+    cannot be built here; else the closest ids."""
+    ids = model_ids()
+    if spec in ids:
+        return
+    missing = next((u for u in unavailable_families() if spec in u.ids), None)
+    if missing is not None:
+        raise UsageError(f"{spec} is not available: {missing.why}; `va-bench models list` shows what runs")
+    close = difflib.get_close_matches(spec, list(ids), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise UsageError(f"unknown model {spec!r}; {hint}`va-bench models list` shows the {len(ids)} ids (or give "
+                     "a plugin path/to/file.py:factory)")

@@ -199,13 +199,11 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     Exit 0 when every cell is ok, 1 when a cell failed (the others still run), 2 for bad input,
     130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
     from harness.config import given, load_config
-    from harness.run.plan import prepare
-    from harness.run.resume import prepare_resume
-    from harness.run.scheduler import run_with_interrupts
-    from harness.views.commands import run_header
-    from harness.views.tables import print_plan, print_summary, summary_json
+    from harness.run.plan import prepare  # light: its checks refuse bad options before torch is imported
 
     if resume is not None:
+        from harness.run.resume import prepare_resume
+
         if config is not None:
             raise UsageError("--resume continues a run with its own configuration; drop --config")
         plan = prepare_resume(resume, options.get("output_dir"), given(options), force, retry_failed)
@@ -213,6 +211,10 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         if retry_failed or force:
             raise UsageError("--retry-failed and --force go with --resume RUN_ID")
         plan = prepare(load_config(config, options), dry_run=dry_run)
+    from harness.run.scheduler import run_with_interrupts
+    from harness.views.commands import run_header
+    from harness.views.tables import print_plan, print_summary, summary_json
+
     if dry_run:
         if resume is not None:
             raise UsageError("--dry-run plans a new run; drop --resume")

@@ -176,6 +176,23 @@ def _validation_message(exc: ValidationError) -> str:
     return f"invalid run configuration: {where}{flag}: {message}"
 
 
+def device_spec(spec: str) -> tuple[str, int]:
+    """'cpu', 'cuda', 'cuda:1' -> (kind, index), from the text alone (whether that device is there is
+    measure/device.py's parse_device); anything else is a one-line UsageError."""
+    spec = spec.strip().lower()
+    if spec == "cpu":
+        return "cpu", 0
+    if spec == "cuda" or spec.startswith("cuda:"):
+        index = spec.split(":", 1)[1] if ":" in spec else "0"
+        if not index.isdigit():
+            raise UsageError(f"--device {spec}: the CUDA device index must be a number (cuda:0, cuda:1, ...)")
+        return "cuda", int(index)
+    if spec == "mps" or spec.startswith("mps:"):
+        raise UsageError("--device mps (Apple GPUs) is not supported yet: va-bench's backends run on cpu and CUDA "
+                         "here; use --device cpu")
+    raise UsageError(f"unknown --device {spec!r}; use cpu, cuda or cuda:N")
+
+
 def build_config(data: dict) -> RunConfig:
     """RunConfig from plain data; a validation error becomes one UsageError line naming the option."""
     try:

@@ -4,6 +4,8 @@ input; a failed cell with the reason (exit 1) for a measurement that breaks insi
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -287,3 +289,46 @@ def test_models_fetch_offline_is_exit_1_in_one_line_and_unknown_ids_exit_2(tmp_p
     assert not (tmp_path / "LibreYOLO9t.pt").exists()
     unknown = run_in_process("models", "fetch", "yolov9-nope", env=env)
     assert unknown.returncode == 2 and "unknown model 'yolov9-nope'" in one_error_line(unknown)
+
+
+REFUSED_FROM_OPTIONS = [
+    (["--precision", "fp16", "--device", "cpu", "--backend", "pytorch"], "precision fp16 on the CPU"),
+    (["--precision", "fp16", "--backend", "onnxruntime"], "ONNX Runtime's CPU provider"),
+    (["--backend", "ncnn", "--batch-sizes", "1", "4"], "one image per call"),
+    (["--backend", "onnxrunt"], "did you mean onnxruntime"),
+    (["--model", "yolox-nan"], "did you mean yolox-nano"),
+    (["--device", "cuda:x"], "must be a number"),
+    (["--device", "mps"], "not supported yet"),
+    (["--weights", "/nonexistent/w.onnx"], "no such file"),
+    (["--precision", "int8", "--backend", "openvino", "--calibration", "/nonexistent"], "not a folder"),
+    (["--cuda-graphs"], "needs --device cuda"),
+    (["--batch-sizes", "0"], "positive"),
+    (["--coco-dir", "/nonexistent"], "no such folder"),
+]
+
+
+def test_refusals_decided_by_the_options_come_before_torch_is_imported():
+    """Every refusal the options alone decide is one line, exit 2, before torch, ONNX Runtime or a model's library
+    is imported (what made them take seconds): checked in one fresh interpreter, command after command."""
+    script = (
+        "import io, sys, contextlib\n"
+        "from harness import cli\n"
+        "cases = " + repr(REFUSED_FROM_OPTIONS) + "\n"
+        "for args, expect in cases:\n"
+        "    sys.argv = ['va-bench', 'run', *args]\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            cli.main()\n"
+        "        except SystemExit as exc:\n"
+        "            code = exc.code\n"
+        "    heavy = sorted(m for m in ('torch', 'onnxruntime', 'torchvision', 'cv2') if m in sys.modules)\n"
+        "    lines = [line for line in err.getvalue().splitlines() if line.strip()]\n"
+        "    print(args, code, len(lines), expect in err.getvalue(), heavy, repr(err.getvalue()[:200]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "VA_BENCH_COCO": str(COCO_DIR)})
+    rows = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(rows) == len(REFUSED_FROM_OPTIONS), done.stderr[-2000:]
+    for row in rows:
+        assert " 2 1 True [] " in row, row

@@ -68,7 +68,7 @@ def test_mini500_on_the_sample_exits_2_with_one_line_and_no_files(tmp_path):
 
 @pytest.mark.parametrize("args, expect", [
     (["--model", "yolox-huge"], "unknown model"),
-    (["--backend", "tensorflow"], "no backend"),
+    (["--backend", "tensorflow"], "unknown backend"),
     (["--batch-sizes", "0"], "positive"),
     (["--limit", "4", "--batch-sizes", "8"], "larger than the 4 images"),
     (["--weights", "/nonexistent.onnx"], "no such file"),
@@ -132,3 +132,15 @@ def test_broken_plugin_is_a_usage_error(tmp_path):
     bad.write_text("def make():\n    return object()\n")
     result = va_bench("run", "--model", f"{bad}:make", "--output-dir", str(tmp_path / "o"))
     assert result.returncode == 2 and "returned an object without" in result.stderr
+
+
+def test_the_torch_free_lists_are_the_registries():
+    """A run refuses unknown model and backend names before any model or runtime is imported, from lists that must
+    be exactly what the registries build."""
+    from harness.backends import BUILTIN_BACKENDS, _registry
+    from harness.catalogue import TORCHVISION_IDS, model_ids
+    from harness.models.registry import REGISTRY
+    from harness.models.torchvision_family import MODELS
+
+    assert model_ids() == tuple(REGISTRY) and TORCHVISION_IDS == tuple(MODELS)
+    assert tuple(_registry())[:len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS

@@ -23,7 +23,7 @@ def test_the_sites_backend_name_onnx_runs_onnxruntime(tmp_path):
 
 def test_refusals_say_what_exists():
     backend = run_in_process("run", "--backend", "tensorflow")
-    assert backend.returncode == 2 and "it has pytorch, onnxruntime" in backend.stderr and "tensorrt" in backend.stderr
+    assert backend.returncode == 2 and "use pytorch, onnxruntime" in backend.stderr and "tensorrt" in backend.stderr
     mps = run_in_process("run", "--device", "mps")
     assert mps.returncode == 2 and "--device mps (Apple GPUs) is not supported yet" in mps.stderr
     typo = run_in_process("run", "--model", "yolox-nan")

@@ -76,6 +76,8 @@ class Backend(Protocol):
         ...
 
 
+# The built-in backends' names, in registration order (known without importing any runtime)
+BUILTIN_BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "openvino", "ncnn", "tflite", "torchscript")
 _BACKENDS: dict[str, Backend] = {}
 _builtins_loaded = False
 

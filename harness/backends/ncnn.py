@@ -36,7 +36,6 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
-from harness.backends.support import check_support
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -251,7 +250,6 @@ class NcnnCore:
 
     def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
                  input_size: tuple[int, int]):
-        check_support("ncnn", device.kind, precision)
         self.precision, self.device, self.input_size = precision, device, input_size
         fp16 = precision == "fp16"
         folder, self.conversion = convert_with_pnnx(name, graph.SerializeToString(), input_size, fp16)

@@ -13,7 +13,7 @@ import torch
 from harness.backends import BackendOptions
 from harness.backends.onnx_graph import has_onnx_graph
 from harness.backends.pytorch import device_name
-from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, check_support, ort_provider_for
+from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, ort_provider_for
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
 from harness.files import move_into_place
@@ -41,7 +41,6 @@ class OnnxRuntimeCore:
     def __init__(self, model: onnx.ModelProto, device: Device, threads: int | None, precision: str = "fp32",
                  allow_spinning: bool = False, *, options: BackendOptions):
         provider = ort_provider_for(device.kind, options.ort_provider)
-        check_support("onnxruntime", device.kind, precision, provider)
         self.precision_mode = "fp32 (IEEE)"
         if precision == "fp16" and provider == "cuda":
             model, self.precision_mode = to_fp16(model)

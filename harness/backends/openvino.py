@@ -32,7 +32,6 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
-from harness.backends.support import check_support
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -75,7 +74,6 @@ class OpenVinoCore:
                  input_size: tuple[int, int], perf_count: bool = False):
         import openvino as ov
 
-        check_support("openvino", device.kind, precision)
         self.name, self.device, self.threads, self.precision = name, device, threads, precision
         self.input_size = input_size
         self._graph_bytes = graph.SerializeToString()

@@ -10,11 +10,12 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.capturable import keep_shape_constants_on_host
-from harness.backends.support import TORCH_DTYPES, check_support
 from harness.detector.graph import onnx_to_torch
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
 from harness.measure.device import Device
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class TorchCore:
@@ -37,7 +38,6 @@ class TorchCore:
     format = "pytorch"
 
     def __init__(self, module: torch.nn.Module, device: Device, precision: str = "fp32"):
-        check_support("pytorch", device.kind, precision, device_index=device.index)
         # the family's module is shared (FLOP count, ONNX export, the next group): move a copy, never it
         on_device = all(t.device == device.torch_device for t in [*module.parameters(), *module.buffers()])
         self.torch_module = (module if on_device else copy.deepcopy(module).to(device.torch_device)).eval()

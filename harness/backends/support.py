@@ -1,10 +1,10 @@
 """What each backend can run where: (backend, device, precision, ONNX Runtime provider) checked up front.
 
-`check_support` runs in plan_cells, before any core is loaded, so an unsupported combination is one
-UsageError line within a second instead of after a model load. It answers from cheap facts only: the
-device kind, `onnxruntime.get_available_providers()`, whether torch runs a bf16 convolution here, and
-whether the optional packages a combination needs are importable. Nothing falls back: a combination
-is either run exactly as asked or refused with how to fix it.
+`check_support` runs when a run is planned, before torch, ONNX Runtime or a model is imported (the rules), and
+again with the machine's answers once the device is known; `load_core` asks it for every load. It answers from
+cheap facts only: the device kind, `onnxruntime.get_available_providers()`, whether torch runs a bf16
+convolution here, and whether the optional packages a combination needs are importable. Nothing falls back:
+a combination is either run exactly as asked or refused with how to fix it.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 import importlib.util
 from functools import cache
 
-import torch
-
 from harness.errors import UsageError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # --ort-provider value -> the ONNX Runtime execution provider it asks for
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                  "tensorrt": "TensorrtExecutionProvider"}
@@ -46,6 +43,8 @@ def ort_provider_for(device_kind: str, requested: str) -> str:
 @cache
 def cpu_bf16_supported() -> bool:
     """Whether this torch build runs a bf16 convolution on the CPU (tried once on a tiny tensor)."""
+    import torch
+
     try:
         x = torch.ones(1, 1, 4, 4, dtype=torch.bfloat16)
         torch.nn.functional.conv2d(x, torch.ones(1, 1, 3, 3, dtype=torch.bfloat16))
@@ -66,15 +65,17 @@ def ort_available_providers() -> list[str]:
 
 
 def check_support(backend: str, device_kind: str, precision: str, ort_provider: str = "auto",
-                  device_index: int = 0) -> None:
+                  device_index: int = 0, *, machine: bool = True) -> None:
     """Raise a one-line UsageError when `backend` cannot run `precision` on `device_kind` (cpu|cuda; the
-    CUDA device `device_index`)."""
+    CUDA device `device_index`). `machine=False`: the rules alone, from the options (nothing imported); the
+    machine's answers (a bf16 convolution here, the GPU's capability, ONNX Runtime's GPU providers) come with
+    `machine=True`, once the device is known."""
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     if backend == "pytorch":
-        _check_pytorch(device_kind, precision, device_index)
+        _check_pytorch(device_kind, precision, device_index, machine)
     elif backend == "onnxruntime":
-        _check_onnxruntime(device_kind, precision, ort_provider_for(device_kind, ort_provider))
+        _check_onnxruntime(device_kind, precision, ort_provider_for(device_kind, ort_provider), machine)
     elif backend == "tensorrt":  # a serialized engine: its precision is its build's (backends/tensorrt.py)
         if device_kind != "cuda":
             raise UsageError("--backend tensorrt runs a serialized TensorRT engine on a GPU; add --device cuda")
@@ -98,7 +99,7 @@ def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
                          f"{', '.join(missing)}, not installed here; {EDGE_EXTRA} (or pip install {' '.join(missing)})")
 
 
-def _check_pytorch(device_kind: str, precision: str, device_index: int) -> None:
+def _check_pytorch(device_kind: str, precision: str, device_index: int, machine: bool) -> None:
     if precision == "int8":
         raise UsageError("precision int8 is not supported by the pytorch backend; use --backend openvino "
                          "(post-training quantisation on calibration images)")
@@ -106,15 +107,21 @@ def _check_pytorch(device_kind: str, precision: str, device_index: int) -> None:
         if precision == "fp16":
             raise UsageError("precision fp16 on the CPU is not supported by the pytorch backend (no fast fp16 "
                              "kernels); use --precision bf16 or fp32, or --device cuda")
-        if precision == "bf16" and not cpu_bf16_supported():
+        if precision == "bf16" and machine and not cpu_bf16_supported():
             raise UsageError("precision bf16: this torch build cannot run bf16 convolutions on the CPU; use fp32")
-    elif precision == "bf16" and torch.cuda.get_device_properties(device_index).major < 8:
+    elif precision == "bf16" and machine and _cuda_capability(device_index) < 8:
         # not torch.cuda.is_bf16_supported(): it counts emulation (True before Ampere) and asks the current device
         raise UsageError("precision bf16: this GPU has no bf16 support (needs compute capability 8.0+); "
                          "use --precision fp16 or fp32")
 
 
-def _check_onnxruntime(device_kind: str, precision: str, provider: str) -> None:
+def _cuda_capability(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).major
+
+
+def _check_onnxruntime(device_kind: str, precision: str, provider: str, machine: bool) -> None:
     if provider not in ORT_PROVIDERS:
         raise UsageError(f"unknown --ort-provider {provider!r}; use auto, cpu, cuda or tensorrt")
     if device_kind == "cpu" and provider != "cpu":
@@ -123,7 +130,7 @@ def _check_onnxruntime(device_kind: str, precision: str, provider: str) -> None:
         raise UsageError("--ort-provider cpu with --device cuda would run on the CPU under a GPU label; "
                          "use --device cpu")
     wanted = ORT_PROVIDERS[provider]
-    if wanted not in ort_available_providers():
+    if machine and provider != "cpu" and wanted not in ort_available_providers():  # every build has the CPU one
         raise UsageError(f"--backend onnxruntime --device cuda needs ONNX Runtime's {wanted}, which this "
                          f"onnxruntime does not have; {GPU_EXTRA}")
     if precision == "int8":

@@ -34,7 +34,6 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
-from harness.backends.support import check_support
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -126,7 +125,6 @@ class TfliteCore:
 
     def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
                  input_size: tuple[int, int]):
-        check_support("tflite", device.kind, precision)
         self.name, self.graph, self.device, self.threads = name, graph, device, threads
         self.precision, self.input_size = precision, input_size
         self.output_names = [o.name for o in graph.graph.output]

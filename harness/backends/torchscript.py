@@ -22,7 +22,6 @@ from harness.backends import BackendOptions
 from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
 from harness.backends.onnx_graph import has_onnx_graph
 from harness.backends.pytorch import device_name
-from harness.backends.support import check_support
 from harness.detector.graph import check_batch_rows, onnx_to_torch
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
@@ -77,7 +76,6 @@ class TorchScriptBackend:
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> TorchScriptCore:
-        check_support("torchscript", device.kind, precision, device_index=device.index)
         if source.torch_module is not None:
             module = source.torch_module().eval()
         else:

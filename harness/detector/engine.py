@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.detector.protocol import Core, ModelStats, WeightsInfo
@@ -156,4 +155,6 @@ def engine_model_stats() -> ModelStats:
 
 def probe_outputs(core: Core, input_size: tuple[int, int]) -> list[tuple[int, ...]]:
     """The output shapes of one zero batch of 1 (an engine's graph cannot be read before it runs)."""
+    import torch
+
     return [tuple(t.shape) for t in core(torch.zeros(1, 3, *input_size))]

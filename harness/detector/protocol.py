@@ -10,9 +10,10 @@ are harness code shared by all; backends (harness/backends) run the core.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Interpolation = Literal["linear", "area", "cubic", "nearest"]
 

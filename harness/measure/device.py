@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.config import device_spec
 from harness.errors import UsageError
 
 
@@ -46,17 +47,11 @@ class Device:
 
 def parse_device(spec: str) -> Device:
     """'cpu', 'cuda', 'cuda:1' -> Device; a CUDA device that is not there is a usage error."""
-    spec = spec.strip().lower()
-    if spec == "cpu":
+    kind, index = device_spec(spec)
+    if kind == "cpu":
         return Device("cpu")
-    if spec == "cuda" or spec.startswith("cuda:"):
-        index = int(spec.split(":", 1)[1]) if ":" in spec else 0
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
-        if index >= torch.cuda.device_count():
-            raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present")
-        return Device("cuda", index)
-    if spec == "mps" or spec.startswith("mps:"):
-        raise UsageError("--device mps (Apple GPUs) is not supported yet: va-bench's backends run on cpu and CUDA "
-                         "here; use --device cpu")
-    raise UsageError(f"unknown --device {spec!r}; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {spec.strip().lower()}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return Device("cuda", index)

@@ -7,7 +7,6 @@ it and where its weights are.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.catalogue import unavailable_families
+from harness.catalogue import PLUGIN_PATTERN, check_model_id
 from harness.detector.engine import is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS, Detector
 from harness.errors import UsageError, path_problem
@@ -135,7 +134,6 @@ FAMILY_ENTRIES: tuple[Callable[[], list[ModelEntry]], ...] = (
     _libreyolo_entries,  # after _yolox_entries: its yolox-* entries extend those
 )
 REGISTRY: dict[str, ModelEntry] = {e.model_id: e for entries in FAMILY_ENTRIES for e in entries()}
-PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")
 REQUIRED_ATTRS = ("model_id", "family", "variant", "preprocess", "defaults", "class_map", "weights", "decode",
                   "model_stats")
 # A plugin's core: a `core_source` the backends run, or its own `load_core` with the `backends` it offers.
@@ -173,15 +171,8 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
     match = PLUGIN_PATTERN.match(spec)
     if match:
         return load_plugin(match["path"], match["factory"])
-    entry = REGISTRY.get(spec)
-    if entry is None:
-        missing = next((u for u in unavailable_families() if spec in u.ids), None)
-        if missing is not None:
-            raise UsageError(f"{spec} is not available: {missing.why}; `va-bench models list` shows what runs")
-        close = difflib.get_close_matches(spec, list(REGISTRY), n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise UsageError(f"unknown model {spec!r}; {hint}`va-bench models list` shows the {len(REGISTRY)} ids (or give "
-                         "a plugin path/to/file.py:factory)")
+    check_model_id(spec)
+    entry = REGISTRY[spec]
     if weights is not None and weights != RANDOM_WEIGHTS and not Path(weights).is_file():  # one message, every family
         problem = "not a file" if Path(weights).exists() else "no such file"
         raise UsageError(path_problem("--weights", weights, problem) + "; give the model's weights file")

@@ -15,6 +15,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from harness.catalogue import YOLOX_VARIANTS
 from harness.data.categories import COCO80_TO_91
 from harness.detector.engine import (
     engine_core_source,
@@ -38,7 +39,7 @@ from harness.errors import UsageError, path_problem
 from harness.files import file_sha256
 
 # variant -> native input size (the official release's export size)
-VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}
+VARIANTS = YOLOX_VARIANTS
 RELEASE_URL = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/yolox_{variant}.onnx"
 STRIDES = (8, 16, 32)
 REPO_ROOT = Path(__file__).resolve().parents[2]

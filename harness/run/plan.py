@@ -3,26 +3,29 @@ batch size), with its dataset, detectors, device and backend options resolved be
 
 from __future__ import annotations
 
+import difflib
 import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.backends import BackendOptions, detector_backends
+from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
 from harness.backends.support import check_support
-from harness.config import RunConfig
-from harness.data.calibration import CalibrationSet, calibration_set
-from harness.data.classes import ClassMap, model_class_names
-from harness.data.coco import CocoDataset, ImageRecord
-from harness.data.variants import DatasetVariant
+from harness.catalogue import PLUGIN_PATTERN, check_model_id
+from harness.config import RunConfig, device_spec
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
-from harness.detector.protocol import Detector
+from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.errors import UsageError, path_problem
-from harness.measure.device import Device, parse_device
-from harness.measure.hygiene import gpu_processes
-from harness.models.registry import PLUGIN_PATTERN, get_detector
 from harness.records import Cell, LoadKey
+
+if TYPE_CHECKING:  # the modules that import torch, ONNX Runtime or a model: after the options are checked
+    from harness.data.calibration import CalibrationSet
+    from harness.data.coco import CocoDataset, ImageRecord
+    from harness.data.variants import DatasetVariant
+    from harness.detector.protocol import Detector
+    from harness.measure.device import Device
 
 
 @dataclass
@@ -87,6 +90,8 @@ def new_run_id() -> str:
 
 def open_dataset(config: RunConfig) -> CocoDataset:
     """The run's dataset: `--dataset PATH` (any COCO-format dataset) or COCO val2017 (`--coco-dir`, ...)."""
+    from harness.data.coco import CocoDataset
+
     if config.dataset is not None:
         if config.coco_dir is not None:
             raise UsageError("--dataset and --coco-dir name two datasets; give one")
@@ -107,24 +112,28 @@ def check_device(device: Device, config: RunConfig, fleet_node: bool = False) ->
     if fleet_node:
         return {"status": "unavailable", "reason": "not checked on a fleet node (this job's Ray workers hold CUDA "
                                                    "contexts there)"}
+    from harness.measure.hygiene import gpu_processes
+
     return gpu_processes(device.index, config.allow_shared_gpu)
 
 
 def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
     even create --output-dir)."""
-    device = parse_device(config.device)
-    gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
-    backend_options = check_runtimes(config)  # unsupported backend/device/precision: refused before anything is read
-    dataset = open_dataset(config)
+    backend_options = check_runtimes(config)  # what the options alone decide: before torch or a model is imported
+    from harness.data.classes import ClassMap, model_class_names
+
+    dataset = open_dataset(config)  # its annotations; no image is read yet
     variant = dataset.variant(config.subset, config.limit)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
     dataset.class_map = class_map
-    if config.weights and len(config.models) > 1:
-        raise UsageError("--weights applies to a single --model; run one model at a time with it")
-    if config.weights and PLUGIN_PATTERN.match(config.models[0]):
-        raise UsageError("--weights does not apply to a plugin model (its factory loads its own weights); drop it")
+    from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
+    from harness.models.registry import get_detector
+
+    device = parse_device(config.device)
+    gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
+    check_machine(config, device)
     detectors = {}
     for spec in config.models:
         detector = get_detector(spec, config.weights)
@@ -158,6 +167,8 @@ def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[Imag
     """The int8 cells' calibration images (checked disjoint from the evaluated ones); None without int8."""
     if "int8" not in config.precisions:
         return None
+    from harness.data.calibration import calibration_set
+
     return calibration_set(dataset, records, config.calibration, config.calibration_images)
 
 
@@ -210,25 +221,53 @@ def check_engine_run(config: RunConfig, device_kind: str) -> None:
 
 
 
-def device_kind(spec: str) -> str:
-    """'cpu' or 'cuda' from a --device value (parse_device has already checked the device exists)."""
-    return "cuda" if spec.strip().lower().startswith("cuda") else "cpu"
-
-
 def check_runtimes(config: RunConfig) -> BackendOptions:
-    """Refuse, before any model is loaded, every (backend, device, precision) this machine cannot run as
-    asked (one UsageError line: what and how to fix); the run's backend options."""
-    kind = device_kind(config.device)
-    index = int(config.device.split(":", 1)[1]) if ":" in config.device else 0  # parse_device checked it
+    """Every refusal the options alone decide, before torch, ONNX Runtime or a model is imported (one UsageError
+    line: what and how to fix): the device's spelling, engines, (backend, device, precision) by the rules,
+    execution modes, model ids, --weights; the run's backend options."""
+    kind, index = device_spec(config.device)
     check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
     if "ncnn" in config.backends and max(config.batch_sizes) > 1:
         raise UsageError("--backend ncnn runs one image per call (no batch axis); use --batch-sizes 1 for it, or "
                          "run the other batch sizes on another backend")
     for backend in config.backends:
         for precision in config.precisions:
-            check_support(backend, kind, precision, config.ort_provider, index)
+            check_support(backend, kind, precision, config.ort_provider, index, machine=False)
     _check_execution_modes(config, kind)
+    _check_models(config)
+    if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():
+        raise UsageError(path_problem("--calibration", config.calibration, "not a folder")
+                         + "; give a folder of image files")
     return BackendOptions.from_config(config)
+
+
+def _check_models(config: RunConfig) -> None:
+    """Registry ids exist; --weights goes with one registry model and names a file (or `random`)."""
+    if config.weights and len(config.models) > 1:
+        raise UsageError("--weights applies to a single --model; run one model at a time with it")
+    if config.weights and PLUGIN_PATTERN.match(config.models[0]):
+        raise UsageError("--weights does not apply to a plugin model (its factory loads its own weights); drop it")
+    plugins = [spec for spec in config.models if PLUGIN_PATTERN.match(spec)]
+    for spec in config.models:
+        if spec not in plugins:
+            check_model_id(spec)
+    unknown = [b for b in config.backends if b not in BUILTIN_BACKENDS]
+    if unknown and not plugins:  # a plugin model may register a backend of its own when it is imported
+        close = difflib.get_close_matches(unknown[0], BUILTIN_BACKENDS, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"unknown backend {unknown[0]!r}; {hint}use {', '.join(BUILTIN_BACKENDS)} (or onnx)")
+    weights = config.weights
+    if weights is not None and weights != RANDOM_WEIGHTS and not Path(weights).is_file():
+        problem = "not a file" if Path(weights).exists() else "no such file"
+        raise UsageError(path_problem("--weights", weights, problem) + "; give the model's weights file")
+
+
+def check_machine(config: RunConfig, device: Device) -> None:
+    """What the machine answers for each (backend, precision): a bf16 convolution here, the GPU's capability,
+    ONNX Runtime's GPU providers (after the GPU's hygiene check: a probe may create a CUDA context)."""
+    for backend in config.backends:
+        for precision in config.precisions:
+            check_support(backend, device.kind, precision, config.ort_provider, device.index)
 
 
 def _check_execution_modes(config: RunConfig, kind: str) -> None:

@@ -12,11 +12,11 @@ from rich.console import Console
 
 def make_consoles() -> tuple[Console, Console]:
     """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
-    out = Console()
+    out = Console(emoji=False)  # "cuda:x:" in a message is text, not an emoji code
     if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
         columns = os.environ.get("COLUMNS", "")
-        out = Console(width=int(columns) if columns.isdigit() else 160)
-    return out, Console(stderr=True)
+        out = Console(width=int(columns) if columns.isdigit() else 160, emoji=False)
+    return out, Console(stderr=True, emoji=False)
 
 
 def print_json(console: Console, data: Any) -> None:
