@@ -69,8 +69,10 @@ class RunConfig(BaseModel):
     lock_clocks: int | None = option(None, "--lock-clocks", "lock the GPU clocks at MHz during the run (NVML, needs "
                                      "root; reset afterwards; recorded)", ge=1)
     threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores", ge=1)
-    warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed)", ge=0)
-    warmup_seconds: float = option(1.0, "--warmup-seconds", "warm-up: and at least this long", ge=0)
+    warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed); then until "
+                                 "the last 3 batch times are within 10 % of each other", ge=0)
+    warmup_seconds: float = option(10.0, "--warmup-seconds", "warm-up: at most this long once --warmup-batches are "
+                                   "done (a cap: a warm-up that settles ends sooner)", ge=0)
     min_timed_batches: int = option(10, "--min-timed-batches",
                                     "timed batches at least (the variant's batches are cycled)", ge=1)
     max_timed_batches: int | None = option(None, "--max-timed-batches",

@@ -185,6 +185,7 @@ class TimingRecord:
     timed_images: int
     warmup_batches: int
     warmup_seconds: float
+    warmup_ended: str  # why the warm-up ended: the batch times settled, or the time cap
     stage_sync: bool
     mode: str  # "latency": stages in sequence; "overlapped": host work overlaps the forward
     batch_ms: Summary

@@ -190,3 +190,14 @@ def test_two_sample_bootstrap_equals_scipys(n_a, n_b, seed):
                                      n_resamples=2000, method="percentile",
                                      random_state=np.random.default_rng(seed)).confidence_interval
     assert bootstrap_ci((a, b), ratio, seed=seed) == pytest.approx((expected.low, expected.high), rel=1e-12, abs=0)
+
+
+def test_warmup_ends_when_the_batch_times_settle_or_at_the_cap():
+    from harness.measure.stats import warmup_end
+
+    assert warmup_end([50.0, 20.0], 0.5, 3, 10.0) is None  # fewer than --warmup-batches
+    assert warmup_end([50.0, 20.0, 20.5, 21.9], 0.5, 3, 10.0) == "stable"  # 21.9 <= 1.1 x 20.0
+    assert warmup_end([50.0, 20.0, 20.5, 22.1], 0.5, 3, 10.0) is None  # 22.1 > 1.1 x 20.0: not yet
+    assert warmup_end([50.0, 20.0, 20.5, 22.1], 10.0, 3, 10.0) == "cap"
+    assert warmup_end([50.0], 0.0, 1, 0.0) == "cap"  # --warmup-seconds 0: exactly the minimum
+    assert warmup_end([50.0, 49.0], 99.0, 3, 10.0) is None  # the minimum holds past the cap

@@ -123,6 +123,8 @@ def test_submissions_pass_the_site_schema_and_rules(ort_run, torch_run):
             inv = doc["batch_invariance"]
             assert inv is None or inv.get("is_reference") or inv["match_rate"] >= 0.99
             assert doc["memory"]["peak_ram_mb"] != 0
+            warmup = doc["timing"]["warmup"]  # --warmup-seconds 0: the minimum, unless it settled by then
+            assert warmup["batches"] == 2 and warmup["ended"].startswith(("stable", "cap"))
 
 
 def test_site_rules_catch_a_broken_submission(ort_run):

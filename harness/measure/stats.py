@@ -10,6 +10,7 @@ MIN_SAMPLES = 10
 CV_WARN = 0.10
 FIRST_SAMPLE_WARN = 2.0
 BOOTSTRAP_RESAMPLES = 2000
+WARMUP_WINDOW, WARMUP_SPREAD = 3, 0.10  # warm-up ends when the last 3 batch times are within 10 % of each other
 _RESAMPLE_CHUNK = 1 << 20  # indices drawn per chunk (8 MB): a 5000-sample series never holds 2000 x 5000 at once
 
 
@@ -37,6 +38,18 @@ def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
               n_resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median (bootstrap_ci of one sample)."""
     return bootstrap_ci((x,), np.median, seed=seed, confidence=confidence, n_resamples=n_resamples)
+
+
+def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_s: float) -> str | None:
+    """Why the warm-up ends now, or None to go on: never before `min_batches`; then "stable" once the last
+    WARMUP_WINDOW batch times are within WARMUP_SPREAD of each other (max <= 1.1 x min), else "cap" once `cap_s`
+    seconds have passed (--warmup-seconds)."""
+    if len(batches_ms) < min_batches:
+        return None
+    recent = batches_ms[-WARMUP_WINDOW:]
+    if len(recent) == WARMUP_WINDOW and max(recent) <= (1 + WARMUP_SPREAD) * min(recent):
+        return "stable"
+    return "cap" if elapsed_s >= cap_s else None
 
 
 def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:

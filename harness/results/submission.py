@@ -111,7 +111,7 @@ def build_submission(record: CellRecord) -> dict:
             "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
             "batch_samples_ms": t.batch_samples_ms,
             "timed_batches": t.timed_batches,
-            "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds},
+            "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds, "ended": t.warmup_ended},
             "stage_sync": t.stage_sync,
             "mode": t.mode,
             "short_batch": t.short_batch,

@@ -43,7 +43,7 @@ from harness.measure.hygiene import DeviceSampler
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
-from harness.measure.stats import summarize
+from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, summarize, warmup_end
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
@@ -71,6 +71,10 @@ INVARIANCE_IOU = 0.99
 INVARIANCE_SCORE_TOL = 1e-3
 # An int8 cell must keep this share of the same model's fp32 mAP on the same images (MLPerf's rule)
 INT8_KEEP = 0.99
+
+
+WARMUP_ENDS = {"stable": f"stable: the last {WARMUP_WINDOW} batch times within {WARMUP_SPREAD:.0%} of each other",
+               "cap": "cap: --warmup-seconds reached before the batch times settled"}
 
 
 @dataclass
@@ -287,7 +291,8 @@ class GroupExecutor:
     # ------------------------------------------------------------------------------------- passes
 
     def _timing_pass(self, cell: Cell) -> tuple[TimingRecord, list[ImageDetections], dict]:
-        """Warm-up (by count and by time, untimed, unscored), then timed full batches: the first pass over
+        """Warm-up (untimed, unscored: at least --warmup-batches, then until the batch times settle or
+        --warmup-seconds have passed), then timed full batches: the first pass over
         the variant's batches is also scored. The short last batch is run, timed on its own and scored,
         never mixed into the batch statistics; with --max-timed-batches below the variant's batch count,
         the remaining batches are run untimed so every image is still scored."""
@@ -300,8 +305,13 @@ class GroupExecutor:
         # Warm up in the mode that is timed: overlapped mode's workers, queue and (on CUDA) streams are first
         # used here, not inside the first timed batches. An overlapped chunk keeps every worker busy.
         chunk = pipeline.stream_workers + 1 if config.overlap else 1
+        ended = None
         with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
-            while warm_count < config.warmup_batches or time.perf_counter() - start < config.warmup_seconds:
+            while ended is None:
+                ended = warmup_end([b.ms("total") for b in scratch.batches], time.perf_counter() - start,
+                                   config.warmup_batches, config.warmup_seconds)
+                if ended is not None:
+                    break
                 warm = [batches[(warm_count + j) % len(batches)] for j in range(chunk)]
                 for _ in pipeline.run_stream(warm, scratch, overlap=config.overlap):
                     warm_count += 1
@@ -354,7 +364,8 @@ class GroupExecutor:
         # batches are in flight together, so images over the wall time of the stream.
         record = TimingRecord(
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
-            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), stage_sync=config.stage_sync,
+            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), warmup_ended=WARMUP_ENDS[ended],
+            stage_sync=config.stage_sync,
             mode="overlapped" if config.overlap else "latency",
             batch_ms=batch_ms, stages_ms=stages,
             # overlapped: per-image *interval* (1000 / it is the throughput), not end-to-end latency / size
