@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-runtimes bench-memory test report-check lint clean
+.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-runtimes bench-sweep bench-memory test report-check lint clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ bench-hooks: $(STAMP)
 # the whole run vs a plain batch-1 loop written independently of the harness (wall, CPU, peak RSS, mAP)
 bench-run: $(STAMP)
 	$(BIN)/python -m harness.bench.run_vs_loop --repeats 3
+
+# a batch-size sweep's wall time against the timed passes inside it (target ratio <= 1.4)
+bench-sweep: $(STAMP)
+	$(BIN)/python -m harness.bench.sweep --repeats 3
 
 # OpenVINO's forward against its own benchmark_app on the same IR; forward p50 and mAP per runtime x precision x batch
 bench-runtimes: $(STAMP)

@@ -1,4 +1,4 @@
-"""Bad dataset input (issue 14, data rows): each broken annotation or image file is one clear line on
+"""Bad dataset input: each broken annotation or image file is one clear line on
 stderr, exit 2, and nothing under --output-dir. The bad files are built from the real COCO sample."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad run options and broken models (issue 14, run side): one line, exit 2 and nothing written for bad
+"""Bad run options and broken models: one line, exit 2 and nothing written for bad
 input; a failed cell with the reason (exit 1) for a measurement that breaks inside the sweep."""
 
 import json
@@ -120,7 +120,7 @@ def test_help_shows_defaults_and_version():
     assert version.returncode == 0 and version.stdout.startswith("va-bench ")
 
 
-# --- issue 14 leftovers: ONNX files that are not a YOLOX export, paths in messages, offline fetch -------------
+# --- ONNX files that are not a YOLOX export, paths in messages, offline fetch -------------
 
 
 def _save_onnx(path, nodes, inputs, outputs, initializers=(), check=True):

@@ -1,4 +1,4 @@
-"""GPU code paths on a CPU machine (issue 11): CUDA, ONNX Runtime's CUDA/TensorRT providers and TensorRT
+"""GPU code paths on a CPU machine: CUDA, ONNX Runtime's CUDA/TensorRT providers and TensorRT
 engines are replaced by fakes, to test what is selected, what is refused (never a fallback) and what is
 recorded. The real providers need onnxruntime-gpu and a GPU; these fakes stand in for them only."""
 
@@ -257,7 +257,7 @@ def test_engine_needs_its_json_sidecar(monkeypatch, engine_file):
     check_engine_weights(str(engine_file), "cuda")
 
 
-# ------------------------------------------------------------------------------ execution modes (issue 11, item 3)
+# ------------------------------------------------------------------------------ execution modes
 
 @requires_coco
 @requires_yolox

@@ -1,4 +1,4 @@
-"""Precisions (issue 11): what each (backend, device, precision) runs, refusals before any model loads,
+"""Precisions: what each (backend, device, precision) runs, refusals before any model loads,
 the TF32 policy, and bf16 on the CPU end to end (mAP within 0.01 of fp32 on the same images)."""
 
 from __future__ import annotations

@@ -241,9 +241,9 @@ def test_pipeline_on_cpu_has_no_forward_gpu_time(records):
 
 @requires_coco
 @requires_yolox
-@pytest.mark.parametrize("backend", ["onnxruntime", "pytorch"])
+@pytest.mark.parametrize("backend", ["onnxruntime", pytest.param("pytorch", marks=pytest.mark.heavy)])
 def test_torch_preprocessing_keeps_map_within_0_002_of_cv2(records, backend):
-    """Acceptance (issue 12): on the 206-image sample, yolox-nano, --preprocess torch scores within 0.002
+    """Acceptance: on the 206-image sample, yolox-nano, --preprocess torch scores within 0.002
     mAP 50:95 of cv2 (pycocotools on both). Detection passes only (no timing), batch 8."""
     device = parse_device("cpu")
     detector = get_detector("yolox-nano")

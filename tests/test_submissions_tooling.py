@@ -277,7 +277,7 @@ def test_aggregate_cli_strict(tmp_path):
     assert va_bench("aggregate", SUBMISSIONS, "--tolerance", "-1").returncode == 2
 
 
-# --- issue 14 (results side), issue 15 item 5, issue 11 item 2 ------------------------------------------------
+# --- results side ------------------------------------------------------------------------
 
 
 def _errors(report, rule):

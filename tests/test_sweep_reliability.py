@@ -213,7 +213,7 @@ def test_records_results_and_validation_load_no_torch_and_no_pipeline():
 
 
 def test_the_run_path_loads_no_scipy():
-    """scipy.stats costs a run ~1 s of imports and ~60 MB (issue 13): only `compare` uses it."""
+    """scipy.stats costs a run ~1 s of imports and ~60 MB: only `compare` uses it."""
     code = ("import sys, harness.cli, harness.run.scheduler, harness.run.executor, harness.eval.coco_eval, "
             "harness.pipeline.pipeline, harness.backends, harness.views.tables; "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'scipy']; print(bad); sys.exit(1 if bad else 0)")
@@ -221,7 +221,7 @@ def test_the_run_path_loads_no_scipy():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# --- issue 14 leftovers: a full disk, energy rows on resume ---------------------------------------------------
+# --- a full disk, energy rows on resume ---------------------------------------------------
 
 
 class _FullDisk:

@@ -106,6 +106,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         core(batch)
         device.synchronize()
 
+    own_loop = runtime_own_loop(core, batch, device)
+
     def latency_mode():
         pipeline.run_batch(records, timer, images=images)
 
@@ -119,6 +121,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
 
     for _ in range(3):  # warm-up every path
         forward_only()
+        if own_loop is not None:
+            own_loop()
         latency_mode()
         if on_caller is not None:
             latency_on_caller()
@@ -126,10 +130,12 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         overlapped_mode(w)
     timer.batches.clear()
     caller_timer.batches.clear()
-    forward_ips, latency_ips, caller_ips = [], [], []
+    forward_ips, latency_ips, caller_ips, own_ips = [], [], [], []
     stream_ips: dict[int, list[float]] = {w: [] for w in workers}
     for _ in range(rounds):
         forward_ips.append(_images_per_s(forward_only, batch_size, iterations))
+        if own_loop is not None:
+            own_ips.append(_images_per_s(own_loop, batch_size, iterations))
         latency_ips.append(_images_per_s(latency_mode, batch_size, iterations))
         if on_caller is not None:
             caller_ips.append(_images_per_s(latency_on_caller, batch_size, iterations))
@@ -148,11 +154,46 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
         "preprocess": pipeline.preprocess_info(),
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
+        "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
+                             "forward_time_vs_own": round(statistics.median(own_ips) / statistics.median(forward_ips),
+                                                          3),
+                             "what": own_loop.what} if own_loop is not None else
+        {"status": "unavailable", "reason": f"no plain loop of the {core.backend} API here"},
         "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
         "overlapped_by_workers": by_workers, "rounds": rounds,
         "throughput_mode": "overlapped_mode" if overlapped["ratio_median"] > latency["ratio_median"]
         else "latency_mode",
     }
+
+
+def runtime_own_loop(core, batch: torch.Tensor, device):
+    """The runtime's own API in a plain loop on the same model, threads and input (the figure a user checks the
+    harness's forward against), or None for a runtime without one here. ONNX Runtime: a session with its default
+    options but the core's thread count; PyTorch: the module under inference mode."""
+    if core.backend == "onnxruntime" and getattr(core, "_model", None) is not None and not device.is_cuda:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if core.threads:
+            options.intra_op_num_threads = core.threads
+        session = ort.InferenceSession(core._model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: batch.numpy()}
+
+        def loop():
+            session.run(None, feed)
+
+        loop.what = "onnxruntime.InferenceSession defaults (spinning on), same threads, same input"
+        return loop
+    module = getattr(core, "torch_module", None)
+    if core.backend == "pytorch" and module is not None and getattr(core, "dtype", None) is None:
+        def loop():
+            with torch.inference_mode():
+                module(batch)
+            device.synchronize()
+
+        loop.what = "the torch module under torch.inference_mode(), same threads, same input"
+        return loop
+    return None
 
 
 @contextmanager
@@ -229,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=max(100, Console().width))  # the table's rows stay whole in a log too
         console.print(table)
         console.print("* the backend's throughput mode (the better one), judged against the target")
+        for r in results:
+            own = r["runtime_own_loop"]
+            console.print(f"{r['backend']} runtime's own loop: " + (
+                f"{own['images_per_s']:.1f} img/s; the harness's forward takes {own['forward_time_vs_own']:.3f}x its "
+                f"time ({own['what']})" if "images_per_s" in own else f"unavailable: {own['reason']}"))
         for r in results:
             for mode, where in (("latency_mode", "host thread"), ("latency_mode_calling_thread", "calling thread")):
                 if mode in r:
