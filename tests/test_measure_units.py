@@ -201,3 +201,57 @@ def test_warmup_ends_when_the_batch_times_settle_or_at_the_cap():
     assert warmup_end([50.0, 20.0, 20.5, 22.1], 10.0, 3, 10.0) == "cap"
     assert warmup_end([50.0], 0.0, 1, 0.0) == "cap"  # --warmup-seconds 0: exactly the minimum
     assert warmup_end([50.0, 49.0], 99.0, 3, 10.0) is None  # the minimum holds past the cap
+
+
+def _reference_greedy(a, b, iou_thr, tol):
+    """A straightforward greedy matcher (every pair, score order): the reference for the harness's."""
+    def iou(p, q):
+        w = max(0.0, min(p[2], q[2]) - max(p[0], q[0]))
+        h = max(0.0, min(p[3], q[3]) - max(p[1], q[1]))
+        union = (p[2] - p[0]) * (p[3] - p[1]) + (q[2] - q[0]) * (q[3] - q[1]) - w * h
+        return 1.0 if list(p) == list(q) else (w * h / union if union > 0 else 0.0)
+
+    taken, matched, worst = set(), 0, 0.0
+    for i in sorted(range(len(a.scores)), key=lambda k: -float(a.scores[k])):
+        best, best_iou = None, -1.0
+        for j in range(len(b.scores)):
+            if j in taken or a.labels[i] != b.labels[j]:
+                continue
+            o, d = iou(a.boxes[i].astype(float), b.boxes[j].astype(float)), abs(float(a.scores[i]) - float(b.scores[j]))
+            if o >= iou_thr and d <= tol and o > best_iou:
+                best, best_iou = j, o
+        if best is not None:
+            taken.add(best)
+            matched += 1
+            worst = max(worst, abs(float(a.scores[i]) - float(b.scores[best])))
+    return matched, worst
+
+
+def test_detection_matching_is_the_plain_greedy_one():
+    """Batch invariance's matcher (per class, uncontested pairs without the loop) against a plain greedy loop,
+    on sets with duplicates, jitter and classes that disagree."""
+    from harness.eval.matching import match_detections
+    from harness.records import ImageDetections
+
+    rng = np.random.default_rng(3)
+    a_set, b_set = [], []
+    for image in range(60):
+        n = int(rng.integers(0, 25))
+        xy = rng.uniform(0, 300, (n, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(1, 80, (n, 2))], 1).astype(np.float32)
+        scores, labels = rng.uniform(0, 1, n).astype(np.float32), rng.integers(0, 4, n)
+        if n and image % 3 == 0:  # duplicates: contested candidates
+            boxes, scores, labels = (np.concatenate([boxes, boxes[:2]]), np.concatenate([scores, scores[:2] + 1e-4]),
+                                     np.concatenate([labels, labels[:2]]))
+        jitter = [0.0, 0.05, 3.0][image % 3]
+        order = rng.permutation(len(scores))
+        b_labels = labels[order] if image % 5 else (labels[order] + 1) % 4
+        a_set.append(ImageDetections(image, boxes, scores, labels))
+        b_set.append(ImageDetections(image, boxes[order] + rng.normal(0, jitter, boxes[order].shape).astype(np.float32),
+                                     (scores[order] + rng.normal(0, jitter * 1e-3, len(order))).astype(np.float32),
+                                     b_labels))
+    for iou_thr, tol in ((0.99, 1e-3), (0.5, 0.4)):
+        report = match_detections(a_set, b_set, iou_thr, tol)
+        want = [_reference_greedy(a, b, iou_thr, tol) for a, b in zip(a_set, b_set, strict=True)]
+        assert report.matched == sum(m for m, _ in want)
+        assert report.max_score_delta == pytest.approx(max(w for _, w in want), abs=1e-9)

@@ -73,6 +73,9 @@ def test_evaluation_by_category_groups_is_pycocotools_exactly(cache_runs, images
     assert reference["mAP_50_95"] > 0.1
     for pairs in (None, images * 3, 1):  # one group; 3 categories per group; one category per group
         assert evaluate_bbox_file(plan.dataset.coco, path, ids, pairs_per_chunk=pairs) == reference
+        # faster-coco-eval, in the same groups: pycocotools' numbers (its default evaluator's proof)
+        faster = evaluate_bbox_file(plan.dataset.coco, path, ids, "faster-coco-eval", pairs_per_chunk=pairs)
+        assert faster == pytest.approx(reference, abs=1e-12)
     (tmp_path / "empty.json").write_text("[]")
     assert set(evaluate_bbox_file(plan.dataset.coco, tmp_path / "empty.json", ids).values()) == {0.0}
     (tmp_path / "bad.json").write_text('[{"image_id": 1}]')

@@ -100,28 +100,25 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     category and then averaged, so the categories can be evaluated a group at a time with identical
     results: groups of consecutive categories holding at most CHUNK_PAIRS (image, category) pairs and
     CHUNK_DETECTIONS detections (a category over that is a group of its own), i.e. a single group up
-    to mini500; the file is parsed into arrays one object at a time. faster-coco-eval (C++) takes
-    the file whole."""
-    if evaluator != "pycocotools":
-        return _evaluate(coco_gt, json.loads(Path(path).read_bytes()), image_ids, evaluator, cap)
+    to mini500; the file is parsed into arrays one object at a time. faster-coco-eval is evaluated the same
+    way (its C++ core behind the same COCOeval interface): the same numbers, in the same bounded memory."""
     columns = _read_results(Path(path))
     if columns is None:
         return _no_detections(coco_gt, image_ids, cap)
-    from pycocotools.cocoeval import COCOeval
-
+    COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
     with contextlib.redirect_stdout(io.StringIO()):
         for chunk in _category_groups(categories, columns, len(image_ids), pairs_per_chunk or CHUNK_PAIRS):
-            coco_eval = COCOeval(coco_gt, _results_of(coco_gt, columns, chunk), "bbox")
+            coco_eval = COCOeval(gt, _results_of(gt, columns, chunk), "bbox")
             coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, chunk
             coco_eval.params.maxDets = max_dets_for(cap)
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
             del coco_eval  # this group's per-image records go before the next group's are built
-        coco_eval = COCOeval(coco_gt, _results_of(coco_gt, columns, []), "bbox")
+        coco_eval = COCOeval(gt, _results_of(gt, columns, []), "bbox")
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
         coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.eval = {"params": coco_eval.params, "counts": [*parts[0]["counts"][:2], len(categories),
@@ -231,7 +228,7 @@ def _results_of(coco_gt: COCO, columns: _Results, categories: list[int]) -> COCO
     (image, category) pair the order is the file's, which is what breaks pycocotools' score ties."""
     rows = np.isin(columns.category_id, categories).nonzero()[0]
     if len(rows) == 0:  # loadRes rejects an empty list: an empty results set over the same images
-        empty = COCO()
+        empty = type(coco_gt)()
         empty.dataset = {"images": list(coco_gt.dataset["images"]), "annotations": [],
                          "categories": copy.deepcopy(coco_gt.dataset["categories"])}
         empty.createIndex()
@@ -245,26 +242,32 @@ def _results_of(coco_gt: COCO, columns: _Results, categories: list[int]) -> COCO
 _FASTER_GT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the GT index per dataset, built once
 
 
-def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
-              cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+def _library(coco_gt: COCO, evaluator: str):
+    """(COCOeval class, ground truth in that library's COCO) of an evaluator; faster-coco-eval's index of a
+    dataset is built once."""
     if evaluator == "pycocotools":
         from pycocotools.cocoeval import COCOeval
-    elif evaluator == "faster-coco-eval":
-        from faster_coco_eval import COCOeval_faster as COCOeval
-    else:
-        raise ValueError(f"unknown evaluator {evaluator!r}; use one of {EVALUATORS}")
+
+        return COCOeval, coco_gt
+    if evaluator == "faster-coco-eval":
+        from faster_coco_eval import COCO as FasterCOCO
+        from faster_coco_eval import COCOeval_faster
+
+        gt = _FASTER_GT.get(coco_gt)
+        if gt is None:
+            with contextlib.redirect_stdout(io.StringIO()):
+                gt = _FASTER_GT[coco_gt] = FasterCOCO(copy.deepcopy(coco_gt.dataset))
+        return COCOeval_faster, gt
+    raise ValueError(f"unknown evaluator {evaluator!r}; use one of {EVALUATORS}")
+
+
+def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
+              cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    COCOeval, gt = _library(coco_gt, evaluator)
     if not detections:
         return _no_detections(coco_gt, image_ids, cap)
     with contextlib.redirect_stdout(io.StringIO()):
-        if evaluator == "pycocotools":
-            coco_eval = COCOeval(coco_gt, coco_gt.loadRes(detections), iou_type)
-        else:
-            from faster_coco_eval import COCO as FasterCOCO
-
-            gt = _FASTER_GT.get(coco_gt)
-            if gt is None:
-                gt = _FASTER_GT[coco_gt] = FasterCOCO(copy.deepcopy(coco_gt.dataset))
-            coco_eval = COCOeval(gt, gt.loadRes(detections), iou_type)
+        coco_eval = COCOeval(gt, gt.loadRes(detections), iou_type)
         coco_eval.params.imgIds = sorted(image_ids)
         coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.evaluate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torchvision.ops import box_iou
 
@@ -9,23 +10,42 @@ from harness.records import ImageDetections, MatchReport
 
 
 def _match_image(a: ImageDetections, b: ImageDetections, iou_thr: float, tol: float) -> tuple[int, float]:
-    """Greedy one-to-one matching in score order: same class, IoU >= thr, |score delta| <= tol."""
-    if len(a.scores) == 0 or len(b.scores) == 0:
-        return 0, 0.0
-    boxes_a, boxes_b = torch.from_numpy(a.boxes).double(), torch.from_numpy(b.boxes).double()
-    iou = box_iou(boxes_a, boxes_b)
-    # a box clipped to zero area has IoU 0/0 = NaN even with itself: identical boxes match exactly
-    identical = (boxes_a[:, None, :] == boxes_b[None, :, :]).all(dim=-1)
-    iou = torch.where(identical, torch.ones_like(iou), torch.nan_to_num(iou, nan=0.0))
-    same = torch.from_numpy(a.labels)[:, None] == torch.from_numpy(b.labels)[None, :]
-    delta = (torch.from_numpy(a.scores).double()[:, None] - torch.from_numpy(b.scores).double()[None, :]).abs()
-    ok = same & (iou >= iou_thr) & (delta <= tol)
-    taken = torch.zeros(len(b.scores), dtype=torch.bool)
+    """Greedy one-to-one matching in score order: same class, IoU >= thr, |score delta| <= tol. Detections only
+    ever match within their class, so each class is matched on its own (the same greedy result, without the
+    IoU of every cross-class pair)."""
     matched, worst = 0, 0.0
-    for i in torch.argsort(torch.from_numpy(a.scores), descending=True).tolist():
-        candidates = (ok[i] & ~taken).nonzero().squeeze(1)
-        if candidates.numel():
-            j = candidates[torch.argmax(iou[i, candidates])].item()
+    for label in np.intersect1d(a.labels, b.labels):
+        rows, cols = np.flatnonzero(a.labels == label), np.flatnonzero(b.labels == label)
+        m, w = _match_class(a.boxes[rows], a.scores[rows], b.boxes[cols], b.scores[cols], iou_thr, tol)
+        matched, worst = matched + m, max(worst, w)
+    return matched, worst
+
+
+def _match_class(boxes_a: np.ndarray, scores_a: np.ndarray, boxes_b: np.ndarray, scores_b: np.ndarray,
+                 iou_thr: float, tol: float) -> tuple[int, float]:
+    """One class: a detection with one candidate that no other detection wants is matched without the loop
+    (greedy matches them the same); batch-invariant cells are almost all such pairs."""
+    ta, tb = torch.from_numpy(boxes_a).double(), torch.from_numpy(boxes_b).double()
+    iou = box_iou(ta, tb)
+    # a box clipped to zero area has IoU 0/0 = NaN even with itself: identical boxes match exactly
+    identical = (ta[:, None, :] == tb[None, :, :]).all(dim=-1)
+    iou = torch.where(identical, torch.ones_like(iou), torch.nan_to_num(iou, nan=0.0)).numpy()
+    delta = np.abs(scores_a.astype(np.float64)[:, None] - scores_b.astype(np.float64)[None, :])
+    ok = (iou >= iou_thr) & (delta <= tol)
+    per_row, per_col = ok.sum(1), ok.sum(0)
+    first = ok.argmax(1)
+    alone = (per_row == 1) & (per_col[first] == 1)  # each other's only candidate
+    matched = int(alone.sum())
+    worst = float(delta[alone, first[alone]].max()) if matched else 0.0
+    taken = np.zeros(len(scores_b), dtype=bool)
+    taken[first[alone]] = True
+    contested = ~alone & (per_row > 0)
+    for i in np.argsort(-scores_a, kind="stable"):
+        if not contested[i]:
+            continue
+        candidates = np.flatnonzero(ok[i] & ~taken)
+        if candidates.size:
+            j = candidates[np.argmax(iou[i, candidates])]
             taken[j] = True
             matched += 1
             worst = max(worst, float(delta[i, j]))
