@@ -222,33 +222,28 @@ def inside_run_folder(run_dir: Path, relative: str) -> Path | None:
 
 def read_run_json(run_dir: Path, run_id: str) -> dict:
     """run.json of an existing run, or a UsageError saying why it cannot be resumed."""
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise UsageError(path_problem("--output-dir", run_dir.parent,
-                                      f"no run {run_id} to resume (no {run_id}/{RUN_FILE})")
-                         + "; check --output-dir and the run id")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not readable JSON ({exc}); the run cannot be resumed") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
-        raise UsageError(f"{path} has no run configuration; the run cannot be resumed")
-    return doc
+    return _resumable(run_dir, run_id, RUN_FILE, "run", ("config",))
 
 
 def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
     """fleet.json of an existing fleet run, or a UsageError saying why it cannot be resumed."""
-    path = fleet_dir / FLEET_FILE
+    return _resumable(fleet_dir, run_id, FLEET_FILE, "fleet run", ("config", "targets"))
+
+
+def _resumable(folder: Path, run_id: str, name: str, what: str, required: tuple[str, ...]) -> dict:
+    path = folder / name
     if not path.is_file():
-        raise UsageError(path_problem("--output-dir", fleet_dir.parent,
-                                      f"no fleet run {run_id} to resume (no {run_id}/{FLEET_FILE})")
+        raise UsageError(path_problem("--output-dir", folder.parent, f"no {what} {run_id} to resume (no "
+                                                                     f"{run_id}/{name})")
                          + "; check --output-dir and the run id")
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path} is not readable JSON ({exc}); the fleet run cannot be resumed") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict) or not isinstance(doc.get("targets"), list):
-        raise UsageError(f"{path} has no fleet configuration; the fleet run cannot be resumed")
+        raise UsageError(f"{path} is not readable JSON ({exc}); the {what} cannot be resumed") from exc
+    kinds = {"config": dict, "targets": list}
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(key), kinds[key]) for key in required):
+        configuration = "run configuration" if what == "run" else "fleet configuration"
+        raise UsageError(f"{path} has no {configuration}; the {what} cannot be resumed")
     return doc
 
 
