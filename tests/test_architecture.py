@@ -1,7 +1,7 @@
 """The shape of the code, read from the code itself (its AST): layers, cycles, where files are written and read.
 
-The layer order is written once, here and in docs/design.md: a module may import its own package and any
-package on a lower layer, never a package on its own layer or above. Imports inside functions count as well.
+The layer order is written once, here (docs/design.md describes each layer): a module may import its own package
+and any package on a lower layer, never a package on its own layer or above. Imports inside functions count too.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ in with `register_backend`.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -76,8 +77,13 @@ class Backend(Protocol):
         ...
 
 
-# The built-in backends' names, in registration order (known without importing any runtime)
-BUILTIN_BACKENDS = ("pytorch", "onnxruntime", "tensorrt", "openvino", "ncnn", "tflite", "torchscript")
+# The built-in backends, in registration order: `--backend` name -> (module in harness/backends, class). A new
+# runtime is its file and one line here; the names are known without importing any runtime.
+BUILTINS = {"pytorch": ("pytorch", "PyTorchBackend"), "onnxruntime": ("onnxruntime", "OnnxRuntimeBackend"),
+            "tensorrt": ("tensorrt", "TensorRTBackend"), "openvino": ("openvino", "OpenVinoBackend"),
+            "ncnn": ("ncnn", "NcnnBackend"), "tflite": ("tflite", "TfliteBackend"),
+            "torchscript": ("torchscript", "TorchScriptBackend")}
+BUILTIN_BACKENDS = tuple(BUILTINS)
 _BACKENDS: dict[str, Backend] = {}
 _builtins_loaded = False
 
@@ -90,17 +96,10 @@ def register_backend(backend: Backend) -> None:
 def _registry() -> dict[str, Backend]:
     global _builtins_loaded
     if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
-        from harness.backends.ncnn import NcnnBackend
-        from harness.backends.onnxruntime import OnnxRuntimeBackend
-        from harness.backends.openvino import OpenVinoBackend
-        from harness.backends.pytorch import PyTorchBackend
-        from harness.backends.tensorrt import TensorRTBackend
-        from harness.backends.tflite import TfliteBackend
-        from harness.backends.torchscript import TorchScriptBackend
-
-        for backend in (PyTorchBackend(), OnnxRuntimeBackend(), TensorRTBackend(), OpenVinoBackend(), NcnnBackend(),
-                        TfliteBackend(), TorchScriptBackend()):
-            _BACKENDS.setdefault(backend.name, backend)
+        for name, (module, cls) in BUILTINS.items():
+            backend = getattr(importlib.import_module(f"harness.backends.{module}"), cls)()
+            assert backend.name == name, f"{cls}.name is {backend.name!r}, its BUILTINS entry {name!r}"
+            _BACKENDS.setdefault(name, backend)
         _builtins_loaded = True
     return _BACKENDS
 
