@@ -443,13 +443,18 @@ def load_run(path: Path) -> RunFolder:
     if not files:
         hint = "its cells did not finish (see run.json)" if run else "is it a va-bench run folder?"
         raise UsageError(f"{path} has no {SUBMISSIONS_DIR}/*.json to report: {hint}")
-    cells = []
+    cells, parsed = [], {}
     for f in files:
         doc = read_json_object(f)
         cells.append(FinishedCell(_cell_key(doc, f), f, doc))
+        try:
+            parsed[f] = Submission.model_validate(doc)
+        except ValueError as exc:  # pydantic's ValidationError: a field of the wrong type
+            raise UsageError(f"{f}: not a va-bench submission ({str(exc).splitlines()[0]}); check it with "
+                             "`va-bench validate` or remove it from submissions/") from None
     # a resumed run may have re-written a cell: the latest wins
-    cells, superseded = latest_wins(cells, key=lambda c: CellIdentity.of_doc(c.doc), when=lambda c: c.doc,
-                                    name=lambda c: c.path.name)
+    cells, superseded = latest_wins(cells, key=lambda c: CellIdentity.of(parsed[c.path]),
+                                    when=lambda c: parsed[c.path].timestamp, name=lambda c: c.path.name)
     notes = [f"{old.path.name} superseded by {new.path.name} (same cell, later timestamp)" for old, new in superseded]
     cells.sort(key=lambda c: (c.key.model, c.key.backend, c.key.precision, c.key.input_size, c.key.mode,
                               c.key.batch_size))
