@@ -90,8 +90,8 @@ class RunConfig(BaseModel):
                                "COCOeval's detection cap per image (maxDets 1, 10, 100 and this; AP and AR_max_det "
                                "read at it; RF100-VL: 500); not the NMS --max-det", ge=1)
     evaluator: Literal["pycocotools", "faster-coco-eval"] = option(
-        "faster-coco-eval", "--evaluator", "faster-coco-eval (the same 12 statistics as pycocotools, to the last "
-        "digit: tested for bbox, segm and an evaluation cap of 500) or pycocotools")
+        "faster-coco-eval", "--evaluator", "faster-coco-eval (pycocotools' 12 statistics to 1e-12: tested for bbox, "
+        "segm and an evaluation cap of 500) or pycocotools")
     conf: float | None = option(None, "--conf", "score threshold; default: the family's (site: 0.001)",
                                 ge=0, lt=1)
     iou: float | None = option(None, "--iou", "NMS IoU threshold; default: the family's (site: 0.6)", gt=0, le=1)
