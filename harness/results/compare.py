@@ -23,6 +23,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ class Entry:
     coords: dict[str, Any]
     run_dir: Path  # artifacts with relative paths resolve against this
     identity: CellIdentity
+    timestamp: datetime | None  # when it was made (latest wins)
     fingerprint: str | None  # dataset image_id_sha256
 
     def detections_file(self) -> tuple[Path | None, str]:
@@ -93,7 +95,8 @@ def _coords(sub: Submission) -> dict[str, Any]:
 
 def _entry(path: Path) -> Entry:
     file = read_submission(path, SCHEMA_VERSION)
-    return Entry(path, file.doc, _coords(file.submission), file.run_dir, file.identity, file.submission.image_id_sha256)
+    sub = file.submission
+    return Entry(path, file.doc, _coords(sub), file.run_dir, file.identity, sub.timestamp, sub.image_id_sha256)
 
 
 def _is_detections_file(path: Path) -> bool:
@@ -118,10 +121,11 @@ def load_side(path: str | Path) -> Side:
     else:
         raise UsageError(f"{path}: no such file or folder")
     # a cell written twice (a resumed run, a folder of several runs): the latest wins
-    kept, superseded = latest_wins(entries, key=lambda e: e.identity, when=lambda e: e.doc, name=lambda e: str(e.path))
+    kept, superseded = latest_wins(entries, key=lambda e: e.identity, when=lambda e: e.timestamp,
+                                   name=lambda e: str(e.path))
     # cells that differ only in what compare does not pair on (weights, thresholds, ONNX Runtime's TensorRT
     # provider beside a native engine): one is compared, and the note says so
-    paired, clashes = latest_wins(kept, key=lambda e: tuple(e.coords[k] for k, _ in COORDS), when=lambda e: e.doc,
+    paired, clashes = latest_wins(kept, key=lambda e: tuple(e.coords[k] for k, _ in COORDS), when=lambda e: e.timestamp,
                                   name=lambda e: str(e.path))
     return Side(str(path), paired, superseded=len(superseded),
                 clashes=[f"{old.path.name} (kept {new.path.name})" for old, new in clashes])

@@ -70,23 +70,14 @@ class CellIdentity:
         return cls.of(Submission.model_validate(doc))
 
 
-def submission_time(doc_or_submission: dict | Submission) -> datetime | None:
-    """When a submission was made (created_at, else metadata.benchmark_date), as an aware datetime."""
-    sub = doc_or_submission if isinstance(doc_or_submission, Submission) else Submission.model_validate(
-        doc_or_submission)
-    return sub.timestamp
-
-
-def latest_wins(items: list[T], key: Callable[[T], Hashable], when: Callable[[T], Any],
+def latest_wins(items: list[T], key: Callable[[T], Hashable], when: Callable[[T], datetime | None],
                 name: Callable[[T], str]) -> tuple[list[T], list[tuple[T, T]]]:
-    """One item per key: the newest (`when` gives a submission, its doc, or a datetime; undated is oldest; a
+    """One item per key: the newest (`when`: an aware datetime, e.g. Submission.timestamp; undated is oldest; a
     tie goes to the later name). Returns the winners in first-seen order and (loser, winner) pairs."""
     undated = datetime.min.replace(tzinfo=timezone.utc)
 
     def stamp(item: T) -> tuple[datetime, str]:
-        value = when(item)
-        moment = value if isinstance(value, datetime) or value is None else submission_time(value)
-        return (moment or undated), name(item)
+        return (when(item) or undated), name(item)
 
     groups: dict[Hashable, list[T]] = {}
     for item in items:
