@@ -49,6 +49,16 @@ def size_ranks() -> dict[str, tuple[str, int]]:
     return ranks
 
 
+SEGMENT_BACKENDS = ("onnxruntime", "pytorch")  # the runtimes whose cores return a segment model's mask maps
+
+
+@cache
+def segment_ids() -> frozenset[str]:
+    """Registry ids of segmentation models (task segment): their masks are computed and scored."""
+    return frozenset(model_id for block in _catalogue()["libreyolo"]["families"].values()
+                     if block.get("task") == "segment" for model_id in block["models"])
+
+
 @cache
 def pending_site_ids() -> frozenset[str]:
     """Catalogue ids of families the site's support matrix does not list yet (`site_matrix: pending`)."""

@@ -86,6 +86,9 @@ class RunConfig(BaseModel):
                           "overlapped mode: host workers preparing batches (N, at most N batches ahead, or auto: "
                           "1 on CPU, min(cores - 1, 8) on CUDA)")
     accuracy: bool = option(True, "--accuracy/--no-accuracy", "COCO-evaluate each cell's detections")
+    masks: bool = option(True, "--masks/--no-masks",
+                         "segmentation models: compute each detection's mask and score segm beside bbox; "
+                         "--no-masks scores their boxes only (a detection-board row)")
     eval_max_det: int = option(100, "--eval-max-det",
                                "COCOeval's detection cap per image (maxDets 1, 10, 100 and this; AP and AR_max_det "
                                "read at it; RF100-VL: 500); not the NMS --max-det", ge=1)

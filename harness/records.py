@@ -104,23 +104,35 @@ class ImageDetections:
     boxes: np.ndarray  # [K, 4] float32
     scores: np.ndarray  # [K]
     labels: np.ndarray  # [K] contiguous class index
+    masks: list[dict] | None = None  # segment detectors: K COCO RLEs ({"size": [h, w], "counts": str}), source size
+
+    def select(self, keep: np.ndarray) -> ImageDetections:
+        """The detections at `keep` (a boolean array or indices), masks included."""
+        rows = np.flatnonzero(keep) if keep.dtype == bool else keep
+        masks = None if self.masks is None else [self.masks[i] for i in rows.tolist()]
+        return ImageDetections(self.image_id, self.boxes[rows], self.scores[rows], self.labels[rows], masks)
 
     def to_coco(self, class_map: tuple[int, ...]) -> list[dict]:
-        """COCO results format: bbox [x, y, w, h], category_id = class_map[label]; a label mapped to a
-        negative id (a class the dataset does not have) is left out."""
+        """COCO results format: bbox [x, y, w, h], category_id = class_map[label], and the mask as
+        `segmentation` where there is one; a label mapped to a negative id (a class the dataset does not have)
+        is left out."""
         out = []
-        for (x1, y1, x2, y2), score, label in zip(self.boxes.tolist(), self.scores.tolist(),
-                                                   self.labels.tolist(), strict=True):
+        for k, ((x1, y1, x2, y2), score, label) in enumerate(zip(self.boxes.tolist(), self.scores.tolist(),
+                                                                 self.labels.tolist(), strict=True)):
             if class_map[label] < 0:
                 continue
-            out.append({"image_id": self.image_id, "category_id": class_map[label],
-                        "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
-                        "score": round(score, 6)})
+            result = {"image_id": self.image_id, "category_id": class_map[label],
+                      "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
+                      "score": round(score, 6)}
+            if self.masks is not None:
+                result["segmentation"] = self.masks[k]
+            out.append(result)
         return out
 
 
 def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
-    """COCO-format results (bbox xywh) -> per-image detections; labels are the COCO category ids."""
+    """COCO-format results (bbox xywh, and `segmentation` RLEs where every result of an image has one) -> per-image
+    detections; labels are the COCO category ids."""
     grouped: dict[int, list[dict]] = {}
     for r in results:
         grouped.setdefault(r["image_id"], []).append(r)
@@ -128,8 +140,9 @@ def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
     for image_id, rows in grouped.items():
         xywh = np.array([r["bbox"] for r in rows], dtype=np.float64).reshape(-1, 4)
         boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        masks = [r["segmentation"] for r in rows] if all("segmentation" in r for r in rows) else None
         out.append(ImageDetections(image_id, boxes, np.array([r["score"] for r in rows]),
-                                   np.array([r["category_id"] for r in rows])))
+                                   np.array([r["category_id"] for r in rows]), masks))
     return out
 
 
@@ -144,6 +157,7 @@ class MatchReport:
     max_score_delta: float
     iou_threshold: float
     score_tolerance: float
+    mask_iou_threshold: float | None = None  # masks compared too: a pair also needs this mask IoU
 
     @property
     def match_rate(self) -> float:
@@ -155,7 +169,8 @@ class MatchReport:
         return {"images": self.images, "detections_reference": self.detections_a,
                 "detections_compared": self.detections_b, "matched": self.matched,
                 "match_rate": round(self.match_rate, 6), "max_score_delta": round(self.max_score_delta, 8),
-                "iou_threshold": self.iou_threshold, "score_tolerance": self.score_tolerance}
+                "iou_threshold": self.iou_threshold, "score_tolerance": self.score_tolerance,
+                **({"mask_iou_threshold": self.mask_iou_threshold} if self.mask_iou_threshold is not None else {})}
 
 
 # ------------------------------------------------------------------------------------- cell results
@@ -173,6 +188,7 @@ class AccuracyRecord:
     detections_file: str  # relative to the run folder
     max_dets: list[int] = field(default_factory=lambda: [1, 10, 100])  # COCOeval's maxDets (the last: the cap)
     per_class_file: str | None = None  # per-category AP, relative to the run folder
+    iou_types: list[str] = field(default_factory=lambda: ["bbox"])  # segmentation: ["segm", "bbox"], same detections
     reference: dict[str, Any] | None = None  # int8: the same model's fp32 mAP on the same images, and the verdict
 
 

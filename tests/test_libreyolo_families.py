@@ -32,7 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.errors import UsageError
-from harness.eval.matching import match_detections
+from harness.eval.matching import mask_areas, match_detections
 from harness.models import libreyolo as ly
 from harness.records import ImageDetections
 
@@ -124,8 +124,17 @@ def libreyolo_detections(det: ly.LibreYoloDetector, image_ids) -> list[ImageDete
             preds = validator._inference(images)
             for d, image_id in zip(validator._postprocess_predictions(preds, batch), ids, strict=True):
                 out.append(ImageDetections(int(image_id), d["boxes"].numpy().astype(np.float64), d["scores"].numpy(),
-                                           d["classes"].numpy().astype(int)))
+                                           d["classes"].numpy().astype(int), _rles(d.get("masks"))))
     return out
+
+
+def _rles(masks: torch.Tensor | None) -> list[dict] | None:
+    """libreyolo's masks [K, H, W] as COCO RLEs, encoded as its evaluator does (pycocotools, Fortran uint8)."""
+    from pycocotools import mask as mask_utils
+
+    if masks is None:
+        return None
+    return [mask_utils.encode(np.asfortranarray(m.numpy().astype(np.uint8))) for m in masks]
 
 
 def our_detections(det, records, batch_size: int = 1) -> list[ImageDetections]:
@@ -141,6 +150,27 @@ def our_detections(det, records, batch_size: int = 1) -> list[ImageDetections]:
     return [d for k in range(0, len(records), batch_size) for d in pipeline.run_batch(records[k:k + batch_size], timer)]
 
 
+def detections_of_inputs(det, records, inputs: torch.Tensor) -> list[ImageDetections]:
+    """Our core and post-processing on given input tensors (libreyolo's own), our transforms for the geometry.
+    For RF-DETR's masks: from scratch, its larger sizes are chaotic (rfdetr-seg-s: a 1e-4 input difference,
+    the float resize's cv2 vs torch, moves mask logits by ~160 for a spread of ~55), so the post-processing is
+    compared on the same inputs; the inputs themselves are compared in test_preprocessing_matches_libreyolo_pixels."""
+    from harness.measure.device import parse_device
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.preprocess import decode_image, preprocess_batch
+    from harness.pipeline.stage_timer import StageTimer
+
+    device = parse_device("cpu")
+    core = load_core_of(det, "pytorch", device, "fp32", det.preprocess.input_size)
+    p = det.postprocess
+    pipeline = DetectorPipeline(det, core, device, det.preprocess, Thresholds(p.conf, p.iou, p.max_det))
+    _, transforms = preprocess_batch([decode_image(r.path) for r in records], det.preprocess)
+    timer = StageTimer(device)
+    timer.begin_batch(len(records))
+    with torch.inference_mode():
+        return pipeline._finish(records, core(inputs), transforms, timer, None)
+
+
 def comparable(reference: list[ImageDetections], records, head: str) -> list[ImageDetections]:
     """libreyolo's detections as the harness reports boxes. Two documented differences: the harness clips
     every box to the image (libreyolo leaves DETR boxes unclipped: clipping only raises IoU with in-image
@@ -148,9 +178,9 @@ def comparable(reference: list[ImageDetections], records, head: str) -> list[Ima
     libreyolo reports it as class 80."""
     out = []
     for d, r in zip(reference, records, strict=True):
-        keep = d.labels < 80 if head == "rfdetr" else np.ones(len(d.labels), bool)
-        boxes = np.clip(d.boxes[keep], 0, [r.width, r.height, r.width, r.height])
-        out.append(ImageDetections(d.image_id, boxes, d.scores[keep], d.labels[keep]))
+        kept = d.select(d.labels < 80 if head == "rfdetr" else np.ones(len(d.labels), bool))
+        kept.boxes = np.clip(kept.boxes, 0, [r.width, r.height, r.width, r.height])
+        out.append(kept)
     return out
 
 
@@ -298,6 +328,38 @@ def test_detections_match_libreyolo(model_id, coco):
     assert report.match_rate >= 0.99, report.to_dict()
     per_image = {a.image_id: match_detections([a], [b]).match_rate for a, b in zip(reference, ours, strict=True)}
     assert min(per_image.values()) >= 0.99, per_image
+
+
+# The smallest segmentation model of each family in `make test`; every one in `make test-slow`.
+SEGMENT_MODELS = (*(("rfdetr-seg-n",) if HAS_RFDETR else ()), "dfine-seg-n", "ec-seg-s")
+ALL_SEGMENT_VARIANTS = tuple(m for m, model in ly.catalogue().items() if model.family.task == "segment"
+                             and m not in SEGMENT_MODELS and (HAS_RFDETR or model.family.head != "rfdetr"))
+
+
+@requires_coco
+@pytest.mark.parametrize("model_id", [*SEGMENT_MODELS, *(pytest.param(m, marks=pytest.mark.catalogue)
+                                                          for m in ALL_SEGMENT_VARIANTS)])
+def test_masks_match_libreyolo(model_id, coco):
+    """Acceptance: >= 99 % of detections matched with their box (IoU >= 0.99, same class, score within 1e-3)
+    AND their mask (mask IoU >= 0.99) against libreyolo's own validation path on the same images and weights;
+    every mask is at its source image's height x width. (libreyolo's predict path post-processes masks the
+    same way; only its preprocessing differs for D-FINE and EC: the validation path is the reference.)"""
+    det = calibrated(model_id, coco)
+    records = [coco.record(i) for i in PARITY_IMAGES]
+    reference = comparable(libreyolo_detections(det, [r.image_id for r in records]), records, det.entry.family.head)
+    if det.entry.family.head == "rfdetr":
+        ours = detections_of_inputs(det, records, libreyolo_inputs(det, records))
+    else:
+        ours = our_detections(det, records, batch_size=len(records))
+    assert all(d.masks is not None and len(d.masks) == len(d.scores) for d in (*reference, *ours))
+    for d, r in zip(ours, records, strict=True):
+        assert {tuple(m["size"]) for m in d.masks} == {(r.height, r.width)}, model_id
+    report = match_detections(reference, ours, mask_iou_threshold=0.99)
+    assert report.detections_a >= 50 * len(records) and report.mask_iou_threshold == 0.99, report.to_dict()
+    assert report.match_rate >= 0.99, report.to_dict()
+    # the masks are not empty or all alike: real work to compare
+    areas = [float(a) for d in ours for a in mask_areas(d.masks)]
+    assert np.count_nonzero(areas) > len(areas) // 2 and len(set(areas)) > 10, model_id
 
 
 # ------------------------------------------------------------------------------------------ end to end

@@ -133,10 +133,10 @@ def _elementwise_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> floa
 
 def _query_rows(outputs: list[torch.Tensor]) -> torch.Tensor | None:
     """The outputs of a DETR-style core as one row per (image, query): [B, N, sum K] when every output is
-    [B, N, K_i] with the same B and N; None otherwise."""
-    if not outputs or any(o.dim() != 3 or o.shape[:2] != outputs[0].shape[:2] for o in outputs):
+    [B, N, K_i] (or [B, N, h, w], a query's mask, flattened) with the same B and N; None otherwise."""
+    if not outputs or any(o.dim() < 3 or o.shape[:2] != outputs[0].shape[:2] for o in outputs):
         return None
-    return torch.cat([o.float() for o in outputs], dim=2)
+    return torch.cat([o.float().flatten(2) for o in outputs], dim=2)
 
 
 def max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor], rows_as_set: bool = False) -> float:

@@ -132,11 +132,13 @@ class Candidates:
     """Decoded head output of one image, labels resolved: boxes xyxy in input-tensor pixels.
 
     A decoder may drop candidates whose score is below the `conf` it is given (the harness
-    applies the threshold again, so a decoder that ignores it is still correct)."""
+    applies the threshold again, so a decoder that ignores it is still correct). A segment detector's
+    decoder also gives `rows`: each candidate's row (query, anchor) in the image's mask head."""
 
     boxes: torch.Tensor  # [K, 4]
     scores: torch.Tensor  # [K]
     labels: torch.Tensor  # [K] contiguous class index
+    rows: torch.Tensor | None = None  # [K] row in MaskMaps of this image (segment detectors)
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,44 @@ class DenseCandidates:
 
     boxes: torch.Tensor
     scores: torch.Tensor
+
+
+Task = Literal["detect", "segment"]
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """How a segment detector's mask head becomes one binary mask per kept detection, at the source image's
+    resolution (then COCO RLE). Shared harness code applies it (harness/pipeline/masks.py).
+
+    - `kind` "query": one map per box row (DETR-style per-query mask logits or probabilities); "prototypes":
+      Ultralytics-style, each box row's coefficients times the image's prototypes, through a sigmoid.
+    - `values`: what the maps hold while they are resized: "logits" (a pixel is on where > 0) or
+      "probabilities" (on where >= 0.5). Prototype masks are probabilities.
+    - `resize` "direct": the map goes straight to the source image's size (libreyolo's RF-DETR and EC);
+      "via_input": first to the input size, the letterbox padding cropped, then to the source size (D-FINE,
+      prototypes). Bilinear, half-pixel centres (torch's align_corners=False), values thresholded after the
+      last resize. A map of a letterboxed input always goes via the input size (its padding is cropped there).
+    - `crop_to_box`: zero outside the detection's box, in "input" pixels before the padding is cropped
+      (Ultralytics), or in "source" pixels after the last resize (D-FINE: x1 <= x < x2, y1 <= y < y2); "none".
+    """
+
+    kind: Literal["query", "prototypes"] = "query"
+    values: Literal["logits", "probabilities"] = "logits"
+    resize: Literal["direct", "via_input"] = "direct"
+    crop_to_box: Literal["none", "input", "source"] = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MaskMaps:
+    """A batch's mask head: "query" maps [B, N, h, w] (one per box row), or "prototypes" [B, P, h, w] with each
+    box row's `coefficients` [B, N, P]."""
+
+    maps: torch.Tensor
+    coefficients: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +228,11 @@ class Detector(Protocol):
     Its core comes as `core_source` (a CoreSource, harness/detector/source.py), which the backends load; a
     family may add `check_input_size(input_size)` (refused before loading) and `check_core(core, input_size)`
     (after loading). A plugin may instead load its core itself: `backends` (the names it offers) and
-    `load_core(backend, device, precision, input_size, threads)`."""
+    `load_core(backend, device, precision, input_size, threads)`.
+
+    A segment detector (`task` "segment"; absent means "detect") also gives `mask_spec` (a MaskSpec) and
+    `mask_maps(raw) -> MaskMaps`: its raw head tensors' masks, whose rows are DenseCandidates' boxes or the
+    `rows` of its Candidates."""
 
     model_id: str
     family: str
@@ -204,6 +248,11 @@ class Detector(Protocol):
         ...
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats: ...
+
+
+def task_of(detector: Any) -> Task:
+    """The detector's task: "segment" for one that gives masks, else "detect"."""
+    return "segment" if getattr(detector, "task", "detect") == "segment" else "detect"
 
 
 def postprocess_spec(detector: Any) -> PostprocessSpec:

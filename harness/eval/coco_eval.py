@@ -135,7 +135,16 @@ def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], e
     (each result has a `segmentation` COCO RLE at the source image's height x width and its predicted `bbox`).
     Returns {"segm": stats, "bbox": stats}; the ground truth's polygons and RLEs both count (pycocotools'
     annToRLE converts the polygons)."""
+    return evaluate_masks_file_per_class(coco_gt, path, image_ids, evaluator, cap)[0]
+
+
+def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: list[int],
+                                  evaluator: str = "pycocotools", cap: int = COCO_MAX_DETS,
+                                  ) -> tuple[dict[str, dict[str, float]], dict[int, dict[str, float]]]:
+    """`evaluate_masks_file` and each category's mask AP."""
     detections = json.loads(Path(path).read_bytes())
+    if not isinstance(detections, list):
+        raise ValueError(f"{path} is not a COCO results array")
     for k, det in enumerate(detections):
         rle = det.get("segmentation") if isinstance(det, dict) else None
         if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list)) and len(rle.get("size", ())) == 2):
@@ -143,8 +152,24 @@ def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], e
     # loadRes replaces a result's bbox by its mask's bounding box when the result has a segmentation: the box
     # statistics are of the predicted boxes, so their pass reads the results without their masks
     boxes_only = [{k: v for k, v in det.items() if k != "segmentation"} for det in detections]
-    return {"segm": _evaluate(coco_gt, detections, image_ids, evaluator, cap, "segm")[0],
-            "bbox": _evaluate(coco_gt, boxes_only, image_ids, evaluator, cap, "bbox")[0]}
+    segm, per_class = _evaluate(coco_gt, detections, image_ids, evaluator, cap, "segm")
+    return {"segm": segm, "bbox": _evaluate(coco_gt, boxes_only, image_ids, evaluator, cap, "bbox")[0]}, per_class
+
+
+# The box statistics a segmentation submission carries beside its mask ones, as bbox_<key> (the site's shape)
+SITE_BBOX_KEYS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large")
+
+
+def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
+                       task: str = "detect") -> tuple[dict[str, float], dict[int, dict[str, float]], list[str]]:
+    """The evaluation a cell's detections file gets: (statistics, per-category AP, iouTypes). "detect": bbox;
+    "segment": segm and bbox on the same detections, the mask statistics under the plain keys and the box ones
+    as bbox_mAP_50_95 ... (SITE_BBOX_KEYS), per-category AP of the masks."""
+    if task == "segment":
+        both, per_class = evaluate_masks_file_per_class(coco_gt, path, image_ids, evaluator, cap)
+        return {**both["segm"], **{f"bbox_{k}": both["bbox"][k] for k in SITE_BBOX_KEYS}}, per_class, ["segm", "bbox"]
+    stats, per_class = evaluate_bbox_file_per_class(coco_gt, path, image_ids, evaluator, cap=cap)
+    return stats, per_class, ["bbox"]
 
 
 def _no_detections(coco_gt: COCO, image_ids: list[int], cap: int) -> tuple[dict[str, float], dict]:

@@ -33,9 +33,10 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from harness.catalogue import segment_ids
 from harness.config import SAFE_ID, RunConfig
 from harness.errors import RunInterrupted, UsageError
-from harness.eval.coco_eval import evaluate_bbox_file, evaluator_version, max_dets_for
+from harness.eval.coco_eval import evaluate_cell_file, evaluator_version, max_dets_for
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import HardwareFolder
@@ -611,13 +612,15 @@ class FleetDriver:
             rel_dets = f"{ACCURACY_DIR}/{slug}__detections.json"
             atomic_write_bytes(self.fplan.fleet_dir / rel_dets, merged)
             # the evaluation a cell's detections get (executor.py), on the merged file
-            stats = evaluate_bbox_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
-                                       list(plan.variant.image_ids), config.evaluator, cap=config.eval_max_det)
+            task = "segment" if config.masks and key.model in segment_ids() else "detect"
+            stats, _, iou_types = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
+                                                     list(plan.variant.image_ids), config.evaluator,
+                                                     config.eval_max_det, task)
             record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": stats,
-                      "maxDets": max_dets_for(config.eval_max_det),
+                      "maxDets": max_dets_for(config.eval_max_det), "iouType": iou_types,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,
                       "shards": [{**s, **{k: p[k] for k in ("node", "images", "detections", "seconds", "threads")}}

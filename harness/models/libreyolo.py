@@ -39,6 +39,8 @@ from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     DenseCandidates,
+    MaskMaps,
+    MaskSpec,
     ModelStats,
     PostprocessSpec,
     PreprocessSpec,
@@ -68,6 +70,7 @@ class LibreFamily:
     licence: str
     preprocess: dict[str, Any]  # PreprocessSpec fields
     postprocess: dict[str, Any]  # PostprocessSpec fields
+    masks: dict[str, Any] | None = None  # MaskSpec fields (task segment)
     size_multiple: int = 32  # input sizes other than the native one must be multiples of this
     site_matrix: str = "listed"  # "pending": the site's support matrix does not list its ids yet
 
@@ -108,9 +111,14 @@ def catalogue() -> dict[str, LibreModel]:
                               task=block.get("task", "detect"), weights=block["weights"], licence=block["licence"],
                               preprocess=dict(block["preprocess"]),
                               postprocess=dict(block["postprocess"]), size_multiple=int(block.get("size_multiple", 32)),
-                              site_matrix=block.get("site_matrix", "listed"))
+                              site_matrix=block.get("site_matrix", "listed"),
+                              masks=dict(block["masks"]) if "masks" in block else None)
             if fam.head not in HEADS:
                 raise ValueError(f"unknown head {fam.head!r}; known: {', '.join(HEADS)}")
+            if (fam.task == "segment") != (fam.masks is not None) or fam.task not in ("detect", "segment"):
+                raise ValueError("task segment needs a masks block (MaskSpec fields), and only it has one")
+            if fam.masks is not None:
+                check_choices(MaskSpec(**fam.masks))
             for model_id, entry in block["models"].items():
                 model = LibreModel(model_id, fam, str(entry["size"]), str(entry.get("variant", entry["size"])),
                                    int(entry["input_size"]), dict(entry.get("preprocess", {})),
@@ -271,8 +279,9 @@ class LibreCore(torch.nn.Module):
     the family decodes inside its network (YOLO-NAS, PP-YOLOE) or libreyolo's own export wrapper does
     (YOLOv7: its anchors baked into the graph, as libreyolo exports it)."""
 
-    def __init__(self, module: torch.nn.Module, head: str):
+    def __init__(self, module: torch.nn.Module, head: str, masks: bool = False):
         super().__init__()
+        self.masks = masks  # a segment model: its per-query mask maps are a third output
         if head == "yolo7":
             from libreyolo.models.yolo7.export import YOLO7ExportWrapper
 
@@ -297,6 +306,8 @@ class LibreCore(torch.nn.Module):
         if self.head in ("picodet", "rtmdet"):
             cls_maps, reg_maps = out  # per level: [B,C,h,w] logits, box regression maps
             return (*cls_maps, *reg_maps)
+        if self.masks:  # [B,Q,h,w] per-query masks at stride 4 (logits, or probabilities: MaskSpec.values)
+            return out["pred_logits"], out["pred_boxes"], out["pred_masks"]
         return out["pred_logits"], out["pred_boxes"]  # DETR-style: [B,Q,C] logits, [B,Q,4] cxcywh in [0,1]
 
 
@@ -343,7 +354,7 @@ def decode_yolonas(raw: list[torch.Tensor], input_size: tuple[int, int], conf: f
 
 def decode_detr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
     """pred_boxes cxcywh in [0, 1] of the input -> xyxy input pixels; the logits go to the top-k kind."""
-    logits, boxes = raw
+    logits, boxes = raw[:2]
     h, w = input_size
     xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])
     return DenseCandidates(boxes=xyxy, scores=logits)
@@ -363,8 +374,9 @@ def rfdetr_column_labels(n_columns: int) -> torch.Tensor:
 
 def decode_rfdetr(raw: list[torch.Tensor], input_size: tuple[int, int], k: int) -> list[Candidates]:
     """Top-k over every (query, column), then the columns that are no class are dropped (RF-DETR's own
-    order: they take part in the top-k, as in libreyolo and upstream), labels mapped to contiguous."""
-    logits, boxes = raw
+    order: they take part in the top-k, as in libreyolo and upstream), labels mapped to contiguous; each
+    candidate's query is its mask row."""
+    logits, boxes = raw[:2]
     h, w = input_size
     xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])
     n_classes = logits.shape[2]
@@ -375,7 +387,8 @@ def decode_rfdetr(raw: list[torch.Tensor], input_size: tuple[int, int], k: int) 
     out = []
     for i in range(logits.shape[0]):
         valid = labels[i] >= 0
-        out.append(Candidates(boxes=xyxy[i, query[i][valid]], scores=scores[i][valid], labels=labels[i][valid]))
+        rows = query[i][valid]
+        out.append(Candidates(boxes=xyxy[i, rows], scores=scores[i][valid], labels=labels[i][valid], rows=rows))
     return out
 
 
@@ -438,7 +451,7 @@ def decode_rtmdet(raw: list[torch.Tensor], input_size: tuple[int, int], conf: fl
 def decode_lwdetr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
     """LW-DETR: 91 logit columns indexed by COCO category id; the 80 that are classes are kept before the
     top-k (libreyolo's order), as contiguous classes."""
-    logits, boxes = raw
+    logits, boxes = raw[:2]
     if logits.shape[-1] == 91:
         logits = logits.index_select(-1, torch.tensor(COCO80_TO_91, device=logits.device))
     return decode_detr([logits, boxes], input_size, conf)
@@ -474,7 +487,10 @@ class LibreYoloDetector:
         self.class_names = tuple(str(self.wrapper.names[i]) for i in range(self.wrapper.nb_classes))
         if len(self.class_names) != len(COCO80_TO_91):
             self.class_map = tuple(range(len(self.class_names)))  # no COCO ids: classes match by name
-        self.core_module = LibreCore(self.wrapper.model, entry.family.head).eval()
+        self.task = entry.family.task
+        if self.task == "segment":
+            self.mask_spec = MaskSpec(**entry.family.masks)
+        self.core_module = LibreCore(self.wrapper.model, entry.family.head, masks=self.task == "segment").eval()
         self.postprocess = entry.postprocess
         self.defaults = self.postprocess.defaults
         self.preprocess = self.preprocess_for(entry.input_size)
@@ -511,6 +527,10 @@ class LibreYoloDetector:
         decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolo7": decode_yolo9, "yolonas": decode_yolonas,
                                          "ppyoloe": decode_yolonas, "detr": decode_detr, "lwdetr": decode_lwdetr}
         return decoders[head](raw, input_size, conf)
+
+    def mask_maps(self, raw: list[torch.Tensor]) -> MaskMaps:
+        """A segment model's per-query masks: its core's third output [B, Q, h, w]."""
+        return MaskMaps(raw[2])
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
         params = sum(p.numel() for p in self.core_module.parameters())

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from harness.data.coco import ImageRecord
-from harness.detector.protocol import Core, Detector, PreprocessSpec, postprocess_spec
+from harness.detector.protocol import Core, Detector, PreprocessSpec, postprocess_spec, task_of
 from harness.measure.device import Device
 from harness.pipeline.checks import check_finite
 from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
+from harness.pipeline.masks import batch_masks
 from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original
 from harness.pipeline.preprocess import (
     ImageTransform,
@@ -148,14 +149,18 @@ class DetectorPipeline:
     without it the substep reads the file itself.
 
     `spec.library` is the preprocessing implementation (preprocess.resolve_implementation): with "torch" the
-    images are decoded by torchvision (nvJPEG on CUDA) and letterboxed on the core's device."""
+    images are decoded by torchvision (nvJPEG on CUDA) and letterboxed on the core's device.
+
+    A segment detector's detections carry masks (COCO RLE at the source size; the "masks" substep of
+    post-processing) unless `masks` is False (`--no-masks`)."""
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
                  thresholds: Thresholds, host_workers: int | None = None,
                  read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
-                 host_thread: bool = True):
+                 host_thread: bool = True, masks: bool = True):
         if stream_workers < 1:
             raise ValueError(f"stream_workers must be >= 1, not {stream_workers}")
+        self.masks = masks and task_of(detector) == "segment"
         self.nms_threads = host_workers or torch.get_num_threads()
         self.host_executor = _host_pool(self.nms_threads) if self.nms_threads > 1 else None
         self.host_thread = _host_thread() if host_thread else None
@@ -350,4 +355,11 @@ class DetectorPipeline:
             kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
         with timer.substep("boxes"):
             boxes = to_original(kept, transforms)
-            return split_by_image(kept, boxes, [r.image_id for r in records])
+            detections = split_by_image(kept, boxes, [r.image_id for r in records])
+        if self.masks:
+            with timer.substep("masks"):
+                per_image = batch_masks(self.detector.mask_maps(raw), self.detector.mask_spec, kept, boxes,
+                                        transforms, self.spec.input_size)
+                for det, rles in zip(detections, per_image, strict=True):
+                    det.masks = rles
+        return detections

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -32,6 +32,14 @@ class BatchCandidates:
     labels: torch.Tensor  # [N] contiguous class index
     image: torch.Tensor  # [N] index of the image in the batch
     counts: list[int]  # candidates per image
+    rows: torch.Tensor | None = None  # [N] each candidate's row in its image's mask head (segment detectors)
+
+    def take(self, keep: torch.Tensor) -> BatchCandidates:
+        """The candidates at `keep` (indices, in the order given: keep them grouped by image)."""
+        image = self.image[keep]
+        return BatchCandidates(self.boxes[keep], self.scores[keep], self.labels[keep], image,
+                               torch.bincount(image, minlength=len(self.counts)).tolist(),
+                               None if self.rows is None else self.rows[keep])
 
     @classmethod
     def from_images(cls, candidates: Sequence[Candidates], conf: float) -> BatchCandidates:
@@ -39,18 +47,17 @@ class BatchCandidates:
         boxes = torch.cat([c.boxes for c in candidates]).float()
         scores = torch.cat([c.scores for c in candidates]).float()
         labels = torch.cat([c.labels for c in candidates])
+        rows = torch.cat([c.rows for c in candidates]) if all(c.rows is not None for c in candidates) else None
         sizes = torch.tensor([c.scores.shape[0] for c in candidates], device=boxes.device)
         image = torch.repeat_interleave(torch.arange(len(candidates), device=boxes.device), sizes)
-        keep = (scores >= conf).nonzero().squeeze(1)
-        image = image[keep]
-        return cls(boxes[keep], scores[keep], labels[keep], image,
-                   torch.bincount(image, minlength=len(candidates)).tolist())
+        every = cls(boxes, scores, labels, image, [0] * len(candidates), rows)  # counts: take() recounts
+        return every.take((scores >= conf).nonzero().squeeze(1))
 
     @classmethod
     def from_dense(cls, dense: DenseCandidates, spec: PostprocessSpec, conf: float, max_det: int) -> BatchCandidates:
         """Labels picked from per-class scores: kind "nms" keeps (box, best class) or, multi-label, every
         (box, class) with score >= conf; kind "topk" keeps each image's `max_det` best (box, class) pairs
-        with score >= conf, best first."""
+        with score >= conf, best first. `rows` is each candidate's box index in its image."""
         n_images, n_boxes, n_classes = dense.scores.shape
         if spec.kind == "topk":
             flat = dense.scores.reshape(n_images, n_boxes * n_classes)
@@ -60,7 +67,7 @@ class BatchCandidates:
             image = torch.arange(n_images, device=scores.device)[:, None].expand_as(index)
             keep = scores >= conf  # row-major: stays grouped by image, best first
             image, index, scores = image[keep], index[keep], scores[keep]
-            box_rows = image * n_boxes + torch.div(index, n_classes, rounding_mode="floor")
+            box = torch.div(index, n_classes, rounding_mode="floor")
             labels = index % n_classes
         else:
             probs = dense.scores.sigmoid() if spec.activation == "sigmoid" else dense.scores
@@ -71,17 +78,13 @@ class BatchCandidates:
                 best, best_label = probs.max(dim=2)
                 image, box = (best >= conf).nonzero(as_tuple=True)
                 scores, labels = best[image, box], best_label[image, box]
-            box_rows = image * n_boxes + box
-        boxes = dense.boxes.reshape(n_images * n_boxes, 4)[box_rows].float()
-        return cls(boxes, scores.float(), labels, image, torch.bincount(image, minlength=n_images).tolist())
+        boxes = dense.boxes.reshape(n_images * n_boxes, 4)[image * n_boxes + box].float()
+        return cls(boxes, scores.float(), labels, image, torch.bincount(image, minlength=n_images).tolist(), box)
 
 
 def best_per_image(cands: BatchCandidates, k: int) -> BatchCandidates:
     """Each image's `k` best candidates, best first."""
-    keep = top_k_per_group(cands.scores, cands.image, k)
-    image = cands.image[keep]
-    return BatchCandidates(cands.boxes[keep], cands.scores[keep], cands.labels[keep], image,
-                           torch.bincount(image, minlength=len(cands.counts)).tolist())
+    return cands.take(top_k_per_group(cands.scores, cands.image, k))
 
 
 def clip_to_images(cands: BatchCandidates, transforms: Sequence[ImageTransform]) -> BatchCandidates:
@@ -92,17 +95,13 @@ def clip_to_images(cands: BatchCandidates, transforms: Sequence[ImageTransform])
                          dtype=cands.boxes.dtype, device=cands.boxes.device)
     rows = table[cands.image]
     low, high = rows[:, 0:2].repeat(1, 2), rows[:, 2:4].repeat(1, 2)
-    boxes = torch.minimum(torch.maximum(cands.boxes, low), high)
-    return BatchCandidates(boxes, cands.scores, cands.labels, cands.image, cands.counts)
+    return replace(cands, boxes=torch.minimum(torch.maximum(cands.boxes, low), high))
 
 
 def drop_small(cands: BatchCandidates, min_size: float) -> BatchCandidates:
     """Drop boxes narrower or lower than `min_size` (torchvision's remove_small_boxes)."""
     wh = cands.boxes[:, 2:] - cands.boxes[:, :2]
-    keep = ((wh[:, 0] >= min_size) & (wh[:, 1] >= min_size)).nonzero().squeeze(1)
-    image = cands.image[keep]
-    return BatchCandidates(cands.boxes[keep], cands.scores[keep], cands.labels[keep], image,
-                           torch.bincount(image, minlength=len(cands.counts)).tolist())
+    return cands.take(((wh[:, 0] >= min_size) & (wh[:, 1] >= min_size)).nonzero().squeeze(1))
 
 
 def gather_candidates(decoded: Sequence[Candidates] | DenseCandidates, spec: PostprocessSpec, conf: float,
@@ -159,9 +158,7 @@ def nms_batch(cands: BatchCandidates, iou: float, max_det: int, executor: Execut
         keep = torch.cat([kept[i] for i in images])
     else:
         keep = torch.cat([one(i) for i in images])
-    image = cands.image[keep]
-    return BatchCandidates(cands.boxes[keep], cands.scores[keep], cands.labels[keep], image,
-                           torch.bincount(image, minlength=n_images).tolist())
+    return cands.take(keep)
 
 
 def to_original(cands: BatchCandidates, transforms: Sequence[ImageTransform]) -> torch.Tensor:

@@ -31,6 +31,9 @@
 * RF100-VL rows (an `rf100vl` block or dataset id rf100_vl: 100 fine-tuned datasets, one row) are the site's
   own section: they stay in the cube, as the site lists them, but never in the COCO leaderboard, its
   canonical accuracy or the size-order check; `rf100vl` lists them with their variant (full100 / partial{n}).
+* Boards: a file whose model.task is "segment" (the site's rule) is on the segmentation board, its accuracy the
+  mask mAP: `segmentation_leaderboard`, apart from the detection `leaderboard`; the same model id on both is two
+  rows, never one (the board is part of the row's coordinate and of its accuracy identity).
 * Files the site would reject, and random-weights runs, are left out.
 """
 
@@ -47,6 +50,7 @@ from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
 KNOWN_VARIANTS = ("full", "mini500")
+BOARDS = ("detection", "segmentation")  # the site's COCO boards (model.task segment: mask mAP)
 # Our rules that keep a file out of the leaderboard altogether (the site's own rules always do).
 UNPUBLISHABLE = {"random-weights"}
 SIZE_ORDER_MARGIN = 0.10  # a larger variant this much faster than a smaller one is a finding
@@ -92,12 +96,14 @@ class PerfRow:
     accuracy_trusted: bool = True  # False: unpinned full-val commit or implausible accuracy
     section: str = "coco"  # "rf100vl": the site's RF100-VL section; "other": another dataset; both off the COCO boards
     dataset: str = "coco2017"  # dataset id and split
+    board: str = "detection"  # the site's COCO board: "detection", or "segmentation" (model.task segment; mask mAP)
 
     @property
     def coordinate(self) -> tuple:
-        """What was measured, whatever the timing mode and dataset variant."""
+        """What was measured, whatever the timing mode and dataset variant (a model's segmentation and detection
+        rows are two coordinates: their accuracy is of masks and of boxes)."""
         return (self.model, self.weights, self.hardware, self.format, self.provider, self.precision, self.tf32,
-                self.input_size, self.batch_size)
+                self.input_size, self.batch_size, self.board)
 
     @property
     def protocol(self) -> str:
@@ -119,7 +125,7 @@ class PerfRow:
         """Accuracy depends on the input size (a 320 px run never stands for a 640 px row; 0: unknown) and on
         the thresholds (a conf 0.25 run never stands for rows at the site's conf 0.001)."""
         return (self.model, self.weights, self.dataset, self.dataset_variant, self.accuracy_precision,
-                self.input_size or 0, self.protocol)
+                self.input_size or 0, self.protocol, self.board)
 
 
 def _num(value) -> float | None:
@@ -155,6 +161,7 @@ def row_from(report: FileReport) -> PerfRow:
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
         section="rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other",
         dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
+        board=sub.board,
     )
 
 
@@ -224,7 +231,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
         identity = {"model": key[0], "weights": key[1], "dataset": key[2], "dataset_variant": key[3],
                     "precision": key[4], "input_size": key[5] or None, "conf": best.conf, "iou": best.iou,
-                    "max_det": best.max_det}
+                    "max_det": best.max_det, "board": best.board}
         canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
@@ -239,7 +246,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
         return canonical.get((row.model, row.weights, row.dataset, variant, row.accuracy_precision,
-                              row.input_size or 0, row.protocol))
+                              row.input_size or 0, row.protocol, row.board))
 
     def show(row: PerfRow, entry: dict | None, variant: str) -> None:
         if entry is None:
@@ -255,23 +262,30 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         show(row, full or canonical_of(row, row.dataset_variant), "full" if full else row.dataset_variant)
 
     size_order = size_order_findings(coco_cube, size_ranks or {})
-    leaderboard = [replace(r) for r in _leaderboard_rows(coco_cube, leaderboard_variant)]
-    for row in leaderboard:  # pinned: the leaderboard variant's canonical number or nothing
-        show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
-    leaderboard.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
+    boards = {}
+    for board in BOARDS:
+        rows_shown = [replace(r) for r in _leaderboard_rows([r for r in coco_cube if r.board == board],
+                                                            leaderboard_variant)]
+        for row in rows_shown:  # pinned: the leaderboard variant's canonical number or nothing
+            show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
+        rows_shown.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
+        boards[board] = rows_shown
+    leaderboard = boards["detection"]
     return {
         "schema_version": "va-bench.leaderboard.v1",
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
                    "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
                    "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
-                                            "input_size", "batch_size", "protocol (conf, iou, max_det)",
+                                            "input_size", "batch_size", "board", "protocol (conf, iou, max_det)",
                                             "dataset_variant", "timing_mode"],
                    "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
-                                         "input_size", "protocol (conf, iou, max_det)"]},
+                                         "input_size", "protocol (conf, iou, max_det)", "board (mask or box mAP)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),
-                   "size_order_findings": len(size_order), "rf100vl_rows": len(cube) - len(coco_cube)},
+                   "size_order_findings": len(size_order), "rf100vl_rows": len(cube) - len(coco_cube),
+                   "segmentation_rows": sum(r.board == "segmentation" for r in coco_cube)},
         "leaderboard": [asdict(r) for r in leaderboard],
+        "segmentation_leaderboard": [asdict(r) for r in boards["segmentation"]],
         "canonical_accuracy": list(canonical.values()),
         "agreement_gate": gate,
         "size_order": size_order,

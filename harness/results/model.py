@@ -18,10 +18,14 @@ class Block(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+SEGMENT_TASKS = ("segment", "segmentation")  # the site's model.task values of its segmentation board
+
+
 class ModelBlock(Block):
     id: str | None = None
     family: str | None = None
     variant: str | None = None
+    task: str | None = None
     input_size: float | None = None
 
 
@@ -107,6 +111,12 @@ class Submission(Block):
     @property
     def dataset_id(self) -> str:
         return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
+
+    @property
+    def board(self) -> str:
+        """The site's board for the file (its transform.ts): "segmentation" when model.task is "segment" or
+        "segmentation", else "detection" (a segmentation model's file without a task lands on detection)."""
+        return "segmentation" if self.model.task in SEGMENT_TASKS else "detection"
 
     @property
     def is_rf100vl(self) -> bool:

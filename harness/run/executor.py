@@ -32,9 +32,9 @@ from harness.data.calibration import CalibrationSet
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
 from harness.data.variants import DatasetVariant
-from harness.detector.protocol import Detector, postprocess_spec
+from harness.detector.protocol import Detector, postprocess_spec, task_of
 from harness.errors import UsageError
-from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluator_version, max_dets_for
+from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluate_cell_file, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
 from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_json
 from harness.measure.device import Device
@@ -69,6 +69,7 @@ MODULES_LOADED_AT = time.time()
 # Batch invariance: same class, IoU >= 0.99 and |score delta| <= 1e-3 between two cells' detections.
 INVARIANCE_IOU = 0.99
 INVARIANCE_SCORE_TOL = 1e-3
+INVARIANCE_MASK_IOU = 0.99  # segmentation: a matched detection's mask also agrees with its batch-1 mask
 # An int8 cell must keep this share of the same model's fp32 mAP on the same images (MLPerf's rule)
 INT8_KEEP = 0.99
 
@@ -157,7 +158,14 @@ class GroupExecutor:
         self.postprocess = post.to_dict()
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
                                          read_image=ctx.images.read,
-                                         stream_workers=resolve_workers(config.workers, ctx.device.is_cuda))
+                                         stream_workers=resolve_workers(config.workers, ctx.device.is_cuda),
+                                         masks=config.masks)
+        # the cell's task: a segmentation model with --no-masks is a detector here (boxes only, the detection board)
+        self.task = "segment" if self.pipeline.masks else "detect"
+        if self.pipeline.masks:
+            self.masks_record: dict | str | None = detector.mask_spec.to_dict()
+        else:
+            self.masks_record = "off (--no-masks): boxes only" if task_of(detector) == "segment" else None
         self.reference: tuple[int, list[ImageDetections]] | None = None  # (batch size, detections)
         self.fp32_reference: dict | None = None  # int8: the fp32 core's accuracy on the same images
         if getattr(self.core, "needs_calibration", False):
@@ -182,11 +190,7 @@ class GroupExecutor:
         keep = np.asarray(self.label_categories) >= 0
         if keep.all():
             return detections
-        out = []
-        for d in detections:
-            mask = keep[d.labels] if len(d.labels) else np.zeros(0, bool)
-            out.append(ImageDetections(d.image_id, d.boxes[mask], d.scores[mask], d.labels[mask]))
-        return out
+        return [d.select(keep[d.labels] if len(d.labels) else np.zeros(0, bool)) for d in detections]
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
         """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
@@ -199,7 +203,7 @@ class GroupExecutor:
                 reference.append(ImageDetections(record.image_id, np.zeros((0, 4)), np.zeros(0), np.zeros(0, int)))
             else:
                 labels = np.array([contiguous[int(c)] for c in d.labels], dtype=int)
-                reference.append(ImageDetections(record.image_id, d.boxes, d.scores, labels))
+                reference.append(ImageDetections(record.image_id, d.boxes, d.scores, labels, d.masks))
         self.reference = (batch_size, reference)
 
     # ------------------------------------------------------------------------------------ one cell
@@ -223,15 +227,16 @@ class GroupExecutor:
                 invariance = Invariance(cell.batch_size, None)
         else:
             ref_size, ref = self.reference
-            invariance = Invariance(ref_size, match_detections(ref, self._scored(detections), INVARIANCE_IOU,
-                                                               INVARIANCE_SCORE_TOL))
+            invariance = Invariance(ref_size, match_detections(
+                ref, self._scored(detections), INVARIANCE_IOU, INVARIANCE_SCORE_TOL,
+                mask_iou_threshold=INVARIANCE_MASK_IOU if self.pipeline.masks else None))
         load_end = os.getloadavg()
         record = CellRecord(
             run_id=ctx.run_id,
             created_at=_now(),
             cell=cell,
             model={"id": self.detector.model_id, "family": self.detector.family, "variant": self.detector.variant,
-                   "weights": self.detector.weights.__dict__},
+                   "task": self.task, "weights": self.detector.weights.__dict__},
             runtime={**{("torch_device" if k == "device" else k): v for k, v in self.core.info().items()},
                      "format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
                      "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
@@ -239,7 +244,8 @@ class GroupExecutor:
                      "host": self.pipeline.host_info(ctx.config.overlap)},  # --workers; where host ops run
             dataset={**ctx.dataset.describe(), **ctx.variant.describe()},
             thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
-                        "preprocess": self.spec.to_dict()},
+                        "preprocess": self.spec.to_dict(),
+                        **({"masks": self.masks_record} if self.masks_record is not None else {})},
             hardware=ctx.hardware,
             environment={**ctx.environment, "load_average": {"cell_start": [round(v, 2) for v in load_start],
                                                              "cell_end": [round(v, 2) for v in load_end]},
@@ -404,8 +410,9 @@ class GroupExecutor:
             return None, "accuracy evaluation skipped (--no-accuracy)"
         cap = ctx.config.eval_max_det
         with ctx.progress.task(f"COCO eval {cell.label}", None):
-            stats, per_class = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / detections_file,
-                                                            list(ctx.variant.image_ids), ctx.config.evaluator, cap=cap)
+            stats, per_class, iou_types = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
+                                                             list(ctx.variant.image_ids), ctx.config.evaluator, cap,
+                                                             self.task)
         per_class_file = f"per_class/{cell_slug(cell)}.json"
         names = ctx.dataset.categories
         atomic_write_json(ctx.run_dir / per_class_file, {"eval_max_det": cap, "categories": [
@@ -420,7 +427,8 @@ class GroupExecutor:
         return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
                               num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file, max_dets=max_dets_for(cap),
-                              per_class_file=per_class_file), None
+                              per_class_file=per_class_file,
+                              iou_types=iou_types), None
 
     def _int8_verdict(self, cell: Cell, accuracy: AccuracyRecord) -> dict:
         """The int8 cell's mAP beside the same model's fp32 mAP on the same images and backend (an untimed scoring

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
 from harness.backends.support import check_support
-from harness.catalogue import PLUGIN_PATTERN, check_model_id
+from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
 from harness.config import RunConfig, device_spec
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
@@ -235,10 +235,21 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)
     _check_execution_modes(config, kind)
     _check_models(config)
+    _check_segment_backends(config)
     if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():
         raise UsageError(path_problem("--calibration", config.calibration, "not a folder")
                          + "; give a folder of image files")
     return BackendOptions.from_config(config)
+
+
+def _check_segment_backends(config: RunConfig) -> None:
+    """Masks come from the runtimes whose cores return a segment model's mask maps; the others are refused."""
+    segment = [m for m in config.models if m in segment_ids()]
+    others = [b for b in config.backends if b not in SEGMENT_BACKENDS]
+    if config.masks and segment and others:
+        raise UsageError(f"{segment[0]} is a segmentation model: its masks run on {' and '.join(SEGMENT_BACKENDS)}, "
+                         f"not {others[0]}; use --backend {SEGMENT_BACKENDS[0]} or pytorch, or --no-masks to time "
+                         "and score its boxes only")
 
 
 def _check_models(config: RunConfig) -> None:

@@ -43,11 +43,14 @@ def print_validation(console: Console, validation, warnings: bool) -> None:
 
 
 def print_leaderboard(console: Console, board: dict, notes: list[str], output) -> None:
-    """The leaderboard, its agreement gate, size order and RF100-VL tables, then the counts."""
+    """The leaderboard (and the segmentation board when it has rows), its agreement gate, size order and RF100-VL
+    tables, then the counts."""
     from harness.views.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
 
     print_notes(console, notes)
     console.print(leaderboard_table(board))
+    if board.get("segmentation_leaderboard"):
+        console.print(leaderboard_table(board, which="segmentation"))
     console.print(gate_table(board))
     if board["size_order"]:
         console.print(size_order_table(board))

@@ -16,16 +16,18 @@ def _model_label(row: dict, several_weights: set[str]) -> str:
     return f"{row['model']} [{value[:8] if kind == 'sha256' else value or kind}]"
 
 
-def leaderboard_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
-    """Batch-1 rows with the pinned accuracy: `full` (canonical full-val) or the variant it came from."""
-    rows = board["leaderboard"]
+def leaderboard_table(board: dict, max_rows: int = MAX_ROWS, which: str = "detection") -> Table:
+    """Batch-1 rows of one board (detection; segmentation: mask mAP) with the pinned accuracy: `full` (canonical
+    full-val) or the variant it came from."""
+    rows = board["leaderboard"] if which == "detection" else board.get("segmentation_leaderboard", [])
     variant = board["policy"].get("leaderboard_variant", "full")
     weights_of: dict[str, set] = {}
     for r in board["cube"]:
         weights_of.setdefault(r["model"], set()).add(r["weights"])
     several = {m for m, w in weights_of.items() if len(w) > 1}
     label = "full-val" if variant == "full" else variant
-    table = Table(title=f"leaderboard (batch 1, default input size; mAP: canonical {label} only): {len(rows)} rows"
+    title = "leaderboard" if which == "detection" else "segmentation board (mask mAP)"
+    table = Table(title=f"{title} (batch 1, default input size; mAP: canonical {label} only): {len(rows)} rows"
                   + (f", first {max_rows} shown (-o for all)" if len(rows) > max_rows else ""))
     for col in ("hardware", "model", "format", "provider", "precision", "size", "timed on", "mAP", "mAP of",
                 "p50 ms", "fps", "flags"):
