@@ -21,8 +21,13 @@ from harness.errors import UsageError
 
 SIZES = ("n", "s", "m", "l", "x")  # the Ultralytics-format families' size letters, smallest first
 ULTRALYTICS_PATTERNS = {"yolov8": "yolov8{}", "yolo11": "yolo11{}", "yolov5u": "yolov5{}u", "yolo26": "yolo26{}"}
+# Ultralytics-format segmentation exports users bring (boxes, coefficients and prototypes): model id -> family
+ULTRALYTICS_SEGMENT_PATTERNS = {"yolov8": "yolov8{}-seg", "yolo11": "yolo11{}-seg"}
+ULTRALYTICS_SEGMENT_IDS: dict[str, str] = {
+    pattern.format(size): family for family, pattern in ULTRALYTICS_SEGMENT_PATTERNS.items() for size in SIZES}
 ULTRALYTICS_MODEL_IDS: dict[str, str] = {  # model id -> family, smallest first
-    pattern.format(size): family for family, pattern in ULTRALYTICS_PATTERNS.items() for size in SIZES}
+    **{pattern.format(size): family for family, pattern in ULTRALYTICS_PATTERNS.items() for size in SIZES},
+    **ULTRALYTICS_SEGMENT_IDS}
 CATALOGUE = Path(__file__).parent / "models" / "catalogue.yaml"
 PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")  # --model file.py:factory
 YOLOX_VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}  # -> the release's input size
@@ -42,6 +47,9 @@ def size_ranks() -> dict[str, tuple[str, int]]:
     for family, pattern in ULTRALYTICS_PATTERNS.items():
         for rank, size in enumerate(SIZES):
             ranks[pattern.format(size)] = (family, rank)
+    for family, pattern in ULTRALYTICS_SEGMENT_PATTERNS.items():
+        for rank, size in enumerate(SIZES):
+            ranks[pattern.format(size)] = (f"{family}-seg", rank)
     # ranked within a catalogue block: a family's segmentation ids (dfine-seg) are not sizes of its detectors
     for key, block in _catalogue()["libreyolo"]["families"].items():
         for rank, model_id in enumerate(block["models"]):
@@ -56,7 +64,7 @@ SEGMENT_BACKENDS = ("onnxruntime", "pytorch")  # the runtimes whose cores return
 def segment_ids() -> frozenset[str]:
     """Registry ids of segmentation models (task segment): their masks are computed and scored."""
     return frozenset(model_id for block in _catalogue()["libreyolo"]["families"].values()
-                     if block.get("task") == "segment" for model_id in block["models"])
+                     if block.get("task") == "segment" for model_id in block["models"]) | set(ULTRALYTICS_SEGMENT_IDS)
 
 
 @cache

@@ -411,6 +411,48 @@ def test_random_weights_run_end_to_end(model_id, input_size, tmp_path):
     assert ("pending-support-matrix" in pending) == (model_id in pending_site_ids())
 
 
+@requires_coco
+@requires_corpus
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RFDETR, reason="RF-DETR needs `transformers`")
+def test_segmentation_run_end_to_end(tmp_path):
+    """Acceptance: `run --model rfdetr-seg-n --weights random --batch-sizes 1 4 --limit 8` writes segment
+    submissions the site's schema accepts and its board rule puts on the segmentation board; batch 4 matches
+    batch 1 box and mask (mask IoU >= 0.99) on >= 99 % of detections; the detections files carry each mask as a
+    COCO RLE at its source image's height x width, and the masks are their own post-processing substep."""
+    import jsonschema
+    from pycocotools import mask as mask_utils
+
+    from harness.config import RunConfig
+    from harness.results.model import Submission
+    from harness.run.plan import prepare
+    from harness.run.scheduler import Scheduler
+
+    plan = prepare(RunConfig(models=["rfdetr-seg-n"], weights=RANDOM_WEIGHTS, backends=["pytorch"],
+                             batch_sizes=[1, 4], limit=8, warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2,
+                             energy=False, draw_images=1, coco_dir=str(COCO_DIR), output_dir=str(tmp_path)))
+    outcome = Scheduler(plan, ["run", "--test", "segment"]).run()
+    assert not outcome.problems and len(outcome.records) == 2, outcome.problems
+    b4 = next(r for r in outcome.records if r.cell.batch_size == 4)
+    report = b4.invariance.report
+    assert report.mask_iou_threshold == 0.99 and report.match_rate >= 0.99, report.to_dict()
+    schema = json.loads((CORPUS / "schemas" / "submission.v1.json").read_text())
+    sizes = {r.image_id: (r.height, r.width) for r in plan.records}
+    for f in sorted((plan.run_dir / "submissions").glob("*.json")):
+        doc = json.loads(f.read_text())
+        jsonschema.validate(doc, schema)
+        assert doc["model"]["task"] == "segment" and Submission.model_validate(doc).board == "segmentation"
+        assert doc["config"]["masks"]["kind"] == "query"
+        assert "postprocess.masks" in doc["timing"]["stages_ms"]
+    for f in (plan.run_dir / "detections").glob("*.json"):
+        results = json.loads(f.read_text())
+        assert {r["image_id"] for r in results} == set(sizes)
+        for r in results:
+            assert tuple(r["segmentation"]["size"]) == sizes[r["image_id"]]
+        assert sum(mask_utils.area(r["segmentation"]) > 0 for r in results) > len(results) // 2
+    assert list((plan.run_dir / "images").glob("*.jpg"))
+
+
 # Published figures (params in millions, GFLOPs = 2 x GMACs) at the native input size: YOLOX's README
 # (nano 0.91 M, 1.08 G at 416), DEIMv2's README (atto 0.49 M, 0.76 G at 320), RT-DETR's README (R18 20 M,
 # 60 G at 640).
@@ -635,7 +677,7 @@ def test_models_list_filters_and_unavailable_families():
     damo = json.loads(run_in_process("models", "list", "--family", "damoyolo", "--json").stdout)
     assert len(damo) == 6 and all(not r["available"] and "not in libreyolo 1.6.0" in r["note"] for r in damo)
     segment = json.loads(run_in_process("models", "list", "--task", "segment", "--json").stdout)
-    assert len(segment) == 13 and {r["task"] for r in segment} == {"segment"}
+    assert len(segment) == 13 + 10 and {r["task"] for r in segment} == {"segment"}  # libreyolo 13, Ultralytics 10
     refused = run_in_process("run", "--model", "damoyolo-s")
     assert refused.returncode == 2 and "damoyolo-s is not available: not in libreyolo 1.6.0" in refused.stderr
 

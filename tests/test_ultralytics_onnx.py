@@ -259,3 +259,113 @@ def test_exported_graph_is_left_untouched_on_disk(dense_onnx):
     get_detector("yolov8n", str(dense_onnx)).onnx_model  # noqa: B018 (builds the rewritten copy)
     assert dense_onnx.read_bytes() == before
     assert onnx.load(str(dense_onnx)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+
+
+# ------------------------------------------------------------------------------------------ segmentation
+
+PROTOTYPES = 8
+SEG_MAX_DET = 100  # detections per image the mask comparison covers (the reference's masks are float64)
+
+
+class TinySeg(TinyDense):
+    """Like a YOLOv8-seg export: [B, 4 + 80 + P, N] (the dense rows plus P mask coefficients per anchor) and
+    prototypes [B, P, SIZE / 4, SIZE / 4]."""
+
+    def __init__(self):
+        super().__init__()
+        self.coefficients = nn.Conv2d(3, PROTOTYPES, kernel_size=STRIDE, stride=STRIDE)
+        self.prototypes = nn.Conv2d(3, PROTOTYPES, kernel_size=4, stride=4)
+        nn.init.normal_(self.coefficients.weight, std=0.5)
+        nn.init.normal_(self.prototypes.weight, std=0.5)
+
+    def forward(self, x):
+        coefficients = self.coefficients(x).reshape(x.shape[0], PROTOTYPES, -1)
+        return torch.cat((super().forward(x), coefficients), dim=1), torch.tanh(self.prototypes(x - 0.5) * 4)
+
+
+def _bilinear(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """[n, h, w] -> [n, H, W]: bilinear with half-pixel centres, edges clamped, no antialiasing, written out."""
+    def axis(n_in: int, n_out: int):
+        src = np.maximum((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0)
+        low = np.minimum(np.floor(src).astype(int), n_in - 1)
+        return low, np.minimum(low + 1, n_in - 1), src - low
+
+    (y0, y1, fy), (x0, x1, fx) = axis(values.shape[1], size[0]), axis(values.shape[2], size[1])
+    rows = values[:, y0] * (1 - fy)[None, :, None] + values[:, y1] * fy[None, :, None]
+    return rows[:, :, x0] * (1 - fx)[None, None, :] + rows[:, :, x1] * fx[None, None, :]
+
+
+def _reference_masks(path, image) -> tuple[tuple, np.ndarray]:
+    """The validator-style detections of the export (ONNX Runtime, batch 1) and each one's mask, in numpy:
+    sigmoid(coefficients @ prototypes), to the input size, zero outside its box, the padding cropped, to the
+    source size, on at >= 0.5."""
+    x, r, (left, top) = _reference_letterbox(image)
+    rows, prototypes = ort.InferenceSession(str(path)).run(None, {"images": x[None]})
+    pred = torch.from_numpy(rows[0]).T  # [N, 84 + P]
+    xyxy = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), dim=1)
+    i, j = torch.where(pred[:, 4:84] > 0.001)
+    boxes, scores, labels = xyxy[i], pred[i, 4 + j], j
+    order = scores.argsort(descending=True)[:MAX_NMS]
+    keep = order[batched_nms(boxes[order], scores[order], labels[order], 0.7)[:SEG_MAX_DET]]
+    input_boxes = boxes[keep].numpy().astype(np.float64)
+    coefficients = pred[i[keep], 84:].numpy().astype(np.float64)
+    protos = prototypes[0].astype(np.float64)
+    masks = 1 / (1 + np.exp(-(coefficients @ protos.reshape(PROTOTYPES, -1)))).reshape(-1, *protos.shape[1:])
+    masks = _bilinear(masks, (SIZE, SIZE))
+    ys, xs = np.arange(SIZE)[None, :, None], np.arange(SIZE)[None, None, :]
+    b = input_boxes[:, :, None, None]
+    masks *= (xs >= b[:, 0]) & (xs < b[:, 2]) & (ys >= b[:, 1]) & (ys < b[:, 3])
+    h0, w0 = image.shape[:2]
+    h, w = round(h0 * r), round(w0 * r)
+    masks = _bilinear(masks[:, top:top + h, left:left + w], (h0, w0)) >= 0.5
+    source = (input_boxes - [left, top, left, top]) / r
+    source = np.clip(source, 0, [w0, h0, w0, h0])
+    return (source, scores[keep].numpy(), labels[keep].numpy()), masks
+
+
+@pytest.fixture(scope="module")
+def seg_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ul") / "yolov8n-seg.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(TinySeg().eval(), (torch.rand(1, 3, SIZE, SIZE),), str(path), input_names=["images"],
+                          output_names=["output0", "output1"], opset_version=17, dynamo=False)
+    return path
+
+
+@requires_coco
+@pytest.mark.parametrize("backend", ["onnxruntime", pytest.param("pytorch", marks=pytest.mark.heavy)])
+def test_segmentation_export_masks_match_a_numpy_reference(seg_onnx, images, backend):
+    """An Ultralytics-format -seg export (static batch 1, as exported by default) at batch 3 on real images of
+    several aspect ratios (letterboxed: the padding is cropped): every detection of the validator-style reference
+    is ours (class, score, box), and its mask is ours at IoU >= 0.99 for >= 99 % of them."""
+    from pycocotools import mask as mask_utils
+
+    detector = get_detector("yolov8n-seg", str(seg_onnx))
+    assert detector.task == "segment" and detector.coefficients == PROTOTYPES
+    records, decoded = images
+    pipeline = _pipeline(detector, backend)
+    pipeline.thresholds = Thresholds(0.001, 0.7, SEG_MAX_DET)
+    ours = pipeline.run_batch(records[:3], StageTimer(parse_device("cpu")))
+    agree = total = nonempty = 0
+    for det, image in zip(ours, decoded[:3], strict=True):
+        (boxes, scores, labels), masks = _reference_masks(seg_onnx, image)
+        assert len(det.masks) == len(det.scores) > 30 and _unmatched((det.boxes, det.scores, det.labels),
+                                                                      (boxes, scores, labels)) == 0
+        assert {tuple(m["size"]) for m in det.masks} == {image.shape[:2]}
+        for box, score, label, mask in zip(boxes, scores, labels, masks, strict=True):
+            k = np.flatnonzero((det.labels == label) & (np.abs(det.scores - score) <= 1e-5)
+                               & (np.abs(det.boxes - box).max(axis=1) <= 1e-2))[0]
+            theirs = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+            iou = mask_utils.iou([det.masks[k]], [theirs], [0])[0][0]
+            agree += iou >= 0.99 or (mask.sum() == 0 and mask_utils.area(det.masks[k]) == 0)
+            total += 1
+            nonempty += mask.sum() > 0
+    assert agree >= 0.99 * total and total > 100 and nonempty > total // 2, (agree, total, nonempty)
+
+
+def test_a_segmentation_export_under_a_detection_id_is_one_line(seg_onnx, dense_onnx):
+    with pytest.raises(UsageError, match="segmentation export; run it as --model yolov8n-seg"):
+        get_detector("yolov8n", str(seg_onnx))
+    with pytest.raises(UsageError, match="detection export; run it as --model yolov8n$"):
+        get_detector("yolov8n-seg", str(dense_onnx))

@@ -24,12 +24,14 @@ class DetectionFileError(ValueError):
 
 @dataclass(frozen=True)
 class DetectionSet:
-    """COCO results as columns: one row per detection, boxes [x, y, w, h] in image pixels."""
+    """COCO results as columns: one row per detection, boxes [x, y, w, h] in image pixels; `masks` the COCO RLEs
+    when every result has one (instance segmentation)."""
 
     image_ids: np.ndarray  # int64 [N]
     category_ids: np.ndarray  # int64 [N]
     boxes: np.ndarray  # float64 [N, 4]
     scores: np.ndarray  # float64 [N]
+    masks: list[dict] | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -37,7 +39,8 @@ class DetectionSet:
     def above(self, conf: float) -> DetectionSet:
         """Only the detections scoring at least `conf`."""
         keep = self.scores >= conf
-        return DetectionSet(self.image_ids[keep], self.category_ids[keep], self.boxes[keep], self.scores[keep])
+        masks = None if self.masks is None else [self.masks[i] for i in np.flatnonzero(keep).tolist()]
+        return DetectionSet(self.image_ids[keep], self.category_ids[keep], self.boxes[keep], self.scores[keep], masks)
 
 
 def _number(value, what: str, index: int) -> float:
@@ -50,7 +53,7 @@ def parse_coco_detections(results) -> DetectionSet:
     """COCO results (list of {image_id, category_id, bbox [x,y,w,h], score}) -> columns; strict."""
     if not isinstance(results, list):
         raise DetectionFileError(f"expected a JSON list of COCO detections, found {type(results).__name__}")
-    ids, cats, boxes, scores = [], [], [], []
+    ids, cats, boxes, scores, masks = [], [], [], [], []
     for i, r in enumerate(results):
         if not isinstance(r, dict):
             raise DetectionFileError(f"detection {i} is {type(r).__name__}, not an object")
@@ -66,8 +69,23 @@ def parse_coco_detections(results) -> DetectionSet:
             raise DetectionFileError(f"detection {i}: bbox is not a list [x, y, w, h]")
         boxes.append([_number(v, "a bbox value", i) for v in bbox])
         scores.append(_number(r["score"], "score", i))
+        if "segmentation" in r:
+            masks.append(_rle(r["segmentation"], i))
+    if masks and len(masks) != len(results):
+        raise DetectionFileError(f"{len(masks)} of {len(results)} detections have a segmentation; a results file has "
+                                 "masks for every detection or for none")
     return DetectionSet(np.asarray(ids, dtype=np.int64), np.asarray(cats, dtype=np.int64),
-                        np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(scores, dtype=np.float64))
+                        np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(scores, dtype=np.float64),
+                        masks or None)
+
+
+def _rle(value, index: int) -> dict:
+    """A compressed COCO RLE ({"size": [h, w], "counts": str}), checked."""
+    size = value.get("size") if isinstance(value, dict) else None
+    if not (isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v >= 0 for v in size)
+            and isinstance(value.get("counts"), str)):
+        raise DetectionFileError(f"detection {index}: segmentation is not a COCO RLE {{size: [h, w], counts: str}}")
+    return value
 
 
 def _reject_constant(name: str):
@@ -96,6 +114,7 @@ class DetectionDiff:
     detections_b: int
     matched: int
     conf_deltas: tuple[float, ...]  # |score A - score B| of every matched pair
+    iou_type: str = "bbox"  # "segm": both sides have masks, paired by mask IoU
 
     @property
     def matched_share(self) -> float:
@@ -119,17 +138,21 @@ class DetectionDiff:
         return {"mean": float(d.mean()), "p95": float(np.percentile(d, 95)), "max": float(d.max())}
 
     def to_dict(self) -> dict:
-        return {"status": "ok", "images": self.images, "conf": self.conf, "iou": self.iou,
+        return {"status": "ok", "images": self.images, "conf": self.conf, "iou": self.iou, "iou_type": self.iou_type,
                 "detections_a": self.detections_a, "detections_b": self.detections_b, "matched": self.matched,
                 "matched_share": self.matched_share, "unmatched_a": self.unmatched_a,
                 "unmatched_b": self.unmatched_b, "abs_conf_delta": self.conf_delta_stats()}
 
 
-def _pair(boxes_a: np.ndarray, scores_a: np.ndarray, boxes_b: np.ndarray, iou_thr: float) -> list[tuple[int, int]]:
-    """Greedy pairs (i, j) of one image and class."""
-    iou = mask_utils.iou(boxes_a, boxes_b, [0] * len(boxes_b))
-    # a box clipped to zero area has IoU 0 even with itself (pycocotools): identical boxes pair exactly
-    identical = (boxes_a[:, None, :] == boxes_b[None, :, :]).all(axis=-1)
+def _pair(boxes_a, scores_a: np.ndarray, boxes_b, iou_thr: float) -> list[tuple[int, int]]:
+    """Greedy pairs (i, j) of one image and class; `boxes_*` are [x, y, w, h] rows or COCO RLE masks."""
+    iou = np.asarray(mask_utils.iou(boxes_a, boxes_b, [0] * len(boxes_b)), dtype=np.float64)
+    iou = iou.reshape(len(boxes_a), len(boxes_b))
+    # a box clipped to zero area (or an empty mask) has IoU 0 even with itself (pycocotools): identical ones pair
+    if isinstance(boxes_a, np.ndarray):
+        identical = (boxes_a[:, None, :] == boxes_b[None, :, :]).all(axis=-1)
+    else:
+        identical = np.array([[ma == mb for mb in boxes_b] for ma in boxes_a], dtype=bool).reshape(iou.shape)
     iou = np.where(identical, 1.0, iou)
     taken = np.zeros(len(boxes_b), dtype=bool)
     pairs = []
@@ -154,15 +177,21 @@ def _groups(d: DetectionSet) -> dict[tuple[int, int], np.ndarray]:
 
 
 def diff_detections(a: DetectionSet, b: DetectionSet, iou: float = 0.5, conf: float = 0.4) -> DetectionDiff:
-    """Pair A's and B's detections scoring >= conf, per image and class, at IoU >= iou."""
+    """Pair A's and B's detections scoring >= conf, per image and class, at IoU >= iou: the masks' IoU where both
+    sets have masks, else the boxes'."""
     images = len(np.union1d(a.image_ids, b.image_ids))
     a, b = a.above(conf), b.above(conf)
+    segm = a.masks is not None and b.masks is not None
     groups_b = _groups(b)
     deltas: list[float] = []
     for key, rows_a in _groups(a).items():
         rows_b = groups_b.get(key)
         if rows_b is None:
             continue
-        for i, j in _pair(a.boxes[rows_a], a.scores[rows_a], b.boxes[rows_b], iou):
+        if segm:
+            shapes_a, shapes_b = [a.masks[k] for k in rows_a.tolist()], [b.masks[k] for k in rows_b.tolist()]
+        else:
+            shapes_a, shapes_b = a.boxes[rows_a], b.boxes[rows_b]
+        for i, j in _pair(shapes_a, a.scores[rows_a], shapes_b, iou):
             deltas.append(abs(float(a.scores[rows_a[i]]) - float(b.scores[rows_b[j]])))
-    return DetectionDiff(images, conf, iou, len(a), len(b), len(deltas), tuple(deltas))
+    return DetectionDiff(images, conf, iou, len(a), len(b), len(deltas), tuple(deltas), "segm" if segm else "bbox")

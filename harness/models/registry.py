@@ -78,7 +78,8 @@ def _ultralytics_entries() -> list[ModelEntry]:
         note="Ultralytics-format ONNX export (--weights FILE.onnx, or a TensorRT FILE.engine of one)",
         postprocess=ultralytics_onnx.postprocess_kind(family),
         local_weights=lambda m=model_id: ultralytics_onnx.cached_weights(m),
-        engines=True,
+        engines=model_id not in ultralytics_onnx.SEGMENT_IDS,
+        task="segment" if model_id in ultralytics_onnx.SEGMENT_IDS else "detect",
     ) for model_id, family in ultralytics_onnx.MODEL_IDS.items()]
 
 

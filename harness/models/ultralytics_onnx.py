@@ -8,6 +8,11 @@ No Ultralytics code is imported (AGPL): the harness reads the exported graph's o
   the 30000 best candidates kept before NMS (its max_nms), class-aware NMS.
 - "end2end" layout (yolo26's default, NMS-free): one output [B, K, 6] = x1, y1, x2, y2, score, class
   in input pixels. Post-processing kind "topk": each image's best max_det rows with score >= conf.
+- "segment" layout (the `-seg` ids: yolov8n-seg, yolo11n-seg, ...): two outputs, [B, 4 + C + P, N] (the
+  dense layout plus P mask coefficients per anchor) and the prototypes [B, P, h, w]. Boxes as "dense"; each
+  kept detection's mask is sigmoid(coefficients @ prototypes) at prototype resolution, upsampled to the input
+  size, cropped to its box, the letterbox padding cropped, resized to the source image, on at >= 0.5
+  (MaskSpec "prototypes", harness/pipeline/masks.py).
 Thresholds: conf 0.001, iou 0.7, max_det 300 (Ultralytics' validation defaults; the leaderboard's
 submissions for these families use them).
 
@@ -33,7 +38,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from harness.catalogue import ULTRALYTICS_MODEL_IDS
+from harness.catalogue import ULTRALYTICS_MODEL_IDS, ULTRALYTICS_SEGMENT_IDS
 from harness.data.categories import COCO80_TO_91
 from harness.detector.engine import (
     engine_core_source,
@@ -48,6 +53,8 @@ from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
     DenseCandidates,
+    MaskMaps,
+    MaskSpec,
     ModelStats,
     PostprocessSpec,
     PreprocessSpec,
@@ -59,12 +66,14 @@ from harness.errors import UsageError
 from harness.files import file_sha256
 
 MODEL_IDS = ULTRALYTICS_MODEL_IDS
+SEGMENT_IDS = ULTRALYTICS_SEGMENT_IDS
+PROTOTYPE_MASKS = MaskSpec(kind="prototypes", values="probabilities", resize="via_input", crop_to_box="input")
 DEFAULT_INPUT_SIZE = 640
 MAX_NMS = 30000  # Ultralytics' pre-NMS candidate cap
 BATCH_CHECK = (1, 2)
 DENSE_POST = PostprocessSpec(kind="nms", conf=0.001, iou=0.7, max_det=300, multi_label=True, pre_nms_topk=MAX_NMS)
 END2END_POST = PostprocessSpec(kind="topk", conf=0.001, max_det=300)
-LAYOUTS = ("dense", "end2end")
+LAYOUTS = ("dense", "end2end")  # an engine's; an ONNX export may also be "segment"
 
 
 def postprocess_kind(family: str) -> str:
@@ -93,19 +102,29 @@ class UltralyticsOnnxDetector:
         if model_id not in MODEL_IDS:
             raise UsageError(f"unknown Ultralytics-format model {model_id!r}; known: {', '.join(MODEL_IDS)}")
         self.model_id, self.family = model_id, MODEL_IDS[model_id]
-        self.variant = model_id.removesuffix("u")[-1]  # the size letter: n, s, m, l, x
+        self.variant = model_id.removesuffix("-seg").removesuffix("u")[-1]  # the size letter: n, s, m, l, x
+        self.task = "segment" if model_id in SEGMENT_IDS else "detect"
+        if self.task == "segment":
+            self.mask_spec = PROTOTYPE_MASKS
         if weights == RANDOM_WEIGHTS:
             raise UsageError(f"--weights random needs a torch-defined model; {model_id} is defined by its "
                              "ONNX export (pass --weights FILE.onnx)")
         self.path = self._resolve(weights)
         self.engine = is_engine_file(self.path)
+        if self.engine and self.task == "segment":
+            raise UsageError(f"{model_id}: segmentation runs on onnxruntime and pytorch from its ONNX export, not from "
+                             "a TensorRT engine; pass --weights FILE.onnx")
         if self.engine:
-            self._raw_model, self.fixed_size = None, None  # the engine's shapes are checked at load
+            self._raw_model, self.fixed_size, self.coefficients = None, None, 0  # shapes are checked at load
             self.layout = self._engine_layout()
             self.weights = engine_weights(self.path)
         else:
             self._raw_model = self._load(self.path)
-            self.layout, num_classes = self._layout()
+            self.layout, num_classes, self.coefficients = self._layout()
+            if (self.layout == "segment") != (self.task == "segment"):
+                other = f"{model_id}-seg" if self.task == "detect" else model_id.removesuffix("-seg")
+                kind = "segmentation" if self.layout == "segment" else "detection"
+                raise UsageError(f"{self.path} is an Ultralytics {kind} export; run it as --model {other}")
             if num_classes is not None and num_classes != len(COCO80_TO_91):
                 raise UsageError(f"{self.path} predicts {num_classes} classes; COCO evaluation needs an 80-class "
                                  "export")
@@ -140,17 +159,22 @@ class UltralyticsOnnxDetector:
         except Exception as exc:  # onnx raises DecodeError and friends
             raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__})") from exc
 
-    def _layout(self) -> tuple[str, int | None]:
-        """("end2end", None) for [B, K, 6]; ("dense", C) for [B, 4 + C, N]; one line otherwise."""
+    def _layout(self) -> tuple[str, int | None, int]:
+        """(layout, classes, mask coefficients): ("end2end", None, 0) for [B, K, 6]; ("dense", C, 0) for
+        [B, 4 + C, N]; ("segment", C, P) for [B, 4 + C + P, N] and prototypes [B, P, h, w]; one line otherwise."""
         outputs = self._raw_model.graph.output
-        dims = _dims(outputs[0]) if len(outputs) == 1 else []
-        if len(dims) == 3 and dims[2] == 6:
-            return "end2end", None
-        if len(dims) == 3 and dims[1] and dims[1] > 4:
-            return "dense", dims[1] - 4
         shapes = [_dims(o) for o in outputs]
+        dims = shapes[0] if shapes else []
+        if len(shapes) == 2 and len(dims) == 3 and len(shapes[1]) == 4 and shapes[1][1] and dims[1] \
+                and dims[1] > 4 + shapes[1][1]:
+            return "segment", dims[1] - 4 - shapes[1][1], shapes[1][1]
+        if len(shapes) == 1 and len(dims) == 3 and dims[2] == 6:
+            return "end2end", None, 0
+        if len(shapes) == 1 and len(dims) == 3 and dims[1] and dims[1] > 4:
+            return "dense", dims[1] - 4, 0
         raise UsageError(f"{self.path} does not look like an Ultralytics-format export: want one output "
-                         f"[B, 4+C, N] or [B, K, 6], found {shapes}")
+                         f"[B, 4+C, N] or [B, K, 6], or a segmentation export's [B, 4+C+P, N] and [B, P, h, w]; "
+                         f"found {shapes}")
 
     def _engine_layout(self) -> str:
         """An engine's layout: its sidecar's "layout", else the family's default export's."""
@@ -199,9 +223,14 @@ class UltralyticsOnnxDetector:
         out = raw[0]
         if self.layout == "end2end":
             return [Candidates(boxes=o[:, :4], scores=o[:, 4], labels=o[:, 5].long()) for o in out]
-        pred = out.transpose(1, 2)  # [B, N, 4 + C]
+        pred = out.transpose(1, 2)  # [B, N, 4 + C (+ P)]
         xy, half = pred[..., 0:2], pred[..., 2:4] / 2
-        return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=pred[..., 4:])
+        scores = pred[..., 4:pred.shape[-1] - self.coefficients] if self.coefficients else pred[..., 4:]
+        return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=scores)
+
+    def mask_maps(self, raw: list[torch.Tensor]) -> MaskMaps:
+        """A segmentation export's prototypes [B, P, h, w] and each anchor's coefficients [B, N, P]."""
+        return MaskMaps(raw[1], coefficients=raw[0].transpose(1, 2)[..., -self.coefficients:])
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
         return engine_model_stats() if self.engine else onnx_model_stats(self.onnx_model, input_size)

@@ -31,10 +31,10 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from harness.errors import UsageError
-from harness.eval.coco_eval import STAT_NAMES
+from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
 from harness.measure.stats import bootstrap_ci
-from harness.results.model import Submission
+from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
     CellIdentity,
     inside_run_folder,
@@ -230,11 +230,21 @@ class AccuracyDelta:
         a, b = self.a.get(name), self.b.get(name)
         return None if a is None or b is None else b - a
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The metrics shown: the 12 COCO statistics (of masks, for segmentation files), then their bbox_* ones."""
+        return (*STAT_NAMES, *(f"bbox_{k}" for k in SITE_BBOX_KEYS if f"bbox_{k}" in self.a or f"bbox_{k}" in self.b))
+
+    @property
+    def of(self) -> str:
+        """What the plain statistics score: "masks" (both sides segmentation files) or "boxes"."""
+        return "masks" if any(k.startswith("bbox_") for k in self.a) else "boxes"
+
     def to_dict(self) -> dict:
         if self.unavailable:
             return {"label": self.label, "status": "unavailable", "reason": self.unavailable}
-        return {"label": self.label, "status": "ok",
-                "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in STAT_NAMES},
+        return {"label": self.label, "status": "ok", "scored": self.of,
+                "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in self.names},
                 "per_class": self.per_class}
 
 
@@ -303,11 +313,19 @@ def _label(coords: dict[str, Any], keys: list[str]) -> str:
 
 
 def _accuracy_of(entry: Entry) -> tuple[dict[str, float | None] | None, str | None]:
+    """The file's COCO statistics; a segmentation file's (model.task segment) are of its masks, with its box
+    statistics as bbox_*."""
     acc = entry.doc.get("accuracy")
     if not isinstance(acc, dict) or _num(acc.get("mAP_50_95")) is None:
         reason = acc.get("reason") if isinstance(acc, dict) and isinstance(acc.get("reason"), str) else "no accuracy"
         return None, f"{entry.path.name}: {reason}"
-    return {n: _num(acc.get(n)) for n in STAT_NAMES}, None
+    boxes = {f"bbox_{k}": _num(acc.get(f"bbox_{k}")) for k in SITE_BBOX_KEYS} if _segmentation(entry) else {}
+    return {**{n: _num(acc.get(n)) for n in STAT_NAMES}, **boxes}, None
+
+
+def _segmentation(entry: Entry) -> bool:
+    model = entry.doc.get("model")
+    return isinstance(model, dict) and model.get("task") in SEGMENT_TASKS
 
 
 def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> CellDelta:
@@ -366,6 +384,9 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) ->
         label = " ".join(filter(None, [label, _cells_label(members, vary)]))
         (acc_a, why_a), (acc_b, why_b) = _accuracy_of(ea), _accuracy_of(eb)
         unavailable = "; ".join(f"{side} {w}" for side, w in (("A", why_a), ("B", why_b)) if w) or None
+        if unavailable is None and _segmentation(ea) != _segmentation(eb):
+            unavailable = ("one side scores masks (segmentation board), the other boxes: their mAPs are not "
+                           "comparable; compare runs of the same task")
         out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, _per_class_deltas(ea, eb)))
     return out
 

@@ -8,7 +8,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from harness.eval.coco_eval import STAT_NAMES
 from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
 
 LABELS = dict(COORDS)
@@ -52,10 +51,11 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
         if acc.unavailable:
             out.append(Text(f"accuracy {acc.label} unavailable: {acc.unavailable}"))
             continue
-        table = Table(title=f"accuracy {escape(acc.label)}", box=box.SIMPLE_HEAD, title_justify="left")
+        scored = " (masks; bbox_*: boxes)" if acc.of == "masks" else ""
+        table = Table(title=f"accuracy {escape(acc.label)}{scored}", box=box.SIMPLE_HEAD, title_justify="left")
         for col in ("metric", "A", "B", "Δ B−A"):
             table.add_column(col, justify="left" if col == "metric" else "right")
-        for name in STAT_NAMES:
+        for name in acc.names:
             a, b, d = acc.a.get(name), acc.b.get(name), acc.delta(name)
             table.add_row(name, "-" if a is None else f"{a:.4f}", "-" if b is None else f"{b:.4f}",
                           "-" if d is None else f"{d:+.4f}")
@@ -84,7 +84,8 @@ def _detections(c: Comparison) -> list[RenderableType]:
         d0 = rows[0].diff
         images = {r.diff.images for r in rows}
         where = f" ({images.pop()} images)" if len(images) == 1 else ""
-        table = Table(title=f"detections{where}: score ≥ {d0.conf:g}, same class, IoU ≥ {d0.iou:g}, greedy",
+        iou = "mask IoU" if d0.iou_type == "segm" else "IoU"
+        table = Table(title=f"detections{where}: score ≥ {d0.conf:g}, same class, {iou} ≥ {d0.iou:g}, greedy",
                       box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
         for col in ("cells", "A", "B", "matched", "only A", "only B", "Δconf mean", "p95", "max"):
             table.add_column(col, justify="left" if col == "cells" else "right")
