@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-runtimes bench-sweep bench-memory test report-check lint clean
+.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-runtimes bench-sweep bench-memory bench-masks test report-check lint clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,9 @@ bench-runtimes: $(STAMP)
 # peak RSS of a 5000-image run / a 500-image run on a synthetic tree (the sample re-keyed, in a temp folder)
 bench-memory: $(STAMP)
 	$(BIN)/python -m harness.bench.memory_scaling --small 500 --large 5000
+
+bench-masks: $(STAMP)
+	$(BIN)/python -m harness.bench.mask_memory --batch 8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not catalogue and not heavy"

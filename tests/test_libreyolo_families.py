@@ -374,10 +374,16 @@ E2E_MODELS = (("yolox-nano", 320), ("yolov9t", 320), ("yolonas-s", 320), ("picod
               ("yolov7-b", 320), ("ppyoloe-s", 320), ("lwdetr-t", 320))
 
 
+# `make test` runs three of them (a NMS family, a top-k one, RF-DETR's); the matrix grows with the catalogue: the
+# rest run in `make test-slow`
+E2E_QUICK = ("yolox-nano", "dfine-n", "rfdetr-n")
+
+
 @requires_coco
 @requires_corpus
 @pytest.mark.slow
-@pytest.mark.parametrize("model_id, input_size", E2E_MODELS)
+@pytest.mark.parametrize("model_id, input_size", [
+    pytest.param(m, size, marks=() if m in E2E_QUICK else pytest.mark.catalogue) for m, size in E2E_MODELS])
 def test_random_weights_run_end_to_end(model_id, input_size, tmp_path):
     """`run --model ID --weights random --backend pytorch --batch-sizes 1 4 --limit 8`: both cells ok,
     batch 4 matches batch 1, the submissions are labelled random and validate except for that refusal."""

@@ -192,6 +192,22 @@ def test_performance_table_matches_submissions(run_a):
         assert row[col["J/img"]] == ("unavailable" if sub["energy"].get("status") != "ok" else row[col["J/img"]])
 
 
+def test_accuracy_table_says_what_each_cell_scored(run_a, tmp_path):
+    """A segmentation cell's plain metrics are of its masks, its box mAP beside them; a detection cell's of boxes."""
+    from harness.report.sections import accuracy_table
+
+    run = _copy(run_a, tmp_path)
+    path = sorted((run / "submissions").glob("*.json"))[0]
+    doc = json.loads(path.read_text())
+    doc["model"]["task"], doc["accuracy"]["bbox_mAP_50_95"] = "segment", 0.5
+    path.write_text(json.dumps(doc))
+    table = accuracy_table(load_run(run))
+    col = {h: i for i, h in enumerate(table.header)}
+    assert sorted(row[col["scored"]] for row in table.rows) == ["boxes", "masks"]
+    masks = next(row for row in table.rows if row[col["scored"]] == "masks")
+    assert masks[col["bbox_mAP_50_95"]] == "0.5000"
+
+
 def test_run_without_layers_or_memory_still_reports(run_b, tmp_path):
     run = _copy(run_b, tmp_path)
     outcome = make_report(run)

@@ -135,20 +135,26 @@ def performance_table(run: RunFolder) -> Table:
 
 
 def accuracy_table(run: RunFolder) -> Table | None:
-    """The 12 COCO metrics per cell; None when no cell has accuracy."""
-    rows = []
-    for c in run.cells:
-        acc = c.get("accuracy") or {}
-        if number(acc.get("mAP_50_95")) is None:
-            continue
-        k = c.key
-        rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size),
-                     fmt(c.get("dataset.num_images") or c.get("eval.numImages"), 0)]
-                    + [fmt(acc.get(m), 4) for m in COCO_METRICS])
-    if not rows:
+    """The 12 COCO metrics per cell (of the masks for a segmentation cell, with its box mAP beside them); None when
+    no cell has accuracy."""
+    scored = [c for c in run.cells if number((c.get("accuracy") or {}).get("mAP_50_95")) is not None]
+    if not scored:
         return None
-    header = ["model", "backend", "precision", "size", "batch", "images", *COCO_METRICS]
-    return Table(header, rows, [False, False, False, True, True, True] + [True] * len(COCO_METRICS))
+    segment = any(c.get("model.task") == "segment" for c in scored)
+    rows = []
+    for c in scored:
+        acc, k = c.get("accuracy"), c.key
+        row = [k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size),
+               fmt(c.get("dataset.num_images") or c.get("eval.numImages"), 0)]
+        if segment:
+            row.append("masks" if c.get("model.task") == "segment" else "boxes")
+        rows.append(row + [fmt(acc.get(m), 4) for m in COCO_METRICS]
+                    + ([fmt(acc.get("bbox_mAP_50_95"), 4)] if segment else []))
+    header = ["model", "backend", "precision", "size", "batch", "images", *(["scored"] if segment else []),
+              *COCO_METRICS, *(["bbox_mAP_50_95"] if segment else [])]
+    numeric = [False, False, False, True, True, True, *([False] if segment else []), *[True] * len(COCO_METRICS),
+               *([True] if segment else [])]
+    return Table(header, rows, numeric)
 
 
 def accuracy_unavailable(run: RunFolder) -> str:
