@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in (off, on):
             print(f"{'masks' if r['masks'] else 'no masks':>9}: peak RSS {r['peak_rss_mb']} MB, wall {r['wall_s']} s, "
                   f"masks {r['masks_ms_per_batch']} ms/batch, forward {r['forward_ms_per_batch']} ms/batch")
-        print(f"peak RSS masks / no masks: {ratio:.3f} (target <= {args.target}: {'met' if result['met'] else 'NOT met'})")
+        verdict = "met" if result["met"] else "NOT met"
+        print(f"peak RSS masks / no masks: {ratio:.3f} (target <= {args.target}: {verdict})")
     return 0 if result["met"] else 1
 
 
