@@ -564,7 +564,8 @@ def report(
     run_dir: Path = typer.Argument(..., help="a run folder, outputs/<run_id>/"),
     log: Path | None = typer.Option(None, "--log", help="append this run's dated section to a Markdown benchmark "
                                                        "log, e.g. BENCHMARKS.md (never rewrites earlier sections)"),
-    gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (default: configs/gates.yaml)"),
+    gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (none by default; an example: "
+                                                            "configs/gates.yaml)"),
     fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET"),
 ) -> None:
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends

@@ -24,10 +24,11 @@ def slugify(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
-def derive_hardware_id(gpu: str | None, cpu: str | None) -> str:
-    """A hardware id from device names: a catalogue match (GPU first), else a slug of the name.
+def derive_hardware_id(gpu: str | None, cpu: str | None, cores: int | None = None) -> str:
+    """A hardware id from device names: a catalogue match (GPU first: the site's ids), else a slug of the name.
 
-    A GPU of "Orin (nvgpu)" becomes jetson_orin; a machine without a GPU gets cpu_<cpu slug>.
+    A GPU of "Orin (nvgpu)" becomes jetson_orin; a machine without a GPU gets cpu_<cpu slug>_<cores>c: a CPU's
+    name alone ("AMD EPYC") does not tell a 2-core VM from a 64-core server.
     """
     gpu = (gpu or "").strip()
     if gpu.lower() in {"", "none", "n/a", "unknown", "cpu"}:
@@ -42,7 +43,7 @@ def derive_hardware_id(gpu: str | None, cpu: str | None) -> str:
     if gpu:
         return slugify(gpu)
     if cpu and cpu.lower() != "unknown":
-        return "cpu_" + slugify(cpu)
+        return "cpu_" + slugify(cpu) + (f"_{cores}c" if cores else "")
     return "unknown"
 
 

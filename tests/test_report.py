@@ -20,7 +20,7 @@ import pytest
 from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
 from harness.errors import UsageError
-from harness.report.gates import DEFAULT_GATES, load_gates
+from harness.report.gates import EXAMPLE_GATES, load_gates
 from harness.report.plots import BAND_FROM_SAMPLES, BAND_FROM_SUMMARY, energy_per_image
 from harness.report.run_report import make_report
 from harness.results.reader import load_run
@@ -208,6 +208,13 @@ def test_accuracy_table_says_what_each_cell_scored(run_a, tmp_path):
     assert masks[col["bbox_mAP_50_95"]] == "0.5000"
 
 
+def test_gates_come_only_from_the_file_the_user_names(run_b, tmp_path):
+    run = _copy(run_b, tmp_path)
+    assert make_report(run).gates is None  # configs/gates.yaml (one box's targets) is an example, not a default
+    refused = va_bench("report", str(run), "--fail-on-gates")
+    assert refused.returncode == 2 and "--fail-on-gates needs --gates PATH" in refused.stderr
+
+
 def test_run_without_layers_or_memory_still_reports(run_b, tmp_path):
     run = _copy(run_b, tmp_path)
     outcome = make_report(run)
@@ -317,7 +324,7 @@ def test_bad_run_folder_is_one_line_exit_2(tmp_path, run_b):
 
 
 def test_default_gates_file_is_valid():
-    gates = load_gates(DEFAULT_GATES)
+    gates = load_gates(EXAMPLE_GATES)
     assert gates and all(g.metric and g.comparison for g in gates)
 
 

@@ -603,3 +603,13 @@ def test_another_dataset_never_mixes_with_coco_rows(tmp_path, base_doc):
     assert {r["section"] for r in board["cube"]} == {"coco", "other"}
     assert all(c["mAP_50_95"] != 0.9 for c in board["canonical_accuracy"])
     assert all(r["section"] == "coco" for r in board["leaderboard"])
+
+
+def test_a_derived_hardware_id_tells_machines_apart_and_keeps_the_sites_ids():
+    from harness.hardware import derive_hardware_id
+
+    assert derive_hardware_id(None, "AMD EPYC", 2) == "cpu_amd_epyc_2c"
+    assert derive_hardware_id(None, "AMD EPYC", 64) == "cpu_amd_epyc_64c"
+    assert derive_hardware_id("Orin (nvgpu)", "ARMv8 Processor rev 1 (v8l)", 8) == "jetson_orin"
+    assert derive_hardware_id("Raspberry Pi 5 Model B Rev 1.0", "Cortex-A76", 4) == "rpi5"
+    assert derive_hardware_id("NVIDIA GeForce RTX 5070 Ti", "AMD Ryzen", 16) == "nvidia_geforce_rtx_5070_ti"

@@ -207,7 +207,9 @@ def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):
     assert detector_backends(detector)[:2] == ("pytorch", "onnxruntime")
     timer = StageTimer(parse_device("cpu"))
     ort_dets = _pipeline(detector).run_batch(records, timer, images=imgs)
-    torch_dets = _pipeline(detector, "pytorch").run_batch(records, timer, images=imgs)
+    converted = _pipeline(detector, "pytorch")
+    torch_dets = converted.run_batch(records, timer, images=imgs)
+    assert converted.core.info()["conversion"]["converter"] == "onnx2torch"  # said in the summary and the record
     for a, b in zip(ort_dets, torch_dets, strict=True):
         np.testing.assert_allclose(a.boxes, b.boxes, atol=1e-2)
         assert np.array_equal(a.labels, b.labels)

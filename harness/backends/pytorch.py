@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from importlib.metadata import version
 from typing import Any
 
 import torch
@@ -163,6 +164,7 @@ class PyTorchBackend:
         if source.torch_module is not None:
             core = TorchCore(source.torch_module(), device, precision)
         else:
+            clock = time.perf_counter()
             try:
                 module = onnx_to_torch(source.onnx_model())
             except Exception as exc:  # onnx2torch raises NotImplementedError/KeyError for unsupported ops
@@ -173,6 +175,10 @@ class PyTorchBackend:
                        if device.is_cuda or options.compile != "none" else 0)
             core = TorchCore(module, device, precision)
             core.mode["host_shape_constants"] = rebound
+            # a "pytorch" row of a model defined by its ONNX graph ran this conversion: said in the summary and record
+            core.mode["conversion"] = {"converter": "onnx2torch", "onnx2torch": version("onnx2torch"),
+                                       "from": "the model's ONNX graph",
+                                       "seconds": round(time.perf_counter() - clock, 3)}
             if source.check_batches:
                 from harness.detector.graph import check_batch_rows
 

@@ -124,15 +124,16 @@ def hardware_block(device: Device, hardware_id: str | None) -> dict:
         driver = _nvidia_driver() or "unknown"
     elif "raspberry pi" in (board := board_model() or "").lower():
         gpu_name = board  # the leaderboard's Raspberry Pi rows name the board there (and derive the id "rpi5" from it)
+    cores = psutil.cpu_count(logical=False) or os.cpu_count()
     return {
-        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu),
+        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu, cores),
         "id_source": "--hardware-id" if hardware_id else "derived",
         "gpu": gpu_name,
         "gpu_memory_gb": gpu_mem,
         "driver_version": driver,
         "cuda_version": cuda,
         "cpu": cpu,
-        "cpu_cores": psutil.cpu_count(logical=False) or os.cpu_count(),
+        "cpu_cores": cores,
         "cpu_threads": os.cpu_count(),
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
     }

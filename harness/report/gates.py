@@ -1,5 +1,6 @@
-"""Gates: targets from a YAML file (configs/gates.yaml) held against a run's submissions, shown in the
-benchmark log as target vs today with met / NOT MET.
+"""Gates: targets from the YAML file a user names (`va-bench report --gates PATH`; configs/gates.yaml is this
+project's, for its reference box) held against a run's submissions, shown in the benchmark log as target vs today
+with met / NOT MET.
 
 File format (validated; one clear line on any problem)::
 
@@ -32,7 +33,7 @@ from harness.errors import UsageError
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
-DEFAULT_GATES = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
+EXAMPLE_GATES = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
 MAX_GATES_BYTES = 1024 * 1024
 
 # metric name -> (submission path, digits shown, unit)

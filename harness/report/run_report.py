@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.files import atomic_write_bytes
-from harness.report.gates import DEFAULT_GATES, NOT_MET, GateResult, evaluate, gate_notes, load_gates
+from harness.report.gates import EXAMPLE_GATES, NOT_MET, GateResult, evaluate, gate_notes, load_gates
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
@@ -41,12 +41,13 @@ def _gate_source(path: Path) -> str:
 
 def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | None = None,
                 require_gates: bool = False) -> ReportOutcome:
-    """Write RUN_DIR/report.html and the PNGs; append to `log_path` when given. Gates come from `gates_path`,
-    else configs/gates.yaml when it exists (`require_gates`: refuse when there is none)."""
+    """Write RUN_DIR/report.html and the PNGs; append to `log_path` when given. Gates come only from the file the
+    user names (`gates_path`): targets are a machine's and a project's, never applied by default
+    (`require_gates`: refuse without one)."""
     run = load_run(run_dir)
-    path = gates_path if gates_path is not None else (DEFAULT_GATES if DEFAULT_GATES.is_file() else None)
+    path = gates_path
     if path is None and require_gates:
-        raise UsageError(f"no gates file ({DEFAULT_GATES} absent): pass --gates PATH")
+        raise UsageError(f"--fail-on-gates needs --gates PATH, a YAML file of targets (an example: {EXAMPLE_GATES})")
     gates = load_gates(path) if path is not None else None
     if log_path is not None:
         check_log(log_path, run.run_id)

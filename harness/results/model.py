@@ -41,6 +41,7 @@ class HardwareBlock(Block):
     id: str | None = None
     gpu: str | None = None
     cpu: str | None = None
+    cpu_cores: int | None = None
     ram_gb: float | None = None
 
 
@@ -158,7 +159,7 @@ class Submission(Block):
         """Trust hardware.id; derive from GPU/CPU names only when it is absent."""
         if self.hardware.id and str(self.hardware.id).strip():
             return str(self.hardware.id).strip()
-        return derive_hardware_id(self.hardware.gpu, self.hardware.cpu)
+        return derive_hardware_id(self.hardware.gpu, self.hardware.cpu, self.hardware.cpu_cores)
 
     @property
     def batch_size(self) -> int | None:

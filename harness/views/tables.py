@@ -69,7 +69,10 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
     mine = [records[s.cell.label] for s in statuses if s.cell.label in records]
     impls = sorted({str(r.runtime["preprocess"].get("implementation")) for r in mine
                     if r.runtime.get("preprocess")})  # --preprocess, as recorded
+    converters = sorted({str(r.runtime["conversion"].get("converter")).split(" ")[0] for r in mine
+                         if isinstance(r.runtime.get("conversion"), dict)})  # the model the runtime ran was made by
     title = escape(" · ".join([key.model, key.backend, key.precision, key.label.rsplit(" ", 1)[1]]
+                              + [f"via {'/'.join(converters)}"] * bool(converters)
                               + [f"preprocess {'/'.join(impls)}"] * bool(impls)))
     dropped: list[str] = []
     while True:
