@@ -127,9 +127,9 @@ def _cli_type(annotation):
     origin = typing.get_origin(annotation)
     if origin is list:
         return list[typing.get_args(annotation)[0]] | None
-    if origin is typing.Literal:
-        return str | None
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin is typing.Literal or any(typing.get_origin(a) is typing.Literal for a in args):
+        return str | None  # a Literal, or an optional one
     return (args[0] if args else annotation) | None
 
 
@@ -150,6 +150,8 @@ def _metavar(annotation) -> str | None:
     if origin is list:
         return {int: "N", str: "NAME"}[typing.get_args(annotation)[0]] + "..."
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if typing.get_origin(args[0]) is typing.Literal:  # an optional Literal
+        return _metavar(args[0])
     return {bool: None, int: "N", float: "X", str: "TEXT"}[args[0]]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UsageError, path_problem
 
@@ -73,15 +73,22 @@ class RunConfig(BaseModel):
                                  "the last 3 batch times are within 10 % of each other", ge=0)
     warmup_seconds: float = option(10.0, "--warmup-seconds", "warm-up: at most this long once --warmup-batches are "
                                    "done (a cap: a warm-up that settles ends sooner)", ge=0)
-    min_timed_batches: int = option(10, "--min-timed-batches",
+    min_timed_batches: int = option(10, ["--min-timed-batches", "--iterations"],
                                     "timed batches at least (the variant's batches are cycled)", ge=1)
     max_timed_batches: int | None = option(None, "--max-timed-batches",
                                            "timed batches at most (the rest of the variant is scored untimed)",
                                            ge=1)
+    target_ci: float | None = option(None, "--target-ci",
+                                     "keep timing (past one pass over the images, at most --max-seconds) until the "
+                                     "95 % confidence interval of the median batch time is within +-PCT % of it",
+                                     gt=0, lt=100)
+    max_seconds: float = option(300.0, "--max-seconds", "--target-ci: the longest one cell's timed pass may run", gt=0)
     stage_sync: bool = option(True, "--stage-sync/--no-stage-sync",
                               "sync the device at every stage boundary (latency) or once per batch")
     overlap: bool = option(False, "--overlap/--no-overlap",
                            "overlapped mode: prepare/post-process neighbouring batches while the core runs")
+    scenario: Literal["single-stream", "offline"] | None = option(
+        None, "--scenario", "MLPerf's names: single-stream (latency mode, the default) or offline (= --overlap)")
     workers: str = option("auto", "--workers",
                           "overlapped mode: host workers preparing batches (N, at most N batches ahead, or auto: "
                           "1 on CPU, min(cores - 1, 8) on CUDA)")
@@ -160,6 +167,17 @@ class RunConfig(BaseModel):
         if not values:
             raise ValueError("needs at least one value")
         return values
+
+    @model_validator(mode="after")
+    def _scenario(self) -> RunConfig:
+        """--scenario names a mode --overlap also sets: the same meaning, and a contradiction is refused."""
+        if self.scenario is not None:
+            wanted = self.scenario == "offline"
+            if "overlap" in self.model_fields_set and self.overlap != wanted:
+                raise ValueError(f"--scenario {self.scenario} contradicts --{'' if self.overlap else 'no-'}overlap; "
+                                 "give one of them")
+            self.overlap = wanted
+        return self
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same sweep (for --resume): everything but where it is written."""

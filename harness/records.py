@@ -212,6 +212,7 @@ class TimingRecord:
     batch_samples_ms: list[float] = field(default_factory=list)  # every timed batch, in order: the evidence
     warnings: list[str] = field(default_factory=list)
     throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
+    target_ci: dict[str, Any] | None = None  # --target-ci: the median's CI half-width reached, and why timing stopped
 
 
 @dataclass

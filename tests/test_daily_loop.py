@@ -91,3 +91,49 @@ def test_a_run_under_the_default_allocator_says_so(tmp_path, monkeypatch):
     assert tuned.returncode == 0 and "glibc malloc with its default" not in tuned.stderr
     sub = json.loads(next((tmp_path / "a").glob("*/submissions/*.json")).read_text())
     assert sub["environment"]["memory_allocator"]["allocator"] == "glibc (default)"
+
+
+@requires_coco
+@requires_yolox
+def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_factory):
+    """--target-ci: the recorded half-width is the one scipy's bootstrap gives on the timed batches; a reachable
+    target is met (more batches than one pass), an unreachable one stops at --max-seconds with a warning; either
+    way every image is scored exactly once."""
+    import numpy as np
+    import pytest
+    from conftest import run_benchmark
+    from scipy.stats import bootstrap
+
+    quiet = dict(limit=16, batch_sizes=[1], min_timed_batches=5, accuracy=False, energy=False, memory=False,
+                 draw_images=0)
+    _, (met,) = run_benchmark(tmp_path_factory, "target-ci-met", target_ci=25.0, max_seconds=120, **quiet)
+    _, (short,) = run_benchmark(tmp_path_factory, "target-ci-short", target_ci=0.001, max_seconds=2, **quiet)
+    for record in (met, short):
+        samples = np.asarray(record.timing.batch_samples_ms)
+        low, high = bootstrap((samples,), np.median, method="percentile", n_resamples=2000, vectorized=True,
+                              random_state=np.random.default_rng(0)).confidence_interval
+        truth = 100 * (high - low) / 2 / np.median(samples)
+        assert record.timing.target_ci["half_width_pct"] == pytest.approx(truth, abs=1e-3)
+        assert record.timing.short_batch is None and record.timing.timed_images >= 16
+    assert met.timing.target_ci["met"] and met.timing.target_ci["half_width_pct"] <= 25.0
+    assert not short.timing.target_ci["met"] and short.timing.target_ci["stopped"] == "--max-seconds"
+    assert short.timing.timed_batches > 16 and any("--target-ci 0.001" in w for w in short.timing.warnings)
+
+
+def test_scenario_names_the_modes_and_target_ci_refuses_a_batch_cap():
+    from harness.config import RunConfig
+    from harness.errors import UsageError
+    from harness.run.plan import check_runtimes
+
+    assert RunConfig(scenario="offline").overlap and not RunConfig(scenario="single-stream").overlap
+    clash = run_in_process("run", "--scenario", "offline", "--no-overlap")
+    assert clash.returncode == 2 and "contradicts --no-overlap" in clash.stderr
+    try:
+        check_runtimes(RunConfig(target_ci=2.0, max_timed_batches=5))
+    except UsageError as exc:
+        assert "give one of them" in str(exc)
+    else:
+        raise AssertionError("--target-ci with --max-timed-batches was not refused")
+    assert RunConfig.model_validate({"min_timed_batches": 7}).min_timed_batches == 7
+    iterations = run_in_process("run", "--iterations", "0")  # an alias: the same field, the same check
+    assert iterations.returncode == 2 and "min" in iterations.stderr.lower(), iterations.stderr

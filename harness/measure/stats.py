@@ -40,6 +40,18 @@ def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
     return bootstrap_ci((x,), np.median, seed=seed, confidence=confidence, n_resamples=n_resamples)
 
 
+def median_half_width_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -> float | None:
+    """Half the width of the median's 95 % bootstrap CI, in % of the median (--target-ci); None below 2 samples."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size < 2:
+        return None
+    median = float(np.median(x))
+    if median <= 0:
+        return None
+    low, high = median_ci(x, seed=seed) if np.ptp(x) > 0 else (median, median)
+    return 100 * (high - low) / 2 / median
+
+
 def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_s: float) -> str | None:
     """Why the warm-up ends now, or None to go on: never before `min_batches`; then "stable" once the last
     WARMUP_WINDOW batch times are within WARMUP_SPREAD of each other (max <= 1.1 x min), else "cap" once `cap_s`

@@ -118,6 +118,7 @@ def build_submission(record: CellRecord) -> dict:
             "mode": t.mode,
             "short_batch": t.short_batch,
             "throttled": t.throttled,
+            **({"target_ci": t.target_ci} if t.target_ci is not None else {}),
             "warnings": t.warnings,
         },
         "throughput": {"fps_mean": round(1000.0 / image.mean, 3), "fps_p50": round(1000.0 / image.p50, 3),

@@ -43,7 +43,7 @@ from harness.measure.hygiene import DeviceSampler
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
-from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, summarize, warmup_end
+from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_half_width_pct, summarize, warmup_end
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
@@ -336,11 +336,14 @@ class GroupExecutor:
         energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
         timed = [batches[i % len(batches)] for i in range(n_timed)]
         stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
+        target = None
         with ctx.progress.task(f"timing {cell.label}", n_timed) as advance, energy:
             for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
                 if i < len(batches):  # the first pass over the data is the scored one
                     detections += out
                 advance()
+            if config.target_ci is not None:
+                target = self._time_to_target(batches, timer, advance, stream_start)
         stream_seconds = time.perf_counter() - stream_start
         device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
@@ -381,7 +384,12 @@ class GroupExecutor:
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
             warnings=list(batch_ms.warnings) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
+            target_ci=target,
         )
+        if target is not None and not target["met"]:
+            record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is "
+                                   f"+-{target['half_width_pct']:.2f} % after {target['seconds']:.0f} s; stopped at "
+                                   f"--max-seconds {config.max_seconds:g} (raise it, or accept a wider interval)")
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")
@@ -389,6 +397,31 @@ class GroupExecutor:
                   "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}
         return record, detections, probes
+
+    def _time_to_target(self, batches: list[list[ImageRecord]], timer: StageTimer, advance,
+                        started: float) -> dict:
+        """--target-ci: more timed batches (the variant's, cycled, not scored: every image is scored once) until half
+        the median batch time's 95 % bootstrap CI is within the target share of the median, or --max-seconds
+        after the timed pass began. Checked every quarter of the batches so far (at least 10)."""
+        config, pipeline = self.ctx.config, self.pipeline
+        added = 0
+        while True:
+            half = median_half_width_pct([b.ms("total") for b in timer.batches])
+            seconds = time.perf_counter() - started
+            if half is not None and half <= config.target_ci:
+                stopped = "met"
+                break
+            if seconds >= config.max_seconds:
+                stopped = "--max-seconds"
+                break
+            more = max(10, len(timer.batches) // 4)
+            extra = [batches[(added + j) % len(batches)] for j in range(more)]
+            for _ in pipeline.run_stream(extra, timer, overlap=config.overlap):
+                advance()
+            added += more
+        return {"target_pct": config.target_ci, "half_width_pct": None if half is None else round(half, 4),
+                "met": stopped == "met", "stopped": stopped, "added_batches": added, "seconds": round(seconds, 2),
+                "max_seconds": config.max_seconds}
 
     def _save_detections(self, cell: Cell, detections: list[ImageDetections]) -> tuple[str, int]:
         """detections/<cell>.json (COCO results format), written image by image: the cell holds its

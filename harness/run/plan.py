@@ -234,6 +234,9 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)
     _check_execution_modes(config, kind)
+    if config.target_ci is not None and config.max_timed_batches is not None:
+        raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
+                         "batches; give one of them")
     _check_models(config)
     _check_segment_backends(config)
     if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():
