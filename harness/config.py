@@ -50,6 +50,9 @@ class RunConfig(BaseModel):
                                     "square input sizes (multiples of 32); default: each model's native size")
     batch_sizes: list[int] = option(lambda: [1], ["--batch-sizes", "--batch-size"],
                                     "one timing+scoring pass and one submission per batch size")
+    input_source: Literal["dataset", "synthetic"] = option(
+        "dataset", "--input", "dataset (COCO or --dataset), or synthetic: generated images of the input size, no "
+        "dataset needed, timing only (--limit N images, default 64)")
     subset: str = option("sample", "--subset", "dataset variant: full, mini500 or sample")
     limit: int | None = option(None, "--limit", "first N images of the variant (-> subsetN)", ge=1)
     coco_dir: str | None = option(None, "--coco-dir",

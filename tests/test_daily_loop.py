@@ -137,3 +137,34 @@ def test_scenario_names_the_modes_and_target_ci_refuses_a_batch_cap():
     assert RunConfig.model_validate({"min_timed_batches": 7}).min_timed_batches == 7
     iterations = run_in_process("run", "--iterations", "0")  # an alias: the same field, the same check
     assert iterations.returncode == 2 and "min" in iterations.stderr.lower(), iterations.stderr
+
+
+@requires_yolox
+def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
+    """`--input synthetic`: no COCO folder exists, yet both cells run the whole pipeline on generated images (no
+    decode substep, said in the record), batch 4 reproduces batch 1 on them, nothing is scored, and the
+    submissions are refused for publication (validate exit 1, aggregate leaves them out)."""
+    env = {"VA_BENCH_COCO": str(tmp_path / "no-such-coco"), "VA_BENCH_DATASETS": str(tmp_path / "none")}
+    result = run_in_process("run", "--input", "synthetic", "--limit", "8", "--batch-sizes", "1", "4",
+                            "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
+                            "--no-energy", "--output-dir", str(tmp_path), "--run-id", "synthetic", env=env)
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "synthetic" / "run.json").read_text())
+    assert run["dataset"]["id"] == "synthetic" and run["dataset"]["root"] is None
+    subs = [json.loads(p.read_text()) for p in sorted((tmp_path / "synthetic" / "submissions").glob("*.json"))]
+    assert len(subs) == 2
+    for sub in subs:
+        assert sub["dataset"]["variant"] == "synthetic8" and sub["runtime"]["preprocess"]["decode"] == "skipped"
+        assert "preprocess.decode" not in sub["timing"]["stages_ms"] and "forward" in sub["timing"]["stages_ms"]
+        assert sub["accuracy"]["status"] == "unavailable" and "synthetic input" in sub["accuracy"]["reason"]
+    b4 = next(s for s in subs if s["config"]["batch_size"] == 4)
+    assert b4["batch_invariance"]["match_rate"] == 1.0 and b4["batch_invariance"]["detections_reference"] > 0
+    checked = run_in_process("validate", str(tmp_path / "synthetic" / "submissions"))
+    assert checked.returncode == 1 and "synthetic-input" in checked.stdout
+    from harness.results.aggregate import aggregate
+    from harness.results.validate import validate_paths
+
+    board = aggregate(validate_paths([tmp_path / "synthetic" / "submissions"], None).reports)
+    assert board["counts"]["excluded"] == 2 and not board["cube"]
+    refused = run_in_process("run", "--input", "synthetic", "--dataset", str(tmp_path))
+    assert refused.returncode == 2 and "--dataset does not apply" in refused.stderr

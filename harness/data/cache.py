@@ -32,7 +32,7 @@ class CacheDecision:
     """What the run does with image bytes, and why."""
 
     mode: str  # the option: auto | off
-    decode_from: Literal["memory", "disk"]
+    decode_from: Literal["memory", "disk", "none"]  # none: generated images (--input synthetic)
     reason: str
     variant_bytes: int
     budget_bytes: int | None

@@ -234,6 +234,9 @@ def _check_options(config: RunConfig, shards: int) -> None:
                          "(`va-bench fleet join --hardware-id ID`); choose hardware with --hardware ID")
     if shards and not config.accuracy:
         raise UsageError("--accuracy-shards splits the accuracy pass; drop --no-accuracy or the shards")
+    if config.input_source == "synthetic":
+        raise UsageError("--input synthetic is a local timing run; `fleet run` benchmarks a dataset on every node: "
+                         "run `va-bench run --input synthetic` on each machine instead")
 
 
 def _model_specs(config: RunConfig, plan: RunPlan) -> dict[str, str]:

@@ -152,15 +152,18 @@ class DetectorPipeline:
     images are decoded by torchvision (nvJPEG on CUDA) and letterboxed on the core's device.
 
     A segment detector's detections carry masks (COCO RLE at the source size; the "masks" substep of
-    post-processing) unless `masks` is False (`--no-masks`)."""
+    post-processing) unless `masks` is False (`--no-masks`). With `generated` (--input synthetic) each record's
+    image comes from it, already decoded: there is no decode substep."""
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
                  thresholds: Thresholds, host_workers: int | None = None,
                  read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
-                 host_thread: bool = True, masks: bool = True):
+                 host_thread: bool = True, masks: bool = True,
+                 generated: Callable[[ImageRecord], np.ndarray] | None = None):
         if stream_workers < 1:
             raise ValueError(f"stream_workers must be >= 1, not {stream_workers}")
         self.masks = masks and task_of(detector) == "segment"
+        self.generated = generated  # --input synthetic: a record's image, generated (BGR uint8): nothing to decode
         self.nms_threads = host_workers or torch.get_num_threads()
         self.host_executor = _host_pool(self.nms_threads) if self.nms_threads > 1 else None
         self.host_thread = _host_thread() if host_thread else None
@@ -188,7 +191,10 @@ class DetectorPipeline:
 
     def preprocess_info(self) -> dict:
         """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""
-        return preprocess_record(self.spec.library, self.decoder, self.input_device)
+        record = preprocess_record(self.spec.library, self.decoder, self.input_device)
+        if self.generated is not None:
+            record.update(decode="skipped", decode_detail="generated images (--input synthetic): nothing to decode")
+        return record
 
     def host_info(self, overlap: bool) -> dict:
         """Where the harness's host work runs in the given mode (runtime.host in the record)."""
@@ -311,6 +317,10 @@ class DetectorPipeline:
     def _collate(self, records: list[ImageRecord], timer: StageTimer,
                  images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:
         """The preprocess stage's work: decode (unless `images` are given), letterbox/resize, collate."""
+        if images is None and self.generated is not None:
+            images = [self.generated(r) for r in records]
+            if self.spec.library == "torch":  # what torchvision's decoder gives: 3 x H x W RGB
+                images = [torch.from_numpy(i).permute(2, 0, 1).flip(0) for i in images]
         if self.spec.library != "torch":
             if images is None:
                 with timer.substep("decode"):

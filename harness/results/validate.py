@@ -104,7 +104,10 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
         out.append(Finding("hardware.id", f"hardware.id absent; derived {coords['hardware.id']!r} from device names",
                            "coordinates", "warning"))
     # a dataset of its own: the site has no board for it (its rule puts every non-RF100-VL file on COCO's)
-    if sub.dataset_id != "coco2017" and not sub.is_rf100vl:
+    if sub.dataset_id == "synthetic":
+        out.append(Finding("dataset.id", "synthetic input (--input synthetic: generated images, a timing-only run): "
+                           "not publishable; rerun on the dataset to publish", "synthetic-input"))
+    elif sub.dataset_id != "coco2017" and not sub.is_rf100vl:
         out.append(Finding("dataset.id", f"dataset {sub.dataset_id!r} is not COCO val2017: the site would list this "
                            "file on its COCO board; keep it for your own comparisons", "dataset"))
     # the device it was measured on

@@ -31,6 +31,7 @@ from harness.data.cache import ImageBytes
 from harness.data.calibration import CalibrationSet
 from harness.data.classes import model_class_names
 from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.synthetic import SyntheticImages
 from harness.data.variants import DatasetVariant
 from harness.detector.protocol import Detector, postprocess_spec, task_of
 from harness.errors import UsageError
@@ -135,8 +136,9 @@ class GroupExecutor:
         config = ctx.config
         process_start = psutil.Process().create_time()
         load_start, clock = time.time(), time.perf_counter()
+        synthetic = ctx.dataset.layout == "synthetic"
         if ctx.images is None:  # once per run: every cell decodes from the same place (data/cache.py)
-            ctx.images = ImageBytes(ctx.records, config.cache_images)
+            ctx.images = SyntheticImages(ctx.dataset) if synthetic else ImageBytes(ctx.records, config.cache_images)
         cache_s, clock = time.perf_counter() - clock, time.perf_counter()
         self.spec = resolve_implementation(detector.preprocess.with_input_size(key.input_size), config.preprocess,
                                            ctx.device.is_cuda)  # --preprocess
@@ -159,7 +161,7 @@ class GroupExecutor:
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
                                          read_image=ctx.images.read,
                                          stream_workers=resolve_workers(config.workers, ctx.device.is_cuda),
-                                         masks=config.masks)
+                                         masks=config.masks, generated=ctx.dataset.image if synthetic else None)
         # the cell's task: a segmentation model with --no-masks is a detector here (boxes only, the detection board)
         self.task = "segment" if self.pipeline.masks else "detect"
         if self.pipeline.masks:
@@ -437,6 +439,8 @@ class GroupExecutor:
                   num_images: int) -> tuple[AccuracyRecord | None, str | None]:
         """pycocotools (or --evaluator) on the cell's detections file, as written."""
         ctx = self.ctx
+        if ctx.dataset.layout == "synthetic":
+            return None, "synthetic input (--input synthetic): a timing-only run, there is nothing to score"
         if getattr(self.detector.weights, "source", None) == "random":
             return None, "random weights: a timing-only run, accuracy is not meaningful"
         if not ctx.config.accuracy:
@@ -507,6 +511,8 @@ class GroupExecutor:
 
     def _draw(self, detections: list[ImageDetections]) -> None:
         ctx = self.ctx
+        if ctx.dataset.layout == "synthetic":  # noise has nothing to show
+            return
         for det, record in zip(detections[: ctx.config.draw_images], ctx.records, strict=False):
             image = draw_detections(record.path, det, model_class_names(self.detector))
             name = f"{load_slug(self.key)}__{record.image_id}.jpg"

@@ -124,10 +124,11 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     backend_options = check_runtimes(config)  # what the options alone decide: before torch or a model is imported
     from harness.data.classes import ClassMap, model_class_names
 
-    dataset = open_dataset(config)  # its annotations; no image is read yet
-    variant = dataset.variant(config.subset, config.limit)
+    synthetic = config.input_source == "synthetic"
+    if not synthetic:
+        dataset = open_dataset(config)  # its annotations; no image is read yet
+        variant = dataset.variant(config.subset, config.limit)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
-    dataset.class_map = class_map
     from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
     from harness.models.registry import get_detector
 
@@ -138,6 +139,13 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     for spec in config.models:
         detector = get_detector(spec, config.weights)
         detectors[detector.model_id] = detector
+    if synthetic:  # images of the run's (first) input size: the first --input-size, else the first model's own
+        from harness.data.synthetic import SyntheticDataset
+
+        first = next(iter(detectors.values())).preprocess.input_size
+        dataset = SyntheticDataset((config.input_sizes[0],) * 2 if config.input_sizes else first)
+        variant = dataset.variant(config.subset, config.limit)
+    dataset.class_map = class_map
     label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
@@ -234,6 +242,7 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)
     _check_execution_modes(config, kind)
+    _check_synthetic_input(config)
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
                          "batches; give one of them")
@@ -243,6 +252,19 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
         raise UsageError(path_problem("--calibration", config.calibration, "not a folder")
                          + "; give a folder of image files")
     return BackendOptions.from_config(config)
+
+
+def _check_synthetic_input(config: RunConfig) -> None:
+    """--input synthetic times generated images: options that name or need a dataset are refused."""
+    if config.input_source != "synthetic":
+        return
+    given = [flag for flag, on in (("--dataset", config.dataset), ("--coco-dir", config.coco_dir),
+                                   ("--split", config.split), ("--class-map", config.class_map),
+                                   ("--calibration", config.calibration), ("--subset", config.subset != "sample"),
+                                   ("--precision int8", "int8" in config.precisions)) if on]
+    if given:
+        raise UsageError(f"--input synthetic times generated images and needs no dataset: {given[0]} does not apply; "
+                         "drop it, or use --input dataset")
 
 
 def _check_segment_backends(config: RunConfig) -> None:

@@ -156,13 +156,17 @@ class Scheduler:
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan
-        with self.progress.task("checking JPEG integrity", None):
-            corrupt = [c.to_dict() for c in find_corrupt_images(plan.records)]
+        corrupt = []
+        if plan.dataset.layout != "synthetic":  # generated images have no files
+            with self.progress.task("checking JPEG integrity", None):
+                corrupt = [c.to_dict() for c in find_corrupt_images(plan.records)]
         for c in corrupt:
             self.progress.log(f"warning: {c['path']} decodes only with errors ({c['problem']})")
         header = {"config": self.config.model_dump(),
-                  "dataset": {**plan.dataset.describe(), **plan.variant.describe(), "root": str(plan.dataset.root),
-                              "annotation_file": str(plan.dataset.annotation_file),
+                  "dataset": {**plan.dataset.describe(), **plan.variant.describe(),
+                              "root": None if plan.dataset.root is None else str(plan.dataset.root),
+                              "annotation_file": None if plan.dataset.annotation_file is None
+                              else str(plan.dataset.annotation_file),
                               "corrupt_images": corrupt},
                   "device": str(plan.device), "hardware": hardware, "environment": environment}
         if plan.resume is None:
