@@ -371,3 +371,48 @@ def test_a_segmentation_export_under_a_detection_id_is_one_line(seg_onnx, dense_
         get_detector("yolov8n", str(seg_onnx))
     with pytest.raises(UsageError, match="detection export; run it as --model yolov8n$"):
         get_detector("yolov8n-seg", str(dense_onnx))
+
+
+class TinyThreeClasses(TinyDense):
+    """A fine-tuned export: [B, 4 + 3, N]."""
+
+    def forward(self, x):
+        return super().forward(x)[:, :7]
+
+
+def _with_names(path, names: str | None):
+    model = onnx.load(str(path))
+    if names is not None:
+        model.metadata_props.add(key="names", value=names)
+    onnx.save(model, str(path))
+    return path
+
+
+@requires_coco
+def test_a_fine_tuned_export_brings_its_own_classes(tmp_path):
+    """The class count comes from the output shape and the names from the export's metadata (a dict literal, read
+    as one): such a model is matched to a dataset by name, never as COCO's 80; names that are code or that do
+    not cover the classes are one line."""
+    from test_datasets_custom import RENUMBERED, _three_class_dataset
+
+    from harness.data.classes import model_class_names
+
+    named = _with_names(_export(TinyThreeClasses(), tmp_path / "named.onnx", dynamic=True),
+                        "{0: 'dog', 1: 'person', 2: 'car'}")
+    detector = get_detector("yolov8n", str(named))
+    assert model_class_names(detector) == ("dog", "person", "car") and detector.class_map == (0, 1, 2)
+    unnamed = get_detector("yolov8n", str(_export(TinyThreeClasses(), tmp_path / "plain.onnx", dynamic=True)))
+    assert model_class_names(unnamed) == ("class_0", "class_1", "class_2")
+    for bad, why in (("__import__('os').system('true')", "not a {index: name} literal"),
+                     ("{0: 'dog', 1: 'person'}", "does not name classes 0..2")):
+        path = _with_names(_export(TinyThreeClasses(), tmp_path / "bad.onnx", dynamic=True), bad)
+        with pytest.raises(UsageError, match=why):
+            get_detector("yolov8n", str(path))
+    annotation = _three_class_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    result = run_in_process("run", "--model", "yolov8n", "--weights", str(named), "--dataset", str(annotation),
+                            "--batch-sizes", "2", "--warmup-batches", "1", "--warmup-seconds", "0",
+                            "--min-timed-batches", "2", "--no-energy", "--draw-images", "0", "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
+    assert detections and {d["category_id"] for d in detections} <= set(RENUMBERED.values())

@@ -32,6 +32,7 @@ family's default export's (end2end for yolo26, dense otherwise) unless its sidec
 
 from __future__ import annotations
 
+import ast
 from functools import cached_property
 from pathlib import Path
 
@@ -87,6 +88,24 @@ def cached_weights(model_id: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def export_class_names(model: onnx.ModelProto, num_classes: int, path: Path) -> tuple[str, ...]:
+    """A fine-tuned export's class names: its `names` metadata (Ultralytics writes a dict literal {index: name}),
+    read as a literal, never executed; class_0 ... where it has none. One line when it disagrees with the outputs."""
+    raw = next((p.value for p in model.metadata_props if p.key == "names"), None)
+    if raw is None:
+        return tuple(f"class_{i}" for i in range(num_classes))
+    try:
+        names = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise UsageError(f"{path}: its `names` metadata is not a {{index: name}} literal ({type(exc).__name__}); "
+                         "re-export it, or remove the entry to use class_0 ... and a --class-map by index") from exc
+    if not (isinstance(names, dict) and sorted(names) == list(range(num_classes))
+            and all(isinstance(v, str) for v in names.values())):
+        raise UsageError(f"{path}: its `names` metadata does not name classes 0..{num_classes - 1} (the output has "
+                         f"{num_classes} classes); re-export it")
+    return tuple(names[i] for i in range(num_classes))
+
+
 def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
     """Static dims as ints, symbolic ones as None."""
     return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
@@ -126,8 +145,10 @@ class UltralyticsOnnxDetector:
                 kind = "segmentation" if self.layout == "segment" else "detection"
                 raise UsageError(f"{self.path} is an Ultralytics {kind} export; run it as --model {other}")
             if num_classes is not None and num_classes != len(COCO80_TO_91):
-                raise UsageError(f"{self.path} predicts {num_classes} classes; COCO evaluation needs an 80-class "
-                                 "export")
+                # a fine-tuned export: its own classes, counted from its output shape and named by its metadata;
+                # matched to a dataset's categories by name (or by index with --class-map), never as COCO's
+                self.class_names = export_class_names(self._raw_model, num_classes, self.path)
+                self.class_map = tuple(range(num_classes))
             self.weights = WeightsInfo(file=self.path.name, sha256=file_sha256(self.path),
                                        source="--weights" if weights else "weights cache")
             dims = _dims(self._raw_model.graph.input[0])
