@@ -208,6 +208,19 @@ def test_accuracy_table_says_what_each_cell_scored(run_a, tmp_path):
     assert masks[col["bbox_mAP_50_95"]] == "0.5000"
 
 
+def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
+    from harness.report.sections import per_class_table
+
+    label, table = per_class_table(load_run(run_a))
+    sub = next(s for s in _submissions(run_a) if label.endswith(f"b{s['config']['batch_size']}"))
+    written = json.loads((run_a / sub["eval"]["per_class"]).read_text())["categories"]
+    assert [row[0] for row in table.rows] == [str(c["id"]) for c in written] and len(table.rows) == 80
+    for row, c in zip(table.rows, written, strict=True):
+        assert row[2] == ("-" if c["AP"] is None else f"{c['AP']:.4f}")
+    html = make_report(_copy(run_a, tmp_path)).html.read_text()
+    assert "per-category AP of" in html
+
+
 def test_gates_come_only_from_the_file_the_user_names(run_b, tmp_path):
     run = _copy(run_b, tmp_path)
     assert make_report(run).gates is None  # configs/gates.yaml (one box's targets) is an example, not a default

@@ -20,6 +20,7 @@ from harness.report.sections import (
     artefacts,
     human_size,
     notes,
+    per_class_table,
     performance_table,
     repro_commands,
     run_date,
@@ -137,8 +138,12 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
                  "window.</p>")
     parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots))
     acc = accuracy_table(run)
-    parts.append("<h2 id='accuracy'>Accuracy (COCO bbox, pycocotools statistics)</h2>"
+    parts.append("<h2 id='accuracy'>Accuracy (COCO statistics: bbox; segm for a segmentation cell)</h2>"
                  + (_table(acc) if acc else f"<p class='unavailable'>{escape(accuracy_unavailable(run))}</p>"))
+    per_class = per_class_table(run)
+    if per_class is not None:
+        label, table = per_class
+        parts.append(f"<details><summary>per-category AP of {escape(label)}</summary>{_table(table)}</details>")
     parts.append(f"<h2 id='gates'>Gates</h2><p class='note'>targets from {escape(gate_source)}</p>")
     if gates is not None:
         parts.append(_table(gate_table(gates), status_col=4, wrap=True) if gates else "<p>no gates in the file</p>")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.results.reader import RunFolder, lookup, number
+from harness.results.reader import RunFolder, inside_run_folder, lookup, number, read_json_object
 
 COCO_METRICS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
                 "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
@@ -155,6 +155,22 @@ def accuracy_table(run: RunFolder) -> Table | None:
     numeric = [False, False, False, True, True, True, *([False] if segment else []), *[True] * len(COCO_METRICS),
                *([True] if segment else [])]
     return Table(header, rows, numeric)
+
+
+def per_class_table(run: RunFolder) -> tuple[str, Table] | None:
+    """Each category's AP 50:95 and AP 50 (at the evaluation cap) of the first scored cell that has them
+    (`eval.per_class`, written by the run): (the cell's label, table); None when no cell has them."""
+    for c in run.cells:
+        relative = c.get("eval.per_class")
+        path = inside_run_folder(run.path, relative) if isinstance(relative, str) else None
+        if path is None or not path.is_file():
+            continue
+        entries = [e for e in read_json_object(path).get("categories") or [] if isinstance(e, dict)]
+        rows = [[str(e.get("id")), str(e.get("name") or "-"), fmt(e.get("AP"), 4), fmt(e.get("AP50"), 4)]
+                for e in entries]
+        if rows:
+            return c.key.label, Table(["id", "category", "AP 50:95", "AP 50"], rows, [True, False, True, True])
+    return None
 
 
 def accuracy_unavailable(run: RunFolder) -> str:
