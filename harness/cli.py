@@ -226,6 +226,12 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     if not as_json:
         run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
     outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
+    if plan.config.repeats > 1 and outcome.records:
+        from harness.run.repeats import repeat_in_fresh_processes
+
+        submissions = {label: s.submission for label, s in outcome.state.cells.items() if s.submission}
+        outcome.repeats = repeat_in_fresh_processes(plan.config, plan.run_dir, outcome.records, submissions,
+                                                    _progress(quiet=as_json))
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:

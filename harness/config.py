@@ -81,6 +81,10 @@ class RunConfig(BaseModel):
     max_timed_batches: int | None = option(None, "--max-timed-batches",
                                            "timed batches at most (the rest of the variant is scored untimed)",
                                            ge=1)
+    repeats: int = option(1, "--repeats",
+                          "measure every cell in N fresh processes (pyperf's habit): this one, timed and scored, and "
+                          "N - 1 more, timing only; each process's median and their spread in timing.repeats",
+                          ge=1, le=20)
     target_ci: float | None = option(None, "--target-ci",
                                      "keep timing (past one pass over the images, at most --max-seconds) until the "
                                      "95 % confidence interval of the median batch time is within +-PCT % of it",

@@ -168,3 +168,50 @@ def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
     assert board["counts"]["excluded"] == 2 and not board["cube"]
     refused = run_in_process("run", "--input", "synthetic", "--dataset", str(tmp_path))
     assert refused.returncode == 2 and "--dataset does not apply" in refused.stderr
+
+
+@requires_coco
+@requires_yolox
+def test_repeats_measure_each_cell_in_fresh_processes(tmp_path):
+    """--repeats 2: the run's own median and a fresh process's (its own run folder under repeats/, read back
+    here) in timing.repeats, with their spread; the extra process's files are not the run's submissions."""
+    result = run_in_process("run", "--repeats", "2", "--limit", "8", "--warmup-batches", "1", "--warmup-seconds",
+                            "0", "--min-timed-batches", "3", "--no-energy", "--draw-images", "0", "--coco-dir",
+                            str(COCO_DIR), "--output-dir", str(tmp_path), "--run-id", "repeated")
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "repeated"
+    (path,) = list((run / "submissions").glob("*.json"))
+    sub = json.loads(path.read_text())
+    block = sub["timing"]["repeats"]
+    (child,) = list((run / "repeats" / "process-2" / "submissions").glob("*.json"))
+    other = json.loads(child.read_text())
+    assert block["batch_ms_p50"] == [round(sub["timing"]["batch_ms"]["p50"], 4),
+                                     round(other["timing"]["batch_ms"]["p50"], 4)]
+    low, high = sorted(block["batch_ms_p50"])
+    assert block["spread_pct"] == round(100 * (high - low) / ((low + high) / 2), 3)
+    assert other["accuracy"]["status"] == "unavailable" and "processes" in result.stdout
+    from harness.results.reader import collect_files
+
+    files, _ = collect_files([run])
+    assert files == [path]  # the run's one submission; the extra process's are its working files
+
+
+def test_compare_tests_significance_across_process_medians():
+    """When both sides were measured in several processes, the verdict is across the process medians (Mann-Whitney
+    on them); too few processes to reach p < 0.05 is said, never a verdict from the batches of one process."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from harness.results.compare import Entry, _cell_delta
+
+    def entry(medians):
+        doc = {"timing": {"batch_samples_ms": [10.0] * 50, "total_ms": {"p50": 10.0, "p95": 11.0},
+                          "repeats": {"batch_ms_p50": medians}}, "throughput": {"images_per_s": 100.0}}
+        return Entry(Path("x.json"), doc, {"batch_size": 1}, Path("."), None, None, None)
+
+    slower = _cell_delta("c", {}, entry([10.0, 10.1, 9.9, 10.05, 9.95]), entry([12.0, 12.2, 11.9, 12.1, 12.05]), 0.05)
+    assert slower.significance.verdict == "slower" and slower.significance.basis == "processes"
+    assert slower.significance.ratio == np.median([12.0, 12.2, 11.9, 12.1, 12.05]) / 10.0
+    few = _cell_delta("c", {}, entry([10.0, 10.1, 9.9]), entry([12.0, 12.2, 11.9]), 0.05)
+    assert few.significance.verdict == "too few samples" and few.significance.basis == "processes"

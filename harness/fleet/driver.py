@@ -234,6 +234,8 @@ def _check_options(config: RunConfig, shards: int) -> None:
                          "(`va-bench fleet join --hardware-id ID`); choose hardware with --hardware ID")
     if shards and not config.accuracy:
         raise UsageError("--accuracy-shards splits the accuracy pass; drop --no-accuracy or the shards")
+    if config.repeats > 1:
+        raise UsageError("--repeats runs extra processes on this machine; `fleet run` does not repeat cells: drop it")
     if config.input_source == "synthetic":
         raise UsageError("--input synthetic is a local timing run; `fleet run` benchmarks a dataset on every node: "
                          "run `va-bench run --input synthetic` on each machine instead")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,7 @@ class Significance:
     n_a: int = 0
     n_b: int = 0
     reason: str | None = None
+    basis: str = "batches"  # "batches": one process's timed batches; "processes": --repeats' process medians
 
     @property
     def is_noise(self) -> bool:
@@ -151,7 +152,7 @@ class Significance:
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "ratio_of_medians": self.ratio,
                 "ratio_ci95": list(self.ci95) if self.ci95 else None, "p_value": self.p_value,
-                "samples_a": self.n_a, "samples_b": self.n_b, "reason": self.reason}
+                "samples_a": self.n_a, "samples_b": self.n_b, "samples_are": self.basis, "reason": self.reason}
 
 
 def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
@@ -172,6 +173,17 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
     verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
     return Significance(verdict, ratio, ci, p_value, n_a, n_b)
+
+
+def _process_samples(entry: Entry) -> np.ndarray | None:
+    """--repeats: each process's median per image (timing.repeats.batch_ms_p50 / batch size); None without two."""
+    timing = entry.doc.get("timing") if isinstance(entry.doc.get("timing"), dict) else {}
+    repeats = timing.get("repeats") if isinstance(timing.get("repeats"), dict) else {}
+    values = repeats.get("batch_ms_p50")
+    batch = entry.coords["batch_size"]
+    ok = isinstance(values, list) and len(values) >= 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values)
+    return np.asarray(values, dtype=np.float64) / batch if ok and isinstance(batch, int) and batch >= 1 else None
 
 
 def _per_image_samples(entry: Entry) -> tuple[np.ndarray | None, str | None]:
@@ -337,6 +349,10 @@ def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> Ce
         return _num(total.get("p50")), _num(total.get("p95")), ips if ips is not None else _num(thr.get("fps_mean"))
 
     (p50a, p95a, ipsa), (p50b, p95b, ipsb) = figures(ea), figures(eb)
+    pa, pb = _process_samples(ea), _process_samples(eb)
+    if pa is not None and pb is not None:  # both measured in several processes: the spread that matters
+        return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb,
+                         replace(latency_significance(pa, pb, alpha), basis="processes"))
     sa, why_a = _per_image_samples(ea)
     sb, why_b = _per_image_samples(eb)
     if sa is None or sb is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import traceback
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -45,7 +45,7 @@ class RunOutcome:
 
     records: list[CellRecord]  # cells measured by this process
     state: RunState
-
+    repeats: dict[str, dict] = field(default_factory=dict)  # --repeats: cell label -> timing.repeats
     @property
     def problems(self) -> dict[str, str]:
         """Cells that did not finish ok: label -> 'state: reason'."""

@@ -23,13 +23,14 @@ def _ms(value: float | None) -> str:
 
 def _verdict(cell: CellDelta) -> str:
     s = cell.significance
+    across = f" ({s.n_a} vs {s.n_b} processes)" if s.basis == "processes" else ""
     if s.verdict in ("slower", "faster"):
         p = "p<0.001" if s.p_value < 0.001 else f"p={s.p_value:.3f}"
         color = "red" if s.verdict == "slower" else "green"
-        return f"[{color}]{s.verdict} ×{s.ratio:.2f}[/] {p}"
+        return f"[{color}]{s.verdict} ×{s.ratio:.2f}[/] {p}{across}"
     if s.verdict == "no significant change":
-        return "no significant change"
-    return f"[yellow]{s.verdict}[/]"
+        return "no significant change" + across
+    return f"[yellow]{s.verdict}[/]{across}"
 
 
 def _header(c: Comparison) -> list[RenderableType]:

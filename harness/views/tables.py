@@ -141,6 +141,10 @@ def print_summary(console: Console, outcome) -> None:
         console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
     for line in probe_lines(outcome.records):
         console.print(escape(line), highlight=False)
+    for label, block in getattr(outcome, "repeats", {}).items():
+        medians = " / ".join(f"{v:.2f}" for v in block["batch_ms_p50"])
+        console.print(f"{escape(label)}: p50 ms/batch in {block['processes']} processes: {medians} (spread "
+                      f"{block['spread_pct']:.1f} %)", highlight=False)
     for line in run_warnings(outcome.records):
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     counts = ", ".join(f"{n} {s}" for s, n in state.counts().items())
@@ -177,6 +181,8 @@ def summary_json(run_dir: Path, outcome) -> dict:
                 "layers": r.layers,
                 "profiler": r.profiler,
             })
+        if label in getattr(outcome, "repeats", {}):
+            entry["repeats"] = outcome.repeats[label]
         cells.append(entry)
     return {"run_id": outcome.state.run_id, "run_dir": str(run_dir), "cells": cells,
             "counts": outcome.state.counts(), "warnings": run_warnings(outcome.records)}

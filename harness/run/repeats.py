@@ -1,0 +1,90 @@
+"""`--repeats N`: every cell measured in N fresh processes (pyperf's habit): one process is one sample of the
+machine, and on a shared host the same command's figures move between processes more than within one.
+
+The run's own process times and scores every cell; then N - 1 more `va-bench run` processes time the same cells
+(the run's configuration, written as a preset into `repeats/`; no accuracy, drawings, layer or profiler passes;
+conversions come from the cache the first process filled, since converting is not what is timed). Each cell's
+submission gets `timing.repeats`: every process's median batch time (the first is this run's), their median,
+and the spread between processes; `compare` tests significance across process medians when both sides have them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from harness.files import atomic_write_bytes, atomic_write_json
+from harness.records import CellRecord
+from harness.results.reader import read_json_object, read_run_json
+
+REPEATS_DIR = "repeats"
+CHILD_OFF = {"repeats": 1, "accuracy": False, "draw_images": 0, "layers": False, "profile": False,
+             "run_id": None, "output_dir": None}  # what the extra processes do not do
+
+
+def cell_key(coords: dict) -> tuple:
+    """A cell's coordinates as the run and its submissions both record them."""
+    return (coords["model"], coords["backend"], coords["precision"], tuple(coords["input_size"]),
+            int(coords["batch_size"]))
+
+
+def _child_medians(folder: Path) -> dict[tuple, float]:
+    """Each ok cell's median batch time (ms) in one extra process's run folder (its run.json names the cells and
+    their submissions)."""
+    run = read_run_json(folder, folder.name)
+    out = {}
+    for cell in run.get("cells", []):
+        if cell.get("status") == "ok" and cell.get("submission"):
+            doc = read_json_object(folder / cell["submission"])
+            out[cell_key(cell)] = float(doc["timing"]["batch_ms"]["p50"])
+    return out
+
+
+def repeat_in_fresh_processes(config, run_dir: Path, records: list[CellRecord], submissions: dict[str, str],
+                              progress) -> dict[str, dict]:
+    """Time the run's cells in `config.repeats - 1` more processes; add `timing.repeats` to each ok cell's
+    submission (`submissions`: cell label -> path relative to the run folder). Returns label -> that block."""
+    folder = run_dir / REPEATS_DIR
+    preset = folder / "config.yaml"
+    child = {k: v for k, v in {**config.model_dump(mode="json"), **CHILD_OFF}.items() if v is not None}
+    atomic_write_bytes(preset, yaml.safe_dump(child, sort_keys=True).encode())
+    medians: dict[tuple, list[float | None]] = {}
+    failures = []
+    for k in range(2, config.repeats + 1):
+        run_id = f"process-{k}"
+        with progress.task(f"repeat {k} of {config.repeats}: a fresh process", None):
+            done = subprocess.run([sys.executable, "-m", "harness", "run", "--config", str(preset), "--run-id", run_id,
+                                   "--output-dir", str(folder), "--json"], capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
+            failures.append(f"process {k}: {why}")
+            progress.log(f"warning: repeat {k} failed ({why}); its samples are missing")
+            continue
+        for key, value in _child_medians(folder / run_id).items():
+            medians.setdefault(key, []).append(value)
+    blocks = {}
+    for record in records:
+        key = cell_key(record.cell.coordinates())
+        label = record.cell.label
+        values = [round(record.timing.batch_ms.p50, 4), *[round(v, 4) for v in medians.get(key, [])]]
+        middle = statistics.median(values)
+        block = {"processes": len(values), "requested": config.repeats, "batch_ms_p50": values,
+                 "median_of_processes_ms": round(middle, 4),
+                 "spread_pct": round(100 * (max(values) - min(values)) / middle, 3) if middle > 0 else None,
+                 "note": "the first value is this process's (timed and scored); the others fresh processes timing "
+                         "the same cell (no accuracy pass)"}
+        if failures:
+            block["failed"] = failures
+        blocks[label] = block
+        relative = submissions.get(label)
+        if relative:
+            path = run_dir / relative
+            doc = read_json_object(path)
+            doc["timing"]["repeats"] = block
+            atomic_write_json(path, doc)
+    return blocks
+
