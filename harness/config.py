@@ -94,8 +94,15 @@ class RunConfig(BaseModel):
                               "sync the device at every stage boundary (latency) or once per batch")
     overlap: bool = option(False, "--overlap/--no-overlap",
                            "overlapped mode: prepare/post-process neighbouring batches while the core runs")
-    scenario: Literal["single-stream", "offline"] | None = option(
-        None, "--scenario", "MLPerf's names: single-stream (latency mode, the default) or offline (= --overlap)")
+    scenario: Literal["single-stream", "offline", "server"] | None = option(
+        None, "--scenario", "MLPerf's names: single-stream (latency mode, the default), offline (= --overlap), or "
+        "server (seeded Poisson arrivals at --qps, one image a query, p99 latency against --latency-bound)")
+    qps: float | None = option(None, "--qps", "--scenario server: the arrival rate (queries per second)", gt=0)
+    latency_bound_ms: float | None = option(None, "--latency-bound", "--scenario server: the p99 latency bound (ms), "
+                                            "arrival to result", gt=0)
+    find_max_qps: bool = option(False, "--find-max-qps/--no-find-max-qps",
+                                "--scenario server: search for the highest rate whose p99 holds the bound")
+    server_queries: int = option(1000, "--server-queries", "--scenario server: queries per trial", ge=10)
     workers: str = option("auto", "--workers",
                           "overlapped mode: host workers preparing batches (N, at most N batches ahead, or auto: "
                           "1 on CPU, min(cores - 1, 8) on CUDA)")
@@ -177,8 +184,17 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _scenario(self) -> RunConfig:
-        """--scenario names a mode --overlap also sets: the same meaning, and a contradiction is refused."""
-        if self.scenario is not None:
+        """--scenario: single-stream and offline name the modes --overlap sets (a contradiction is refused); server
+        needs its bound and rate, one image a query; the server options go with it only."""
+        if self.scenario == "server":
+            if self.latency_bound_ms is None or (self.qps is None and not self.find_max_qps):
+                raise ValueError("--scenario server needs --latency-bound MS and --qps R (or --find-max-qps)")
+            if self.overlap or self.batch_sizes != [1]:
+                raise ValueError("--scenario server serves one image a query in latency mode: use --batch-sizes 1, "
+                                 "without --overlap")
+        elif self.qps is not None or self.latency_bound_ms is not None or self.find_max_qps:
+            raise ValueError("--qps, --latency-bound and --find-max-qps belong to --scenario server")
+        if self.scenario in ("single-stream", "offline"):
             wanted = self.scenario == "offline"
             if "overlap" in self.model_fields_set and self.overlap != wanted:
                 raise ValueError(f"--scenario {self.scenario} contradicts --{'' if self.overlap else 'no-'}overlap; "

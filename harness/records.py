@@ -251,6 +251,7 @@ class CellRecord:
     layers: dict[str, Any] | None = None
     profiler: dict[str, Any] | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
+    server: dict[str, Any] | None = None  # --scenario server: the trial(s) at the target rate, or the search
 
 
 # ------------------------------------------------------------------------------------------- probes

@@ -142,6 +142,7 @@ def build_submission(record: CellRecord) -> dict:
         | ({"int8_vs_fp32": record.accuracy.reference} if record.accuracy and record.accuracy.reference else {}),
         "runtime": runtime_block(record),
         "batch_invariance": record.invariance.to_dict() if record.invariance else None,
+        **({"server": record.server} if record.server is not None else {}),
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
                   "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],

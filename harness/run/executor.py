@@ -44,6 +44,8 @@ from harness.measure.hygiene import DeviceSampler
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
+from harness.measure.server import SEED as SERVER_SEED
+from harness.measure.server import RealClock, ServerResult, find_max_qps, poisson_arrivals, serve
 from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_half_width_pct, summarize, warmup_end
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
@@ -261,6 +263,8 @@ class GroupExecutor:
             energy=probes["energy"],
             memory=probes["memory"],
         )
+        if ctx.config.scenario == "server":
+            record.server = self._server_scenario(cell, timing)
         busy = max(load_start[0], load_end[0])
         cores = os.cpu_count() or 1
         if busy > cores:
@@ -399,6 +403,35 @@ class GroupExecutor:
                   "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}
         return record, detections, probes
+
+    def _server_scenario(self, cell: Cell, timing: TimingRecord) -> dict:
+        """--scenario server, after the cell's timed and scored pass: seeded Poisson arrivals at --qps, one image a
+        query (the variant's images, cycled), FIFO on this pipeline, each latency from arrival to result, p99
+        against --latency-bound; with --find-max-qps the highest rate that holds it, searched between 5 % and 100 %
+        of the rate the single-stream pass could sustain (1000 / its mean ms per image)."""
+        ctx, config, pipeline = self.ctx, self.ctx.config, self.pipeline
+        records, clock, scratch = ctx.records, RealClock(), StageTimer(ctx.device, config.stage_sync)
+
+        def trial(qps: float) -> ServerResult:
+            arrivals = poisson_arrivals(qps, config.server_queries)
+            with ctx.progress.task(f"server {cell.label} at {qps:.2f} qps", None):
+                return serve(arrivals, lambda i: pipeline.run_batch([records[i % len(records)]], scratch), clock,
+                             config.latency_bound_ms, qps)
+
+        block: dict = {"scenario": "server", "latency_bound_ms": config.latency_bound_ms,
+                       "queries_per_trial": config.server_queries, "arrivals": "Poisson, seeded", "seed": SERVER_SEED,
+                       "note": "one image a query, FIFO, latency from arrival to result (queueing included)"}
+        if config.qps is not None:
+            block["at_qps"] = trial(config.qps).to_dict()
+        if config.find_max_qps:
+            capacity = 1000.0 / timing.image_ms.mean
+            best, trials = find_max_qps(trial, 0.05 * capacity, capacity)
+            block["max_qps"] = None if best is None else round(best, 3)
+            block["search"] = {"between_qps": [round(0.05 * capacity, 3), round(capacity, 3)],
+                               "trials": [t.to_dict() for t in trials],
+                               "why_none": None if best is not None else "even 5 % of the single-stream rate missed "
+                                                                         "the bound"}
+        return block
 
     def _time_to_target(self, batches: list[list[ImageRecord]], timer: StageTimer, advance,
                         started: float) -> dict:

@@ -141,6 +141,8 @@ def print_summary(console: Console, outcome) -> None:
         console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
     for line in probe_lines(outcome.records):
         console.print(escape(line), highlight=False)
+    for line in server_lines(outcome.records):
+        console.print(escape(line), highlight=False)
     for label, block in getattr(outcome, "repeats", {}).items():
         medians = " / ".join(f"{v:.2f}" for v in block["batch_ms_p50"])
         console.print(f"{escape(label)}: p50 ms/batch in {block['processes']} processes: {medians} (spread "
@@ -153,6 +155,25 @@ def print_summary(console: Console, outcome) -> None:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
                       f"--resume {escape(state.run_id)} --output-dir {escape(str(state.run_dir.parent))} "
                       "--retry-failed", highlight=False)
+
+
+def server_lines(records: list[CellRecord]) -> list[str]:
+    """--scenario server: each cell's trial at --qps and the rate --find-max-qps found."""
+    lines = []
+    for r in records:
+        server = r.server or {}
+        bound = server.get("latency_bound_ms")
+        if server.get("at_qps"):
+            t = server["at_qps"]
+            verdict = "held" if t["bound_held"] else "NOT held"
+            lines.append(f"{r.cell.label}: server at {t['qps']:g} qps: p99 {t['latency_ms']['p99']:.1f} ms against "
+                         f"{bound:g} ms, {verdict} (p50 {t['latency_ms']['p50']:.1f} ms)")
+        if "max_qps" in server:
+            found = server["max_qps"]
+            lines.append(f"{r.cell.label}: highest rate holding p99 <= {bound:g} ms: "
+                         + (f"{found:g} qps" if found is not None else server["search"]["why_none"])
+                         + f" ({len(server['search']['trials'])} trials)")
+    return lines
 
 
 def summary_json(run_dir: Path, outcome) -> dict:
@@ -181,6 +202,8 @@ def summary_json(run_dir: Path, outcome) -> dict:
                 "layers": r.layers,
                 "profiler": r.profiler,
             })
+        if r is not None and r.server is not None:
+            entry["server"] = r.server
         if label in getattr(outcome, "repeats", {}):
             entry["repeats"] = outcome.repeats[label]
         cells.append(entry)
