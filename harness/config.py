@@ -71,7 +71,10 @@ class RunConfig(BaseModel):
                                     "marked); without it such a run is refused")
     lock_clocks: int | None = option(None, "--lock-clocks", "lock the GPU clocks at MHz during the run (NVML, needs "
                                      "root; reset afterwards; recorded)", ge=1)
-    threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores", ge=1)
+    threads: int | None = option(None, "--threads", "CPU threads for the core; default: all cores (with "
+                                 "--cpu-affinity: as many as its cores)", ge=1)
+    cpu_affinity: list[int] = option(list, "--cpu-affinity", "pin the run (every thread) to these CPU cores, e.g. "
+                                     "--cpu-affinity 2 3 (Linux); recorded in environment.cpu_affinity")
     warmup_batches: int = option(3, "--warmup-batches", "warm-up: at least this many batches (untimed); then until "
                                  "the last 3 batch times are within 10 % of each other", ge=0)
     warmup_seconds: float = option(10.0, "--warmup-seconds", "warm-up: at most this long once --warmup-batches are "

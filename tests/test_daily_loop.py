@@ -215,3 +215,23 @@ def test_compare_tests_significance_across_process_medians():
     assert slower.significance.ratio == np.median([12.0, 12.2, 11.9, 12.1, 12.05]) / 10.0
     few = _cell_delta("c", {}, entry([10.0, 10.1, 9.9]), entry([12.0, 12.2, 11.9]), 0.05)
     assert few.significance.verdict == "too few samples" and few.significance.basis == "processes"
+
+
+@requires_coco
+@requires_yolox
+def test_cpu_affinity_pins_every_thread_of_the_run_and_restores_them(tmp_path):
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    result = run_in_process("run", "--cpu-affinity", str(cores[0]), "--limit", "2", "--warmup-batches", "1",
+                            "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0",
+                            "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path), "--run-id", "pinned")
+    assert result.returncode == 0, result.stderr
+    sub = json.loads(next((tmp_path / "pinned" / "submissions").glob("*.json")).read_text())
+    pinned = sub["environment"]["cpu_affinity"]
+    assert pinned["cores"] == [cores[0]] and pinned["threads_pinned"] == pinned["threads"] > 1
+    assert sub["environment"]["threads"]["torch_intra_op"] == 1  # threads follow the pinned cores
+    assert os.sched_getaffinity(0) == before  # the process gets its own mask back
+    bad = run_in_process("run", "--cpu-affinity", "4096")
+    assert bad.returncode == 2 and "not a core this process may use" in bad.stderr

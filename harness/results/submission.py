@@ -157,7 +157,7 @@ def build_submission(record: CellRecord) -> dict:
         "environment": {k: env[k] for k in ("threads", "memory_allocator", "cpu_governor", "cuda", "platform",
                                             "device")}
         # start-up times; where decode reads from; the device's state during the pass and before the run
-        | {k: env[k] for k in ("startup", "images", "device_state", "gpu_hygiene") if k in env},
+        | {k: env[k] for k in ("startup", "images", "device_state", "gpu_hygiene", "cpu_affinity") if k in env},
         "artifacts": record.artifacts,
     }
     return doc

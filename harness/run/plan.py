@@ -18,6 +18,7 @@ from harness.config import RunConfig, device_spec
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.errors import UsageError, path_problem
+from harness.measure.affinity import check_cores
 from harness.records import Cell, LoadKey
 
 if TYPE_CHECKING:  # the modules that import torch, ONNX Runtime or a model: after the options are checked
@@ -243,6 +244,7 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
+    check_cores(config.cpu_affinity)
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
                          "batches; give one of them")

@@ -22,6 +22,7 @@ import torch
 from harness.data.images import find_corrupt_images
 from harness.errors import RunInterrupted, VaBenchError
 from harness.files import DiskFullError, atomic_write_json, is_disk_full
+from harness.measure.affinity import affinity_record, pinned
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, hardware_block
 from harness.measure.hygiene import DeviceSampler, locked_clocks
@@ -79,15 +80,18 @@ class Scheduler:
         """The run, with the GPU's clocks locked around it when --lock-clocks asks (before the run folder exists:
         a lock NVML refuses leaves nothing behind)."""
         device = self.plan.device
-        with locked_clocks(device.index, self.config.lock_clocks) if device.is_cuda else nullcontext() as clocks:
+        with pinned(self.config.cpu_affinity), \
+                locked_clocks(device.index, self.config.lock_clocks) if device.is_cuda else nullcontext() as clocks:
             return self._run(clocks)
 
     def _run(self, clocks: dict | None) -> RunOutcome:
         plan, config = self.plan, self.config
-        threads = config.threads or torch.get_num_threads()
+        threads = config.threads or len(config.cpu_affinity) or torch.get_num_threads()
         torch.set_num_threads(threads)
         apply_tf32(config.tf32)
         environment = collect_environment(plan.device, config.tf32, self.argv, threads)
+        if config.cpu_affinity:
+            environment["cpu_affinity"] = affinity_record(config.cpu_affinity)
         if config.overlap:
             workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,

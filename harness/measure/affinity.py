@@ -1,0 +1,71 @@
+"""`--cpu-affinity`: a run pinned to given CPU cores, every thread of the process (those already started, by
+imports and model loading, and the ones started later, which inherit the mask), restored afterwards. Linux's
+sched_setaffinity per thread id (/proc/self/task): psutil's cpu_affinity sets one task, not the process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.errors import UsageError
+
+TASKS = Path("/proc/self/task")
+
+
+def check_cores(cores: list[int]) -> None:
+    """The cores exist and this process may run on them; one line saying which it may use otherwise."""
+    if not cores:
+        return
+    if not hasattr(os, "sched_setaffinity") or not TASKS.is_dir():
+        raise UsageError("--cpu-affinity pins threads with Linux's sched_setaffinity, which this system has not; "
+                         "drop it (use the OS's own tool, e.g. start /affinity on Windows)")
+    allowed = sorted(os.sched_getaffinity(0))
+    outside = sorted(set(cores) - set(allowed))
+    if outside:
+        raise UsageError(f"--cpu-affinity {' '.join(map(str, outside))}: not a core this process may use; "
+                         f"use some of {' '.join(map(str, allowed))}")
+
+
+def _threads() -> list[int]:
+    return sorted(int(p.name) for p in TASKS.iterdir() if p.name.isdigit())
+
+
+def _set(tid: int, cores: set[int]) -> None:
+    try:
+        os.sched_setaffinity(tid, cores)
+    except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile, or one the OS guards
+        pass
+
+
+@contextmanager
+def pinned(cores: list[int]) -> Iterator[None]:
+    """Every thread of this process on `cores` inside the block (nothing when empty); each thread's own mask
+    back afterwards (threads started inside keep the pinned one: they belong to the run)."""
+    if not cores:
+        yield
+        return
+    before = {tid: os.sched_getaffinity(tid) for tid in _threads()}
+    for tid in before:
+        _set(tid, set(cores))
+    try:
+        yield
+    finally:
+        for tid, mask in before.items():
+            _set(tid, mask)
+
+
+def affinity_record(cores: list[int]) -> dict:
+    """The run's pinning as the environment records it: the cores, and how many of the process's threads are
+    on exactly them now (all of them, unless the OS refused one)."""
+    tasks = _threads()
+    on = sum(1 for tid in tasks if _mask(tid) == set(cores))
+    return {"cores": sorted(cores), "threads_pinned": on, "threads": len(tasks)}
+
+
+def _mask(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except ProcessLookupError:
+        return None
