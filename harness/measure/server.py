@@ -103,19 +103,21 @@ def serve(arrivals: np.ndarray, service: Callable[[int], None], clock, bound_ms:
 def find_max_qps(trial: Callable[[float], ServerResult], low: float, high: float,
                  tolerance: float = SEARCH_TOLERANCE, max_trials: int = 12) -> tuple[float | None, list[ServerResult]]:
     """The highest rate whose trial holds the bound, by bisection between `low` and `high` (LoadGen's search):
-    (that rate, or None when even `low` fails; every trial, in order)."""
-    trials = [trial(low)]
-    if not trials[-1].held:
-        return None, trials
-    top = trial(high)
-    trials.append(top)
-    if top.held:
+    (that rate, or None when even `low` fails; every trial, in order). `high` is tried first and `low` only if
+    no rate between them held: a trial is a fixed number of queries, so the slowest rate is the longest trial."""
+    trials = [trial(high)]
+    if trials[-1].held:
         return high, trials
-    while high - low > tolerance * low and len(trials) < max_trials:
+    low_holds = False
+    while high - low > tolerance * low and len(trials) < max_trials - 1:
         middle = (low + high) / 2
         trials.append(trial(middle))
         if trials[-1].held:
-            low = middle
+            low, low_holds = middle, True
         else:
             high = middle
+    if not low_holds:
+        trials.append(trial(low))
+        if not trials[-1].held:
+            return None, trials
     return low, trials
