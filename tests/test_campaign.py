@@ -90,6 +90,12 @@ def test_rf100vl_campaign_row(tmp_path):
     assert not any(f.rule in ("rf100vl", "nonstandard-protocol", "schema") for f in report.findings)
     csv_lines = (tmp_path / "out" / "c1" / "datasets.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and any(line.startswith("broken,skipped,") for line in csv_lines)
+    assert (tmp_path / "out" / "c1" / "datasets.png").read_bytes().startswith(b"\x89PNG")
+    from harness.report.plots import campaign_datasets
+
+    plot = campaign_datasets([(n, r["accuracy"]["mAP_50_95"], None) for n, r in zip(DATASETS, runs, strict=True)]
+                             + [("broken", None, "not valid JSON")], doc["accuracy"]["mAP_50_95"])
+    assert plot.data["mAP_50_95"][-1] is None and plot.notes == ["broken: skipped (not valid JSON)"]
 
     # resumed: the finished datasets are read back, the row is the same but for its time stamp and id
     (tmp_path / "out" / "c1" / "datasets" / "pets" / "run.json").unlink()  # as if killed during "pets"

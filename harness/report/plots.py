@@ -329,3 +329,30 @@ PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory
 def all_plots(run: RunFolder) -> list[Plot]:
     """Every plot of the report, in the order the report shows them."""
     return [make(run) for make in ALL_PLOTS]
+
+
+def campaign_datasets(rows: list[tuple[str, float | None, str | None]], mean: float | None) -> Plot:
+    """A campaign's per-dataset mAP 50:95 (one bar each, in the campaign's order; a skipped dataset is a gap named
+    with its reason), the row's unweighted mean as a line. `rows`: (dataset, mAP or None, reason when skipped)."""
+    name, title = "datasets.png", "mAP 50:95 per dataset"
+    if not any(m is not None for _, m, _ in rows):
+        return _unavailable(name, title, "no dataset was scored")
+    fig = Figure(figsize=(max(6.0, 0.35 * len(rows) + 2), 4))
+    ax = fig.subplots()
+    x = np.arange(len(rows))
+    values = [m if m is not None else 0.0 for _, m, _ in rows]
+    bars = ax.bar(x, values, color=["#4c72b0" if m is not None else "#ffffff" for _, m, _ in rows],
+                  edgecolor=["#4c72b0" if m is not None else "#c44e52" for _, m, _ in rows])
+    for bar, (_, m, _) in zip(bars, rows, strict=True):
+        if m is None:
+            bar.set_hatch("//")
+    if mean is not None:
+        ax.axhline(mean, color="#dd8452", linestyle="--", label=f"unweighted mean {mean:.3f}")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xticks(x, [d for d, _, _ in rows], rotation=90, fontsize=7)
+    ax.set_ylabel("mAP 50:95")
+    ax.set_title(title + (f" ({sum(m is None for _, m, _ in rows)} skipped, hatched)"
+                          if any(m is None for _, m, _ in rows) else ""))
+    notes = [f"{d}: skipped ({why})" for d, m, why in rows if m is None]
+    return Plot(name, title, _png(fig), {"datasets": [d for d, _, _ in rows], "mAP_50_95": [m for _, m, _ in rows],
+                                         "mean": mean}, notes)

@@ -23,6 +23,7 @@ import yaml
 from harness.config import build_config
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
+from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
 from harness.results.reader import finished_submission
 
@@ -141,7 +142,8 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
 
 def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str],
                  progress) -> tuple[Path, list[DatasetResult]]:
-    """Every dataset's run, then the campaign's row (submissions/) and its per-dataset table (datasets.csv)."""
+    """Every dataset's run, then the campaign's row (submissions/), its per-dataset table (datasets.csv) and plot
+    (datasets.png)."""
     folder = output_dir / campaign_id
     recipe = {**campaign.recipe(), "weights": {e.name: e.weights and file_sha256(Path(e.weights))
                                                for e in campaign.entries}}
@@ -168,6 +170,10 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                                     f"{hardware['id']}.json"
     atomic_write_json(path, doc)
     atomic_write_bytes(folder / "datasets.csv", datasets_csv(results))
+    plot = campaign_datasets([(r.name, r.submission["accuracy"].get("mAP_50_95") if r.submission else None, r.reason)
+                              for r in results], doc["accuracy"].get("mAP_50_95"))
+    if plot.png is not None:
+        atomic_write_bytes(folder / plot.name, plot.png)
     return path, results
 
 

@@ -343,7 +343,7 @@ class GroupExecutor:
         timed = [batches[i % len(batches)] for i in range(n_timed)]
         stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
         target = None
-        with ctx.progress.task(f"timing {cell.label}", n_timed) as advance, energy:
+        with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
             for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
                 if i < len(batches):  # the first pass over the data is the scored one
                     detections += out
