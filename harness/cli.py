@@ -229,9 +229,9 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     if plan.config.repeats > 1 and outcome.records:
         from harness.run.repeats import repeat_in_fresh_processes
 
-        submissions = {label: s.submission for label, s in outcome.state.cells.items() if s.submission}
-        outcome.repeats = repeat_in_fresh_processes(plan.config, plan.run_dir, outcome.records, submissions,
-                                                    _progress(quiet=as_json))
+        submissions = {label: s.submission for label, s in outcome.state.cells.items()
+                       if s.state == "ok" and s.submission}
+        outcome.repeats = repeat_in_fresh_processes(plan.config, plan.run_dir, submissions, _progress(quiet=as_json))
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:

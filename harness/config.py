@@ -157,6 +157,13 @@ class RunConfig(BaseModel):
         "auto", "--preprocess", "preprocessing implementation: cv2, torch (torchvision decode + F.interpolate; "
         "nvJPEG and on-device letterbox on CUDA) or pil; auto: torch on CUDA, else the family's own (cv2 for most)")
 
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _cores(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values):
+            raise ValueError("core numbers start at 0")
+        return sorted(set(values))
+
     @field_validator("batch_sizes", "input_sizes")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:

@@ -318,7 +318,7 @@ def _reference_masks(path, image) -> tuple[tuple, np.ndarray]:
     b = input_boxes[:, :, None, None]
     masks *= (xs >= b[:, 0]) & (xs < b[:, 2]) & (ys >= b[:, 1]) & (ys < b[:, 3])
     h0, w0 = image.shape[:2]
-    h, w = round(h0 * r), round(w0 * r)
+    h, w = min(int(np.ceil(h0 * r)), SIZE), min(int(np.ceil(w0 * r)), SIZE)  # the image as placed (ceil, as above)
     masks = _bilinear(masks[:, top:top + h, left:left + w], (h0, w0)) >= 0.5
     source = (input_boxes - [left, top, left, top]) / r
     source = np.clip(source, 0, [w0, h0, w0, h0])

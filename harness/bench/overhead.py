@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    backends = args.backend or list(detector_backends(get_detector(args.model)))
+    backends = args.backend or [b for b in detector_backends(get_detector(args.model))
+                                if args.batch_size == 1 or b != "ncnn"]  # ncnn runs one image per call
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,

@@ -149,8 +149,9 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
         rle = det.get("segmentation") if isinstance(det, dict) else None
         if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list)) and len(rle.get("size", ())) == 2):
             raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
-    # loadRes replaces a result's bbox by its mask's bounding box when the result has a segmentation: the box
-    # statistics are of the predicted boxes, so their pass reads the results without their masks
+    # Each result keeps its predicted box (loadRes takes its bbox branch when a box is there, as with libreyolo's
+    # results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
+    # masks: exactly what a detection file of the same boxes is scored on.
     boxes_only = [{k: v for k, v in det.items() if k != "segmentation"} for det in detections]
     segm, per_class = _evaluate(coco_gt, detections, image_ids, evaluator, cap, "segm")
     return {"segm": segm, "bbox": _evaluate(coco_gt, boxes_only, image_ids, evaluator, cap, "bbox")[0]}, per_class

@@ -46,7 +46,7 @@ def pinned(cores: list[int]) -> Iterator[None]:
     if not cores:
         yield
         return
-    before = {tid: os.sched_getaffinity(tid) for tid in _threads()}
+    before = {tid: mask for tid in _threads() if (mask := _mask(tid)) is not None}
     for tid in before:
         _set(tid, set(cores))
     try:

@@ -51,17 +51,17 @@ def image_masks(maps: MaskMaps, spec: MaskSpec, image: int, rows: torch.Tensor, 
     height, width = transform.orig_size
     # the resized image's place in the input: what is left once the letterbox padding is cropped
     x0, y0 = round(transform.pad[0]), round(transform.pad[1])
-    w_in, h_in = round(width * transform.ratio[0]), round(height * transform.ratio[1])
+    h_in, w_in = transform.resized or (round(height * transform.ratio[1]), round(width * transform.ratio[0]))
     padded = (x0, y0, h_in, w_in) != (0, 0, *input_size)
     if spec.resize == "via_input" or spec.crop_to_box == "input" or padded:
         values = _resize(values, input_size)
         if spec.crop_to_box == "input":
-            values = values * inside(input_boxes, input_size).to(values.dtype)
+            values = values * inside(input_boxes.to(values.device), input_size).to(values.dtype)
         values = values[:, y0:y0 + h_in, x0:x0 + w_in]
     values = _resize(values, (height, width))
     on = values > 0 if spec.values == "logits" else values >= 0.5
     if spec.crop_to_box == "source":
-        on &= inside(source_boxes, (height, width))
+        on &= inside(source_boxes.to(on.device), (height, width))
     return on
 
 

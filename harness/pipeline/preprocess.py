@@ -33,7 +33,7 @@ class ImageTransform:
     ratio: tuple[float, float]  # (x, y)
     pad: tuple[float, float]  # (x, y) offset of the image inside the canvas
     orig_size: tuple[int, int]  # (height, width)
-
+    resized: tuple[int, int] | None = None  # (height, width) of the image inside the canvas, as resized
 
 def decode_image(path: Path) -> np.ndarray:
     """Read and decode an image to an HxWx3 uint8 BGR array (OpenCV's order)."""
@@ -122,7 +122,7 @@ def _geometry(h: int, w: int, spec: PreprocessSpec) -> _Geometry:
     for dst in sizes:
         resizes.append((*dst, _interpolation(spec, src, dst)))
         src = dst
-    return _Geometry(new_h, new_w, top, left, ImageTransform(ratio, (float(left), float(top)), (h, w)),
+    return _Geometry(new_h, new_w, top, left, ImageTransform(ratio, (float(left), float(top)), (h, w), (new_h, new_w)),
                      tuple(resizes))
 
 

@@ -393,9 +393,11 @@ class GroupExecutor:
             target_ci=target,
         )
         if target is not None and not target["met"]:
-            record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is "
-                                   f"+-{target['half_width_pct']:.2f} % after {target['seconds']:.0f} s; stopped at "
-                                   f"--max-seconds {config.max_seconds:g} (raise it, or accept a wider interval)")
+            half = target["half_width_pct"]
+            reached = "undefined (fewer than 2 timed batches)" if half is None else f"+-{half:.2f} %"
+            record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
+                                   f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
+                                   "it, or accept a wider interval)")
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")
@@ -450,6 +452,9 @@ class GroupExecutor:
                 stopped = "--max-seconds"
                 break
             more = max(10, len(timer.batches) // 4)
+            per_batch_s = float(np.median([b.ms("total") for b in timer.batches])) / 1000 if timer.batches else 0
+            if per_batch_s > 0:  # never planned past --max-seconds
+                more = max(1, min(more, int((config.max_seconds - seconds) / per_batch_s)))
             extra = [batches[(added + j) % len(batches)] for j in range(more)]
             for _ in pipeline.run_stream(extra, timer, overlap=config.overlap):
                 advance()

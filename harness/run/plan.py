@@ -248,6 +248,9 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
                          "batches; give one of them")
+    if config.target_ci is not None and config.overlap:
+        raise UsageError("--target-ci checks the interval between chunks of batches, which would stop the overlapped "
+                         "stream whose wall time is its throughput; use it in latency mode (drop --overlap)")
     _check_models(config)
     _check_segment_backends(config)
     if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():

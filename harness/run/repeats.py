@@ -10,6 +10,8 @@ and the spread between processes; `compare` tests significance across process me
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,12 +20,13 @@ from pathlib import Path
 import yaml
 
 from harness.files import atomic_write_bytes, atomic_write_json
-from harness.records import CellRecord
 from harness.results.reader import read_json_object, read_run_json
 
 REPEATS_DIR = "repeats"
 CHILD_OFF = {"repeats": 1, "accuracy": False, "draw_images": 0, "layers": False, "profile": False,
+             "scenario": None, "qps": None, "latency_bound_ms": None, "find_max_qps": False,
              "run_id": None, "output_dir": None}  # what the extra processes do not do
+REPEAT_OF = "VA_BENCH_REPEAT_OF"  # set in an extra process: the pid of the run that started it (it holds the GPU)
 
 
 def cell_key(coords: dict) -> tuple:
@@ -44,21 +47,23 @@ def _child_medians(folder: Path) -> dict[tuple, float]:
     return out
 
 
-def repeat_in_fresh_processes(config, run_dir: Path, records: list[CellRecord], submissions: dict[str, str],
-                              progress) -> dict[str, dict]:
+def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str], progress) -> dict[str, dict]:
     """Time the run's cells in `config.repeats - 1` more processes; add `timing.repeats` to each ok cell's
-    submission (`submissions`: cell label -> path relative to the run folder). Returns label -> that block."""
+    submission (`submissions`: cell label -> path relative to the run folder, every ok cell of the run, those an
+    earlier process of a resumed run finished too). Returns label -> that block."""
     folder = run_dir / REPEATS_DIR
     preset = folder / "config.yaml"
     child = {k: v for k, v in {**config.model_dump(mode="json"), **CHILD_OFF}.items() if v is not None}
     atomic_write_bytes(preset, yaml.safe_dump(child, sort_keys=True).encode())
-    medians: dict[tuple, list[float | None]] = {}
+    medians: dict[tuple, list[float]] = {}
     failures = []
     for k in range(2, config.repeats + 1):
         run_id = f"process-{k}"
+        shutil.rmtree(folder / run_id, ignore_errors=True)  # a resumed run repeats its cells afresh
         with progress.task(f"repeat {k} of {config.repeats}: a fresh process", None):
             done = subprocess.run([sys.executable, "-m", "harness", "run", "--config", str(preset), "--run-id", run_id,
-                                   "--output-dir", str(folder), "--json"], capture_output=True, text=True)
+                                   "--output-dir", str(folder), "--json"], capture_output=True, text=True,
+                                  env={**os.environ, REPEAT_OF: str(os.getpid())})
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
             failures.append(f"process {k}: {why}")
@@ -66,25 +71,21 @@ def repeat_in_fresh_processes(config, run_dir: Path, records: list[CellRecord], 
             continue
         for key, value in _child_medians(folder / run_id).items():
             medians.setdefault(key, []).append(value)
+    cells = {c["cell"]: c for c in read_run_json(run_dir, run_dir.name).get("cells", [])}
     blocks = {}
-    for record in records:
-        key = cell_key(record.cell.coordinates())
-        label = record.cell.label
-        values = [round(record.timing.batch_ms.p50, 4), *[round(v, 4) for v in medians.get(key, [])]]
+    for label, relative in submissions.items():
+        path = run_dir / relative
+        doc = read_json_object(path)
+        own = float(doc["timing"]["batch_ms"]["p50"])
+        values = [round(own, 4), *[round(v, 4) for v in medians.get(cell_key(cells[label]), [])]]
         middle = statistics.median(values)
         block = {"processes": len(values), "requested": config.repeats, "batch_ms_p50": values,
                  "median_of_processes_ms": round(middle, 4),
                  "spread_pct": round(100 * (max(values) - min(values)) / middle, 3) if middle > 0 else None,
-                 "note": "the first value is this process's (timed and scored); the others fresh processes timing "
-                         "the same cell (no accuracy pass)"}
+                 "note": "the first value is the run's own process's (timed and scored); the others fresh processes "
+                         "timing the same cell (no accuracy pass)"}
         if failures:
             block["failed"] = failures
-        blocks[label] = block
-        relative = submissions.get(label)
-        if relative:
-            path = run_dir / relative
-            doc = read_json_object(path)
-            doc["timing"]["repeats"] = block
-            atomic_write_json(path, doc)
+        doc["timing"]["repeats"] = blocks[label] = block
+        atomic_write_json(path, doc)
     return blocks
-
