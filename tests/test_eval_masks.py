@@ -87,3 +87,19 @@ def test_a_result_without_a_mask_is_refused(coco, tmp_path):
     path.write_text(json.dumps([{"image_id": 139, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.5}]))
     with pytest.raises(ValueError, match="result 0 has no COCO RLE segmentation"):
         evaluate_masks_file(coco, path, [139])
+
+
+@requires_coco
+def test_masks_are_evaluated_a_group_of_categories_at_a_time_with_the_same_numbers(coco, tmp_path):
+    """Bounded memory: the file is read one result at a time and the categories evaluated in groups; groups of
+    two categories' pairs give what one group gives, and both what a direct pycocotools call gives."""
+    from harness.eval.coco_eval import evaluate_masks_file_per_class
+
+    image_ids = sorted(coco.getImgIds())[:IMAGES]
+    results = _results(coco, image_ids, erode=2)
+    path = tmp_path / "eroded.json"
+    path.write_text(json.dumps(results))
+    whole, per_class = evaluate_masks_file_per_class(coco, path, image_ids)
+    grouped, grouped_per_class = evaluate_masks_file_per_class(coco, path, image_ids, pairs_per_chunk=2 * IMAGES)
+    assert grouped == whole and grouped_per_class == per_class and len(per_class) == 80
+    assert whole["segm"]["mAP_50_95"] == pytest.approx(_plain_pycocotools(coco, results, image_ids, "segm"), abs=1e-12)

@@ -105,20 +105,28 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     columns = _read_results(Path(path))
     if columns is None:
         return _no_detections(coco_gt, image_ids, cap)
+    return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")
+
+
+def _evaluate_grouped(coco_gt: COCO, columns: _Results, image_ids: list[int], evaluator: str,
+                      pairs_per_chunk: int | None, cap: int,
+                      iou_type: str) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
+    accumulated arrays joined into one evaluation."""
     COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
     with contextlib.redirect_stdout(io.StringIO()):
         for chunk in _category_groups(categories, columns, len(image_ids), pairs_per_chunk or CHUNK_PAIRS):
-            coco_eval = COCOeval(gt, _results_of(gt, columns, chunk), "bbox")
+            coco_eval = COCOeval(gt, _results_of(gt, columns, chunk, iou_type), iou_type)
             coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, chunk
             coco_eval.params.maxDets = max_dets_for(cap)
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
             del coco_eval  # this group's per-image records go before the next group's are built
-        coco_eval = COCOeval(gt, _results_of(gt, columns, []), "bbox")
+        coco_eval = COCOeval(gt, _results_of(gt, columns, [], iou_type), iou_type)
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
         coco_eval.params.maxDets = max_dets_for(cap)
         coco_eval.eval = {"params": coco_eval.params, "counts": [*parts[0]["counts"][:2], len(categories),
@@ -140,21 +148,21 @@ def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], e
 
 def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: list[int],
                                   evaluator: str = "pycocotools", cap: int = COCO_MAX_DETS,
+                                  pairs_per_chunk: int | None = None,
                                   ) -> tuple[dict[str, dict[str, float]], dict[int, dict[str, float]]]:
-    """`evaluate_masks_file` and each category's mask AP."""
-    detections = json.loads(Path(path).read_bytes())
-    if not isinstance(detections, list):
-        raise ValueError(f"{path} is not a COCO results array")
-    for k, det in enumerate(detections):
-        rle = det.get("segmentation") if isinstance(det, dict) else None
-        if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list)) and len(rle.get("size", ())) == 2):
-            raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
-    # Each result keeps its predicted box (loadRes takes its bbox branch when a box is there, as with libreyolo's
-    # results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
-    # masks: exactly what a detection file of the same boxes is scored on.
-    boxes_only = [{k: v for k, v in det.items() if k != "segmentation"} for det in detections]
-    segm, per_class = _evaluate(coco_gt, detections, image_ids, evaluator, cap, "segm")
-    return {"segm": segm, "bbox": _evaluate(coco_gt, boxes_only, image_ids, evaluator, cap, "bbox")[0]}, per_class
+    """`evaluate_masks_file` and each category's mask AP, in bounded memory as the box evaluation: the file parsed
+    one result at a time (the masks kept as their RLEs), categories evaluated a group at a time.
+
+    Each result keeps its predicted box (loadRes takes its bbox branch when a box is there, as with libreyolo's
+    results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
+    masks: exactly what a detection file of the same boxes is scored on."""
+    columns = _read_results(Path(path), masks=True)
+    if columns is None:
+        empty = _no_detections(coco_gt, image_ids, cap)[0]
+        return {"segm": empty, "bbox": dict(empty)}, {}
+    segm, per_class = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm")
+    bbox = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")[0]
+    return {"segm": segm, "bbox": bbox}, per_class
 
 
 # The box statistics a segmentation submission carries beside its mask ones, as bbox_<key> (the site's shape)
@@ -211,11 +219,13 @@ class _Results:
     category_id: np.ndarray  # [N] int64
     bbox: np.ndarray  # [N, 4] float64, xywh as written
     score: np.ndarray  # [N] float64
+    segmentation: list[dict] | None = None  # [N] COCO RLEs, for a segmentation file
 
 
-def _read_results(path: Path) -> _Results | None:
+def _read_results(path: Path, masks: bool = False) -> _Results | None:
     """Parse a COCO results array one object at a time (json.loads would build every dict at once);
-    None when it holds no detections. Raises ValueError for anything but an array of result objects."""
+    None when it holds no detections. Raises ValueError for anything but an array of result objects (with
+    `masks`, each with a COCO RLE segmentation)."""
     text = path.read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
     pos = _SPACE.match(text, 0).end()
@@ -224,8 +234,15 @@ def _read_results(path: Path) -> _Results | None:
     pos = _SPACE.match(text, pos + 1).end()
     # typed arrays: 8 bytes a number, where lists of Python floats would take ~4x that
     ids, cats, boxes, scores = array("q"), array("q"), array("d"), array("d")
+    rles: list[dict] = []
     while text[pos:pos + 1] != "]":
         item, pos = decoder.raw_decode(text, pos)
+        if masks:
+            rle = item.get("segmentation") if isinstance(item, dict) else None
+            if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list))
+                    and len(rle.get("size", ())) == 2):
+                raise ValueError(f"{path}: result {len(ids)} has no COCO RLE segmentation (size [h, w], counts)")
+            rles.append({"size": rle["size"], "counts": rle["counts"]})
         try:
             ids.append(int(item["image_id"]))
             cats.append(int(item["category_id"]))
@@ -242,16 +259,18 @@ def _read_results(path: Path) -> _Results | None:
     if not ids:
         return None
     return _Results(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
-                    np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64))
+                    np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
+                    rles if masks else None)
 
 
 _SPACE = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*,?\s*")
 
 
-def _results_of(coco_gt: COCO, columns: _Results, categories: list[int]) -> COCO:
+def _results_of(coco_gt: COCO, columns: _Results, categories: list[int], iou_type: str = "bbox") -> COCO:
     """pycocotools' results object (loadRes) of the detections of `categories`, in file order: within an
-    (image, category) pair the order is the file's, which is what breaks pycocotools' score ties."""
+    (image, category) pair the order is the file's, which is what breaks pycocotools' score ties. For "segm" each
+    result carries its mask beside its box."""
     rows = np.isin(columns.category_id, categories).nonzero()[0]
     if len(rows) == 0:  # loadRes rejects an empty list: an empty results set over the same images
         empty = type(coco_gt)()
@@ -262,6 +281,9 @@ def _results_of(coco_gt: COCO, columns: _Results, categories: list[int]) -> COCO
     anns = [{"image_id": i, "category_id": c, "bbox": b, "score": s} for i, c, b, s in
             zip(columns.image_id[rows].tolist(), columns.category_id[rows].tolist(), columns.bbox[rows].tolist(),
                 columns.score[rows].tolist(), strict=True)]
+    if iou_type == "segm":
+        for ann, row in zip(anns, rows.tolist(), strict=True):
+            ann["segmentation"] = dict(columns.segmentation[row])  # loadRes writes into it: a copy
     return coco_gt.loadRes(anns)
 
 
