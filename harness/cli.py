@@ -332,17 +332,26 @@ def campaign(
     campaign_id: str | None = typer.Option(None, "--campaign-id",
                                            help="the campaign folder's name; the same id again resumes it"),
     as_json: bool = typer.Option(False, "--json", help="print the campaign's row and datasets as JSON"),
+    on_fleet: bool = typer.Option(False, "--fleet", help="run each dataset as a task on the Ray cluster's nodes "
+                                                         "of one hardware id (see docs/fleet.md)"),
+    address: str | None = typer.Option(None, "--address", metavar="HOST:PORT",
+                                       help="with --fleet: the Ray head (default: $RAY_ADDRESS or this machine's)"),
+    hardware: str | None = typer.Option(None, "--hardware", metavar="ID",
+                                        help="with --fleet: the hardware id to run on (default: the only one)"),
 ) -> None:
     """One model fine-tuned per dataset: a run per dataset (isolated, resumable) and one row in the site's
-    RF100-VL shape (unweighted mean over datasets; partial{n} when some are missing). Exit 0 when every
-    dataset was scored, 1 when some were skipped, 2 for bad input."""
+    RF100-VL shape (unweighted mean over datasets; partial{n} when some are missing), here or with --fleet on
+    a Ray cluster (one task per dataset). Exit 0 when every dataset was scored, 1 when some were skipped, 2 for
+    bad input."""
     import re as _re
 
     from harness.results.reader import read_json_object
-    from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign
+    from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign, run_here
     from harness.views.commands import campaign_json, print_campaign
 
     options = {"backends": [backend], "device": device}
+    if not on_fleet and (address is not None or hardware is not None):
+        raise UsageError("--address and --hardware choose the cluster of --fleet; add --fleet or drop them")
     if (file is None) == (rf100vl is None):
         raise UsageError("give a campaign FILE or --rf100vl ROOT (with --weights-root and --model), one of them")
     if rf100vl is not None:
@@ -356,7 +365,11 @@ def campaign(
     campaign_id = campaign_id or f"{plan.model}-{rf100vl.name if rf100vl else file.stem}"
     if not _re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", campaign_id):
         raise UsageError(f"--campaign-id {campaign_id!r} is not a plain name: use letters, digits, '_', '.' and '-'")
-    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(as_json))
+    runner = run_here
+    if on_fleet:
+        runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
+    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(as_json),
+                                 runner)
     doc = read_json_object(path)
     if as_json:
         print_json(console, campaign_json(path, doc))
@@ -608,14 +621,16 @@ FLEET_FLAGS = [
 ]
 
 
-def _fleet_module():
+def _fleet_module(name: str = "driver"):
+    """harness.fleet.<name>, or one line saying how to install Ray."""
+    import importlib
+
     try:
-        from harness.fleet import driver as fleet
+        return importlib.import_module(f"harness.fleet.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != "ray":
             raise
         raise UsageError("va-bench fleet needs Ray, which is not installed: pip install 'va-bench[fleet]'") from None
-    return fleet
 
 
 def fleet_run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,

@@ -6,47 +6,13 @@ broken annotation file is skipped and named, and the row is partial."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, run_in_process
-
-DATASETS = {"cars-and-people": ("person", "car"), "pets": ("dog", "cat"), "street": ("person", "car", "bus")}
-IMAGES = 6
-
-
-def _fake_download(root: Path, weights_root: Path) -> None:
-    """<root>/<name>/test/_annotations.coco.json (Roboflow's layout, its supercategory at id 0) and a checkpoint
-    per dataset whose classes are the dataset's, by name; "broken" has an annotation file that is not JSON."""
-    libreyolo = pytest.importorskip("libreyolo")
-    source = json.loads(SUBSET_ANNOTATIONS.read_text())
-    coco_ids = {c["name"]: c["id"] for c in source["categories"]}
-    for k, (name, classes) in enumerate(DATASETS.items()):
-        ids = {coco_ids[c]: i + 1 for i, c in enumerate(classes)}
-        anns = [dict(a, category_id=ids[a["category_id"]]) for a in source["annotations"] if a["category_id"] in ids]
-        keep = sorted({a["image_id"] for a in anns})[k:k + IMAGES]
-        split = root / name / "test"
-        split.mkdir(parents=True)
-        images = [i for i in source["images"] if i["id"] in keep]
-        for image in images:
-            os.symlink(COCO_DIR / "val2017" / image["file_name"], split / image["file_name"])
-        (split / "_annotations.coco.json").write_text(json.dumps({
-            "images": images, "annotations": [a for a in anns if a["image_id"] in keep],
-            "categories": [{"id": 0, "name": name, "supercategory": "none"},
-                           *({"id": i, "name": c, "supercategory": name} for c, i in
-                             ((c, ids[coco_ids[c]]) for c in classes))]}))
-        wrapper = libreyolo.LibreYOLOX._from_scratch(size="n", nb_classes=len(classes), device="cpu", seed=k)
-        wrapper.names = dict(enumerate(classes))
-        (weights_root / name).mkdir(parents=True)
-        wrapper.save(str(weights_root / name / "LibreYOLOXn.pt"))
-    (root / "broken" / "test").mkdir(parents=True)
-    (root / "broken" / "test" / "_annotations.coco.json").write_text("{not json")
-    (weights_root / "broken").mkdir()
-    (weights_root / "broken" / "LibreYOLOXn.pt").write_bytes((weights_root / "pets" / "LibreYOLOXn.pt").read_bytes())
-    (root / "rf100vl_versions.json").write_text(json.dumps({"cars-and-people": "2", "pets": "1", "street": "3"}))
+from conftest import COCO_DIR, requires_coco, run_in_process
+from rf100vl_fake import DATASETS, IMAGES, fake_rf100vl
 
 
 def _campaign(tmp_path: Path, *extra: str):
@@ -60,7 +26,7 @@ def test_rf100vl_campaign_row(tmp_path):
     from harness.results.site_rules import is_rf100vl
     from harness.results.validate import validate_paths
 
-    _fake_download(tmp_path / "rf", tmp_path / "w")
+    fake_rf100vl(tmp_path / "rf", tmp_path / "w")
     result = _campaign(tmp_path)
     assert result.returncode == 1, result.stderr  # a dataset was skipped: the row is partial
     (path,) = (tmp_path / "out" / "c1" / "submissions").glob("*.json")
@@ -150,7 +116,7 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
 def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
     """Resuming a campaign id with other options is refused (its finished datasets would mix); a YAML without
     datasets, or with two names that make one folder, is refused in one line."""
-    _fake_download(tmp_path / "rf", tmp_path / "w")
+    fake_rf100vl(tmp_path / "rf", tmp_path / "w")
     first = _campaign(tmp_path)
     assert first.returncode == 1, first.stderr
     other = _campaign(tmp_path, "--backend", "onnxruntime")

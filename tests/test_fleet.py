@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from harness.errors import UsageError
 from harness.fleet.fingerprint import build_differences
-from harness.fleet.gather import append_csv_rows, safe_relative
+from harness.fleet.gather import append_csv_rows, inside_folder, safe_relative
 from harness.fleet.shards import Shard, merge_result_files, split_shards
 from harness.results.site_rules import schema_findings, site_findings
 
@@ -72,6 +72,10 @@ def test_a_node_cannot_write_outside_its_folder_or_over_the_drivers_files(name):
     with pytest.raises(ValueError):
         safe_relative(name)
     assert str(safe_relative("submissions/a.json")) == "submissions/a.json"
+    if name not in ("run.json", ".lock"):  # a campaign's dataset folder comes back whole, its run.json too
+        with pytest.raises(ValueError):
+            inside_folder(name)
+    assert str(inside_folder("run.json")) == "run.json"
 
 
 def test_build_differences_name_what_differs():
@@ -347,6 +351,96 @@ def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path)
     reasons = {c["input_size"][0]: c["reason"] for c in cells}
     assert "died" in reasons[64] and "no node of hardware gamma is alive" in reasons[96], reasons
     assert outcome["fleet"].problems
+
+
+def campaign(*args: str):
+    """`va-bench campaign ARGS` in this process (its Ray connection is the cluster fixture's)."""
+    from harness import cli
+
+    argv = ["campaign", *args]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "ORIGINAL_ARGV", argv)
+        return CliRunner().invoke(cli.app, argv)
+
+
+def _row(out: Path) -> dict:
+    (path,) = (out / "c" / "submissions").glob("*.json")
+    return json.loads(path.read_text())
+
+
+@requires_coco
+def test_a_campaign_on_the_fleet_runs_a_task_per_dataset_and_gives_the_local_row(cluster, tmp_path):
+    from rf100vl_fake import DATASETS, fake_rf100vl
+
+    fake_rf100vl(tmp_path / "rf", tmp_path / "w")
+    common = ["--rf100vl", str(tmp_path / "rf"), "--weights-root", str(tmp_path / "w"), "--model", "yolox-nano",
+              "--campaign-id", "c", "--json"]
+    several = campaign(*common, "--fleet", "--output-dir", str(tmp_path / "refused"))
+    assert isinstance(several.exception, UsageError), several.output
+    assert "hardware alpha, beta; a campaign's row is one machine's: choose one with --hardware" in str(
+        several.exception)
+    alone = campaign(*common, "--hardware", "beta", "--output-dir", str(tmp_path / "refused"))
+    assert isinstance(alone.exception, UsageError) and "add --fleet" in str(alone.exception)
+    assert not (tmp_path / "refused").exists()
+
+    on_fleet = campaign(*common, "--fleet", "--hardware", "beta", "--output-dir", str(tmp_path / "fleet"))
+    assert on_fleet.exit_code == 1, on_fleet.output  # "broken" is skipped: the row is partial
+    here = campaign(*common, "--output-dir", str(tmp_path / "here"))
+    assert here.exit_code == 1, here.output
+    row, local = _row(tmp_path / "fleet"), _row(tmp_path / "here")
+    assert row["hardware"]["id"] == "beta" and local["hardware"]["id"] != "beta"
+    for name in DATASETS:  # each dataset ran on a node of beta and came back whole
+        state = json.loads((tmp_path / "fleet" / "c" / "datasets" / name / "run.json").read_text())
+        assert state["hardware"]["id"] == "beta" and [c["status"] for c in state["cells"]] == ["ok"]
+    block, local_block = row["rf100vl"], local["rf100vl"]
+    assert block["skipped_datasets"] == local_block["skipped_datasets"] == ["broken"]
+    assert any(r.startswith("broken: ") and "not valid JSON" in r for r in block["invalid_reasons"])
+    assert [d["dataset"] for d in block["datasets"]] == list(DATASETS)
+    for mine, theirs in zip(block["datasets"], local_block["datasets"], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in mine.items():
+            assert value == (pytest.approx(theirs[key], abs=1e-6) if isinstance(value, float) else theirs[key]), key
+    assert row["accuracy"] == pytest.approx(local["accuracy"], abs=1e-6)
+    assert row["repro"]["dataset"] == local["repro"]["dataset"]
+    assert block["recipe_sha256"] == local_block["recipe_sha256"]  # the same campaign, wherever it ran
+    assert not list((tmp_path / "fleet").rglob("*.incoming"))
+
+    # resumed on the fleet after a dataset's run was lost: only that one runs again; the same row
+    (tmp_path / "fleet" / "c" / "datasets" / "pets" / "run.json").unlink()
+    kept = (tmp_path / "fleet" / "c" / "datasets" / "street" / "run.json").stat().st_mtime_ns
+    again = campaign(*common, "--fleet", "--hardware", "beta", "--output-dir", str(tmp_path / "fleet"))
+    assert again.exit_code == 1, again.output
+    assert (tmp_path / "fleet" / "c" / "datasets" / "street" / "run.json").stat().st_mtime_ns == kept
+    redo = _row(tmp_path / "fleet")
+    for d in (row, redo):
+        for key in ("created_at", "submission_id", "timing", "throughput", "memory", "metadata"):
+            d.pop(key)
+    assert redo == row
+
+
+@requires_coco
+def test_campaign_datasets_queued_for_hardware_that_is_gone_are_skipped_not_waited_for(cluster, tmp_path):
+    import ray
+
+    from harness.fleet.campaign import prepare_campaign_fleet
+    from harness.run.campaign import Campaign, CampaignEntry
+    from harness.run.progress import SilentProgress
+
+    c = cluster["cluster"]
+    delta = c.add_node(**cluster["common"], resources={"hw:delta": 1, "va-bench-slot": 1})
+    runner = prepare_campaign_fleet(None, "delta")
+    c.remove_node(delta, allow_graceful=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(n["Alive"] and "hw:delta" in n["Resources"] for n in ray.nodes()):
+        time.sleep(0.5)
+    (tmp_path / "d" / "test").mkdir(parents=True)
+    (tmp_path / "d" / "test" / "_annotations.coco.json").write_text('{"images": [], "annotations": [], '
+                                                                    '"categories": []}')
+    (tmp_path / "w.pt").write_bytes(b"weights")
+    entry = CampaignEntry("d", str(tmp_path / "d"), str(tmp_path / "w.pt"), None, "test")
+    results = list(runner(Campaign("yolox-nano", [entry], "test"), [entry], tmp_path / "out", [], SilentProgress()))
+    assert [(r.name, r.submission) for r in results] == [("d", None)]
+    assert results[0].reason.startswith("no node of hardware delta is alive any more"), results[0].reason
 
 
 def _safe_statuses(run_json: Path) -> dict:

@@ -59,7 +59,7 @@ LIVENESS_EVERY_S = 5.0
 # ------------------------------------------------------------------------------------------ Ray tasks
 
 
-def _node_info() -> dict:
+def node_info() -> dict:
     return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
             "address": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
@@ -71,21 +71,21 @@ def _node_info() -> dict:
 def _group_task(job: GroupJob):
     from harness.fleet.node import run_group
 
-    yield from run_group(job, _node_info())
+    yield from run_group(job, node_info())
 
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _shard_task(job: ShardJob) -> dict:
     from harness.fleet.node import detect_shard
 
-    return {**detect_shard(job), "node": _node_info()}
+    return {**detect_shard(job), "node": node_info()}
 
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _probe_task() -> dict:
     from harness.fleet.node import probe
 
-    return {**probe(), "node": _node_info()}
+    return {**probe(), "node": node_info()}
 
 
 # -------------------------------------------------------------------------------------------- nodes
@@ -174,7 +174,7 @@ def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:
         try:
             node.probe = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            node.refused = f"its probe failed ({one_line(_cause(exc))})"
+            node.refused = f"its probe failed ({one_line(task_cause(exc))})"
             continue
         differences = build_differences(build, node.probe["build"])
         if differences:
@@ -525,7 +525,7 @@ class FleetDriver:
         """A task that raised: `failed` with its error; one whose worker or node died: `interrupted`."""
         where = f" on {task.node.get('host')} ({task.node.get('address')})" if task.node else ""
         if isinstance(exc, ray.exceptions.RayTaskError):
-            return "failed", f"the task{where} raised {one_line(_cause(exc))}"
+            return "failed", f"the task{where} raised {one_line(task_cause(exc))}"
         if isinstance(exc, ray.exceptions.TaskCancelledError):
             return "interrupted", f"the task{where} was cancelled"
         return "interrupted", f"the task{where} died ({one_line(exc)})"
@@ -643,7 +643,7 @@ def _coordinates(key: LoadKey) -> dict:
     return {"model": key.model, "backend": key.backend, "precision": key.precision, "input_size": list(key.input_size)}
 
 
-def _cause(exc: BaseException) -> BaseException:
+def task_cause(exc: BaseException) -> BaseException:
     """The exception a task raised, when Ray could carry it over (RayTaskError.cause)."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc

@@ -46,11 +46,17 @@ class Change:
     reason: str | None
 
 
-def safe_relative(name: str) -> PurePosixPath:
-    """A path a node sent, accepted only if it stays inside the run folder."""
+def inside_folder(name: str) -> PurePosixPath:
+    """A path a node sent, accepted only if it stays inside the folder it is written to."""
     path = PurePosixPath(name)
     if path.is_absolute() or not path.parts or any(p in ("", ".", "..") for p in path.parts) or "\\" in name:
         raise ValueError(f"a node sent a file outside its run folder: {name!r}")
+    return path
+
+
+def safe_relative(name: str) -> PurePosixPath:
+    """A path a node sent into a gathered hardware folder: inside it, and none of the files the driver keeps."""
+    path = inside_folder(name)
     if path.name in (RUN_FILE, LOCK_FILE, ERROR_LOG):
         raise ValueError(f"a node sent {name!r}, which the driver writes itself")
     return path

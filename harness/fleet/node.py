@@ -5,6 +5,8 @@
   every time that folder's run.json changes (a cell started or finished), with the files that changed.
 - `detect_shard`: the detections (a COCO results file) of one shard of a group's accuracy pass
   (harness/fleet/shards.py).
+- `run_campaign_dataset`: one dataset of a campaign (harness/run/campaign.py), its run folder's files sent
+  back whole.
 - `probe`: this node's build fingerprint and threads, for the driver to accept or refuse it.
 
 Datasets and weights are resolved here, on the node (its $VA_BENCH_COCO, weights cache, plugin paths);
@@ -22,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.config import build_config
 from harness.errors import UsageError, VaBenchError
@@ -66,6 +69,19 @@ class ShardJob:
     shard: Shard
     build: dict
     dataset_sha256: str
+
+
+@dataclass
+class CampaignJob:
+    """One dataset of a campaign, with the driver's fingerprints of its weights and annotation file."""
+
+    campaign: Any  # harness.run.campaign.Campaign
+    entry: Any  # harness.run.campaign.CampaignEntry
+    hardware_id: str
+    argv: list[str]
+    build: dict
+    weights_sha256: str
+    annotation_sha256: str
 
 
 def check_build(expected: dict) -> dict:
@@ -258,5 +274,43 @@ def detect_shard(job: ShardJob) -> dict:
                     out.extend(image.to_coco(executor.label_categories))
         return {"detections_json": path.read_bytes(), "detections": out.count, "images": len(records),
                 "seconds": round(time.perf_counter() - start, 3), "threads": threads}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_campaign_dataset(job: CampaignJob) -> dict:
+    """One dataset's run on this node, under the node's hardware id, in a scratch folder: {"files": {relative
+    path: bytes}} of its run folder (run.json, submission, detections, ...), or {"reason": ...} when it was
+    skipped before or during the run. Its weights and annotation file are this node's copies at the campaign's
+    paths, refused when their SHA-256 differs from the driver's."""
+    from harness.data.coco import CocoDataset
+    from harness.files import file_sha256
+    from harness.run.campaign import run_dataset, run_folder_name
+    from harness.run.progress import SilentProgress
+    from harness.run.scheduler import Scheduler
+
+    check_build(job.build)
+    entry = job.entry
+    try:
+        annotation = CocoDataset.from_path(entry.dataset, entry.split).annotation_file
+    except UsageError as exc:
+        return {"reason": f"on this node: {str(exc).splitlines()[0]}"}
+    for what, path, expected in (("weights", Path(entry.weights), job.weights_sha256),
+                                 ("annotation file", annotation, job.annotation_sha256)):
+        if not path.is_file():
+            return {"reason": f"this node has no {what} {path}; give every node the campaign's files at the same paths"}
+        if file_sha256(path) != expected:
+            return {"reason": f"this node's {what} {path} differs from the driver's (SHA-256); give every node "
+                              "the same copy"}
+    scratch = scratch_folder("campaign")
+    try:
+        result = run_dataset(job.campaign, entry, scratch, job.argv, SilentProgress(),
+                             execute=lambda plan, argv, progress: Scheduler(plan, argv, progress).run(),
+                             hardware_id=job.hardware_id)
+        run_dir = scratch / run_folder_name(entry)
+        if result.submission is None:
+            return {"reason": result.reason or "its run finished without a submission"}
+        return {"files": {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+                          if p.is_file() and p.name != LOCK_FILE}}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -67,6 +67,10 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
     skipped = [{"dataset": r.name, "reason": r.reason} for r in results if r.submission is None]
     invalid = [f"{len(scored)} of {expected} datasets scored"] if len(scored) != expected else []
     invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
+    hardware_ids = sorted({s["hardware"]["id"] for s in subs})
+    if len(hardware_ids) > 1:  # a resumed campaign on another machine, or runs brought together by hand
+        invalid.append(f"its datasets were measured on different hardware ({', '.join(hardware_ids)}); "
+                       "one row is one machine: run the campaign on one")
     num_images = sum(d["num_images"] for d in datasets)
     model, runtime, hardware = template["model"], template["runtime"], template["hardware"]
     stamp = created_at.replace("-", "").replace(":", "").replace(".", "")

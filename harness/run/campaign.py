@@ -14,9 +14,10 @@ import io
 import json
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -111,39 +112,73 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
     return Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
 
 
-def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str],
-                progress) -> DatasetResult:
-    """One dataset's run, or its reason for being skipped; a finished one is read back, not run again."""
-    from harness.run.plan import prepare
-    from harness.run.scheduler import run_with_interrupts
+def dataset_config(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, **overrides):
+    """The RunConfig of one dataset's run: the campaign's options, its model, weights and dataset, its folder
+    `datasets_dir/<dataset>`; UsageError when the options are not a valid run."""
+    return build_config({**campaign.options, "models": [campaign.model], "weights": entry.weights,
+                         "dataset": entry.dataset, "split": entry.split, "output_dir": str(datasets_dir),
+                         "run_id": run_folder_name(entry), "draw_images": 0, **overrides})
 
-    run_id = _slug(entry.name)
-    run_dir = datasets_dir / run_id
-    finished = finished_submission(run_dir)
+
+def run_folder_name(entry: CampaignEntry) -> str:
+    """The folder of a dataset's run under the campaign's datasets/."""
+    return _slug(entry.name)
+
+
+def settled(entry: CampaignEntry, datasets_dir: Path) -> DatasetResult | None:
+    """A dataset that needs no run: finished by an earlier pass of the campaign (read back), or without weights
+    (skipped, named). None when it has to run."""
+    finished = finished_submission(datasets_dir / run_folder_name(entry))
     if finished is not None:
         return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
     if entry.weights is None:
         return DatasetResult(entry.name, entry.version, "", None, "no weights file for it")
+    return None
+
+
+def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str], progress,
+                execute: Callable | None = None, **overrides) -> DatasetResult:
+    """One dataset's run in `datasets_dir/<dataset>` (an unfinished folder of an earlier pass is replaced), or
+    its reason for being skipped. `execute(plan, argv, progress)` runs the plan (default: with SIGINT/SIGTERM
+    turned into a clean stop); `overrides` are RunConfig fields of this run only."""
+    from harness.run.plan import prepare
+    from harness.run.scheduler import run_with_interrupts
+
+    run_dir = datasets_dir / run_folder_name(entry)
     if run_dir.exists():  # an unfinished run (killed, or failed before): the dataset runs again
         shutil.rmtree(run_dir)
     try:
-        config = build_config({**campaign.options, "models": [campaign.model], "weights": entry.weights,
-                               "dataset": entry.dataset, "split": entry.split, "output_dir": str(datasets_dir),
-                               "run_id": run_id, "draw_images": 0})
-        outcome = run_with_interrupts(prepare(config), argv, progress)
+        plan = prepare(dataset_config(campaign, entry, datasets_dir, **overrides))
+        outcome = (execute or run_with_interrupts)(plan, argv, progress)
     except RunInterrupted:
         raise
     except UsageError as exc:
-        return DatasetResult(entry.name, entry.version, entry.weights, None, str(exc).splitlines()[0][:300])
+        return DatasetResult(entry.name, entry.version, entry.weights or "", None, str(exc).splitlines()[0][:300])
     if outcome.problems:
-        return DatasetResult(entry.name, entry.version, entry.weights, None, "; ".join(outcome.problems.values()))
-    return DatasetResult(entry.name, entry.version, entry.weights, finished_submission(run_dir))
+        return DatasetResult(entry.name, entry.version, entry.weights or "", None,
+                             "; ".join(outcome.problems.values()))
+    return DatasetResult(entry.name, entry.version, entry.weights or "", finished_submission(run_dir))
 
 
-def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str],
-                 progress) -> tuple[Path, list[DatasetResult]]:
-    """Every dataset's run, then the campaign's row (submissions/), its per-dataset table (datasets.csv) and plot
-    (datasets.png)."""
+class DatasetRunner(Protocol):
+    """Runs a campaign's datasets that still need a run, yielding each one's result as it is known (in any
+    order). The local runner runs them one after another here; the fleet's sends each to a node."""
+
+    def __call__(self, campaign: Campaign, entries: list[CampaignEntry], datasets_dir: Path, argv: list[str],
+                 progress) -> Iterator[DatasetResult]: ...
+
+
+def run_here(campaign: Campaign, entries: list[CampaignEntry], datasets_dir: Path, argv: list[str],
+             progress) -> Iterator[DatasetResult]:
+    """The datasets one after another on this machine."""
+    for entry in entries:
+        yield run_dataset(campaign, entry, datasets_dir, argv, progress)
+
+
+def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str], progress,
+                 runner: DatasetRunner = run_here) -> tuple[Path, list[DatasetResult]]:
+    """Every dataset's run (those finished by an earlier pass are read back), then the campaign's row
+    (submissions/), its per-dataset table (datasets.csv) and plot (datasets.png)."""
     folder = output_dir / campaign_id
     recipe = {**campaign.recipe(), "weights": {e.name: e.weights and file_sha256(Path(e.weights))
                                                for e in campaign.entries}}
@@ -153,17 +188,25 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
             changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
             raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "
                              "its finished datasets would mix with these: use another --campaign-id")
-    (folder / "datasets").mkdir(parents=True, exist_ok=True)
+    datasets_dir = folder / "datasets"
+    datasets_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "campaign.json", {"campaign_id": campaign_id, "recipe": recipe})
-    results = []
+    by_name: dict[str, DatasetResult] = {}
+    todo = []
     for entry in campaign.entries:
-        result = run_dataset(campaign, entry, folder / "datasets", argv, progress)
-        progress.log(f"{entry.name}: " + ("ok, mAP {:.4f}".format(result.submission["accuracy"]["mAP_50_95"] or 0)
-                                          if result.submission else f"skipped ({result.reason})"))
-        results.append(result)
+        result = settled(entry, datasets_dir)
+        if result is None:
+            todo.append(entry)
+        else:
+            by_name[entry.name] = result
+            _log_result(progress, result)
+    for result in runner(campaign, todo, datasets_dir, argv, progress):
+        by_name[result.name] = result
+        _log_result(progress, result)
+    results = [by_name[e.name] for e in campaign.entries]
     if not any(r.submission for r in results):
         raise VaBenchError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason}); "
-                           f"each dataset's run is in {folder / 'datasets'}")
+                           f"each dataset's run is in {datasets_dir}")
     doc = campaign_submission(results, campaign.expected, campaign.recipe(), campaign.split)
     runtime, hardware = doc["runtime"], doc["hardware"]
     path = folder / "submissions" / f"{campaign.model}__rf100vl__{runtime['format']}__{runtime['provider']}__" \
@@ -175,6 +218,11 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     if plot.png is not None:
         atomic_write_bytes(folder / plot.name, plot.png)
     return path, results
+
+
+def _log_result(progress, result: DatasetResult) -> None:
+    progress.log(f"{result.name}: " + ("ok, mAP {:.4f}".format(result.submission["accuracy"]["mAP_50_95"] or 0)
+                                       if result.submission else f"skipped ({result.reason})"))
 
 
 def datasets_csv(results: list[DatasetResult]) -> bytes:
