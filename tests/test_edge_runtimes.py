@@ -474,6 +474,56 @@ def test_seeded_families_on_every_converting_runtime(model_id, monkeypatch):
         assert match.match_rate >= 0.99, (backend, match)
 
 
+@requires_coco
+@requires_yolox
+def test_openvino_throughput_mode_keeps_its_streams_busy_and_gives_the_latency_modes_detections():
+    """Overlapped mode on OpenVINO: the THROUGHPUT hint, as many forwards in flight as OpenVINO says are optimal
+    (started async, collected in order); every batch's detections >= 99 % matched to the latency core's, in the
+    records' order."""
+    need("openvino")
+    from harness.data.coco import CocoDataset
+    from harness.eval.matching import match_detections
+    from harness.models.registry import get_detector
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    det = get_detector("yolox-nano")
+    coco = CocoDataset(COCO_DIR)
+    records = coco.records(coco.variant("sample", 12))
+    batches = [records[i:i + 2] for i in range(0, len(records), 2)]
+    post = det.postprocess
+    thresholds = Thresholds(post.conf, post.iou, post.max_det)
+    latency = load_core_of(det, "openvino", CPU, "fp32", (416, 416), threads=2, batch_sizes=[2])
+    throughput = load_core_of(det, "openvino", CPU, "fp32", (416, 416), threads=2, batch_sizes=[2], overlap=True)
+    assert latency.async_slots == 1 and latency.read_back["PERFORMANCE_HINT"] == "LATENCY"
+    assert throughput.read_back["PERFORMANCE_HINT"] == "THROUGHPUT"
+    assert throughput.async_slots == int(throughput.read_back["OPTIMAL_NUMBER_OF_INFER_REQUESTS"]) >= 1
+    want = DetectorPipeline(det, latency, CPU, det.preprocess, thresholds)
+    got = DetectorPipeline(det, throughput, CPU, det.preprocess, thresholds)
+    counts = {"started": 0, "collected": 0, "most_in_flight": 0}
+    start, collect = throughput.start, throughput.collect
+
+    def counted_start(batch):
+        counts["started"] += 1
+        counts["most_in_flight"] = max(counts["most_in_flight"], counts["started"] - counts["collected"])
+        return start(batch)
+
+    def counted_collect(ticket):
+        counts["collected"] += 1
+        return collect(ticket)
+
+    throughput.start, throughput.collect = counted_start, counted_collect
+    timer = StageTimer(CPU, stage_sync=False, batch_sync=False)
+    streamed = list(got.run_stream(batches, timer, overlap=True))
+    assert counts["started"] == counts["collected"] == len(batches) == len(timer.batches)
+    assert counts["most_in_flight"] == throughput.async_slots  # measured: 2 streams, 2 requests on 2 cores
+    assert all(t.stages["forward"] > 0 for t in timer.batches)
+    expected = [want.run_batch(b, StageTimer(CPU)) for b in batches]
+    for mine, theirs, batch in zip(streamed, expected, batches, strict=True):
+        assert [d.image_id for d in mine] == [r.image_id for r in batch]
+        assert match_detections(theirs, mine, 0.99, 1e-3).match_rate >= 0.99
+
+
 def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):
     """On a Raspberry Pi the hardware block is what the leaderboard's rpi5 rows hold: the board's name as `gpu`,
     id rpi5 (from /proc/device-tree/model, NUL-terminated)."""

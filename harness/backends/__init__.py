@@ -40,6 +40,8 @@ class BackendOptions:
     - `batch_sizes`: the run's batch sizes (TensorRT engines are built for 1 and the largest; OpenVINO,
       LiteRT and compiled PyTorch prepare one shape each).
     - `compile`, `cuda_graphs`: PyTorch execution modes, compiled/captured per batch size.
+    - `overlap`: overlapped (throughput) mode: a runtime with streams of its own (OpenVINO) compiles for
+      throughput and keeps several forwards in flight.
     """
 
     ort_provider: str
@@ -48,6 +50,7 @@ class BackendOptions:
     batch_sizes: tuple[int, ...]
     compile: str
     cuda_graphs: bool
+    overlap: bool = False
 
     @property
     def max_batch(self) -> int:
@@ -59,7 +62,7 @@ class BackendOptions:
         """The backend settings of a run (its defaults are RunConfig's: declared once, there)."""
         return cls(ort_provider=config.ort_provider, trt_cache_dir=config.trt_cache_dir,
                    trt_workspace_mb=config.trt_workspace_mb, batch_sizes=tuple(sorted(set(config.batch_sizes))),
-                   compile=config.compile, cuda_graphs=config.cuda_graphs)
+                   compile=config.compile, cuda_graphs=config.cuda_graphs, overlap=config.overlap)
 
 
 class Backend(Protocol):

@@ -71,7 +71,7 @@ class OpenVinoCore:
     torch_module = None
 
     def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
-                 input_size: tuple[int, int], perf_count: bool = False):
+                 input_size: tuple[int, int], perf_count: bool = False, throughput: bool = False):
         import openvino as ov
 
         self.name, self.device, self.threads, self.precision = name, device, threads, precision
@@ -85,8 +85,15 @@ class OpenVinoCore:
         compute = "f32"
         if precision == "fp16" and cpu_has_native_fp16(self._ov):
             compute = "f16"
-        self.properties = {"INFERENCE_PRECISION_HINT": compute, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1",
-                           "PERF_COUNT": perf_count}
+        # Latency: one stream, one request. Throughput (overlapped mode): OpenVINO's THROUGHPUT hint picks its
+        # streams, and as many requests as it says are optimal are kept in flight (`async_slots`).
+        self.properties = {"INFERENCE_PRECISION_HINT": compute, "PERF_COUNT": perf_count,
+                           **({"PERFORMANCE_HINT": "THROUGHPUT"} if throughput else
+                              {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"})}
+        self.throughput = throughput
+        self.async_slots = 1
+        self._requests: dict[tuple[int, ...], list[Any]] = {}
+        self._started = 0
         if threads:
             self.properties["INFERENCE_NUM_THREADS"] = threads
         self._model = None if precision == "int8" else self._converted()
@@ -201,6 +208,9 @@ class OpenVinoCore:
                                  f"({_first_line(exc)})") from exc
             self._check_read_back(compiled)
             self._compiled[shape] = (compiled, compiled.create_infer_request())
+            if self.throughput:
+                self.async_slots = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+                self._requests[shape] = [compiled.create_infer_request() for _ in range(self.async_slots)]
         return self._compiled[shape]
 
     def _check_read_back(self, compiled: Any) -> None:
@@ -214,7 +224,8 @@ class OpenVinoCore:
         self.compute_precision = "int8 (quantised ops) + fp32" if self.precision == "int8" else compute
         self.read_back = {key: str(compiled.get_property(key)) for key in
                           ("INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "NUM_STREAMS", "PERFORMANCE_HINT",
-                           "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING", "SCHEDULING_CORE_TYPE")}
+                           "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING", "SCHEDULING_CORE_TYPE",
+                           "OPTIMAL_NUMBER_OF_INFER_REQUESTS")}
 
     def prepare(self, batch_sizes: tuple[int, ...]) -> None:
         """Compile for each batch size now (load time), never inside a timed batch."""
@@ -238,6 +249,23 @@ class OpenVinoCore:
         return [torch.from_numpy(np.array(request.get_output_tensor(i).data))
                 for i in range(len(request.model_outputs))]
 
+    def start(self, batch: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Start a forward on the next of the shape's requests (throughput mode); the pipeline keeps at most
+        `async_slots` in flight and collects them in order, so the request is free again by then."""
+        self._compiled_for(tuple(batch.shape))
+        requests = self._requests[tuple(batch.shape)]
+        request = requests[self._started % len(requests)]
+        self._started += 1
+        request.start_async({0: batch.numpy()}, share_inputs=True)
+        return request, batch  # the batch's memory is the request's input until it completes
+
+    def collect(self, ticket: tuple[Any, torch.Tensor]) -> list[torch.Tensor]:
+        """Wait for a started forward; its outputs, copied out of the request's buffers."""
+        request, _ = ticket
+        request.wait()
+        return [torch.from_numpy(np.array(request.get_output_tensor(i).data))
+                for i in range(len(request.model_outputs))]
+
     # ------------------------------------------------------------------------------ layers, record
 
     def profiling_copy(self, prefix: str) -> OpenVinoCore:
@@ -247,6 +275,7 @@ class OpenVinoCore:
         copy.__dict__.update(self.__dict__)
         copy.properties = {**self.properties, "PERF_COUNT": True}
         copy.perf_count, copy._compiled, copy.layer_rows, copy._runs = True, {}, [], -1
+        copy.throughput, copy._requests = False, {}  # the layer pass calls the core one batch at a time
         for shape in self._compiled:  # compiled now: a compile inside the pass would be timed as a forward
             copy._compiled_for(shape)
         return copy
@@ -265,6 +294,7 @@ class OpenVinoCore:
                                    "fp16": f"fp16 weights, {self.compute_precision} compute (read back)",
                                    "int8": "int8 quantised (NNCF), float ops in f32 (read back)"}[self.precision],
                 "properties": self.properties, "read_back": self.read_back,
+                "requests_in_flight": self.async_slots,
                 "compiled_shapes": [list(s) for s in self._compiled], "conversion": self.conversion,
                 **({"quantization": self.quantization} if self.quantization else {})}
 
@@ -285,7 +315,8 @@ class OpenVinoBackend:
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> OpenVinoCore:
         graph, module = onnx_graph(source, input_size)
-        core = OpenVinoCore(source.name, graph, device, threads, precision, input_size)
+        core = OpenVinoCore(source.name, graph, device, threads, precision, input_size,
+                            throughput=options.overlap)
         if core.needs_calibration:  # int8: checked against its source after calibration (executor)
             return core
         core.prepare(options.batch_sizes)

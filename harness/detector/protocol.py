@@ -214,6 +214,9 @@ class Core(Protocol):
     # Optional `takes_device_tensors: bool`: True when the core reads a batch already on its device (the
     # pipeline moves it in the transfer stage and may decode/letterbox there), False when it takes host
     # memory and copies it itself (inside the forward). Absent: True for cores with a `torch_module`.
+    # Optional async forwards, for a runtime with streams of its own (OpenVINO in overlapped mode):
+    # `async_slots: int` (> 1: that many forwards may be in flight), `start(batch) -> ticket` and
+    # `collect(ticket) -> raw outputs`, collected in the order they were started.
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]: ...
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -201,10 +202,15 @@ class DetectorPipeline:
         if overlap:
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
-                    "max_batches_ahead": self.max_ahead}
+                    "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.async_slots}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "nms_threads": self.nms_threads}
+
+    @property
+    def async_slots(self) -> int:
+        """Forwards the core keeps in flight in overlapped mode (1: one at a time)."""
+        return getattr(self.core, "async_slots", 1) if hasattr(self.core, "start") else 1
 
     def _read(self, record: ImageRecord) -> bytes:
         return self.read_image(record) if self.read_image else Path(record.path).read_bytes()
@@ -299,18 +305,33 @@ class DetectorPipeline:
         # submitted, so at most N batches are ever prepared (or being prepared) ahead of the forward.
         ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
         finishing: Future | None = None
-        for k in range(len(batches)):
-            timer, batch, transforms = ahead.popleft().result()
-            with count_lock:
-                taken = k + 1
-            if k + self.stream_workers < len(batches):
-                ahead.append(workers.submit(prepare, k + self.stream_workers))
-            if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
-                batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
-            raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
-            if finishing is not None:
-                yield finishing.result()  # in order: one batch finishing at a time
-            finishing = workers.submit(finish, k, timer, raw, transforms)
+        # A runtime with streams of its own keeps `slots` forwards in flight (started here, collected oldest
+        # first); each batch's forward stage runs from its start to its outputs being ready.
+        slots = self.async_slots
+        in_flight: deque = deque()
+        for k in range(len(batches) + slots - 1):
+            if k < len(batches):
+                timer, batch, transforms = ahead.popleft().result()
+                with count_lock:
+                    taken = k + 1
+                if k + self.stream_workers < len(batches):
+                    ahead.append(workers.submit(prepare, k + self.stream_workers))
+                if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
+                    batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
+                if slots == 1:
+                    raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
+                    if finishing is not None:
+                        yield finishing.result()  # in order: one batch finishing at a time
+                    finishing = workers.submit(finish, k, timer, raw, transforms)
+                    continue
+                in_flight.append((k, timer, transforms, time.perf_counter_ns(), self.core.start(batch)))
+            if in_flight and (len(in_flight) == slots or k >= len(batches)):
+                done, timer, transforms, started, ticket = in_flight.popleft()
+                raw = self.core.collect(ticket)
+                timer.add_stage("forward", time.perf_counter_ns() - started)
+                if finishing is not None:
+                    yield finishing.result()
+                finishing = workers.submit(finish, done, timer, raw, transforms)
         if finishing is not None:
             yield finishing.result()
 

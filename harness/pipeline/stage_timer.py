@@ -86,6 +86,10 @@ class StageTimer:
                 self.device.synchronize()
             self._add(f"{self._stage}.{name}" if self._stage else name, time.perf_counter_ns() - start)
 
+    def add_stage(self, name: str, ns: int) -> None:
+        """A stage timed by the caller (an async forward: from its start to its outputs being ready)."""
+        self._add(name, ns)
+
     def _add(self, name: str, ns: int) -> None:
         if self._current is not None:
             self._current.stages[name] = self._current.stages.get(name, 0) + ns

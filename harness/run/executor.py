@@ -316,7 +316,7 @@ class GroupExecutor:
         warm_count, start = 0, time.perf_counter()
         # Warm up in the mode that is timed: overlapped mode's workers, queue and (on CUDA) streams are first
         # used here, not inside the first timed batches. An overlapped chunk keeps every worker busy.
-        chunk = pipeline.stream_workers + 1 if config.overlap else 1
+        chunk = pipeline.stream_workers + pipeline.async_slots if config.overlap else 1
         ended = None
         with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
             while ended is None:
