@@ -64,9 +64,15 @@ def test_rf100vl_campaign_row(tmp_path):
     assert plot.data["mAP_50_95"][-1] is None and plot.notes == ["broken: skipped (not valid JSON)"]
 
     # resumed: the finished datasets are read back, the row is the same but for its time stamp and id
-    (tmp_path / "out" / "c1" / "datasets" / "pets" / "run.json").unlink()  # as if killed during "pets"
+    datasets = tmp_path / "out" / "c1" / "datasets"
+    (datasets / "pets" / "run.json").unlink()  # as if killed during "pets"
+    kept = (datasets / "street" / "run.json").stat().st_mtime_ns
+    (datasets / "street").rename(datasets / ".street.incoming")  # as if killed while a fleet's copy moved in
+    (datasets / ".cars-and-people.incoming").mkdir()  # an unfinished copy beside a finished run: dropped
     again = _campaign(tmp_path)
     assert again.returncode == 1, again.stderr
+    assert (datasets / "street" / "run.json").stat().st_mtime_ns == kept  # moved into place, not run again
+    assert not list(datasets.glob(".*.incoming"))
     redo = json.loads(path.read_text())
     for d in (doc, redo):
         for key in ("created_at", "submission_id", "timing", "throughput", "memory", "metadata"):
@@ -140,3 +146,19 @@ def test_a_campaign_files_datasets_take_its_split(tmp_path):
                     "  - {name: b, dataset: y, weights: w, split: valid}\n")
     campaign = read_campaign_file(path, {})
     assert campaign.split == "test" and [e.split for e in campaign.entries] == ["test", "valid"]
+
+
+def test_a_fully_scored_row_that_is_not_valid_says_why():
+    """Every dataset scored on two machines: the count says full, and the reason the row is not valid is shown."""
+    from rich.console import Console
+
+    from harness.views.commands import print_campaign
+
+    reason = "its datasets were measured on different hardware (a, b); one row is one machine's: run it on one"
+    doc = {"accuracy": {"mAP_50_95": 0.5}, "rf100vl": {
+        "datasets": [{"dataset": "x"}, {"dataset": "y"}], "protocol": {"expected_datasets": 2},
+        "skipped_datasets": [], "valid_submission": False, "invalid_reasons": [reason]}}
+    console = Console(record=True, width=200)
+    print_campaign(console, "row.json", doc, [])
+    text = console.export_text()
+    assert "2 of 2 datasets scored (full2)" in text and f"not valid: {reason}" in text

@@ -339,6 +339,12 @@ def test_the_fp16_weights_file_rounds_to_nearest_keeps_subnormals_and_fp32_past_
         fp16_weights_file(param, fp32_bin + b"\0\0\0\0")
     with pytest.raises(UnknownLayer, match="MemoryData"):
         fp16_weights_file(param + "MemoryData c 0 1 c 0=4\n", fp32_bin)
+    # a transposed convolution's 19 is an output padding (its weights are in the .bin); its 28 is dynamic weights
+    deconv = "7767517\n2 2\nInput in0 0 1 in0\nDeconvolution up 1 1 in0 out 0=1 1=1 5=0 6=2 19=1 {}\n"
+    blob = b"\0\0\0\0" + _bin_blob([0.5, 0.25], np.float32)
+    assert fp16_weights_file(deconv.format(""), blob)[0] == FP16_TAG.to_bytes(4, "little") + bytes.fromhex("00380034")
+    with pytest.raises(UnknownLayer, match="dynamic weights"):
+        fp16_weights_file(deconv.format("28=1"), blob)
 
 
 @requires_coco
@@ -357,6 +363,8 @@ def test_ncnn_fp16_runs_the_graph_with_its_weights_rounded_where_pnnx_s_writer_m
     model = onnx.load(str(YOLOX_NANO))
     folder, info = convert_with_pnnx("yolox-nano", model.SerializeToString(), (416, 416), True)
     assert info["fp16_writer"].startswith("va-bench") and info["fp32_blobs_past_fp16_range"] == 0
+    again = convert_with_pnnx("yolox-nano", model.SerializeToString(), (416, 416), True)[1]
+    assert again["cached"] and again["fp16_writer"] == info["fp16_writer"]  # a cached copy says how it was made
     rewritten, _ = rewrite_focus(model)
     rewritten.ir_version = min(rewritten.ir_version, 8)
     (tmp_path / "model.onnx").write_bytes(rewritten.SerializeToString())
@@ -522,6 +530,29 @@ def test_openvino_throughput_mode_keeps_its_streams_busy_and_gives_the_latency_m
     for mine, theirs, batch in zip(streamed, expected, batches, strict=True):
         assert [d.image_id for d in mine] == [r.image_id for r in batch]
         assert match_detections(theirs, mine, 0.99, 1e-3).match_rate >= 0.99
+
+
+@requires_coco
+@requires_yolox
+def test_openvino_throughput_mode_submission_splits_the_interval_between_its_forwards_in_flight(tmp_path_factory):
+    """A real overlapped OpenVINO run: each forward is OpenVINO's own time for it, the submission's inference
+    share is that over the forwards in flight, and the site's three parts add up to the per-image interval."""
+    need("openvino")
+    from conftest import run_benchmark
+
+    from harness.results.submission import build_submission
+
+    _, records = run_benchmark(tmp_path_factory, "ov-overlap", backends=["openvino"], limit=16, batch_sizes=[2],
+                               overlap=True, warmup_batches=1, min_timed_batches=8, layers=False, profile=False,
+                               energy=False, accuracy=False, draw_images=0)
+    doc = build_submission(records[0])
+    in_flight = doc["runtime"]["host"]["forwards_in_flight"]
+    assert in_flight == min(doc["runtime"]["async_requests"].values()) >= 1
+    total = doc["timing"]["total_ms"]
+    forward_per_image = doc["timing"]["stages_ms"]["forward"]["mean"] / 2
+    assert total["inference_ms"] == pytest.approx(min(forward_per_image / in_flight, total["mean"]), abs=1e-3)
+    parts = total["preprocess_ms"] + total["inference_ms"] + total["postprocess_ms"]
+    assert parts == pytest.approx(total["mean"], abs=1e-3)
 
 
 def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):

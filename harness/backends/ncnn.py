@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], weights: 
     return weights_dir() / "ncnn" / f"{safe}__{graph_sha[:16]}__pnnx{version('pnnx')}__{h}x{w}__{weights}"
 
 
+CONVERSION_FILE = "conversion.json"
+CACHED_FILES = ("model.ncnn.param", "model.ncnn.bin", CONVERSION_FILE)
+
+
 def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int],
                       fp16_weights: bool) -> tuple[Path, dict]:
     """The ncnn param/bin of this ONNX graph (from the cache, else converted by pnnx); returns the folder and
@@ -88,8 +93,11 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
     folder = _cache_dir(name, sha, input_size, "fp16-nearest" if fp16_weights else "fp32")
     info = {"converter": "pnnx (ONNX -> ncnn)", "pnnx": version("pnnx"), "source_sha256": sha,
             "folder": str(folder), "weights": "fp16" if fp16_weights else "fp32"}
-    if (folder / "model.ncnn.param").is_file() and (folder / "model.ncnn.bin").is_file():
-        return folder, {**info, "cached": True}
+    if all((folder / f).is_file() for f in CACHED_FILES):
+        try:
+            return folder, {**json.loads((folder / CONVERSION_FILE).read_text()), "cached": True}
+        except (OSError, ValueError):  # a damaged cache entry: converted again below, replacing it
+            pass
     clock = time.perf_counter()
     with atomic_folder(folder) as tmp:
         model, focus = rewrite_focus(onnx.ModelProto.FromString(graph_bytes))
@@ -101,7 +109,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
             try:
                 data, kept_fp32 = fp16_weights_file((tmp / "model.ncnn.param").read_text(),
                                                     (tmp / "model.ncnn.bin").read_bytes())
-            except UnknownLayer as exc:  # pnnx's own fp16 writer, said so in the record
+            except ValueError as exc:  # a layer it does not know, or a .bin it cannot walk: pnnx's own writer
                 _run_pnnx(name, tmp, input_size, fp16=True)
                 info["fp16_writer"] = f"pnnx's (values below fp16's normal range become 0; {exc})"
             else:
@@ -115,10 +123,12 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
             raise UsageError(f"{name}: pnnx left operators ncnn cannot run ({', '.join(unsupported)}); "
                              "use --backend onnxruntime")
         _probe(name, tmp, input_size, output_sizes(model))
+        info["seconds"] = round(time.perf_counter() - clock, 3)
+        (tmp / CONVERSION_FILE).write_text(json.dumps(info, indent=2))  # what a cached copy says it is
         for leftover in tmp.iterdir():
-            if leftover.name not in ("model.ncnn.param", "model.ncnn.bin"):
+            if leftover.name not in CACHED_FILES:
                 leftover.unlink()
-    return folder, {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}
+    return folder, {**info, "cached": False}
 
 
 def _run_pnnx(name: str, folder: Path, input_size: tuple[int, int], fp16: bool) -> None:
@@ -141,11 +151,30 @@ class UnknownLayer(ValueError):
 
 
 FP16_TAG = 0x01306B47  # ncnn's ModelBin: the blob that follows is fp16 (0: raw fp32)
-# Layers whose weights ncnn loads tagged (mb.load(n, 0)): the param ids of the weight count, bias flag and
-# output count (the bias is raw fp32, num_output values).
-CONVOLUTIONS = ("Convolution", "ConvolutionDepthWise", "Convolution1D", "Convolution3D", "Deconvolution",
-                "DeconvolutionDepthWise", "Deconvolution1D", "Deconvolution3D")
-TAGGED_WEIGHTS = {t: ("6", "5", "0") for t in CONVOLUTIONS} | {"InnerProduct": ("2", "1", "0")}
+
+
+@dataclass(frozen=True)
+class WeightParams:
+    """Where a layer's .param line says what its weights are: the param ids of the weight count, the bias flag,
+    the output count (the bias is raw fp32, one per output), and of the flags that mean no plain weights in the
+    .bin (dynamic weights, given as an input; int8 scales)."""
+
+    count: str
+    bias: str
+    outputs: str
+    dynamic: str | None
+    int8: str | None
+
+
+# Layers whose weights ncnn loads tagged (mb.load(n, 0)), from each layer's load_param/load_model in ncnn's src/layer
+TAGGED_WEIGHTS = {
+    **{t: WeightParams("6", "5", "0", "19", "8") for t in ("Convolution", "ConvolutionDepthWise")},
+    "Convolution1D": WeightParams("6", "5", "0", "19", None),
+    "Convolution3D": WeightParams("6", "5", "0", None, None),
+    **{t: WeightParams("6", "5", "0", "28", None) for t in ("Deconvolution", "DeconvolutionDepthWise",
+                                                             "Deconvolution1D", "Deconvolution3D")},
+    "InnerProduct": WeightParams("2", "1", "0", None, "8"),
+}
 WEIGHTLESS = {"Input", "BinaryOp", "Concat", "Interp", "Permute", "Pooling", "Pooling1D", "Pooling3D", "Reorg",
               "Reshape", "Sigmoid", "Slice", "Split", "Swish", "ReLU", "Clip", "Crop", "Softmax", "Flatten",
               "Eltwise", "UnaryOp", "HardSwish", "HardSigmoid", "Mish", "Noop", "Squeeze",
@@ -175,10 +204,10 @@ def fp16_weights_file(param_text: str, fp32_bin: bytes) -> tuple[bytes, int]:
             continue
         if kind not in TAGGED_WEIGHTS:
             raise UnknownLayer(f"layer type {kind}")
-        count_id, bias_id, outputs_id = TAGGED_WEIGHTS[kind]
-        if params.get("19", "0") != "0" or params.get("8", "0") != "0":  # dynamic weights, int8 scales
+        ids = TAGGED_WEIGHTS[kind]
+        if any(flag is not None and params.get(flag, "0") != "0" for flag in (ids.dynamic, ids.int8)):
             raise UnknownLayer(f"{kind} with dynamic weights or int8 scales")
-        count = int(params.get(count_id, "0"))
+        count = int(params.get(ids.count, "0"))
         tag = int.from_bytes(fp32_bin[pos:pos + 4], "little")
         if tag != 0:
             raise ValueError(f"the fp32 .bin has tag {tag:#x} at byte {pos}, not a raw fp32 blob")
@@ -190,8 +219,8 @@ def fp16_weights_file(param_text: str, fp32_bin: bytes) -> tuple[bytes, int]:
         else:
             out += fp32_bin[pos - 4 - 4 * count:pos]
             kept += 1
-        if params.get(bias_id, "0") != "0":
-            bias = 4 * int(params.get(outputs_id, "0"))
+        if params.get(ids.bias, "0") != "0":
+            bias = 4 * int(params.get(ids.outputs, "0"))
             out += fp32_bin[pos:pos + bias]
             pos += bias
     if pos != len(fp32_bin):

@@ -91,8 +91,7 @@ class OpenVinoCore:
                            **({"PERFORMANCE_HINT": "THROUGHPUT"} if throughput else
                               {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"})}
         self.throughput = throughput
-        self.async_slots = 1
-        self._requests: dict[tuple[int, ...], list[Any]] = {}
+        self._requests: dict[tuple[int, ...], list[Any]] = {}  # throughput mode: each shape's async requests
         self._started = 0
         if threads:
             self.properties["INFERENCE_NUM_THREADS"] = threads
@@ -209,9 +208,15 @@ class OpenVinoCore:
             self._check_read_back(compiled)
             self._compiled[shape] = (compiled, compiled.create_infer_request())
             if self.throughput:
-                self.async_slots = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-                self._requests[shape] = [compiled.create_infer_request() for _ in range(self.async_slots)]
+                count = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+                self._requests[shape] = [compiled.create_infer_request() for _ in range(count)]
         return self._compiled[shape]
+
+    @property
+    def async_slots(self) -> int:
+        """Forwards that may be in flight: the fewest requests of any compiled shape (1 in latency mode), so a
+        shape's requests taken in turn are never reused while one is running."""
+        return min((len(r) for r in self._requests.values()), default=1)
 
     def _check_read_back(self, compiled: Any) -> None:
         """What the compiled model computes in, read back: an error when it is lower than the row says."""
@@ -259,12 +264,14 @@ class OpenVinoCore:
         request.start_async({0: batch.numpy()}, share_inputs=True)
         return request, batch  # the batch's memory is the request's input until it completes
 
-    def collect(self, ticket: tuple[Any, torch.Tensor]) -> list[torch.Tensor]:
-        """Wait for a started forward; its outputs, copied out of the request's buffers."""
+    def collect(self, ticket: tuple[Any, torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+        """Wait for a started forward: its outputs (copied out of the request's buffers) and its time as
+        OpenVINO measured it (ns; from the start of its inference to its end, not the wait for it here)."""
         request, _ = ticket
         request.wait()
-        return [torch.from_numpy(np.array(request.get_output_tensor(i).data))
-                for i in range(len(request.model_outputs))]
+        outputs = [torch.from_numpy(np.array(request.get_output_tensor(i).data))
+                   for i in range(len(request.model_outputs))]
+        return outputs, int(request.latency * 1e6)
 
     # ------------------------------------------------------------------------------ layers, record
 
@@ -273,9 +280,10 @@ class OpenVinoCore:
         keeps its executed nodes' rows in `layer_rows`."""
         copy = OpenVinoCore.__new__(OpenVinoCore)
         copy.__dict__.update(self.__dict__)
-        copy.properties = {**self.properties, "PERF_COUNT": True}
+        # the layer pass calls the core one batch at a time: compiled for latency, as the latency mode's core
+        copy.properties = {**self.properties, "PERF_COUNT": True, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
         copy.perf_count, copy._compiled, copy.layer_rows, copy._runs = True, {}, [], -1
-        copy.throughput, copy._requests = False, {}  # the layer pass calls the core one batch at a time
+        copy.throughput, copy._requests = False, {}
         for shape in self._compiled:  # compiled now: a compile inside the pass would be timed as a forward
             copy._compiled_for(shape)
         return copy
@@ -294,7 +302,7 @@ class OpenVinoCore:
                                    "fp16": f"fp16 weights, {self.compute_precision} compute (read back)",
                                    "int8": "int8 quantised (NNCF), float ops in f32 (read back)"}[self.precision],
                 "properties": self.properties, "read_back": self.read_back,
-                "requests_in_flight": self.async_slots,
+                "async_requests": {"x".join(map(str, shape)): len(r) for shape, r in self._requests.items()},
                 "compiled_shapes": [list(s) for s in self._compiled], "conversion": self.conversion,
                 **({"quantization": self.quantization} if self.quantization else {})}
 

@@ -216,7 +216,7 @@ class Core(Protocol):
     # memory and copies it itself (inside the forward). Absent: True for cores with a `torch_module`.
     # Optional async forwards, for a runtime with streams of its own (OpenVINO in overlapped mode):
     # `async_slots: int` (> 1: that many forwards may be in flight), `start(batch) -> ticket` and
-    # `collect(ticket) -> raw outputs`, collected in the order they were started.
+    # `collect(ticket) -> (raw outputs, forward ns as the runtime measured it)`, collected in start order.
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]: ...
 

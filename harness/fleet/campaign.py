@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -29,7 +29,7 @@ from harness.fleet.join import hardware_resource, node_resources
 from harness.fleet.node import CampaignJob
 from harness.results.campaign import DatasetResult
 from harness.results.reader import finished_submission
-from harness.run.campaign import Campaign, CampaignEntry, run_folder_name
+from harness.run.campaign import Campaign, CampaignEntry, incoming_folder, run_folder_name
 from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 
@@ -58,16 +58,16 @@ class CampaignFleet:
             if n.refused:
                 progress.log(f"{n.describe()} refused: {n.refused}")
         pending: dict[object, CampaignEntry] = {}
-        for entry in entries:
-            try:
-                job = self._job(campaign, entry, argv)
-            except UsageError as exc:
-                yield _skipped(entry, str(exc).splitlines()[0])
-                continue
-            pending[_dataset_task.options(resources=node_resources(self.hardware_id)).remote(job)] = entry
-        if pending:
-            progress.log(f"campaign: {len(pending)} datasets sent to the nodes of {self.hardware_id}")
         try:
+            for entry in entries:
+                try:
+                    job = self._job(campaign, entry, argv)
+                except (UsageError, OSError) as exc:
+                    yield _skipped(entry, str(exc).splitlines()[0])
+                    continue
+                pending[_dataset_task.options(resources=node_resources(self.hardware_id)).remote(job)] = entry
+            if pending:
+                progress.log(f"campaign: {len(pending)} datasets sent to the nodes of {self.hardware_id}")
             checked = time.monotonic()
             while pending:
                 with protected():  # a signal waits for the end of this step (at most ~1 s), as in `fleet run`
@@ -82,10 +82,11 @@ class CampaignFleet:
                             yield _skipped(pending.pop(ref), f"no node of hardware {self.hardware_id} is alive any "
                                                              "more; run the campaign again when one is")
         except Interrupted as exc:
-            for ref in pending:
-                ray.cancel(ref, force=True)
             raise RunInterrupted(f"{exc}: the finished datasets are kept in {datasets_dir}; run the same campaign "
                                  "command again to run the rest", exc.exit_code) from None
+        finally:  # stopped, failed or abandoned: nothing of this campaign goes on running on the nodes
+            for ref in pending:
+                ray.cancel(ref, force=True)
 
     def _hardware_alive(self) -> bool:
         need = hardware_resource(self.hardware_id)
@@ -95,7 +96,10 @@ class CampaignFleet:
         from harness.data.coco import CocoDataset
 
         annotation = CocoDataset.from_path(entry.dataset, entry.split).annotation_file
-        return CampaignJob(campaign, entry, self.hardware_id, argv, self.build, file_sha256(Path(entry.weights)),
+        # the nodes read the paths as the driver resolves them (a relative path would be their own working dir's)
+        absolute = replace(entry, dataset=str(Path(entry.dataset).expanduser().absolute()),
+                           weights=str(Path(entry.weights).expanduser().absolute()))
+        return CampaignJob(campaign, absolute, self.hardware_id, argv, self.build, file_sha256(Path(entry.weights)),
                            file_sha256(annotation))
 
     def _result(self, entry: CampaignEntry, ref, datasets_dir: Path) -> DatasetResult:
@@ -108,20 +112,19 @@ class CampaignFleet:
         where = f" on {out['node'].get('host')} ({out['node'].get('address')})"
         if "files" not in out:
             return _skipped(entry, out["reason"] + where)
-        run_dir = datasets_dir / run_folder_name(entry)
-        incoming = datasets_dir / f".{run_dir.name}.incoming"
+        run_dir, incoming = datasets_dir / run_folder_name(entry), incoming_folder(entry, datasets_dir)
         shutil.rmtree(incoming, ignore_errors=True)
         try:
             for name, data in out["files"].items():
                 path = incoming / inside_folder(name)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
-        except ValueError as exc:
+            with protected():  # a move cut short is finished by the next pass (run/campaign.py: settled)
+                shutil.rmtree(run_dir, ignore_errors=True)
+                incoming.rename(run_dir)
+        except (ValueError, TypeError, OSError) as exc:
             shutil.rmtree(incoming, ignore_errors=True)
-            return _skipped(entry, f"{exc}{where}")
-        with protected():  # the finished folder replaces an unfinished one whole, or not at all
-            shutil.rmtree(run_dir, ignore_errors=True)
-            incoming.rename(run_dir)
+            return _skipped(entry, f"its run folder could not be written here ({exc}){where}")
         submission = finished_submission(run_dir)
         if submission is None:
             return _skipped(entry, f"the run folder sent back{where} holds no finished submission")

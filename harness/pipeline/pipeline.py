@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -170,6 +169,7 @@ class DetectorPipeline:
         self.host_thread = _host_thread() if host_thread else None
         self.stream_workers = stream_workers
         self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
+        self.in_flight = 1  # forwards the last overlapped stream kept in flight
         self._worker_streams = threading.local()  # on CUDA: each overlapped worker's preprocessing stream
         self._finish_stream = None  # on CUDA: overlapped mode's post-processing stream
         self.detector = detector
@@ -202,7 +202,7 @@ class DetectorPipeline:
         if overlap:
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
-                    "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.async_slots}
+                    "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "nms_threads": self.nms_threads}
@@ -303,37 +303,44 @@ class DetectorPipeline:
 
         # The bounded queue: batch k's forward starts once prepare(k) is done, and only then is prepare(k + N)
         # submitted, so at most N batches are ever prepared (or being prepared) ahead of the forward.
-        ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
-        finishing: Future | None = None
         # A runtime with streams of its own keeps `slots` forwards in flight (started here, collected oldest
-        # first); each batch's forward stage runs from its start to its outputs being ready.
-        slots = self.async_slots
+        # first); each batch's forward stage is that forward's time as the runtime measured it.
+        slots = self.in_flight = self.async_slots
         in_flight: deque = deque()
-        for k in range(len(batches) + slots - 1):
-            if k < len(batches):
-                timer, batch, transforms = ahead.popleft().result()
-                with count_lock:
-                    taken = k + 1
-                if k + self.stream_workers < len(batches):
-                    ahead.append(workers.submit(prepare, k + self.stream_workers))
-                if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
-                    batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
-                if slots == 1:
-                    raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
+        try:
+            ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
+            finishing: Future | None = None
+            for k in range(len(batches) + slots - 1):
+                if k < len(batches):
+                    timer, batch, transforms = ahead.popleft().result()
+                    with count_lock:
+                        taken = k + 1
+                    if k + self.stream_workers < len(batches):
+                        ahead.append(workers.submit(prepare, k + self.stream_workers))
+                    if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
+                        batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
+                    if slots == 1:
+                        raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
+                        if finishing is not None:
+                            yield finishing.result()  # in order: one batch finishing at a time
+                        finishing = workers.submit(finish, k, timer, raw, transforms)
+                        continue
+                    in_flight.append((k, timer, transforms, self.core.start(batch)))
+                if in_flight and (len(in_flight) == slots or k >= len(batches)):
+                    done, timer, transforms, ticket = in_flight.popleft()
+                    raw, forward_ns = self.core.collect(ticket)
+                    timer.add_stage("forward", forward_ns)
                     if finishing is not None:
-                        yield finishing.result()  # in order: one batch finishing at a time
-                    finishing = workers.submit(finish, k, timer, raw, transforms)
-                    continue
-                in_flight.append((k, timer, transforms, time.perf_counter_ns(), self.core.start(batch)))
-            if in_flight and (len(in_flight) == slots or k >= len(batches)):
-                done, timer, transforms, started, ticket = in_flight.popleft()
-                raw = self.core.collect(ticket)
-                timer.add_stage("forward", time.perf_counter_ns() - started)
-                if finishing is not None:
-                    yield finishing.result()
-                finishing = workers.submit(finish, done, timer, raw, transforms)
-        if finishing is not None:
-            yield finishing.result()
+                        yield finishing.result()
+                    finishing = workers.submit(finish, done, timer, raw, transforms)
+            if finishing is not None:
+                yield finishing.result()
+        finally:  # stopped early or failed: no started forward is left running on a buffer nobody holds
+            for *_, ticket in in_flight:
+                try:
+                    self.core.collect(ticket)
+                except Exception:  # its own failure was raised already, or does not matter now
+                    pass
 
     def _collate(self, records: list[ImageRecord], timer: StageTimer,
                  images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:

@@ -125,10 +125,23 @@ def run_folder_name(entry: CampaignEntry) -> str:
     return _slug(entry.name)
 
 
+def incoming_folder(entry: CampaignEntry, datasets_dir: Path) -> Path:
+    """Where a dataset's run folder made elsewhere (on a fleet node) is written before it takes its place."""
+    return datasets_dir / f".{run_folder_name(entry)}.incoming"
+
+
 def settled(entry: CampaignEntry, datasets_dir: Path) -> DatasetResult | None:
     """A dataset that needs no run: finished by an earlier pass of the campaign (read back), or without weights
-    (skipped, named). None when it has to run."""
-    finished = finished_submission(datasets_dir / run_folder_name(entry))
+    (skipped, named). None when it has to run. A finished run folder whose move into place was cut short is
+    moved now; an unfinished one is dropped."""
+    run_dir, incoming = datasets_dir / run_folder_name(entry), incoming_folder(entry, datasets_dir)
+    if incoming.exists():
+        if finished_submission(run_dir) is None and finished_submission(incoming) is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            incoming.rename(run_dir)
+        else:
+            shutil.rmtree(incoming, ignore_errors=True)
+    finished = finished_submission(run_dir)
     if finished is not None:
         return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
     if entry.weights is None:

@@ -72,13 +72,17 @@ def campaign_json(path, doc: dict) -> dict:
 
 def print_campaign(console: Console, path, doc: dict, results) -> None:
     block = doc["rf100vl"]
-    variant = "full" if block["valid_submission"] else "partial"
-    console.print(f"{len(block['datasets'])} of {block['protocol']['expected_datasets']} datasets scored "
-                  f"({variant}{len(block['datasets'])}): mean mAP 50:95 {doc['accuracy']['mAP_50_95']:.4f}; "
-                  f"{escape(str(path))}", highlight=False)
+    scored, expected = len(block["datasets"]), block["protocol"]["expected_datasets"]
+    variant = "full" if scored == expected else "partial"  # the site's rule: the count alone
+    console.print(f"{scored} of {expected} datasets scored ({variant}{scored}): mean mAP 50:95 "
+                  f"{doc['accuracy']['mAP_50_95']:.4f}; {escape(str(path))}", highlight=False)
     for name in block["skipped_datasets"]:
         reason = next(r.reason for r in results if r.name == name)
         console.print(f"skipped {escape(name)}: {escape(str(reason))}", highlight=False)
+    said = {f"{scored} of {expected} datasets scored", *(f"{n}: " for n in block["skipped_datasets"])}
+    for reason in block["invalid_reasons"]:  # what else keeps the row from being valid (e.g. mixed hardware)
+        if not any(reason.startswith(s) for s in said):
+            console.print(f"not valid: {escape(reason)}", highlight=False)
 
 
 def print_hw(console: Console, report: dict) -> None:
