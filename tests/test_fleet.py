@@ -369,6 +369,7 @@ def _row(out: Path) -> dict:
 
 
 @requires_coco
+@pytest.mark.heavy  # a fleet campaign and a local one, ~1.5 min: `make test-slow`
 def test_a_campaign_on_the_fleet_runs_a_task_per_dataset_and_gives_the_local_row(cluster, tmp_path):
     from rf100vl_fake import DATASETS, fake_rf100vl
 
