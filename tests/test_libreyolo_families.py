@@ -59,6 +59,9 @@ CALIBRATION_IMAGES = (5001, 87038)
 PARITY_MODELS = ("yolox-nano", "yolov9t", "yolonas-s", "picodet-s", "rtdetr-r18", "rtdetrv2-r18", "rtdetrv4-s",
                  "dfine-n", "deim-n", "deimv2-atto", "ec-s", *(("rfdetr-n", "rfdetr-seg-n") if HAS_RFDETR else ()),
                  "rtmdet-t", "yolov9e2e-t", "yolov7-b", "ppyoloe-s", "lwdetr-t")
+# In `make test`: one model per kind of head and post-processing (anchor-free NMS, DFL, DETR top-k, RF-DETR);
+# every family's smallest model in `make test-slow` (a list that grows with the catalogue).
+PARITY_QUICK = ("yolox-nano", "yolov9t", "rtdetr-r18", "dfine-n", "rfdetr-n", "rfdetr-seg-n")
 # Families the site's support matrix does not list yet (catalogue `site_matrix: pending`): every variant's
 # parity runs in `make test-slow` (marker "catalogue"), the smallest in `make test`.
 PENDING_FAMILIES = ("rtmdet", "yolov9-e2e", "yolov7", "ppyoloe", "lwdetr")
@@ -313,8 +316,9 @@ def test_fit_stretch_matches_libreyolo_on_every_twice_resized_image(model_id, co
 
 @requires_coco
 @pytest.mark.slow
-@pytest.mark.parametrize("model_id", [*PARITY_MODELS, *(pytest.param(m, marks=pytest.mark.catalogue)
-                                                         for m in ALL_PENDING_VARIANTS)])
+@pytest.mark.parametrize("model_id", [
+    *(pytest.param(m, marks=() if m in PARITY_QUICK else pytest.mark.catalogue) for m in PARITY_MODELS),
+    *(pytest.param(m, marks=pytest.mark.catalogue) for m in ALL_PENDING_VARIANTS)])
 def test_detections_match_libreyolo(model_id, coco):
     """Acceptance: >= 99 % of detections matched at IoU >= 0.99 (same class, score within 1e-3) on the same
     real images and weights, against libreyolo's own pre- and post-processing, on every image alone too
@@ -330,15 +334,18 @@ def test_detections_match_libreyolo(model_id, coco):
     assert min(per_image.values()) >= 0.99, per_image
 
 
-# The smallest segmentation model of each family in `make test`; every one in `make test-slow`.
+# The two mask heads (logits at the source size; probabilities via the input size, cropped) in `make test`; the
+# smallest of each family and every variant in `make test-slow`.
+SEGMENT_QUICK = ("rfdetr-seg-n", "dfine-seg-n")
 SEGMENT_MODELS = (*(("rfdetr-seg-n",) if HAS_RFDETR else ()), "dfine-seg-n", "ec-seg-s")
 ALL_SEGMENT_VARIANTS = tuple(m for m, model in ly.catalogue().items() if model.family.task == "segment"
                              and m not in SEGMENT_MODELS and (HAS_RFDETR or model.family.head != "rfdetr"))
 
 
 @requires_coco
-@pytest.mark.parametrize("model_id", [*SEGMENT_MODELS, *(pytest.param(m, marks=pytest.mark.catalogue)
-                                                          for m in ALL_SEGMENT_VARIANTS)])
+@pytest.mark.parametrize("model_id", [
+    *(pytest.param(m, marks=() if m in SEGMENT_QUICK else pytest.mark.catalogue) for m in SEGMENT_MODELS),
+    *(pytest.param(m, marks=pytest.mark.catalogue) for m in ALL_SEGMENT_VARIANTS)])
 def test_masks_match_libreyolo(model_id, coco):
     """Acceptance: >= 99 % of detections matched with their box (IoU >= 0.99, same class, score within 1e-3)
     AND their mask (mask IoU >= 0.99) against libreyolo's own validation path on the same images and weights;
