@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harness.config import build_config
 from harness.errors import UsageError, VaBenchError
@@ -34,6 +34,9 @@ from harness.fleet.shards import Shard
 from harness.records import LoadKey
 from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.state import ERROR_LOG, LOCK_FILE
+
+if TYPE_CHECKING:  # the node imports the campaign's run code only when it runs one
+    from harness.run.campaign import Campaign, CampaignEntry
 
 POLL_SECONDS = 0.5  # how often the node looks at its run.json (a stat; read only when it changed)
 
@@ -75,8 +78,8 @@ class ShardJob:
 class CampaignJob:
     """One dataset of a campaign, with the driver's fingerprints of its weights and annotation file."""
 
-    campaign: Any  # harness.run.campaign.Campaign
-    entry: Any  # harness.run.campaign.CampaignEntry
+    campaign: Campaign
+    entry: CampaignEntry
     hardware_id: str
     argv: list[str]
     build: dict
