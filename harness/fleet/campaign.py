@@ -99,8 +99,8 @@ class CampaignFleet:
         # the nodes read the paths as the driver resolves them (a relative path would be their own working dir's)
         absolute = replace(entry, dataset=str(Path(entry.dataset).expanduser().absolute()),
                            weights=str(Path(entry.weights).expanduser().absolute()))
-        return CampaignJob(campaign, absolute, self.hardware_id, argv, self.build, file_sha256(Path(entry.weights)),
-                           file_sha256(annotation))
+        return CampaignJob(campaign, absolute, self.hardware_id, argv, self.build,
+                           campaign.weights_sha256[entry.name], file_sha256(annotation))
 
     def _result(self, entry: CampaignEntry, ref, datasets_dir: Path) -> DatasetResult:
         try:

@@ -16,6 +16,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,6 +55,11 @@ class Campaign:
     @property
     def expected(self) -> int:
         return len(self.entries)
+
+    @cached_property
+    def weights_sha256(self) -> dict[str, str | None]:
+        """Each dataset's weights file's SHA-256 (None: no weights), read once per campaign."""
+        return {e.name: e.weights and file_sha256(Path(e.weights)) for e in self.entries}
 
     def recipe(self) -> dict:
         """What makes two campaigns the same measurement (its hash is the row's recipe_sha256)."""
@@ -193,8 +199,7 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     """Every dataset's run (those finished by an earlier pass are read back), then the campaign's row
     (submissions/), its per-dataset table (datasets.csv) and plot (datasets.png)."""
     folder = output_dir / campaign_id
-    recipe = {**campaign.recipe(), "weights": {e.name: e.weights and file_sha256(Path(e.weights))
-                                               for e in campaign.entries}}
+    recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
     if (folder / "campaign.json").is_file():  # resuming: only the same campaign may add to its folder
         before = json.loads((folder / "campaign.json").read_text()).get("recipe")
         if before != recipe:
