@@ -203,8 +203,9 @@ def test_warmup_ends_when_the_batch_times_settle_or_at_the_cap():
     assert warmup_end([50.0, 49.0], 99.0, 3, 10.0) is None  # the minimum holds past the cap
 
 
-def _reference_greedy(a, b, iou_thr, tol):
-    """A straightforward greedy matcher (every pair, score order): the reference for the harness's."""
+def _reference_greedy(a, b, iou_thr, tol, mask_ok=None):
+    """A straightforward greedy matcher (every pair, score order): the reference for the harness's. `mask_ok(i, j)`:
+    whether the pair's masks agree."""
     def iou(p, q):
         w = max(0.0, min(p[2], q[2]) - max(p[0], q[0]))
         h = max(0.0, min(p[3], q[3]) - max(p[1], q[1]))
@@ -218,13 +219,52 @@ def _reference_greedy(a, b, iou_thr, tol):
             if j in taken or a.labels[i] != b.labels[j]:
                 continue
             o, d = iou(a.boxes[i].astype(float), b.boxes[j].astype(float)), abs(float(a.scores[i]) - float(b.scores[j]))
-            if o >= iou_thr and d <= tol and o > best_iou:
+            if o >= iou_thr and d <= tol and o > best_iou and (mask_ok is None or mask_ok(i, j)):
                 best, best_iou = j, o
         if best is not None:
             taken.add(best)
             matched += 1
             worst = max(worst, abs(float(a.scores[i]) - float(b.scores[best])))
     return matched, worst
+
+
+def test_detection_matching_with_masks_is_the_plain_greedy_one():
+    """With masks, a pair also needs mask IoU >= the threshold (two empty masks agree): the matcher against the
+    plain greedy loop with pycocotools' IoU of each pair, on masks that are the same, eroded or emptied."""
+    from pycocotools import mask as mask_utils
+
+    from harness.eval.matching import match_detections
+    from harness.records import ImageDetections
+
+    rng = np.random.default_rng(5)
+
+    def rle(m):
+        return mask_utils.encode(np.asfortranarray(m.astype(np.uint8)))
+
+    a_set, b_set, want = [], [], []
+    for image in range(80):
+        n = int(rng.integers(0, 12))
+        boxes = np.tile(np.array([[2, 2, 30, 30]], np.float32), (n, 1))  # same boxes: the masks decide
+        scores, labels = rng.uniform(0, 1, n).astype(np.float32), rng.integers(0, 2, n)
+        grids = [rng.uniform(0, 1, (32, 32)) > 0.5 for _ in range(n)]
+        changed = [g & (rng.uniform(0, 1, g.shape) > [0.0, 0.002, 0.3][k % 3]) if k % 7 else np.zeros_like(g)
+                   for k, g in enumerate(grids)]
+        if n and image % 4 == 0:
+            grids[0] = np.zeros_like(grids[0])  # empty in both: the same mask
+            changed[0] = np.zeros_like(grids[0])
+        a = ImageDetections(image, boxes, scores, labels, masks=[rle(g) for g in grids])
+        b = ImageDetections(image, boxes.copy(), scores.copy(), labels.copy(), masks=[rle(g) for g in changed])
+
+        def agree(i, j, a=a, b=b):
+            empty = mask_utils.area(a.masks[i]) == 0 and mask_utils.area(b.masks[j]) == 0
+            return empty or float(mask_utils.iou([a.masks[i]], [b.masks[j]], [0])[0][0]) >= 0.99
+
+        a_set.append(a)
+        b_set.append(b)
+        want.append(_reference_greedy(a, b, 0.99, 1e-3, agree))
+    report = match_detections(a_set, b_set, mask_iou_threshold=0.99)
+    assert report.mask_iou_threshold == 0.99
+    assert 0 < report.matched == sum(m for m, _ in want) < report.detections_a
 
 
 def test_detection_matching_is_the_plain_greedy_one():
@@ -235,7 +275,7 @@ def test_detection_matching_is_the_plain_greedy_one():
 
     rng = np.random.default_rng(3)
     a_set, b_set = [], []
-    for image in range(60):
+    for image in range(150):  # more than one chunk of images
         n = int(rng.integers(0, 25))
         xy = rng.uniform(0, 300, (n, 2))
         boxes = np.concatenate([xy, xy + rng.uniform(1, 80, (n, 2))], 1).astype(np.float32)
