@@ -150,8 +150,14 @@ class JsonArrayWriter:
         except ValueError as exc:
             raise NonFiniteNumberError(f"refusing to write {self.path}: an item holds NaN or inf (a bug upstream); "
                                        "nothing was written") from exc
-        self._fh.write(("," if self.count else "") + text)
-        self.count += len(items)
+        self.extend_encoded([text], len(items))
+
+    def extend_encoded(self, texts: list[str], count: int | None = None) -> None:
+        """Append items already encoded as JSON texts (`count` items in all; default one per text)."""
+        if not texts:
+            return
+        self._fh.write(("," if self.count else "") + ",".join(texts))
+        self.count += len(texts) if count is None else count
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

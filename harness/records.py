@@ -6,6 +6,7 @@ loading torch or the pipeline. The runner produces them; everything downstream r
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -128,6 +129,21 @@ class ImageDetections:
                 result["segmentation"] = self.masks[k]
             out.append(result)
         return out
+
+
+def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[str]:
+    """`det.to_coco(class_map)` encoded as JSON texts without building the dicts (a cell's detections file holds
+    ~140 results per image). Numbers are printed as "%.3f" / "%.6f": the decimal that round(x, 3) / round(x, 6)
+    stands for, so every value reads back as to_coco's. NaN/inf are refused as `allow_nan=False` does."""
+    if det.masks is not None:
+        return [json.dumps(r, allow_nan=False) for r in det.to_coco(class_map)]
+    boxes, scores = det.boxes.astype(np.float64), det.scores.astype(np.float64)
+    if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):
+        raise ValueError(f"image {det.image_id}: a detection holds NaN or inf")
+    rows = np.column_stack([boxes[:, :2], boxes[:, 2:] - boxes[:, :2], scores]).tolist()
+    head = '{"image_id": %d, "category_id": ' % det.image_id
+    return [head + '%d, "bbox": [%.3f, %.3f, %.3f, %.3f], "score": %.6f}' % (class_map[label], *row)
+            for label, row in zip(det.labels.tolist(), rows, strict=True) if class_map[label] >= 0]
 
 
 def detections_from_coco(results: list[dict]) -> list[ImageDetections]:

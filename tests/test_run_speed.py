@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import COCO_DIR, REPO, YOLOX_NANO, requires_coco, requires_yolox, run_benchmark
 
@@ -121,6 +122,30 @@ def test_json_array_writer_streams_and_is_atomic(tmp_path):
         out.extend([{"a": 1}])
         raise RuntimeError("killed mid-cell")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "empty.json"]  # no partial or temp file left
+
+
+def test_detections_encoded_directly_read_back_as_to_coco():
+    """The cell's detections file is written from arrays without building a dict per result: every result must
+    read back equal to `to_coco`'s (json.dumps), with classes mapped to no category left out and NaN refused."""
+    from harness.records import ImageDetections, coco_json_texts
+
+    rng = np.random.default_rng(7)
+    xy = rng.uniform(-5, 700, (300, 2)).astype(np.float32)
+    boxes = np.concatenate([xy, xy + rng.exponential(40, (300, 2)).astype(np.float32)], 1)
+    boxes[:3] = [[0.0, 0.0, 0.0, 0.0], [1e-4, 2.0004999, 1e-7, 3.0], [123.45650, 0.0005, 640.0, 480.0]]
+    scores = rng.uniform(0, 1, 300).astype(np.float32)
+    scores[:2] = [1e-7, 0.9999996]
+    det = ImageDetections(139, boxes, scores, rng.integers(0, 4, 300))
+    class_map = (1, -1, 7, 90)
+    texts = coco_json_texts(det, class_map)
+    assert [json.loads(t) for t in texts] == json.loads(json.dumps(det.to_coco(class_map)))
+    assert len(texts) == int((det.labels != 1).sum())
+    with_masks = ImageDetections(5, boxes[:2], scores[:2], np.array([0, 2]),
+                                 masks=[{"size": [4, 4], "counts": "04"}] * 2)
+    assert [json.loads(t) for t in coco_json_texts(with_masks, class_map)] == with_masks.to_coco(class_map)
+    boxes[5, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        coco_json_texts(det, class_map)
 
 
 @requires_coco
