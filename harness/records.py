@@ -141,9 +141,9 @@ def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[st
     if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):
         raise ValueError(f"image {det.image_id}: a detection holds NaN or inf")
     rows = np.column_stack([boxes[:, :2], boxes[:, 2:] - boxes[:, :2], scores]).tolist()
-    head = '{"image_id": %d, "category_id": ' % det.image_id
-    return [head + '%d, "bbox": [%.3f, %.3f, %.3f, %.3f], "score": %.6f}' % (class_map[label], *row)
-            for label, row in zip(det.labels.tolist(), rows, strict=True) if class_map[label] >= 0]
+    head = f'{{"image_id": {int(det.image_id)}, "category_id": '
+    return [f'{head}{class_map[label]}, "bbox": [{x:.3f}, {y:.3f}, {w:.3f}, {h:.3f}], "score": {score:.6f}}}'
+            for label, (x, y, w, h, score) in zip(det.labels.tolist(), rows, strict=True) if class_map[label] >= 0]
 
 
 def detections_from_coco(results: list[dict]) -> list[ImageDetections]:
@@ -206,6 +206,8 @@ class AccuracyRecord:
     per_class_file: str | None = None  # per-category AP, relative to the run folder
     iou_types: list[str] = field(default_factory=lambda: ["bbox"])  # segmentation: ["segm", "bbox"], same detections
     reference: dict[str, Any] | None = None  # int8: the same model's fp32 mAP on the same images, and the verdict
+    detections_sha256: str | None = None
+    same_detections_as: str | None = None  # the statistics are this earlier cell's: its detections file is identical
 
 
 @dataclass

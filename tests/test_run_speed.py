@@ -103,6 +103,7 @@ def test_each_cell_is_scored_on_its_own_detections(tmp_path_factory):
                                plan.dataset.coco.imgs[d["image_id"]]["height"]] for d in detections]
         assert all(whole) if size == 1 else not any(whole)
     assert by_batch[1].accuracy.stats != by_batch[2].accuracy.stats
+    assert by_batch[2].accuracy.same_detections_as is None  # other detections: scored anew
 
 
 def test_json_array_writer_streams_and_is_atomic(tmp_path):

@@ -40,6 +40,23 @@ def test_accuracy_is_pycocotools_on_the_written_detections(ort_run):
     assert evaluate_bbox(plan.dataset.coco, detections, ids) == pytest.approx(acc.stats, abs=1e-12)
 
 
+def test_a_cell_with_an_earlier_cells_detections_takes_its_evaluation(ort_run):
+    """Identical detections files score the same: the later cell says whose evaluation it took, and its statistics
+    are still pycocotools' on its own file."""
+    import hashlib
+
+    plan, records = ort_run
+    ids, seen = list(plan.variant.image_ids), {}
+    for record in sorted(records, key=lambda r: r.cell.batch_size):
+        acc = record.accuracy
+        raw = (plan.run_dir / acc.detections_file).read_bytes()
+        assert acc.detections_sha256 == hashlib.sha256(raw).hexdigest()
+        assert acc.same_detections_as == seen.get(acc.detections_sha256)
+        seen.setdefault(acc.detections_sha256, record.cell.label)
+        assert evaluate_bbox(plan.dataset.coco, json.loads(raw), ids) == pytest.approx(acc.stats, abs=1e-12)
+    assert len(seen) < len(records)  # ONNX Runtime on the CPU: batch 8 gives batch 1's detections, byte for byte
+
+
 def test_faster_coco_eval_is_bit_identical_to_pycocotools(ort_run):
     plan, records = ort_run
     detections = json.loads((plan.run_dir / _by_batch(records)[1].accuracy.detections_file).read_text())

@@ -141,6 +141,9 @@ def build_submission(record: CellRecord) -> dict:
                  "iouType": record.accuracy.iou_types if record.accuracy else None,
                  "per_class": record.accuracy.per_class_file if record.accuracy else None,
                  "detections": record.accuracy.detections_file if record.accuracy else None,
+                 "detections_sha256": record.accuracy.detections_sha256 if record.accuracy else None,
+                 **({"same_detections_as": record.accuracy.same_detections_as}
+                    if record.accuracy and record.accuracy.same_detections_as else {}),
                  "status": "ok" if record.accuracy else f"unavailable: {record.accuracy_reason}"}
         | ({"int8_vs_fp32": record.accuracy.reference} if record.accuracy and record.accuracy.reference else {}),
         "runtime": runtime_block(record),

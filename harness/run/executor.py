@@ -37,7 +37,7 @@ from harness.detector.protocol import Detector, postprocess_spec, task_of
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluate_cell_file, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
-from harness.files import JsonArrayWriter, NonFiniteNumberError, atomic_write_bytes, atomic_write_json
+from harness.files import JsonArrayWriter, NonFiniteNumberError, atomic_write_bytes, atomic_write_json, file_sha256
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler
@@ -105,6 +105,8 @@ class RunContext:
     sampler: DeviceSampler | None = None  # the device's state (throttling, clocks, load) during each timed pass
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
     calibration: CalibrationSet | None = None  # int8 groups: images disjoint from the evaluated ones
+    # (detections sha256, evaluator, cap, task) -> (stats, per-class AP, iouTypes, the cell first scored with it)
+    scored: dict[tuple, tuple[dict, dict, list[str], str]] = field(default_factory=dict)
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
         """The variant's images in order, `size` at a time (the last batch may be short)."""
@@ -489,10 +491,19 @@ class GroupExecutor:
         if not ctx.config.accuracy:
             return None, "accuracy evaluation skipped (--no-accuracy)"
         cap = ctx.config.eval_max_det
-        with ctx.progress.task(f"COCO eval {cell.label}", None):
-            stats, per_class, iou_types = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
-                                                             list(ctx.variant.image_ids), ctx.config.evaluator, cap,
-                                                             self.task)
+        digest = file_sha256(ctx.run_dir / detections_file)
+        # The same detections file scores the same: a cell whose detections are byte for byte an earlier cell's
+        # (a batch-invariant runtime across a sweep) takes that evaluation and says so
+        key = (digest, ctx.config.evaluator, cap, self.task)
+        if key in ctx.scored:
+            stats, per_class, iou_types, same_as = ctx.scored[key]
+        else:
+            with ctx.progress.task(f"COCO eval {cell.label}", None):
+                stats, per_class, iou_types = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
+                                                                 list(ctx.variant.image_ids), ctx.config.evaluator,
+                                                                 cap, self.task)
+            ctx.scored[key] = stats, per_class, iou_types, cell.label
+            same_as = None
         per_class_file = f"per_class/{cell_slug(cell)}.json"
         names = ctx.dataset.categories
         atomic_write_json(ctx.run_dir / per_class_file, {"eval_max_det": cap, "categories": [
@@ -507,8 +518,8 @@ class GroupExecutor:
         return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
                               num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file, max_dets=max_dets_for(cap),
-                              per_class_file=per_class_file,
-                              iou_types=iou_types), None
+                              per_class_file=per_class_file, iou_types=iou_types,
+                              detections_sha256=digest, same_detections_as=same_as), None
 
     def _int8_verdict(self, cell: Cell, accuracy: AccuracyRecord) -> dict:
         """The int8 cell's mAP beside the same model's fp32 mAP on the same images and backend (an untimed scoring
