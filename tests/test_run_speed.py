@@ -150,6 +150,35 @@ def test_detections_encoded_directly_read_back_as_to_coco():
 
 
 @requires_coco
+@requires_yolox
+def test_an_onnx_runtime_run_never_imports_torchvision_and_its_nms_is_torchvisions(tmp_path):
+    """torchvision's package import costs ~2 s of a run's start (torch._dynamo); the NMS kernel is loaded alone.
+    In a fresh process: a real run leaves torchvision unimported, and the kernel it used keeps the same boxes as
+    `torchvision.ops.nms` imported afterwards."""
+    script = f"""
+import sys, runpy, torch
+sys.argv = ["va-bench", "run", "--batch-sizes", "8", "--subset", "sample", "--limit", "8", "--no-layers",
+            "--no-profile", "--no-energy", "--draw-images", "0", "--output-dir", {str(tmp_path)!r}]
+try:
+    runpy.run_module("harness", run_name="__main__")
+except SystemExit as exc:
+    assert not exc.code, exc.code
+assert "torchvision" not in sys.modules and "torch._dynamo" not in sys.modules, "torchvision was imported"
+from harness.pipeline.nms_kernel import nms
+g = torch.Generator().manual_seed(0)
+xy = torch.rand(2000, 2, generator=g) * 400
+boxes = torch.cat([xy, xy + torch.rand(2000, 2, generator=g) * 80], 1)
+scores = torch.rand(2000, generator=g)
+ours = nms(boxes, scores, 0.45)
+import torchvision.ops
+assert torch.equal(ours, torchvision.ops.nms(boxes, scores, 0.45)) and 50 < len(ours) < 2000
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@requires_coco
 def test_image_bytes_cache_follows_its_budget(tmp_path):
     dataset = CocoDataset(COCO_DIR)
     records = dataset.records(dataset.variant("sample", 4))

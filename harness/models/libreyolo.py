@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import yaml
-from torchvision.ops import box_convert
 
 from harness.data.categories import COCO80_TO_91
 from harness.detector.graph import count_flops
@@ -354,6 +353,8 @@ def decode_yolonas(raw: list[torch.Tensor], input_size: tuple[int, int], conf: f
 
 def decode_detr(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
     """pred_boxes cxcywh in [0, 1] of the input -> xyxy input pixels; the logits go to the top-k kind."""
+    from torchvision.ops import box_convert  # here: the registry imports this module for every run
+
     logits, boxes = raw[:2]
     h, w = input_size
     xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])
@@ -376,6 +377,8 @@ def decode_rfdetr(raw: list[torch.Tensor], input_size: tuple[int, int], k: int) 
     """Top-k over every (query, column), then the columns that are no class are dropped (RF-DETR's own
     order: they take part in the top-k, as in libreyolo and upstream), labels mapped to contiguous; each
     candidate's query is its mask row."""
+    from torchvision.ops import box_convert  # here: the registry imports this module for every run
+
     logits, boxes = raw[:2]
     h, w = input_size
     xyxy = box_convert(boxes, "cxcywh", "xyxy") * boxes.new_tensor([w, h, w, h])

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from harness.pipeline.preprocess import decode_tensor
 
@@ -46,6 +45,8 @@ def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequen
     out: list[torch.Tensor | None] = [None] * len(datas)
     if jpeg:
         encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg]
+        from torchvision.io import ImageReadMode, decode_jpeg  # nvJPEG: torchvision only where it decodes
+
         for i, image in zip(jpeg, decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), strict=True):
             out[i] = image
     for i, d in enumerate(datas):

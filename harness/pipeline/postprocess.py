@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from torchvision.ops import nms
 
 from harness.detector.ops import top_k_per_group
 from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSpec
+from harness.pipeline.nms_kernel import nms
 from harness.pipeline.preprocess import ImageTransform
 from harness.records import ImageDetections
 

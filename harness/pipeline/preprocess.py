@@ -19,8 +19,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torchvision.io import ImageReadMode
-from torchvision.io import decode_image as tv_decode_image
 
 from harness.detector.protocol import PreprocessSpec
 from harness.errors import UsageError
@@ -52,7 +50,9 @@ def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
     """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB;
     grey and CMYK JPEGs come out as RGB, as cv2's IMREAD_COLOR makes BGR of them."""
     try:
-        return tv_decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
+
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     except RuntimeError as exc:
         raise UsageError(f"{path} could not be decoded as an image ({str(exc)[:80]}); re-download it") from exc
 
