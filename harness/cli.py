@@ -775,7 +775,18 @@ def parity_preprocess(
 
 
 def main() -> None:
-    """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug."""
+    """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug; the process ends
+    without the interpreter's teardown of torch (harness.process_exit)."""
+    from harness.process_exit import leave
+
+    try:
+        _main()
+    except SystemExit as exc:
+        leave(exc.code)
+    leave(0)
+
+
+def _main() -> None:
     from harness.run.signals import Interrupted, interrupt_handling
 
     global ORIGINAL_ARGV, console, err_console

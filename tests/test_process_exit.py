@@ -1,0 +1,27 @@
+"""The CLI's exit skips the interpreter's teardown of torch, and nothing else: exit codes, atexit handlers,
+buffered output and non-daemon threads behave as with sys.exit."""
+
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def _run(body: str) -> subprocess.CompletedProcess:
+    script = "import atexit, sys, threading, time\nimport torch\nfrom harness.process_exit import leave\n" + body
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_exit_code_handlers_and_buffered_output_survive():
+    done = _run("atexit.register(lambda: print('handler ran'))\nsys.stdout.write('buffered ')\nleave(3)")
+    assert done.returncode == 3 and done.stdout == "buffered handler ran\n", done
+    assert _run("leave(None)").returncode == 0
+    message = _run("leave('no such thing')")
+    assert message.returncode == 1 and message.stderr.strip() == "no such thing"
+
+
+def test_a_live_non_daemon_thread_gets_the_normal_exit(tmp_path):
+    marker = tmp_path / "finished"
+    done = _run(f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(marker)!r}, 'w').close())).start()\n"
+                "leave(0)")
+    assert done.returncode == 0 and marker.exists()  # joined, as sys.exit joins it
