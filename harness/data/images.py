@@ -3,7 +3,9 @@ decode that finds corrupt-but-decodable JPEGs (libjpeg warns, OpenCV decodes the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +88,12 @@ def jpeg_decode_problem(data: bytes) -> str | None:
 def find_corrupt_images(records: Iterable) -> list[CorruptImage]:
     """The JPEGs among `records` (anything with `.image_id` and `.path`, e.g. ImageRecord) that decode only
     with warnings or not at all, in order. A full strict decode of each file: ~3 ms per COCO image on
-    one core, so a separate pass for a run to record, not an up-front check. Non-JPEG files are skipped."""
-    out = []
-    for record in records:
+    one core, so a separate pass for a run to record, not an up-front check. Non-JPEG files are skipped.
+    The decodes run on a thread per core (simplejpeg releases the GIL: 0.30 -> 0.16 s for the sample on 2)."""
+    def problem_of(record) -> CorruptImage | None:
         data = Path(record.path).read_bytes()
-        if not data.startswith(JPEG_SOI):
-            continue
-        problem = jpeg_decode_problem(data)
-        if problem is not None:
-            out.append(CorruptImage(record.image_id, str(record.path), problem))
-    return out
+        problem = jpeg_decode_problem(data) if data.startswith(JPEG_SOI) else None
+        return None if problem is None else CorruptImage(record.image_id, str(record.path), problem)
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        return [c for c in pool.map(problem_of, records) if c is not None]
