@@ -774,19 +774,20 @@ def parity_preprocess(
     raise typer.Exit(report.exit_code)
 
 
-def main() -> None:
-    """Entry point: one clear line per error, exit 2 for bad input, traceback only with --debug; the process ends
-    without the interpreter's teardown of torch (harness.process_exit)."""
+def entry() -> None:
+    """The process's entry point (`va-bench`, `python -m harness`): `main`, then the process ends without the
+    interpreter's teardown of torch (harness.process_exit)."""
     from harness.process_exit import leave
 
     try:
-        _main()
+        main()
     except SystemExit as exc:
         leave(exc.code)
     leave(0)
 
 
-def _main() -> None:
+def main() -> None:
+    """The command line: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling
 
     global ORIGINAL_ARGV, console, err_console

@@ -12,7 +12,7 @@ from harness.bench.gpu_check import main
 @requires_yolox
 def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     code = main(["--device", "cpu", "--limit", "8", "--out", str(tmp_path),
-                 "--checks", "env", "reference", "fp32", "precisions", "runtimes"])
+                 "--checks", "env", "reference", "fp32", "precisions", "postprocess", "runtimes"])
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["env"]["data"]["torch"] and checks["env"]["data"]["device"] == "cpu"
@@ -26,6 +26,9 @@ def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     assert hygiene["passed"] and hygiene["data"]["samples"] >= 1 and hygiene["data"]["throttled"] is False
     assert hygiene["data"]["gpu_hygiene"] == {"status": "not a CUDA run", "locked_clocks": None}
     assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
+    where = checks["postprocess.where"]  # on a CPU the three variants are the same work, and agree
+    assert set(where["data"]["variants"]) == {"device", "device-serial", "host"}
+    assert all(v["matched_vs_device"] == 1.0 for v in where["data"]["variants"].values()), where
     assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
     # TorchScript (in torch: on the lent machine too) against eager fp32; fp16 only on a GPU
     assert checks["torchscript.fp32"]["passed"], checks["torchscript.fp32"]

@@ -30,8 +30,8 @@ from pathlib import Path
 from harness.pipeline.stage_timer import DEVICE_TIMES
 
 # The acceptance's checks first; max-autotune, whose compile time is the least predictable, last.
-CHECKS = ("env", "fakes", "reference", "fp32", "precisions", "overhead", "compile", "runtimes", "parity", "segment",
-          "preprocess", "repeats", "autotune")
+CHECKS = ("env", "fakes", "reference", "fp32", "precisions", "overhead", "postprocess", "compile", "runtimes", "parity",
+          "segment", "preprocess", "repeats", "autotune")
 
 
 @dataclass
@@ -246,6 +246,23 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     return out
 
 
+def check_postprocess(r: Runner, state: dict) -> Check:
+    """Where post-processing should run on the device: the selection and boxes of one batch's candidates on the
+    device (a run's way), on the device one image after another, and on the host after one copy."""
+    batch = min(32, r.limit or 32)
+    done = r.command([sys.executable, "-m", "harness.bench.postprocess_ab", "--device", r.device, "--batch-size",
+                      str(batch), "--rounds", "20", "--json"], 150)
+    try:
+        result = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return Check("postprocess.where", status="failed",
+                     reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300])
+    v = result["variants"]
+    return Check("postprocess.where", f"b{batch}, {result['candidates']} candidates, {result['threads']} threads: "
+                 + ", ".join(f"{name} {x['ms_per_batch_p50']:.2f} ms ({100 * x['matched_vs_device']:.1f} % matched)"
+                             for name, x in v.items()), "", None, data=result)
+
+
 def check_parity(r: Runner, state: dict) -> Check:
     # cv2 against torch (the device's own decode and resize) on every image: PIL is a different resize by design,
     # and 64 images gave a noise floor above the tolerance on the H100
@@ -331,11 +348,13 @@ def check_repeats(r: Runner, state: dict) -> Check:
 
 
 STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
-         "precisions": check_precisions, "overhead": check_overhead, "compile": check_compile,
+         "precisions": check_precisions, "overhead": check_overhead, "postprocess": check_postprocess,
+         "compile": check_compile,
          "runtimes": check_runtimes, "parity": check_parity, "segment": check_segment,
          "preprocess": check_preprocess, "repeats": check_repeats, "autotune": check_autotune}
 CUDA_ONLY = {"precisions", "compile", "autotune"}
-MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "overhead": 60, "compile": 90,
+MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "overhead": 60, "postprocess": 30,
+               "compile": 90,
                "runtimes": 30, "parity": 30, "segment": 45, "preprocess": 40, "repeats": 45, "autotune": 90}
 
 
