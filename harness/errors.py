@@ -31,3 +31,7 @@ def path_problem(flag: str, given: object, problem: str) -> str:
     absolute = os.path.abspath(os.path.expanduser(str(given)))
     where = "" if absolute == str(given) else f" ({absolute})"
     return f"{flag} {given}: {problem}{where}"
+
+
+class NonFiniteNumberError(VaBenchError, ValueError):
+    """A NaN or infinity where a number belongs: a bug upstream (exit 1), never written as null."""

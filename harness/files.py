@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from harness.errors import VaBenchError
+from harness.errors import NonFiniteNumberError, VaBenchError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -79,10 +79,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-class NonFiniteNumberError(VaBenchError, ValueError):
-    """A NaN or infinity where a number belongs: a bug upstream (exit 1), never written as null."""
 
 
 def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from harness.errors import NonFiniteNumberError
+
 # ---------------------------------------------------------------------------------------------- cells
 
 
@@ -136,10 +138,15 @@ def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[st
     ~140 results per image). Numbers are printed as "%.3f" / "%.6f": the decimal that round(x, 3) / round(x, 6)
     stands for, so every value reads back as to_coco's. NaN/inf are refused as `allow_nan=False` does."""
     if det.masks is not None:
-        return [json.dumps(r, allow_nan=False) for r in det.to_coco(class_map)]
+        try:
+            return [json.dumps(r, allow_nan=False) for r in det.to_coco(class_map)]
+        except ValueError as exc:
+            raise NonFiniteNumberError(f"image {det.image_id}: a detection holds NaN or inf (a bug upstream); "
+                                       "nothing was written") from exc
     boxes, scores = det.boxes.astype(np.float64), det.scores.astype(np.float64)
     if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):
-        raise ValueError(f"image {det.image_id}: a detection holds NaN or inf")
+        raise NonFiniteNumberError(f"image {det.image_id}: a detection holds NaN or inf (a bug upstream); nothing "
+                                   "was written")
     rows = np.column_stack([boxes[:, :2], boxes[:, 2:] - boxes[:, :2], scores]).tolist()
     head = f'{{"image_id": {int(det.image_id)}, "category_id": '
     return [f'{head}{class_map[label]}, "bbox": [{x:.3f}, {y:.3f}, {w:.3f}, {h:.3f}], "score": {score:.6f}}}'

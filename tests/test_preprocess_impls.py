@@ -127,11 +127,13 @@ def test_nvjpeg_decode_is_one_batched_call(records, monkeypatch):
         calls.append((len(encoded), mode, device))
         return [decode_tensor(e.numpy().tobytes(), "x") for e in encoded]
 
-    monkeypatch.setattr(gpu, "decode_jpeg", fake_decode_jpeg)
+    import torchvision.io
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fake_decode_jpeg)  # gpu.py imports it where it decodes
     datas = [r.path.read_bytes() for r in records[:3]]
     png = cv2.imencode(".png", decode_bytes(datas[0], "x"))[1].tobytes()
     out = gpu.decode_on_device([*datas, png], torch.device("cpu"), ["a", "b", "c", "d"])
-    assert calls == [(3, gpu.ImageReadMode.RGB, torch.device("cpu"))]
+    assert calls == [(3, torchvision.io.ImageReadMode.RGB, torch.device("cpu"))]
     assert len(out) == 4 and torch.equal(out[3], out[0])  # PNG is lossless: same pixels as the JPEG decode
 
 

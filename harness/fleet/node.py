@@ -31,7 +31,7 @@ from harness.errors import UsageError, VaBenchError
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import NodeUpdate
 from harness.fleet.shards import Shard
-from harness.records import LoadKey
+from harness.records import LoadKey, coco_json_texts
 from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.state import ERROR_LOG, LOCK_FILE
 
@@ -274,7 +274,7 @@ def detect_shard(job: ShardJob) -> dict:
         with JsonArrayWriter(path) as out:  # as the executor writes a cell's detections, image by image
             for batch in ctx.batches(job.batch_size):
                 for image in executor.pipeline.run_batch(batch, timer):
-                    out.extend(image.to_coco(executor.label_categories))
+                    out.extend_encoded(coco_json_texts(image, executor.label_categories))
         return {"detections_json": path.read_bytes(), "detections": out.count, "images": len(records),
                 "seconds": round(time.perf_counter() - start, 3), "threads": threads}
     finally:

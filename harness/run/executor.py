@@ -37,7 +37,7 @@ from harness.detector.protocol import Detector, postprocess_spec, task_of
 from harness.errors import UsageError
 from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluate_cell_file, evaluator_version, max_dets_for
 from harness.eval.matching import match_detections
-from harness.files import JsonArrayWriter, NonFiniteNumberError, atomic_write_bytes, atomic_write_json, file_sha256
+from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_json, file_sha256
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler
@@ -473,11 +473,7 @@ class GroupExecutor:
         rel = f"detections/{cell_slug(cell)}.json"
         with JsonArrayWriter(self.ctx.run_dir / rel) as out:
             for det in detections:
-                try:
-                    out.extend_encoded(coco_json_texts(det, self.label_categories))
-                except ValueError as exc:
-                    raise NonFiniteNumberError(f"refusing to write {rel}: {exc} (a bug upstream); nothing was "
-                                               "written") from exc
+                out.extend_encoded(coco_json_texts(det, self.label_categories))
         return rel, out.count
 
     def _evaluate(self, cell: Cell, detections_file: str, num_detections: int,
@@ -557,7 +553,7 @@ class GroupExecutor:
         rel = f"detections/{cell_slug(cell)}__fp32_reference.json"
         with JsonArrayWriter(ctx.run_dir / rel) as out:
             for det in detections:
-                out.extend(det.to_coco(self.label_categories))
+                out.extend_encoded(coco_json_texts(det, self.label_categories))
         stats, _ = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / rel, list(ctx.variant.image_ids),
                                                 ctx.config.evaluator, cap=ctx.config.eval_max_det)
         return {"precision": "fp32", "backend": self.key.backend, "mAP_50_95": round(stats["mAP_50_95"], 6),
