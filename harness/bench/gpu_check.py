@@ -31,8 +31,8 @@ from harness.pipeline.stage_timer import DEVICE_TIMES
 
 # The measurements first; then the CPU suite's CUDA-path tests (84 s on the H100's host, and they run in CI too), and
 # max-autotune, whose compile time is the least predictable, last.
-CHECKS = ("env", "reference", "fp32", "precisions", "overhead", "postprocess", "compile", "runtimes", "parity", "segment",
-          "preprocess", "repeats", "fakes", "autotune")
+CHECKS = ("env", "reference", "fp32", "precisions", "overhead", "postprocess", "compile", "runtimes", "parity",
+          "segment", "preprocess", "repeats", "fakes", "autotune")
 
 
 @dataclass
