@@ -16,8 +16,8 @@ def match_detections(a: list[ImageDetections], b: list[ImageDetections], iou_thr
     class, of pairs with IoU >= `iou_threshold` and |score delta| <= `score_tolerance`; with `mask_iou_threshold`,
     a pair whose images both carry masks also needs that mask IoU (pycocotools' RLE IoU).
 
-    Only pairs of the same image and class are ever candidates, so they are listed for the whole set at once and
-    their IoUs computed as vectors (a cell is one pass, not a loop over images and classes)."""
+    Only pairs of the same image and class with scores within the tolerance are ever candidates, so they are listed
+    for 64 images at once and their IoUs computed as vectors (not a loop over images and classes)."""
     by_id = {d.image_id: d for d in b}
     pairs = [(d, by_id[d.image_id]) for d in a if d.image_id in by_id]
     with_masks = mask_iou_threshold is not None and any(d.masks is not None for d in a)
@@ -30,7 +30,7 @@ def match_detections(a: list[ImageDetections], b: list[ImageDetections], iou_thr
                        matched, worst, iou_threshold, score_tolerance, mask_iou_threshold if with_masks else None)
 
 
-# Images matched in one pass: a crowded image of the sample has ~10^4 same-class pairs, so memory stays bounded
+# Images matched in one pass: with a loose score tolerance a crowded image has ~10^4 same-class pairs
 CHUNK_IMAGES = 64
 
 
