@@ -53,7 +53,8 @@ def test_a_cell_with_an_earlier_cells_detections_takes_its_evaluation(ort_run):
         assert acc.detections_sha256 == hashlib.sha256(raw).hexdigest()
         assert acc.same_detections_as == seen.get(acc.detections_sha256)
         seen.setdefault(acc.detections_sha256, record.cell.label)
-        assert evaluate_bbox(plan.dataset.coco, json.loads(raw), ids) == pytest.approx(acc.stats, abs=1e-12)
+        if acc.same_detections_as:  # a cell scored anew is checked against pycocotools by the test above
+            assert evaluate_bbox(plan.dataset.coco, json.loads(raw), ids) == pytest.approx(acc.stats, abs=1e-12)
     assert len(seen) < len(records)  # ONNX Runtime on the CPU: batch 8 gives batch 1's detections, byte for byte
 
 
