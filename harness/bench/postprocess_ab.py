@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -31,7 +30,7 @@ from harness.detector.protocol import postprocess_spec
 from harness.eval.matching import match_detections
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
-from harness.pipeline.pipeline import Thresholds
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select, split_by_image, to_original
 from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
 
@@ -61,11 +60,11 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
     candidates = gather_candidates(detector.decode(raw, spec.input_size, d.conf), post, d.conf, d.max_det)
     ids = [r.image_id for r in records]
-    pool = torch.get_num_threads()
-    executor = ThreadPoolExecutor(pool) if pool > 1 else None
+    pipeline = DetectorPipeline(detector, core, device, spec, thresholds)
+    executor = pipeline.host_executor  # a run's NMS pool (None with one thread)
 
     def finish(cands: BatchCandidates, with_pool: bool):
-        kept = select(cands, post, thresholds.iou, thresholds.max_det, transforms, executor if with_pool else None)
+        kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None)
         return split_by_image(kept, to_original(kept, transforms), ids)
 
     variants = {"device": lambda: finish(candidates, True), "device-serial": lambda: finish(candidates, False),
@@ -79,11 +78,9 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
             variants[name]()
             device.synchronize()
             times[name].append((time.perf_counter() - start) * 1e3)
-    if executor is not None:
-        executor.shutdown()
     reference = results["device"]
     return {"device": str(device), "batch_size": batch_size, "candidates": int(candidates.scores.numel()),
-            "threads": pool, "rounds": rounds,
+            "threads": pipeline.nms_threads, "rounds": rounds,
             "variants": {name: {"ms_per_batch_p50": round(statistics.median(values), 3),
                                 "matched_vs_device": match_detections(reference, results[name]).match_rate}
                          for name, values in times.items()}}
