@@ -786,3 +786,41 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     assert 1 <= len(prepare_streams) <= 2  # one per worker thread that prepared, made once
     assert sum(s.synced for s in prepare_streams) == 3  # each batch waited for on its worker's stream
     assert FakeStream.default.synced == 3 and device_syncs == []  # the forward's stream, once per batch
+
+
+@requires_coco
+@requires_yolox
+def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ran(cuda_on_cpu, monkeypatch):
+    """`--nms-on host` on a (faked) GPU: the candidates are copied once (the `copy` substep), the selection runs
+    there, the detections equal the device placement's, and the record says where the selection ran."""
+    from harness.data.coco import CocoDataset
+    from harness.pipeline import postprocess
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    copies = []
+    real_copy = postprocess.BatchCandidates.host_copy
+    monkeypatch.setattr(postprocess.BatchCandidates, "host_copy", lambda self: copies.append(1) or real_copy(self))
+    monkeypatch.setattr(postprocess.BatchCandidates, "to",  # tensors of the faked GPU live on the CPU: always copy
+                        lambda self, device: self.host_copy() if device.type == "cpu" else self)
+    detector = get_detector("yolox-nano")
+    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
+    core = type("Core", (), {"backend": "x", "takes_device_tensors": True,
+                             "__call__": lambda self, batch: real(batch)})()
+    device = Device("cuda", 0)
+    dataset = CocoDataset(COCO_DIR)
+    records = dataset.records(dataset.variant("sample"))[:4]
+    runs = {}
+    for where in ("device", "host"):
+        pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100),
+                                    nms_on=where)
+        timer = StageTimer(device)
+        runs[where] = (pipeline.run_batch(records, timer), timer.batches[0].stages, pipeline.host_info(False))
+    flat = lambda run: [(d.image_id, d.boxes.tobytes(), d.scores.tobytes(), d.labels.tobytes())  # noqa: E731
+                        for d in run]
+    assert flat(runs["host"][0]) == flat(runs["device"][0]) and sum(len(d.scores) for d in runs["host"][0]) > 0
+    assert copies == [1]  # the host placement only, one copy per batch
+    assert "postprocess.copy" in runs["host"][1] and "postprocess.copy" not in runs["device"][1]
+    assert runs["host"][2]["selection_on"].startswith("host") and runs["device"][2]["selection_on"] == "cpu"
+    with pytest.raises(ValueError, match="nms_on"):
+        DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100), nms_on="gpu")

@@ -155,3 +155,23 @@ def test_plugin_without_a_spec_gets_nms_with_its_defaults():
 
     spec = postprocess_spec(Plugin())
     assert (spec.kind, spec.conf, spec.iou, spec.max_det, spec.multi_label) == ("nms", 0.25, 0.45, 100, False)
+
+
+def test_host_copy_is_one_exact_round_trip_of_every_field():
+    """The packed host copy (`--nms-on host`) gives back every candidate's box, score, label, image and mask row
+    bit for bit, in the original dtypes (float64 rows hold float32 values and int64 indices below 2**53)."""
+    g = torch.Generator().manual_seed(3)
+    boxes = torch.rand(50, 4, generator=g) * 640
+    scores = torch.rand(50, generator=g)
+    labels = torch.randint(0, 80, (50,), generator=g)
+    image = torch.sort(torch.randint(0, 4, (50,), generator=g)).values
+    rows = torch.randint(0, 300, (50,), generator=g)
+    cands = BatchCandidates(boxes, scores, labels, image, torch.bincount(image, minlength=4).tolist(), rows)
+    copy = cands.host_copy()
+    for name in ("boxes", "scores", "labels", "image", "rows"):
+        got, want = getattr(copy, name), getattr(cands, name)
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+    assert copy.counts == cands.counts and copy.counts is not cands.counts
+    no_rows = BatchCandidates(boxes, scores, labels, image, list(cands.counts)).host_copy()
+    assert no_rows.rows is None and torch.equal(no_rows.boxes, boxes)
+    assert cands.to(torch.device("cpu")) is cands  # already there: no copy

@@ -27,12 +27,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.config import RunConfig
 from harness.pipeline.stage_timer import DEVICE_TIMES
+
+DEFAULT_NMS_ON = RunConfig.model_fields["nms_on"].default
 
 # The measurements first; then the CPU suite's CUDA-path tests (84 s on the H100's host, and they run in CI too), and
 # max-autotune, whose compile time is the least predictable, last.
-CHECKS = ("env", "reference", "fp32", "precisions", "overhead", "postprocess", "compile", "runtimes", "parity",
-          "segment", "preprocess", "repeats", "fakes", "autotune")
+CHECKS = ("env", "reference", "fp32", "overhead", "postprocess", "nms_on", "precisions", "compile", "runtimes",
+          "parity", "segment", "preprocess", "repeats", "fakes", "autotune")
 
 
 @dataclass
@@ -230,20 +233,29 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
+    """bench-overhead at b8 and b32 with the selection where a run puts it by default (judged), and with the other
+    placement beside it (`--nms-on`: a figure), so one call says which placement the goal needs."""
     out = []
     for batch, goal in ((8, 0.9), (32, 0.8)):
-        done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--batch-size",
-                          str(batch), "--backend", "pytorch", "--rounds", "3", "--json"], 200)
-        try:
-            (result,) = json.loads(done.stdout)
-        except (json.JSONDecodeError, ValueError):
-            out.append(Check(f"overhead.b{batch}", status="failed",
-                             reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300]))
-            continue
-        mode = result[result["throughput_mode"]]
-        out.append(Check(f"overhead.b{batch}", f"{result['throughput_mode']}: {mode['images_per_s']:.0f} img/s = "
-                         f"{mode['ratio_median']:.3f} of the forward alone ({result['forward_images_per_s']:.0f})",
-                         f">= {goal}", mode["ratio_median"] >= goal, data=result))
+        for nms_on in ("device", "host"):
+            name = f"overhead.b{batch}" + ("" if nms_on == DEFAULT_NMS_ON else f".nms_on_{nms_on}")
+            done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--batch-size",
+                              str(batch), "--backend", "pytorch", "--rounds", "3", "--nms-on", nms_on, "--json"], 200)
+            try:
+                (result,) = json.loads(done.stdout)
+            except (json.JSONDecodeError, ValueError):
+                out.append(Check(name, status="failed",
+                                 reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300]))
+                continue
+            mode = result[result["throughput_mode"]]
+            stages = result["latency_mode"].get("stages_ms_p50", {})
+            judged = nms_on == DEFAULT_NMS_ON
+            out.append(Check(name, f"selection on {result['selection_on']}; {result['throughput_mode']}: "
+                             f"{mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} of the forward alone "
+                             f"({result['forward_images_per_s']:.0f}); latency-mode stages p50 "
+                             + ", ".join(f"{k} {v}" for k, v in stages.items()),
+                             f">= {goal}" if judged else "", mode["ratio_median"] >= goal if judged else None,
+                             data=result))
     return out
 
 
@@ -334,6 +346,31 @@ def check_preprocess(r: Runner, state: dict) -> list[Check]:
     return out
 
 
+def check_nms_on(r: Runner, state: dict) -> Check:
+    """A run with the selection in the other place (`--nms-on`): mAP against the CPU reference, and the postprocess
+    stage against the fp32 check's cells at the same batch sizes."""
+    if "cpu_map" not in state:
+        return Check("nms_on", status="not run", reason="needs the reference check")
+    other = "host" if DEFAULT_NMS_ON == "device" else "device"
+    sizes = [str(b) for b in (8, 32) if not r.limit or b <= r.limit]
+    try:
+        cells = _cells(r.run("--backend", "pytorch", "--device", r.device, "--tf32", "off", "--nms-on", other,
+                             "--batch-sizes", *sizes, "--no-energy"))
+    except RuntimeError as exc:
+        return Check(f"nms_on.{other}", status="failed", reason=str(exc))
+    base = state.get("fp32", {})
+    parts = []
+    for b, cell in sorted(cells.items()):
+        post = cell["stages_ms_mean"].get("postprocess")
+        before = base.get(b, {}).get("stages_ms_mean", {}).get("postprocess")
+        parts.append(f"b{b} postprocess {post} ms" + (f" (selection on the device: {before} ms)" if before else "")
+                     + f", {cell['images_per_s']:.0f} img/s")
+    first = cells[min(cells)]
+    delta = first["mAP_50_95"] - state["cpu_map"]
+    return Check(f"nms_on.{other}", f"mAP {first['mAP_50_95']:.4f} ({delta:+.4f} vs CPU); " + "; ".join(parts),
+                 "|d| <= 0.002", abs(delta) <= 0.002, data={str(b): c["stages_ms_mean"] for b, c in cells.items()})
+
+
 def check_repeats(r: Runner, state: dict) -> Check:
     """`--repeats 3`: the extra processes pass the device's process check although the run holds the device."""
     try:
@@ -350,13 +387,13 @@ def check_repeats(r: Runner, state: dict) -> Check:
 
 STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
          "precisions": check_precisions, "overhead": check_overhead, "postprocess": check_postprocess,
-         "compile": check_compile,
-         "runtimes": check_runtimes, "parity": check_parity, "segment": check_segment,
-         "preprocess": check_preprocess, "repeats": check_repeats, "autotune": check_autotune}
+         "nms_on": check_nms_on, "compile": check_compile, "runtimes": check_runtimes, "parity": check_parity,
+         "segment": check_segment, "preprocess": check_preprocess, "repeats": check_repeats,
+         "autotune": check_autotune}
 CUDA_ONLY = {"precisions", "compile", "autotune"}
-MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "overhead": 60, "postprocess": 30,
-               "compile": 90,
-               "runtimes": 30, "parity": 30, "segment": 45, "preprocess": 40, "repeats": 45, "autotune": 90}
+MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "overhead": 120, "postprocess": 30,
+               "nms_on": 45, "compile": 90, "runtimes": 30, "parity": 30, "segment": 45, "preprocess": 40,
+               "repeats": 45, "autotune": 90}
 
 
 def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:

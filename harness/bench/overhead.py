@@ -49,7 +49,7 @@ from harness.pipeline.stage_timer import StageTimer
 
 # Latency-mode stages whose per-batch medians are reported (the host stages and the forward beside them).
 REPORTED_STAGES = ("preprocess", "preprocess.decode", "preprocess.upload", "transfer", "forward", "forward_gpu",
-                   "postprocess", "postprocess.nms", "postprocess.boxes")
+                   "postprocess", "postprocess.copy", "postprocess.nms", "postprocess.boxes")
 
 
 def _images_per_s(fn, batch_size: int, iterations: int) -> float:
@@ -73,10 +73,11 @@ def _stage_medians(timer: StageTimer) -> dict:
 
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
-            preprocess: str = "auto") -> dict:
+            preprocess: str = "auto", nms_on: str = "device") -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
-    pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation."""
+    pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
+    GPU run's selection runs (`va-bench run --nms-on`)."""
     workers = workers or [1]
     device = parse_device(device_spec)
     in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
@@ -90,10 +91,11 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
-    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read)
-                 for w in workers}
+    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read,
+                                     nms_on=nms_on) for w in workers}
     pipeline = pipelines[workers[0]]
-    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read)
+    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read,
+                                  nms_on=nms_on)
                  if calling_thread else None)
     decoded = [decode_image(r.path) for r in records]
     images = None if in_path else decoded  # None: the pipeline decodes inside the timed path
@@ -156,7 +158,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     return {
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
-        "preprocess": pipeline.preprocess_info(),
+        "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode inside the timed path or hand the pipeline decoded images (auto: in-path on "
                              "CUDA, pre-decoded on CPU)")
     add_run_argument(parser, "preprocess")
+    add_run_argument(parser, "nms_on")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
-                           args.calling_thread, args.decode, args.preprocess) for b in backends]
+                           args.calling_thread, args.decode, args.preprocess, args.nms_on) for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
     if args.json:

@@ -159,7 +159,7 @@ class DetectorPipeline:
                  thresholds: Thresholds, host_workers: int | None = None,
                  read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
                  host_thread: bool = True, masks: bool = True,
-                 generated: Callable[[ImageRecord], np.ndarray] | None = None):
+                 generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device"):
         if stream_workers < 1:
             raise ValueError(f"stream_workers must be >= 1, not {stream_workers}")
         self.masks = masks and task_of(detector) == "segment"
@@ -189,6 +189,11 @@ class DetectorPipeline:
         # nvJPEG only where the tensors stay on the GPU; an ONNX Runtime core takes host memory
         on_gpu = self.input_device is not None and self.input_device.type == "cuda"
         self.decoder = choose_decoder(spec.library, on_gpu)
+        if nms_on not in ("device", "host"):
+            raise ValueError(f"nms_on must be device or host, not {nms_on!r}")
+        # "host": a GPU run's candidates come to the host in one copy and the selection and boxes run there, on
+        # the NMS pool, instead of one CUDA NMS call (and mask copy) per image; on a CPU both are the same
+        self.selection_on_host = nms_on == "host" and device.is_cuda
 
     def preprocess_info(self) -> dict:
         """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""
@@ -201,11 +206,17 @@ class DetectorPipeline:
         """Where the harness's host work runs in the given mode (runtime.host in the record)."""
         if overlap:
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
+                    "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
                     "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
-                "nms_threads": self.nms_threads}
+                "nms_threads": self.nms_threads, "selection_on": self.selection_on}
+
+    @property
+    def selection_on(self) -> str:
+        """Where the selection (NMS or top-k) and the boxes run: the core's device, or the host after one copy."""
+        return "host (one copy of the candidates)" if self.selection_on_host else str(self.device.torch_device)
 
     @property
     def async_slots(self) -> int:
@@ -389,6 +400,9 @@ class DetectorPipeline:
         check_finite(raw, [r.image_id for r in records])
         decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
         candidates = gather_candidates(decoded, post, t.conf, t.max_det)
+        if self.selection_on_host:
+            with timer.substep("copy"):
+                candidates = candidates.to(torch.device("cpu"))
         with timer.substep(post.kind):  # "nms" or "topk"
             kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
         with timer.substep("boxes"):
@@ -396,6 +410,8 @@ class DetectorPipeline:
             detections = split_by_image(kept, boxes, [r.image_id for r in records])
         if self.masks:
             with timer.substep("masks"):
+                if self.selection_on_host:  # the mask head's maps stay on the device: the kept boxes go back
+                    kept, boxes = kept.to(self.device.torch_device), boxes.to(self.device.torch_device)
                 per_image = batch_masks(self.detector.mask_maps(raw), self.detector.mask_spec, kept, boxes,
                                         transforms, self.spec.input_size)
                 for det, rles in zip(detections, per_image, strict=True):

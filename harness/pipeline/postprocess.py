@@ -41,6 +41,26 @@ class BatchCandidates:
                                torch.bincount(image, minlength=len(self.counts)).tolist(),
                                None if self.rows is None else self.rows[keep])
 
+    def to(self, device: torch.device) -> BatchCandidates:
+        """The candidates on `device`; to the host in one transfer (`host_copy`)."""
+        if self.boxes.device == device:
+            return self
+        if device.type == "cpu":
+            return self.host_copy()
+        return BatchCandidates(self.boxes.to(device), self.scores.to(device), self.labels.to(device),
+                               self.image.to(device), list(self.counts),
+                               None if self.rows is None else self.rows.to(device))
+
+    def host_copy(self) -> BatchCandidates:
+        """The candidates on the host in one device-to-host copy (each copy from a GPU synchronises): packed as
+        float64 rows, which hold float32 values and indices exactly, then unpacked to the original dtypes."""
+        columns = [self.boxes.double(), self.scores[:, None].double(), self.labels[:, None].double(),
+                   self.image[:, None].double()] + ([] if self.rows is None else [self.rows[:, None].double()])
+        packed = torch.cat(columns, 1).cpu()
+        return BatchCandidates(packed[:, :4].to(self.boxes.dtype), packed[:, 4].to(self.scores.dtype),
+                               packed[:, 5].to(self.labels.dtype), packed[:, 6].to(self.image.dtype), list(self.counts),
+                               None if self.rows is None else packed[:, 7].to(self.rows.dtype))
+
     @classmethod
     def from_images(cls, candidates: Sequence[Candidates], conf: float) -> BatchCandidates:
         """Concatenate per-image candidates and apply the score threshold."""

@@ -166,7 +166,8 @@ class GroupExecutor:
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
                                          read_image=ctx.images.read,
                                          stream_workers=resolve_workers(config.workers, ctx.device.is_cuda),
-                                         masks=config.masks, generated=ctx.dataset.image if synthetic else None)
+                                         masks=config.masks, generated=ctx.dataset.image if synthetic else None,
+                                         nms_on=config.nms_on)
         # the cell's task: a segmentation model with --no-masks is a detector here (boxes only, the detection board)
         self.task = "segment" if self.pipeline.masks else "detect"
         if self.pipeline.masks:
