@@ -5,7 +5,8 @@ takes 0.6-0.9 s on the reference box (measured: `import torch` then exit, agains
 than a cell's COCO evaluation, on every command that touched a model. Everything the program itself registered
 still runs (atexit handlers, which include weakref finalizers, logging's flush and Ray's shutdown); then the
 standard streams are flushed and the process ends with its exit code. Where another non-daemon thread is still
-alive, or torch was never imported, the normal exit.
+alive, or torch was never imported, the normal exit. Idle worker pools kept for the whole process (non-daemon
+threads) are closed first by the hooks their owners gave `before_leave`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,21 @@ import atexit
 import os
 import sys
 import threading
+from collections.abc import Callable
+
+_BEFORE_LEAVE: list[Callable[[], None]] = []
+
+
+def before_leave(hook: Callable[[], None]) -> None:
+    """Run `hook` when the process leaves through `leave`, before it looks for live threads (e.g. closing an idle
+    thread pool that lives as long as the process)."""
+    _BEFORE_LEAVE.append(hook)
 
 
 def leave(code: int | str | None) -> None:
     """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1)."""
+    for hook in _BEFORE_LEAVE:
+        hook()
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if "torch" not in sys.modules or others:
         sys.exit(code)

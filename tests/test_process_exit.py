@@ -25,3 +25,21 @@ def test_a_live_non_daemon_thread_gets_the_normal_exit(tmp_path):
     done = _run(f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(marker)!r}, 'w').close())).start()\n"
                 "leave(0)")
     assert done.returncode == 0 and marker.exists()  # joined, as sys.exit joins it
+
+
+TEARDOWN_MARK = ("class Mark:\n    def __del__(self):\n        print('torn down', flush=True)\n"
+                 "mark = Mark()\n")  # printed by the interpreter's module teardown only, never after os._exit
+
+
+def test_the_pipelines_idle_pools_are_closed_so_the_exit_skips_the_teardown():
+    """The host pools live as long as the process and their threads are not daemons: `leave` closes them (their
+    `before_leave` hooks) and still takes the fast exit. A pool nobody closes keeps the normal exit (the control,
+    which shows the mark tells the two apart)."""
+    pools = ("from harness.pipeline.pipeline import _host_pool, _host_thread\n"
+             "_host_pool(2).submit(sum, [1]).result()\n_host_thread().submit(sum, [1]).result()\n")
+    fast = _run(TEARDOWN_MARK + pools + "leave(0)")
+    assert fast.returncode == 0 and "torn down" not in fast.stdout, fast
+    stray = ("from concurrent.futures import ThreadPoolExecutor\n"
+             "ThreadPoolExecutor(1).submit(sum, [1]).result()\n")
+    normal = _run(TEARDOWN_MARK + stray + "leave(0)")
+    assert normal.returncode == 0 and "torn down" in normal.stdout, normal

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
+from harness.catalogue import CATALOGUE, catalogue_data
 from harness.data.categories import COCO80_TO_91
 from harness.detector.graph import count_flops
 from harness.detector.protocol import (
@@ -51,7 +51,6 @@ from harness.errors import UsageError
 from harness.files import DownloadError, file_sha256
 from harness.models.yolox import YoloxDetector
 
-CATALOGUE = Path(__file__).with_name("catalogue.yaml")
 INSTALL_HINT = "install it with `pip install 'va-bench[libreyolo]'` (see README)"
 SEED = 0  # `--weights random` is libreyolo's _from_scratch with this seed: the same weights every run
 
@@ -101,8 +100,8 @@ def _spec_error(where: str, exc: Exception) -> UsageError:
 
 @cache
 def catalogue() -> dict[str, LibreModel]:
-    """Model id -> LibreModel for every libreyolo id in the catalogue (yaml.safe_load, validated)."""
-    data = yaml.safe_load(CATALOGUE.read_text())["libreyolo"]["families"]
+    """Model id -> LibreModel for every libreyolo id in the catalogue (loaded once by harness.catalogue, validated)."""
+    data = catalogue_data(CATALOGUE)["libreyolo"]["families"]
     models: dict[str, LibreModel] = {}
     for key, block in data.items():
         try:

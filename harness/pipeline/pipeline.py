@@ -42,6 +42,7 @@ from harness.pipeline.preprocess import (
     preprocess_tensors,
 )
 from harness.pipeline.stage_timer import BatchTiming, StageTimer
+from harness.process_exit import before_leave
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def _single_threaded_pool(workers: int, prefix: str, lower_priority: bool) -> Th
     for done in [pool.submit(started.wait) for _ in range(workers)]:
         done.result()
     torch.set_num_threads(threads)  # set_num_threads also changed the default for threads started later: restore it
+    # its threads are not daemons: closed when the command leaves, or the process would take the slow exit
+    before_leave(lambda: pool.shutdown(wait=True, cancel_futures=True))
     return pool
 
 
