@@ -3,7 +3,7 @@
 1. OpenVINO fp32, batch 1: the harness's forward p50 against `benchmark_app -hint none -api sync -nstreams 1
    -nthreads N -infer_precision f32` on the same IR (the one the harness converted and cached) and the same
    thread count, each in a fresh process, alternating which goes first, `--repeats` rounds; the ratio of the
-   medians (goal: within 5 %).
+   medians (goal: within 5 %), and beside it the ratio of each side's fastest round.
 2. Forward p50 per runtime x precision x batch size with the mAP of each cell, yolox-nano on the first
    `--limit` sample images (int8 calibrated on the others).
 
@@ -74,8 +74,11 @@ def compare_with_benchmark_app(threads: int, repeats: int) -> dict:
                     theirs.append(benchmark_app_p50(ir, threads, seconds=5, size=416))
             print(f"round {k + 1}: harness {ours[-1]:.2f} ms, benchmark_app {theirs[-1]:.2f} ms", flush=True)
     harness, tool = statistics.median(ours), statistics.median(theirs)
+    # On a shared host a process lands in a fast or a slow mode (benchmark_app alone: 11.2 or 16.5 ms here), so
+    # the fastest round of each, where neither met a neighbour, is printed beside the judged ratio of medians
     return {"threads": threads, "harness_forward_p50_ms": ours, "benchmark_app_median_ms": theirs,
-            "ratio_of_medians": round(harness / tool, 4), "goal": "within 5 % (0.95-1.05)",
+            "ratio_of_medians": round(harness / tool, 4), "ratio_of_fastest_rounds": round(min(ours) / min(theirs), 4),
+            "goal": "within 5 % (0.95-1.05)",
             "load_average": [round(v, 2) for v in os.getloadavg()]}
 
 
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     ours, theirs = comparison["harness_forward_p50_ms"], comparison["benchmark_app_median_ms"]
     print(f"OpenVINO fp32 b1 forward p50, {args.threads} threads: harness {statistics.median(ours):.2f} ms vs "
           f"benchmark_app {statistics.median(theirs):.2f} ms: ratio {comparison['ratio_of_medians']:.3f} "
-          "(goal 0.95-1.05)")
+          f"(goal 0.95-1.05; fastest rounds {min(ours):.2f} vs {min(theirs):.2f} ms: "
+          f"{comparison['ratio_of_fastest_rounds']:.3f})")
     matrix = runtime_matrix(args.threads, args.limit)
     if args.json:
         print(json.dumps({"openvino_vs_benchmark_app": comparison, "matrix": matrix}, indent=2))
