@@ -256,7 +256,23 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
                              + ", ".join(f"{k} {v}" for k, v in stages.items()),
                              f">= {goal}" if judged else "", mode["ratio_median"] >= goal if judged else None,
                              data=result))
+    if r.device.startswith("cuda"):  # the forward from a CUDA graph holds the interpreter lock for one replay call
+        out.append(_overhead_figure(r, "overhead.b32.cuda_graphs", ["--batch-size", "32", "--cuda-graphs"]))
     return out
+
+
+def _overhead_figure(r: Runner, name: str, options: list[str]) -> Check:
+    """One more overhead bench (PyTorch, 3 rounds) as a figure without a goal."""
+    done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--backend", "pytorch",
+                      "--rounds", "3", *options, "--json"], 200)
+    try:
+        (result,) = json.loads(done.stdout)
+    except (json.JSONDecodeError, ValueError):
+        return Check(name, status="failed", reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300])
+    mode = result[result["throughput_mode"]]
+    return Check(name, f"{result['throughput_mode']}: {mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} "
+                 f"of the forward alone ({result['forward_images_per_s']:.0f}); latency mode "
+                 f"{result['latency_mode']['ratio_median']:.3f}", data=result)
 
 
 def check_postprocess(r: Runner, state: dict) -> Check:

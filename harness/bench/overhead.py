@@ -73,17 +73,19 @@ def _stage_medians(timer: StageTimer) -> dict:
 
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
-            preprocess: str = "auto", nms_on: str = "device") -> dict:
+            preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
-    GPU run's selection runs (`va-bench run --nms-on`)."""
+    GPU run's selection runs (`va-bench run --nms-on`); `cuda_graphs`: the PyTorch forward replayed from a CUDA graph
+    captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone."""
     workers = workers or [1]
     device = parse_device(device_spec)
     in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, preprocess, device.is_cuda)
-    options = BackendOptions.from_config(RunConfig(backends=[backend], device=device_spec, batch_sizes=[batch_size]))
+    options = BackendOptions.from_config(RunConfig(backends=[backend], device=device_spec, batch_sizes=[batch_size],
+                                                   cuda_graphs=cuda_graphs))
     core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options,
                               threads=torch.get_num_threads())
     d = detector.defaults
@@ -158,7 +160,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     return {
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
-        "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on,
+        "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "cuda_graphs": cuda_graphs,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                              "CUDA, pre-decoded on CPU)")
     add_run_argument(parser, "preprocess")
     add_run_argument(parser, "nms_on")
+    parser.add_argument("--cuda-graphs", action="store_true", help="PyTorch on CUDA: replay the forward from a CUDA "
+                        "graph (as `va-bench run --cuda-graphs`), in the pipeline and the forward alone")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -249,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
-                           args.calling_thread, args.decode, args.preprocess, args.nms_on) for b in backends]
+                           args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs)
+                   for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
     if args.json:
