@@ -609,7 +609,8 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
     # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
     on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
                                       pipeline.thresholds, host_workers=1, read_image=pipeline.read_image,
-                                      host_thread=False)  # the host stages too run here, not on the host thread
+                                      host_thread=False,  # the host stages too run here, not on the host thread
+                                      nms_on="host" if pipeline.selection_on_host else "device")
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
             on_this_thread.run_batch(batch, timer)
