@@ -712,6 +712,19 @@ def test_engine_run_detections_equal_the_onnx_run_and_the_submission_records_the
         "accuracy"]["mAP_50_95"]
 
 
+def onnx_core_behind_a_gpu_core(takes_device_tensors: bool = True):
+    """(detector, core, the faked cuda:0 device, the sample's records): the real ONNX core runs on the CPU behind a
+    core that takes device tensors (as a torch or TensorRT core does) or host memory (as ONNX Runtime does)."""
+    from harness.data.coco import CocoDataset
+
+    detector = get_detector("yolox-nano")
+    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
+    core = type("Core", (), {"backend": "x", "takes_device_tensors": takes_device_tensors,
+                             "__call__": lambda self, batch: real(batch)})()
+    dataset = CocoDataset(COCO_DIR)
+    return detector, core, Device("cuda", 0), dataset.records(dataset.variant("sample"))
+
+
 @requires_coco
 @requires_yolox
 @pytest.mark.parametrize("takes_device_tensors", [True, False])
@@ -719,18 +732,12 @@ def test_forward_gpu_is_timed_only_for_cores_on_torchs_stream(cuda_on_cpu, takes
     """A torch or TensorRT-engine core runs on torch's current stream, which the CUDA events bracket:
     forward_gpu. ONNX Runtime (host memory in) launches on a stream of its own: no forward_gpu, never a
     near-zero figure. The real ONNX core runs on the CPU behind both stand-ins."""
-    from harness.data.coco import CocoDataset
     from harness.pipeline.pipeline import DetectorPipeline, Thresholds
     from harness.pipeline.stage_timer import StageTimer
 
-    detector = get_detector("yolox-nano")
-    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
-    core = type("Core", (), {"backend": "x", "takes_device_tensors": takes_device_tensors,
-                             "__call__": lambda self, batch: real(batch)})()
-    device = Device("cuda", 0)
+    detector, core, device, records = onnx_core_behind_a_gpu_core(takes_device_tensors)
     pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100))
-    dataset = CocoDataset(COCO_DIR)
-    records = dataset.records(dataset.variant("sample"))[:2]
+    records = records[:2]
     timer = StageTimer(device)
     detections = pipeline.run_batch(records, timer)
     assert len(detections) == 2
@@ -759,17 +766,11 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     the forward waits for its own stream only (never a device-wide sync, which would also wait for the
     workers' preprocessing), and the detections equal latency mode's. The real ONNX core runs on the CPU
     behind a core that takes device tensors (as a torch or TensorRT core does)."""
-    from harness.data.coco import CocoDataset
     from harness.pipeline.pipeline import DetectorPipeline, Thresholds
     from harness.pipeline.stage_timer import StageTimer
 
-    detector = get_detector("yolox-nano")
-    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
-    core = type("Core", (), {"backend": "x", "takes_device_tensors": True,
-                             "__call__": lambda self, batch: real(batch)})()
-    device = Device("cuda", 0)
-    dataset = CocoDataset(COCO_DIR)
-    records = dataset.records(dataset.variant("sample"))[:12]
+    detector, core, device, records = onnx_core_behind_a_gpu_core()
+    records = records[:12]
     batches = [records[i:i + 4] for i in range(0, 12, 4)]
     latency = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100))
     expected = [latency.run_batch(b, StageTimer(device)) for b in batches]
@@ -793,7 +794,6 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
 def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ran(cuda_on_cpu, monkeypatch):
     """`--nms-on host` on a (faked) GPU: the candidates are copied once (the `copy` substep), the selection runs
     there, the detections equal the device placement's, and the record says where the selection ran."""
-    from harness.data.coco import CocoDataset
     from harness.pipeline import postprocess
     from harness.pipeline.pipeline import DetectorPipeline, Thresholds
     from harness.pipeline.stage_timer import StageTimer
@@ -803,13 +803,8 @@ def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ra
     monkeypatch.setattr(postprocess.BatchCandidates, "host_copy", lambda self: copies.append(1) or real_copy(self))
     monkeypatch.setattr(postprocess.BatchCandidates, "to",  # tensors of the faked GPU live on the CPU: always copy
                         lambda self, device: self.host_copy() if device.type == "cpu" else self)
-    detector = get_detector("yolox-nano")
-    real = load_core_of(detector, "onnxruntime", Device("cpu"), "fp32", (416, 416))
-    core = type("Core", (), {"backend": "x", "takes_device_tensors": True,
-                             "__call__": lambda self, batch: real(batch)})()
-    device = Device("cuda", 0)
-    dataset = CocoDataset(COCO_DIR)
-    records = dataset.records(dataset.variant("sample"))[:4]
+    detector, core, device, records = onnx_core_behind_a_gpu_core()
+    records = records[:4]
     runs = {}
     for where in ("device", "host"):
         pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100),
