@@ -234,35 +234,22 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
     """bench-overhead at b8 and b32 with the selection where a run puts it by default (judged), and with the other
-    placement beside it (`--nms-on`: a figure), so one call says which placement the goal needs."""
+    placement beside it (`--nms-on`: a figure), so one call says which placement the goal needs; on CUDA, b32 once
+    more with the forward replayed from a CUDA graph (a figure: a replay holds the interpreter lock for one call)."""
     out = []
     for batch, goal in ((8, 0.9), (32, 0.8)):
         for nms_on in ("device", "host"):
-            name = f"overhead.b{batch}" + ("" if nms_on == DEFAULT_NMS_ON else f".nms_on_{nms_on}")
-            done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--batch-size",
-                              str(batch), "--backend", "pytorch", "--rounds", "3", "--nms-on", nms_on, "--json"], 200)
-            try:
-                (result,) = json.loads(done.stdout)
-            except (json.JSONDecodeError, ValueError):
-                out.append(Check(name, status="failed",
-                                 reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300]))
-                continue
-            mode = result[result["throughput_mode"]]
-            stages = result["latency_mode"].get("stages_ms_p50", {})
             judged = nms_on == DEFAULT_NMS_ON
-            out.append(Check(name, f"selection on {result['selection_on']}; {result['throughput_mode']}: "
-                             f"{mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} of the forward alone "
-                             f"({result['forward_images_per_s']:.0f}); latency-mode stages p50 "
-                             + ", ".join(f"{k} {v}" for k, v in stages.items()),
-                             f">= {goal}" if judged else "", mode["ratio_median"] >= goal if judged else None,
-                             data=result))
-    if r.device.startswith("cuda"):  # the forward from a CUDA graph holds the interpreter lock for one replay call
-        out.append(_overhead_figure(r, "overhead.b32.cuda_graphs", ["--batch-size", "32", "--cuda-graphs"]))
+            out.append(_overhead(r, f"overhead.b{batch}" + ("" if judged else f".nms_on_{nms_on}"),
+                                 ["--batch-size", str(batch), "--nms-on", nms_on], goal if judged else None))
+    if r.device.startswith("cuda"):
+        out.append(_overhead(r, "overhead.b32.cuda_graphs", ["--batch-size", "32", "--cuda-graphs"], None))
     return out
 
 
-def _overhead_figure(r: Runner, name: str, options: list[str]) -> Check:
-    """One more overhead bench (PyTorch, 3 rounds) as a figure without a goal."""
+def _overhead(r: Runner, name: str, options: list[str], goal: float | None) -> Check:
+    """One overhead bench (PyTorch, 3 rounds): the throughput mode's ratio to the forward alone, judged against
+    `goal` (None: a figure), with the latency-mode stage medians."""
     done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--backend", "pytorch",
                       "--rounds", "3", *options, "--json"], 200)
     try:
@@ -270,9 +257,13 @@ def _overhead_figure(r: Runner, name: str, options: list[str]) -> Check:
     except (json.JSONDecodeError, ValueError):
         return Check(name, status="failed", reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300])
     mode = result[result["throughput_mode"]]
-    return Check(name, f"{result['throughput_mode']}: {mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} "
-                 f"of the forward alone ({result['forward_images_per_s']:.0f}); latency mode "
-                 f"{result['latency_mode']['ratio_median']:.3f}", data=result)
+    stages = result["latency_mode"].get("stages_ms_p50", {})
+    return Check(name, f"selection on {result['selection_on']}; {result['throughput_mode']}: "
+                 f"{mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} of the forward alone "
+                 f"({result['forward_images_per_s']:.0f}); latency mode {result['latency_mode']['ratio_median']:.3f}, "
+                 "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items()),
+                 "" if goal is None else f">= {goal}", None if goal is None else mode["ratio_median"] >= goal,
+                 data=result)
 
 
 def check_postprocess(r: Runner, state: dict) -> Check:
@@ -379,7 +370,7 @@ def check_nms_on(r: Runner, state: dict) -> Check:
     for b, cell in sorted(cells.items()):
         post = cell["stages_ms_mean"].get("postprocess")
         before = base.get(b, {}).get("stages_ms_mean", {}).get("postprocess")
-        parts.append(f"b{b} postprocess {post} ms" + (f" (selection on the device: {before} ms)" if before else "")
+        parts.append(f"b{b} postprocess {post} ms" + (f" ({DEFAULT_NMS_ON}: {before} ms)" if before else "")
                      + f", {cell['images_per_s']:.0f} img/s")
     first = cells[min(cells)]
     delta = first["mAP_50_95"] - state["cpu_map"]
