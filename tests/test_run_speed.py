@@ -82,9 +82,14 @@ def test_evaluation_by_category_groups_is_pycocotools_exactly(cache_runs, images
         assert faster == pytest.approx(reference, abs=1e-12)
     (tmp_path / "empty.json").write_text("[]")
     assert set(evaluate_bbox_file(plan.dataset.coco, tmp_path / "empty.json", ids).values()) == {0.0}
-    (tmp_path / "bad.json").write_text('[{"image_id": 1}]')
-    with pytest.raises(ValueError, match="not a bbox result"):
-        evaluate_bbox_file(plan.dataset.coco, tmp_path / "bad.json", ids)
+    for bad, why in (('[{"image_id": 1}]', "result 0 is not a bbox result"),
+                     ('[{"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4], "score": 0.5}, '
+                      '{"image_id": 1, "category_id": 1, "bbox": [1, 2, 3], "score": 0.5}]',
+                      "result 1 is not a bbox result .bbox has 3 numbers"),
+                     ('{"annotations": []}', "is not a COCO results array")):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            evaluate_bbox_file(plan.dataset.coco, tmp_path / "bad.json", ids)
 
 
 @requires_coco

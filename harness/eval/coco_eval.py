@@ -237,11 +237,12 @@ def _read_results(path: Path, masks: bool = False) -> _Results | None:
     rles: list[dict] = []
     while text[pos:pos + 1] != "]":
         item, pos = decoder.raw_decode(text, pos)
+        k = len(ids)  # the result's index, for the messages
         if masks:
             rle = item.get("segmentation") if isinstance(item, dict) else None
             if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list))
                     and len(rle.get("size", ())) == 2):
-                raise ValueError(f"{path}: result {len(ids)} has no COCO RLE segmentation (size [h, w], counts)")
+                raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
             rles.append({"size": rle["size"], "counts": rle["counts"]})
         try:
             ids.append(int(item["image_id"]))
@@ -252,7 +253,7 @@ def _read_results(path: Path, masks: bool = False) -> _Results | None:
                 raise ValueError(f"bbox has {len(box)} numbers")
             boxes.extend(box)
         except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}: result {len(ids)} is not a bbox result ({exc})") from exc
+            raise ValueError(f"{path}: result {k} is not a bbox result ({exc})") from exc
         pos = _SEPARATOR.match(text, pos).end()
         if pos >= len(text):
             raise ValueError(f"{path}: the results array is not closed")

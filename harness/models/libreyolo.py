@@ -142,14 +142,20 @@ def _choices(hint) -> tuple | None:
     return sum(parts, ()) if parts and all(p is not None for p in parts) else None
 
 
+@cache
+def _literal_fields(cls: type) -> tuple[tuple[str, tuple], ...]:
+    """(field name, allowed values) of a dataclass's Literal-typed fields: resolved once per class, not per model
+    (the catalogue checks every model's spec when it loads)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, allowed) for f in dataclasses.fields(cls) if (allowed := _choices(hints[f.name])) is not None)
+
+
 def check_choices(spec):
     """A spec dataclass whose Literal-typed fields hold allowed values. Dataclasses do not check Literal
     annotations, and a typo (library: pill) must not quietly mean the default."""
-    hints = typing.get_type_hints(type(spec))
-    for f in dataclasses.fields(spec):
-        allowed = _choices(hints[f.name])
-        if allowed is not None and getattr(spec, f.name) not in allowed:
-            raise ValueError(f"{f.name}: {getattr(spec, f.name)!r} is not one of {', '.join(map(repr, allowed))}")
+    for name, allowed in _literal_fields(type(spec)):
+        if getattr(spec, name) not in allowed:
+            raise ValueError(f"{name}: {getattr(spec, name)!r} is not one of {', '.join(map(repr, allowed))}")
     return spec
 
 
