@@ -6,6 +6,7 @@ loading torch or the pipeline. The runner produces them; everything downstream r
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -151,6 +152,21 @@ def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[st
     head = f'{{"image_id": {int(det.image_id)}, "category_id": '
     return [f'{head}{class_map[label]}, "bbox": [{x:.3f}, {y:.3f}, {w:.3f}, {h:.3f}], "score": {score:.6f}}}'
             for label, (x, y, w, h, score) in zip(det.labels.tolist(), rows, strict=True) if class_map[label] >= 0]
+
+
+def detections_digest(detections: list[ImageDetections]) -> str:
+    """A digest of everything `coco_json_texts` encodes of these detections (ids, boxes, scores, labels with their
+    dtypes and shapes, and masks): equal digests, under the same class map, encode to the same bytes."""
+    digest = hashlib.blake2b(digest_size=20)
+    for det in detections:
+        arrays = (det.boxes, det.scores, det.labels)
+        digest.update(repr((int(det.image_id), *((a.dtype.str, a.shape) for a in arrays),
+                            det.masks is None)).encode())
+        for a in arrays:
+            digest.update(np.ascontiguousarray(a))
+        if det.masks is not None:
+            digest.update(json.dumps(det.masks, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 def detections_from_coco(results: list[dict]) -> list[ImageDetections]:

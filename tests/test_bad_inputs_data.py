@@ -15,7 +15,12 @@ import pytest
 from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, run_in_process
 
 from harness.data.coco import load_instances
-from harness.data.images import check_image_files, find_corrupt_images, image_file_problem
+from harness.data.images import (
+    check_image_files,
+    find_corrupt_images,
+    find_corrupt_images_in_background,
+    image_file_problem,
+)
 from harness.errors import UsageError
 
 N_IMAGES = 4
@@ -192,3 +197,8 @@ def test_corrupt_but_decodable_jpeg_is_found(tmp_path):
     (found,) = find_corrupt_images(records)
     assert found.image_id == -1 and found.path == str(bad) and "Corrupt JPEG data" in found.problem
     assert found.to_dict() == {"image_id": -1, "path": str(bad), "problem": found.problem}
+    # the same check started at plan time on a thread of its own: the same finding, and its failures reach the run
+    assert find_corrupt_images_in_background(records).result(timeout=120) == [found]
+    gone = find_corrupt_images_in_background([SimpleNamespace(image_id=0, path=tmp_path / "gone.jpg")])
+    with pytest.raises(FileNotFoundError):
+        gone.result(timeout=120)

@@ -154,6 +154,30 @@ def test_detections_encoded_directly_read_back_as_to_coco():
         coco_json_texts(det, class_map)
 
 
+def test_detections_digest_changes_with_anything_the_file_would_hold():
+    """A cell whose detections have an earlier cell's digest copies that cell's file: equal digests must mean equal
+    encodings, and any change to what the file holds (id, a box, a score, a label, a dtype, a mask) a new digest."""
+    from dataclasses import replace
+
+    from harness.records import ImageDetections, coco_json_texts, detections_digest
+
+    rng = np.random.default_rng(3)
+    boxes = rng.uniform(0, 600, (40, 4)).astype(np.float32)
+    det = ImageDetections(7, boxes, rng.uniform(0, 1, 40).astype(np.float32), rng.integers(0, 4, 40))
+    same = ImageDetections(7, boxes.copy(), det.scores.copy(), det.labels.copy())
+    assert detections_digest([det]) == detections_digest([same])
+    assert coco_json_texts(det, (1, 2, 3, 4)) == coco_json_texts(same, (1, 2, 3, 4))
+    nudged = boxes.copy()
+    nudged[39, 3] = np.nextafter(nudged[39, 3], np.float32(1e9))
+    masked = [{"size": [4, 4], "counts": "04"}] * 40
+    variants = [replace(det, image_id=8), replace(det, boxes=nudged), replace(det, scores=det.scores * 0.5),
+                replace(det, labels=(det.labels + 1) % 4), replace(det, boxes=boxes.astype(np.float64)),
+                replace(det, masks=masked), replace(det, masks=[{"size": [4, 4], "counts": "05"}] * 40)]
+    digests = {detections_digest([v]) for v in variants}
+    assert len(digests) == len(variants) and detections_digest([det]) not in digests
+    assert detections_digest([det, same]) != detections_digest([det])
+
+
 @requires_coco
 @requires_yolox
 def test_an_onnx_runtime_run_never_imports_torchvision_and_its_nms_is_torchvisions(tmp_path):

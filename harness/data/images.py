@@ -4,8 +4,9 @@ decode that finds corrupt-but-decodable JPEGs (libjpeg warns, OpenCV decodes the
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,15 +86,33 @@ def jpeg_decode_problem(data: bytes) -> str | None:
     return None
 
 
-def find_corrupt_images(records: Iterable) -> list[CorruptImage]:
+def find_corrupt_images(records: Iterable, threads: int | None = None) -> list[CorruptImage]:
     """The JPEGs among `records` (anything with `.image_id` and `.path`, e.g. ImageRecord) that decode only
     with warnings or not at all, in order. A full strict decode of each file: ~3 ms per COCO image on
     one core, so a separate pass for a run to record, not an up-front check. Non-JPEG files are skipped.
-    The decodes run on a thread per core (simplejpeg releases the GIL: 0.30 -> 0.16 s for the sample on 2)."""
+    The decodes run on `threads` threads, by default one per core (simplejpeg releases the GIL: 0.30 -> 0.16 s
+    for the sample on 2)."""
     def problem_of(record) -> CorruptImage | None:
         data = Path(record.path).read_bytes()
         problem = jpeg_decode_problem(data) if data.startswith(JPEG_SOI) else None
         return None if problem is None else CorruptImage(record.image_id, str(record.path), problem)
 
-    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(threads or max(1, min(8, os.cpu_count() or 1))) as pool:
         return [c for c in pool.map(problem_of, records) if c is not None]
+
+
+def find_corrupt_images_in_background(records: list) -> Future:
+    """`find_corrupt_images` on one daemon thread, its result (or exception) in the returned Future. A run starts
+    it before it imports torch and the models' libraries: that import holds the interpreter lock on one core for
+    1-2 s, while the decodes, which release it, take the other (0.15-0.4 s off the run's start on 2 cores).
+    A daemon: a run refused meanwhile does not wait for it."""
+    result: Future = Future()
+
+    def check() -> None:
+        try:
+            result.set_result(find_corrupt_images(records, threads=1))
+        except BaseException as exc:  # handed to whoever waits for the result
+            result.set_exception(exc)
+
+    threading.Thread(target=check, name="va-jpeg-check", daemon=True).start()
+    return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import secrets
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +16,7 @@ from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
 from harness.backends.support import check_support
 from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
 from harness.config import RunConfig, device_spec
+from harness.data.images import find_corrupt_images_in_background
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.errors import UsageError, path_problem
@@ -48,6 +50,7 @@ class RunPlan:
     resume: dict | None = None  # run.json of the run being resumed
     retry_failed: bool = False
     calibration: CalibrationSet | None = None  # int8 cells: images disjoint from the evaluated ones
+    integrity: Future | None = None  # the images' strict decode (find_corrupt_images), started at plan time
 
     @property
     def cells(self) -> list[Cell]:
@@ -126,9 +129,13 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     from harness.data.classes import ClassMap, model_class_names
 
     synthetic = config.input_source == "synthetic"
+    integrity = None
     if not synthetic:
         dataset = open_dataset(config)  # its annotations; no image is read yet
         variant = dataset.variant(config.subset, config.limit)
+        records = dataset.records(variant)
+        if not dry_run:  # the images' strict decode overlaps the imports below (its threads release the GIL)
+            integrity = find_corrupt_images_in_background(records)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
     from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
     from harness.models.registry import get_detector
@@ -146,11 +153,11 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         first = next(iter(detectors.values())).preprocess.input_size
         dataset = SyntheticDataset((config.input_sizes[0],) * 2 if config.input_sizes else first)
         variant = dataset.variant(config.subset, config.limit)
+        records = dataset.records(variant)
     dataset.class_map = class_map
     label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
-    records = dataset.records(variant)
     calibration = int8_calibration(config, dataset, records)
     output_dir = Path(config.output_dir)
     run_id = config.run_id or new_run_id()
@@ -169,7 +176,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
                          + f"; pick another --run-id or continue it with --resume {run_id}")
     return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
-                   label_categories, gpu_hygiene, backend_options, calibration=calibration)
+                   label_categories, gpu_hygiene, backend_options, calibration=calibration, integrity=integrity)
 
 
 def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[ImageRecord]) -> CalibrationSet | None:

@@ -162,8 +162,9 @@ class Scheduler:
         plan = self.plan
         corrupt = []
         if plan.dataset.layout != "synthetic":  # generated images have no files
-            with self.progress.task("checking JPEG integrity", None):
-                corrupt = [c.to_dict() for c in find_corrupt_images(plan.records)]
+            with self.progress.task("checking JPEG integrity", None):  # the rest of a check started at plan time
+                found = plan.integrity.result() if plan.integrity is not None else find_corrupt_images(plan.records)
+                corrupt = [c.to_dict() for c in found]
         for c in corrupt:
             self.progress.log(f"warning: {c['path']} decodes only with errors ({c['problem']})")
         header = {"config": self.config.model_dump(),
