@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from harness.collector import imports_done, quiet_start
 from harness.errors import UsageError, VaBenchError, path_problem
 from harness.views.output import make_consoles, print_json, progress_for
 
@@ -194,6 +195,7 @@ DRY_RUN_FLAG = inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, anno
                                                            "group loads) and exit; writes nothing"))
 
 
+@quiet_start
 def run_command(config: Path | None = None, resume: str | None = None, retry_failed: bool = False,
                 force: bool = False, as_json: bool = False, dry_run: bool = False, **options) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell).
@@ -216,6 +218,8 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     from harness.run.scheduler import run_with_interrupts
     from harness.views.commands import run_header
     from harness.views.tables import print_plan, print_summary, summary_json
+
+    imports_done()
 
     if dry_run:
         if resume is not None:

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("measure",),
     ("data", "config", "eval"),
-    ("records", "hardware", "catalogue", "files", "process_exit", ""),
+    ("records", "hardware", "catalogue", "files", "process_exit", "collector", ""),
     ("errors",),
 )
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}

@@ -43,3 +43,39 @@ def test_the_pipelines_idle_pools_are_closed_so_the_exit_skips_the_teardown():
              "ThreadPoolExecutor(1).submit(sum, [1]).result()\n")
     normal = _run(TEARDOWN_MARK + stray + "leave(0)")
     assert normal.returncode == 0 and "torn down" in normal.stdout, normal
+
+
+def test_a_command_plans_without_collections_and_leaves_the_collector_as_it_found_it():
+    """`quiet_start`: no collection while the command imports and plans; after `imports_done` what existed is frozen
+    and collections resume; when the command ends (returning or raising) nothing stays frozen, and a collector the
+    caller had disabled stays disabled."""
+    import gc
+
+    import pytest
+
+    from harness.collector import imports_done, quiet_start
+
+    seen = {}
+
+    @quiet_start
+    def command(fail: bool) -> str:
+        seen["planning"] = gc.isenabled()
+        imports_done()
+        seen["running"] = gc.isenabled(), gc.get_freeze_count() > 0
+        if fail:
+            raise ValueError("bad input")
+        return "done"
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert command(False) == "done"
+    assert seen == {"planning": False, "running": (True, True)}
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(ValueError):
+        command(True)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        command(False)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
