@@ -534,6 +534,60 @@ def test_openvino_throughput_mode_keeps_its_streams_busy_and_gives_the_latency_m
 
 @requires_coco
 @requires_yolox
+def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the_transfer_stage():
+    """The forward stage times OpenVINO's `infer()` alone; its outputs are the request's buffers (the next forward
+    overwrites them), so the pipeline copies them out at once, timed as transfer, and `__call__` hands out copies.
+    Either way, latency and overlapped mode give the detections of a core without the borrowed forward."""
+    need("openvino")
+    import torch
+
+    from harness.data.coco import CocoDataset
+    from harness.models.registry import get_detector
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    det = get_detector("yolox-nano")
+    core = load_core_of(det, "openvino", CPU, "fp32", (416, 416), threads=2, batch_sizes=[2])
+    a, b = torch.zeros(2, 3, 416, 416), torch.full((2, 3, 416, 416), 114.0)
+    borrowed = core.forward_borrowed(a)[0]
+    of_a = borrowed.clone()
+    owned = core(a)[0]
+    assert torch.equal(owned, of_a)
+    core.forward_borrowed(b)
+    assert not torch.equal(borrowed, of_a)  # the request's buffer now holds b's outputs
+    assert torch.equal(owned, of_a)  # a copy of the caller's own
+
+    class CopyingCore:  # the same runtime behind `__call__` only
+        def __init__(self, inner):
+            self.inner, self.backend, self.format, self.provider = inner, inner.backend, inner.format, inner.provider
+            self.precision, self.takes_device_tensors = inner.precision, False
+
+        def __call__(self, batch):
+            return self.inner(batch)
+
+        def info(self):
+            return self.inner.info()
+
+    coco = CocoDataset(COCO_DIR)
+    records = coco.records(coco.variant("sample", 12))
+    batches = [records[i:i + 2] for i in range(0, len(records), 2)]
+    post = det.postprocess
+    thresholds = Thresholds(post.conf, post.iou, post.max_det)
+    plain = DetectorPipeline(det, CopyingCore(core), CPU, det.preprocess, thresholds)
+    expected = [plain.run_batch(batch, StageTimer(CPU)) for batch in batches]
+    pipeline = DetectorPipeline(det, core, CPU, det.preprocess, thresholds)
+    timer = StageTimer(CPU)
+    for overlap in (False, True):
+        streamed = list(pipeline.run_stream(batches, timer, overlap=overlap))
+        for mine, theirs in zip(streamed, expected, strict=True):
+            for d, e in zip(mine, theirs, strict=True):
+                assert d.image_id == e.image_id and np.array_equal(d.boxes, e.boxes)
+                assert np.array_equal(d.scores, e.scores) and np.array_equal(d.labels, e.labels)
+    assert all(t.stages["transfer"] > 0 and t.stages["forward"] > 0 for t in timer.batches)
+
+
+@requires_coco
+@requires_yolox
 def test_openvino_throughput_mode_submission_splits_the_interval_between_its_forwards_in_flight(tmp_path_factory):
     """A real overlapped OpenVINO run: each forward is OpenVINO's own time for it, the submission's inference
     share is that over the forwards in flight, and the site's three parts add up to the per-image interval."""

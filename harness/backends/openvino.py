@@ -242,17 +242,21 @@ class OpenVinoCore:
         self._compiled_for(tuple(shape))
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        # the request's buffers are reused by its next inference: copied out
+        return [torch.from_numpy(np.array(t.numpy())) for t in self.forward_borrowed(batch)]
+
+    def forward_borrowed(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        """The forward as OpenVINO's own `infer()` runs it (what benchmark_app times): its outputs are the request's
+        buffers, valid until its next inference. The pipeline copies them out at once, timed apart (`transfer`)."""
         _, request = self._compiled_for(tuple(batch.shape))
-        request.infer({0: batch.numpy()}, share_inputs=True, share_outputs=True)  # copied out below, once
+        request.infer({0: batch.numpy()}, share_inputs=True, share_outputs=True)
         if self.perf_count:
             self._runs += 1
             run = self._runs
             self.layer_rows += [{"run": run, "name": p.node_name, "type": p.node_type, "exec_type": p.exec_type,
                                  "ms": p.real_time.total_seconds() * 1e3} for p in request.profiling_info
                                 if p.status.name == "EXECUTED"]
-        # the request's output buffers are reused by its next inference: copy them out
-        return [torch.from_numpy(np.array(request.get_output_tensor(i).data))
-                for i in range(len(request.model_outputs))]
+        return [torch.from_numpy(request.get_output_tensor(i).data) for i in range(len(request.model_outputs))]
 
     def start(self, batch: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """Start a forward on the next of the shape's requests (throughput mode); the pipeline keeps at most

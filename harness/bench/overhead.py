@@ -106,8 +106,10 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         batch = batch.to(pipeline.input_device)
     timer, caller_timer = StageTimer(device), StageTimer(device)
 
+    forward = getattr(core, "forward_borrowed", core)  # what the pipeline's forward stage times
+
     def forward_only():
-        core(batch)
+        forward(batch)
         device.synchronize()
 
     own_loop = runtime_own_loop(core, batch, device)
@@ -177,7 +179,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
 def runtime_own_loop(core, batch: torch.Tensor, device):
     """The runtime's own API in a plain loop on the same model, threads and input (the figure a user checks the
     harness's forward against), or None for a runtime without one here. ONNX Runtime: a session with its default
-    options but the core's thread count; PyTorch: the module under inference mode."""
+    options but the core's thread count; OpenVINO: a request of the same model and properties; PyTorch: the module
+    under inference mode."""
     if core.backend == "onnxruntime" and getattr(core, "_model", None) is not None and not device.is_cuda:
         import onnxruntime as ort
 
@@ -191,6 +194,20 @@ def runtime_own_loop(core, batch: torch.Tensor, device):
             session.run(None, feed)
 
         loop.what = "onnxruntime.InferenceSession defaults (spinning on), same threads, same input"
+        return loop
+    if core.backend == "openvino" and getattr(core, "_model", None) is not None:
+        import openvino as ov
+
+        model = core._model.clone()
+        model.reshape({0: list(batch.shape)})
+        request = ov.Core().compile_model(model, "CPU", core.properties).create_infer_request()
+        request.set_input_tensor(ov.Tensor(batch.numpy().copy()))
+
+        def loop():
+            request.infer()
+
+        loop.what = ("an OpenVINO infer request of the same model and properties, its input set once, synchronous "
+                     "infer() (benchmark_app's sync API)")
         return loop
     module = getattr(core, "torch_module", None)
     if core.backend == "pytorch" and module is not None and getattr(core, "dtype", None) is None:

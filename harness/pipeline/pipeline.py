@@ -385,13 +385,17 @@ class DetectorPipeline:
         with timer.stage("transfer"):
             if self.input_device is not None and self.input_device.type != "cpu":
                 batch = batch.to(self.input_device, non_blocking=True)
+        borrowed = getattr(self.core, "forward_borrowed", None)
         with timer.stage("forward"):
             events = ForwardEvents.begin(self.device.torch_device) if self.forward_gpu_timed else None
-            raw = self.core(batch)
+            raw = borrowed(batch) if borrowed is not None else self.core(batch)
             if events is not None:
                 events.stop(self.device.torch_device)
             if sync:  # this stream only: a device-wide sync would also wait for the workers' preprocessing
                 self.device.synchronize_stream()
+        if borrowed is not None:  # the runtime's own output buffers, reused by its next inference: copied out now,
+            with timer.stage("transfer"):  # by numpy (one thread: no torch intra-op team beside the runtime's threads)
+                raw = [torch.from_numpy(np.array(t.numpy())) for t in raw]
         if events is not None:  # GPU time of the forward beside its wall time; absent otherwise (not 0)
             timer.device_time("forward_gpu", events)
         return raw
