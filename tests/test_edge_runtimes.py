@@ -556,6 +556,11 @@ def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the
     core.forward_borrowed(b)
     assert not torch.equal(borrowed, of_a)  # the request's buffer now holds b's outputs
     assert torch.equal(owned, of_a)  # a copy of the caller's own
+    from harness.bench.overhead import runtime_own_loop
+
+    own = runtime_own_loop(core, a, CPU)  # bench-overhead's yardstick: OpenVINO's own sync infer() on the same model
+    own()
+    assert "infer()" in own.what
 
     class CopyingCore:  # the same runtime behind `__call__` only
         def __init__(self, inner):
