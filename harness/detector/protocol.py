@@ -218,7 +218,7 @@ class Core(Protocol):
     # `async_slots: int` (> 1: that many forwards may be in flight), `start(batch) -> ticket` and
     # `collect(ticket) -> (raw outputs, forward ns as the runtime measured it)`, collected in start order.
     # Optional `forward_borrowed(batch)`: the forward as the runtime's own call runs it, its outputs still the
-    # runtime's buffers (valid until its next forward); the pipeline times it as the forward and copies the
+    # runtime's host buffers (valid until its next forward); the pipeline times it as the forward and copies the
     # outputs out at once in the transfer stage. `__call__` always returns outputs of the caller's own.
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]: ...
