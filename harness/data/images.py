@@ -97,7 +97,10 @@ def find_corrupt_images(records: Iterable, threads: int | None = None) -> list[C
         problem = jpeg_decode_problem(data) if data.startswith(JPEG_SOI) else None
         return None if problem is None else CorruptImage(record.image_id, str(record.path), problem)
 
-    with ThreadPoolExecutor(threads or max(1, min(8, os.cpu_count() or 1))) as pool:
+    workers = threads or max(1, min(8, os.cpu_count() or 1))
+    if workers == 1:  # on the calling thread: a daemon's at plan time must leave no pool thread for the exit to wait on
+        return [c for c in map(problem_of, records) if c is not None]
+    with ThreadPoolExecutor(workers) as pool:
         return [c for c in pool.map(problem_of, records) if c is not None]
 
 
