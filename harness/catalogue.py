@@ -35,10 +35,14 @@ TORCHVISION_IDS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_lar
                    "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
 
 
+def catalogue_data(path: Path | None = None) -> dict:
+    """catalogue.yaml (or another file of its form) as loaded, once per process and file (libyaml's safe loader
+    where PyYAML has it: 6x faster than the pure-Python one, the same safe constructor)."""
+    return _loaded(path or CATALOGUE)
+
+
 @cache
-def catalogue_data(path: Path = CATALOGUE) -> dict:
-    """catalogue.yaml (or another file of its form) as loaded, once per process (libyaml's safe loader where
-    PyYAML has it: 6x faster than the pure-Python one, the same safe constructor)."""
+def _loaded(path: Path) -> dict:
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
