@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -535,9 +536,10 @@ def test_openvino_throughput_mode_keeps_its_streams_busy_and_gives_the_latency_m
 @requires_coco
 @requires_yolox
 def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the_transfer_stage():
-    """The forward stage times OpenVINO's `infer()` alone; its outputs are the request's buffers (the next forward
-    overwrites them), so the pipeline copies them out at once, timed as transfer, and `__call__` hands out copies.
-    Either way, latency and overlapped mode give the detections of a core without the borrowed forward."""
+    """The forward stage is OpenVINO's own time for each `infer()` (its request's `latency`, what benchmark_app
+    reports); the rest of the call's wall time and the outputs' copy out are transfer. Its outputs are the request's
+    buffers (the next forward overwrites them), so the pipeline copies them out at once and `__call__` hands out
+    copies. Either way, latency and overlapped mode give the detections of a core without the borrowed forward."""
     need("openvino")
     import torch
 
@@ -549,7 +551,7 @@ def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the
     det = get_detector("yolox-nano")
     core = load_core_of(det, "openvino", CPU, "fp32", (416, 416), threads=2, batch_sizes=[2])
     a, b = torch.zeros(2, 3, 416, 416), torch.full((2, 3, 416, 416), 114.0)
-    borrowed = core.forward_borrowed(a)[0]
+    borrowed = core.forward_borrowed(a)[0][0]
     of_a = borrowed.clone()
     owned = core(a)[0]
     assert torch.equal(owned, of_a)
@@ -582,6 +584,16 @@ def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the
     expected = [plain.run_batch(batch, StageTimer(CPU)) for batch in batches]
     pipeline = DetectorPipeline(det, core, CPU, det.preprocess, thresholds)
     timer = StageTimer(CPU)
+    calls = []  # each forward's wall time around the core's call and OpenVINO's latency, read off its request
+    inner = core.forward_borrowed
+
+    def watched(batch):
+        start = time.perf_counter_ns()
+        out = inner(batch)
+        calls.append((time.perf_counter_ns() - start, core._compiled_for(tuple(batch.shape))[1].latency))
+        return out
+
+    core.forward_borrowed = watched
     for overlap in (False, True):
         streamed = list(pipeline.run_stream(batches, timer, overlap=overlap))
         for mine, theirs in zip(streamed, expected, strict=True):
@@ -589,6 +601,30 @@ def test_openvino_forward_is_its_own_infer_and_its_outputs_are_copied_out_in_the
                 assert d.image_id == e.image_id and np.array_equal(d.boxes, e.boxes)
                 assert np.array_equal(d.scores, e.scores) and np.array_equal(d.labels, e.labels)
     assert all(t.stages["transfer"] > 0 and t.stages["forward"] > 0 for t in timer.batches)
+    for t, (wall_ns, latency_ms) in zip(timer.batches, calls, strict=True):
+        assert abs(t.stages["forward"] / 1e6 - latency_ms) < 1e-3  # OpenVINO's clock, not the call's wall time
+        assert t.stages["forward"] < wall_ns < t.stages["forward"] + t.stages["transfer"]
+
+
+@requires_yolox
+def test_the_control_loop_of_bench_runtimes_runs_the_harness_ir_with_its_properties():
+    """`make bench-runtimes`'s control: OpenVINO's sync infer() in a plain loop on the IR and properties a core
+    uses, its median by OpenVINO's own clock, in the line format benchmark_app prints."""
+    need("openvino")
+    import subprocess
+    import sys
+
+    from harness.bench.openvino_loop import LOOP_STARTS
+    from harness.bench.runtimes import MEDIAN_LINE
+    from harness.models.registry import get_detector
+
+    core = load_core_of(get_detector("yolox-nano"), "openvino", CPU, "fp32", (416, 416), threads=2, batch_sizes=[1])
+    done = subprocess.run([sys.executable, "-m", "harness.bench.openvino_loop", core.conversion["ir_file"],
+                           "--properties", json.dumps(core.properties), "--shape", "1", "3", "416", "416",
+                           "--iterations", "3", "--warmup", "1"], capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == LOOP_STARTS
+    assert float(MEDIAN_LINE.search(lines[1]).group(1)) > 0
 
 
 @requires_coco

@@ -157,7 +157,7 @@ def test_overlapped_host_worker_yields_to_the_forward():
     before = own_nice()
     worker_nice = _stream_workers(1).submit(own_nice).result()
     assert worker_nice == min(19, before + STREAM_WORKER_NICE) and own_nice() == before
-    assert stream_worker_priority() == {"torch_intra_op": 1, "nice_increment": STREAM_WORKER_NICE}
+    assert stream_worker_priority() == {"torch_intra_op": 1, "opencv_threads": 1, "nice_increment": STREAM_WORKER_NICE}
 
 
 def test_overlapped_host_worker_is_single_threaded_and_leaves_the_callers_threads_alone():

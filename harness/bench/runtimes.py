@@ -1,14 +1,16 @@
 """`make bench-runtimes`: the converting runtimes side by side, and OpenVINO against its own benchmark tool.
 
 1. OpenVINO fp32, batch 1: the harness's forward p50 against `benchmark_app -hint none -api sync -nstreams 1
-   -nthreads N -infer_precision f32` on the same IR (the one the harness converted and cached) and the same
-   thread count, each in a fresh process, alternating which goes first, `--repeats` rounds; the ratio of the
-   medians (goal: within 5 %), and beside it the ratio of each side's fastest round and the median of the
-   rounds' own ratios (each round's two processes ran back to back).
+   -nthreads N -infer_precision f32` on the same IR (the one the harness converted and cached), the same thread
+   count and as many timed inferences, the two processes time-sliced (harness/bench/time_sliced.py: each stopped
+   while the other runs, a quarter second at a time), so both sample the same seconds of a shared host;
+   `--repeats` rounds, the median of the rounds' ratios (goal: within 5 %). Each round also slices a plain
+   `infer()` loop against benchmark_app (harness/bench/openvino_loop.py): the control, whose ratio is what the
+   comparison itself adds.
 2. Forward p50 per runtime x precision x batch size with the mAP of each cell, yolox-nano on the first
    `--limit` sample images (int8 calibrated on the others).
 
-    python -m harness.bench.runtimes [--threads 2] [--repeats 3] [--limit 106] [--json]
+    python -m harness.bench.runtimes [--threads 2] [--repeats 3] [--batches 800] [--limit 106] [--json]
 """
 
 from __future__ import annotations
@@ -23,65 +25,109 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.bench.openvino_loop import LOOP_STARTS
+from harness.bench.time_sliced import SlicedProcess, run_time_sliced
 from harness.config import add_run_argument
 
 MATRIX = (("onnxruntime", ("fp32",), (1, 4)), ("openvino", ("fp32", "fp16", "int8"), (1, 4)),
           ("ncnn", ("fp32", "fp16"), (1,)), ("tflite", ("fp32", "fp16", "int8"), (1, 4)),
           ("torchscript", ("fp32",), (1, 4)))
 MEDIAN_LINE = re.compile(r"Median:\s+([\d.]+) ms")
+WARMUP_DONE = re.compile(r"\bwarm-up .*: .*done in ")  # the run's progress line at the end of its warm-up
+SLICE_S = 0.25
+
+
+def _va_bench_command(out: Path, *args: str) -> list[str]:
+    return [str(Path(sys.executable).with_name("va-bench")), "run", "--model", "yolox-nano", "--no-energy",
+            "--draw-images", "0", "--output-dir", str(out), *args]
 
 
 def _va_bench(out: Path, *args: str) -> list[dict]:
     """`va-bench run ARGS` in a fresh process; its submissions."""
-    command = [str(Path(sys.executable).with_name("va-bench")), "run", "--model", "yolox-nano", "--no-energy",
-               "--draw-images", "0", "--output-dir", str(out), *args]
+    command = _va_bench_command(out, *args)
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
     return [json.loads(p.read_text()) for p in sorted(out.glob("*/submissions/*.json"))]
 
 
-def harness_forward_p50(out: Path, threads: int, batches: int) -> tuple[float, str]:
-    """The harness's OpenVINO fp32 batch-1 forward p50 (ms) and the IR it ran."""
-    doc = _va_bench(out, "--backend", "openvino", "--batch-sizes", "1", "--threads", str(threads), "--limit", "32",
-                    "--no-accuracy", "--min-timed-batches", str(batches), "--warmup-seconds", "2")[0]
-    return doc["timing"]["stages_ms"]["forward"]["p50"], doc["runtime"]["conversion"]["ir_file"]
+def _harness_timing_only(out: Path, threads: int, batches: int) -> list[str]:
+    """The harness's OpenVINO fp32 batch-1 run timing `batches` forwards, nothing after its timed pass."""
+    return _va_bench_command(out, "--backend", "openvino", "--batch-sizes", "1", "--threads", str(threads),
+                             "--limit", "32", "--no-accuracy", "--no-layers", "--no-profile",
+                             "--min-timed-batches", str(batches), "--max-timed-batches", str(batches),
+                             "--warmup-seconds", "2")
 
 
-def benchmark_app_p50(ir: str, threads: int, seconds: int, size: int) -> float:
-    """OpenVINO's own benchmark_app, synchronous, one stream, f32, on the same IR: its median latency (ms)."""
-    tool = Path(sys.executable).with_name("benchmark_app")
-    command = [str(tool), "-m", ir, "-d", "CPU", "-shape", f"[1,3,{size},{size}]", "-hint", "none", "-api", "sync",
-               "-nstreams", "1", "-nthreads", str(threads), "-infer_precision", "f32", "-t", str(seconds)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    match = MEDIAN_LINE.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}")
-    return float(match.group(1))
+def benchmark_app_command(ir: str, threads: int, iterations: int, size: int) -> list[str]:
+    """OpenVINO's own benchmark_app, synchronous, one stream, f32, on the harness's IR, `iterations` inferences."""
+    return [str(Path(sys.executable).with_name("benchmark_app")), "-m", ir, "-d", "CPU", "-shape",
+            f"[1,3,{size},{size}]", "-hint", "none", "-api", "sync", "-nstreams", "1", "-nthreads", str(threads),
+            "-infer_precision", "f32", "-niter", str(iterations)]
 
 
-def compare_with_benchmark_app(threads: int, repeats: int) -> dict:
+def _median(lines: list[str], who: str) -> float:
+    for line in lines:
+        if match := MEDIAN_LINE.search(line):
+            return float(match.group(1))
+    raise SystemExit(f"{who} printed no median latency:\n" + "\n".join(lines[-20:]))
+
+
+def _sliced_round(subject: SlicedProcess, ir: str, threads: int, iterations: int, share: float) -> dict:
+    """`subject` and benchmark_app (`iterations` inferences) time-sliced; benchmark_app's median and the slices."""
+    tool = SlicedProcess(benchmark_app_command(ir, threads, iterations, 416), ready=lambda line: "Step 10/11" in line)
+    outcome = run_time_sliced(subject, tool, SLICE_S, share)
+    for lines, code, who in zip(outcome.lines, outcome.returncodes, ("subject", "benchmark_app"), strict=True):
+        if code != 0:
+            raise SystemExit(f"{who} exited {code} while time-sliced:\n" + "\n".join(lines[-20:]))
+    return {"tool_ms": _median(outcome.lines[1], "benchmark_app"), "lines": outcome.lines[0],
+            "slices": outcome.slices, "alone_s": outcome.alone_s,
+            "ended_first": ("the subject", "benchmark_app")[outcome.ended_first]}
+
+
+def compare_with_benchmark_app(threads: int, rounds: int, batches: int = 800) -> dict:
+    """The harness's OpenVINO fp32 batch-1 forward p50 against benchmark_app's median on the same IR and threads,
+    time-sliced in each round (harness/bench/time_sliced.py), and the same for a plain `infer()` loop timed as
+    benchmark_app times (harness/bench/openvino_loop.py): the control, whose ratio is the comparison's own bias."""
     with tempfile.TemporaryDirectory(prefix="va-bench-runtimes-") as tmp:
-        ours, theirs = [], []
-        for k in range(repeats):
-            order = ("harness", "tool") if k % 2 == 0 else ("tool", "harness")
-            for which in order:
-                if which == "harness":
-                    p50, ir = harness_forward_p50(Path(tmp) / f"h{k}", threads, batches=300)
-                    ours.append(p50)
-                else:
-                    if not ours:  # the IR exists once the harness converted it: convert first
-                        p50, ir = harness_forward_p50(Path(tmp) / "convert", threads, batches=10)
-                    theirs.append(benchmark_app_p50(ir, threads, seconds=5, size=416))
-            print(f"round {k + 1}: harness {ours[-1]:.2f} ms, benchmark_app {theirs[-1]:.2f} ms", flush=True)
-    harness, tool = statistics.median(ours), statistics.median(theirs)
-    # On a shared host a process lands in a fast or a slow mode (benchmark_app alone: 11.2 or 16.5 ms here), so
-    # the fastest round of each, where neither met a neighbour, is printed beside the judged ratio of medians
-    return {"threads": threads, "harness_forward_p50_ms": ours, "benchmark_app_median_ms": theirs,
-            "ratio_of_medians": round(harness / tool, 4), "ratio_of_fastest_rounds": round(min(ours) / min(theirs), 4),
-            "median_of_round_ratios": round(statistics.median(o / t for o, t in zip(ours, theirs, strict=True)), 4),
-            "goal": "within 5 % (0.95-1.05)",
-            "load_average": [round(v, 2) for v in os.getloadavg()]}
+        converted = _va_bench(Path(tmp) / "convert", "--backend", "openvino", "--batch-sizes", "1", "--threads",
+                              str(threads), "--limit", "4", "--no-accuracy", "--no-layers", "--no-profile",
+                              "--min-timed-batches", "4")[0]
+        ir, properties = converted["runtime"]["conversion"]["ir_file"], converted["runtime"]["properties"]
+        share = 1 / 1.5  # benchmark_app's slice over the harness's: a batch takes ~1.5 forwards; then measured
+        harness_rounds, control_rounds = [], []
+        for k in range(rounds):
+            out = Path(tmp) / f"h{k}"
+            subject = SlicedProcess(_harness_timing_only(out, threads, batches), ready=WARMUP_DONE.search)
+            measured = _sliced_round(subject, ir, threads, batches, share)
+            doc = json.loads(next(out.glob("*/submissions/*.json")).read_text())
+            stages = doc["timing"]["stages_ms"]
+            measured["subject_ms"] = stages["forward"]["p50"]
+            # the next round's slices: both end together when each completes the same count per slice
+            share = measured["tool_ms"] / sum(v["p50"] for k_, v in stages.items() if "." not in k_)
+            harness_rounds.append(measured)
+            control = SlicedProcess([sys.executable, "-m", "harness.bench.openvino_loop", ir, "--properties",
+                                     json.dumps(properties), "--shape", "1", "3", "416", "416", "--iterations",
+                                     str(batches)], ready=lambda line: LOOP_STARTS in line)
+            measured_control = _sliced_round(control, ir, threads, batches, 1.0)
+            measured_control["subject_ms"] = _median(measured_control["lines"], "the control loop")
+            control_rounds.append(measured_control)
+            for name, r in (("harness", measured), ("control", measured_control)):
+                print(f"round {k + 1} {name:<8} {r['subject_ms']:6.2f} ms vs benchmark_app {r['tool_ms']:6.2f} ms: "
+                      f"{r['subject_ms'] / r['tool_ms']:.3f} ({r['slices']} slices; {r['ended_first']} ended first, "
+                      f"the other ran {r['alone_s']:.1f} s alone)", flush=True)
+
+    def ratios(rs: list[dict]) -> list[float]:
+        return [round(r["subject_ms"] / r["tool_ms"], 4) for r in rs]
+
+    return {"threads": threads, "batches": batches, "slice_s": SLICE_S,
+            "harness_forward_p50_ms": [r["subject_ms"] for r in harness_rounds],
+            "benchmark_app_median_ms": [r["tool_ms"] for r in harness_rounds],
+            "round_ratios": ratios(harness_rounds), "ratio": round(statistics.median(ratios(harness_rounds)), 4),
+            "control_ratios": ratios(control_rounds),
+            "control_ratio": round(statistics.median(ratios(control_rounds)), 4),
+            "alone_s": [r["alone_s"] for r in harness_rounds],
+            "goal": "within 5 % (0.95-1.05)", "load_average": [round(v, 2) for v in os.getloadavg()]}
 
 
 def runtime_matrix(threads: int, limit: int) -> list[dict]:
@@ -114,17 +160,16 @@ def _row(r: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_argument(parser, "threads", default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="time-sliced rounds against benchmark_app")
+    parser.add_argument("--batches", type=int, default=800, help="timed forwards per process in each round")
     add_run_argument(parser, "limit", default=106)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    comparison = compare_with_benchmark_app(args.threads, args.repeats)
-    ours, theirs = comparison["harness_forward_p50_ms"], comparison["benchmark_app_median_ms"]
-    print(f"OpenVINO fp32 b1 forward p50, {args.threads} threads: harness {statistics.median(ours):.2f} ms vs "
-          f"benchmark_app {statistics.median(theirs):.2f} ms: ratio {comparison['ratio_of_medians']:.3f} "
-          f"(goal 0.95-1.05; fastest rounds {min(ours):.2f} vs {min(theirs):.2f} ms: "
-          f"{comparison['ratio_of_fastest_rounds']:.3f}; median of the rounds' ratios "
-          f"{comparison['median_of_round_ratios']:.3f})")
+    comparison = compare_with_benchmark_app(args.threads, args.repeats, args.batches)
+    print(f"OpenVINO fp32 b1 forward p50, {args.threads} threads, time-sliced with benchmark_app: median of "
+          f"{args.repeats} rounds' ratios {comparison['ratio']:.3f} (goal 0.95-1.05; rounds "
+          f"{', '.join(f'{r:.3f}' for r in comparison['round_ratios'])}); the control, a plain infer() loop timed as "
+          f"benchmark_app times: {comparison['control_ratio']:.3f}")
     matrix = runtime_matrix(args.threads, args.limit)
     if args.json:
         print(json.dumps({"openvino_vs_benchmark_app": comparison, "matrix": matrix}, indent=2))

@@ -217,9 +217,11 @@ class Core(Protocol):
     # Optional async forwards, for a runtime with streams of its own (OpenVINO in overlapped mode):
     # `async_slots: int` (> 1: that many forwards may be in flight), `start(batch) -> ticket` and
     # `collect(ticket) -> (raw outputs, forward ns as the runtime measured it)`, collected in start order.
-    # Optional `forward_borrowed(batch)`: the forward as the runtime's own call runs it, its outputs still the
-    # runtime's host buffers (valid until its next forward); the pipeline times it as the forward and copies the
-    # outputs out at once in the transfer stage. `__call__` always returns outputs of the caller's own.
+    # Optional `forward_borrowed(batch) -> (raw outputs, forward ns as the runtime measured it)`: the forward as
+    # the runtime's own call runs it, its outputs still the runtime's host buffers (valid until its next forward).
+    # The pipeline's forward stage is the runtime's own time for the call (what its benchmark tool reports); the
+    # rest of the call's wall time (the language binding handing the input over and the outputs back) and the
+    # outputs' copy out go to the transfer stage. `__call__` always returns outputs of the caller's own.
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]: ...
 

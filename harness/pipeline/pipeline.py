@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 
@@ -64,7 +65,8 @@ MAX_AUTO_WORKERS = 8
 
 def stream_worker_priority() -> dict:
     """How the overlapped-mode workers are scheduled, for the environment record."""
-    return {"torch_intra_op": 1, "nice_increment": STREAM_WORKER_NICE if sys.platform.startswith("linux") else 0}
+    return {"torch_intra_op": 1, "opencv_threads": 1,
+            "nice_increment": STREAM_WORKER_NICE if sys.platform.startswith("linux") else 0}
 
 
 def resolve_workers(workers: str | int, cuda: bool) -> int:
@@ -100,6 +102,12 @@ def _init_host_thread(lower_priority: bool) -> None:
     # ~28 % for the rest of the process (YOLOX-Nano b8: 50 -> 36 img/s).
     torch.get_num_threads()  # a thread takes torch's process default at its first use: let that happen first
     torch.set_num_threads(1)
+    # OpenCV's resize and colour conversion likewise: its pthreads pool spins (sched_yield) after every parallel
+    # call and took the cores from the forward that followed (OpenVINO b1, time-sliced against benchmark_app in 4
+    # rounds: 1.04-1.12 of it with the pool, 1.02-1.04 without; the forward's thread preempted ~5000 times/s ->
+    # ~190). Its thread count is process-wide: one for the whole harness, whose host work runs on threads of
+    # its own (the overlapped workers give its parallelism).
+    cv2.setNumThreads(1)
     if lower_priority:
         _lower_own_priority()
 
@@ -214,6 +222,7 @@ class DetectorPipeline:
                     "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
+                "opencv_threads": cv2.getNumThreads(),
                 "nms_threads": self.nms_threads, "selection_on": self.selection_on}
 
     @property
@@ -388,13 +397,20 @@ class DetectorPipeline:
         borrowed = getattr(self.core, "forward_borrowed", None)
         with timer.stage("forward"):
             events = ForwardEvents.begin(self.device.torch_device) if self.forward_gpu_timed else None
-            raw = borrowed(batch) if borrowed is not None else self.core(batch)
+            if borrowed is not None:
+                raw, measured_ns = borrowed(batch)
+            else:
+                raw = self.core(batch)
             if events is not None:
                 events.stop(self.device.torch_device)
             if sync:  # this stream only: a device-wide sync would also wait for the workers' preprocessing
                 self.device.synchronize_stream()
-        if borrowed is not None:  # the runtime's own output buffers, reused by its next inference: copied out now,
-            with timer.stage("transfer"):  # by numpy (one thread: no torch intra-op team beside the runtime's threads)
+        if borrowed is not None:
+            # the forward is the runtime's own time for its call, as its benchmark tool reports it; the binding's
+            # hand-over around it is transfer, as is copying out the outputs (its own buffers, reused by its next
+            # inference), by numpy: one thread, no torch intra-op team beside the runtime's threads
+            timer.narrow_stage("forward", measured_ns, rest_to="transfer")
+            with timer.stage("transfer"):
                 raw = [torch.from_numpy(np.array(t.numpy())) for t in raw]
         if events is not None:  # GPU time of the forward beside its wall time; absent otherwise (not 0)
             timer.device_time("forward_gpu", events)

@@ -90,6 +90,17 @@ class StageTimer:
         """A stage timed by the caller (an async forward: from its start to its outputs being ready)."""
         self._add(name, ns)
 
+    def narrow_stage(self, name: str, measured_ns: int, rest_to: str) -> None:
+        """Stage `name` of this batch, just timed on the wall clock around a runtime's call, becomes the runtime's
+        own measure of its work inside that call; the rest of the call's wall time goes to stage `rest_to`, so
+        the batch's stages still add up to its time."""
+        if self._current is None or name not in self._current.stages:
+            return
+        wall = self._current.stages[name]
+        kept = max(0, min(measured_ns, wall))
+        self._current.stages[name] = kept
+        self._add(rest_to, wall - kept)
+
     def _add(self, name: str, ns: int) -> None:
         if self._current is not None:
             self._current.stages[name] = self._current.stages.get(name, 0) + ns
