@@ -51,7 +51,7 @@ bench-sweep: $(STAMP)
 
 # OpenVINO's forward against its own benchmark_app on the same IR, time-sliced; forward p50 and mAP per runtime x precision x batch
 bench-runtimes: $(STAMP)
-	$(BIN)/python -m harness.bench.runtimes --threads 2 --repeats 3 --limit 106
+	$(BIN)/python -m harness.bench.runtimes --threads 2 --repeats 5 --limit 106
 
 # peak RSS of a 5000-image run / a 500-image run on a synthetic tree (the sample re-keyed, in a temp folder)
 bench-memory: $(STAMP)

@@ -35,6 +35,7 @@ MATRIX = (("onnxruntime", ("fp32",), (1, 4)), ("openvino", ("fp32", "fp16", "int
 MEDIAN_LINE = re.compile(r"Median:\s+([\d.]+) ms")
 WARMUP_DONE = re.compile(r"\bwarm-up .*: .*done in ")  # the run's progress line at the end of its warm-up
 SLICE_S = 0.25
+GOAL = (0.95, 1.05)  # the harness's forward p50 over benchmark_app's median
 
 
 def _va_bench_command(out: Path, *args: str) -> list[str]:
@@ -157,7 +158,8 @@ def _row(r: dict) -> str:
             f"{r['forward_p50_ms']:8.2f} ms ({r['forward_per_image_ms']:.2f}/image)  mAP {r['mAP_50_95']:.4f}{kept}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The comparison, then the matrix; exit status 1 when the comparison misses its goal."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_argument(parser, "threads", default=2)
     parser.add_argument("--repeats", type=int, default=3, help="time-sliced rounds against benchmark_app")
@@ -173,7 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     matrix = runtime_matrix(args.threads, args.limit)
     if args.json:
         print(json.dumps({"openvino_vs_benchmark_app": comparison, "matrix": matrix}, indent=2))
+    met = GOAL[0] <= comparison["ratio"] <= GOAL[1]
+    print(f"OpenVINO against benchmark_app: {comparison['ratio']:.3f}, goal {'met' if met else 'NOT met'}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
