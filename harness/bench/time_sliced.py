@@ -3,7 +3,7 @@ alternating slices of a fraction of a second, until one of them ends.
 
 Two processes timed one after the other on a shared host land in different modes of the machine: on the 2-core
 box the same bare OpenVINO loop gave 9.6 ms in one process and 17.8 ms in the next, more than any gap worth
-looking for between a harness and a runtime's own tool. Sliced this finely, both sample the same minutes. Each
+looking for between a harness and a runtime's own tool. Sliced this finely, both sample the same seconds. Each
 process runs alone on the cores during its slices, as when it runs alone; a stop that lands inside one of its
 timed calls lengthens that call (about one call per slice), which moves a median by a small fraction of the
 spread between its calls, alike for both.
@@ -24,17 +24,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class SlicedProcess:
-    """A process to run in slices: its command, its environment additions and the test on one line of its
-    output (stdout and stderr together) that says its timed loop starts now."""
+    """A process to run in slices: its command and the test on one line of its output (stdout and stderr
+    together) that says its timed loop starts now."""
 
     command: list[str]
     ready: Callable[[str], bool]
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,7 +51,7 @@ class _Running:
     """A started process whose output lines are gathered by a reader thread."""
 
     def __init__(self, spec: SlicedProcess):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines as it prints them, not when a buffer fills
         self.proc = subprocess.Popen(spec.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env)
         self.lines: list[str] = []
