@@ -4,14 +4,16 @@ alternating slices of a fraction of a second, until one of them ends.
 Two processes timed one after the other on a shared host land in different modes of the machine: on the 2-core
 box the same bare OpenVINO loop gave 9.6 ms in one process and 17.8 ms in the next, more than any gap worth
 looking for between a harness and a runtime's own tool. Sliced this finely, both sample the same seconds. Each
-process runs alone on the cores during its slices, as when it runs alone; a stop that lands inside one of its
-timed calls lengthens that call (about one call per slice), which moves a median by a small fraction of the
-spread between its calls, alike for both.
+process runs alone on the cores during its slices, as when it runs alone. A stop that lands inside a timed call
+lengthens that call: at most one call per slice, which moves a median up by about one percentile (800 calls over
+~50 slices). A process that is all timed calls (benchmark_app, the control loop) takes that on nearly every slice,
+the harness on the share of its batch that is the forward (two thirds at batch 1): a difference of a fraction of a
+percentile, a few hundredths of a millisecond on a 10 ms forward, in the harness's favour.
 
 Each process is started, brought up to where its timed loop begins (a line it prints) and stopped; then the
 slices alternate. The process left running once the other has ended finishes alone: the seconds it ran alone
-are returned, so a caller can size the two so that both end together (`share`: the second's slice over the
-first's).
+(its timed loop's rest and whatever it does after it, such as writing its results) are returned, so a caller can
+size the two so that both end together (`share`: the second's slice over the first's).
 
 POSIX only (signals); Linux is what the bench runs on.
 """
@@ -44,7 +46,7 @@ class SlicedOutcome:
     returncodes: tuple[int, int]
     slices: int
     alone_s: float
-    ended_first: int  # 0 or 1: which process ended while the other was still in its timed loop
+    ended_first: int  # 0 or 1: which process ended first (the other was still running)
 
 
 class _Running:
@@ -52,8 +54,9 @@ class _Running:
 
     def __init__(self, spec: SlicedProcess):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its lines as it prints them, not when a buffer fills
+        # undecodable bytes replaced: a reader that died on one would leave the process blocked on a full pipe
         self.proc = subprocess.Popen(spec.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env)
+                                     errors="replace", env=env)
         self.lines: list[str] = []
         self.reached_loop = False
         self.is_ready = threading.Event()
@@ -86,9 +89,12 @@ class _Running:
             except ProcessLookupError:  # it ended between the check and the signal
                 pass
 
-    def finish(self) -> int:
-        code = self.proc.wait()
-        self._reader.join()
+    def finish(self, timeout_s: float | None = None) -> int:
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.proc.args[0]} did not end in {timeout_s:.0f} s") from None
+        self._reader.join(5.0)  # a child of its own may hold the pipe open: its lines so far are enough
         return code
 
     def kill(self) -> None:
@@ -99,9 +105,10 @@ class _Running:
 
 
 def run_time_sliced(first: SlicedProcess, second: SlicedProcess, slice_s: float = 0.25, share: float = 1.0,
-                    ready_timeout_s: float = 300.0) -> SlicedOutcome:
+                    ready_timeout_s: float = 300.0, finish_timeout_s: float = 900.0) -> SlicedOutcome:
     """Run `first` and `second` in alternating slices (`slice_s` seconds for `first`, `share` x that for
-    `second`) from the moment both reached their timed loops until one ends; the other then finishes alone."""
+    `second`) from the moment both reached their timed loops until one ends; the other then finishes alone.
+    A process that does not reach its loop, or does not end, is killed (with its partner) and reported."""
     procs: list[_Running] = []
     try:
         for spec in (first, second):  # one at a time: the first's start-up is not shared with the second's
@@ -120,7 +127,7 @@ def run_time_sliced(first: SlicedProcess, second: SlicedProcess, slice_s: float 
         survivor = procs[1 - ended_first]
         start = time.perf_counter()
         survivor.signal(signal.SIGCONT)
-        codes = tuple(p.finish() for p in procs)
+        codes = tuple(p.finish(finish_timeout_s) for p in procs)
         return SlicedOutcome((procs[0].lines, procs[1].lines), codes, slices,  # type: ignore[arg-type]
                              round(time.perf_counter() - start, 2), ended_first)
     finally:

@@ -91,9 +91,10 @@ class StageTimer:
         self._add(name, ns)
 
     def narrow_stage(self, name: str, measured_ns: int, rest_to: str) -> None:
-        """Stage `name` of this batch, just timed on the wall clock around a runtime's call, becomes the runtime's
+        """Stage `name` of this batch, timed once on the wall clock around a runtime's call, becomes the runtime's
         own measure of its work inside that call; the rest of the call's wall time goes to stage `rest_to`, so
-        the batch's stages still add up to its time."""
+        the batch's stages still add up to its time. (The stage's total in the batch is what is narrowed: call it
+        right after the stage, which must be timed once per batch.)"""
         if self._current is None or name not in self._current.stages:
             return
         wall = self._current.stages[name]
