@@ -10,6 +10,10 @@ lengthens that call: at most one call per slice, which moves a median up by abou
 the harness on the share of its batch that is the forward (two thirds at batch 1): a difference of a fraction of a
 percentile, a few hundredths of a millisecond on a 10 ms forward, in the harness's favour.
 
+Slicing evens out the seconds, not the processes: now and then one process of a pair runs slower than its twin
+for its whole life (two identical OpenVINO loops sliced against each other, 6 pairs: one at 1.40, the others
+0.998-1.018). A caller judges on the median of several pairs of fresh processes.
+
 Each process is started, brought up to where its timed loop begins (a line it prints) and stopped; then the
 slices alternate. The process left running once the other has ended finishes alone: the seconds it ran alone
 (its timed loop's rest and whatever it does after it, such as writing its results) are returned, so a caller can
