@@ -783,9 +783,9 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     flat = lambda runs: [(d.image_id, d.boxes.tobytes(), d.scores.tobytes(), d.labels.tobytes())  # noqa: E731
                          for run in runs for d in run]
     assert flat(got) == flat(expected) and len(flat(got)) == 12
-    prepare_streams = FakeStream.made[1:]  # the first is the finishing side stream
-    assert 1 <= len(prepare_streams) <= 2  # one per worker thread that prepared, made once
-    assert sum(s.synced for s in prepare_streams) == 3  # each batch waited for on its worker's stream
+    worker_streams = FakeStream.made
+    assert 1 <= len(worker_streams) <= 2  # one per worker thread, made once; it prepares and finishes there
+    assert sum(s.synced for s in worker_streams) == 3  # each batch's preparation waited for on its worker's stream
     assert FakeStream.default.synced == 3 and device_syncs == []  # the forward's stream, once per batch
 
 

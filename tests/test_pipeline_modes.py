@@ -131,6 +131,8 @@ def test_overlap_run_submission_is_site_valid(overlap_run):
     doc = json.loads(path.read_text())
     assert doc["timing"]["mode"] == "overlapped"
     assert doc["runtime"]["host"]["workers"] == 2 and doc["repro"]["workers"] == 2
+    spent = doc["runtime"]["host"]["forward_thread"]  # where the forward's thread spent the timed stream
+    assert spent["batches"] == doc["timing"]["timed_batches"] and spent["ms_per_batch"]["forward"] > 0
     run_info = json.loads((plan.run_dir / "run.json").read_text())
     assert run_info["environment"]["threads"]["overlapped_host_worker"]["workers"] == 2
     assert schema_findings(doc, schema) == []
@@ -264,6 +266,88 @@ def test_overlapped_mode_with_three_workers(pipeline, records):
     assert all(count == 1 for _, count in reads.calls + decodes.calls)
     assert all(name.startswith("va-stream") for name, _ in decodes.calls)
     assert spied.host_info(overlap=True)["workers"] == n and spied.host_info(overlap=True)["max_batches_ahead"] == n
+
+
+def test_overlapped_mode_says_where_the_forwards_thread_spent_the_stream(pipeline, records):
+    """Known costs, from sleeps much longer than the real work around them. A slow preparation (4 reads of 150 ms
+    per batch, one worker): every batch after the first waits for most of it. A slow finishing (500 ms per batch,
+    one at a time): the forward's thread waits for it before handing on the next. Each stream also has a forward
+    of at least 30 ms and 20 ms in the caller per batch. The parts add up to no more than the stream's wall time
+    measured from the outside."""
+    import time
+
+    def core(batch):
+        time.sleep(0.03)
+        return pipeline.core(batch)
+
+    def slow_read(record):
+        time.sleep(0.15)
+        return open(record.path, "rb").read()
+
+    class SlowFinish(_SpyDetector):
+        def decode(self, *args, **kwargs):
+            time.sleep(0.5)
+            return self._detector.decode(*args, **kwargs)
+
+    batches = [records[i:i + 4] for i in range(0, 24, 4)]
+    slow_preparation = _spied_pipeline(pipeline, core, slow_read, _Spy(), stream_workers=1)
+    slow_finishing = _spied_pipeline(pipeline, core, None, _Spy(), stream_workers=2)
+    slow_finishing.detector = SlowFinish(pipeline.detector, _Spy())
+    accounts = {}
+    for name, spied in (("preparation", slow_preparation), ("finishing", slow_finishing)):
+        start = time.perf_counter_ns()
+        for _ in spied.run_overlapped(batches):
+            time.sleep(0.02)
+        wall = time.perf_counter_ns() - start
+        account = accounts[name] = spied.forward_thread
+        assert account.batches == 6 and account.wall_ns <= wall
+        assert account.forward_ns >= 6 * 30e6 and account.caller_ns >= 6 * 20e6
+        spent = account.forward_ns + account.waiting_for_preparation_ns + account.waiting_for_finishing_ns
+        assert spent + account.caller_ns <= account.wall_ns
+        record = spied.host_info(overlap=True)["forward_thread"]
+        assert record["batches"] == 6 and set(record["ms_per_batch"]) == {
+            "forward", "waiting_for_preparation", "waiting_for_finishing", "caller", "rest"}
+        assert abs(sum(record["ms_per_batch"].values()) - record["wall_ms_per_batch"]) < 0.01
+    # 600 ms of reads per batch against a forward of well under 300 ms even on a loaded box
+    assert accounts["preparation"].waiting_for_preparation_ns >= 5 * 250e6
+    assert accounts["preparation"].waiting_for_finishing_ns < accounts["preparation"].waiting_for_preparation_ns / 4
+    # each batch's 500 ms finishing against the next batch's forward and caller (well under 350 ms)
+    assert accounts["finishing"].waiting_for_finishing_ns >= 6 * 150e6
+    assert accounts["finishing"].waiting_for_preparation_ns < accounts["finishing"].waiting_for_finishing_ns / 4
+    slow_preparation.reset_forward_thread()
+    assert slow_preparation.host_info(overlap=True)["forward_thread"] == {}
+
+
+@pytest.mark.parametrize("finishes", [1, 2])
+def test_finishes_in_flight_bounds_the_batches_finishing_at_once(pipeline, records, finishes):
+    """The first two batches' finishing meet at a barrier: they finish at once with finishes_in_flight 2 (and the
+    batches still come out in order with the latency-mode detections); with 1 the second cannot start while the
+    first waits, and the barrier breaks."""
+    batches = [records[i:i + 4] for i in range(0, 16, 4)]
+    latency = [d for b in batches for d in pipeline.run_batch(b, StageTimer(pipeline.device))]
+    together = threading.Barrier(2, timeout=60 if finishes == 2 else 3)
+    decodes = [0]
+
+    class MeetingDetector(_SpyDetector):
+        def decode(self, *args, **kwargs):
+            with together._cond:  # the barrier's own lock: a counter shared by the finishing threads
+                decodes[0] += 1
+                first_two = decodes[0] <= 2
+            if first_two:
+                together.wait()
+            return self._detector.decode(*args, **kwargs)
+
+    spied = _spied_pipeline(pipeline, pipeline.core, None, _Spy(), stream_workers=2, finishes_in_flight=finishes)
+    spied.detector = MeetingDetector(pipeline.detector, _Spy())
+    if finishes == 1:
+        with pytest.raises(threading.BrokenBarrierError):
+            list(spied.run_overlapped(batches))
+        return
+    overlapped = [d for dets, _ in spied.run_overlapped(batches) for d in dets]
+    assert [d.image_id for d in overlapped] == [r.image_id for b in batches for r in b]
+    for a, b in zip(latency, overlapped, strict=True):
+        assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
+    assert spied.host_info(overlap=True)["finishes_in_flight"] == 2
 
 
 def test_workers_option_and_auto(monkeypatch):

@@ -294,3 +294,5 @@ def test_overhead_bench_decodes_inside_the_timed_path_when_asked(decode):
     assert result["preprocess"]["implementation"] == "torch"
     assert ("preprocess.decode" in result["latency_mode"]["stages_ms_p50"]) is (decode == "in-path")
     assert result["forward_images_per_s"] > 0 and result["overlapped_mode"]["images_per_s"] > 0
+    spent = result["overlapped_mode"]["forward_thread"]  # where the forward's thread spent the overlapped streams
+    assert spent["ms_per_batch_p50"]["forward"] > 0 and spent["forward_vs_alone"] > 0

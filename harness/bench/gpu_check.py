@@ -233,37 +233,71 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
-    """bench-overhead at b8 and b32 with the selection where a run puts it by default (judged), and with the other
-    placement beside it (`--nms-on`: a figure), so one call says which placement the goal needs; on CUDA, b32 once
-    more with the forward replayed from a CUDA graph (a figure: a replay holds the interpreter lock for one call)."""
-    out = []
-    for batch, goal in ((8, 0.9), (32, 0.8)):
-        for nms_on in ("device", "host"):
-            judged = nms_on == DEFAULT_NMS_ON
-            out.append(_overhead(r, f"overhead.b{batch}" + ("" if judged else f".nms_on_{nms_on}"),
-                                 ["--batch-size", str(batch), "--nms-on", nms_on], goal if judged else None))
+    """bench-overhead at b8 and b32 as a run does it (judged); at b32 also with two batches finishing at once and
+    with the forward replayed from a CUDA graph (figures); then b32's overlapped stream under py-spy: who holds the
+    interpreter lock while the forward waits for it (a figure). Each bench also says where the forward's thread
+    spent its overlapped stream: the overhead split into contention and host work the forward could not hide.
+    With --limit (the plumbing on a CPU) the batches are at most that size and the rounds short."""
+    small, large = (8, 32) if not r.limit else (min(8, r.limit), min(32, r.limit))
+    out = [_overhead(r, f"overhead.b{batch}", ["--batch-size", str(batch)], goal)
+           for batch, goal in ((small, 0.9), (large, 0.8))]
+    large_options = ["--batch-size", str(large)]
+    out.append(_overhead(r, f"overhead.b{large}.finishes_2", [*large_options, "--finishes-in-flight", "2"], None))
     if r.device.startswith("cuda"):
-        out.append(_overhead(r, "overhead.b32.cuda_graphs", ["--batch-size", "32", "--cuda-graphs"], None))
+        out.append(_overhead(r, f"overhead.b{large}.cuda_graphs", [*large_options, "--cuda-graphs"], None))
+    out.append(_lock_holders(r, large))
     return out
+
+
+def _overhead_command(r: Runner, options: list[str], iterations: int | None = None) -> list[str]:
+    """The overhead bench on PyTorch; `iterations` batches per round (default: the bench's, 4 with --limit)."""
+    iterations = iterations or (4 if r.limit else None)
+    return [sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--backend", "pytorch", *options,
+            *(("--iterations", str(iterations)) if iterations else ()), "--json"]
 
 
 def _overhead(r: Runner, name: str, options: list[str], goal: float | None) -> Check:
     """One overhead bench (PyTorch, 3 rounds): the throughput mode's ratio to the forward alone, judged against
-    `goal` (None: a figure), with the latency-mode stage medians."""
-    done = r.command([sys.executable, "-m", "harness.bench.overhead", "--device", r.device, "--backend", "pytorch",
-                      "--rounds", "3", *options, "--json"], 200)
+    `goal` (None: a figure), with the latency-mode stage medians and the forward thread's overlapped stream."""
+    done = r.command(_overhead_command(r, ["--rounds", "3", *options]), 200)
     try:
         (result,) = json.loads(done.stdout)
     except (json.JSONDecodeError, ValueError):
         return Check(name, status="failed", reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300])
     mode = result[result["throughput_mode"]]
     stages = result["latency_mode"].get("stages_ms_p50", {})
+    spent = result["overlapped_mode"]["forward_thread"]
     return Check(name, f"selection on {result['selection_on']}; {result['throughput_mode']}: "
                  f"{mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} of the forward alone "
                  f"({result['forward_images_per_s']:.0f}); latency mode {result['latency_mode']['ratio_median']:.3f}, "
-                 "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items()),
+                 "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items())
+                 + "; overlapped, the forward's thread ms per batch: "
+                 + ", ".join(f"{k} {v}" for k, v in spent["ms_per_batch_p50"].items())
+                 + f" (its forward {spent['forward_vs_alone']:.2f}x alone)",
                  "" if goal is None else f">= {goal}", None if goal is None else mode["ratio_median"] >= goal,
                  data=result)
+
+
+def _lock_holders(r: Runner, batch: int) -> Check:
+    """The overlapped stream (one round, auto workers) under py-spy: how long each thread group held the interpreter
+    lock per batch inside the streams, and the functions holding it."""
+    from harness.bench.gil_profile import profile
+
+    name, iterations = f"overhead.b{batch}.lock_holders", 4 if r.limit else 40
+    raw = r.out / f"gil_b{batch}.txt"
+    command = _overhead_command(r, ["--batch-size", str(batch), "--rounds", "1"], iterations)
+    _, summary = profile(command, 200, raw, timeout=min(150, max(r.left(), 1.0)), within=("run_overlapped",))
+    with r.log.open("a") as log:
+        log.write(f"$ py-spy record --gil ... -- {' '.join(command)}  # {json.dumps(summary)[:2000]}\n")
+    if "by_thread" not in summary:
+        return Check(name, status="not run", reason=summary["reason"])
+    batches = 2 * iterations  # the streams under py-spy: the warm-up's and the timed one
+    holders = ", ".join(f"{group} {1000 * held['held_s'] / batches:.2f}"
+                        for group, held in summary["by_thread"].items())
+    top = ", ".join(f"{function} {100 * share:.0f} %"
+                    for function, share in list(summary["top_functions"].items())[:6])
+    return Check(name, f"overlapped b{batch}, interpreter lock held, ms per batch: {holders}; innermost functions "
+                 f"holding it: {top}", "", None, data={**summary, "batches": batches})
 
 
 def check_postprocess(r: Runner, state: dict) -> Check:

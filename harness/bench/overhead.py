@@ -13,6 +13,11 @@ the latency-mode stage medians show what the load does to the harness's own host
 adds latency mode with the host stages on the calling thread, through the forward's torch thread team (the
 design before the host thread; what the profiler pass still does), to the same alternating rounds.
 
+For each overlapped stream the bench also says where the forward's thread spent it (its forward calls, waiting
+for a prepared batch, waiting for a batch's finishing, the rest) and how much slower its forward calls were there
+than the forward alone: the overhead split into contention and host work the forward could not hide.
+`--finishes-in-flight N` lets N batches finish at once (handed out in order; default 1).
+
 `--decode`: `pre-decoded` hands the pipeline decoded images (the CPU figures in README), `in-path` decodes
 inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-path on CUDA, where the
 decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-bench run --preprocess`
@@ -20,7 +25,8 @@ decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-
 
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
                                      [--device cuda] [--decode auto|in-path|pre-decoded]
-                                     [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread] [--json]
+                                     [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread]
+                                     [--finishes-in-flight 2] [--json]
 """
 
 from __future__ import annotations
@@ -71,14 +77,27 @@ def _stage_medians(timer: StageTimer) -> dict:
             for name in REPORTED_STAGES if all(name in b.stages for b in timer.batches)}
 
 
+def _forward_thread_summary(rounds: list[dict], forward_ips: list[float], batch_size: int) -> dict:
+    """Where the forward's thread spent the overlapped streams, ms per batch (median over rounds), and how much
+    slower its forward calls were there than the forward alone (each round against its own forward-alone rate):
+    above 1, the forward contends with the host work; waits are host work the forward could not hide."""
+    parts = {name: round(statistics.median(r["ms_per_batch"][name] for r in rounds), 3)
+             for name in rounds[0]["ms_per_batch"]}
+    slowdown = [r["ms_per_batch"]["forward"] / (1000 * batch_size / f) for r, f in zip(rounds, forward_ips,
+                                                                                       strict=True)]
+    return {"ms_per_batch_p50": parts, "forward_vs_alone": round(statistics.median(slowdown), 3)}
+
+
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
-            preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False) -> dict:
+            preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False,
+            finishes_in_flight: int = 1) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
     GPU run's selection runs (`va-bench run --nms-on`); `cuda_graphs`: the PyTorch forward replayed from a CUDA graph
-    captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone."""
+    captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone; `finishes_in_flight`:
+    overlapped mode's bound on batches finishing at once."""
     workers = workers or [1]
     device = parse_device(device_spec)
     in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
@@ -94,7 +113,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
     pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read,
-                                     nms_on=nms_on) for w in workers}
+                                     nms_on=nms_on, finishes_in_flight=finishes_in_flight) for w in workers}
     pipeline = pipelines[workers[0]]
     on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read,
                                   nms_on=nms_on)
@@ -122,10 +141,14 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     def latency_on_caller():
         on_caller.run_batch(records, caller_timer, images=images)
 
+    forward_thread: dict[int, list[dict]] = {w: [] for w in workers}  # per round: where the forward's thread went
+
     def overlapped_mode(w: int):  # one call streams `iterations` batches
+        pipelines[w].reset_forward_thread()
         for _ in pipelines[w].run_overlapped([records] * iterations,
                                              images=None if images is None else [images] * iterations):
             pass
+        forward_thread[w].append(pipelines[w].forward_thread.record())
 
     for _ in range(3):  # warm-up every path
         forward_only()
@@ -138,6 +161,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         overlapped_mode(w)
     timer.batches.clear()
     caller_timer.batches.clear()
+    for w in workers:
+        forward_thread[w].clear()
     forward_ips, latency_ips, caller_ips, own_ips = [], [], [], []
     stream_ips: dict[int, list[float]] = {w: [] for w in workers}
     for k in range(rounds):
@@ -155,7 +180,9 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
             stream_ips[w].append(_images_per_s(lambda w=w: overlapped_mode(w), batch_size * iterations, 1))
     latency = _mode_summary(latency_ips, forward_ips)
     latency["stages_ms_p50"] = _stage_medians(timer)
-    by_workers = {str(w): _mode_summary(stream_ips[w], forward_ips) for w in workers}
+    by_workers = {str(w): {**_mode_summary(stream_ips[w], forward_ips),
+                           "forward_thread": _forward_thread_summary(forward_thread[w], forward_ips, batch_size)}
+                  for w in workers}
     overlapped = by_workers[str(workers[0])]
     extra = {}
     if on_caller is not None:
@@ -172,6 +199,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
                              "what": own_loop.what} if own_loop is not None else
         {"status": "unavailable", "reason": f"no plain loop of the {core.backend} API here"},
         "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
+        "finishes_in_flight": finishes_in_flight,
         "overlapped_by_workers": by_workers, "rounds": rounds,
         "throughput_mode": "overlapped_mode" if overlapped["ratio_median"] > latency["ratio_median"]
         else "latency_mode",
@@ -264,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     add_run_argument(parser, "nms_on")
     parser.add_argument("--cuda-graphs", action="store_true", help="PyTorch on CUDA: replay the forward from a CUDA "
                         "graph (as `va-bench run --cuda-graphs`), in the pipeline and the forward alone")
+    parser.add_argument("--finishes-in-flight", type=int, default=1,
+                        help="overlapped mode: batches finishing (post-processing) at once, handed out in order")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -272,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
-                           args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs)
+                           args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs,
+                           args.finishes_in_flight)
                    for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
@@ -307,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"{r['backend']} runtime's own loop: " + (
                 f"{own['images_per_s']:.1f} img/s; the harness's forward takes {own['forward_time_vs_own']:.3f}x its "
                 f"time ({own['what']})" if "images_per_s" in own else f"unavailable: {own['reason']}"))
+        for r in results:
+            for w, m in r["overlapped_by_workers"].items():
+                spent = m["forward_thread"]
+                parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in spent["ms_per_batch_p50"].items())
+                console.print(f"{r['backend']} overlapped, {w} worker(s): the forward's thread, ms per batch (p50): "
+                              f"{parts}; its forward calls took {spent['forward_vs_alone']:.3f}x the forward alone")
         for r in results:
             for mode, where in (("latency_mode", "host thread"), ("latency_mode_calling_thread", "calling thread")):
                 if mode in r:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,7 +43,7 @@ from harness.pipeline.preprocess import (
     preprocess_batch,
     preprocess_tensors,
 )
-from harness.pipeline.stage_timer import BatchTiming, StageTimer
+from harness.pipeline.stage_timer import BatchTiming, ForwardThreadTime, StageTimer
 from harness.process_exit import before_leave
 
 
@@ -170,9 +171,11 @@ class DetectorPipeline:
                  thresholds: Thresholds, host_workers: int | None = None,
                  read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
                  host_thread: bool = True, masks: bool = True,
-                 generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device"):
-        if stream_workers < 1:
-            raise ValueError(f"stream_workers must be >= 1, not {stream_workers}")
+                 generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device",
+                 finishes_in_flight: int = 1):
+        if stream_workers < 1 or finishes_in_flight < 1:
+            raise ValueError(f"stream_workers and finishes_in_flight must be >= 1, not {stream_workers}, "
+                             f"{finishes_in_flight}")
         self.masks = masks and task_of(detector) == "segment"
         self.generated = generated  # --input synthetic: a record's image, generated (BGR uint8): nothing to decode
         self.nms_threads = host_workers or torch.get_num_threads()
@@ -181,8 +184,9 @@ class DetectorPipeline:
         self.stream_workers = stream_workers
         self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
         self.in_flight = 1  # forwards the last overlapped stream kept in flight
-        self._worker_streams = threading.local()  # on CUDA: each overlapped worker's preprocessing stream
-        self._finish_stream = None  # on CUDA: overlapped mode's post-processing stream
+        self._worker_streams = threading.local()  # on CUDA: each overlapped worker's stream
+        self.finishes_in_flight = finishes_in_flight
+        self.forward_thread = ForwardThreadTime()  # where the forward's thread spent overlapped streams
         self.detector = detector
         self.core = core
         self.device = device
@@ -219,7 +223,8 @@ class DetectorPipeline:
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
-                    "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight}
+                    "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight,
+                    "finishes_in_flight": self.finishes_in_flight, "forward_thread": self.forward_thread.record()}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "opencv_threads": cv2.getNumThreads(),
@@ -280,49 +285,51 @@ class DetectorPipeline:
         """Overlapped mode (see the module docstring): yields each batch's detections and timing, in order.
 
         `stream_workers` workers prepare batches (decode + letterbox + collate) in parallel, at most that
-        many ahead of the forward; finishing (decode, NMS, boxes) runs one batch at a time, in order, on
-        the same workers. With one worker it is one thread doing prepare(k+1) then finish(k) while the
-        forward runs batch k."""
+        many ahead of the forward; finishing (decode, NMS, boxes) runs on the same workers, at most
+        `finishes_in_flight` batches at once, handed out in order. With one worker it is one thread doing
+        prepare(k+1) then finish(k) while the forward runs batch k. Where the forward's thread spent the
+        stream is added to `forward_thread` (see reset_forward_thread)."""
         workers = _stream_workers(self.stream_workers)
-        worker_streams = self._worker_streams
         taken = 0  # batches the forward has taken from the queue
         count_lock = threading.Lock()
         self.max_ahead = 0
+        account = self.forward_thread
+        clock = time.perf_counter_ns
+        started = clock()
 
         def prepare(k: int) -> tuple[StageTimer, torch.Tensor, list[ImageTransform]]:
             with count_lock:  # batches k+1-taken .. k are prepared or preparing ahead of the forward
                 self.max_ahead = max(self.max_ahead, k + 1 - taken)
             timer = StageTimer(self.device, stage_sync=False, batch_sync=False)
             timer.begin_batch(len(batches[k]))
-            # On CUDA each worker prepares on a stream of its own, not the forward's: on the shared default
-            # stream its kernels would queue behind (and be timed inside) the running forward. Waiting for that
-            # stream ends the stage when its GPU work is done, so the forward reads a complete batch. One stream
-            # per worker thread, made once: the allocator reuses blocks per stream, and torch hands streams out
-            # round-robin from a pool of 32 (a new one per batch would come back as another's stream).
-            stream = None
-            if self.device.is_cuda:
-                stream = getattr(worker_streams, "stream", None)
-                if stream is None:
-                    stream = worker_streams.stream = torch.cuda.Stream(device=self.device.torch_device)
+            stream = self._worker_stream()
             with timer.stage("preprocess"):
                 with torch.cuda.stream(stream) if stream is not None else nullcontext():
                     batch, transforms = self._collate(batches[k], timer, images[k] if images is not None else None)
-                if stream is not None:
+                if stream is not None:  # the stage ends when its GPU work is done: the forward reads a whole batch
                     stream.synchronize()
             return timer, batch, transforms
 
-        # On CUDA the workers post-process on their own stream (one per pipeline, as the prepare streams): on the
-        # default stream their kernels would queue behind the next batch's forward (raw is complete: the
-        # forward stage synchronised).
-        if self.device.is_cuda and self._finish_stream is None:
-            self._finish_stream = torch.cuda.Stream(device=self.device.torch_device)
-        side_stream = self._finish_stream
-
         def finish(k: int, timer: StageTimer, raw: list[torch.Tensor], transforms: list[ImageTransform]):
-            with torch.cuda.stream(side_stream) if side_stream is not None else nullcontext():
+            # raw is complete (the forward stage synchronised its stream); the worker's own stream keeps these
+            # kernels out of the queue of the next batch's forward and of another batch finishing at the same time
+            stream = self._worker_stream()
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 with timer.stage("postprocess"):
                     detections = self._finish(batches[k], raw, transforms, timer, None)
             return detections, timer.end_batch()
+
+        finishing: deque[Future] = deque()
+
+        def make_room(room: int) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
+            """Hand the caller finished batches, oldest first, until fewer than `room` are finishing."""
+            while len(finishing) >= room:
+                waited = clock()
+                done = finishing.popleft().result()
+                handed = clock()
+                account.waiting_for_finishing_ns += handed - waited
+                yield done
+                account.caller_ns += clock() - handed
 
         # The bounded queue: batch k's forward starts once prepare(k) is done, and only then is prepare(k + N)
         # submitted, so at most N batches are ever prepared (or being prepared) ahead of the forward.
@@ -332,38 +339,60 @@ class DetectorPipeline:
         in_flight: deque = deque()
         try:
             ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
-            finishing: Future | None = None
             for k in range(len(batches) + slots - 1):
                 if k < len(batches):
+                    waited = clock()
                     timer, batch, transforms = ahead.popleft().result()
+                    account.waiting_for_preparation_ns += clock() - waited
+                    account.batches += 1
                     with count_lock:
                         taken = k + 1
                     if k + self.stream_workers < len(batches):
                         ahead.append(workers.submit(prepare, k + self.stream_workers))
                     if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
                         batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
+                    forward_start = clock()
                     if slots == 1:
                         raw = self._forward(batch, timer, sync=True)  # the workers read raw only once it is ready
-                        if finishing is not None:
-                            yield finishing.result()  # in order: one batch finishing at a time
-                        finishing = workers.submit(finish, k, timer, raw, transforms)
+                        account.forward_ns += clock() - forward_start
+                        yield from make_room(self.finishes_in_flight)
+                        finishing.append(workers.submit(finish, k, timer, raw, transforms))
                         continue
                     in_flight.append((k, timer, transforms, self.core.start(batch)))
+                    account.forward_ns += clock() - forward_start
                 if in_flight and (len(in_flight) == slots or k >= len(batches)):
                     done, timer, transforms, ticket = in_flight.popleft()
+                    collect_start = clock()
                     raw, forward_ns = self.core.collect(ticket)
+                    account.forward_ns += clock() - collect_start
                     timer.add_stage("forward", forward_ns)
-                    if finishing is not None:
-                        yield finishing.result()
-                    finishing = workers.submit(finish, done, timer, raw, transforms)
-            if finishing is not None:
-                yield finishing.result()
+                    yield from make_room(self.finishes_in_flight)
+                    finishing.append(workers.submit(finish, done, timer, raw, transforms))
+            yield from make_room(1)
         finally:  # stopped early or failed: no started forward is left running on a buffer nobody holds
+            account.wall_ns += clock() - started
             for *_, ticket in in_flight:
                 try:
                     self.core.collect(ticket)
                 except Exception:  # its own failure was raised already, or does not matter now
                     pass
+
+    def reset_forward_thread(self) -> None:
+        """Start a new account of where the forward's thread spends overlapped streams: the streams run from now
+        on add to it (a run's timed pass and the batches --target-ci adds to it, not its warm-up)."""
+        self.forward_thread = ForwardThreadTime()
+
+    def _worker_stream(self):
+        """On CUDA, the calling overlapped worker's own stream, else None. Its preprocessing and finishing run
+        there, not on the forward's stream, where their kernels would queue behind (and be timed inside) the
+        running forward. One stream per worker thread, made once: the allocator reuses blocks per stream, and
+        torch hands streams out round-robin from a pool of 32 (a new one per batch would come back as another's)."""
+        if not self.device.is_cuda:
+            return None
+        stream = getattr(self._worker_streams, "stream", None)
+        if stream is None:
+            stream = self._worker_streams.stream = torch.cuda.Stream(device=self.device.torch_device)
+        return stream
 
     def _collate(self, records: list[ImageRecord], timer: StageTimer,
                  images: list[np.ndarray] | None) -> tuple[torch.Tensor, list[ImageTransform]]:

@@ -125,6 +125,34 @@ class StageTimer:
         return batch
 
 
+@dataclass
+class ForwardThreadTime:
+    """Where the forward's thread spent an overlapped stream (nanoseconds): in the transfer and forward calls,
+    waiting for the workers to hand it the next prepared batch, waiting for a batch's finishing (the bound on
+    batches finishing at once), in the caller between two batches it was handed, and the rest of the loop. When
+    the stream is slower than the forward alone, these say why: a forward slower than alone is contention for
+    the host (cores, or the interpreter lock the harness's threads share), waits are the host work the forward
+    could not hide."""
+
+    batches: int = 0
+    forward_ns: int = 0
+    waiting_for_preparation_ns: int = 0
+    waiting_for_finishing_ns: int = 0
+    caller_ns: int = 0
+    wall_ns: int = 0
+
+    def record(self) -> dict:
+        """Milliseconds per batch of each part, and the rest of the loop (for the run's record)."""
+        if not self.batches:
+            return {}
+        parts = {"forward": self.forward_ns, "waiting_for_preparation": self.waiting_for_preparation_ns,
+                 "waiting_for_finishing": self.waiting_for_finishing_ns, "caller": self.caller_ns}
+        parts["rest"] = max(0, self.wall_ns - sum(parts.values()))
+        per_batch = {name: round(ns / 1e6 / self.batches, 3) for name, ns in parts.items()}
+        return {"batches": self.batches, "ms_per_batch": per_batch,
+                "wall_ms_per_batch": round(self.wall_ns / 1e6 / self.batches, 3)}
+
+
 def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[float]:
     """Per-image interval of each batch of a stream: time since the previous batch (or the stream's start)
     completed, over the batch size. In overlapped mode batches are in flight together, so this, not a

@@ -347,6 +347,7 @@ class GroupExecutor:
             ctx.sampler.begin_window(cell.label)
         energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
         timed = [batches[i % len(batches)] for i in range(n_timed)]
+        pipeline.reset_forward_thread()  # the record's account covers the timed batches only
         stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
         target = None
         with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
