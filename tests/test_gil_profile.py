@@ -1,8 +1,10 @@
 """Who holds the interpreter lock: py-spy's raw samples summarized by thread group and function, and a real
 py-spy run on a program whose lock holder is known."""
 
+import subprocess
 import sys
 import textwrap
+import time
 
 from harness.bench.gil_profile import profile, summarize
 
@@ -28,32 +30,49 @@ def test_summary_groups_pool_threads_and_functions_and_keeps_only_the_region_ask
     assert timed["samples_holding"] == 380 and set(timed["by_thread"]) == {"MainThread", "va-stream"}
     assert timed["within"] == ["main", "prepare"]
     assert summarize(RAW, rate=100, within=("nowhere",))["status"] == "unavailable"
+    # a thread group counted whole, beside a function on another thread
+    pool_and_main = summarize(RAW, rate=100, within=("main",), threads=("va-stream",))
+    assert pool_and_main["samples_holding"] == 380 and pool_and_main["threads"] == ["va-stream"]
+    assert summarize(RAW, rate=100, threads=("va-stream",))["by_thread"] == {"va-stream": {"held_s": 0.8, "share": 1.0}}
 
 
 def test_py_spy_finds_the_thread_that_holds_the_lock(tmp_path):
-    """One thread spins in Python (holding the lock), another sleeps (not holding it): the spinning one is nearly
-    every lock-holding sample inside `spin`."""
+    """One pool thread spins in Python inside a closure (holding the lock), another thread sleeps (not holding it):
+    the spinning one is nearly every lock-holding sample, found both by its thread group and by the function that
+    encloses the closure (the way gpu_check finds the overlapped workers and the forward's thread)."""
     program = tmp_path / "holders.py"
     program.write_text(textwrap.dedent("""\
         import threading, time
+        from concurrent.futures import ThreadPoolExecutor
 
-        def spin():
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end:
-                sum(range(200))
+        def stream():
+            def spin():
+                end = time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    sum(range(200))
+            with ThreadPoolExecutor(1, thread_name_prefix="spinner") as pool:
+                pool.submit(spin).result()
 
-        def rest():
-            time.sleep(1.5)
-
-        threads = [threading.Thread(target=spin, name="spinner"), threading.Thread(target=rest, name="sleeper")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        sleeper = threading.Thread(target=time.sleep, args=(1.5,), name="sleeper")
+        sleeper.start()
+        stream()
+        sleeper.join()
         """))
-    done, summary = profile([sys.executable, str(program)], 200, tmp_path / "raw.txt", timeout=60,
-                            within=("spin", "rest"))
-    assert done.returncode == 0 and "by_thread" in summary, summary
-    assert summary["by_thread"]["spinner"]["share"] > 0.95 and "sleeper" not in summary["by_thread"]
-    assert 0.5 < summary["by_thread"]["spinner"]["held_s"] <= 1.6  # ~1.5 s held, less what sampling missed
-    assert next(iter(summary["top_functions"])).startswith("spin (")
+    for region in ({"within": ("stream",)}, {"threads": ("spinner",)}):
+        done, summary = profile([sys.executable, str(program)], 200, tmp_path / "raw.txt", timeout=60, **region)
+        assert "by_thread" in summary, summary
+        assert done.returncode == 0
+        assert summary["by_thread"]["spinner"]["share"] > 0.95 and "sleeper" not in summary["by_thread"]
+        assert 0.5 < summary["by_thread"]["spinner"]["held_s"] <= 1.6  # ~1.5 s held, less what sampling missed
+        assert next(iter(summary["top_functions"])).split(" (")[0].endswith("spin")
+
+
+def test_a_profile_past_its_time_limit_stops_py_spy_and_the_command(tmp_path):
+    marker = f"gil-profile-timeout-{tmp_path.name}"
+    start = time.monotonic()
+    done, summary = profile([sys.executable, "-c", "import sys, time; time.sleep(60)", marker], 200,
+                            tmp_path / "raw.txt", timeout=3)
+    assert time.monotonic() - start < 30 and summary["timed_out"]
+    assert summary["status"] == "unavailable" and "after the 3 s limit" in summary["reason"], summary
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert left.stdout.strip() == ""  # the command did not outlive its profile

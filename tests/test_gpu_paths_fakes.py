@@ -10,6 +10,7 @@ import hashlib
 import importlib.machinery
 import json
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -486,9 +487,12 @@ class FakeStream:
     def wait_stream(self, other):
         self.waited_for = getattr(self, "waited_for", []) + [other]
 
+    entered: list[tuple[str, FakeStream]] = []  # (thread name, stream) of each make_current
+
     @staticmethod
     @contextlib.contextmanager
     def make_current(stream):
+        FakeStream.entered.append((threading.current_thread().name, stream))
         yield stream
 
 
@@ -776,7 +780,7 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     expected = [latency.run_batch(b, StageTimer(device)) for b in batches]
     device_syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: device_syncs.append(device))
-    FakeStream.made, FakeStream.default.synced = [], 0
+    FakeStream.made, FakeStream.entered, FakeStream.default.synced = [], [], 0
     overlapped = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100),
                                   stream_workers=2)
     got = [detections for detections, _ in overlapped.run_overlapped(batches)]
@@ -786,6 +790,9 @@ def test_overlapped_mode_on_cuda_prepares_each_batch_on_its_own_stream(cuda_on_c
     worker_streams = FakeStream.made
     assert 1 <= len(worker_streams) <= 2  # one per worker thread, made once; it prepares and finishes there
     assert sum(s.synced for s in worker_streams) == 3  # each batch's preparation waited for on its worker's stream
+    # each batch prepared and finished on a worker's own stream, entered on that worker's thread, never the default
+    assert len(FakeStream.entered) == 6
+    assert all(name.startswith("va-stream") and stream in worker_streams for name, stream in FakeStream.entered)
     assert FakeStream.default.synced == 3 and device_syncs == []  # the forward's stream, once per batch
 
 

@@ -287,7 +287,7 @@ class DetectorPipeline:
         `stream_workers` workers prepare batches (decode + letterbox + collate) in parallel, at most that
         many ahead of the forward; finishing (decode, NMS, boxes) runs on the same workers, at most
         `finishes_in_flight` batches at once, handed out in order. With one worker it is one thread doing
-        prepare(k+1) then finish(k) while the forward runs batch k. Where the forward's thread spent the
+        finish(k-1) then prepare(k+1) while the forward runs batch k. Where the forward's thread spent the
         stream is added to `forward_thread` (see reset_forward_thread)."""
         workers = _stream_workers(self.stream_workers)
         taken = 0  # batches the forward has taken from the queue
@@ -314,6 +314,10 @@ class DetectorPipeline:
             # raw is complete (the forward stage synchronised its stream); the worker's own stream keeps these
             # kernels out of the queue of the next batch's forward and of another batch finishing at the same time
             stream = self._worker_stream()
+            if stream is not None:  # made on the forward's stream: its memory is not reused there while read here
+                for tensor in raw:
+                    if tensor.is_cuda:
+                        tensor.record_stream(stream)
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 with timer.stage("postprocess"):
                     detections = self._finish(batches[k], raw, transforms, timer, None)
@@ -369,13 +373,21 @@ class DetectorPipeline:
                     yield from make_room(self.finishes_in_flight)
                     finishing.append(workers.submit(finish, done, timer, raw, transforms))
             yield from make_room(1)
-        finally:  # stopped early or failed: no started forward is left running on a buffer nobody holds
+        finally:  # stopped early or failed: no started forward, and no finishing, is left running for nobody
             account.wall_ns += clock() - started
             for *_, ticket in in_flight:
                 try:
                     self.core.collect(ticket)
                 except Exception:  # its own failure was raised already, or does not matter now
                     pass
+            for future in finishing:
+                future.cancel()
+            for future in finishing:
+                if not future.cancelled():
+                    try:
+                        future.result()
+                    except Exception:  # as above
+                        pass
 
     def reset_forward_thread(self) -> None:
         """Start a new account of where the forward's thread spends overlapped streams: the streams run from now

@@ -127,12 +127,13 @@ class StageTimer:
 
 @dataclass
 class ForwardThreadTime:
-    """Where the forward's thread spent an overlapped stream (nanoseconds): in the transfer and forward calls,
-    waiting for the workers to hand it the next prepared batch, waiting for a batch's finishing (the bound on
-    batches finishing at once), in the caller between two batches it was handed, and the rest of the loop. When
-    the stream is slower than the forward alone, these say why: a forward slower than alone is contention for
-    the host (cores, or the interpreter lock the harness's threads share), waits are the host work the forward
-    could not hide."""
+    """Where the forward's thread spent an overlapped stream (nanoseconds): in the transfer and forward calls (the
+    forward stage and the transfer stage beside it: an upload, a runtime's copy out), waiting for the workers to
+    hand it the next prepared batch, waiting for a batch's finishing (the bound on batches finishing at once), in
+    the caller between two batches it was handed, and the rest of the loop. When the stream is slower than the
+    forward alone, these say why: forward calls slower than alone are contention (for the host's cores, the
+    interpreter lock the harness's threads share, or on a GPU the device the workers' kernels also run on), waits
+    are host work the forward could not hide."""
 
     batches: int = 0
     forward_ns: int = 0
