@@ -68,11 +68,12 @@ class _FakeDetector:
 @pytest.mark.parametrize("library,device,decode,upload", [
     ("torch", Device("cuda", 1), "nvjpeg", False),
     ("torch", Device("cpu"), "torchvision", False),
-    ("cv2", Device("cuda", 0), "cv2", False),
+    ("cv2", Device("cuda", 0), "cv2", True),
 ])
 def test_device_choice_is_recorded(library, device, decode, upload):
     """A fake CUDA device (no GPU needed: nothing touches torch.cuda at construction): the torch
-    implementation on a torch core decodes with nvJPEG there, and the record says where everything ran."""
+    implementation on a torch core decodes with nvJPEG there; cv2 letterboxes on the host and uploads the uint8
+    canvas; the record says where everything ran."""
     spec = PreprocessSpec(input_size=(416, 416), library=library)
     pipeline = DetectorPipeline(_FakeDetector(), _FakeTorchCore(), device, spec, Thresholds(0.001, 0.6, 300))
     info = pipeline.preprocess_info()

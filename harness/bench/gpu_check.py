@@ -234,9 +234,10 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
     """bench-overhead at b8 and b32 as a run does it (judged); at b32 also with two batches finishing at once and
-    with the forward replayed from a CUDA graph (figures); then b32's overlapped stream under py-spy: who holds the
-    interpreter lock while the forward waits for it (a figure). Each bench also says where the forward's thread
-    spent its overlapped stream: the overhead split into contention and host work the forward could not hide.
+    with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); then
+    b32's overlapped stream under py-spy: who holds the interpreter lock while the forward waits for it (a figure).
+    Each bench also says where the forward's thread spent its overlapped stream: the overhead split into contention
+    and host work the forward could not hide.
     With --limit (the plumbing on a CPU) the batches are at most that size and the rounds short."""
     small, large = (8, 32) if not r.limit else (min(8, r.limit), min(32, r.limit))
     large_options = ["--batch-size", str(large)]
@@ -248,6 +249,14 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     if r.device.startswith("cuda"):
         steps.append((f"overhead.b{large}.cuda_graphs", lambda: _overhead(
             r, f"overhead.b{large}.cuda_graphs", [*large_options, "--cuda-graphs"], None)))
+    # cv2 letterboxes on the host, releasing the interpreter lock inside its calls, and uploads one uint8 canvas:
+    # against the default (nvJPEG + letterbox on the device, a few tensor ops per image), and with more workers
+    cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
+    steps.append((f"overhead.b{small}.cv2", lambda: _overhead(
+        r, f"overhead.b{small}.cv2", ["--batch-size", str(small), "--preprocess", "cv2"], None)))
+    if large != small:
+        steps.append((f"overhead.b{large}.cv2", lambda: _overhead(
+            r, f"overhead.b{large}.cv2", [*large_options, "--preprocess", "cv2", *cv2_workers], None)))
     steps.append((f"overhead.b{large}.lock_holders", lambda: _lock_holders(r, large)))
     out = []
     for name, step in steps:  # one row each: a failure is that row's, the others still run
@@ -282,7 +291,10 @@ def _overhead(r: Runner, name: str, options: list[str], goal: float | None) -> C
                  "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items())
                  + "; overlapped, the forward's thread ms per batch: "
                  + ", ".join(f"{k} {v}" for k, v in spent["ms_per_batch_p50"].items())
-                 + f" (its forward {spent['forward_vs_alone']:.2f}x alone)",
+                 + f" (its forward {spent['forward_vs_alone']:.2f}x alone)"
+                 + ("; overlapped by workers: " + ", ".join(f"{w} {m['ratio_median']:.3f}" for w, m
+                                                            in result["overlapped_by_workers"].items())
+                    if len(result["overlapped_by_workers"]) > 1 else ""),
                  "" if goal is None else f">= {goal}", None if goal is None else mode["ratio_median"] >= goal,
                  data=result)
 

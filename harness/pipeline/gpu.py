@@ -2,8 +2,9 @@
 
 On a GPU the harness must measure the model, not itself: JPEGs decode with nvJPEG in one
 batched call (`torchvision.io.decode_jpeg(list, device="cuda")`), or, where images were decoded on the
-host, go up as uint8 (4x fewer bytes than float32) from pinned memory with non-blocking copies; the
-letterbox, normalisation, NMS and rescale then run on the device (preprocess.preprocess_tensors,
+host, go up as uint8 (4x fewer bytes than float32) from pinned memory with non-blocking copies (with cv2/PIL
+letterboxing on the host, the whole uint8 canvas in one copy); the letterbox, normalisation, NMS and rescale
+then run on the device (preprocess.preprocess_tensors,
 postprocess) and only the final detections come back, in one copy per batch. CUDA events around the
 forward give its GPU time beside the wall clock, so a launch-bound forward shows as wall >> GPU.
 
@@ -93,4 +94,6 @@ def preprocess_record(library: str, decoder: str, input_device: torch.device | N
               "device": str(on)}
     if library == "torch" and on.type == "cuda" and decoder != "nvjpeg":
         record["upload"] = "uint8 from pinned memory, non_blocking"
+    elif library != "torch" and on.type == "cuda":
+        record["upload"] = "the uint8 canvas from pinned memory, non_blocking; float and normalised on the device"
     return record

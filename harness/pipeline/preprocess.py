@@ -220,19 +220,32 @@ def _normalise(batch: torch.Tensor, spec: PreprocessSpec) -> None:
 def preprocess_batch(images: list[np.ndarray], spec: PreprocessSpec) -> tuple[torch.Tensor, list[ImageTransform]]:
     """Resize each BGR image as the spec says into one buffer, then one conversion to float [B,3,H,W].
 
-    cv2/PIL resize uint8 images into one uint8 canvas; "torch" resizes in float (see preprocess_tensors) and
-    also takes torchvision-decoded RGB tensors."""
+    cv2/PIL resize uint8 images into one uint8 canvas (letterbox_canvas) and convert it (canvas_to_batch);
+    "torch" resizes in float (see preprocess_tensors) and also takes torchvision-decoded RGB tensors."""
     if spec.library == "torch":
         return preprocess_tensors(images, spec)
+    canvas, transforms = letterbox_canvas(images, spec)
+    return canvas_to_batch(canvas, spec), transforms
+
+
+def letterbox_canvas(images: list[np.ndarray], spec: PreprocessSpec,
+                     pinned: bool = False) -> tuple[torch.Tensor, list[ImageTransform]]:
+    """cv2/PIL: each BGR image resized as the spec says straight into its slot of one uint8 canvas [B,H,W,3] (BGR,
+    padded), in page-locked memory with `pinned` (a GPU copies it without staging, while the host goes on)."""
     in_h, in_w = spec.input_size
-    canvas = np.empty((len(images), in_h, in_w, 3), dtype=np.uint8)
+    canvas = torch.empty((len(images), in_h, in_w, 3), dtype=torch.uint8, pin_memory=pinned)
+    slots = canvas.numpy()  # the same memory: cv2 writes into its views
     pad = _pad_per_channel(spec)
     pad_bgr = np.rint(pad[::-1] if spec.channel_order == "RGB" else pad).astype(np.uint8)  # the canvas is BGR
-    transforms = [_place(image, canvas[i], spec, pad_bgr) for i, image in enumerate(images)]
-    hwc = torch.from_numpy(canvas)
-    if spec.channel_order == "RGB":
-        hwc = hwc.flip(-1)
-    batch = torch.empty((len(images), 3, in_h, in_w), dtype=torch.float32)
-    batch.copy_(hwc.permute(0, 3, 1, 2))  # one pass: uint8 NHWC -> float32 NCHW
+    transforms = [_place(image, slots[i], spec, pad_bgr) for i, image in enumerate(images)]
+    return canvas, transforms
+
+
+def canvas_to_batch(canvas: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
+    """A letterboxed uint8 canvas [B,H,W,3] (BGR) -> the float [B,3,H,W] model input, in the spec's channel order
+    and scaled/normalised, on the canvas's device: one pass uint8 NHWC -> float32 NCHW, then in place."""
+    hwc = canvas.flip(-1) if spec.channel_order == "RGB" else canvas
+    batch = torch.empty((canvas.shape[0], 3, *canvas.shape[1:3]), dtype=torch.float32, device=canvas.device)
+    batch.copy_(hwc.permute(0, 3, 1, 2))
     _normalise(batch, spec)
-    return batch, transforms
+    return batch
