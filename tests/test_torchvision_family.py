@@ -71,12 +71,21 @@ def _padded(detections: list[ImageDetections]) -> list[ImageDetections]:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_parity_with_torchvision_own_output(name, records):
+    """Our pipeline against torchvision's own eval forward, both on one torch thread: with random weights
+    torchvision's output moves with its thread count more than the tolerance (fasterrcnn_mobilenet, 4 images:
+    its own 1-thread and 2-thread outputs match 98.5 % at IoU 0.99), so the comparison pins it, whatever thread
+    count the tests before left behind."""
     detector = TorchvisionDetector(name, "random")
     size = SIZES[name]
     images = [decode_image(r.path) for r in records]
     ids = [r.image_id for r in records]
-    ours = _ours(detector, size, records, images)
-    theirs = _torchvision_own(detector, size, images, ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ours = _ours(detector, size, records, images)
+        theirs = _torchvision_own(detector, size, images, ids)
+    finally:
+        torch.set_num_threads(threads)
     report = match_detections(_padded(theirs), _padded(ours), iou_threshold=0.99, score_tolerance=1e-3)
     assert report.detections_a >= 20, f"{name}: too few detections to compare ({report.to_dict()})"
     assert report.match_rate >= 0.99, report.to_dict()
