@@ -6,6 +6,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from harness.bench.gil_profile import profile, summarize
 
 RAW = """\
@@ -58,13 +60,20 @@ def test_py_spy_finds_the_thread_that_holds_the_lock(tmp_path):
         stream()
         sleeper.join()
         """))
-    for region in ({"within": ("stream",)}, {"threads": ("spinner",)}):
+    shares = {}
+    for name, region in (("all", {}), ("within", {"within": ("stream",)}), ("threads", {"threads": ("spinner",)})):
         done, summary = profile([sys.executable, str(program)], 200, tmp_path / "raw.txt", timeout=60, **region)
-        assert "by_thread" in summary, summary
-        assert done.returncode == 0
-        assert summary["by_thread"]["spinner"]["share"] > 0.95 and "sleeper" not in summary["by_thread"]
-        assert 0.5 < summary["by_thread"]["spinner"]["held_s"] <= 1.6  # ~1.5 s held, less what sampling missed
-        assert next(iter(summary["top_functions"])).split(" (")[0].endswith("spin")
+        if "ermission" in summary.get("reason", ""):  # a sandbox that forbids reading another process (ptrace)
+            pytest.skip(f"py-spy cannot read processes here: {summary['reason']}")
+        assert "by_thread" in summary and done.returncode == 0, summary
+        shares[name] = {group: held["share"] for group, held in summary["by_thread"].items()}
+        # ~1.5 s held: not a fraction of it, not the whole run twice (py-spy catches up on ticks it fell behind on)
+        assert 0.5 < summary["by_thread"]["spinner"]["held_s"] <= 2.0, summary
+        assert next(iter(summary["top_functions"])).split(" (")[0].endswith("spin"), summary
+    # unfiltered, the interpreter's start-up (main thread) is in it too, and the sleeper next to nothing
+    assert shares["all"]["spinner"] > 0.8 and shares["all"].get("sleeper", 0) < 0.05, shares
+    assert shares["within"]["spinner"] > 0.95 and "sleeper" not in shares["within"], shares
+    assert shares["threads"] == {"spinner": 1.0}, shares
 
 
 def test_a_profile_past_its_time_limit_stops_py_spy_and_the_command(tmp_path):
@@ -72,7 +81,8 @@ def test_a_profile_past_its_time_limit_stops_py_spy_and_the_command(tmp_path):
     start = time.monotonic()
     done, summary = profile([sys.executable, "-c", "import sys, time; time.sleep(60)", marker], 200,
                             tmp_path / "raw.txt", timeout=3)
-    assert time.monotonic() - start < 30 and summary["timed_out"]
-    assert summary["status"] == "unavailable" and "after the 3 s limit" in summary["reason"], summary
+    assert time.monotonic() - start < 30 and summary["timed_out"], summary
+    # what py-spy saw before the limit (the interpreter starting holds the lock) is summarised; nothing: says why
+    assert "by_thread" in summary or "after the 3 s limit" in summary["reason"], summary
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert left.stdout.strip() == ""  # the command did not outlive its profile
