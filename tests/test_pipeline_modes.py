@@ -318,6 +318,43 @@ def test_overlapped_mode_says_where_the_forwards_thread_spent_the_stream(pipelin
     assert slow_preparation.host_info(overlap=True)["forward_thread"] == {}
 
 
+def test_a_stream_that_waits_for_host_work_is_flagged():
+    """The run's warning: at least 10 % of the stream spent waiting for host work, with the figures; below, none."""
+    from harness.pipeline.stage_timer import ForwardThreadTime
+
+    waiting = ForwardThreadTime(batches=10, forward_ns=600_000_000, waiting_for_preparation_ns=300_000_000,
+                                waiting_for_finishing_ns=100_000_000, caller_ns=0, wall_ns=1_000_000_000)
+    warning = waiting.host_bound_warning()
+    assert warning.startswith("overlapped: the forward waited 40.0 ms per batch (40 % of the stream)")
+    assert "preparation 30.0, finishing 10.0" in warning
+    hidden = ForwardThreadTime(batches=10, forward_ns=950_000_000, waiting_for_preparation_ns=50_000_000,
+                               waiting_for_finishing_ns=49_000_000, wall_ns=1_000_000_000)
+    assert hidden.host_bound_warning() is None and ForwardThreadTime().host_bound_warning() is None
+
+
+def test_a_run_whose_forward_waits_for_its_preparation_says_so(tmp_path_factory, monkeypatch, _needs_assets):
+    """A real overlapped run whose decode is made slow (50 ms an image, 200 ms a batch of 4 against a forward of
+    ~40 ms on one worker): the cell's timing carries the warning, with the record's own figures."""
+    import time
+
+    from harness.pipeline import pipeline as pipeline_module
+
+    decode = pipeline_module.decode_bytes
+
+    def slow_decode(data, path):
+        time.sleep(0.05)
+        return decode(data, path)
+
+    monkeypatch.setattr(pipeline_module, "decode_bytes", slow_decode)
+    _, (record,) = run_benchmark(tmp_path_factory, "host-bound", backends=["onnxruntime"], batch_sizes=[4], limit=16,
+                                 overlap=True, workers="1", energy=False, layers=False, profile=False,
+                                 draw_images=0, min_timed_batches=6)
+    (warning,) = [w for w in record.timing.warnings if w.startswith("overlapped: the forward waited")]
+    spent = record.runtime["host"]["forward_thread"]["ms_per_batch"]
+    assert spent["waiting_for_preparation"] > spent["forward"]  # 200 ms of decoding against a ~40 ms forward
+    assert f"preparation {spent['waiting_for_preparation']:.1f}" in warning
+
+
 @pytest.mark.parametrize("finishes", [1, 2])
 def test_finishes_in_flight_bounds_the_batches_finishing_at_once(pipeline, records, finishes):
     """The first two batches' finishing meet at a barrier: they finish at once with finishes_in_flight 2 (and the

@@ -21,6 +21,9 @@ STAGES = ("preprocess", "transfer", "forward", "postprocess")
 SUBSTEPS = ("preprocess.decode", "preprocess.upload", "postprocess.nms", "postprocess.boxes")
 # Measured beside the stages, not part of the batch's wall time: the forward's GPU time (CUDA events).
 DEVICE_TIMES = ("forward_gpu",)
+# The share of an overlapped stream the forward may spend waiting for host work before the run warns that its
+# throughput is the host's, not the model's.
+HOST_BOUND_SHARE = 0.10
 
 
 @dataclass
@@ -152,6 +155,20 @@ class ForwardThreadTime:
         per_batch = {name: round(ns / 1e6 / self.batches, 3) for name, ns in parts.items()}
         return {"batches": self.batches, "ms_per_batch": per_batch,
                 "wall_ms_per_batch": round(self.wall_ns / 1e6 / self.batches, 3)}
+
+
+    def host_bound_warning(self, share: float = HOST_BOUND_SHARE) -> str | None:
+        """A warning when the forward's thread spent at least `share` of the stream waiting for the host stages:
+        the throughput is then the harness's host work's, not the model's; None otherwise."""
+        waited = self.waiting_for_preparation_ns + self.waiting_for_finishing_ns
+        if not self.batches or not self.wall_ns or waited < share * self.wall_ns:
+            return None
+        ms = self.record()["ms_per_batch"]
+        waited_ms = ms["waiting_for_preparation"] + ms["waiting_for_finishing"]
+        return (f"overlapped: the forward waited {waited_ms:.1f} ms per batch ({100 * waited / self.wall_ns:.0f} % of "
+                f"the stream) for host work (preparation {ms['waiting_for_preparation']:.1f}, finishing "
+                f"{ms['waiting_for_finishing']:.1f}): the harness's host stages, not the model, bound this "
+                "throughput; more --workers or another --preprocess may raise it")
 
 
 def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[float]:

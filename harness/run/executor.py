@@ -408,6 +408,9 @@ class GroupExecutor:
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")
+        host_bound = pipeline.forward_thread.host_bound_warning() if config.overlap else None
+        if host_bound is not None:
+            record.warnings.append(host_bound)
         probes = {"memory": memory, "energy_window": energy_window or None, "device_state": device_state,
                   "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
                   else {"status": "unavailable", "reason": "--no-energy"}}
