@@ -183,7 +183,8 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
     rgb = [_as_rgb_chw(image) for image in images]
     device = device if device is not None else (rgb[0].device if rgb else torch.device("cpu"))
     batch = torch.empty((len(images), 3, in_h, in_w), dtype=torch.float32, device=device)
-    pad = torch.tensor(_pad_per_channel(spec).astype(np.float32), device=device).view(3, 1, 1)
+    # the pad value everywhere at once, then each image's area written over it: one fill per batch, not per image
+    batch[:] = torch.tensor(_pad_per_channel(spec).astype(np.float32), device=device).view(3, 1, 1)
     transforms = []
     for i, chw in enumerate(rgb):
         g = _geometry(*chw.shape[1:], spec)
@@ -196,7 +197,6 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
                 mode = TORCH_MODE[interpolation]
                 pixels = F.interpolate(pixels[None], size=(h, w), mode=mode, antialias=False,
                                        align_corners=False if mode in ("bilinear", "bicubic") else None)[0]
-        batch[i] = pad
         batch[i, :, g.top:g.top + g.new_h, g.left:g.left + g.new_w] = pixels
         transforms.append(g.transform)
     _normalise(batch, spec)
