@@ -302,17 +302,21 @@ def test_overlapped_mode_says_where_the_forwards_thread_spent_the_stream(pipelin
         account = accounts[name] = spied.forward_thread
         assert account.batches == 6 and account.wall_ns <= wall
         assert account.forward_ns >= 6 * 30e6 and account.caller_ns >= 6 * 20e6
-        spent = account.forward_ns + account.waiting_for_preparation_ns + account.waiting_for_finishing_ns
+        spent = (account.forward_ns + account.waiting_for_preparation_ns + account.waiting_for_finishing_ns
+                 + account.filling_ns + account.draining_ns)
         assert spent + account.caller_ns <= account.wall_ns
         record = spied.host_info(overlap=True)["forward_thread"]
         assert record["batches"] == 6 and set(record["ms_per_batch"]) == {
-            "forward", "waiting_for_preparation", "waiting_for_finishing", "caller", "rest"}
+            "forward", "waiting_for_preparation", "waiting_for_finishing", "caller", "filling", "draining", "rest"}
         assert abs(sum(record["ms_per_batch"].values()) - record["wall_ms_per_batch"]) < 0.01
-    # 600 ms of reads per batch against a forward of 2 images (~20 ms alone; up to 280 ms leaves this true)
+    # 600 ms of reads per batch against a forward of 2 images (~20 ms alone; up to 280 ms leaves this true); the
+    # first batch's preparation is the stream filling, not a wait the forward could have hidden
     assert accounts["preparation"].waiting_for_preparation_ns >= 5 * 300e6
+    assert accounts["preparation"].filling_ns >= 500e6
     assert accounts["preparation"].waiting_for_finishing_ns < accounts["preparation"].waiting_for_preparation_ns / 4
     # each batch's 500 ms finishing against the next batch's forward and caller (up to ~330 ms leaves this true)
-    assert accounts["finishing"].waiting_for_finishing_ns >= 6 * 150e6
+    assert accounts["finishing"].waiting_for_finishing_ns >= 5 * 150e6
+    assert accounts["finishing"].draining_ns >= 300e6  # the last batch's finishing, with nothing left to overlap
     assert accounts["finishing"].waiting_for_preparation_ns < accounts["finishing"].waiting_for_finishing_ns / 4
     slow_preparation.reset_forward_thread()
     assert slow_preparation.host_info(overlap=True)["forward_thread"] == {}
@@ -326,10 +330,19 @@ def test_a_stream_that_waits_for_host_work_is_flagged():
                                 waiting_for_finishing_ns=100_000_000, caller_ns=0, wall_ns=1_000_000_000)
     warning = waiting.host_bound_warning()
     assert warning.startswith("overlapped: the forward waited 40.0 ms per batch (40 % of the stream)")
-    assert "preparation 30.0, finishing 10.0" in warning
+    assert "preparation 30.0, finishing 10.0" in warning and "--workers" in warning
+    finishing = ForwardThreadTime(batches=10, forward_ns=600_000_000, waiting_for_preparation_ns=100_000_000,
+                                  waiting_for_finishing_ns=300_000_000, wall_ns=1_000_000_000)
+    assert "--nms-on" in finishing.host_bound_warning()  # the advice follows the longer wait
     hidden = ForwardThreadTime(batches=10, forward_ns=950_000_000, waiting_for_preparation_ns=50_000_000,
                                waiting_for_finishing_ns=49_000_000, wall_ns=1_000_000_000)
     assert hidden.host_bound_warning() is None and ForwardThreadTime().host_bound_warning() is None
+    # filling and draining every stream has: out of the share (10 % of the 800 ms between them is 80 ms)
+    short = ForwardThreadTime(batches=10, forward_ns=700_000_000, waiting_for_preparation_ns=70_000_000,
+                              filling_ns=100_000_000, draining_ns=100_000_000, wall_ns=1_000_000_000)
+    assert short.host_bound_warning() is None
+    short.waiting_for_preparation_ns = 90_000_000
+    assert "(11 % of the stream)" in short.host_bound_warning()
 
 
 def test_a_run_whose_forward_waits_for_its_preparation_says_so(tmp_path_factory, monkeypatch, _needs_assets):

@@ -326,13 +326,16 @@ class DetectorPipeline:
 
         finishing: deque[Future] = deque()
 
-        def make_room(room: int) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
+        def make_room(room: int, draining: bool = False) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
             """Hand the caller finished batches, oldest first, until fewer than `room` are finishing."""
             while len(finishing) >= room:
                 waited = clock()
                 done = finishing.popleft().result()
                 handed = clock()
-                account.waiting_for_finishing_ns += handed - waited
+                if draining:
+                    account.draining_ns += handed - waited
+                else:
+                    account.waiting_for_finishing_ns += handed - waited
                 yield done
                 account.caller_ns += clock() - handed
 
@@ -348,7 +351,10 @@ class DetectorPipeline:
                 if k < len(batches):
                     waited = clock()
                     timer, batch, transforms = ahead.popleft().result()
-                    account.waiting_for_preparation_ns += clock() - waited
+                    if k:
+                        account.waiting_for_preparation_ns += clock() - waited
+                    else:  # the stream filling: nothing to overlap the first preparation with
+                        account.filling_ns += clock() - waited
                     account.batches += 1
                     with count_lock:
                         taken = k + 1
@@ -373,7 +379,7 @@ class DetectorPipeline:
                     timer.add_stage("forward", forward_ns)
                     yield from make_room(self.finishes_in_flight)
                     finishing.append(workers.submit(finish, done, timer, raw, transforms))
-            yield from make_room(1)
+            yield from make_room(1, draining=True)
         finally:  # stopped early or failed: no started forward, and no finishing, is left running for nobody
             account.wall_ns += clock() - started
             for *_, ticket in in_flight:

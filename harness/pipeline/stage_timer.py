@@ -133,16 +133,19 @@ class ForwardThreadTime:
     """Where the forward's thread spent an overlapped stream (nanoseconds): in the transfer and forward calls (the
     forward stage and the transfer stage beside it: an upload, a runtime's copy out), waiting for the workers to
     hand it the next prepared batch, waiting for a batch's finishing (the bound on batches finishing at once), in
-    the caller between two batches it was handed, and the rest of the loop. When the stream is slower than the
-    forward alone, these say why: forward calls slower than alone are contention (for the host's cores, the
-    interpreter lock the harness's threads share, or on a GPU the device the workers' kernels also run on), waits
-    are host work the forward could not hide."""
+    the caller between two batches it was handed, and the rest of the loop. Filling (waiting for the first batch's
+    preparation) and draining (waiting for the last batches' finishing) are apart: every stream has them, however
+    many workers. When the stream is slower than the forward alone, these say why: forward calls slower than alone
+    are contention (for the host's cores, the interpreter lock the harness's threads share, or on a GPU the device
+    the workers' kernels also run on), waits are host work the forward could not hide."""
 
     batches: int = 0
     forward_ns: int = 0
     waiting_for_preparation_ns: int = 0
     waiting_for_finishing_ns: int = 0
     caller_ns: int = 0
+    filling_ns: int = 0
+    draining_ns: int = 0
     wall_ns: int = 0
 
     def record(self) -> dict:
@@ -150,25 +153,30 @@ class ForwardThreadTime:
         if not self.batches:
             return {}
         parts = {"forward": self.forward_ns, "waiting_for_preparation": self.waiting_for_preparation_ns,
-                 "waiting_for_finishing": self.waiting_for_finishing_ns, "caller": self.caller_ns}
+                 "waiting_for_finishing": self.waiting_for_finishing_ns, "caller": self.caller_ns,
+                 "filling": self.filling_ns, "draining": self.draining_ns}
         parts["rest"] = max(0, self.wall_ns - sum(parts.values()))
         per_batch = {name: round(ns / 1e6 / self.batches, 3) for name, ns in parts.items()}
         return {"batches": self.batches, "ms_per_batch": per_batch,
                 "wall_ms_per_batch": round(self.wall_ns / 1e6 / self.batches, 3)}
 
-
     def host_bound_warning(self, share: float = HOST_BOUND_SHARE) -> str | None:
-        """A warning when the forward's thread spent at least `share` of the stream waiting for the host stages:
-        the throughput is then the harness's host work's, not the model's; None otherwise."""
+        """A warning when, between filling and draining, the forward's thread spent at least `share` of the stream
+        waiting for the host stages: the throughput is then the harness's host work's, not the model's; None
+        otherwise. The advice follows the larger wait."""
         waited = self.waiting_for_preparation_ns + self.waiting_for_finishing_ns
-        if not self.batches or not self.wall_ns or waited < share * self.wall_ns:
+        steady = self.wall_ns - self.filling_ns - self.draining_ns
+        if not self.batches or steady <= 0 or waited < share * steady:
             return None
         ms = self.record()["ms_per_batch"]
         waited_ms = ms["waiting_for_preparation"] + ms["waiting_for_finishing"]
-        return (f"overlapped: the forward waited {waited_ms:.1f} ms per batch ({100 * waited / self.wall_ns:.0f} % of "
-                f"the stream) for host work (preparation {ms['waiting_for_preparation']:.1f}, finishing "
+        advice = ("more --workers or another --preprocess may raise it"
+                  if self.waiting_for_preparation_ns >= self.waiting_for_finishing_ns
+                  else "its post-processing is the longer wait (--nms-on moves the selection)")
+        return (f"overlapped: the forward waited {waited_ms:.1f} ms per batch ({100 * waited / steady:.0f} % of the "
+                f"stream) for host work (preparation {ms['waiting_for_preparation']:.1f}, finishing "
                 f"{ms['waiting_for_finishing']:.1f}): the harness's host stages, not the model, bound this "
-                "throughput; more --workers or another --preprocess may raise it")
+                f"throughput; {advice}")
 
 
 def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[float]:
