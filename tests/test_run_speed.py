@@ -296,3 +296,12 @@ def test_overhead_bench_decodes_inside_the_timed_path_when_asked(decode):
     assert result["forward_images_per_s"] > 0 and result["overlapped_mode"]["images_per_s"] > 0
     spent = result["overlapped_mode"]["forward_thread"]  # where the forward's thread spent the overlapped streams
     assert spent["ms_per_batch_p50"]["forward"] > 0 and spent["forward_vs_alone"] > 0
+
+
+def test_overhead_bench_refuses_a_finishing_bound_below_one(capsys):
+    from harness.bench.overhead import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--finishes-in-flight", "0"])
+    assert exit_info.value.code == 2
+    assert "--finishes-in-flight 0: use a positive number of batches" in capsys.readouterr().err

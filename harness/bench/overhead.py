@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.finishes_in_flight < 1:
+        parser.error(f"--finishes-in-flight {args.finishes_in_flight}: use a positive number of batches")
     backends = args.backend or [b for b in detector_backends(get_detector(args.model))
                                 if args.batch_size == 1 or b != "ncnn"]  # ncnn runs one image per call
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
