@@ -234,7 +234,8 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
     """bench-overhead at b8 and b32 as a run does it (judged); at b32 also with two batches finishing at once and
-    with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); then
+    with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); both
+    sizes with those knobs together (two finishing, 15 workers beside auto, a CUDA graph; judged); then
     b32's overlapped stream under py-spy: who holds the interpreter lock while the forward waits for it (a figure).
     Each bench also says where the forward's thread spent its overlapped stream: the overhead split into contention
     and host work the forward could not hide.
@@ -257,6 +258,16 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     if large != small:
         steps.append((f"overhead.b{large}.cv2", lambda: _overhead(
             r, f"overhead.b{large}.cv2", [*large_options, "--preprocess", "cv2", *cv2_workers], None)))
+    # the knobs that can each shorten the stream at once (more finishing in flight, more workers, and on CUDA the
+    # forward replayed from a graph, which frees the interpreter lock for the host stages): judged as the
+    # configuration a fix would turn on, at both sizes
+    combined = ["--finishes-in-flight", "2", "--workers", "auto", *(("15",) if not r.limit else ()),
+                *(("--cuda-graphs",) if r.device.startswith("cuda") else ())]
+    steps.append((f"overhead.b{small}.combined", lambda: _overhead(
+        r, f"overhead.b{small}.combined", ["--batch-size", str(small), *combined], 0.9)))
+    if large != small:
+        steps.append((f"overhead.b{large}.combined", lambda: _overhead(
+            r, f"overhead.b{large}.combined", [*large_options, *combined], 0.8)))
     steps.append((f"overhead.b{large}.lock_holders", lambda: _lock_holders(r, large)))
     out = []
     for name, step in steps:  # one row each: a failure is that row's, the others still run
