@@ -73,8 +73,14 @@ ANNOTATION_ROWS = {
     'bbox: "x"': (lambda d: _edit(d, lambda x: x["annotations"][2].update(bbox="x")),
                   "annotations[2].bbox: input should be a valid list"),
 }
+def _halve(path):
+    image = cv2.imread(str(path))
+    cv2.imwrite(str(path), cv2.resize(image, (image.shape[1] // 2, image.shape[0] // 2)))
+
+
 IMAGE_ROWS = {
     "zero-byte JPEG": (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
+    "image of another size": (_halve, "but its annotations say"),
     "truncated JPEG": (_truncate, "is truncated"),
     "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(5000)), "is not a JPEG or PNG image"),
 }
@@ -130,8 +136,12 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
     (lambda x: x["annotations"][0].update(iscrowd=2), "annotations[0].iscrowd"),
     (lambda x: x["images"].append(dict(x["images"][0])), "image ids are not unique"),
+    (lambda x: x["annotations"][1].update(id=x["annotations"][0]["id"]), "annotations: ids are not unique"),
+    (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
+    (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
 ], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "unknown category", "unknown image",
-        "no area", "iscrowd 2", "duplicate image id"])
+        "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id", "duplicate category id",
+        "negative category id"])
 def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(_edit(sample, change)))  # json writes NaN as the NaN literal, as a bad tool would

@@ -36,7 +36,8 @@ def test_rf100vl_campaign_row(tmp_path):
     assert block["skipped_datasets"] == ["broken"] and block["valid_submission"] is False
     assert any(r.startswith("broken: ") and "not valid JSON" in r for r in block["invalid_reasons"])
     assert block["protocol"] == {"version": "rf100vl.libreyolo.v1", "nms_iou": 0.65, "max_det": 500,
-                                 "expected_datasets": 4}
+                                 "expected_datasets": 100}  # the protocol's, not the download's count
+    assert block["invalid_reasons"][0] == "3 of 100 datasets scored (the campaign lists 4)"
     assert [d["dataset_version"] for d in block["datasets"]] == ["2", "1", "3"]
     assert [d["num_classes"] for d in block["datasets"]] == [2, 2, 3]
     # each accuracy key is the unweighted mean of the datasets' own runs (read from their submissions)
@@ -162,3 +163,13 @@ def test_a_fully_scored_row_that_is_not_valid_says_why():
     print_campaign(console, "row.json", doc, [])
     text = console.export_text()
     assert "2 of 2 datasets scored (full2)" in text and f"not valid: {reason}" in text
+
+
+def test_a_row_measured_under_other_options_is_not_rf100vl():
+    from harness.results.campaign import protocol_problems
+
+    protocol = {"conf": 0.001, "iou": 0.65, "max_det": 500}
+    assert protocol_problems(protocol, [1, 10, 100, 500]) == []
+    assert protocol_problems({**protocol, "iou": 0.7, "max_det": 100}, [1, 10, 100]) == [
+        "iou 0.7 is not the protocol's 0.65", "max_det 100 is not the protocol's 500",
+        "COCOeval's maxDets [1, 10, 100] lack the protocol's 500"]

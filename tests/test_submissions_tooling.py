@@ -588,6 +588,18 @@ def test_rf100vl_rows_are_known_for_what_they_are(corpus_reports, tmp_path):
     assert any("is not the mean of the 3 datasets' mAP_50_95" in m for m in messages)
     assert any("valid_submission is true with 3 of 100 datasets" in m for m in messages)
     assert report.submission.rf100vl_variant == "partial3"
+    # measured under another protocol than the version it states (NMS IoU 0.7, max_det and COCOeval's cap 100)
+    doc = json.loads(rf[0].path.read_text())
+    doc["config"].update(iou=0.7, max_det=100)
+    doc["eval"]["maxDets"] = [1, 10, 100]
+    doc["rf100vl"]["protocol"].update(nms_iou=0.7, max_det=100)
+    (tmp_path / "other_protocol.json").write_text(json.dumps(doc))
+    (report,) = validate_paths([tmp_path / "other_protocol.json"], None).reports
+    messages = [f.message for f in report.findings if f.rule == "rf100vl"]
+    assert "rf100vl.protocol.nms_iou 0.7 is not rf100vl.libreyolo.v1's 0.65" in messages
+    assert "rf100vl.protocol.max_det 100 is not rf100vl.libreyolo.v1's 500" in messages
+    assert "valid_submission is true but iou 0.7 is not the protocol's 0.65" in messages
+    assert any("maxDets [1, 10, 100] lack the protocol's 500" in m for m in messages)
 
 
 

@@ -408,6 +408,20 @@ def test_a_fine_tuned_export_brings_its_own_classes(tmp_path):
         path = _with_names(_export(TinyThreeClasses(), tmp_path / "bad.onnx", dynamic=True), bad)
         with pytest.raises(UsageError, match=why):
             get_detector("yolov8n", str(path))
+    # the metadata names the classes whatever the layout and count: an end-to-end export's and an 80-class one's
+    # own names are theirs, not COCO's; COCO's 80 names in COCO's order are COCO's classes
+    end2end = _with_names(_export(TinyEnd2End(), tmp_path / "e2e.onnx", dynamic=True),
+                          "{0: 'car', 1: 'dog', 2: 'person'}")
+    assert model_class_names(get_detector("yolo26n", str(end2end))) == ("car", "dog", "person")
+    widgets = str({i: f"widget{i}" for i in range(80)})
+    eighty = get_detector("yolov8n", str(_with_names(_export(TinyDense(), tmp_path / "w.onnx", dynamic=True), widgets)))
+    assert model_class_names(eighty)[:2] == ("widget0", "widget1") and eighty.class_map == tuple(range(80))
+    from harness.data.categories import COCO80_TO_91, COCO_NAMES_BY_ID
+
+    coco_names = str({i: COCO_NAMES_BY_ID[c] for i, c in enumerate(COCO80_TO_91)})
+    coco_export = _with_names(_export(TinyDense(), tmp_path / "c.onnx", dynamic=True), coco_names)
+    coco = get_detector("yolov8n", str(coco_export))
+    assert coco.class_map == COCO80_TO_91 and not hasattr(coco, "class_names")
     annotation = _three_class_dataset(tmp_path / "data")
     out = tmp_path / "out"
     result = run_in_process("run", "--model", "yolov8n", "--weights", str(named), "--dataset", str(annotation),

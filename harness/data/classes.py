@@ -76,15 +76,24 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
     Names are compared case- and separator-insensitively ("traffic_light" is "traffic light"); a class map
     renames dataset categories to model classes first. Raises UsageError, naming the categories no model
     class matches, when any dataset category is left unmatched, or two categories claim one class."""
-    by_name = {_norm(name): label for label, name in enumerate(class_names) if name is not None}
+    by_name: dict[str, list[int]] = {}
+    for label, name in enumerate(class_names):
+        if name is not None:
+            by_name.setdefault(_norm(name), []).append(label)
     renames = {_norm(k): _norm(v) for k, v in (class_map.entries if class_map else {}).items()}
     labels: dict[int, int] = {}
     unmatched, unknown_targets = [], []
     for category, name in sorted(categories.items()):
         wanted = renames.get(_norm(name), _norm(name))
-        label = by_name.get(wanted)
-        if label is None and _norm(name) in renames and wanted.isdigit() and int(wanted) < len(class_names):
-            label = int(wanted)  # a class map may name the model's class by its index
+        named = by_name.get(wanted, [])
+        if len(named) > 1:  # which of the model's same-named classes scores as this category is not ours to guess
+            raise UsageError(f"{model_id} has {len(named)} classes named {class_names[named[0]]!r} (labels "
+                             f"{', '.join(map(str, named))}); map dataset category {name!r} to one of them by its "
+                             "index with --class-map FILE")
+        label = named[0] if named else None
+        if (label is None and _norm(name) in renames and wanted.isdigit() and int(wanted) < len(class_names)
+                and class_names[int(wanted)] is not None):
+            label = int(wanted)  # a class map may name the model's class by its index (not a label that is no class)
         if label is None:
             (unknown_targets if _norm(name) in renames else unmatched).append(f"{name!r} (id {category})")
         elif label in labels:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.data.categories import COCO_NAMES_BY_ID
 from harness.data.classes import ClassMap, match_classes
-from harness.data.images import check_image_files
+from harness.data.images import check_image_files, check_image_sizes
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
 from harness.errors import UsageError, path_problem
 
@@ -98,6 +99,16 @@ def _structure_problems(data) -> list[str]:
         name = img.file_name
         if Path(name).name != name or name in (".", "..") or "\\" in name or "\0" in name:
             problems.append(f"images[{i}].file_name: {name[:60]!r} is not a plain file name")
+    # pycocotools indexes annotations and categories by id: a repeated id keeps the last one and loses the other
+    # (a box that is never scored, or a category renamed)
+    for what, ids in (("annotations", [a.id for a in instances.annotations]),
+                      ("categories", [c.id for c in instances.categories])):
+        if len(set(ids)) != len(ids):
+            repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+            problems.append(f"{what}: ids are not unique ({', '.join(map(str, repeated[:3]))} repeated)")
+    for i, cat in enumerate(instances.categories):
+        if cat.id < 0:  # negative ids are the harness's mark for "no category"
+            problems.append(f"categories[{i}].id: {cat.id} is negative; category ids are 0 or more")
     known_images, known_cats = set(image_ids), {c.id for c in instances.categories}
     for i, ann in enumerate(instances.annotations):
         if ann.image_id not in known_images:
@@ -146,6 +157,7 @@ class ImageRecord:
     path: Path
     width: int
     height: int
+    exif_orientation: int = 1  # the JPEG's EXIF orientation tag: decoders that ignore it must not decode this one
 
 
 def coco_dir_source(coco_dir: str | Path | None = None) -> tuple[str, str] | None:
@@ -271,9 +283,12 @@ class CocoDataset:
             name = f"{self._named_root}: {self.annotation_file.relative_to(self.root)}"
         return load_instances(self.annotation_file, name, self._fix)
 
+    orientations: dict[int, int] = {}  # image id -> EXIF orientation other than 1, of the images variant() checked
+
     def record(self, image_id: int) -> ImageRecord:
         info = self.coco.imgs[image_id]
-        return ImageRecord(image_id, self.image_dir / info["file_name"], info["width"], info["height"])
+        return ImageRecord(image_id, self.image_dir / info["file_name"], info["width"], info["height"],
+                           self.orientations.get(image_id, 1))
 
     def records(self, variant: DatasetVariant) -> list[ImageRecord]:
         return [self.record(i) for i in variant.image_ids]
@@ -292,8 +307,9 @@ class CocoDataset:
         return present, not_annotated, no_file
 
     def variant(self, name: str, limit: int | None = None) -> DatasetVariant:
-        """Resolve a variant; every image it names must be present and look whole (size, first and last
-        bytes: `check_image_files`), or this is a UsageError.
+        """Resolve a variant; every image it names must be present, look whole (size, first and last
+        bytes: `check_image_files`) and have the size its annotations give (`check_image_sizes`), or this is a
+        UsageError.
 
         `limit` keeps the first N sorted ids of the variant and labels the result `subsetN`.
         """
@@ -327,14 +343,55 @@ class CocoDataset:
             raise UsageError(
                 f"dataset variant {label!r} needs {len(wanted)} images but {missing} are missing under "
                 f"{self._shown_root} ({not_annotated} not in {self.annotation_file.name}, {no_file} image files "
-                f"absent); {HOW_TO_GET_COCO}, or use --subset sample / --limit N"
+                f"absent); {self._missing_fix(name)}"
             )
         if not present:
             raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file.name} under "
                              f"{self._shown_root}")
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
+        self.orientations = {**self.orientations, **check_image_sizes(
+            (i, self.image_dir / self.coco.imgs[i]["file_name"], self.coco.imgs[i]["width"],
+             self.coco.imgs[i]["height"]) for i in present)}
+        if not any(not a.get("iscrowd") and a["category_id"] in self.categories
+                   for i in present for a in self.coco.imgToAnns.get(i, ())):
+            label = name if limit is None else f"the first {len(present)} images of {name}"
+            raise UsageError(f"dataset variant {label!r} under {self._shown_root} holds no annotation to score: "
+                             "COCO mAP is undefined without ground truth; give a dataset with annotations"
+                             + ("" if limit is None else " or a larger --limit"))
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)
+
+
+    def check_masks(self, variant: DatasetVariant) -> None:
+        """A UsageError unless every annotation of the variant's images has a mask to score a segmentation model's
+        masks against: a polygon list or an RLE. A detection export has boxes only
+        (`"segmentation": []`): there every mask would miss, a silent segm AP of 0."""
+        missing, first = 0, None
+        for image_id in variant.image_ids:
+            for ann in self.coco.imgToAnns.get(image_id, ()):
+                if not _has_mask(ann.get("segmentation")):
+                    missing += 1
+                    first = first or ann
+        if missing:
+            raise UsageError(f"{self._shown_root}: {missing} annotations of the images to score have no mask (the "
+                             f"first: id {first['id']}, segmentation {str(first.get('segmentation', 'absent'))[:30]}); "
+                             "a segmentation model's masks need ground-truth masks: use a dataset exported with "
+                             "them, or score boxes only with --no-masks")
+
+    def _missing_fix(self, name: str) -> str:
+        """How to get the missing images: COCO's are fetched; a dataset of the user's own is theirs to complete."""
+        if self.layout == "custom":
+            return (f"put the image files in {self.image_dir}, or remove their entries from "
+                    f"{self.annotation_file.name}")
+        return f"{HOW_TO_GET_COCO}" + (", or use --subset sample / --limit N" if name != "sample" else "")
+
+
+def _has_mask(segmentation) -> bool:
+    """A COCO segmentation pycocotools can rasterise: polygons (flat x, y lists) or an RLE."""
+    if isinstance(segmentation, dict):
+        return "counts" in segmentation and "size" in segmentation
+    return (isinstance(segmentation, list) and bool(segmentation)
+            and all(isinstance(p, list) and len(p) >= 4 and len(p) % 2 == 0 for p in segmentation))
 
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"

@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import logging
 import typing
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -174,7 +175,9 @@ def libreyolo_class(model: LibreModel):
     """The family's libreyolo model class; one line when it or one of its dependencies is missing."""
     lib = libreyolo_module()
     try:
-        return getattr(lib, model.family.class_name)
+        with warnings.catch_warnings():  # RF-DETR's modules call torch.jit.script at import: torch's deprecation
+            warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+            return getattr(lib, model.family.class_name)
     except (ImportError, AttributeError) as exc:  # RF-DETR: ModuleNotFoundError without `transformers`
         why = " ".join(str(exc).split()) or type(exc).__name__  # its message spans lines: one line here
         raise UsageError(f"{model.model_id}: libreyolo {getattr(lib, '__version__', '?')} cannot build "

@@ -40,7 +40,7 @@ import onnx
 import torch
 
 from harness.catalogue import ULTRALYTICS_MODEL_IDS, ULTRALYTICS_SEGMENT_IDS
-from harness.data.categories import COCO80_TO_91
+from harness.data.categories import COCO80_TO_91, COCO_NAMES_BY_ID
 from harness.detector.engine import (
     engine_core_source,
     engine_model_stats,
@@ -88,22 +88,29 @@ def cached_weights(model_id: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def export_class_names(model: onnx.ModelProto, num_classes: int, path: Path) -> tuple[str, ...]:
-    """A fine-tuned export's class names: its `names` metadata (Ultralytics writes a dict literal {index: name}),
-    read as a literal, never executed; class_0 ... where it has none. One line when it disagrees with the outputs."""
+COCO80_NAMES = tuple(COCO_NAMES_BY_ID[category] for category in COCO80_TO_91)
+
+
+def export_class_names(model: onnx.ModelProto, num_classes: int | None, path: Path) -> tuple[str, ...] | None:
+    """An export's class names: its `names` metadata (Ultralytics writes a dict literal {index: name}), read as a
+    literal, never executed; `num_classes` is the count its output shape gives (None: an end-to-end export, whose
+    shape does not say). Without the metadata: None for 80 classes or an unknown count (a COCO-trained export, as
+    the model id says), class_0 ... otherwise. One line when the names disagree with the outputs."""
     raw = next((p.value for p in model.metadata_props if p.key == "names"), None)
     if raw is None:
-        return tuple(f"class_{i}" for i in range(num_classes))
+        return None if num_classes in (None, len(COCO80_TO_91)) else tuple(f"class_{i}" for i in range(num_classes))
     try:
         names = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
         raise UsageError(f"{path}: its `names` metadata is not a {{index: name}} literal ({type(exc).__name__}); "
                          "re-export it, or remove the entry to use class_0 ... and a --class-map by index") from exc
-    if not (isinstance(names, dict) and sorted(names) == list(range(num_classes))
+    count = num_classes if num_classes is not None else len(names) if isinstance(names, dict) else 0
+    if not (isinstance(names, dict) and count and sorted(names) == list(range(count))
             and all(isinstance(v, str) for v in names.values())):
-        raise UsageError(f"{path}: its `names` metadata does not name classes 0..{num_classes - 1} (the output has "
-                         f"{num_classes} classes); re-export it")
-    return tuple(names[i] for i in range(num_classes))
+        outputs = f"the output has {num_classes} classes" if num_classes is not None else "numbered from 0"
+        raise UsageError(f"{path}: its `names` metadata does not name classes 0..{max(count, 1) - 1} ({outputs}); "
+                         "re-export it")
+    return tuple(names[i] for i in range(count))
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
@@ -144,11 +151,13 @@ class UltralyticsOnnxDetector:
                 other = f"{model_id}-seg" if self.task == "detect" else model_id.removesuffix("-seg")
                 kind = "segmentation" if self.layout == "segment" else "detection"
                 raise UsageError(f"{self.path} is an Ultralytics {kind} export; run it as --model {other}")
-            if num_classes is not None and num_classes != len(COCO80_TO_91):
-                # a fine-tuned export: its own classes, counted from its output shape and named by its metadata;
-                # matched to a dataset's categories by name (or by index with --class-map), never as COCO's
-                self.class_names = export_class_names(self._raw_model, num_classes, self.path)
-                self.class_map = tuple(range(num_classes))
+            names = export_class_names(self._raw_model, num_classes, self.path)
+            if names is not None and tuple(n.lower() for n in names) != COCO80_NAMES:
+                # a fine-tuned export (of any layout, even one of 80 classes): its own classes, named by its metadata
+                # (counted from its output shape); matched to a dataset's categories by name (or by index with
+                # --class-map), never as COCO's
+                self.class_names = names
+                self.class_map = tuple(range(len(names)))
             self.weights = WeightsInfo(file=self.path.name, sha256=file_sha256(self.path),
                                        source="--weights" if weights else "weights cache")
             dims = _dims(self._raw_model.graph.input[0])

@@ -39,10 +39,14 @@ def choose_decoder(library: str, cuda: bool) -> str:
     return "nvjpeg" if cuda else "torchvision"
 
 
-def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequence) -> list[torch.Tensor]:
+def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequence,
+                     oriented: Sequence[bool] | None = None) -> list[torch.Tensor]:
     """JPEG bytes -> 3xHxW uint8 RGB tensors on `device`, in one batched nvJPEG call. nvJPEG decodes JPEG
-    only: any other format (none in COCO) is decoded on the host and uploaded, image by image."""
-    jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC]
+    only, and ignores EXIF orientation: any other format (none in COCO) and the JPEGs `oriented` marks (an EXIF
+    orientation other than 1, found when the dataset's images were checked) are decoded on the host and uploaded,
+    image by image."""
+    oriented = oriented or [False] * len(datas)
+    jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC and not oriented[i]]
     out: list[torch.Tensor | None] = [None] * len(datas)
     if jpeg:
         encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg]

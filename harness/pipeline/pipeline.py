@@ -435,7 +435,8 @@ class DetectorPipeline:
             with timer.substep("decode"):
                 datas = [self._read(r) for r in records]
                 paths = [r.path for r in records]
-                images = (decode_on_device(datas, target, paths) if self.decoder == "nvjpeg"
+                images = (decode_on_device(datas, target, paths, [r.exif_orientation != 1 for r in records])
+                          if self.decoder == "nvjpeg"
                           else [decode_tensor(d, p) for d, p in zip(datas, paths, strict=True)])
         if target.type == "cuda" and any(not isinstance(i, torch.Tensor) or i.device != target for i in images):
             with timer.substep("upload"):  # host-decoded images go up as uint8, not float32

@@ -47,14 +47,19 @@ def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
 
 
 def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
-    """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB;
-    grey and CMYK JPEGs come out as RGB, as cv2's IMREAD_COLOR makes BGR of them."""
+    """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB, the pixels
+    cv2's IMREAD_COLOR gives (in RGB order): grey and CMYK JPEGs as RGB, the EXIF orientation applied, a 16-bit
+    PNG's high byte."""
     try:
         from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
 
-        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                             apply_exif_orientation=True)
     except RuntimeError as exc:
         raise UsageError(f"{path} could not be decoded as an image ({str(exc)[:80]}); re-download it") from exc
+    if image.dtype == torch.uint16:  # 16-bit PNG: cv2 keeps the high byte (no shift for uint16 in torch)
+        image = (image.to(torch.int32) >> 8).to(torch.uint8)
+    return image
 
 
 IMPLEMENTATIONS = ("cv2", "torch", "pil")

@@ -18,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from harness.results.site_rules import RF100VL_PROTOCOL
+
 RF100VL_ID = "rf100_vl"
 PROTOCOL_VERSION = "rf100vl.libreyolo.v1"
+RF100VL_DATASETS = 100  # the protocol's datasets: a row of fewer is partial, however many a download held
 IDENTITY_SCHEME = ("sha256(canonical JSON of dataset name, image count, per-dataset image-id SHA-256, and locked "
                    "version id)")
 PER_DATASET_KEYS = ("mAP_50", "mAP_50_95", "mAP_75", "AR100", "AR_max_det")
@@ -46,9 +49,20 @@ def _mean(values: list) -> float | None:
     return float(np.mean(numbers)) if numbers else None
 
 
+def protocol_problems(config: dict, max_dets: Any) -> list[str]:
+    """How a run's options differ from rf100vl.libreyolo.v1's (conf, NMS IoU, max_det, COCOeval's cap): a row
+    measured otherwise is not comparable with the section's, whatever its datasets."""
+    out = [f"{key} {config.get(key)} is not the protocol's {want}" for key, want in RF100VL_PROTOCOL.items()
+           if config.get(key) != want]
+    if not isinstance(max_dets, list) or RF100VL_PROTOCOL["max_det"] not in max_dets:
+        out.append(f"COCOeval's maxDets {max_dets} lack the protocol's {RF100VL_PROTOCOL['max_det']}")
+    return out
+
+
 def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict, split: str,
                         created_at: str | None = None) -> dict:
-    """The campaign's row from its datasets' submissions (at least one scored)."""
+    """The campaign's row from its datasets' submissions (at least one scored). `expected`: the datasets the
+    campaign lists; the row is valid only with all of RF100-VL's 100 scored under its protocol."""
     scored = [r for r in results if r.submission is not None]
     if not scored:
         raise ValueError("no dataset of the campaign was scored")
@@ -65,8 +79,11 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
                    "image_id_sha256": r.submission["dataset"]["image_id_sha256"], "version_id": r.version}
                   for r in scored]
     skipped = [{"dataset": r.name, "reason": r.reason} for r in results if r.submission is None]
-    invalid = [f"{len(scored)} of {expected} datasets scored"] if len(scored) != expected else []
+    invalid = [f"{len(scored)} of {RF100VL_DATASETS} datasets scored"
+               + (f" (the campaign lists {expected})" if expected != RF100VL_DATASETS else "")
+               ] if len(scored) != RF100VL_DATASETS else []
     invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
+    invalid += protocol_problems(template["config"], template["eval"].get("maxDets"))
     hardware_ids = sorted({s["hardware"]["id"] for s in subs})
     if len(hardware_ids) > 1:  # a resumed campaign on another machine, or runs brought together by hand
         invalid.append(f"its datasets were measured on different hardware ({', '.join(hardware_ids)}); "
@@ -100,7 +117,7 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
                               "identity_scheme": IDENTITY_SCHEME, "datasets": identities}},
         "rf100vl": {"regime": "fine-tuned", "aggregation": "unweighted mean across datasets",
                     "protocol": {"version": PROTOCOL_VERSION, "nms_iou": template["config"]["iou"],
-                                 "max_det": template["config"]["max_det"], "expected_datasets": expected},
+                                 "max_det": template["config"]["max_det"], "expected_datasets": RF100VL_DATASETS},
                     "dataset_versions_sha256": canonical_sha256([[i["dataset"], i["version_id"]] for i in identities]),
                     "recipe_sha256": canonical_sha256(recipe),
                     "valid_submission": not invalid, "invalid_reasons": invalid,

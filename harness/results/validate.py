@@ -15,9 +15,11 @@ from pydantic import ValidationError
 
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
+from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
 from harness.results.model import Submission
 from harness.results.reader import collect_files, detections_file, read_detections, read_json
 from harness.results.site_rules import (
+    RF100VL_PROTOCOL,
     Finding,
     number_type_findings,
     protocol_findings,
@@ -203,10 +205,22 @@ def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
         if values and _finite_number(stated) and abs(sum(values) / len(values) - stated) > 1e-6:
             out.append(Finding(f"accuracy.{key}", f"accuracy.{key} {stated:.6f} is not the mean of the "
                                f"{len(values)} datasets' {key} ({sum(values) / len(values):.6f})", "rf100vl"))
-    expected = (block.get("protocol") or {}).get("expected_datasets", 100)
+    protocol = block.get("protocol") if isinstance(block.get("protocol"), dict) else {}
+    expected = protocol.get("expected_datasets", RF100VL_DATASETS)
     if block.get("valid_submission") is True and len(datasets) != expected:
         out.append(Finding("rf100vl.valid_submission", f"valid_submission is true with {len(datasets)} of "
                            f"{expected} datasets (a partial{len(datasets)} row)", "rf100vl"))
+    if protocol.get("version") == PROTOCOL_VERSION:  # the version fixes the protocol: the row must be measured so
+        stated = {"nms_iou": RF100VL_PROTOCOL["iou"], "max_det": RF100VL_PROTOCOL["max_det"],
+                  "expected_datasets": RF100VL_DATASETS}
+        out += [Finding(f"rf100vl.protocol.{key}", f"rf100vl.protocol.{key} {protocol.get(key)} is not "
+                        f"{PROTOCOL_VERSION}'s {want}", "rf100vl") for key, want in stated.items()
+                if protocol.get(key) != want]
+        config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+        max_dets = (doc.get("eval") or {}).get("maxDets") if isinstance(doc.get("eval"), dict) else None
+        if block.get("valid_submission") is True:
+            out += [Finding("config", f"valid_submission is true but {problem}", "rf100vl")
+                    for problem in protocol_problems(config, max_dets)]
     return out
 
 

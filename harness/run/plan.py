@@ -137,6 +137,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         if not dry_run:  # the images' strict decode overlaps the imports below (its threads release the GIL)
             integrity = find_corrupt_images_in_background(records)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
+    from harness.detector.protocol import task_of
     from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
     from harness.models.registry import get_detector
 
@@ -155,6 +156,8 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         variant = dataset.variant(config.subset, config.limit)
         records = dataset.records(variant)
     dataset.class_map = class_map
+    if not synthetic and config.masks and any(task_of(d) == "segment" for d in detectors.values()):
+        dataset.check_masks(variant)  # masks scored against boxes-only ground truth would all miss
     label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)

@@ -40,6 +40,11 @@ def _invariance(record: CellRecord) -> str:
 DROP_ORDER = ("J/img", "RAM MB", "p95 ms", "split %")
 
 
+def _map(record: CellRecord) -> str:
+    value = record.accuracy.stats.get("mAP_50_95") if record.accuracy else None
+    return "-" if value is None else f"{value:.4f}"  # None: undefined (no ground truth among the images scored)
+
+
 def _group_rows(statuses: list, records: dict[str, CellRecord], energy: bool) -> list[dict[str, str]]:
     rows = []
     for status in statuses:
@@ -50,7 +55,7 @@ def _group_rows(statuses: list, records: dict[str, CellRecord], energy: bool) ->
             t = r.timing
             row.update({"img/s": f"{t.images_per_s:.1f}", "p50 ms": f"{t.batch_ms.p50:.2f}",
                         "p95 ms": f"{t.batch_ms.p95:.2f}", "split %": stage_split(r),
-                        "mAP": f"{r.accuracy.stats['mAP_50_95']:.4f}" if r.accuracy else "-",
+                        "mAP": _map(r),
                         "b-inv": _invariance(r),
                         "RAM MB": f"{r.memory['peak_ram_mb']:.0f}" if r.memory.get("peak_ram_mb") is not None else "-"})
             if energy:
