@@ -133,6 +133,18 @@ def test_backend_is_the_treatment_when_each_side_has_one(tmp_path):
     assert len(c.cells) == 1 and c.same["model"] == "toy"
 
 
+def test_batch_size_is_the_treatment_when_each_side_has_one(tmp_path):
+    # a run at b1 against a run at b2: the per-image latencies compared, the cell named by the treatment
+    write_submission(tmp_path / "a", lognormal(1, 50), 1)
+    write_submission(tmp_path / "b", lognormal(2, 80), 2)
+    c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
+    assert c.differ == {"batch_size": (1, 2)} and len(c.cells) == 1
+    assert c.cells[0].label == "b1 vs b2"
+    result = va_bench("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["comparisons"][0]["differ"] == {"batch_size": [1, 2]}
+
+
 def test_missing_samples_make_the_verdict_unavailable(tmp_path):
     path = write_submission(tmp_path / "a", lognormal(1, 50))
     doc = json.loads(path.read_text())

@@ -161,6 +161,13 @@ def test_classes_a_category_cannot_be_told_apart_by_are_refused():
         match_classes("m", (None, "person", "car"), {1: "pedestrian", 3: "car"}, ClassMap("f", {"pedestrian": "0"}))
 
 
+def test_a_negative_class_index_in_a_class_map_is_refused(tmp_path):
+    path = tmp_path / "map.yaml"
+    path.write_text("human: -1\n")
+    with pytest.raises(UsageError, match="`human: -1` is no class index"):
+        ClassMap.read(str(path))
+
+
 def test_decoded_size_of_a_png_is_its_header(tmp_path):
     path = tmp_path / "a.png"
     Image.new("RGB", (31, 17)).save(path)

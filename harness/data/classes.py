@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,10 @@ class ClassMap:
                 isinstance(k, (str, int)) and isinstance(v, (str, int)) for k, v in data.items()):
             raise UsageError(path_problem("--class-map", given, "not a mapping of names")
                              + "; write `dataset category name: model class name` lines")
+        negative = [f"{k}: {v}" for k, v in data.items() if re.fullmatch(r"\s*-\s*\d+\s*", str(v))]
+        if negative:  # names are compared without separators: "-1" would otherwise read as index 1
+            raise UsageError(path_problem("--class-map", given, f"`{negative[0]}` is no class index (indices are "
+                                          "0 or more)") + "; fix the file")
         return cls(str(given), {str(k): str(v) for k, v in data.items()})
 
 

@@ -319,8 +319,11 @@ def _num(value) -> float | None:
 
 
 def _label(coords: dict[str, Any], keys: list[str]) -> str:
+    """'b4 640px ...' of the keys given; a key the coordinates lack (the treatment, not a pairing key) is left out."""
     parts = []
     for k in keys:
+        if k not in coords:
+            continue
         v = coords[k]
         parts.append(f"b{v}" if k == "batch_size" else f"{v}px" if k == "input_size" else str(v))
     return " ".join(parts)
@@ -528,7 +531,8 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
         out.notes.append("no cell of A has a counterpart in B: nothing to compare (see only in A / only in B)")
         return out
     label_keys = vary if "batch_size" in vary else [*vary, "batch_size"]
-    out.cells = [_cell_delta(_label(key, label_keys), key, ea, eb, alpha) for key, ea, eb in pairs]
+    treatment = "b{} vs b{}".format(*out.differ["batch_size"]) if "batch_size" in out.differ else ""
+    out.cells = [_cell_delta(_label(key, label_keys) or treatment, key, ea, eb, alpha) for key, ea, eb in pairs]
     out.accuracy = _accuracy_deltas(pairs, vary)
     out.detections, notes = _detection_rows(pairs, vary, cache, iou, conf)
     out.notes += notes
