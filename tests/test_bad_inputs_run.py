@@ -188,6 +188,18 @@ def test_an_onnx_that_is_not_a_yolox_export_is_one_line_exit_2_no_folder(tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+@requires_coco
+@requires_yolox
+def test_another_variants_weights_are_refused_not_named_as_this_variant(tmp_path):
+    # the Nano export run as yolox-s would be a yolox-s submission with Nano's speed and accuracy
+    result = run_in_process("run", "--model", "yolox-s", "--weights", str(YOLOX_NANO), "--limit", "2",
+                            "--coco-dir", str(COCO_DIR), "--output-dir", "o", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    line = one_error_line(result)
+    assert "has 0.90 M parameters, YOLOX-s 9.0 M: it looks like yolox-nano; run it as --model yolox-nano" in line
+    assert not (tmp_path / "o").exists()
+
+
 @requires_yolox
 def test_the_real_export_passes_and_its_output_shape_is_inferred_when_missing(tmp_path):
     from harness.models.yolox import YoloxDetector

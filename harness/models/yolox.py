@@ -8,6 +8,7 @@ aspect-preserving resize with top-left padding of value 114 (YOLOX's ValTransfor
 
 from __future__ import annotations
 
+import math
 import os
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +25,7 @@ from harness.detector.engine import (
     is_engine_file,
     probe_outputs,
 )
-from harness.detector.graph import make_batch_dynamic, onnx_model_stats
+from harness.detector.graph import make_batch_dynamic, onnx_model_stats, onnx_param_count
 from harness.detector.protocol import (
     RANDOM_WEIGHTS,
     Candidates,
@@ -42,6 +43,9 @@ from harness.files import file_sha256
 VARIANTS = YOLOX_VARIANTS
 RELEASE_URL = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/yolox_{variant}.onnx"
 STRIDES = (8, 16, 32)
+# Parameters of each variant (millions; YOLOX's model zoo table). Adjacent variants differ 1.8x or more, so a
+# graph outside [0.75, 1.33] of its variant's count is another variant, whatever the file is called
+PARAMS_MILLIONS = {"nano": 0.91, "tiny": 5.06, "s": 9.0, "m": 25.3, "l": 54.2, "x": 99.1}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OFFLINE_DIR = REPO_ROOT.parent / "shared" / "assets" / "onnx"
 
@@ -143,6 +147,7 @@ class YoloxDetector:
                 source="--weights" if weights else "official YOLOX release (ONNX export)",
             )
             self._raw_model = self._load(self.path)
+            self._check_variant()
             size = self._native_input_size()
         self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
                                          pad_value=114, channel_order="BGR", scale=1.0)
@@ -165,6 +170,15 @@ class YoloxDetector:
             f"{', '.join(str(c) for c in weight_candidates(self.variant))}); run "
             f"`va-bench models fetch {self.model_id}` or pass --weights PATH"
         )
+
+    def _check_variant(self) -> None:
+        """One line when the graph's parameter count is another variant's: a submission would name the wrong model."""
+        params = onnx_param_count(self._raw_model) / 1e6
+        want = PARAMS_MILLIONS[self.variant]
+        if not 0.75 <= params / want <= 1.33:
+            near = min(PARAMS_MILLIONS, key=lambda v: abs(math.log(params / PARAMS_MILLIONS[v])) if params else 0)
+            raise UsageError(f"{self.path} has {params:.2f} M parameters, YOLOX-{self.variant} {want} M: it looks like "
+                             f"yolox-{near}; run it as --model yolox-{near}, or pass {self.model_id}'s own weights")
 
     @staticmethod
     def _load(path: Path) -> onnx.ModelProto:
