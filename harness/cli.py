@@ -345,10 +345,11 @@ def campaign(
 ) -> None:
     """One model fine-tuned per dataset: a run per dataset (isolated, resumable) and one row in the site's
     RF100-VL shape (unweighted mean over datasets; partial{n} when some are missing), here or with --fleet on
-    a Ray cluster (one task per dataset). Exit 0 when every dataset was scored, 1 when some were skipped, 2 for
-    bad input."""
+    a Ray cluster (one task per dataset). Exit 0 when every dataset it lists was scored under the protocol, 1
+    otherwise (some skipped, other options, several machines), 2 for bad input."""
     import re as _re
 
+    from harness.results.campaign import scored_as_listed
     from harness.results.reader import read_json_object
     from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign, run_here
     from harness.views.commands import campaign_json, print_campaign
@@ -379,7 +380,7 @@ def campaign(
         print_json(console, campaign_json(path, doc))
     else:
         print_campaign(console, path, doc, results)
-    raise typer.Exit(0 if doc["rf100vl"]["valid_submission"] else 1)
+    raise typer.Exit(0 if scored_as_listed(doc["rf100vl"], plan.expected) else 1)
 
 
 @app.command()

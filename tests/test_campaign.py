@@ -132,19 +132,47 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
     empty.write_text("model: yolox-nano\ndatasets: []\n")
     result = run_in_process("campaign", str(empty), "--output-dir", str(tmp_path / "o2"))
     assert result.returncode == 2 and "lists no datasets" in result.stderr
+    weights = tmp_path / "w.onnx"
+    weights.write_bytes(b"weights")
     twins = tmp_path / "twins.yaml"
-    twins.write_text("model: yolox-nano\ndatasets:\n  - {name: a b, dataset: x, weights: w}\n"
-                     "  - {name: a-b, dataset: y, weights: w}\n")
+    twins.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a b, dataset: x, weights: {weights}}}\n"
+                     f"  - {{name: a-b, dataset: y, weights: {weights}}}\n")
     result = run_in_process("campaign", str(twins), "--output-dir", str(tmp_path / "o3"))
     assert result.returncode == 2 and "names two datasets alike" in result.stderr
+    # every mistake of the file, and options no run takes, in one line before anything is written
+    one = f"  - {{name: a, dataset: x, weights: {weights}}}\n"
+    for text, expected in ((f"model: yolox-nano\nspilt: valid\ndatasets:\n{one}", "unknown key 'spilt'"),
+                           (f"model: yolox-nano\noptions: [1, 2]\ndatasets:\n{one}", "`options` is not a mapping"),
+                           ("model: yolox-nano\ndatasets:\n  - {name: a, dataset: x, weights: null}\n",
+                            "datasets[0].weights None is not a file"),
+                           (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, weights: {tmp_path}}}\n",
+                            "is not a file"),
+                           (f"model: null\ndatasets:\n{one}", "`model` is None, not a model id"),
+                           (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, wieghts: {weights}}}\n",
+                            "datasets[0] needs name, dataset and weights")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        result = run_in_process("campaign", str(bad), "--output-dir", str(tmp_path / "o4"))
+        assert result.returncode == 2 and expected in result.stderr, (text, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "o4").exists()
+    good = tmp_path / "good.yaml"
+    good.write_text(f"model: yolox-nano\ndatasets:\n{one}")
+    for args, expected in ((["--backend", "bogus"], "bogus"), (["--device", "tpu"], "tpu")):
+        result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "o5"), *args)
+        assert result.returncode == 2 and expected in result.stderr, result.stderr
+        assert not (tmp_path / "o5").exists()
+    (tmp_path / "a-file").write_text("")
+    result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "a-file"))
+    assert result.returncode == 2 and "not a folder" in result.stderr, result.stderr
 
 
 def test_a_campaign_files_datasets_take_its_split(tmp_path):
     from harness.run.campaign import read_campaign_file
 
-    path = tmp_path / "c.yaml"
-    path.write_text("model: yolox-nano\ndatasets:\n  - {name: a, dataset: x, weights: w}\n"
-                    "  - {name: b, dataset: y, weights: w, split: valid}\n")
+    path, weights = tmp_path / "c.yaml", tmp_path / "w.onnx"
+    weights.write_bytes(b"weights")
+    path.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, weights: {weights}}}\n"
+                    f"  - {{name: b, dataset: y, weights: {weights}, split: valid}}\n")
     campaign = read_campaign_file(path, {})
     assert campaign.split == "test" and [e.split for e in campaign.entries] == ["test", "valid"]
 

@@ -59,6 +59,19 @@ def protocol_problems(config: dict, max_dets: Any) -> list[str]:
     return out
 
 
+def count_reason(scored: int, listed: int) -> str:
+    """Why a row of `scored` datasets (of the `listed` its campaign named) is not RF100-VL's whole."""
+    return f"{scored} of {RF100VL_DATASETS} datasets scored" + (
+        f" (the campaign lists {listed})" if listed != RF100VL_DATASETS else "")
+
+
+def scored_as_listed(block: dict, listed: int) -> bool:
+    """Every dataset the campaign lists scored under the protocol on one machine: nothing keeps the row from being
+    valid but (for a campaign of other datasets than RF100-VL's 100) their number."""
+    scored = len(block.get("datasets") or [])
+    return scored == listed and all(r == count_reason(scored, listed) for r in block.get("invalid_reasons") or [])
+
+
 def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict, split: str,
                         created_at: str | None = None) -> dict:
     """The campaign's row from its datasets' submissions (at least one scored). `expected`: the datasets the
@@ -79,9 +92,7 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
                    "image_id_sha256": r.submission["dataset"]["image_id_sha256"], "version_id": r.version}
                   for r in scored]
     skipped = [{"dataset": r.name, "reason": r.reason} for r in results if r.submission is None]
-    invalid = [f"{len(scored)} of {RF100VL_DATASETS} datasets scored"
-               + (f" (the campaign lists {expected})" if expected != RF100VL_DATASETS else "")
-               ] if len(scored) != RF100VL_DATASETS else []
+    invalid = [count_reason(len(scored), expected)] if len(scored) != RF100VL_DATASETS else []
     invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
     invalid += protocol_problems(template["config"], template["eval"].get("maxDets"))
     hardware_ids = sorted({s["hardware"]["id"] for s in subs})

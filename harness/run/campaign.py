@@ -91,23 +91,42 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
     return Campaign(model, entries, split, {**RF100VL_OPTIONS, **options})
 
 
+CAMPAIGN_KEYS = ("model", "split", "options", "datasets")
+ENTRY_KEYS = ("name", "dataset", "weights", "version", "split")
+
+
 def read_campaign_file(path: Path, options: dict) -> Campaign:
     """A campaign YAML (safe_load): `model`, `split`, optional `options` (run options), and `datasets`, a list of
-    {name, dataset, weights, version?, split?}."""
+    {name, dataset, weights, version?, split?}. Unknown keys (a misspelt `split` would silently score another
+    split), values of the wrong type and weights that are not files are one line each."""
+    def problem(text: str, fix: str = "fix the file") -> UsageError:
+        return UsageError(path_problem("campaign file", path, text) + f"; {fix}")
+
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UsageError(path_problem("campaign file", path, f"not readable YAML ({type(exc).__name__})")
-                         + "; fix it") from exc
+        raise problem(f"not readable YAML ({type(exc).__name__})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("datasets"), list) or "model" not in data:
-        raise UsageError(path_problem("campaign file", path, "needs `model` and a `datasets` list")
-                         + " of {name, dataset, weights}")
+        raise problem("needs `model` and a `datasets` list", "write `datasets:` as a list of {name, dataset, weights}")
+    unknown = [str(k) for k in data if k not in CAMPAIGN_KEYS]
+    if unknown:
+        raise problem(f"unknown key {unknown[0]!r}", f"use {', '.join(CAMPAIGN_KEYS)}")
+    if not isinstance(data["model"], str) or not data["model"]:
+        raise problem(f"`model` is {data['model']!r}, not a model id", "name the model the weights are for")
+    if not isinstance(data.get("options") or {}, dict):
+        raise problem("`options` is not a mapping", "write run options as `name: value` lines under it")
     split = str(data.get("split", "test"))
     entries = []
     for i, item in enumerate(data["datasets"]):
         if not isinstance(item, dict) or not {"name", "dataset", "weights"} <= set(item):
-            raise UsageError(path_problem("campaign file", path, f"datasets[{i}] needs name, dataset and weights"))
-        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(item["weights"]),
+            raise problem(f"datasets[{i}] needs name, dataset and weights")
+        unknown = [str(k) for k in item if k not in ENTRY_KEYS]
+        if unknown:
+            raise problem(f"datasets[{i}] has an unknown key {unknown[0]!r}", f"use {', '.join(ENTRY_KEYS)}")
+        weights = item["weights"]
+        if not isinstance(weights, str) or not Path(weights).expanduser().is_file():  # as a run's --weights
+            raise problem(f"datasets[{i}].weights {weights!r} is not a file", "give each dataset's weights file")
+        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), weights,
                                      item.get("version"), str(item.get("split", split))))
     if not entries:
         raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")
@@ -124,6 +143,15 @@ def dataset_config(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path,
     return build_config({**campaign.options, "models": [campaign.model], "weights": entry.weights,
                          "dataset": entry.dataset, "split": entry.split, "output_dir": str(datasets_dir),
                          "run_id": run_folder_name(entry), "draw_images": 0, **overrides})
+
+
+def check_options(campaign: Campaign, datasets_dir: Path) -> None:
+    """The options every dataset's run shares, checked once before anything is written (one UsageError line): a
+    bad backend or device would otherwise skip every dataset, one by one, and leave a campaign folder that the
+    corrected command may not resume."""
+    from harness.run.plan import check_runtimes, engine_defaults
+
+    check_runtimes(engine_defaults(dataset_config(campaign, campaign.entries[0], datasets_dir)))
 
 
 def run_folder_name(entry: CampaignEntry) -> str:
@@ -199,6 +227,9 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     """Every dataset's run (those finished by an earlier pass are read back), then the campaign's row
     (submissions/), its per-dataset table (datasets.csv) and plot (datasets.png)."""
     folder = output_dir / campaign_id
+    check_options(campaign, folder / "datasets")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(path_problem("--output-dir", output_dir, "not a folder") + "; pick a folder")
     recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
     if (folder / "campaign.json").is_file():  # resuming: only the same campaign may add to its folder
         before = json.loads((folder / "campaign.json").read_text()).get("recipe")
