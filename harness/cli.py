@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import sys
 import typing
@@ -307,8 +308,8 @@ def aggregate(
     from harness.results.validate import load_support_matrix, validate_paths
     from harness.views.commands import print_leaderboard
 
-    if tolerance < 0:
-        raise UsageError("--tolerance must be >= 0 (mAP points)")
+    if not math.isfinite(tolerance) or tolerance < 0:  # NaN compares false with everything: no gate at all
+        raise UsageError(f"--tolerance {tolerance}: must be a number >= 0 (mAP points)")
     support = load_support_matrix(support_matrix)
     validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
@@ -758,9 +759,9 @@ def parity_preprocess(
         err_console.print("[yellow]deprecated[/]: --impls a,b is now --impls a b", highlight=False)
     names = tuple(dict.fromkeys(n.strip() for item in impls for n in item.split(",") if n.strip()))
     unknown = [n for n in names if n not in IMPLEMENTATIONS]
-    if unknown or not names:
-        raise UsageError(f"--impls {' '.join(impls)}: give implementations from {', '.join(IMPLEMENTATIONS)}, "
-                         "the reference first (e.g. --impls cv2 torch pil)")
+    if unknown or len(names) < 2:  # one implementation alone compares nothing, and would pass every gate
+        raise UsageError(f"--impls {' '.join(impls)}: give the reference and at least one other implementation from "
+                         f"{', '.join(IMPLEMENTATIONS)}, the reference first (e.g. --impls cv2 torch pil)")
     pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)

@@ -8,6 +8,7 @@ import json
 import subprocess
 
 import numpy as np
+import pytest
 from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
 
 from harness.eval.coco_eval import STAT_NAMES
@@ -60,10 +61,14 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
     return run_in_process("parity", "preprocess", "--coco-dir", str(COCO_DIR), *args)
 
 
-def test_bad_impls_is_one_line_exit_2():
-    out = _parity("--impls", "cv2", "opencv")
+@pytest.mark.parametrize("args, expected", [
+    (("--impls", "cv2", "opencv"), "--impls"),
+    (("--impls", "cv2", "cv2"), "at least one other implementation"),  # the reference against nothing
+])
+def test_bad_parity_options_are_one_line_exit_2(args, expected):
+    out = _parity(*args)
     assert out.returncode == 2
-    assert "--impls" in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert expected in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 @requires_coco

@@ -300,6 +300,7 @@ def test_failing_gate_shows_not_met_and_fails_only_when_asked(run_a, tmp_path):
     ("gates:\n  - {metric: mAP, comparison: '>=', target: 0.2}\n", "unknown metric 'mAP'"),
     ("gates:\n  - {metric: mAP_50_95, comparison: '=>', target: 0.2}\n", "gates[0].comparison"),
     ("gates:\n  - {metric: mAP_50_95, comparison: '>=', target: '0.2'}\n", "gates[0].target"),
+    ("gates:\n  - {metric: mAP_50_95, comparison: '>=', target: .nan}\n", "gates[0].target"),
     ("gates:\n  - {metric: mAP_50_95, comparison: '>=', target: 0.2, cell: {batch: 1}}\n", "gates[0].cell.batch"),
     ("gates:\n  - !!python/object/apply:os.system ['true']\n", "not valid YAML"),
 ])

@@ -275,6 +275,7 @@ def test_aggregate_cli_strict(tmp_path):
     assert lenient.returncode == 0 and json.loads(out.read_text())["counts"]["rows"] == 708
     assert va_bench("aggregate", SUBMISSIONS, "--strict", "--json").returncode == 1
     assert va_bench("aggregate", SUBMISSIONS, "--tolerance", "-1").returncode == 2
+    assert va_bench("aggregate", SUBMISSIONS, "--tolerance", "nan").returncode == 2  # NaN would gate nothing
 
 
 # --- results side ------------------------------------------------------------------------

@@ -87,7 +87,8 @@ class Gate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     metric: Literal[tuple(METRICS)]  # type: ignore[valid-type]
     comparison: Literal[">=", ">", "<=", "<"]
-    target: float = Field(strict=True)  # strict: a quoted '10' or a bool is a mistake, not a number
+    # strict: a quoted '10' or a bool is a mistake, not a number; NaN would meet no target and infinity every one
+    target: float = Field(strict=True, allow_inf_nan=False)
     cell: Selector = Field(default_factory=Selector)
     name: str | None = None
     note: str | None = None
