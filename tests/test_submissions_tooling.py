@@ -278,6 +278,22 @@ def test_aggregate_cli_strict(tmp_path):
     assert va_bench("aggregate", SUBMISSIONS, "--tolerance", "nan").returncode == 2  # NaN would gate nothing
 
 
+@requires_corpus
+@pytest.mark.parametrize("matrix, expected", [
+    ({}, "`models` is not a list"),  # every file would be off the board, and the command would pass
+    ({"models": 5, "runtimes": []}, "`models` is not a list"),
+    ({"models": ["yolox-nano"], "runtimes": [5]}, "`runtimes` is not a list"),
+    ([], "want an object"),
+])
+def test_a_support_matrix_of_another_shape_is_refused(tmp_path, matrix, expected):
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps(matrix))
+    for command in ("validate", "aggregate"):
+        result = va_bench(command, SUBMISSIONS, "--support-matrix", path)
+        assert result.returncode == 2 and expected in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 # --- results side ------------------------------------------------------------------------
 
 

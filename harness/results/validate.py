@@ -353,7 +353,27 @@ def load_support_matrix(path: str | Path | None) -> dict | None:
         return None
     path = Path(path)
     doc, problem = read_json(path) if path.is_file() else (None, Finding("$", "no such file", "file.read"))
-    if problem or not isinstance(doc, dict) or not isinstance(doc.get("runtimes", []), list):
-        reason = problem.message if problem else "not a support matrix (want models + runtimes)"
-        raise UsageError(f"--support-matrix {path}: {reason}")
+    if problem:
+        raise UsageError(f"--support-matrix {path}: {problem.message}")
+    shape = _support_matrix_problem(doc)
+    if shape:  # an empty or half matrix would put every file off the board, and the command would still pass
+        raise UsageError(f"--support-matrix {path}: not a support matrix ({shape}); give the site's "
+                         "support-matrix.json")
     return doc
+
+
+def _support_matrix_problem(doc: Any) -> str | None:
+    """What keeps `doc` from being the site's support matrix: models (ids), runtimes ({backend, ...})."""
+    if not isinstance(doc, dict):
+        return "want an object with models and runtimes"
+    models = doc.get("models")
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+        return "`models` is not a list of model ids"
+    runtimes = doc.get("runtimes")
+    if not isinstance(runtimes, list) or not runtimes or not all(
+            isinstance(r, dict) and isinstance(r.get("backend"), str) for r in runtimes):
+        return "`runtimes` is not a list of {backend, providers, precisions}"
+    identifiers = doc.get("supported_libreyolo_identifier", [])
+    if not isinstance(identifiers, list) or not all(isinstance(i, str) for i in identifiers):
+        return "`supported_libreyolo_identifier` is not a list of names"
+    return None
