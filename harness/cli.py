@@ -310,6 +310,7 @@ def aggregate(
 
     if not math.isfinite(tolerance) or tolerance < 0:  # NaN compares false with everything: no gate at all
         raise UsageError(f"--tolerance {tolerance}: must be a number >= 0 (mAP points)")
+    _check_output("--output", output)
     support = load_support_matrix(support_matrix)
     validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
@@ -547,6 +548,15 @@ significance test calls noise; a gate with nothing to check fails.
     raise typer.Exit(1 if failed else 0)
 
 
+def _check_output(flag: str, path: Path | None) -> None:
+    """One UsageError line when the file an option names cannot be written (before the command's work)."""
+    from harness.files import output_file_problem
+
+    problem = None if path is None else output_file_problem(path)
+    if problem:
+        raise UsageError(path_problem(flag, path, problem) + "; give a file path in a writable folder")
+
+
 def _diff_thresholds(pair_iou: float, diff_conf: float, old_iou: float | None,
                      old_conf: float | None) -> tuple[float, float]:
     """The detection diff's pairing IoU and score cut (the deprecated spellings win when given), range-checked."""
@@ -572,6 +582,8 @@ def inspect_command(
     from harness.files import atomic_write_csv
     from harness.models.inspect import inspect_model
     from harness.views.inspect_view import render_inspect
+
+    _check_output("--csv", csv_path)
 
     if input_size and len(input_size) > 1:
         raise UsageError(f"--input-size: give one size (got {' '.join(map(str, input_size))})")
@@ -601,6 +613,7 @@ def report(
     from harness.report.run_report import make_report
     from harness.views.commands import print_report_outcome
 
+    _check_output("--log", log)
     outcome = make_report(run_dir, gates, log, require_gates=fail_on_gates)
     print_report_outcome(console, outcome, log)
     raise typer.Exit(1 if fail_on_gates and outcome.gates_not_met else 0)
@@ -755,6 +768,7 @@ def parity_preprocess(
     from harness.pipeline.preprocess import IMPLEMENTATIONS
     from harness.views.parity_view import render_parity
 
+    _check_output("--json-out", json_out)
     if any("," in n for n in impls):
         err_console.print("[yellow]deprecated[/]: --impls a,b is now --impls a b", highlight=False)
     names = tuple(dict.fromkeys(n.strip() for item in impls for n in item.split(",") if n.strip()))

@@ -52,6 +52,23 @@ def is_disk_full(exc: BaseException | None) -> bool:
     return False
 
 
+def output_file_problem(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (a folder there, a file where a folder of its path should be, a
+    folder that is not writable); None when it can. For the commands that write an output the user names: checked
+    before their work, not found after it."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return "is a folder"
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"is under {ancestor}, a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be written ({ancestor} is not writable)"
+    return None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write `data` to `path` atomically. A full disk is a DiskFullError naming `path`; the temp file is
     removed whatever happens, so a failed write leaves the previous version (or nothing) in place."""

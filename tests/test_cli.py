@@ -144,3 +144,23 @@ def test_the_torch_free_lists_are_the_registries():
 
     assert model_ids() == tuple(REGISTRY) and TORCHVISION_IDS == tuple(MODELS)
     assert tuple(_registry())[:len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS
+
+
+@pytest.mark.parametrize("command, flag", [
+    (["aggregate", "{corpus}"], "--output"),
+    (["inspect", "yolox-nano"], "--csv"),
+    (["parity", "preprocess", "--impls", "cv2", "torch"], "--json-out"),
+    (["report", "{tmp}"], "--log"),
+])
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_path, command, flag, where):
+    # checked up front: these commands would otherwise do all their work and then fail on the write
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.txt").write_text("")
+    target = tmp_path / ("folder" if where == "a folder" else "file.txt/out.json")
+    args = [a.format(corpus=tmp_path / "folder", tmp=tmp_path) for a in command]
+    result = run_in_process(*args, flag, str(target))
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and flag in line
+    assert ("is a folder" if where == "a folder" else "a file") in line, line
