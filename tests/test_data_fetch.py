@@ -135,6 +135,13 @@ def test_an_unreachable_server_is_one_line_exit_1(tmp_path):
     assert len(lines) == 1 and "could not download" in lines[0] and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("url", ["notaurl", "", "ftp://host/coco", "http://"])
+def test_a_base_url_that_is_no_url_is_refused_before_anything_is_made(tmp_path, url):
+    result = run_in_process("data", "fetch", "coco", "--dest", str(tmp_path / "c"), "--base-url", url)
+    assert result.returncode == 2 and "is not an http(s):// or file:// URL" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+
+
 @requires_yolox
 def test_models_fetch_skips_weights_found_locally_and_force_downloads(server, tmp_path, monkeypatch):
     """`models fetch yolox-nano` where the weights are already found: no request; `--force` downloads them

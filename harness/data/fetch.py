@@ -14,6 +14,7 @@ import http.client
 import os
 import shutil
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Callable
@@ -124,6 +125,10 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
                    progress: Callable[[str, int, int | None], None] | None = None, keep_archives: bool = False,
                    ) -> list[str]:
     """Download, verify and extract each archive into `dest`; returns one line per archive for the user."""
+    url = urllib.parse.urlsplit(base_url)
+    if not (url.scheme in ("http", "https") and url.netloc or url.scheme == "file" and url.path):
+        raise UsageError(f"--base-url {base_url!r} is not an http(s):// or file:// URL; give the mirror's URL "
+                         "(default: COCO's own)")
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
