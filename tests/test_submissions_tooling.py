@@ -642,3 +642,28 @@ def test_a_derived_hardware_id_tells_machines_apart_and_keeps_the_sites_ids():
     assert derive_hardware_id("Orin (nvgpu)", "ARMv8 Processor rev 1 (v8l)", 8) == "jetson_orin"
     assert derive_hardware_id("Raspberry Pi 5 Model B Rev 1.0", "Cortex-A76", 4) == "rpi5"
     assert derive_hardware_id("NVIDIA GeForce RTX 5070 Ti", "AMD Ryzen", 16) == "nvidia_geforce_rtx_5070_ti"
+
+
+def test_names_that_act_on_a_terminal_are_errors_and_never_printed_raw(tmp_path, base_doc):
+    """A model id carrying an escape sequence and a forged line: validate says so; aggregate prints it escaped."""
+    hostile = "evil\x1b[2J\nerror: forged line"
+    doc = _variant(base_doc, model__id=hostile, hardware__driver_version="595\nGPU")
+    doc["timing"]["batch_samples_ms"] = ["a", -1, None]
+    (report,) = _write(tmp_path / "subs", [doc])
+    found = {(f.rule, f.path, f.severity) for f in report.findings}
+    assert ("identifier", "model.id", "error") in found
+    assert ("identifier", "hardware.driver_version", "warning") in found  # a description, not a coordinate
+    assert ("timing", "timing.batch_samples_ms", "error") in found
+    result = va_bench("validate", tmp_path / "subs")
+    lines = result.stdout.splitlines()
+    assert "\x1b" not in result.stdout and not any(line.startswith("error: forged") for line in lines)
+    board = va_bench("aggregate", tmp_path / "subs")
+    assert "\x1b" not in board.stdout + board.stderr
+
+
+def test_the_terminal_escape_shows_control_characters_and_keeps_names():
+    from harness.views.output import escape
+
+    assert escape("yolox-nano [b8]") == "yolox-nano \\[b8]"
+    assert escape("evil\x1b[2J\nx") == "evil\\x1b[2J\\x0ax"
+    assert escape("a\u202eb") == "a\\u202eb"  # a right-to-left override would reorder what follows

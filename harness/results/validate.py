@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,12 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
                 kind = "an RF100-VL run" if sub.is_rf100vl else "a subset run"
                 out.append(Finding(where, f"unpinned commit on {kind}: {problem}", "commit_guard", "warning"))
     out += rf100vl_findings(doc, sub)
+    out += text_findings(doc)
+    samples = (doc.get("timing") or {}).get("batch_samples_ms") if isinstance(doc.get("timing"), dict) else None
+    if samples is not None and not (isinstance(samples, list) and all(
+            _finite_number(x) and x > 0 for x in samples)):
+        out.append(Finding("timing.batch_samples_ms", "timing.batch_samples_ms is not a list of positive numbers "
+                           f"({str(samples)[:40]}): no latency statistic can be read from it", "timing"))
     # coordinate completeness
     coords = {"hardware.id": sub.hardware_id if sub.hardware_id != "unknown" else None,
               "config.batch_size": sub.batch_size, "config.input_size": sub.input_size,
@@ -187,6 +194,29 @@ def int8_findings(doc: dict, sub: Submission, has_accuracy: bool) -> list[Findin
                         f"({verdict.get('int8_mAP_50_95')} vs {verdict.get('mAP_50_95')}): below 0.99, a failing "
                         "int8 row", "int8-accuracy")]
     return []
+
+
+IDENTITY_BLOCKS = ("model", "hardware", "runtime", "dataset", "config")
+# the strings that make a row's coordinates (the rest of those blocks describes them)
+IDENTIFIERS = ("submission_id", "model.id", "model.family", "model.variant", "hardware.id", "runtime.format",
+               "runtime.provider", "runtime.precision", "runtime.device", "dataset.id", "dataset.split",
+               "dataset.variant")
+
+
+def _control_characters(text: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def text_findings(doc: dict) -> list[Finding]:
+    """Names that would act on a terminal instead of showing in it (control characters: an escape sequence, a
+    forged line, reordered text) in the submission's id and its identity blocks: an error, never a coordinate."""
+    fields = [("submission_id", doc.get("submission_id"))]
+    for block in IDENTITY_BLOCKS:
+        values = doc.get(block) if isinstance(doc.get(block), dict) else {}
+        fields += [(f"{block}.{k}", v) for k, v in values.items()]
+    return [Finding(path, f"{path} holds control characters ({value[:40]!r}): not a name", "identifier",
+                    "error" if path in IDENTIFIERS else "warning")  # a coordinate, or a description of one
+            for path, value in fields if isinstance(value, str) and _control_characters(value)]
 
 
 def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:

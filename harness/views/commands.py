@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from harness.views.output import escape
 
 
 def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, prefix: str = "") -> None:

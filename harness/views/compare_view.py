@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
+from harness.views.output import escape
 
 LABELS = dict(COORDS)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from harness.results.reader import submission_of_cell
+from harness.views.output import escape
 
 
 def _number(doc: dict, *path: str) -> float | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from harness.views.output import escape
 
 
 def _si(value: float | None, unit: str = "") -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.table import Table
+
+from harness.views.output import escape
 
 MAX_ROWS = 40
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.parity import GATED, ParityReport
+from harness.views.output import escape
 
 
 def _header(report: ParityReport) -> str:

@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from typing import TextIO
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.run.progress import SilentProgress
+from harness.views.output import escape
 
 
 class RichProgress(SilentProgress):

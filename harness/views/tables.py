@@ -10,10 +10,10 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from harness.records import CellRecord, LoadKey
+from harness.views.output import escape
 
 
 def stage_split(record: CellRecord) -> str:
