@@ -193,7 +193,7 @@ class RunConfig(BaseModel):
     def _not_empty(cls, values: list) -> list:
         if not values:
             raise ValueError("needs at least one value")
-        return values
+        return list(dict.fromkeys(values))  # a value given twice is one cell, as the plan shows it
 
     @model_validator(mode="after")
     def _scenario(self) -> RunConfig:

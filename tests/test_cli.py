@@ -164,3 +164,13 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_pa
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1 and flag in line
     assert ("is a folder" if where == "a folder" else "a file") in line, line
+
+
+def test_a_value_given_twice_is_one_cell():
+    # the plan listed "fp32 fp32" as two cells and ran one
+    from harness.config import RunConfig
+
+    config = RunConfig(models=["yolox-nano", "yolox-nano"], precisions=["fp32", "fp32"], batch_sizes=[1, 2, 1],
+                       backends=["onnx", "onnxruntime"])
+    assert (config.models, config.precisions, config.batch_sizes, config.backends) == (
+        ["yolox-nano"], ["fp32"], [1, 2], ["onnxruntime"])

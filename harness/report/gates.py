@@ -189,9 +189,9 @@ def evaluate(gates: list[Gate], run: RunFolder) -> list[GateResult]:
 
 
 def gate_table(results: list[GateResult]) -> Table:
-    """Gate | FinishedCell | Target | Today | Status."""
+    """Gate | Cell | Target | Today | Status."""
     rows = [[r.gate.title, r.cell, r.gate.target_text, r.today_text(), r.status] for r in results]
-    return Table(["Gate", "FinishedCell", "Target", "Today", "Status"], rows, [False, False, True, True, False])
+    return Table(["Gate", "Cell", "Target", "Today", "Status"], rows, [False, False, True, True, False])
 
 
 def gate_notes(gates: list[Gate]) -> list[str]:
