@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UsageError, path_problem
+from harness.files import load_user_yaml
 
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
 SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -267,7 +268,7 @@ def read_preset(path: str | Path) -> dict:
     if not path.is_file():
         raise UsageError(path_problem("--config", given, "no such file") + "; give the path of a YAML preset")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_user_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

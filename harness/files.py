@@ -4,6 +4,7 @@ strict: NaN/inf are refused, not written as null. Also the one download helper a
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import csv
 import errno
@@ -18,6 +19,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+
+import yaml
 
 from harness.errors import NonFiniteNumberError, VaBenchError
 
@@ -50,6 +53,35 @@ def is_disk_full(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML keeps the last one silently: a
+    preset's `batch_sizes` written twice would measure the second list with nothing said)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, collections.abc.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
+            seen.add(key) if isinstance(key, collections.abc.Hashable) else None
+        return super().construct_mapping(node, deep)
+
+
+def load_user_yaml(text: str):
+    """A user's YAML file (a preset, class map, campaign, gates): `yaml.safe_load`, and a key given twice in one
+    mapping is a yaml.YAMLError naming it and its line, as any other mistake of the file."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def yaml_problem(exc: BaseException) -> str:
+    """What a YAML (or reading) error says, with its line and column: 'at line 3, column 1 (key 'a' appears
+    twice)'."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or (exc.strerror if isinstance(exc, OSError) else type(exc).__name__)
+    return f"{where} ({problem})"
 
 
 def output_file_problem(path: Path) -> str | None:

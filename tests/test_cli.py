@@ -174,3 +174,18 @@ def test_a_value_given_twice_is_one_cell():
                        backends=["onnx", "onnxruntime"])
     assert (config.models, config.precisions, config.batch_sizes, config.backends) == (
         ["yolox-nano"], ["fp32"], [1, 2], ["onnxruntime"])
+
+
+@pytest.mark.parametrize("command, text, line_no", [
+    (["run", "--dry-run", "--config"], "batch_sizes: [1]\nbackends: [onnxruntime]\nbatch_sizes: [8]\n", 3),
+    (["run", "--dry-run", "--class-map"], "person: person\nperson: car\n", 2),
+    (["campaign"], "model: yolox-nano\ndatasets: []\nmodel: other\n", 3),
+])
+def test_a_key_given_twice_in_a_users_yaml_is_refused(tmp_path, command, text, line_no):
+    # YAML keeps the last of two equal keys without a word: a preset would measure the second list silently
+    path = tmp_path / "file.yaml"
+    path.write_text(text)
+    result = run_in_process(*command, str(path), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "appears twice" in line and f"line {line_no}," in line, line

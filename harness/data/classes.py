@@ -18,6 +18,7 @@ import yaml
 
 from harness.data.categories import COCO_NAMES_BY_ID
 from harness.errors import UsageError, path_problem
+from harness.files import load_user_yaml, yaml_problem
 
 NOT_IN_DATASET = -1  # a model class with no category in the dataset: its detections are not scored
 
@@ -59,9 +60,9 @@ class ClassMap:
             raise UsageError(path_problem("--class-map", given, "no such file") + "; give a YAML file of "
                              "`dataset category name: model class name` lines")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = load_user_yaml(path.read_text())
         except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
-            raise UsageError(path_problem("--class-map", given, f"not readable YAML ({type(exc).__name__})")
+            raise UsageError(path_problem("--class-map", given, f"not readable YAML{yaml_problem(exc)}")
                              + "; fix the file") from exc
         if not isinstance(data, dict) or not data or not all(
                 isinstance(k, (str, int)) and isinstance(v, (str, int)) for k, v in data.items()):

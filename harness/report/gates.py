@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError
+from harness.files import load_user_yaml
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
@@ -134,7 +135,7 @@ def load_gates(path: Path) -> list[Gate]:
     if path.stat().st_size > MAX_GATES_BYTES:
         raise UsageError(f"gates file {path} is {path.stat().st_size} bytes (limit {MAX_GATES_BYTES}); {fix}")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_user_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

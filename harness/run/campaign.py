@@ -24,7 +24,7 @@ import yaml
 
 from harness.config import build_config
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
-from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
+from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
 from harness.results.reader import finished_submission
@@ -103,9 +103,9 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         return UsageError(path_problem("campaign file", path, text) + f"; {fix}")
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_user_yaml(path.read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise problem(f"not readable YAML ({type(exc).__name__})") from exc
+        raise problem(f"not readable YAML{yaml_problem(exc)}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("datasets"), list) or "model" not in data:
         raise problem("needs `model` and a `datasets` list", "write `datasets:` as a list of {name, dataset, weights}")
     unknown = [str(k) for k in data if k not in CAMPAIGN_KEYS]
