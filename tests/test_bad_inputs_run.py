@@ -201,6 +201,17 @@ def test_another_variants_weights_are_refused_not_named_as_this_variant(tmp_path
 
 
 @requires_yolox
+def test_a_quantized_export_is_not_judged_by_its_float_parameters(tmp_path):
+    # its weights are integers, which the float count leaves out: it is still Nano
+    from onnxruntime.quantization import quantize_dynamic
+
+    from harness.models.yolox import YoloxDetector
+
+    quantize_dynamic(str(YOLOX_NANO), str(tmp_path / "int8.onnx"))
+    assert YoloxDetector("nano", tmp_path / "int8.onnx").model_id == "yolox-nano"
+
+
+@requires_yolox
 def test_the_real_export_passes_and_its_output_shape_is_inferred_when_missing(tmp_path):
     from harness.models.yolox import YoloxDetector
 

@@ -53,8 +53,9 @@ def test_exif_orientation_counts_in_the_size_check_and_every_decoder_applies_it(
     assert decoded_size(path) == (w, h, ROTATE_90_CW)
     # the annotations give the upright size: accepted, and the orientation is remembered for the GPU's decoder
     assert check_image_sizes([(info["id"], path, w, h)]) == {info["id"]: ROTATE_90_CW}
+    # annotations made on the stored pixels (a tool that ignores EXIF): swapping width and height is no fix
     with pytest.raises(UsageError, match=f"is {w}x{h} once its EXIF orientation 6 is applied but its annotations "
-                                         f"say {h}x{w}"):
+                                         f"say {h}x{w}.*made on the stored pixels.*remove the images' EXIF"):
         check_image_sizes([(info["id"], path, h, w)])
     raw = path.read_bytes()
     by_cv2 = decode_bytes(raw, path)  # OpenCV applies the orientation itself
@@ -135,8 +136,12 @@ def test_images_without_ground_truth_are_refused_before_the_run(tmp_path):
     shutil.copy(COCO_DIR / "val2017" / info["file_name"], tmp_path)
     (tmp_path / "empty.json").write_text(json.dumps(data))
     dataset = CocoDataset.from_path(str(tmp_path / "empty.json"))
-    with pytest.raises(UsageError, match="holds no annotation to score"):
-        dataset.variant("sample")
+    with pytest.raises(UsageError, match="holds no annotation to score.*--no-accuracy"):
+        dataset.check_ground_truth(dataset.variant("sample"))
+    args = ["run", "--dataset", str(tmp_path / "empty.json"), "--batch-sizes", "1", "--dry-run"]
+    refused = run_in_process(*args)
+    assert refused.returncode == 2 and "holds no annotation to score" in refused.stderr, refused.stderr
+    assert run_in_process(*args, "--no-accuracy").returncode == 0  # timing needs no ground truth
 
 
 @requires_coco
@@ -166,6 +171,31 @@ def test_a_negative_class_index_in_a_class_map_is_refused(tmp_path):
     path.write_text("human: -1\n")
     with pytest.raises(UsageError, match="`human: -1` is no class index"):
         ClassMap.read(str(path))
+
+
+@pytest.mark.parametrize("kind", ["mpo", "png"])
+def test_the_orientation_of_a_phones_mpo_and_of_a_png_counts_as_cv2_applies_it(tmp_path, kind):
+    """A phone's multi-picture JPEG (Pillow calls it MPO) and a PNG with an EXIF block: cv2 turns both; the size
+    check reads their orientation as cv2 applies it (independent truth: cv2's decode)."""
+    exif = Image.Exif()
+    exif[0x0112] = ROTATE_90_CW
+    stored = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 100, 3), dtype=np.uint8))
+    path = tmp_path / f"phone.{'jpg' if kind == 'mpo' else 'png'}"
+    if kind == "mpo":
+        stored.save(path, format="MPO", save_all=True, append_images=[stored.copy()], exif=exif.tobytes())
+        assert Image.open(path).format == "MPO"
+    else:
+        stored.save(path, exif=exif.tobytes())
+    height, width = cv2.imread(str(path)).shape[:2]
+    assert (width, height) == (40, 100)  # cv2 turned it
+    assert decoded_size(path) == (width, height, ROTATE_90_CW)
+
+
+def test_the_header_of_a_very_large_image_is_read_without_pillows_bomb_limit(tmp_path):
+    path = tmp_path / "huge.png"
+    Image.new("1", (15000, 15000)).save(path)  # 225 M pixels: Pillow refuses to open it by default
+    assert decoded_size(path) == (15000, 15000, 1)
+    assert Image.MAX_IMAGE_PIXELS is not None  # the limit is back for everything else
 
 
 def test_decoded_size_of_a_png_is_its_header(tmp_path):

@@ -617,6 +617,13 @@ def test_rf100vl_rows_are_known_for_what_they_are(corpus_reports, tmp_path):
     assert "rf100vl.protocol.max_det 100 is not rf100vl.libreyolo.v1's 500" in messages
     assert "valid_submission is true but iou 0.7 is not the protocol's 0.65" in messages
     assert any("maxDets [1, 10, 100] lack the protocol's 500" in m for m in messages)
+    # a partial row as the harness wrote them before (expected_datasets the campaign's 4): flagged, not failed
+    doc = json.loads(rf[0].path.read_text())
+    doc["rf100vl"].update(valid_submission=False, datasets=doc["rf100vl"]["datasets"][:3])
+    doc["rf100vl"]["protocol"]["expected_datasets"] = 4
+    (tmp_path / "old_partial.json").write_text(json.dumps(doc))
+    (report,) = validate_paths([tmp_path / "old_partial.json"], None).reports
+    assert [f.severity for f in report.findings if f.path == "rf100vl.protocol.expected_datasets"] == ["warning"]
 
 
 

@@ -352,15 +352,18 @@ class CocoDataset:
         self.orientations = {**self.orientations, **check_image_sizes(
             (i, self.image_dir / self.coco.imgs[i]["file_name"], self.coco.imgs[i]["width"],
              self.coco.imgs[i]["height"]) for i in present)}
-        if not any(not a.get("iscrowd") and a["category_id"] in self.categories
-                   for i in present for a in self.coco.imgToAnns.get(i, ())):
-            label = name if limit is None else f"the first {len(present)} images of {name}"
-            raise UsageError(f"dataset variant {label!r} under {self._shown_root} holds no annotation to score: "
-                             "COCO mAP is undefined without ground truth; give a dataset with annotations"
-                             + ("" if limit is None else " or a larger --limit"))
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)
 
+
+    def check_ground_truth(self, variant: DatasetVariant) -> None:
+        """A UsageError when the variant's images hold no annotation to score (COCO mAP is undefined there; a
+        timing-only run, --no-accuracy, needs none)."""
+        if not any(not a.get("iscrowd") and a["category_id"] in self.categories
+                   for i in variant.image_ids for a in self.coco.imgToAnns.get(i, ())):
+            raise UsageError(f"dataset variant {variant.name!r} under {self._shown_root} holds no annotation to "
+                             "score: COCO mAP is undefined without ground truth; give a dataset with annotations, "
+                             "a larger --limit, or time it only with --no-accuracy")
 
     def check_masks(self, variant: DatasetVariant) -> None:
         """A UsageError unless every annotation of the variant's images has a mask to score a segmentation model's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -67,14 +68,39 @@ EXIF_ORIENTATION = 0x0112
 
 
 def decoded_size(path: Path) -> tuple[int, int, int]:
-    """(width, height, EXIF orientation) of an image as the decoders give it, from its header: a JPEG's EXIF
-    orientation is applied by cv2's imread/imdecode (and by the harness's other decoders), so a quarter turn swaps
-    the stored width and height. Reads the header only (Pillow opens lazily; ~0.1 ms a COCO image)."""
-    with Image.open(path) as image:
+    """(width, height, EXIF orientation) of an image as the decoders give it, from its header: the EXIF orientation
+    of a JPEG (a phone's multi-picture MPO too) or a PNG is applied by cv2's imread/imdecode (and by the harness's
+    other decoders), so a quarter turn swaps the stored width and height. Reads the header only (Pillow opens
+    lazily; ~0.1 ms a COCO image); an image of any pixel count is read (Pillow's bomb limit guards decoding,
+    and nothing is decoded here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(path)
+        except Image.DecompressionBombError:  # above 2x Pillow's limit: read the header without it (rare)
+            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                image = Image.open(path)
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
+    with image:
         width, height = image.size
-        orientation = image.getexif().get(EXIF_ORIENTATION, 1) if image.format == "JPEG" else 1
-    orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+        orientation = _exif_orientation(image)
     return (height, width, orientation) if orientation in QUARTER_TURNS else (width, height, orientation)
+
+
+def _exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag (1 when absent or not a valid tag). A PNG's EXIF is read from the block Pillow
+    found while opening it: `getexif()` on a PNG decodes the whole image to look for one (~5 ms)."""
+    if image.format in ("JPEG", "MPO"):
+        tag = image.getexif().get(EXIF_ORIENTATION, 1)
+    elif image.format == "PNG" and image.info.get("exif"):
+        exif = Image.Exif()
+        exif.load(image.info["exif"])
+        tag = exif.get(EXIF_ORIENTATION, 1)
+    else:
+        tag = 1
+    return tag if isinstance(tag, int) and 1 <= tag <= 8 else 1
 
 
 def check_image_sizes(images: Iterable[tuple[int, Path, int, int]]) -> dict[int, int]:
@@ -95,9 +121,15 @@ def check_image_sizes(images: Iterable[tuple[int, Path, int, int]]) -> dict[int,
         path, width, height, actual_w, actual_h, orientation = wrong[0]
         turned = f" once its EXIF orientation {orientation} is applied" if orientation != 1 else ""
         more = f" (and {len(wrong) - 1} more images)" if len(wrong) > 1 else ""
+        if orientation in QUARTER_TURNS and (actual_h, actual_w) == (width, height):
+            # a labelling tool that ignores EXIF: width, height and boxes are the stored pixels', not the upright
+            # image's; swapping width and height would pass this check with every box still in the wrong frame
+            fix = ("the annotations were made on the stored pixels, not the upright image: remove the images' EXIF "
+                   "orientation (e.g. exiftran -i) or re-export the dataset with auto-orient")
+        else:
+            fix = "use the images the annotation file was made for, or fix its width and height"
         raise UsageError(f"image {path} is {actual_w}x{actual_h}{turned} but its annotations say {width}x{height}"
-                         f"{more}: boxes and masks would be scored at the wrong size; use the images the annotation "
-                         "file was made for, or fix its width and height")
+                         f"{more}: boxes and masks would be scored at the wrong size; {fix}")
     return oriented
 
 

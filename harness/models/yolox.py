@@ -46,6 +46,8 @@ STRIDES = (8, 16, 32)
 # Parameters of each variant (millions; YOLOX's model zoo table). Adjacent variants differ 1.8x or more, so a
 # graph outside [0.75, 1.33] of its variant's count is another variant, whatever the file is called
 PARAMS_MILLIONS = {"nano": 0.91, "tiny": 5.06, "s": 9.0, "m": 25.3, "l": 54.2, "x": 99.1}
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
+                 "MatMulInteger", "DynamicQuantizeLinear"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OFFLINE_DIR = REPO_ROOT.parent / "shared" / "assets" / "onnx"
 
@@ -172,13 +174,18 @@ class YoloxDetector:
         )
 
     def _check_variant(self) -> None:
-        """One line when the graph's parameter count is another variant's: a submission would name the wrong model."""
+        """One line when the graph's parameter count is another variant's: a submission would name the wrong model.
+        A quantized graph (its weights integers, which the float count leaves out) is not judged so."""
+        if any(node.op_type in QUANTIZED_OPS for node in self._raw_model.graph.node):
+            return
         params = onnx_param_count(self._raw_model) / 1e6
         want = PARAMS_MILLIONS[self.variant]
-        if not 0.75 <= params / want <= 1.33:
-            near = min(PARAMS_MILLIONS, key=lambda v: abs(math.log(params / PARAMS_MILLIONS[v])) if params else 0)
-            raise UsageError(f"{self.path} has {params:.2f} M parameters, YOLOX-{self.variant} {want} M: it looks like "
-                             f"yolox-{near}; run it as --model yolox-{near}, or pass {self.model_id}'s own weights")
+        if params and not 0.75 <= params / want <= 1.33:
+            near = min(PARAMS_MILLIONS, key=lambda v: abs(math.log(params / PARAMS_MILLIONS[v])))
+            looks = (f"it looks like yolox-{near}; run it as --model yolox-{near}" if near != self.variant
+                     else "it is no YOLOX release's")
+            raise UsageError(f"{self.path} has {params:.2f} M parameters, YOLOX-{self.variant} {want} M: {looks}, or "
+                             f"pass {self.model_id}'s own weights")
 
     @staticmethod
     def _load(path: Path) -> onnx.ModelProto:

@@ -243,8 +243,11 @@ def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
     if protocol.get("version") == PROTOCOL_VERSION:  # the version fixes the protocol: the row must be measured so
         stated = {"nms_iou": RF100VL_PROTOCOL["iou"], "max_det": RF100VL_PROTOCOL["max_det"],
                   "expected_datasets": RF100VL_DATASETS}
+        # an error where the row claims to be valid; a partial row written before expected_datasets was the
+        # protocol's own count (the campaign's, then) is flagged, not failed
+        severity = "error" if block.get("valid_submission") is True else "warning"
         out += [Finding(f"rf100vl.protocol.{key}", f"rf100vl.protocol.{key} {protocol.get(key)} is not "
-                        f"{PROTOCOL_VERSION}'s {want}", "rf100vl") for key, want in stated.items()
+                        f"{PROTOCOL_VERSION}'s {want}", "rf100vl", severity) for key, want in stated.items()
                 if protocol.get(key) != want]
         config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
         max_dets = (doc.get("eval") or {}).get("maxDets") if isinstance(doc.get("eval"), dict) else None

@@ -26,7 +26,7 @@ from harness.config import build_config
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
-from harness.results.campaign import PER_DATASET_KEYS, DatasetResult, campaign_submission
+from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
 from harness.results.reader import finished_submission
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
@@ -51,10 +51,13 @@ class Campaign:
     entries: list[CampaignEntry]
     split: str
     options: dict[str, Any] = field(default_factory=dict)  # RunConfig fields every dataset's run shares
+    datasets_of: int | None = None  # the benchmark's datasets, where the campaign is one (RF100-VL: 100)
 
     @property
     def expected(self) -> int:
-        return len(self.entries)
+        """The datasets the campaign has to score: the benchmark's (a download that stopped early is partial),
+        else every one its file lists."""
+        return self.datasets_of or len(self.entries)
 
     @cached_property
     def weights_sha256(self) -> dict[str, str | None]:
@@ -88,7 +91,7 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
                                      versions.get(folder.name), split))
     if not entries:
         raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
-    return Campaign(model, entries, split, {**RF100VL_OPTIONS, **options})
+    return Campaign(model, entries, split, {**RF100VL_OPTIONS, **options}, datasets_of=RF100VL_DATASETS)
 
 
 CAMPAIGN_KEYS = ("model", "split", "options", "datasets")
@@ -126,7 +129,7 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         weights = item["weights"]
         if not isinstance(weights, str) or not Path(weights).expanduser().is_file():  # as a run's --weights
             raise problem(f"datasets[{i}].weights {weights!r} is not a file", "give each dataset's weights file")
-        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), weights,
+        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(Path(weights).expanduser()),
                                      item.get("version"), str(item.get("split", split))))
     if not entries:
         raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")

@@ -156,8 +156,10 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         variant = dataset.variant(config.subset, config.limit)
         records = dataset.records(variant)
     dataset.class_map = class_map
-    if not synthetic and config.masks and any(task_of(d) == "segment" for d in detectors.values()):
-        dataset.check_masks(variant)  # masks scored against boxes-only ground truth would all miss
+    if not synthetic and config.accuracy:  # what scoring needs of the dataset; a timing-only run needs neither
+        dataset.check_ground_truth(variant)
+        if config.masks and any(task_of(d) == "segment" for d in detectors.values()):
+            dataset.check_masks(variant)  # masks scored against boxes-only ground truth would all miss
     label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
                         for model_id, d in detectors.items()}
     groups = plan_cells(config, detectors, variant.num_images)
