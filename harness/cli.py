@@ -13,7 +13,8 @@ import typer
 
 from harness.collector import imports_done, quiet_start
 from harness.errors import UsageError, VaBenchError, path_problem
-from harness.views.output import escape, make_consoles, print_json, progress_for
+from harness.views.output import make_consoles, print_json, progress_for
+from harness.views.text import escape
 
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")

@@ -669,7 +669,7 @@ def test_names_that_act_on_a_terminal_are_errors_and_never_printed_raw(tmp_path,
 
 
 def test_the_terminal_escape_shows_control_characters_and_keeps_names():
-    from harness.views.output import escape
+    from harness.views.text import escape
 
     assert escape("yolox-nano [b8]") == "yolox-nano \\[b8]"
     assert escape("evil\x1b[2J\nx") == "evil\\x1b[2J\\x0ax"

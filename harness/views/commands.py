@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, prefix: str = "") -> None:

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
-from harness.views.output import escape
+from harness.views.text import escape
 
 LABELS = dict(COORDS)
 

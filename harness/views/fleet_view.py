@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.results.reader import submission_of_cell
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 def _number(doc: dict, *path: str) -> float | None:

@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 def _si(value: float | None, unit: str = "") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from harness.views.output import escape
+from harness.views.text import escape
 
 MAX_ROWS = 40
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.parity import GATED, ParityReport
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 def _header(report: ParityReport) -> str:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.run.progress import SilentProgress
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 class RichProgress(SilentProgress):

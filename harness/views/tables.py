@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.records import CellRecord, LoadKey
-from harness.views.output import escape
+from harness.views.text import escape
 
 
 def stage_split(record: CellRecord) -> str:
