@@ -315,6 +315,10 @@ def aggregate(
     validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
                   size_ranks())
+    if board["counts"]["files"] and board["counts"]["not_submissions"] == board["counts"]["files"]:
+        first = board["excluded"][0]
+        raise UsageError(f"none of the {board['counts']['files']} files is a va.submission.v1 (first: {first['file']}: "
+                         f"{(first['errors'] or ['unreadable'])[0]}); give submission files or run folders")
     if output is not None:
         atomic_write_json(output, board)
     if as_json:

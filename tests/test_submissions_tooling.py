@@ -674,3 +674,14 @@ def test_the_terminal_escape_shows_control_characters_and_keeps_names():
     assert escape("yolox-nano [b8]") == "yolox-nano \\[b8]"
     assert escape("evil\x1b[2J\nx") == "evil\\x1b[2J\\x0ax"
     assert escape("a\u202eb") == "a\\u202eb"  # a right-to-left override would reorder what follows
+
+
+def test_aggregate_of_files_that_are_no_submissions_says_so(tmp_path, base_doc):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "cut.json").write_text('{"schema_version": "va.sub')
+    refused = va_bench("aggregate", tmp_path)
+    assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
+    _write(tmp_path / "mixed", [base_doc])
+    (tmp_path / "mixed" / "list.json").write_text("[1, 2]")
+    mixed = va_bench("aggregate", tmp_path / "mixed")
+    assert mixed.returncode == 0 and "2 files, 1 included, 1 excluded (1 not submissions)" in mixed.stdout, mixed.stdout

@@ -209,8 +209,9 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     for report in reports:
         blocking = [f for f in report.errors if (is_site_rule(f) and not _derivable_hardware_id(report, f))
                     or f.rule in UNPUBLISHABLE]
-        if report.submission is None or blocking:
-            excluded.append({"file": str(report.path), "errors": [f.message for f in blocking][:5]})
+        if report.submission is None or blocking:  # not a submission at all (unreadable), or one the site rejects
+            excluded.append({"file": str(report.path), "submission": report.submission is not None,
+                             "errors": [f.message for f in blocking or report.errors][:5]})
             continue
         rows.append(row_from(report))
     cube = dedup(rows)
@@ -280,7 +281,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                                             "dataset_variant", "timing_mode"],
                    "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
                                          "input_size", "protocol (conf, iou, max_det)", "board (mask or box mAP)"]},
-        "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded), "rows": len(cube),
+        "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded),
+                   "not_submissions": sum(not e["submission"] for e in excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),
                    "size_order_findings": len(size_order), "rf100vl_rows": len(cube) - len(coco_cube),
                    "segmentation_rows": sum(r.board == "segmentation" for r in coco_cube)},

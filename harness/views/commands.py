@@ -58,8 +58,11 @@ def print_leaderboard(console: Console, board: dict, notes: list[str], output) -
     if board["rf100vl"]:
         console.print(rf100vl_table(board))
     c = board["counts"]
-    console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded (site rules, "
-                  "random weights), "
+    why = [f"{c['not_submissions']} not submissions"] if c["not_submissions"] else []
+    why += [f"{c['excluded'] - c['not_submissions']} by the site's rules or random weights"] \
+        if c["excluded"] > c["not_submissions"] else []
+    console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded"
+                  + (f" ({', '.join(why)})" if why else "") + ", "
                   f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings, "
                   f"{c['size_order_findings']} size-order findings"
                   + (f"; written to {output}" if output else ""))
