@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ class Cell:
 
 
 CellState = Literal["pending", "running", "ok", "failed", "oom", "skipped", "interrupted"]
+CELL_STATES: tuple[str, ...] = typing.get_args(CellState)
 RETRYABLE_STATES = ("failed", "oom", "skipped")  # re-run on --resume only with --retry-failed
 
 

@@ -194,6 +194,13 @@ def test_a_run_folder_is_locked_while_a_process_writes_it(tmp_path):
         RunState.reopen(tmp_path / "r", "r", cells, {"config": {}})
     first.close()
     RunState.reopen(tmp_path / "r", "r", cells, {"config": {}}).close()
+    # a cell status the harness never writes: the file is not its, nothing to resume from
+    run_json = tmp_path / "r" / "run.json"
+    doc = json.loads(run_json.read_text())
+    doc["cells"][0]["status"] = "banana"
+    run_json.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="m pytorch fp32 64 b1 has status 'banana', not one of pending"):
+        RunState.reopen(tmp_path / "r", "r", cells, {"config": {}})
 
 
 @pytest.mark.parametrize("run_id", ["../x", "/abs", "a/b/c", "..", ".hidden"])

@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json
-from harness.records import Cell, CellStatus
+from harness.records import CELL_STATES, Cell, CellStatus
 from harness.results.reader import RUN_FILE, read_run_json, submission_files
 
 LOCK_FILE = ".lock"
@@ -85,13 +85,20 @@ class RunState:
         """An existing run folder for --resume: statuses as recorded; a cell that was `running` when the
         process died is `interrupted`."""
         doc = read_run_json(run_dir, run_id)
+        recorded = {c.get("cell"): c for c in doc.get("cells", []) if isinstance(c, dict)}
+        unknown = [(label, c.get("status")) for label, c in recorded.items() if c.get("status", "pending")
+                   not in CELL_STATES]
+        if unknown:  # a hand-edited or foreign run.json: what became of those cells is not known
+            label, state = unknown[0]
+            raise UsageError(f"{run_dir / 'run.json'}: cell {label} has status {str(state)[:30]!r}, not one of "
+                             f"{', '.join(CELL_STATES)}; the run cannot be resumed: start a new one")
         fd = _lock(run_dir, run_id)
         remove_leftovers(run_dir)
-        recorded = {c.get("cell"): c for c in doc.get("cells", []) if isinstance(c, dict)}
         statuses = {}
         for cell in cells:
             old = recorded.get(cell.label, {})
             state = old.get("status", "pending")
+
             status = CellStatus(cell, "interrupted" if state == "running" else state, old.get("reason"),
                                 old.get("submission"), old.get("started_at"), old.get("finished_at"))
             if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
