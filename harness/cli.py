@@ -578,7 +578,7 @@ def inspect_command(
     model: str | None = typer.Argument(None, help="registry id (yolox-nano) or path/to/file.py:factory"),
     weights: Path | None = typer.Option(None, "--weights", help="an ONNX file (alone, or the weights of MODEL)"),
     input_size: list[int] | None = typer.Option(None, "--input-size", help="square input size (default: native)"),
-    top: int = typer.Option(15, "--top", help="rows of the per-layer table, by FLOPs (0: all)"),
+    top: int = typer.Option(15, "--top", min=0, help="rows of the per-layer table, by FLOPs (0: all)"),
     csv_path: Path | None = typer.Option(None, "--csv", help="write the full per-layer table here"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
@@ -810,6 +810,29 @@ def entry() -> None:
     leave(0)
 
 
+def _run_app(argv: list[str]) -> int:
+    """The typer app on `argv`, its exit code. Click's own usage errors (an unknown option, a value out of range)
+    become one UsageError line like every other refusal, instead of click's usage block."""
+    # click's exceptions where this typer keeps them (typer vendors its own click since 0.24)
+    clicks = sys.modules[typer.BadParameter.__module__]
+    no_args = getattr(clicks, "NoArgsIsHelpError", ())
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="va-bench", standalone_mode=False)
+    except no_args as exc:  # `va-bench fleet`: its help, as click shows it
+        exc.show()
+        return exc.exit_code
+    except clicks.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "va-bench"
+        raise UsageError(f"{exc.format_message().rstrip('.')}; see `{where} --help`") from exc
+    except clicks.ClickException as exc:
+        raise VaBenchError(exc.format_message()) from exc
+    except typer.Abort:
+        err_console.print("aborted", highlight=False)
+        return 1
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
     """The command line: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling
@@ -822,8 +845,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], *argv]
     try:
         with interrupt_handling():
-            # standalone mode: click reports its own usage errors (exit 2) and turns typer.Exit into sys.exit
-            app(args=argv, prog_name="va-bench")
+            sys.exit(_run_app(argv))
     except VaBenchError as exc:
         if debug:
             raise

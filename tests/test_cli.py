@@ -189,3 +189,22 @@ def test_a_key_given_twice_in_a_users_yaml_is_refused(tmp_path, command, text, l
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1 and "appears twice" in line and f"line {line_no}," in line, line
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["inspect", "yolox-nano", "--top", "-1"], "Invalid value for '--top'"),
+    (["run", "--batch-sizes", "abc"], "Invalid value for '--batch-sizes'"),
+    (["run", "--no-such-flag"], "No such option: --no-such-flag"),
+    (["compare"], "Missing argument 'runs'"),
+])
+def test_clicks_own_usage_errors_are_one_line_too(args, expected):
+    # click's usage block (Usage:, Try ..., Error: ...) is four lines; every other refusal is one
+    result = run_in_process(*args)
+    assert result.returncode == 2
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and expected in line and "--help`" in line, line
+
+
+def test_no_command_shows_the_help():
+    result = run_in_process()
+    assert result.returncode == 2 and "Usage: va-bench" in result.stdout + result.stderr
