@@ -127,6 +127,25 @@ def test_energy_block_reports_per_image_and_unavailable(tmp_path):
     assert empty == {"status": "unavailable", "reason": "rapl: absent"}
 
 
+def test_a_counter_that_did_not_advance_or_went_backwards_measured_nothing(tmp_path):
+    # NVML's counter unmoved over a short window: not 0 J; a RAPL wrap whose range is unreadable: not negative J
+    nvml = FakeNvml()
+    still = EnergyProbe(sources=[NvmlSource(0, nvml=nvml)])
+    window: dict = {}
+    with still.window(window):
+        pass
+    block = energy_block(window, still, images=8)
+    assert block["status"] == "unavailable" and "did not advance" in block["reason"], block
+    api = _rapl_tree(tmp_path, 5_000_000, 1_000_000, 3_000_000)
+    for name in ("intel-rapl:0", "intel-rapl:0/intel-rapl:0:0", "intel-rapl:0/intel-rapl:0:1"):
+        (api / name / "max_energy_range_uj").unlink()
+    wrapped = EnergyProbe(sources=[RaplSource(str(api))])  # its counters' range unread: a wrap cannot be undone
+    with wrapped.window(window):
+        _rapl_tree(tmp_path, 1_000_000, 2_000_000, 4_000_000)  # the package counter wrapped
+    block = energy_block(window, wrapped, images=8)
+    assert block["status"] == "unavailable" and "package_0 went backwards" in block["reason"], block
+
+
 def test_this_machine_says_why_energy_is_unavailable():
     probe = EnergyProbe.detect(None)
     if probe.sources:

@@ -97,7 +97,7 @@ class RaplSource:
         for name, a, b, top in zip(self.names, self._start, end, self.max_range, strict=True):
             delta = b - a
             if delta < 0 and top:  # the counter wrapped once during the window
-                delta += top
+                delta += top  # (without its range a negative delta stays, and the block says unavailable)
             joules[name] = delta / 1e6
         return SourceReading(self.method, joules, self.total_domains)
 
@@ -221,12 +221,30 @@ class EnergyProbe:
             result["unavailable"] = dict(self.unavailable)
 
 
+def _reading_problem(readings: list[SourceReading], duration: float) -> str | None:
+    """Why the window's readings are no measurement: a domain's energy negative (a counter that went backwards: a
+    wrap whose range is unknown, or a reset), or a source's total not above 0 (its counter did not advance: the
+    window is shorter than the counter's update period)."""
+    for reading in readings:
+        backwards = [name for name, joules in reading.joules.items() if not joules >= 0]
+        if backwards:
+            return (f"{reading.method}: {', '.join(backwards)} went backwards over the window (a wrap of unknown "
+                    "range, or a reset)")
+        if not reading.total_j > 0:
+            return (f"{reading.method}: the counter did not advance over the {duration:.3f} s window (shorter than "
+                    "its update period); time more batches (--min-timed-batches, a larger --subset) to measure it")
+    return None
+
+
 def energy_block(window: dict | None, probe: EnergyProbe, images: int) -> dict:
     """The submission's `energy` block: J/image, images/J, average W per domain, or unavailable + why."""
     if not probe.sources or not window:
         reasons = "; ".join(f"{k}: {v}" for k, v in probe.unavailable.items()) or "energy probe not run"
         return {"status": "unavailable", "reason": reasons}
     duration = window["duration_s"]
+    problem = _reading_problem(window["readings"], duration)
+    if problem:  # a counter that did not move or went backwards measured nothing: never a 0 or negative figure
+        return {"status": "unavailable", "reason": problem}
     domains, total = {}, 0.0
     for reading in window["readings"]:
         for name, joules in reading.joules.items():
