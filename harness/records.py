@@ -253,6 +253,9 @@ class TimingRecord:
     images_per_s: float
     short_batch: dict[str, Any] | None
     batch_samples_ms: list[float] = field(default_factory=list)  # every timed batch, in order: the evidence
+    # overlapped mode: each batch's per-image interval since the previous completion (what total_ms summarises; a
+    # batch's sample above is its end-to-end latency, queueing included); None in latency mode, where they agree
+    interval_samples_ms: list[float] | None = None
     warnings: list[str] = field(default_factory=list)
     throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
     target_ci: dict[str, Any] | None = None  # --target-ci: the median's CI half-width reached, and why timing stopped

@@ -120,6 +120,10 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     assert record.runtime["host"]["mode"] == "overlapped" and record.runtime["host"]["workers"] == 2
     # warmed up in the timed mode: one overlapped stream of workers + 1 = 3 batches (2 asked for)
     assert t.warmup_batches == 3
+    # each batch's per-image interval since the previous completion: what total_ms (image_ms) summarises
+    assert len(t.interval_samples_ms) == t.timed_batches
+    assert np.mean(t.interval_samples_ms) == pytest.approx(t.image_ms.mean, abs=1e-3)
+    assert np.median(t.interval_samples_ms) == pytest.approx(t.image_ms.p50, abs=1e-3)
 
 
 @requires_corpus

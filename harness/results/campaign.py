@@ -136,12 +136,21 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
     }
 
 
+def per_image_samples(timing: dict) -> list[float]:
+    """A cell's per-image time of each timed batch: the batch's time / its size, or in overlapped mode the
+    interval since the previous completion (a batch's own sample there is its latency, queueing included)."""
+    if timing.get("mode") == "overlapped":
+        return list(timing["interval_samples_ms"])
+    return [t / timing["batch_size"] for t in timing["batch_samples_ms"]]
+
+
 def pooled_timing(subs: list[dict]) -> dict:
     """Per-image latency over every dataset's timed batches pooled (each batch / its batch size)."""
-    samples = [t / s["timing"]["batch_size"] for s in subs for t in s["timing"]["batch_samples_ms"]]
+    samples = [t for s in subs for t in per_image_samples(s["timing"])]
     x = np.asarray(samples)
     p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    std = float(x.std(ddof=1)) if len(x) > 1 else 0.0  # the sample standard deviation, as every cell's
     return {"batch_size": subs[0]["timing"]["batch_size"], "num_images": sum(s["timing"]["num_images"] for s in subs),
-            "total_ms": {"mean": round(float(x.mean()), 4), "std": round(float(x.std()), 4),
+            "total_ms": {"mean": round(float(x.mean()), 4), "std": round(std, 4),
                          "p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)},
             "aggregation": "every dataset's timed batches pooled, per image"}

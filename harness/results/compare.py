@@ -11,7 +11,8 @@ only the JSON records are read, nothing is re-run.
 * **Detections**: `artifacts.detections` of both sides (absolute, or relative to the run folder) diffed
   by harness.eval.detection_diff.
 * **Performance** per paired cell: p50/p95 latency per image and images/s, B/A - 1, and a verdict from
-  the per-batch samples (`timing.batch_samples_ms`, divided by the batch size): significant only when
+  the per-batch samples of the per-image time (`timing.batch_samples_ms` divided by the batch size; an
+  overlapped cell's `timing.interval_samples_ms`, the interval between completions): significant only when
   the two-sided Mann-Whitney U test gives p < alpha AND the 95 % bootstrap CI of the ratio of medians
   excludes 1; the geometric mean of the ratios across cells (pyperf `compare_to` style).
 * **Gates** (`--fail-on METRIC:±X[%]`): see `parse_gate` and `va-bench compare --help`.
@@ -180,6 +181,8 @@ def _process_samples(entry: Entry) -> np.ndarray | None:
     Used when both sides have them and they are enough to reach the significance level (4 a side at 0.05);
     fewer fall back to the batches of one process."""
     timing = entry.doc.get("timing") if isinstance(entry.doc.get("timing"), dict) else {}
+    if timing.get("mode") == "overlapped":  # the processes' medians are of end-to-end latency there, not per image
+        return None
     repeats = timing.get("repeats") if isinstance(timing.get("repeats"), dict) else {}
     values = repeats.get("batch_ms_p50")
     batch = entry.coords["batch_size"]
@@ -189,17 +192,24 @@ def _process_samples(entry: Entry) -> np.ndarray | None:
 
 
 def _per_image_samples(entry: Entry) -> tuple[np.ndarray | None, str | None]:
-    """timing.batch_samples_ms / batch size, or (None, why not)."""
+    """Each timed batch's per-image time, the quantity total_ms summarises, or (None, why not): in latency mode
+    timing.batch_samples_ms / batch size; in overlapped mode timing.interval_samples_ms (the interval since the
+    previous completion: there a batch's own sample is its end-to-end latency, queueing included)."""
     timing = entry.doc.get("timing") if isinstance(entry.doc.get("timing"), dict) else {}
-    samples = timing.get("batch_samples_ms")
+    overlapped = timing.get("mode") == "overlapped"
+    field = "interval_samples_ms" if overlapped else "batch_samples_ms"
+    samples = timing.get(field)
     if samples is None:
-        return None, f"{entry.path.name} has no timing.batch_samples_ms (per-batch samples not recorded)"
+        return None, (f"{entry.path.name} is an overlapped cell without timing.interval_samples_ms (written before "
+                      "they were recorded): its batch samples are latencies, not its per-image time"
+                      if overlapped else f"{entry.path.name} has no timing.batch_samples_ms (per-batch samples "
+                      "not recorded)")
     ok = isinstance(samples, list) and samples and all(
         isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0 for s in samples)
     batch = entry.coords["batch_size"]
     if not ok or not isinstance(batch, int) or batch < 1:
-        return None, f"{entry.path.name}: timing.batch_samples_ms is not a list of positive numbers"
-    return np.asarray(samples, dtype=np.float64) / batch, None
+        return None, f"{entry.path.name}: timing.{field} is not a list of positive numbers"
+    return np.asarray(samples, dtype=np.float64) / (1 if overlapped else batch), None
 
 
 # ---------------------------------------------------------------------------------- results --
@@ -305,7 +315,8 @@ class Comparison:
                 "only_in_a": self.only_a, "only_in_b": self.only_b,
                 "accuracy": [x.to_dict() for x in self.accuracy],
                 "detections": [x.to_dict() for x in self.detections],
-                "performance": {"unit": "ms per image (batch latency / batch size); change = B/A - 1",
+                "performance": {"unit": "ms per image (latency mode: batch time / batch size; overlapped: "
+                                         "interval between completions / batch size); change = B/A - 1",
                                 "cells": [c.to_dict() for c in self.cells],
                                 "geometric_mean_ratio": {"latency_p50": g["p50"], "latency_p95": g["p95"],
                                                          "images_per_s": g["ips"]}},

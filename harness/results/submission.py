@@ -115,6 +115,7 @@ def build_submission(record: CellRecord) -> dict:
             "batch_ms": t.batch_ms.to_dict(),
             "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
             "batch_samples_ms": t.batch_samples_ms,
+            **({"interval_samples_ms": t.interval_samples_ms} if t.interval_samples_ms is not None else {}),
             "timed_batches": t.timed_batches,
             "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds, "ended": t.warmup_ended},
             "stage_sync": t.stage_sync,

@@ -384,6 +384,7 @@ class GroupExecutor:
         timed_images = size * len(timer.batches)
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.
+        intervals = completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap else []
         record = TimingRecord(
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
             warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), warmup_ended=WARMUP_ENDS[ended],
@@ -391,10 +392,10 @@ class GroupExecutor:
             mode="overlapped" if config.overlap else "latency",
             batch_ms=batch_ms, stages_ms=stages,
             # overlapped: per-image *interval* (1000 / it is the throughput), not end-to-end latency / size
-            image_ms=summarize(completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap
-                               else [t / size for t in totals]),
+            image_ms=summarize(intervals if config.overlap else [t / size for t in totals]),
             images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
+            interval_samples_ms=[round(t, 4) for t in intervals] if config.overlap else None,
             warnings=list(batch_ms.warnings) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
             target_ci=target,
