@@ -124,6 +124,8 @@ def test_overlap_run_reports_stream_throughput(overlap_run):
     assert len(t.interval_samples_ms) == t.timed_batches
     assert np.mean(t.interval_samples_ms) == pytest.approx(t.image_ms.mean, abs=1e-3)
     assert np.median(t.interval_samples_ms) == pytest.approx(t.image_ms.p50, abs=1e-3)
+    assert t.images_per_s == pytest.approx(1000 / t.image_ms.mean, rel=1e-4)  # one stream, one throughput
+    assert t.warmup_ended.startswith("stable: the last 3 warm-up streams'") or t.warmup_ended.startswith("cap")
 
 
 @requires_corpus

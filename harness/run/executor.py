@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -81,6 +82,10 @@ INT8_KEEP = 0.99
 
 WARMUP_ENDS = {"stable": f"stable: the last {WARMUP_WINDOW} batch times within {WARMUP_SPREAD:.0%} of each other",
                "cap": "cap: --warmup-seconds reached before the batch times settled"}
+# overlapped mode warms up in short streams and compares their wall times
+WARMUP_ENDS_OVERLAPPED = {
+    "stable": f"stable: the last {WARMUP_WINDOW} warm-up streams' times within {WARMUP_SPREAD:.0%} of each other",
+    "cap": "cap: --warmup-seconds reached before the warm-up streams' times settled"}
 
 
 @dataclass
@@ -323,17 +328,23 @@ class GroupExecutor:
         # Warm up in the mode that is timed: overlapped mode's workers, queue and (on CUDA) streams are first
         # used here, not inside the first timed batches. An overlapped chunk keeps every worker busy.
         chunk = pipeline.stream_workers + pipeline.async_slots if config.overlap else 1
+        # Settled when the last few batch times agree; in overlapped mode, the last few chunks' wall times (a
+        # chunk's own batches differ by design: the first has no queue ahead of it, the last none behind)
+        chunk_ms: list[float] = []
+        minimum = math.ceil(config.warmup_batches / chunk) if config.overlap else config.warmup_batches
         ended = None
         with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
             while ended is None:
-                ended = warmup_end([b.ms("total") for b in scratch.batches], time.perf_counter() - start,
-                                   config.warmup_batches, config.warmup_seconds)
+                times = chunk_ms if config.overlap else [b.ms("total") for b in scratch.batches]
+                ended = warmup_end(times, time.perf_counter() - start, minimum, config.warmup_seconds)
                 if ended is not None:
                     break
                 warm = [batches[(warm_count + j) % len(batches)] for j in range(chunk)]
+                chunk_start = time.perf_counter()
                 for _ in pipeline.run_stream(warm, scratch, overlap=config.overlap):
                     warm_count += 1
                     advance()
+                chunk_ms.append((time.perf_counter() - chunk_start) * 1000)
         warm_seconds = time.perf_counter() - start
         n_timed = max(len(batches), config.min_timed_batches)
         if config.max_timed_batches:
@@ -357,7 +368,9 @@ class GroupExecutor:
                 advance()
             if config.target_ci is not None:
                 target = self._time_to_target(batches, timer, advance, stream_start)
-        stream_seconds = time.perf_counter() - stream_start
+        # the stream ends with its last batch (not after the progress bar's and the energy sources' teardown)
+        stream_seconds = (timer.batches[-1].end_ns - stream_start_ns) / 1e9 if timer.batches else \
+            time.perf_counter() - stream_start
         device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
@@ -385,9 +398,10 @@ class GroupExecutor:
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.
         intervals = completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap else []
+        ended_why = (WARMUP_ENDS_OVERLAPPED if config.overlap else WARMUP_ENDS)[ended]
         record = TimingRecord(
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
-            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), warmup_ended=WARMUP_ENDS[ended],
+            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), warmup_ended=ended_why,
             stage_sync=config.stage_sync,
             mode="overlapped" if config.overlap else "latency",
             batch_ms=batch_ms, stages_ms=stages,
