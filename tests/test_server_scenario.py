@@ -19,7 +19,8 @@ QUERIES = 20_000
 
 def _lindley_p99_ms(qps: float, queries: int = QUERIES, seed: int = 0) -> float:
     """Response times of a FIFO single server with a fixed service time: W(k+1) = max(0, W(k) + S - gap(k+1))."""
-    gaps = np.random.default_rng(seed).exponential(1.0 / qps, queries)  # the same seeded Poisson process
+    gaps = np.random.default_rng(seed).exponential(1.0 / qps, queries)  # the same seeded Poisson process,
+    gaps *= queries / qps / gaps.sum()  # given its count: the last query arrives at queries / qps
     wait, response = 0.0, np.empty(queries)
     for k in range(queries):
         if k:
@@ -51,6 +52,15 @@ def test_the_search_lands_within_5_percent_of_the_md1_rate_holding_the_bound():
     found, trials = find_max_qps(lambda q: _harness_trial(q, bound, 5000), 5.0, 100.0)
     assert found == pytest.approx(truth, rel=0.05) and 0.3 < truth * SERVICE_S < 0.9  # a utilisation, not an edge
     assert all(t.held == (t.latency_ms["p99"] <= bound) for t in trials) and len(trials) <= 12
+
+
+@pytest.mark.parametrize("queries", [100, 1000])
+def test_the_load_offered_is_the_rate_asked_for(queries):
+    # one seed's raw exponential gaps offered 0.85 of the rate at 100 queries: a held rate would be overstated
+    arrivals = poisson_arrivals(10.0, queries)
+    assert arrivals[-1] == pytest.approx(queries / 10.0, rel=1e-12) and np.all(np.diff(arrivals) > 0)
+    gaps = np.diff(arrivals, prepend=0.0)
+    assert 0.5 < gaps.std() / gaps.mean() < 1.5  # still exponential-like spacing (coefficient of variation ~1)
 
 
 def test_a_rate_no_trial_holds_is_said():

@@ -50,10 +50,15 @@ class VirtualClock:
 
 
 def poisson_arrivals(qps: float, queries: int, seed: int = SEED) -> np.ndarray:
-    """Arrival times (s, from 0) of `queries` queries of a Poisson process at `qps`: seeded exponential gaps."""
+    """Arrival times (s, from 0) of `queries` queries of a Poisson process at `qps`: seeded exponential gaps,
+    scaled so that the last query arrives at queries / qps. Unscaled, one seed's gaps average 1/qps only in the
+    limit (seed 0: the load offered at 100 queries is 0.85 of the rate asked for, at 1000 0.98, the same each run),
+    so a rate found to hold would overstate the load that held; given its count, a Poisson process's arrival gaps
+    are exponential ones normalised to the window, which this is."""
     if qps <= 0 or queries < 1:
         raise ValueError(f"a server load needs a positive rate and at least one query (qps {qps}, queries {queries})")
-    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / qps, queries))
+    gaps = np.random.default_rng(seed).exponential(1.0 / qps, queries)
+    return np.cumsum(gaps * (queries / qps / gaps.sum()))
 
 
 @dataclass(frozen=True)
