@@ -157,7 +157,7 @@ class ImageRecord:
     path: Path
     width: int
     height: int
-    exif_orientation: int = 1  # the JPEG's EXIF orientation tag: decoders that ignore it must not decode this one
+    exif_orientation: int = 1  # its EXIF orientation tag: a decoder that ignores it (nvJPEG) must not decode it
 
 
 def coco_dir_source(coco_dir: str | Path | None = None) -> tuple[str, str] | None:
@@ -257,6 +257,7 @@ class CocoDataset:
         return ("coco2017", "val2017") if self.is_coco_val2017 else (_slug(self.root.name), "val2017")
 
     class_map: ClassMap | None = None  # --class-map, when one renamed the dataset's categories
+    orientations: dict[int, int] = {}  # image id -> EXIF orientation other than 1, of the images variant() checked
 
     def describe(self) -> dict:
         """The dataset block of run.json and submissions (images are the variant's)."""
@@ -282,8 +283,6 @@ class CocoDataset:
         if self._named_root is not None:
             name = f"{self._named_root}: {self.annotation_file.relative_to(self.root)}"
         return load_instances(self.annotation_file, name, self._fix)
-
-    orientations: dict[int, int] = {}  # image id -> EXIF orientation other than 1, of the images variant() checked
 
     def record(self, image_id: int) -> ImageRecord:
         info = self.coco.imgs[image_id]
@@ -354,7 +353,6 @@ class CocoDataset:
              self.coco.imgs[i]["height"]) for i in present)}
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)
-
 
     def check_ground_truth(self, variant: DatasetVariant) -> None:
         """A UsageError when the variant's images hold no annotation to score (COCO mAP is undefined there; a
