@@ -484,6 +484,7 @@ def models_fetch(
     force: bool = typer.Option(False, "--force", help="download again even when the weights are found locally"),
 ) -> None:
     """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
+    from harness.detector.graph import onnx_problem
     from harness.detector.weights import weights_dir
     from harness.files import download, file_sha256
     from harness.models.registry import REGISTRY
@@ -505,7 +506,8 @@ def models_fetch(
     if not entry.weights_url:
         raise UsageError(f"{model_id} has no download of its own here ({entry.note}); run it with --weights FILE, "
                          "or let its library fetch its weights at load")
-    dest = download(entry.weights_url, weights_dir() / entry.weights_file)
+    dest = download(entry.weights_url, weights_dir() / entry.weights_file,
+                    check=onnx_problem if entry.weights_file.endswith(".onnx") else None)
     console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)})")
 
 
@@ -853,8 +855,8 @@ def main() -> None:
         err_console.print(f"{prefix}: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except Interrupted as exc:  # outside a run's cells (a run stopped mid-sweep says more: RunInterrupted)
-        err_console.print(f"interrupted ({exc}); run the same command again to continue (a download resumes)",
-                          highlight=False)
+        err_console.print(f"interrupted ({exc}); run the same command again to continue (a dataset download "
+                          "resumes where it stopped)", highlight=False)
         sys.exit(exc.exit_code)
     except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:

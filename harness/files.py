@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -278,11 +278,26 @@ class DownloadError(VaBenchError):
     """A download that failed (network, server): exit 1, not a usage error."""
 
 
-def download(url: str, dest: Path, timeout: float = 60.0) -> Path:
-    """Download `url` to `dest` atomically; never a partial file under the final name."""
+def download(url: str, dest: Path, timeout: float = 60.0,
+             check: Callable[[Path], str | None] | None = None) -> Path:
+    """Download `url` to `dest` atomically; never a partial file under the final name. A body shorter than the
+    Content-Length the server announced (http.client returns a cut connection's bytes without an error), a web
+    page where a file was asked for, or a file `check` finds a problem in (its reason), is a DownloadError and
+    leaves nothing."""
+    fix = "check the URL and the network, or pass --weights PATH"
     try:
-        with atomic_file(dest) as tmp, open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            shutil.copyfileobj(response, out)
+        with atomic_file(dest) as tmp:
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+                if (response.headers.get_content_type() or "").startswith("text/html"):
+                    raise DownloadError(f"{url} answered with a web page, not the file; {fix}")
+                shutil.copyfileobj(response, out)
+                announced, got = response.headers.get("Content-Length"), out.tell()
+            if announced is not None and announced.isdigit() and got != int(announced):
+                raise DownloadError(f"the download of {url} stopped after {got} of {announced} bytes; run the same "
+                                    "command again")
+            problem = check(Path(tmp)) if check is not None else None
+            if problem:
+                raise DownloadError(f"{url} gave a file that {problem}; {fix}")
     except OSError as exc:
-        raise DownloadError(f"could not download {url} ({exc}); check the network or pass --weights PATH") from exc
+        raise DownloadError(f"could not download {url} ({exc}); {fix}") from exc
     return dest

@@ -24,6 +24,12 @@ def slugify(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
+def _names(name: str, pattern: str) -> bool:
+    """Whether `pattern` is in `name` as whole words (case-insensitive): "A100" names "NVIDIA A100-SXM4-80GB",
+    not "RTX A1000"; "H200" not "GH200"."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(pattern.lower())}(?![a-z0-9])", name.lower()) is not None
+
+
 def derive_hardware_id(gpu: str | None, cpu: str | None, cores: int | None = None) -> str:
     """A hardware id from device names: a catalogue match (GPU first: the site's ids), else a slug of the name.
 
@@ -38,7 +44,8 @@ def derive_hardware_id(gpu: str | None, cpu: str | None, cores: int | None = Non
         if not name:
             continue
         for entry in catalogue():
-            if any(p.lower() in name.lower() for p in entry.get("match", [])):
+            if any(_names(name, p) for p in entry.get("match", [])) and not any(
+                    _names(name, p) for p in entry.get("unless", [])):
                 return entry["id"]
     if gpu:
         return slugify(gpu)

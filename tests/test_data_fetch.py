@@ -26,6 +26,13 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     def do_GET(self):
         RangeHandler.requests_seen.append(self.headers.get("Range") or "")
+        if self.path.endswith("/cut.onnx"):  # a connection that drops: 1000 bytes of the 4 MB announced
+            self.send_response(200)
+            self.send_header("Content-Length", "4000000")
+            self.end_headers()
+            self.wfile.write(b"\0" * 1000)
+            self.close_connection = True
+            return
         spec = self.headers.get("Range")
         path = Path(self.translate_path(self.path))
         if not spec or not path.is_file():
@@ -140,6 +147,30 @@ def test_a_base_url_that_is_no_url_is_refused_before_anything_is_made(tmp_path, 
     result = run_in_process("data", "fetch", "coco", "--dest", str(tmp_path / "c"), "--base-url", url)
     assert result.returncode == 2 and "is not an http(s):// or file:// URL" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("served, expected", [
+    ("cut.onnx", "stopped after 1000 of 4000000 bytes"),
+    ("page.html", "answered with a web page"),
+    ("junk.onnx", "is not an ONNX model"),
+])
+def test_models_fetch_keeps_no_download_that_is_not_the_model(server, tmp_path, monkeypatch, served, expected):
+    """A cut connection, a web page and bytes that are no ONNX model: one line, exit 1, nothing in the cache (a
+    later fetch would have called it "already present", and a run would have failed on it)."""
+    import dataclasses
+
+    from harness.models import registry
+
+    root, base = server
+    (root / "page.html").write_text("<html>moved</html>")
+    (root / "junk.onnx").write_bytes(b"not a model at all")
+    entry = registry.REGISTRY["yolox-tiny"]
+    monkeypatch.setitem(registry.REGISTRY, "yolox-tiny", dataclasses.replace(entry, weights_url=f"{base}/{served}"))
+    cache = tmp_path / "weights"
+    result = run_in_process("models", "fetch", "yolox-tiny", "--force", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert result.returncode == 1 and expected in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not cache.exists() or not any(cache.iterdir()), sorted(cache.iterdir())
 
 
 @requires_yolox

@@ -265,3 +265,14 @@ def test_a_failing_sample_is_recorded_and_the_window_still_closes():
     state = sampler.end_window()
     assert state["sample_errors"][0] == "RuntimeError: GPU is lost" and state["throttled"] is False
     assert _sampler().end_window()["status"] == "unavailable"  # no window open: a record, not a crash
+
+
+def test_hardware_ids_match_gpu_names_as_whole_words():
+    from harness.hardware import derive_hardware_id
+
+    assert derive_hardware_id("NVIDIA A100-SXM4-80GB", "x") == "a100"
+    assert derive_hardware_id("NVIDIA H100 80GB HBM3", "x") == "h100"
+    assert derive_hardware_id("NVIDIA RTX A1000 Laptop GPU", "x") == "nvidia_rtx_a1000_laptop_gpu"  # not an A100
+    assert derive_hardware_id("NVIDIA GH200 480GB", "x") == "nvidia_gh200_480gb"  # not an H200
+    assert derive_hardware_id("NVIDIA GeForce RTX 5070 Ti Laptop GPU", "x") != "nvidia_geforce_rtx_5070_ti"
+    assert derive_hardware_id("Orin (nvgpu)", "x") == "jetson_orin"

@@ -662,7 +662,7 @@ def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "board_model", lambda: read(tmp_path))
     block = env.hardware_block(CPU, None)
     assert block["id"] == "rpi5" and block["gpu"] == "Raspberry Pi 5 Model B Rev 1.1"
-    assert block["gpu_memory_gb"] == 0.0 and block["driver_version"] == "N/A"
+    assert block["gpu_memory_gb"] is None and block["driver_version"] == "N/A"
 
 
 @requires_coco

@@ -381,3 +381,12 @@ def test_report_opens_in_headless_chromium(run_a, tmp_path):
     assert pixels.shape[0] == 2400 and np.std(pixels[..., :3]) > 0.05  # rendered content, not a blank page
     if os.environ.get("VA_BENCH_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["VA_BENCH_KEEP_SCREENSHOT"])
+
+
+def test_a_gate_missed_by_less_than_its_shown_digits_shows_enough_of_them():
+    # 84.218 against >= 84.22 is NOT MET: "today 84.22" would read as the target itself
+    from harness.report.gates import Gate, GateResult
+
+    gate = Gate(metric="images_per_s", comparison=">=", target=84.22)
+    assert GateResult(gate, "cell", 84.218, "NOT_MET").today_text() == "84.218 img/s"
+    assert GateResult(gate, "cell", 91.5, "MET").today_text() == "91.50 img/s"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import warnings
 from typing import Any
 
@@ -66,6 +67,15 @@ def onnx_param_count(model: onnx.ModelProto) -> int:
         if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
             total += int(np.prod(init.dims)) if init.dims else 1
     return total
+
+
+def onnx_problem(path: str | os.PathLike) -> str | None:
+    """Why the file at `path` is no ONNX model (unreadable as one, or a graph without nodes); None when it is one."""
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError and friends for what is not a model
+        return f"is not an ONNX model ({type(exc).__name__})"
+    return None if model.graph.node else "is an ONNX file without a graph"
 
 
 def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> ModelStats:

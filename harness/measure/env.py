@@ -114,9 +114,9 @@ def tf32_state(mode: str) -> dict:
 
 
 def hardware_block(device: Device, hardware_id: str | None) -> dict:
-    """The site's hardware block: id, gpu, cpu, ram_gb (+ gpu memory, driver, CUDA)."""
+    """The site's hardware block: id, gpu, cpu, ram_gb (+ gpu memory, driver, CUDA); memory in GiB (2^30 bytes)."""
     cpu = cpu_model()
-    gpu_name, gpu_mem, driver, cuda = "none", 0.0, "N/A", "N/A"
+    gpu_name, gpu_mem, driver, cuda = "none", None, "N/A", "N/A"  # no GPU: no GPU memory (null, not 0)
     if device.is_cuda:
         props = torch.cuda.get_device_properties(device.index)
         gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 1)

@@ -336,6 +336,8 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
         return inspect_module(source.torch_module(), size, detector.model_id)
     if source.onnx_model is not None:
         path = getattr(detector, "path", None)
-        return inspect_onnx(source.onnx_model(), size, detector.model_id,
-                            path.stat().st_size if isinstance(path, Path) else None)
+        # the file as it is (its own input and output shapes), not the core's copy with symbolic axes:
+        # inspect_onnx makes the axes symbolic itself when asked for another size
+        graph = onnx.load(str(path)) if isinstance(path, Path) and path.suffix == ".onnx" else source.onnx_model()
+        return inspect_onnx(graph, size, detector.model_id, path.stat().st_size if isinstance(path, Path) else None)
     raise UsageError(f"{model}: its core_source has neither a torch module nor an ONNX graph")

@@ -123,6 +123,10 @@ class GateResult:
         if self.today is None:
             return f"not measured ({self.reason})"
         digits, unit = METRICS[self.gate.metric][1:]
+        # more digits where the rounded figure would read as the target while the gate says otherwise
+        while digits < 6 and round(self.today, digits) == round(self.gate.target, digits) and \
+                self.today != self.gate.target:
+            digits += 1
         return f"{self.today:.{digits}f}{unit}"
 
 

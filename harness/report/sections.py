@@ -36,10 +36,10 @@ def run_date(run: RunFolder) -> str:
 def _hardware(run: RunFolder) -> str:
     h = run.first("hardware", {}) or {}
     gpu = h.get("gpu")
-    gpu_text = "no GPU" if gpu in (None, "", "none") else f"GPU {gpu} ({h.get('gpu_memory_gb')} GB, driver " \
+    gpu_text = "no GPU" if gpu in (None, "", "none") else f"GPU {gpu} ({h.get('gpu_memory_gb')} GiB, driver " \
                                                            f"{h.get('driver_version')}, CUDA {h.get('cuda_version')})"
     return (f"{h.get('id', '?')}: {h.get('cpu', '?')} ({h.get('cpu_cores', '?')} cores / "
-            f"{h.get('cpu_threads', '?')} threads), {h.get('ram_gb', '?')} GB RAM, {gpu_text}")
+            f"{h.get('cpu_threads', '?')} threads), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}")
 
 
 def _on_off(value: Any) -> str:
@@ -88,8 +88,9 @@ def setup_table(run: RunFolder) -> Table:
                     f"image_id_sha256 {str(first.get('dataset.image_id_sha256') or '?')[:16]}…"],
         ["Protocol", f"conf {first.get('config.conf')}, iou {first.get('config.iou')}, max_det "
                      f"{first.get('config.max_det')}"],
-        ["Timing", f"warm-up {_span([c.get('timing.warmup.batches') for c in cells])} batches and "
-                   f"≥ {run.first('config.warmup_seconds', '?')} s; timed batches per cell "
+        ["Timing", f"warm-up {_span([c.get('timing.warmup.batches') for c in cells])} batches, "
+                   f"{_span([c.get('timing.warmup.seconds') for c in cells])} s (until the batch times settled, "
+                   f"at most {run.first('config.warmup_seconds', '?')} s); timed batches per cell "
                    f"{_span([c.get('timing.timed_batches') for c in cells])}; mode "
                    f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
                    f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],
