@@ -236,15 +236,21 @@ def atomic_file(path: Path, suffix: str = ".part") -> Iterator[str]:
 
 @contextlib.contextmanager
 def atomic_folder(folder: Path) -> Iterator[Path]:
-    """`with atomic_folder(folder) as tmp:` fill the folder `tmp` (beside `folder`); it replaces `folder` as a
-    whole when the block ends without an exception (a converter's cache entry is complete or absent)."""
+    """`with atomic_folder(folder) as tmp:` fill the folder `tmp` (beside `folder`); it becomes `folder` as a whole
+    when the block ends without an exception (a converter's cache entry is complete or absent). An entry another
+    process finished meanwhile is kept, never removed from under its readers; a damaged entry is for its reader to
+    remove before converting again."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes it private; a cache entry is meant to be shared
     try:
         yield tmp
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
+        try:
+            os.rename(tmp, folder)
+        except OSError as exc:  # the folder is there: another process finished the same entry first, keep it
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not folder.is_dir():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

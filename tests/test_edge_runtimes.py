@@ -291,6 +291,16 @@ def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_
     import torch
 
     assert np.allclose(third(torch.from_numpy(x))[0].numpy(), first(torch.from_numpy(x))[0].numpy())
+    # weights damaged on disk that still load: the check against the source finds it, the entry is converted again
+    # (before, every later run was refused with the converter blamed)
+    weights = xml.with_suffix(".bin")
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 3: len(data) // 3 + len(data) // 20] = bytes(len(data) // 20)
+    weights.write_bytes(bytes(data))
+    fourth = load_source(source, "openvino", CPU, "fp32", (416, 416))
+    assert "disagreed with its source: removed" in fourth.conversion["converted_again"]
+    assert fourth.conversion["cached"] is False and fourth.conversion["checked"]["max_relative_diff"] < 1e-3
+    assert np.allclose(fourth(torch.from_numpy(x))[0].numpy(), first(torch.from_numpy(x))[0].numpy())
 
 
 def _dynamic_yolox() -> onnx.ModelProto:

@@ -202,8 +202,11 @@ def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda
     assert name == "TensorrtExecutionProvider"
     # what TensorRT does not take runs on CUDA, not the CPU (ORT's TensorRT EP docs register both)
     assert session.providers[1:] == [("CUDAExecutionProvider", {"device_id": 0}), ("CPUExecutionProvider", {})]
+    # one engine folder per graph: ORT keys a cached engine on names only (another model of the same names, or
+    # retrained weights, would run this one's engine)
+    graph_folder = tmp_path / "trt" / hashlib.sha256(session.model.SerializeToString()).hexdigest()[:16]
     assert options == {"device_id": 0, "trt_fp16_enable": True, "trt_engine_cache_enable": True,
-                       "trt_engine_cache_path": str(tmp_path / "trt"), "trt_max_workspace_size": 512 * 2**20}
+                       "trt_engine_cache_path": str(graph_folder), "trt_max_workspace_size": 512 * 2**20}
     assert [shape[0] for shape in session.runs] == [1, 8]  # engines built at load, not in a timed batch
     info = core.info()
     assert (core.format, core.provider) == ("tensorrt", "cuda")  # the site's format/provider for TensorRT

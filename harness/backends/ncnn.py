@@ -44,7 +44,7 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
+from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -95,9 +95,13 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
             "folder": str(folder), "weights": "fp16" if fp16_weights else "fp32"}
     if all((folder / f).is_file() for f in CACHED_FILES):
         try:
-            return folder, {**json.loads((folder / CONVERSION_FILE).read_text()), "cached": True}
+            # the folder this run used (the entry may have been moved); the conversion's seconds are its own, then
+            stored = json.loads((folder / CONVERSION_FILE).read_text())
+            converted_in = stored.pop("seconds", None)
+            return folder, {**stored, "folder": str(folder), "cached": True, "seconds_when_converted": converted_in}
         except (OSError, ValueError):  # a damaged cache entry: converted again below, replacing it
             pass
+    shutil.rmtree(folder, ignore_errors=True)  # a damaged or partial entry goes before the new one takes its place
     clock = time.perf_counter()
     with atomic_folder(folder) as tmp:
         model, focus = rewrite_focus(onnx.ModelProto.FromString(graph_bytes))
@@ -450,8 +454,12 @@ class NcnnBackend:
         if options.max_batch > 1:
             raise UsageError("ncnn runs one image per call (no batch axis); use --batch-sizes 1 with --backend ncnn")
         graph, module = onnx_graph(source, input_size)
-        core = NcnnCore(source.name, graph, device, threads, precision, input_size)
-        if precision == "fp32":  # fp16 storage differs from the source by more than the check's tolerance
-            core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "ncnn",
-                                                                  batches=(1,))
-        return core
+
+        def make_core() -> NcnnCore:
+            return NcnnCore(source.name, graph, device, threads, precision, input_size)
+
+        if precision != "fp32":  # fp16 storage differs from the source by more than the check's tolerance
+            return make_core()
+        return load_checked(make_core, lambda core: check_against_source(source, graph, module, core, input_size,
+                                                                         "ncnn", batches=(1,)),
+                            lambda core: Path(core.conversion["folder"]))

@@ -8,6 +8,9 @@ module for an exported core, ONNX Runtime (CPU) on the source graph for a graph 
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -31,6 +34,25 @@ def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.Mo
     module = source.torch_module().eval()
     model, _ = export_core(source.name, module, input_size)
     return model, module
+
+
+def load_checked(make_core: Callable[[], Any], check: Callable[[Any], dict[str, Any]],
+                 cache_entry: Callable[[Any], Path]) -> Any:
+    """A converted core, checked against its source (`check`, the record of what was checked). A cached conversion
+    that loads but disagrees (an entry damaged on disk, or left by a broken converter) is removed and converted once
+    more, never refused for good; a fresh conversion that disagrees is the refusal."""
+    core = make_core()
+    try:
+        core.conversion["checked"] = check(core)
+    except UsageError:
+        if not core.conversion.get("cached"):
+            raise
+        entry = cache_entry(core)
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        core = make_core()
+        core.conversion["checked"] = check(core)
+        core.conversion["converted_again"] = f"the cached conversion ({entry}) disagreed with its source: removed"
+    return core
 
 
 def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: torch.nn.Module | None, core: Any,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from pathlib import Path
@@ -50,7 +51,8 @@ class OnnxRuntimeCore:
         self.precision_mode = "fp32 (IEEE)"
         if precision == "fp16" and provider == "cuda":
             model, self.precision_mode = to_fp16(model)
-        self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device))]
+        self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device,
+                                                                          model))]
         if provider == "tensorrt":  # nodes TensorRT does not take run on CUDA, not on the CPU (ORT's TensorRT EP docs)
             self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index}))
         if provider != "cpu":
@@ -79,14 +81,18 @@ class OnnxRuntimeCore:
         self.engine_build_seconds: float | None = None
 
     @staticmethod
-    def _provider_options(provider: str, precision: str, options: BackendOptions, device: Device) -> dict[str, Any]:
+    def _provider_options(provider: str, precision: str, options: BackendOptions, device: Device,
+                          model: onnx.ModelProto) -> dict[str, Any]:
         if provider == "cpu":
             return {}
         # `--device cuda:1` must run on GPU 1: both GPU providers default to device 0
         gpu = {"device_id": device.index}
         if provider == "cuda":
             return gpu
-        cache = Path(options.trt_cache_dir).expanduser()
+        # ORT names a cached engine after the graph's input, node and initializer names, not its weights or shapes:
+        # one folder per graph (by its bytes' SHA-256), or another model of the same names would run this one's engine
+        graph_sha = hashlib.sha256(model.SerializeToString()).hexdigest()
+        cache = Path(options.trt_cache_dir).expanduser() / graph_sha[:16]
         return {**gpu, "trt_fp16_enable": precision == "fp16", "trt_engine_cache_enable": True,
                 "trt_engine_cache_path": str(cache), "trt_max_workspace_size": options.trt_workspace_mb * 2**20}
 

@@ -36,7 +36,7 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
+from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -117,6 +117,7 @@ class OpenVinoCore:
         model = self._read_ir(path) if path.is_file() and path.with_suffix(".bin").is_file() else None
         cached = model is not None
         if model is None:
+            shutil.rmtree(path.parent, ignore_errors=True)  # a partial entry (an IR without its weights) goes first
             with tempfile.TemporaryDirectory(prefix=".va-ov-") as tmp:
                 onnx_file = Path(tmp) / "core.onnx"
                 onnx_file.write_bytes(self._graph_bytes)
@@ -339,12 +340,17 @@ class OpenVinoBackend:
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> OpenVinoCore:
         graph, module = onnx_graph(source, input_size)
-        core = OpenVinoCore(source.name, graph, device, threads, precision, input_size,
-                            throughput=options.overlap)
-        if core.needs_calibration:  # int8: checked against its source after calibration (executor)
+
+        def make_core() -> OpenVinoCore:
+            core = OpenVinoCore(source.name, graph, device, threads, precision, input_size,
+                                throughput=options.overlap)
+            if not core.needs_calibration:  # int8: checked against its source after calibration (executor)
+                core.prepare(options.batch_sizes)
             return core
-        core.prepare(options.batch_sizes)
-        if precision == "fp32":  # fp16 weights differ from the source by more than the check's tolerance
-            core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "OpenVINO")
-        return core
+
+        if precision != "fp32":  # fp16 weights differ from the source by more than the check's tolerance
+            return make_core()
+        return load_checked(make_core, lambda core: check_against_source(source, graph, module, core, input_size,
+                                                                         "OpenVINO"),
+                            lambda core: Path(core.conversion["ir_file"]).parent)
 

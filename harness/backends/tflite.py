@@ -33,7 +33,7 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.onnx_graph import check_against_source, has_onnx_graph, onnx_graph
+from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -252,10 +252,15 @@ class TfliteBackend:
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> TfliteCore:
         graph, module = onnx_graph(source, input_size)
-        core = TfliteCore(source.name, graph, device, threads, precision, input_size)
-        if core.needs_calibration:
+
+        def make_core() -> TfliteCore:
+            core = TfliteCore(source.name, graph, device, threads, precision, input_size)
+            if not core.needs_calibration:
+                core.prepare(options.batch_sizes)
             return core
-        core.prepare(options.batch_sizes)
-        if precision == "fp32":
-            core.conversion["checked"] = check_against_source(source, graph, module, core, input_size, "LiteRT")
-        return core
+
+        if precision != "fp32":
+            return make_core()
+        return load_checked(make_core, lambda core: check_against_source(source, graph, module, core, input_size,
+                                                                         "LiteRT"),
+                            lambda core: Path(core.conversion["file"]))
