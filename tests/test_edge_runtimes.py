@@ -303,6 +303,27 @@ def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_
     assert np.allclose(fourth(torch.from_numpy(x))[0].numpy(), first(torch.from_numpy(x))[0].numpy())
 
 
+@requires_yolox
+def test_a_trace_is_cached_per_graph_not_per_weights(tmp_path, monkeypatch):
+    # the same weights with the upsampling changed (nearest -> linear): another computation, so another trace
+    from harness.detector.source import CoreSource
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    nearest = _dynamic_yolox()
+    linear = onnx.ModelProto()
+    linear.CopyFrom(nearest)
+    for node in linear.graph.node:
+        if node.op_type == "Resize":
+            for attribute in node.attribute:
+                if attribute.name == "mode":
+                    attribute.s = b"linear"
+    first = load_source(CoreSource("yolox-nano", onnx_model=lambda: nearest), "torchscript", CPU, "fp32", (416, 416))
+    other = load_source(CoreSource("yolox-nano", onnx_model=lambda: linear), "torchscript", CPU, "fp32", (416, 416))
+    assert first.conversion["file"] != other.conversion["file"] and other.conversion["cached"] is False
+    again = load_source(CoreSource("yolox-nano", onnx_model=lambda: nearest), "torchscript", CPU, "fp32", (416, 416))
+    assert again.conversion["file"] == first.conversion["file"] and again.conversion["cached"] is True
+
+
 def _dynamic_yolox() -> onnx.ModelProto:
     from harness.detector.graph import make_batch_dynamic
 

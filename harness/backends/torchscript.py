@@ -10,6 +10,7 @@ Traces are cached by the weights' SHA-256, the torch version, device kind, preci
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 import time
 import warnings
@@ -30,11 +31,11 @@ from harness.files import atomic_file
 from harness.measure.device import Device
 
 
-def _trace_path(name: str, weights_sha: str, kind: str, precision: str, input_size: tuple[int, int]) -> Path:
+def _trace_path(name: str, identity_sha: str, kind: str, precision: str, input_size: tuple[int, int]) -> Path:
     safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
     h, w = input_size
     return (weights_dir() / "torchscript" /
-            f"{safe}__{weights_sha[:16]}__torch{torch.__version__.split('+')[0]}__{kind}__{precision}__{h}x{w}.pt")
+            f"{safe}__{identity_sha[:16]}__torch{torch.__version__.split('+')[0]}__{kind}__{precision}__{h}x{w}.pt")
 
 
 class TorchScriptCore:
@@ -76,15 +77,21 @@ class TorchScriptBackend:
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> TorchScriptCore:
+        graph_sha = ""
         if source.torch_module is not None:
             module = source.torch_module().eval()
         else:
+            graph = source.onnx_model()
+            graph_sha = hashlib.sha256(graph.SerializeToString()).hexdigest()
             try:
-                module = onnx_to_torch(source.onnx_model()).eval()
+                module = onnx_to_torch(graph).eval()
             except Exception as exc:
                 raise UsageError(f"{source.name}: onnx2torch cannot convert this ONNX graph for tracing "
                                  f"({type(exc).__name__}: {str(exc)[:200]}); use --backend onnxruntime") from exc
-        path = _trace_path(source.name, state_dict_sha256(module), device.kind, precision, input_size)
+        # a trace is of the weights and the computation: an ONNX source's whole graph, a torch module's structure
+        # (the weights alone would reuse the trace of a graph changed around the same weights)
+        identity = hashlib.sha256(f"{state_dict_sha256(module)}|{graph_sha or repr(module)}".encode()).hexdigest()
+        path = _trace_path(source.name, identity, device.kind, precision, input_size)
         cached = path.is_file()
         clock = time.perf_counter()
         scripted = None
