@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.errors import UsageError, path_problem
-from harness.files import load_user_yaml
+from harness.files import load_user_yaml, yaml_problem
 
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
 SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -270,10 +270,7 @@ def read_preset(path: str | Path) -> dict:
     try:
         data = load_user_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc.__class__.__name__
-        raise UsageError(path_problem("--config", given, f"not valid YAML{where} ({problem})") + "; fix the file") \
+        raise UsageError(path_problem("--config", given, f"not valid YAML{yaml_problem(exc)}") + "; fix the file") \
             from exc
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"

@@ -63,9 +63,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, collections.abc.Hashable) and key in seen:
+            if not isinstance(key, collections.abc.Hashable):  # the base loader refuses it, naming it
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
-            seen.add(key) if isinstance(key, collections.abc.Hashable) else None
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 

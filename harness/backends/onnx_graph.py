@@ -48,7 +48,10 @@ def load_checked(make_core: Callable[[], Any], check: Callable[[Any], dict[str, 
         if not core.conversion.get("cached"):
             raise
         entry = cache_entry(core)
-        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
         core = make_core()
         core.conversion["checked"] = check(core)
         core.conversion["converted_again"] = f"the cached conversion ({entry}) disagreed with its source: removed"

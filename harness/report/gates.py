@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError
-from harness.files import load_user_yaml
+from harness.files import load_user_yaml, yaml_problem
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
@@ -141,10 +141,7 @@ def load_gates(path: Path) -> list[Gate]:
     try:
         doc = load_user_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise UsageError(f"gates file {path} is not valid YAML{at} ({problem}); {fix}") from None
+        raise UsageError(f"gates file {path} is not valid YAML{yaml_problem(exc)}; {fix}") from None
     if not isinstance(doc, dict):
         raise UsageError(f"gates file {path}: expected a mapping with a `gates:` list at the top; {fix}")
     try:
