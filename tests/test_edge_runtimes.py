@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 from conftest import (
     COCO_DIR,
     CORPUS,
@@ -244,6 +245,18 @@ def test_ncnn_refuses_batches_above_one():
     with pytest.raises(UsageError, match="ncnn runs one image per call .*--batch-sizes 1"):
         load_source(CoreSource("m", onnx_model=lambda: onnx.load(str(YOLOX_NANO))), "ncnn", CPU, "fp32", (416, 416),
                     batch_sizes=[1, 4])
+
+
+@requires_yolox
+def test_ncnn_runs_a_graph_made_spatially_dynamic_at_another_input_size():
+    """yolox-nano's ONNX declares its 416 output ([batch, 3549, 85]); at 320 ncnn's output is the 320 one."""
+    need("ncnn")
+    from harness.models.registry import get_detector
+
+    det = get_detector("yolox-nano")
+    core = load_core_of(det, "ncnn", CPU, "fp32", (320, 320))
+    assert core.conversion["checked"]["checked_batches"] == [1]
+    assert [tuple(o.shape) for o in core(torch.rand(1, 3, 320, 320))] == [(1, 2100, 85)]
 
 
 class _Compiled:

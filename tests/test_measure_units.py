@@ -267,6 +267,22 @@ def test_detection_matching_with_masks_is_the_plain_greedy_one():
     assert 0 < report.matched == sum(m for m, _ in want) < report.detections_a
 
 
+def test_mask_matching_of_images_without_a_pair():
+    """Masked detections with no candidate pairs (none at all, or scores too far apart) match nothing."""
+    from pycocotools import mask as mask_utils
+
+    from harness.eval.matching import match_detections
+    from harness.records import ImageDetections
+
+    empty = ImageDetections(1, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64), masks=[])
+    mask = mask_utils.encode(np.asfortranarray(np.ones((8, 8), np.uint8)))
+    box = np.array([[0, 0, 8, 8]], np.float32)
+    a = ImageDetections(2, box, np.array([0.9], np.float32), np.array([0]), masks=[mask])
+    b = ImageDetections(2, box, np.array([0.5], np.float32), np.array([0]), masks=[mask])
+    report = match_detections([empty, a], [empty, b], mask_iou_threshold=0.99)
+    assert (report.detections_a, report.detections_b, report.matched) == (1, 1, 0)
+
+
 def test_detection_matching_is_the_plain_greedy_one():
     """Batch invariance's matcher (per class, uncontested pairs without the loop) against a plain greedy loop,
     on sets with duplicates, jitter and classes that disagree."""

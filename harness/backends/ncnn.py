@@ -126,7 +126,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
         if unsupported:
             raise UsageError(f"{name}: pnnx left operators ncnn cannot run ({', '.join(unsupported)}); "
                              "use --backend onnxruntime")
-        _probe(name, tmp, input_size, output_sizes(model))
+        _probe(name, tmp, input_size, output_sizes(model, input_size))
         info["seconds"] = round(time.perf_counter() - clock, 3)
         (tmp / CONVERSION_FILE).write_text(json.dumps(info, indent=2))  # what a cached copy says it is
         for leftover in tmp.iterdir():
@@ -232,14 +232,30 @@ def fp16_weights_file(param_text: str, fp32_bin: bytes) -> tuple[bytes, int]:
     return bytes(out), kept
 
 
-def output_shapes(model: onnx.ModelProto) -> list[list[int]]:
-    """Each graph output's shape at batch 1 (0 where a dimension is symbolic)."""
-    return [[1] + [d.dim_value for d in out.type.tensor_type.shape.dim][1:] for out in model.graph.output]
+def output_shapes(model: onnx.ModelProto, input_size: tuple[int, int]) -> list[list[int]]:
+    """Each graph output's shape at batch 1 and this input size (0 where it is not known statically).
+
+    From ONNX shape inference on the graph with its input fixed to [1, 3, H, W]: a graph whose height and width
+    were made symbolic still declares the outputs of the size it was exported at."""
+    fixed = onnx.ModelProto.FromString(model.SerializeToString())
+    dims = fixed.graph.input[0].type.tensor_type.shape.dim
+    if len(dims) == 4:
+        for dim, value in zip(dims, (1, 3, *input_size), strict=True):
+            dim.dim_value = value
+    for out in fixed.graph.output:
+        for dim in out.type.tensor_type.shape.dim:
+            dim.Clear()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True).graph.output
+    except Exception:  # onnx's own error types: nothing known statically
+        return [[1] + [0] * (len(out.type.tensor_type.shape.dim) - 1) for out in model.graph.output]
+    return [[1] + [d.dim_value for d in out.type.tensor_type.shape.dim][1:] for out in inferred]
 
 
-def output_sizes(model: onnx.ModelProto) -> list[int]:
-    """Each graph output's element count at batch 1; empty when a dimension is not known statically."""
-    shapes = output_shapes(model)
+def output_sizes(model: onnx.ModelProto, input_size: tuple[int, int]) -> list[int]:
+    """Each graph output's element count at batch 1 and this input size; empty when a dimension is not known
+    statically."""
+    shapes = output_shapes(model, input_size)
     return [int(np.prod(s)) for s in shapes] if all(all(s) for s in shapes) else []
 
 
@@ -381,7 +397,7 @@ class NcnnCore:
         self.inputs = list(self.net.input_names())
         self.outputs = sorted(self.net.output_names(), key=lambda n: (len(n), n))
         # ncnn's blobs have no batch axis and drop leading unit axes: each output goes back to the graph's shape
-        self.output_shapes = output_shapes(graph)
+        self.output_shapes = output_shapes(graph, input_size)
 
     def _load(self, folder: Path, threads: int | None, fp16: bool, required: str | None = None) -> bool:
         """Load the param/bin with the row's options; False (or, with `required`, one UsageError line naming

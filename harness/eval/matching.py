@@ -112,7 +112,9 @@ def _masks_agree(pairs: list[tuple[ImageDetections, ImageDetections]], side_a: _
     """Per pair: mask IoU >= threshold, or both masks empty (pycocotools gives two empty masks IoU 0), or True
     where either image has no masks. One pycocotools call per (image, class) group."""
     agree = np.ones(len(rows), dtype=bool)
-    starts = np.flatnonzero(np.r_[True, np.diff(side_a.group[rows]) != 0]) if len(rows) else np.zeros(0, np.int64)
+    if not len(rows):
+        return agree
+    starts = np.flatnonzero(np.r_[True, np.diff(side_a.group[rows]) != 0])
     for start, end in zip(starts, [*starts[1:], len(rows)], strict=True):
         det_a, det_b = pairs[side_a.image[rows[start]]]
         if det_a.masks is None or det_b.masks is None:
