@@ -171,7 +171,7 @@ def test_ort_gpu_providers_run_on_the_device_index_asked_for(fake_ort, fake_cuda
     OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None, options=backend_options())
     OnnxRuntimeCore(yolox_graph, Device("cuda", 1), threads=None, options=backend_options(ort_provider="tensorrt"))
     assert [s.providers[0][1]["device_id"] for s in fake_ort.made] == [1, 1]
-    assert fake_ort.made[1].providers[1] == ("CUDAExecutionProvider", {"device_id": 1})
+    assert fake_ort.made[1].providers[1] == ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": 0})
 
 
 def test_ort_provider_silently_dropped_is_an_error(fake_ort, fake_cuda, yolox_graph):
@@ -201,7 +201,8 @@ def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda
     name, options = session.providers[0]
     assert name == "TensorrtExecutionProvider"
     # what TensorRT does not take runs on CUDA, not the CPU (ORT's TensorRT EP docs register both)
-    assert session.providers[1:] == [("CUDAExecutionProvider", {"device_id": 0}), ("CPUExecutionProvider", {})]
+    assert session.providers[1:] == [("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}),
+                                 ("CPUExecutionProvider", {})]
     # one engine folder per graph: ORT keys a cached engine on names only (another model of the same names, or
     # retrained weights, would run this one's engine)
     graph_folder = tmp_path / "trt" / hashlib.sha256(session.model.SerializeToString()).hexdigest()[:16]
@@ -215,6 +216,94 @@ def test_tensorrt_provider_options_and_engine_build_recorded(fake_ort, fake_cuda
     assert isinstance(info["engine_build_seconds"], float)
     # the graph itself stays fp32: TensorRT lowers precision itself with trt_fp16_enable
     assert session.model.graph.initializer[0].data_type == onnx.TensorProto.FLOAT
+
+
+class GpuLikeSession:
+    """onnxruntime.InferenceSession where the CPU provider is the real one and the GPU providers run the graph on
+    the CPU too, off by 1 % where the GPU would not be IEEE fp32 (an fp16 graph, or TF32 allowed)."""
+
+    real = onnxruntime.InferenceSession
+    made: list[GpuLikeSession] = []
+
+    def __init__(self, model_bytes, options, providers):
+        self.providers, self.model = providers, onnx.load_from_string(model_bytes)
+        gpu = providers[0][0] != "CPUExecutionProvider"
+        fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in self.model.graph.initializer)
+        graph = _fp32_graph(self.model).SerializeToString() if fp16 else model_bytes
+        self.session = self.real(graph, options, providers=["CPUExecutionProvider"])
+        self.noise = 0.01 if gpu and (fp16 or providers[0][1].get("use_tf32") != 0) else 0.0
+        GpuLikeSession.made.append(self)
+
+    def get_providers(self):
+        return [name for name, _ in self.providers]
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def run(self, names, feeds, *args):
+        return [o * (1 + self.noise) for o in self.session.run(names, feeds, *args)]
+
+
+def _fp32_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """An fp16-converted graph back in fp32 (what the CPU provider runs in place of a GPU's fp16 kernels)."""
+    from onnx import numpy_helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT16:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == onnx.TensorProto.FLOAT16:
+                attr.i = onnx.TensorProto.FLOAT
+            if node.op_type == "Constant" and attr.name == "value" and attr.t.data_type == onnx.TensorProto.FLOAT16:
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float32)))
+    for value in [*model.graph.value_info]:
+        model.graph.value_info.remove(value)
+    return model
+
+
+@pytest.mark.skipif(not fp16_converter_installed(), reason="onnxconverter-common not installed (va-bench[gpu])")
+@pytest.mark.parametrize("precision, tf32, checked_on", [("fp32", "off", "this session"),
+                                                         ("fp32", "on", "ONNX Runtime CPU, fp32"),
+                                                         ("fp16", "off", "ONNX Runtime CPU, fp32")])
+def test_a_torch_core_s_export_is_checked_in_ieee_fp32_whatever_the_gpu_row_runs(
+        monkeypatch, fake_cuda, tmp_path, precision, tf32, checked_on):
+    """An fp16 or TF32 session differs from the module by more than the export check's tolerance: the export is
+    checked on the CPU provider instead, and the export itself stays cached."""
+    from test_backends import Head
+
+    from harness.backends.export import export_path, state_dict_sha256
+    from harness.detector.source import CoreSource
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    GpuLikeSession.made = []
+    monkeypatch.setattr(onnxruntime, "InferenceSession", GpuLikeSession)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: list(ALL_PROVIDERS))
+    core = load_source(CoreSource("tiny-head", torch_module=Head), "onnxruntime", Device("cuda"), precision,
+                       (32, 32), tf32=tf32)
+    info = core.info()
+    assert info["exported_from_pytorch"]["checked_on"] == checked_on
+    assert info["provider_options"]["CUDAExecutionProvider"]["use_tf32"] == (tf32 == "on")
+    assert export_path("tiny-head", state_dict_sha256(Head()), (32, 32)).is_file()
+
+
+def test_ort_cuda_provider_s_tf32_follows_the_tf32_option(fake_ort, fake_cuda, yolox_graph):
+    """The CUDA provider runs fp32 in TF32 unless told otherwise: --tf32 off (the default) must say so."""
+    for mode, want in [("off", {"use_tf32": 0}), ("on", {"use_tf32": 1}), ("default", {})]:
+        OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, options=backend_options(tf32=mode))
+        assert fake_ort.made[-1].providers[0] == ("CUDAExecutionProvider", {"device_id": 0, **want})
+
+
+@requires_coco
+@requires_yolox
+def test_tensorrt_provider_fp32_with_tf32_off_is_refused(monkeypatch, capsys, fake_ort, fake_cuda, tmp_path):
+    loads = never_load(monkeypatch)
+    out = tmp_path / "o"
+    code, err = run_cli(monkeypatch, capsys, "--device", "cuda", "--ort-provider", "tensorrt", "--output-dir",
+                        str(out))
+    assert code == 2 and "--tf32 on" in err and len(err.strip().splitlines()) == 1, err
+    assert loads == [] and not out.exists()
 
 
 def test_runtime_block_uses_site_vocabulary_and_keeps_the_exact_device():

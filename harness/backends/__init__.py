@@ -42,6 +42,8 @@ class BackendOptions:
     - `compile`, `cuda_graphs`: PyTorch execution modes, compiled/captured per batch size.
     - `overlap`: overlapped (throughput) mode: a runtime with streams of its own (OpenVINO) compiles for
       throughput and keeps several forwards in flight.
+    - `tf32`: TF32 on CUDA (off, on, default): runtimes with a switch of their own (ONNX Runtime's CUDA
+      provider) are set to the same as torch's flags.
     """
 
     ort_provider: str
@@ -51,6 +53,7 @@ class BackendOptions:
     compile: str
     cuda_graphs: bool
     overlap: bool = False
+    tf32: str = "off"
 
     @property
     def max_batch(self) -> int:
@@ -62,7 +65,8 @@ class BackendOptions:
         """The backend settings of a run (its defaults are RunConfig's: declared once, there)."""
         return cls(ort_provider=config.ort_provider, trt_cache_dir=config.trt_cache_dir,
                    trt_workspace_mb=config.trt_workspace_mb, batch_sizes=tuple(sorted(set(config.batch_sizes))),
-                   compile=config.compile, cuda_graphs=config.cuda_graphs, overlap=config.overlap)
+                   compile=config.compile, cuda_graphs=config.cuda_graphs, overlap=config.overlap,
+                   tf32=config.tf32)
 
 
 class Backend(Protocol):

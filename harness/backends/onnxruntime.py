@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ class OnnxRuntimeCore:
         self._wanted = [(ORT_PROVIDERS[provider], self._provider_options(provider, precision, options, device,
                                                                           model))]
         if provider == "tensorrt":  # nodes TensorRT does not take run on CUDA, not on the CPU (ORT's TensorRT EP docs)
-            self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index}))
+            self._wanted.append(("CUDAExecutionProvider", {"device_id": device.index, **cuda_tf32(options.tf32)}))
         if provider != "cpu":
             self._wanted.append(("CPUExecutionProvider", {}))
         self._model = model
@@ -88,7 +89,7 @@ class OnnxRuntimeCore:
         # `--device cuda:1` must run on GPU 1: both GPU providers default to device 0
         gpu = {"device_id": device.index}
         if provider == "cuda":
-            return gpu
+            return {**gpu, **cuda_tf32(options.tf32)}
         # ORT names a cached engine after the graph's input, node and initializer names, not its weights or shapes:
         # one folder per graph (by its bytes' SHA-256), or another model of the same names would run this one's engine
         graph_sha = hashlib.sha256(model.SerializeToString()).hexdigest()
@@ -168,6 +169,12 @@ class OnnxRuntimeCore:
         }
 
 
+def cuda_tf32(mode: str) -> dict[str, int]:
+    """The CUDA provider's TF32 switch for --tf32: it runs fp32 convolutions and matmuls in TF32 unless told
+    otherwise, so `off` (IEEE fp32, the default) must say so; `default` leaves ONNX Runtime's own (on)."""
+    return {} if mode == "default" else {"use_tf32": int(mode == "on")}
+
+
 def to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The graph with fp16 weights and compute (onnxconverter-common), fp32 inputs/outputs kept (a Cast at
     each end), so the pipeline feeds and decodes fp32 as for every other precision."""
@@ -202,8 +209,16 @@ class OnnxRuntimeBackend:
             module = source.torch_module().eval()
             model, path = export_core(source.name, module, input_size)
             core = OnnxRuntimeCore(model, device, threads, precision, options=options)
-            core.export_info = {"file": str(path), **check_export(source.name, module, core, input_size, path,
-                                                                  rows_as_set=source.query_rows)}
+            # the export is checked in IEEE fp32: an fp16 or TF32 row's own session differs from the module by more
+            # than the check's tolerance, so the same graph is checked on the CPU provider instead
+            ieee = precision == "fp32" and (core.provider == "cpu"
+                                            or (core.execution_provider == "CUDAExecutionProvider"
+                                                and options.tf32 == "off"))
+            checked = core if ieee else OnnxRuntimeCore(model, Device("cpu"), threads,
+                                                        options=replace(options, ort_provider="cpu"))
+            core.export_info = {"file": str(path), **check_export(source.name, module, checked, input_size, path,
+                                                                  rows_as_set=source.query_rows),
+                                "checked_on": "this session" if ieee else "ONNX Runtime CPU, fp32"}
         if core.execution_provider == "TensorrtExecutionProvider":
             core.build_engine(input_size, options.max_batch)
         return core

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
-from harness.backends.support import check_support
+from harness.backends.support import check_support, ort_provider_for
 from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
 from harness.config import RunConfig, device_spec
 from harness.data.images import find_corrupt_images_in_background
@@ -254,6 +254,7 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     for backend in config.backends:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)
+    _check_tensorrt_provider_tf32(config, kind)
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
     check_cores(config.cpu_affinity)
@@ -321,6 +322,15 @@ def check_machine(config: RunConfig, device: Device) -> None:
     for backend in config.backends:
         for precision in config.precisions:
             check_support(backend, device.kind, precision, config.ort_provider, device.index)
+
+
+def _check_tensorrt_provider_tf32(config: RunConfig, kind: str) -> None:
+    """ONNX Runtime's TensorRT provider builds fp32 engines with TF32 allowed (TensorRT's default) and has no
+    option to forbid it: an fp32 row there is not IEEE fp32, so `--tf32 off` (the default) cannot be kept."""
+    if ("onnxruntime" in config.backends and "fp32" in config.precisions and config.tf32 == "off"
+            and ort_provider_for(kind, config.ort_provider) == "tensorrt"):
+        raise UsageError("--ort-provider tensorrt runs fp32 layers in TF32 (TensorRT's default; the provider cannot "
+                         "turn it off): add --tf32 on to record it so, or use --ort-provider cuda for IEEE fp32")
 
 
 def _check_execution_modes(config: RunConfig, kind: str) -> None:
