@@ -259,6 +259,35 @@ def test_ncnn_runs_a_graph_made_spatially_dynamic_at_another_input_size():
     assert [tuple(o.shape) for o in core(torch.rand(1, 3, 320, 320))] == [(1, 2100, 85)]
 
 
+@pytest.mark.parametrize("backend, precision", [("openvino", "fp16"), ("openvino", "int8"), ("tflite", "fp16"),
+                                                ("tflite", "int8")])
+def test_batch_rows_are_checked_at_every_precision(tmp_path, backend, precision):
+    """fp16 and int8 rows are not checked against their source (they differ by more than its tolerance); a graph
+    whose batch axis was made dynamic after export still has each output row checked against its image alone."""
+    need(backend)
+    from test_backends import SIZE, MixesBatch, _onnx
+
+    from harness.detector.source import CoreSource
+
+    mixed = _onnx(MixesBatch(), tmp_path / "mixed.onnx")
+    with pytest.raises(UsageError, match="at batch 2 the graph does not give each image's own output"):
+        load_source(CoreSource("mixed", onnx_model=lambda: mixed, check_batches=(1, 2)), backend, CPU, precision,
+                    SIZE, batch_sizes=[1, 2])
+
+
+def test_a_good_graph_s_rows_checked_at_fp16_are_recorded(tmp_path):
+    need("openvino")
+    from test_backends import SIZE, Head, _onnx
+
+    from harness.detector.graph import make_batch_dynamic
+    from harness.detector.source import CoreSource
+
+    good = make_batch_dynamic(_onnx(Head(), tmp_path / "good.onnx", dynamic=False))
+    core = load_source(CoreSource("good", onnx_model=lambda: good, check_batches=(1, 2)), "openvino", CPU, "fp16",
+                       SIZE, batch_sizes=[1, 2])
+    assert core.conversion["checked"]["checked_batches"] == [1, 2]
+
+
 class _Compiled:
     """A compiled model that reports the compute precision it was given (what a bf16 CPU plugin does)."""
 
@@ -335,6 +364,28 @@ def test_a_trace_is_cached_per_graph_not_per_weights(tmp_path, monkeypatch):
     assert first.conversion["file"] != other.conversion["file"] and other.conversion["cached"] is False
     again = load_source(CoreSource("yolox-nano", onnx_model=lambda: nearest), "torchscript", CPU, "fp32", (416, 416))
     assert again.conversion["file"] == first.conversion["file"] and again.conversion["cached"] is True
+
+
+def test_a_cached_trace_that_disagrees_is_traced_again(tmp_path, monkeypatch):
+    """A cached trace that loads but computes something else (left by a broken tracer, or damaged) is removed and
+    traced once more in the same run, as the other runtimes' conversions are, never refused for good."""
+    import torch
+    from test_backends import SIZE, Head
+
+    from harness.detector.source import CoreSource
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    source = CoreSource("tiny-head", torch_module=Head)
+    first = load_source(source, "torchscript", CPU, "fp32", SIZE)
+    path = Path(first.conversion["file"])
+    with torch.no_grad():  # a valid trace of other weights, under this entry's name
+        torch.jit.save(torch.jit.trace(Head(seed=1).eval(), torch.rand(2, 3, *SIZE)), str(path))
+    again = load_source(source, "torchscript", CPU, "fp32", SIZE)
+    assert "disagreed with its source: removed" in again.conversion["converted_again"]
+    assert again.conversion["cached"] is False and again.conversion["checked"]["max_relative_diff"] < 1e-3
+    x = torch.rand(3, 3, *SIZE)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x)[0], Head()(x)[0], rtol=1e-5, atol=1e-5)
 
 
 def _dynamic_yolox() -> onnx.ModelProto:

@@ -366,6 +366,25 @@ def test_segmentation_export_masks_match_a_numpy_reference(seg_onnx, images, bac
     assert agree >= 0.99 * total and total > 100 and nonempty > total // 2, (agree, total, nonempty)
 
 
+@requires_coco
+def test_no_masks_holds_in_the_extra_passes(seg_onnx, images, tmp_path):
+    """With --no-masks the profile pass (and every pass copied from the row's pipeline) does the row's own work:
+    boxes only, no mask resizes in the profile of a segmentation export."""
+    from harness.run.executor import profile_pass
+
+    detector = get_detector("yolov8n-seg", str(seg_onnx))
+    with_masks = _pipeline(detector)
+    d = detector.postprocess
+    boxes_only = DetectorPipeline(detector, with_masks.core, parse_device("cpu"), detector.preprocess,
+                                  Thresholds(d.conf, d.iou, d.max_det), masks=False, nms_on="host")
+    copied = boxes_only.copy_with(host_workers=1, host_thread=False)
+    assert (copied.masks, copied.nms_threads, copied.host_thread, copied.core) == (False, 1, None, boxes_only.core)
+    records = images[0][:2]
+    ops = {pipeline: {row["name"] for row in profile_pass(pipeline, [records], tmp_path / f"{i}.json").ops}
+           for i, pipeline in enumerate((with_masks, boxes_only))}
+    assert "aten::upsample_bilinear2d" in ops[with_masks] and "aten::upsample_bilinear2d" not in ops[boxes_only]
+
+
 def test_a_segmentation_export_under_a_detection_id_is_one_line(seg_onnx, dense_onnx):
     with pytest.raises(UsageError, match="segmentation export; run it as --model yolov8n-seg"):
         get_detector("yolov8n", str(seg_onnx))

@@ -71,13 +71,10 @@ def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: tor
         return {"against": "the torch module", **check_export(source.name, module, core, input_size, None,
                                                                 runtime=runtime, batches=batches,
                                                                 rows_as_set=source.query_rows)}
-    import onnxruntime as ort
-
     torch.manual_seed(0)
     x = torch.rand(max(batches), 3, *input_size)
     try:
-        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-        want = [torch.from_numpy(o) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+        want = _source_session(graph)(x)
     except Exception as exc:  # ORT's own exception types
         raise UsageError(f"{source.name}: ONNX Runtime cannot run the source graph at batch {max(batches)} to check "
                          f"the {runtime} conversion ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
@@ -94,3 +91,26 @@ def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: tor
         worst = max(worst, diff)
     return {"against": "ONNX Runtime (CPU) on the source graph", "checked_batches": list(batches),
             "max_relative_diff": worst}
+
+
+def load_rows_checked(make_core: Callable[[], Any], source: CoreSource, graph: onnx.ModelProto,
+                      input_size: tuple[int, int]) -> Any:
+    """A converted core that differs from its source by more than the conversion check's tolerance (fp16 weights,
+    int8), so not checked against it; where the source asks for it (`check_batches`), each output row of the source
+    graph is still checked against its image alone, on ONNX Runtime (CPU), before the conversion."""
+    if not source.check_batches:
+        return make_core()
+    check_batch_rows(source.name, _source_session(graph), input_size, source.check_batches, source.query_rows)
+    core = make_core()
+    core.conversion["checked"] = {"against": "each image alone, on the source graph (ONNX Runtime, CPU)",
+                                  "checked_batches": list(source.check_batches)}
+    return core
+
+
+def _source_session(graph: onnx.ModelProto) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The source graph on ONNX Runtime's CPU provider, as a core: a [B,3,H,W] tensor in, its outputs out."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: [torch.from_numpy(o) for o in session.run(None, {name: x.numpy()})]

@@ -36,7 +36,13 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
+from harness.backends.onnx_graph import (
+    check_against_source,
+    has_onnx_graph,
+    load_checked,
+    load_rows_checked,
+    onnx_graph,
+)
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -344,12 +350,12 @@ class OpenVinoBackend:
         def make_core() -> OpenVinoCore:
             core = OpenVinoCore(source.name, graph, device, threads, precision, input_size,
                                 throughput=options.overlap)
-            if not core.needs_calibration:  # int8: checked against its source after calibration (executor)
+            if not core.needs_calibration:  # int8 is compiled once calibrated (executor)
                 core.prepare(options.batch_sizes)
             return core
 
-        if precision != "fp32":  # fp16 weights differ from the source by more than the check's tolerance
-            return make_core()
+        if precision != "fp32":  # fp16 weights and int8 differ from the source by more than the check's tolerance
+            return load_rows_checked(make_core, source, graph, input_size)
         return load_checked(make_core, lambda core: check_against_source(source, graph, module, core, input_size,
                                                                          "OpenVINO"),
                             lambda core: Path(core.conversion["ir_file"]).parent)

@@ -33,7 +33,13 @@ import onnx
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
+from harness.backends.onnx_graph import (
+    check_against_source,
+    has_onnx_graph,
+    load_checked,
+    load_rows_checked,
+    onnx_graph,
+)
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -259,8 +265,8 @@ class TfliteBackend:
                 core.prepare(options.batch_sizes)
             return core
 
-        if precision != "fp32":
-            return make_core()
+        if precision != "fp32":  # fp16 weights and int8 differ from the source by more than the check's tolerance
+            return load_rows_checked(make_core, source, graph, input_size)
         return load_checked(make_core, lambda core: check_against_source(source, graph, module, core, input_size,
                                                                          "LiteRT"),
                             lambda core: Path(core.conversion["file"]))

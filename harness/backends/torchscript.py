@@ -21,7 +21,7 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
-from harness.backends.onnx_graph import has_onnx_graph
+from harness.backends.onnx_graph import has_onnx_graph, load_checked
 from harness.backends.pytorch import device_name
 from harness.detector.graph import check_batch_rows, onnx_to_torch
 from harness.detector.source import CoreSource
@@ -92,31 +92,38 @@ class TorchScriptBackend:
         # (the weights alone would reuse the trace of a graph changed around the same weights)
         identity = hashlib.sha256(f"{state_dict_sha256(module)}|{graph_sha or repr(module)}".encode()).hexdigest()
         path = _trace_path(source.name, identity, device.kind, precision, input_size)
-        cached = path.is_file()
-        clock = time.perf_counter()
-        scripted = None
-        if cached:
-            try:
-                scripted = torch.jit.load(str(path), map_location=device.torch_device)
-            except Exception:  # a damaged cache file: trace again
-                path.unlink(missing_ok=True)
-                cached = False
-        if scripted is None:
-            scripted = self._trace(source.name, module, device, precision, input_size, path)
-        conversion = {"converter": "torch.jit.trace + torch.jit.freeze", "torch": torch.__version__,
-                      "traced_batch": EXPORT_BATCH, "file": str(path), "cached": cached,
-                      "seconds": round(time.perf_counter() - clock, 3)}
-        core = TorchScriptCore(scripted, device, precision, conversion)
-        if source.check_batches:  # a graph whose batch axis was made dynamic after export: each row its own image
-            check_batch_rows(source.name, _HostInput(core, device), input_size, source.check_batches,
-                             source.query_rows)
-        if precision == "fp32":  # fp16 differs from the fp32 module by more than the check's tolerance
+
+        def make_core() -> TorchScriptCore:
+            cached = path.is_file()
+            clock = time.perf_counter()
+            scripted = None
+            if cached:
+                try:
+                    scripted = torch.jit.load(str(path), map_location=device.torch_device)
+                except Exception:  # a damaged cache file: trace again
+                    path.unlink(missing_ok=True)
+                    cached = False
+            if scripted is None:
+                scripted = self._trace(source.name, module, device, precision, input_size, path)
+            conversion = {"converter": "torch.jit.trace + torch.jit.freeze", "torch": torch.__version__,
+                          "traced_batch": EXPORT_BATCH, "file": str(path), "cached": cached,
+                          "seconds": round(time.perf_counter() - clock, 3)}
+            return TorchScriptCore(scripted, device, precision, conversion)
+
+        def check(core: TorchScriptCore) -> dict[str, Any]:
+            if source.check_batches:  # a graph whose batch axis was made dynamic after export: each row its own image
+                check_batch_rows(source.name, _HostInput(core, device), input_size, source.check_batches,
+                                 source.query_rows)
+            if precision != "fp32":  # fp16 differs from the fp32 module by more than the check's tolerance
+                return ({"against": "each image alone", "checked_batches": list(source.check_batches)}
+                        if source.check_batches else {"skipped": "fp16 differs from the fp32 module by more than "
+                                                                 "the check's tolerance"})
             reference = module if not device.is_cuda else copy.deepcopy(module).to(device.torch_device)
-            check = check_export(source.name, _OnDevice(reference, device), _HostInput(core, device), input_size,
-                                 path, runtime="torchscript", rows_as_set=source.query_rows)
-            conversion["checked"] = {"against": "the torch module",
-                                     **{k: v for k, v in check.items() if k != "opset"}}
-        return core
+            checked = check_export(source.name, _OnDevice(reference, device), _HostInput(core, device), input_size,
+                                   path, runtime="torchscript", rows_as_set=source.query_rows)
+            return {"against": "the torch module", **{k: v for k, v in checked.items() if k != "opset"}}
+
+        return load_checked(make_core, check, lambda core: path)
 
     @staticmethod
     def _trace(name: str, module: torch.nn.Module, device: Device, precision: str, input_size: tuple[int, int],

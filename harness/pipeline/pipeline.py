@@ -24,6 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -210,6 +211,17 @@ class DetectorPipeline:
         # "host": a GPU run's candidates come to the host in one copy and the selection and boxes run there, on
         # the NMS pool, instead of one CUDA NMS call (and mask copy) per image; on a CPU both are the same
         self.selection_on_host = nms_on == "host" and device.is_cuda
+
+    def copy_with(self, core: Core | None = None, **changes: Any) -> DetectorPipeline:
+        """A pipeline with this one's settings (masks, NMS placement, image source, workers), on `core` (this one's
+        by default) with `changes` to the constructor's keyword arguments: an extra pass does the row's own work."""
+        settings = {"host_workers": self.nms_threads, "read_image": self.read_image,
+                    "stream_workers": self.stream_workers, "host_thread": self.host_thread is not None,
+                    "masks": self.masks, "generated": self.generated,
+                    "nms_on": "host" if self.selection_on_host else "device",
+                    "finishes_in_flight": self.finishes_in_flight}
+        return DetectorPipeline(self.detector, core if core is not None else self.core, self.device, self.spec,
+                                self.thresholds, **{**settings, **changes})
 
     def preprocess_info(self) -> dict:
         """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""

@@ -573,8 +573,7 @@ class GroupExecutor:
         ctx = self.ctx
         fp32 = load_detector_core(self.detector, self.key.backend, ctx.device, "fp32", self.key.input_size,
                                   options=ctx.backend_options, threads=ctx.threads)
-        pipeline = DetectorPipeline(self.detector, fp32, ctx.device, self.spec, self.thresholds,
-                                    read_image=ctx.images.read)
+        pipeline = self.pipeline.copy_with(fp32)
         timer = StageTimer(ctx.device, ctx.config.stage_sync)
         with ctx.progress.task(f"fp32 reference {cell.label}", None):
             detections = [d for batch in ctx.batches(cell.batch_size) for d in pipeline.run_batch(batch, timer)]
@@ -614,8 +613,7 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], wor
     elif hasattr(core, "profiling_copy"):  # a runtime's own per-node profiler on a second copy of the core
         tmp = tempfile.mkdtemp(prefix=".layer_profile_", dir=work_dir)
         try:
-            profiled = DetectorPipeline(pipeline.detector, core.profiling_copy(str(Path(tmp) / "profile")), device,
-                                        pipeline.spec, pipeline.thresholds, read_image=pipeline.read_image)
+            profiled = pipeline.copy_with(core.profiling_copy(str(Path(tmp) / "profile")))
             for batch in batches:
                 profiled.run_batch(batch, timer)
             calls, method = profiled.core.finish_profile(trace_path)
@@ -634,10 +632,7 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
     """torch.profiler over a few batches, stages labelled; Chrome trace + key averages."""
     timer = StageTimer(pipeline.device, profiler_ranges=True)
     # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
-    on_this_thread = DetectorPipeline(pipeline.detector, pipeline.core, pipeline.device, pipeline.spec,
-                                      pipeline.thresholds, host_workers=1, read_image=pipeline.read_image,
-                                      host_thread=False,  # the host stages too run here, not on the host thread
-                                      nms_on="host" if pipeline.selection_on_host else "device")
+    on_this_thread = pipeline.copy_with(host_workers=1, host_thread=False)  # the host stages too run here
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
             on_this_thread.run_batch(batch, timer)
