@@ -119,14 +119,15 @@ def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
 
     x = torch.zeros(1, 3, *input_size)
     counter = FlopCounterMode(display=False)
-    with counter, torch.inference_mode():
+    with counter, torch.no_grad():  # no inference tensors left in a module that caches one (see module_outputs)
         module(x)
     return int(counter.get_total_flops())
 
 
 def module_outputs(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """A torch core's outputs as a list, under inference mode."""
-    with torch.inference_mode():
+    """A torch core's outputs as a list, without autograd. Not under inference mode: a module that caches a tensor
+    made in its forward (an anchor grid) would keep an inference tensor, which a later ONNX trace cannot use."""
+    with torch.no_grad():
         out = module(x)
     return [out] if isinstance(out, torch.Tensor) else list(out)
 

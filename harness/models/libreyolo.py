@@ -293,6 +293,11 @@ class LibreCore(torch.nn.Module):
             from libreyolo.models.yolo7.export import YOLO7ExportWrapper
 
             module = YOLO7ExportWrapper(module)
+        if head == "rfdetr":  # its export forward: a tensor in (its eval forward splits the batch into a list,
+            # which a trace bakes in); a copy, since the wrapper switches the model's forward for good
+            from libreyolo.models.rfdetr.nn import RFDETRExportWrapper
+
+            module = RFDETRExportWrapper(copy.deepcopy(module))
         self.module = module
         self.head = head
 
@@ -307,6 +312,8 @@ class LibreCore(torch.nn.Module):
             return (torch.cat([level.flatten(2) for level in out], dim=2).transpose(1, 2),)
         if self.head == "yolo7":
             return (out,)  # [B, 4 + C, N]: xyxy input pixels, objectness x class probability
+        if self.head == "rfdetr":  # (boxes, logits[, masks]) -> the DETR order below
+            return (out[1], out[0], *out[2:]) if self.masks else (out[1], out[0])
         if self.head == "yolonas":
             boxes, scores = out[0]  # decoded in the network: [B,N,4] xyxy, [B,N,C] probabilities
             return boxes, scores
