@@ -235,6 +235,35 @@ def test_not_a_submission_is_a_usage_error(tmp_path):
         compare_sides(load_side(det), load_side(write_submission(tmp_path / "a", lognormal(1, 50))))
 
 
+def test_another_dataset_under_the_same_variant_name_is_said(tmp_path):
+    """Two runs whose variants are both `subset16` but of different datasets (or, same names, other images):
+    the dataset differs, and the accuracy deltas are said to mix model and data."""
+    a = write_submission(tmp_path / "a", lognormal(1, 50))
+    b = write_submission(tmp_path / "b", lognormal(2, 50))
+    doc = json.loads(b.read_text())
+    doc["dataset"]["id"] = "my-parts"
+    b.write_text(json.dumps(doc))
+    out = compare_sides(load_side(a), load_side(b))
+    assert out.differ["variant"] == ("coco2017 subset16", "my-parts subset16")
+    assert any("different image sets" in n for n in out.notes)
+    doc["dataset"].update(id="coco2017", image_id_sha256="f" * 64)  # the same names, another image set
+    b.write_text(json.dumps(doc))
+    out = compare_sides(load_side(a), load_side(b))
+    assert "variant" not in out.differ and any("different image sets" in n for n in out.notes)
+
+
+def test_names_from_files_reach_the_terminal_escaped(tmp_path):
+    a = write_submission(tmp_path / "a", lognormal(1, 50))
+    doc = json.loads(a.read_text())
+    doc["model"]["id"] = "toy\x1b[2Jnano"
+    a.write_text(json.dumps(doc))
+    b = write_submission(tmp_path / "b", lognormal(2, 50))
+    console = Console(record=True, width=80, force_terminal=True)
+    console.print(render_comparison(compare_sides(load_side(a), load_side(b))))
+    text = console.export_text(styles=False)
+    assert "\x1b[2J" not in text and "toy\\x1b[2Jnano" in text
+
+
 def test_compare_stays_torch_free():
     code = ("import sys, harness.results.compare, harness.eval.detection_diff, harness.views.compare_view; "
             "print('torch' in sys.modules)")

@@ -46,11 +46,12 @@ def _on_off(value: Any) -> str:
     return {True: "on", False: "off"}.get(value, "not recorded")
 
 
-def _span(values: list[Any]) -> str:
-    nums = sorted({int(v) for v in values if number(v) is not None})
+def _span(values: list[Any], digits: int = 0) -> str:
+    nums = sorted({round(float(v), digits) for v in values if number(v) is not None})
     if not nums:
         return "-"
-    return str(nums[0]) if nums[0] == nums[-1] else f"{nums[0]}-{nums[-1]}"
+    low, high = (f"{n:.{digits}f}" for n in (nums[0], nums[-1]))
+    return low if low == high else f"{low}-{high}"
 
 
 def cell_counts(run: RunFolder) -> str:
@@ -89,8 +90,9 @@ def setup_table(run: RunFolder) -> Table:
         ["Protocol", f"conf {first.get('config.conf')}, iou {first.get('config.iou')}, max_det "
                      f"{first.get('config.max_det')}"],
         ["Timing", f"warm-up {_span([c.get('timing.warmup.batches') for c in cells])} batches, "
-                   f"{_span([c.get('timing.warmup.seconds') for c in cells])} s (until the batch times settled, "
-                   f"at most {run.first('config.warmup_seconds', '?')} s); timed batches per cell "
+                   f"{_span([c.get('timing.warmup.seconds') for c in cells], 1)} s (until the batch times "
+                   f"settled, at most {run.first('config.warmup_seconds', '?')} s once the minimum batches were "
+                   f"done); timed batches per cell "
                    f"{_span([c.get('timing.timed_batches') for c in cells])}; mode "
                    f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
                    f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],

@@ -91,7 +91,8 @@ def _coords(sub: Submission) -> dict[str, Any]:
     return {"model": sub.model.id or "unknown", "hardware": sub.hardware_id,
             "backend": f"{sub.runtime.format or '?'}/{sub.runtime.provider or '?'}",
             "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
-            "variant": sub.dataset_variant or "?", "mode": mode if isinstance(mode, str) else "latency"}
+            "variant": f"{sub.dataset_id} {sub.dataset_variant or '?'}",
+            "mode": mode if isinstance(mode, str) else "latency"}
 
 
 def _entry(path: Path) -> Entry:
@@ -455,6 +456,13 @@ def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> s
     return ", ".join(_label(key, keys) for key, _, _ in members)
 
 
+def _other_images(ea: Entry, eb: Entry) -> bool:
+    """Whether the two cells scored different image sets: another dataset or variant, or (both known) another
+    image_id_sha256 under the same names."""
+    return (ea.coords["variant"] != eb.coords["variant"]
+            or bool(ea.fingerprint and eb.fingerprint and ea.fingerprint != eb.fingerprint))
+
+
 def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], cache: _DetectionCache,
                     iou: float, conf: float) -> tuple[list[DetectionRow], list[str]]:
     """One diff per distinct pair of detection files; notes on files found in a moved run folder."""
@@ -462,9 +470,9 @@ def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], cac
     notes: list[str] = []
     for key, ea, eb in pairs:
         (pa, note_a), (pb, note_b) = ea.detections_file(), eb.detections_file()
-        different_ids = ea.fingerprint and eb.fingerprint and ea.fingerprint != eb.fingerprint
-        if different_ids or ea.coords["variant"] != eb.coords["variant"]:
-            why = f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']})"
+        if _other_images(ea, eb):
+            why = (f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']}, "
+                   f"image_id_sha256 {(ea.fingerprint or '?')[:12]} vs {(eb.fingerprint or '?')[:12]})")
         elif pa is None or pb is None:
             why = "; ".join(f"{side}: {n}" for side, n, p in (("A", note_a, pa), ("B", note_b, pb)) if p is None)
         else:
@@ -547,7 +555,7 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     out.accuracy = _accuracy_deltas(pairs, vary)
     out.detections, notes = _detection_rows(pairs, vary, cache, iou, conf)
     out.notes += notes
-    if "variant" in out.differ:
+    if any(_other_images(ea, eb) for _, ea, eb in pairs):
         out.notes.append("A and B scored different image sets: accuracy deltas mix model and data differences")
     return out
 

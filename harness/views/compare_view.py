@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
-from harness.views.text import escape
+from harness.views.text import escape, printable
 
 LABELS = dict(COORDS)
 
@@ -34,15 +34,15 @@ def _verdict(cell: CellDelta) -> str:
 
 
 def _header(c: Comparison) -> list[RenderableType]:
-    lines = [Text.assemble(("A  ", "bold"), c.a), Text.assemble(("B  ", "bold"), c.b)]
+    lines = [Text.assemble(("A  ", "bold"), printable(c.a)), Text.assemble(("B  ", "bold"), printable(c.b))]
     if c.same:
         same = " · ".join(f"{LABELS[k]} {v}" for k, v in c.same.items())
-        lines.append(Text.assemble(("same    ", "bold"), same))
+        lines.append(Text.assemble(("same    ", "bold"), printable(same)))
     for k, (va, vb) in c.differ.items():
-        lines.append(Text.assemble(("differ  ", "bold"), f"{LABELS[k]}: {va} → {vb}"))
+        lines.append(Text.assemble(("differ  ", "bold"), printable(f"{LABELS[k]}: {va} → {vb}")))
     for name, cells in (("only A", c.only_a), ("only B", c.only_b)):
         if cells:
-            lines.append(Text.assemble((f"{name}  ", "bold yellow"), ", ".join(cells)))
+            lines.append(Text.assemble((f"{name}  ", "bold yellow"), printable(", ".join(cells))))
     return lines
 
 
@@ -50,7 +50,7 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
     out: list[RenderableType] = []
     for acc in c.accuracy:
         if acc.unavailable:
-            out.append(Text(f"accuracy {acc.label} unavailable: {acc.unavailable}"))
+            out.append(Text(printable(f"accuracy {acc.label} unavailable: {acc.unavailable}")))
             continue
         scored = " (masks; bbox_*: boxes)" if acc.of == "masks" else ""
         table = Table(title=f"accuracy {escape(acc.label)}{scored}", box=box.SIMPLE_HEAD, title_justify="left")
@@ -96,7 +96,8 @@ def _detections(c: Comparison) -> list[RenderableType]:
             table.add_row(escape(r.label), str(d.detections_a), str(d.detections_b), f"{d.matched_share:.2%}",
                           str(d.unmatched_a), str(d.unmatched_b), *stats)
         out.append(table)
-    out += [Text(f"detections {r.label} unavailable: {r.unavailable}") for r in c.detections if r.diff is None]
+    out += [Text(printable(f"detections {r.label} unavailable: {r.unavailable}")) for r in c.detections
+            if r.diff is None]
     return out
 
 
@@ -117,7 +118,7 @@ def _performance(c: Comparison) -> list[RenderableType]:
                         f"images/s ×{g['ips']:.3f}" if g["ips"] is not None else
                         f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}"))
     reasons = sorted({cell.significance.reason for cell in c.cells if cell.significance.reason})
-    out += [Text(f"verdict: {r}", style="yellow") for r in reasons]
+    out += [Text(printable(f"verdict: {r}"), style="yellow") for r in reasons]
     out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
                     "ratio of medians); drift between processes is not in them: repeat runs to see it", style="dim"))
     return out
@@ -125,15 +126,15 @@ def _performance(c: Comparison) -> list[RenderableType]:
 
 def render_comparison(c: Comparison) -> Group:
     """Header, accuracy tables, detection diff, performance table, notes."""
-    notes = [Text(f"note: {n}", style="dim") for n in c.notes]
+    notes = [Text(printable(f"note: {n}"), style="dim") for n in c.notes]
     return Group(*_header(c), *_accuracy(c), *_detections(c), *_performance(c), *notes)
 
 
 def render_gates(results: list[DeltaGateResult]) -> Group:
     """One line per --fail-on gate."""
     style = {"ok": "green", "failed": "bold red", "unchecked": "bold red"}
-    return Group(*[Text.assemble(("gate ", "bold"), f"{r.gate.spec}: ", (r.status.upper(), style[r.status]),
-                                 f" ({r.detail})") for r in results])
+    return Group(*[Text.assemble(("gate ", "bold"), printable(f"{r.gate.spec}: "), (r.status.upper(), style[r.status]),
+                                 printable(f" ({r.detail})")) for r in results])
 
 
 def comparisons_json(comparisons: list[Comparison], results: list[list[DeltaGateResult]], failed: bool) -> dict:

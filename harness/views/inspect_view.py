@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harness.views.text import escape
+from harness.views.text import escape, printable
 
 
 def _si(value: float | None, unit: str = "") -> str:
@@ -26,7 +26,7 @@ def _share(part: int, whole: int | None) -> str:
 def _summary(r: dict) -> list[RenderableType]:
     h, w = r["input_size"]
     via = " (layers and FLOPs from its onnx2torch conversion)" if r["source"] == "onnx" else ""
-    lines = [Text.assemble((escape(r["model"]), "bold"), f": {r['source']} model{via}")]
+    lines = [Text.assemble((printable(r["model"]), "bold"), f": {r['source']} model{via}")]
     if r["params_total"] is not None:
         sparsity = f"{r['sparsity']:.2%}" if r["sparsity"] is not None else "-"
         trainable = f", trainable {r['params_trainable']:,}" if r["params_trainable"] is not None else ""
@@ -71,13 +71,14 @@ def _onnx(g: dict) -> list[RenderableType]:
     opset = ", ".join(f"{d} {v}" for d, v in g["opset"].items())
     size = f", file {_si(g['file_bytes'], 'B')}" if g["file_bytes"] else ""
     ops = ", ".join(f"{op} {n}" for op, n in g["nodes_by_op"].items())
-    inputs = "; ".join(f"{escape(k)} {v}" for k, v in g["inputs"].items())
-    outputs = "; ".join(f"{escape(k)} {v}" for k, v in g["outputs"].items())
-    return [Text(f"ONNX graph: opset {opset}, IR {g['ir_version']}, producer {g['producer'] or '-'}{size}"),
-            Text(f"  {g['nodes']} nodes: {ops}"),
+    inputs = "; ".join(f"{k} {v}" for k, v in g["inputs"].items())
+    outputs = "; ".join(f"{k} {v}" for k, v in g["outputs"].items())
+    # names from the file: Text shows them as they are, control characters escaped
+    return [Text(printable(f"ONNX graph: opset {opset}, IR {g['ir_version']}, producer {g['producer'] or '-'}{size}")),
+            Text(printable(f"  {g['nodes']} nodes: {ops}")),
             Text(f"  {g['initializers']} initialisers; weights {g['weights']:,} elements, "
                  f"{g['weight_zeros']:,} exact zeros"),
-            Text(f"  inputs {inputs}; outputs {outputs}")]
+            Text(printable(f"  inputs {inputs}; outputs {outputs}"))]
 
 
 def render_inspect(r: dict, top: int = 15) -> Group:
@@ -87,5 +88,5 @@ def render_inspect(r: dict, top: int = 15) -> Group:
         parts += [_by_type(r), _layers(r, top)]
     if r["onnx"]:
         parts += _onnx(r["onnx"])
-    parts += [Text(f"note: {n}", style="yellow") for n in r["notes"]]
+    parts += [Text(printable(f"note: {n}"), style="yellow") for n in r["notes"]]
     return Group(*parts)

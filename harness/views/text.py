@@ -13,4 +13,10 @@ _UNPRINTABLE.update({c: f"\\u{c:04x}" for c in (0x200E, 0x200F, *range(0x202A, 0
 def escape(text: object) -> str:
     """`text` for the terminal: rich markup escaped, and each control character shown as its escape (\\x1b), never
     sent as itself. Every view prints names read from files through this."""
-    return escape_markup(str(text).translate(_UNPRINTABLE))
+    return escape_markup(printable(text))
+
+
+def printable(text: object) -> str:
+    """`text` with each control character shown as its escape (\\x1b): for rich `Text`, which shows markup as it
+    is (escaping it there would show the backslashes)."""
+    return str(text).translate(_UNPRINTABLE)
