@@ -140,7 +140,9 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
     result = run_in_process("campaign", str(twins), "--output-dir", str(tmp_path / "o3"))
     assert result.returncode == 2 and "names two datasets alike" in result.stderr
     # every mistake of the file, and options no run takes, in one line before anything is written
-    one = f"  - {{name: a, dataset: x, weights: {weights}}}\n"
+    annotations = tmp_path / "ann.json"
+    annotations.write_text("{}")
+    one = f"  - {{name: a, dataset: {annotations}, weights: {weights}}}\n"
     for text, expected in ((f"model: yolox-nano\nspilt: valid\ndatasets:\n{one}", "unknown key 'spilt'"),
                            (f"model: yolox-nano\noptions: [1, 2]\ndatasets:\n{one}", "`options` is not a mapping"),
                            ("model: yolox-nano\ndatasets:\n  - {name: a, dataset: x, weights: null}\n",
@@ -149,7 +151,9 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
                             "is not a file"),
                            (f"model: null\ndatasets:\n{one}", "`model` is None, not a model id"),
                            (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, wieghts: {weights}}}\n",
-                            "datasets[0] needs name, dataset and weights")):
+                            "datasets[0] needs name, dataset and weights"),
+                           (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, weights: {weights}}}\n",
+                            "datasets[0] (a): --dataset x: no such file or folder")):
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         result = run_in_process("campaign", str(bad), "--output-dir", str(tmp_path / "o4"))
@@ -167,14 +171,29 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
 
 
 def test_a_campaign_files_datasets_take_its_split(tmp_path):
-    from harness.run.campaign import read_campaign_file
+    """The campaign's split (default test) is taken from Roboflow export roots; an annotation file or a split's
+    folder is one split already and takes none; a dataset's own split is its own; a path no run can read is the
+    file's error."""
+    from harness.errors import UsageError
+    from harness.run.campaign import entry_split, read_campaign_file
 
     path, weights = tmp_path / "c.yaml", tmp_path / "w.onnx"
     weights.write_bytes(b"weights")
-    path.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, weights: {weights}}}\n"
-                    f"  - {{name: b, dataset: y, weights: {weights}, split: valid}}\n")
+    for split in ("test", "valid"):
+        (tmp_path / "root" / split).mkdir(parents=True)
+        (tmp_path / "root" / split / "_annotations.coco.json").write_text("{}")
+    (tmp_path / "ann.json").write_text("{}")
+    datasets = [("root", tmp_path / "root", ""), ("picked", tmp_path / "root", ", split: valid"),
+                ("file", tmp_path / "ann.json", ""), ("folder", tmp_path / "root" / "valid", "")]
+    path.write_text("model: yolox-nano\ndatasets:\n" + "".join(
+        f"  - {{name: {name}, dataset: {dataset}, weights: {weights}{extra}}}\n" for name, dataset, extra in datasets))
     campaign = read_campaign_file(path, {})
-    assert campaign.split == "test" and [e.split for e in campaign.entries] == ["test", "valid"]
+    assert campaign.split == "test"
+    assert [entry_split(campaign, e) for e in campaign.entries] == ["test", "valid", None, None]
+    path.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: {tmp_path / 'ann.json'}, "
+                    f"weights: {weights}, split: test}}\n")
+    with pytest.raises(UsageError, match=r"datasets\[0\] \(a\).*--split applies to a Roboflow export folder"):
+        read_campaign_file(path, {})
 
 
 def test_a_fully_scored_row_that_is_not_valid_says_why():

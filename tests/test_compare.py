@@ -369,6 +369,9 @@ def test_real_run_against_itself(real_runs):
     assert c.accuracy and all(acc.delta(n) == 0 for acc in c.accuracy for n in STAT_NAMES)
     assert c.detections and all(r.diff.matched_share == 1.0 and r.diff.detections_a > 0 for r in c.detections)
     assert all(r.diff.conf_delta_stats()["max"] == 0 for r in c.detections)
+    console = Console(record=True, width=80)
+    console.print(render_comparison(c))
+    assert "no class changed (of 80)" in console.export_text()  # not ten unchanged classes as "largest changes"
 
 
 def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):

@@ -180,6 +180,24 @@ def _variant(doc, **changes):
     return doc
 
 
+def test_the_leaderboard_fits_80_columns_with_every_figure_whole(tmp_path, base_doc):
+    """Names wrap, figures never lose digits: the corpus's longest hardware id heads its rows, each figure whole."""
+    from rich.console import Console
+
+    from harness.views.leaderboard import leaderboard_table
+
+    doc = _variant(base_doc, model__id="rtdetr-r101", runtime__format="tensorrt", runtime__precision="fp16")
+    board = aggregate(_write(tmp_path / "wide", [doc]))
+    (row,) = board["leaderboard"]
+    console = Console(width=80, record=True)
+    console.print(leaderboard_table(board))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text, text
+    assert "nvidia_geforce_rtx_5070_ti" in text and "rtdetr-r101" in text and "tensorrt/cuda" in text
+    p50 = row["latency_ms_p50"]
+    assert 10 <= p50 < 100 and f"{p50:.1f}" in text, text  # three significant digits of this row's p50
+
+
 def test_batch_sweep_and_input_sizes_stay_separate_rows(tmp_path, base_doc):
     docs = [_variant(base_doc, config__batch_size=b, timing__batch_size=b) for b in (1, 2, 4, 8)]
     docs += [_variant(base_doc, config__input_size=1280, model__input_size=1280)]
@@ -463,6 +481,10 @@ def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):
     assert all(r["accuracy_shown"] == 0.45 and r["subset"] is False for r in rows.values())
     with pytest.raises(UsageError, match="--leaderboard-variant 'mini50'"):
         aggregate(_write(tmp_path / "typo", [subset]), leaderboard_variant="mini50")
+    # a misspelt reference or fallback hardware would silently take the canonical accuracy from another machine
+    for given in ({"reference_hardware": "a10"}, {"fallback_hardware": ["rpi5", "jetsn_orin"]}):
+        with pytest.raises(UsageError, match="hardware 'a10'|hardware 'jetsn_orin'"):
+            aggregate(_write(tmp_path / "typo", [subset]), **given)
 
 
 def _run_folder(root, doc, detections):
@@ -503,6 +525,19 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     assert sorted(r["accuracy_trusted"] for r in board["cube"]) == [False, True]
     result = va_bench("validate", tmp_path / "outputs" / "r2")
     assert result.returncode == 1 and "run folder" in result.stdout and "unusable" in result.stdout
+
+
+def test_a_campaign_or_fleet_folder_s_own_record_is_no_submission(tmp_path, base_doc):
+    """campaign.json (a campaign's recipe) and fleet.json (a fleet's plan) beside the submissions are skipped with a
+    note, not validated as broken submissions."""
+    for name in ("campaign.json", "fleet.json"):
+        folder = tmp_path / name.split(".")[0]
+        (folder / "submissions").mkdir(parents=True)
+        (folder / "submissions" / "row.json").write_text(json.dumps(base_doc))
+        (folder / name).write_text(json.dumps({"recipe": {"model": "yolox-nano"}}))
+        validation = validate_paths([folder], None)
+        assert [r.path.name for r in validation.reports] == ["row.json"]
+        assert any(name in note and "not submissions" in note for note in validation.notes)
 
 
 def test_detections_reference_cannot_leave_the_run_folder(tmp_path, base_doc):

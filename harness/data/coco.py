@@ -411,6 +411,17 @@ def categories_sha256(categories: dict[int, str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def is_export_root(given: str) -> bool:
+    """Whether a `--dataset` path is a Roboflow export's root (split folders under it), where `--split` chooses."""
+    path = Path(given).expanduser()
+    return path.is_dir() and not (path / ROBOFLOW_ANNOTATIONS).is_file()
+
+
+def check_custom_layout(given: str, split: str | None) -> None:
+    """One UsageError line when a `--dataset` path (with `--split`) is none of the layouts a run reads."""
+    _custom_layout(given, split)
+
+
 def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]:
     """(annotation file, image folder, dataset id, split) of a `--dataset` path; one UsageError line when
     it is none of the layouts."""

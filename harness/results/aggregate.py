@@ -219,6 +219,11 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     if leaderboard_variant not in (*KNOWN_VARIANTS, *variants):
         raise UsageError(f"--leaderboard-variant {leaderboard_variant!r} is not a dataset variant of these files; "
                          f"use one of {', '.join(sorted({*KNOWN_VARIANTS, *variants}))}")
+    known = {e["id"] for e in catalogue()} | {r.hardware for r in cube}
+    unknown = [h for h in [reference_hardware, *(fallback_hardware or [])] if h not in known]
+    if unknown:  # a misspelt id would silently pick the canonical accuracy from other hardware
+        raise UsageError(f"hardware {unknown[0]!r} (--reference-hardware / --fallback-hardware) is neither in the "
+                         f"hardware catalogue nor in these files; use one of {', '.join(sorted(known))}")
     order = hardware_order(reference_hardware, fallback_hardware)
 
     by_accuracy: dict[tuple, list[PerfRow]] = {}

@@ -447,7 +447,7 @@ def _per_class_deltas(ea: Entry, eb: Entry) -> list[dict]:
         ap_a, ap_b = _num(a[category].get("AP")), _num(b[category].get("AP"))
         delta = None if ap_a is None or ap_b is None else ap_b - ap_a
         rows.append({"id": category, "name": a[category].get("name"), "a": ap_a, "b": ap_b, "delta": delta})
-    return sorted(rows, key=lambda r: -abs(r["delta"] or 0))
+    return sorted(rows, key=lambda r: (r["delta"] is None, -abs(r["delta"] or 0)))  # no AP on a side: last
 
 
 def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:

@@ -24,6 +24,7 @@ from harness.results.site_rules import Finding
 
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
+CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
 MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
 MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
@@ -103,7 +104,8 @@ def submission_files(folder: Path, loose: bool = False) -> list[Path]:
 def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
     run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
-    a note says so. A missing path, or no file at all, is a usage error."""
+    a note says so; so are a fleet's or campaign's own fleet.json / campaign.json. A missing path, or no file at
+    all, is a usage error."""
     files: list[Path] = []
     notes: list[str] = []
     for p in map(Path, paths):
@@ -118,6 +120,11 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
                              f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
                              "detections, traces)")
+            records = [x for x in found if x.name in (FLEET_FILE, CAMPAIGN_FILE)]  # a fleet's or campaign's plan
+            if records:
+                found = [x for x in found if x not in records]
+                notes.append(f"skipped {len(records)} fleet or campaign record(s) ({', '.join(map(str, records))}): "
+                             "not submissions")
             files += found
         elif p.is_file():
             files.append(p)

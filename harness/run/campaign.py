@@ -23,11 +23,12 @@ from typing import Any, Protocol
 import yaml
 
 from harness.config import build_config
+from harness.data.coco import check_custom_layout, is_export_root
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
-from harness.results.reader import finished_submission
+from harness.results.reader import CAMPAIGN_FILE, finished_submission
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
 VERSIONS_FILE = "rf100vl_versions.json"  # written by `va-bench data fetch rf100vl`: dataset -> version id
@@ -101,7 +102,8 @@ ENTRY_KEYS = ("name", "dataset", "weights", "version", "split")
 def read_campaign_file(path: Path, options: dict) -> Campaign:
     """A campaign YAML (safe_load): `model`, `split`, optional `options` (run options), and `datasets`, a list of
     {name, dataset, weights, version?, split?}. Unknown keys (a misspelt `split` would silently score another
-    split), values of the wrong type and weights that are not files are one line each."""
+    split), values of the wrong type, weights that are not files and datasets a run cannot read are one line each.
+    `split` is taken from Roboflow export roots only (an annotation file or a split's folder is one split)."""
     def problem(text: str, fix: str = "fix the file") -> UsageError:
         return UsageError(path_problem("campaign file", path, text) + f"; {fix}")
 
@@ -118,7 +120,7 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         raise problem(f"`model` is {data['model']!r}, not a model id", "name the model the weights are for")
     if not isinstance(data.get("options") or {}, dict):
         raise problem("`options` is not a mapping", "write run options as `name: value` lines under it")
-    split = str(data.get("split", "test"))
+    split = str(data.get("split", "test"))  # the split taken from Roboflow export roots
     entries = []
     for i, item in enumerate(data["datasets"]):
         if not isinstance(item, dict) or not {"name", "dataset", "weights"} <= set(item):
@@ -130,22 +132,38 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         if not isinstance(weights, str) or not Path(weights).expanduser().is_file():  # as a run's --weights
             raise problem(f"datasets[{i}].weights {weights!r} is not a file", "give each dataset's weights file")
         entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(Path(weights).expanduser()),
-                                     item.get("version"), str(item.get("split", split))))
+                                     item.get("version"), None if item.get("split") is None else str(item["split"])))
     if not entries:
         raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")
     slugs = [_slug(e.name) for e in entries]
     if len(set(slugs)) != len(slugs):
         raise UsageError(path_problem("campaign file", path, "names two datasets alike (their folders would be one)")
                          + "; give each a distinct name")
-    return Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}), **options})
+    campaign = Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}),
+                                                            **options})
+    for i, entry in enumerate(entries):  # a dataset path or split the file got wrong is the file's error
+        try:
+            check_custom_layout(entry.dataset, entry_split(campaign, entry))
+        except UsageError as exc:
+            raise UsageError(path_problem("campaign file", path, f"datasets[{i}] ({entry.name})") + f": {exc}") from exc
+    return campaign
+
+
+def entry_split(campaign: Campaign, entry: CampaignEntry) -> str | None:
+    """The split a dataset's run takes: its own where the file gives one; else the campaign's for a Roboflow export
+    root; none for an annotation file or a split's folder (they are one split already)."""
+    if entry.split is not None:
+        return entry.split
+    return campaign.split if is_export_root(entry.dataset) else None
 
 
 def dataset_config(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, **overrides):
     """The RunConfig of one dataset's run: the campaign's options, its model, weights and dataset, its folder
     `datasets_dir/<dataset>`; UsageError when the options are not a valid run."""
     return build_config({**campaign.options, "models": [campaign.model], "weights": entry.weights,
-                         "dataset": entry.dataset, "split": entry.split, "output_dir": str(datasets_dir),
-                         "run_id": run_folder_name(entry), "draw_images": 0, **overrides})
+                         "dataset": entry.dataset, "split": entry_split(campaign, entry),
+                         "output_dir": str(datasets_dir), "run_id": run_folder_name(entry), "draw_images": 0,
+                         **overrides})
 
 
 def check_options(campaign: Campaign, datasets_dir: Path) -> None:
@@ -234,8 +252,8 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(path_problem("--output-dir", output_dir, "not a folder") + "; pick a folder")
     recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
-    if (folder / "campaign.json").is_file():  # resuming: only the same campaign may add to its folder
-        before = json.loads((folder / "campaign.json").read_text()).get("recipe")
+    if (folder / CAMPAIGN_FILE).is_file():  # resuming: only the same campaign may add to its folder
+        before = json.loads((folder / CAMPAIGN_FILE).read_text()).get("recipe")
         if before != recipe:
             changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
             raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "

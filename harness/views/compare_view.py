@@ -61,13 +61,18 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
             table.add_row(name, "-" if a is None else f"{a:.4f}", "-" if b is None else f"{b:.4f}",
                           "-" if d is None else f"{d:+.4f}")
         out.append(table)
-        if acc.per_class:
-            shown = min(PER_CLASS_ROWS, len(acc.per_class))
-            moved = Table(title=f"per class AP 50:95 {escape(acc.label)}: the {shown} largest changes of "
-                                f"{len(acc.per_class)}", box=box.SIMPLE_HEAD, title_justify="left")
+        changed = [row for row in acc.per_class if row["delta"]]
+        if acc.per_class and not changed:
+            out.append(Text(printable(f"per class AP 50:95 {acc.label}: no class changed (of "
+                                      f"{len(acc.per_class)})")))
+        elif changed:
+            shown = min(PER_CLASS_ROWS, len(changed))
+            moved = Table(title=f"per class AP 50:95 {escape(acc.label)}: the {shown} largest changes "
+                                f"({len(changed)} of {len(acc.per_class)} classes changed)", box=box.SIMPLE_HEAD,
+                          title_justify="left")
             for col in ("class", "A", "B", "Δ B−A"):
                 moved.add_column(col, justify="left" if col == "class" else "right")
-            for row in acc.per_class[:PER_CLASS_ROWS]:
+            for row in changed[:PER_CLASS_ROWS]:
                 moved.add_row(escape(str(row["name"] or row["id"])), *("-" if row[k] is None else f"{row[k]:.4f}"
                                                                        for k in ("a", "b")),
                               "-" if row["delta"] is None else f"{row['delta']:+.4f}")
