@@ -120,6 +120,30 @@ def test_export_that_bakes_the_batch_is_refused_and_not_kept():
     assert not export_path("baked", state_dict_sha256(BakedBatch()), SIZE).exists()
 
 
+class CachesGrid(Head):
+    """Caches a tensor made in its forward (as detectors cache anchor grids per input shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.grid = None
+
+    def forward(self, x):
+        if self.grid is None or self.grid.shape[-1] != x.shape[-2] * x.shape[-1]:
+            self.grid = torch.arange(x.shape[-2] * x.shape[-1], dtype=x.dtype)
+        box, pooled = super().forward(x)
+        return box * self.grid, pooled  # a product: autograd would save the cached tensor
+
+
+def test_a_module_that_ran_under_inference_mode_still_exports():
+    """A PyTorch row runs the shared module under inference mode first: the tensor it cached then is an inference
+    tensor, which the ONNX tracer cannot use; the export traces a copy."""
+    module = CachesGrid()
+    with torch.inference_mode():
+        module(torch.rand(1, 3, *SIZE))
+    core = load_source(CoreSource("caches-grid", torch_module=lambda: module), "onnxruntime", CPU, "fp32", SIZE)
+    assert core.info()["exported_from_pytorch"]["max_relative_diff"] < 1e-5
+
+
 def test_state_dict_hash_follows_the_weights():
     assert state_dict_sha256(Head()) == state_dict_sha256(Head())
     changed = Head()

@@ -640,12 +640,13 @@ def test_every_catalogue_id_is_registered_with_its_postprocessing_kind():
 # the two slowest exports (yolov7-b ~30 s, lwdetr-t ~17 s here) run with the catalogue matrix (make test-slow)
 @pytest.mark.parametrize("model_id", ["rtmdet-t", "yolov9e2e-t", pytest.param("yolov7-b", marks=pytest.mark.catalogue),
                                       "ppyoloe-s", pytest.param("lwdetr-t", marks=pytest.mark.catalogue), "yolov9t",
-                                      "rfdetr-n", "rfdetr-seg-n"])
+                                      "rfdetr-n", "rfdetr-seg-n", "yolonas-s"])
 def test_onnx_export_of_the_families_runs_at_batch_1_2_4(model_id, coco):
     """The core exported with a dynamic batch runs in ONNX Runtime and agrees with PyTorch at batch 1, 2 and 4
     (the backend's own check), and on real images. YOLOv9's anchor-grid cache broke the trace before its
     head's export flag was set: yolov9t is here for that; RF-DETR's eval forward split the batch into a list
-    (the trace baked batch 2 into a Split) before the core ran its export forward. The weights are
+    (the trace baked batch 2 into a Split) before the core ran its export forward; YOLO-NAS's head returns its
+    decoded pair alone under a trace, which the core unpacked as (boxes, raw). The weights are
     `--weights random`'s, as a user's timing run has them; LW-DETR's are calibrated, because with raw random
     weights its encoder's top-k picks among near-tied proposals and ORT and PyTorch break the ties differently
     (relative difference 0.4)."""

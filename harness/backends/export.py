@@ -8,6 +8,7 @@ batch 1, 2 and 4 against PyTorch: a graph that disagrees is deleted and the back
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import warnings
@@ -54,6 +55,9 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
             return onnx.load(str(path)), path
         except Exception:  # a damaged cache file: export again
             path.unlink(missing_ok=True)
+    # a copy: a module that caches tensors made in its forward (an anchor grid) holds inference tensors once
+    # PyTorch rows ran it under inference mode, and the tracer cannot use those (deepcopy clones them)
+    module = copy.deepcopy(module)
     example = torch.rand(EXPORT_BATCH, 3, *input_size)
     n_out = len(module_outputs(module, example))
     names = [f"out{i}" for i in range(n_out)]

@@ -156,7 +156,7 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
         handles.append(m.register_forward_pre_hook(lambda _m, _i, n=n: started[n].append(counter.get_total_flops())))
         handles.append(m.register_forward_hook(lambda _m, _i, out, n=n: leaf_done(n, out)))
     try:
-        with counter, torch.inference_mode():
+        with counter, torch.no_grad():  # no inference tensors left in a module that caches one
             module(torch.zeros(1, 3, *input_size))
     except Exception as exc:
         raise UsageError(f"{name}: a forward at {input_size[0]}x{input_size[1]} failed ({type(exc).__name__}: "

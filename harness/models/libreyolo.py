@@ -314,8 +314,9 @@ class LibreCore(torch.nn.Module):
             return (out,)  # [B, 4 + C, N]: xyxy input pixels, objectness x class probability
         if self.head == "rfdetr":  # (boxes, logits[, masks]) -> the DETR order below
             return (out[1], out[0], *out[2:]) if self.masks else (out[1], out[0])
-        if self.head == "yolonas":
-            boxes, scores = out[0]  # decoded in the network: [B,N,4] xyxy, [B,N,C] probabilities
+        if self.head == "yolonas":  # decoded in the network: [B,N,4] xyxy, [B,N,C] probabilities
+            # eager: (decoded, raw); under an ONNX or TorchScript trace the head returns `decoded` alone
+            boxes, scores = out if isinstance(out[0], torch.Tensor) else out[0]
             return boxes, scores
         if self.head in ("picodet", "rtmdet"):
             cls_maps, reg_maps = out  # per level: [B,C,h,w] logits, box regression maps
