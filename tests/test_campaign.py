@@ -47,6 +47,16 @@ def test_rf100vl_campaign_row(tmp_path):
         values = [r["accuracy"][key] for r in runs]
         assert doc["accuracy"][key] == pytest.approx(sum(values) / len(values), abs=1e-12), key
     assert len({r["accuracy"]["mAP_50_95"] for r in runs}) > 1  # the datasets' figures differ: a real mean
+    # the row's split is the one its datasets' runs loaded; runs on different splits are not one row
+    from harness.results.campaign import DatasetResult, campaign_submission
+
+    names = list(DATASETS)
+    mixed = [DatasetResult(n, None, "w", r) for n, r in zip(names, runs, strict=True)]
+    mixed[0] = DatasetResult(names[0], None, "w", {**runs[0], "dataset": {**runs[0]["dataset"], "split": "valid"}})
+    row = campaign_submission(mixed, 3, {})
+    assert row["dataset"]["split"] == "test+valid"
+    assert "its datasets were scored on different splits (test, valid); one row is one split" in \
+        row["rf100vl"]["invalid_reasons"]
     assert doc["eval"]["maxDets"] == [1, 10, 100, 500] and doc["config"]["iou"] == 0.65
     assert doc["dataset"] == {"id": "rf100_vl", "split": "test", "num_images": 3 * IMAGES, "num_datasets": 4}
     assert is_rf100vl(doc)

@@ -304,6 +304,11 @@ def test_tensorrt_provider_fp32_with_tf32_off_is_refused(monkeypatch, capsys, fa
                         str(out))
     assert code == 2 and "--tf32 on" in err and len(err.strip().splitlines()) == 1, err
     assert loads == [] and not out.exists()
+    from harness.config import RunConfig
+    from harness.run.plan import check_runtimes
+
+    for fields in ({"precisions": ["fp16"]}, {"tf32": "on"}, {"tf32": "default"}):  # what the refusal advises
+        check_runtimes(RunConfig(device="cuda", ort_provider="tensorrt", **fields))
 
 
 def test_runtime_block_uses_site_vocabulary_and_keeps_the_exact_device():

@@ -181,7 +181,8 @@ def _variant(doc, **changes):
 
 
 def test_the_leaderboard_fits_80_columns_with_every_figure_whole(tmp_path, base_doc):
-    """Names wrap, figures never lose digits: the corpus's longest hardware id heads its rows, each figure whole."""
+    """Names wrap, figures never lose a digit, on the worst row the columns meet (TF32 on, overlapped timing, a
+    four-digit rate, flags) and on the corpus's longest hardware id, which heads its rows whole."""
     from rich.console import Console
 
     from harness.views.leaderboard import leaderboard_table
@@ -189,13 +190,20 @@ def test_the_leaderboard_fits_80_columns_with_every_figure_whole(tmp_path, base_
     doc = _variant(base_doc, model__id="rtdetr-r101", runtime__format="tensorrt", runtime__precision="fp16")
     board = aggregate(_write(tmp_path / "wide", [doc]))
     (row,) = board["leaderboard"]
+    worst = {**row, "model": "yolov9e2e-t", "format": "onnx", "provider": "tensorrt", "precision": "fp32",
+             "tf32": "on", "timing_mode": "overlapped", "dataset_variant": "mini500", "accuracy_shown": 0.45231,
+             "subset": True, "latency_ms_p50": 1234.5, "fps_mean": 1187.4, "flags": ["a", "b"]}
+    board = {**board, "leaderboard": [row, worst]}
     console = Console(width=80, record=True)
     console.print(leaderboard_table(board))
     text = console.export_text()
     assert max(map(len, text.splitlines())) <= 80 and "…" not in text, text
-    assert "nvidia_geforce_rtx_5070_ti" in text and "rtdetr-r101" in text and "tensorrt/cuda" in text
+    assert "nvidia_geforce_rtx_5070_ti" in text and "rtdetr-r101" in text and "tensorrt/cuda" in text, text
+    assert all(figure in text for figure in ("0.4523*", "1234", "1187", "fp32+tf32")), text
     p50 = row["latency_ms_p50"]
     assert 10 <= p50 < 100 and f"{p50:.1f}" in text, text  # three significant digits of this row's p50
+    (line,) = [line for line in text.splitlines() if "1187" in line]
+    assert line.rstrip().endswith(" 2"), line  # its two flags counted
 
 
 def test_batch_sweep_and_input_sizes_stay_separate_rows(tmp_path, base_doc):
@@ -538,6 +546,9 @@ def test_a_campaign_or_fleet_folder_s_own_record_is_no_submission(tmp_path, base
         validation = validate_paths([folder], None)
         assert [r.path.name for r in validation.reports] == ["row.json"]
         assert any(name in note and "not submissions" in note for note in validation.notes)
+    (tmp_path / "loose").mkdir()  # a submission that happens to be called so is one
+    (tmp_path / "loose" / "campaign.json").write_text(json.dumps(base_doc))
+    assert [r.path.name for r in validate_paths([tmp_path / "loose"], None).reports] == ["campaign.json"]
 
 
 def test_detections_reference_cannot_leave_the_run_folder(tmp_path, base_doc):

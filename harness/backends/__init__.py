@@ -52,8 +52,8 @@ class BackendOptions:
     batch_sizes: tuple[int, ...]
     compile: str
     cuda_graphs: bool
+    tf32: str
     overlap: bool = False
-    tf32: str = "off"
 
     @property
     def max_batch(self) -> int:

@@ -246,10 +246,11 @@ def output_shapes(model: onnx.ModelProto, input_size: tuple[int, int]) -> list[l
         for dim in out.type.tensor_type.shape.dim:
             dim.Clear()
     try:
-        inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True).graph.output
-    except Exception:  # onnx's own error types: nothing known statically
-        return [[1] + [0] * (len(out.type.tensor_type.shape.dim) - 1) for out in model.graph.output]
-    return [[1] + [d.dim_value for d in out.type.tensor_type.shape.dim][1:] for out in inferred]
+        outputs = onnx.shape_inference.infer_shapes(fixed, data_prop=True).graph.output
+    except Exception:  # onnx's own error types: the declared shapes hold where the graph is of this size only
+        declared_size = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][2:]
+        outputs = model.graph.output if declared_size == list(input_size) else fixed.graph.output
+    return [[1] + [d.dim_value for d in out.type.tensor_type.shape.dim][1:] for out in outputs]
 
 
 def output_sizes(model: onnx.ModelProto, input_size: tuple[int, int]) -> list[int]:

@@ -294,10 +294,12 @@ class LibreCore(torch.nn.Module):
 
             module = YOLO7ExportWrapper(module)
         if head == "rfdetr":  # its export forward: a tensor in (its eval forward splits the batch into a list,
-            # which a trace bakes in); a copy, since the wrapper switches the model's forward for good
+            # which a trace bakes in). On a copy of the modules, since export() switches their forwards for good (and
+            # replaces the position embeddings by new parameters); the weights stay shared, not held twice
             from libreyolo.models.rfdetr.nn import RFDETRExportWrapper
 
-            module = RFDETRExportWrapper(copy.deepcopy(module))
+            shared = {id(t): t for t in (*module.parameters(), *module.buffers())}
+            module = RFDETRExportWrapper(copy.deepcopy(module, memo=shared))
         self.module = module
         self.head = head
 

@@ -180,5 +180,5 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
     if is_engine_file(weights) and not entry.engines:
         takes = ", ".join(sorted({e.family for e in REGISTRY.values() if e.engines}))
         raise UsageError(f"--weights {Path(weights).name}: {spec} does not run TensorRT engines (the {takes} families "
-                         "do); run its ONNX export on --backend onnxruntime --ort-provider tensorrt")
+                         "do); run its ONNX export on --backend onnxruntime --ort-provider tensorrt --tf32 on")
     return entry.factory(weights)

@@ -91,8 +91,8 @@ def setup_table(run: RunFolder) -> Table:
                      f"{first.get('config.max_det')}"],
         ["Timing", f"warm-up {_span([c.get('timing.warmup.batches') for c in cells])} batches, "
                    f"{_span([c.get('timing.warmup.seconds') for c in cells], 1)} s (until the batch times "
-                   f"settled, at most {run.first('config.warmup_seconds', '?')} s once the minimum batches were "
-                   f"done); timed batches per cell "
+                   f"settled, or {run.first('config.warmup_seconds', '?')} s since it began once its minimum "
+                   f"batches were done); timed batches per cell "
                    f"{_span([c.get('timing.timed_batches') for c in cells])}; mode "
                    f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
                    f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],

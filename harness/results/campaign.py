@@ -72,15 +72,18 @@ def scored_as_listed(block: dict, listed: int) -> bool:
     return scored == listed and all(r == count_reason(scored, listed) for r in block.get("invalid_reasons") or [])
 
 
-def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict, split: str,
+def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict,
                         created_at: str | None = None) -> dict:
     """The campaign's row from its datasets' submissions (at least one scored). `expected`: the datasets the
-    campaign lists; the row is valid only with all of RF100-VL's 100 scored under its protocol."""
+    campaign lists; the row is valid only with all of RF100-VL's 100 scored under its protocol, on one split (the
+    row's split is the one its datasets' runs loaded)."""
     scored = [r for r in results if r.submission is not None]
     if not scored:
         raise ValueError("no dataset of the campaign was scored")
     template = scored[0].submission
     subs = [r.submission for r in scored]
+    splits = sorted({str(s["dataset"].get("split")) for s in subs})
+    split = "+".join(splits)
     created_at = created_at or datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
     stat_keys = [k for k in template["accuracy"] if isinstance(template["accuracy"][k], (int, float, type(None)))]
     accuracy = {k: _mean([s["accuracy"].get(k) for s in subs]) for k in dict.fromkeys([*stat_keys, "AR_max_det"])}
@@ -95,6 +98,8 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
     invalid = [count_reason(len(scored), expected)] if len(scored) != RF100VL_DATASETS else []
     invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
     invalid += protocol_problems(template["config"], template["eval"].get("maxDets"))
+    if len(splits) > 1:
+        invalid.append(f"its datasets were scored on different splits ({', '.join(splits)}); one row is one split")
     hardware_ids = sorted({s["hardware"]["id"] for s in subs})
     if len(hardware_ids) > 1:  # a resumed campaign on another machine, or runs brought together by hand
         invalid.append(f"its datasets were measured on different hardware ({', '.join(hardware_ids)}); "

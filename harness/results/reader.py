@@ -101,6 +101,15 @@ def submission_files(folder: Path, loose: bool = False) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if p.is_file())
 
 
+def _plan_record(path: Path) -> bool:
+    """A fleet's or campaign's own fleet.json / campaign.json (its plan or recipe, no schema_version), not a
+    submission that happens to have the name: never one under submissions/."""
+    if path.name not in (FLEET_FILE, CAMPAIGN_FILE) or path.parent.name == SUBMISSIONS_DIR:
+        return False
+    doc, problem = read_json(path)
+    return problem is None and isinstance(doc, dict) and "schema_version" not in doc
+
+
 def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
     run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
@@ -120,7 +129,7 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
                              f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
                              "detections, traces)")
-            records = [x for x in found if x.name in (FLEET_FILE, CAMPAIGN_FILE)]  # a fleet's or campaign's plan
+            records = [x for x in found if _plan_record(x)]
             if records:
                 found = [x for x in found if x not in records]
                 notes.append(f"skipped {len(records)} fleet or campaign record(s) ({', '.join(map(str, records))}): "

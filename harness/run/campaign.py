@@ -277,7 +277,7 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     if not any(r.submission for r in results):
         raise VaBenchError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason}); "
                            f"each dataset's run is in {datasets_dir}")
-    doc = campaign_submission(results, campaign.expected, campaign.recipe(), campaign.split)
+    doc = campaign_submission(results, campaign.expected, campaign.recipe())
     runtime, hardware = doc["runtime"], doc["hardware"]
     path = folder / "submissions" / f"{campaign.model}__rf100vl__{runtime['format']}__{runtime['provider']}__" \
                                     f"{hardware['id']}.json"

@@ -218,7 +218,7 @@ def check_engine_run(config: RunConfig, device_kind: str) -> None:
     if not engine:
         raise UsageError("--backend tensorrt runs a serialized TensorRT engine: pass --weights MODEL.engine (built "
                          "by trtexec, with its JSON sidecar); to build engines from ONNX use --backend onnxruntime "
-                         "--ort-provider tensorrt")
+                         "--ort-provider tensorrt --tf32 on (or --precision fp16)")
     name = Path(config.weights).name
     others = [b for b in config.backends if b != "tensorrt"]
     if others:

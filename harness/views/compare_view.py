@@ -61,7 +61,8 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
             table.add_row(name, "-" if a is None else f"{a:.4f}", "-" if b is None else f"{b:.4f}",
                           "-" if d is None else f"{d:+.4f}")
         out.append(table)
-        changed = [row for row in acc.per_class if row["delta"]]
+        # a class with AP on one side only changed too; one with AP on neither has nothing to show
+        changed = [row for row in acc.per_class if row["delta"] != 0 and (row["a"], row["b"]) != (None, None)]
         if acc.per_class and not changed:
             out.append(Text(printable(f"per class AP 50:95 {acc.label}: no class changed (of "
                                       f"{len(acc.per_class)})")))

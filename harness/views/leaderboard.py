@@ -24,7 +24,18 @@ def _model_label(row: dict, several_weights: set[str]) -> str:
 
 LEADERBOARD_COLUMNS = ("model", "runtime", "prec.", "size", "mAP", "p50 ms", "fps", "timed", "!")
 NUMERIC = {"size", "mAP", "p50 ms", "fps", "!"}
-TEXT_WIDTH = {"model": 18, "runtime": 16, "prec.": 9, "timed": 12}  # at most: 80 columns in all; longer names wrap
+WIDTH = 80  # the terminal summary's width
+
+
+def fit_widths(columns: tuple[str, ...], rows: list[tuple[str, ...]], numeric: set[str]) -> list[int]:
+    """Column widths for WIDTH characters with one space between columns: figures at their full width, the text
+    columns at theirs where it all fits, else the widest text columns narrowed (their names wrap) until it does."""
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    text = [i for i, col in enumerate(columns) if col not in numeric]
+    while sum(widths) + len(columns) - 1 > WIDTH and max(widths[i] for i in text) > 6:
+        widest = max(text, key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
 
 
 def leaderboard_table(board: dict, max_rows: int = MAX_ROWS, which: str = "detection") -> Group:
@@ -41,15 +52,14 @@ def leaderboard_table(board: dict, max_rows: int = MAX_ROWS, which: str = "detec
     title = "leaderboard" if which == "detection" else "segmentation board (mask mAP)"
     shown_rows = rows[:max_rows]
     cells = [(r["hardware"], tuple(escape(str(v)) for v in _cells(r, several))) for r in shown_rows]
-    widths = [max([len(col), *(len(c[i]) for _, c in cells)]) for i, col in enumerate(LEADERBOARD_COLUMNS)]
-    widths = [min(w, TEXT_WIDTH.get(col, w)) for w, col in zip(widths, LEADERBOARD_COLUMNS, strict=True)]
+    widths = fit_widths(LEADERBOARD_COLUMNS, [c for _, c in cells], NUMERIC)
     parts: list[RenderableType] = [Text(f"{title} (batch 1, default input size; mAP: canonical {label} only): "
                                         f"{len(rows)} rows" + (f", first {max_rows} shown (-o for all)"
                                                                if len(rows) > max_rows else ""), style="italic")]
     first = True
     for hardware, group in groupby(cells, key=lambda hc: hc[0]):
         parts.append(Text(printable(hardware), style="bold"))
-        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False, show_header=first)
+        table = Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False, show_header=first)
         for col, width in zip(LEADERBOARD_COLUMNS, widths, strict=True):
             table.add_column(col, justify="right" if col in NUMERIC else "left", no_wrap=col in NUMERIC,
                              overflow="fold", width=width)
@@ -80,49 +90,47 @@ def _figure(value: object) -> str:
     return f"{value:.0f}" if magnitude >= 100 else f"{value:.1f}" if magnitude >= 10 else f"{value:.2f}"
 
 
-def _compact(title: str, columns: tuple[str, ...], numeric: set[str]) -> Table:
-    """A table for 80 columns: light rules, one space between columns, names wrapping, figures never cut."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
-    for col in columns:
+def _compact(title: str, columns: tuple[str, ...], numeric: set[str], rows: list[tuple[str, ...]]) -> Table:
+    """A table of WIDTH characters: light rules, one space between columns, names wrapping, figures never cut."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    for col, width in zip(columns, fit_widths(columns, rows, numeric), strict=True):
         table.add_column(col, justify="right" if col in numeric else "left", no_wrap=col in numeric,
-                         overflow="fold")
+                         overflow="fold", width=width)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
 def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     gate = board["agreement_gate"]
     tol = board["policy"]["tolerance_points"]
-    table = _compact(f"agreement gate: {len(gate)} runs differ from the canonical mAP by > {tol} points",
-                     ("model", "variant", "prec.", "canonical", "on", "other", "on (format)", "Δ points"),
-                     {"canonical", "other", "Δ points"})
-    for g in sorted(gate, key=lambda g: -abs(g["delta_points"]))[:max_rows]:
-        table.add_row(*(escape(str(v)) for v in (
-            g["model"], g["dataset_variant"], g["precision"], g["canonical"], g["canonical_hardware"], g["other"],
-            f"{g['other_hardware']} ({g['other_format']})", f"{g['delta_points']:+.2f}")))
-    return table
+    rows = [tuple(escape(str(v)) for v in (
+        g["model"], g["dataset_variant"], g["precision"], g["canonical"], g["canonical_hardware"], g["other"],
+        f"{g['other_hardware']} ({g['other_format']})", f"{g['delta_points']:+.2f}"))
+        for g in sorted(gate, key=lambda g: -abs(g["delta_points"]))[:max_rows]]
+    return _compact(f"agreement gate: {len(gate)} runs differ from the canonical mAP by > {tol} points",
+                    ("model", "variant", "prec.", "canonical", "on", "other", "on (format)", "Δ points"),
+                    {"canonical", "other", "Δ points"}, rows)
 
 
 def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     """Larger variants measured faster than smaller ones of their family at the same coordinate."""
     found = board["size_order"]
-    table = _compact(f"size order: {len(found)} larger variants measured >10% faster than a smaller one (busy or "
-                     "throttled device?)", ("hardware", "runtime", "smaller", "p50 ms", "larger", "p50 ms ", "faster"),
-                     {"p50 ms", "p50 ms ", "faster"})
-    for f in sorted(found, key=lambda f: -f["faster_pct"])[:max_rows]:
-        table.add_row(*(escape(str(v)) for v in (
-            f["hardware"], f"{f['format']}/{f['precision']} b{f['batch_size']}", f["smaller"]["model"],
-            _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
-            f"{f['faster_pct']:.0f}%")))
-    return table
+    rows = [tuple(escape(str(v)) for v in (
+        f["hardware"], f"{f['format']}/{f['precision']} b{f['batch_size']}", f["smaller"]["model"],
+        _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
+        f"{f['faster_pct']:.0f}%")) for f in sorted(found, key=lambda f: -f["faster_pct"])[:max_rows]]
+    return _compact(f"size order: {len(found)} larger variants measured >10% faster than a smaller one (busy or "
+                    "throttled device?)", ("hardware", "runtime", "smaller", "its p50 ms", "larger", "its p50 ms",
+                                           "faster"), {"its p50 ms", "faster"}, rows)
 
 
 def rf100vl_table(board: dict) -> Table:
     """The RF100-VL section: one row per campaign (unweighted mean over its datasets), no latency."""
-    table = _compact(f"RF100-VL: {len(board['rf100vl'])} rows (mean over fine-tuned datasets; off the COCO boards)",
-                     ("model", "hardware", "runtime", "variant", "mAP 50:95", "mAP 50", "valid"),
-                     {"mAP 50:95", "mAP 50"})
-    for r in board["rf100vl"]:
-        maps = ("-" if r[k] is None else f"{r[k]:.3f}" for k in ("mAP_50_95", "mAP_50"))
-        table.add_row(*(escape(str(v)) for v in (
-            r["model"], r["hardware"], f"{r['format']}/{r['precision']}", r["variant"], *maps, r["valid_submission"])))
-    return table
+    rows = [tuple(escape(str(v)) for v in (
+        r["model"], r["hardware"], f"{r['format']}/{r['precision']}", r["variant"],
+        *("-" if r[k] is None else f"{r[k]:.3f}" for k in ("mAP_50_95", "mAP_50")), r["valid_submission"]))
+        for r in board["rf100vl"]]
+    return _compact(f"RF100-VL: {len(board['rf100vl'])} rows (mean over fine-tuned datasets; off the COCO boards)",
+                    ("model", "hardware", "runtime", "variant", "mAP 50:95", "mAP 50", "valid"),
+                    {"mAP 50:95", "mAP 50"}, rows)

@@ -221,8 +221,8 @@ def print_plan(console: Console, plan: dict) -> None:
     d = plan["dataset"]
     console.print(f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
                   f"({d['num_images']} images), {plan['cells']} cells on {escape(plan['device'])}; warm-up >= "
-                  f"{plan['warmup']['batches']} batches, then until the batch times settle (at most "
-                  f"{plan['warmup']['seconds']} s more) per cell; evaluation: "
+                  f"{plan['warmup']['batches']} batches, then until the batch times settle or "
+                  f"{plan['warmup']['seconds']} s since it began, per cell; evaluation: "
                   f"{plan['evaluation'] or 'off'}; nothing written (a run writes {escape(plan['run_dir'])})",
                   highlight=False, soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
