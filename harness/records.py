@@ -82,7 +82,7 @@ class Summary:
 
     count: int
     mean: float
-    std: float
+    std: float | None  # None with fewer than 2 samples
     min: float
     p50: float
     p90: float

@@ -174,6 +174,28 @@ def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
     assert refused.returncode == 2 and "--dataset does not apply" in refused.stderr
 
 
+def test_synthetic_images_are_made_once_before_anything_is_timed(monkeypatch):
+    """Making noise is not preprocessing: every distinct image is generated at the first one asked for (the
+    warm-up's) and reused in turn past 64; no later batch generates any."""
+    import numpy as np
+
+    from harness.data.synthetic import SyntheticDataset
+
+    dataset = SyntheticDataset((32, 48))
+    records = dataset.records(dataset.variant("synthetic", 100))
+    made = []
+    generate = dataset._generate
+    monkeypatch.setattr(dataset, "_generate", lambda k: made.append(k) or generate(k))
+    first = dataset.image(records[0])
+    assert made == list(range(1, 65)) and first.shape == (32, 48, 3)
+    assert all(dataset.image(r) is dataset.image(records[i % 64]) for i, r in enumerate(records))
+    assert len(made) == 64 and not np.array_equal(dataset.image(records[0]), dataset.image(records[1]))
+    assert dataset.describe()["generator"]["distinct_images"] == 64
+    small = SyntheticDataset((8, 8))
+    small.variant("synthetic", 8)
+    assert small.describe()["generator"]["distinct_images"] == 8
+
+
 @requires_coco
 @requires_yolox
 def test_repeats_measure_each_cell_in_fresh_processes(tmp_path):

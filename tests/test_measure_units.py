@@ -311,3 +311,22 @@ def test_detection_matching_is_the_plain_greedy_one():
         want = [_reference_greedy(a, b, iou_thr, tol) for a, b in zip(a_set, b_set, strict=True)]
         assert report.matched == sum(m for m, _ in want)
         assert report.max_score_delta == pytest.approx(max(w for _, w in want), abs=1e-9)
+
+
+def test_a_percentage_past_a_threshold_is_rounded_away_from_it():
+    """A warning's figure never reads as the threshold it crossed ("CV 10% > 10%", "99.00% < 99%")."""
+    from harness.measure.stats import percent, summarize
+
+    assert percent(0.10288, 1, "up") == "10.3%" and percent(0.1000001, 1, "up") == "10.1%"
+    assert percent(0.98996, 2, "down") == "98.99%" and percent(0.9995, 1, "down") == "99.9%"
+    assert percent(0.57, 1, "down") == "57.0%" and percent(0.57, 1, "up") == "57.0%"  # binary 0.57 is no less
+    noisy = summarize([10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 13.3])
+    (warning,) = [w for w in noisy.warnings if w.startswith("high variation")]
+    assert warning == f"high variation: CV {percent(noisy.std / noisy.mean, 1, 'up')} > 10%" and "10.0%" not in warning
+
+
+def test_one_sample_has_no_spread_rather_than_a_spread_of_zero():
+    from harness.measure.stats import summarize
+
+    one = summarize([12.5])
+    assert one.std is None and one.to_dict()["std"] is None and one.p50 == 12.5

@@ -197,6 +197,13 @@ def test_layer_pass_artifacts_add_up(ort_run, torch_run):
         assert sum(float(t["share_pct"]) for t in types) == pytest.approx(100, abs=0.1)
         conv = "Conv2d" if records[0].cell.load.backend == "pytorch" else "Conv"
         assert types[0]["layer_type"] == conv
+        # every file the run wrote for a cell is named in its submission, and every name is a file
+        for record in records:
+            artifacts = json.loads((run_dir / record.artifacts["submission"]).read_text())["artifacts"]
+            assert all((run_dir / name).is_file() for name in artifacts.values()), artifacts
+            assert "memory" in artifacts
+        layer_artifacts = json.loads((run_dir / layered[0].artifacts["submission"]).read_text())["artifacts"]
+        assert {"layer_timer", "layer_types"} <= set(layer_artifacts), layer_artifacts
 
 
 def test_profiler_trace_is_chrome_json_with_the_forward_ops(ort_run, torch_run):

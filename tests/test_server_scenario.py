@@ -63,6 +63,14 @@ def test_the_load_offered_is_the_rate_asked_for(queries):
     assert 0.5 < gaps.std() / gaps.mean() < 1.5  # still exponential-like spacing (coefficient of variation ~1)
 
 
+@pytest.mark.parametrize("queries", [10, 100])
+def test_an_idle_server_achieves_the_rate_offered_not_more(queries):
+    """Queries served at once (no service time) end when they arrive: N queries over the N / qps window."""
+    clock = VirtualClock()
+    result = serve(poisson_arrivals(20.0, queries), lambda i: None, clock, 50.0, 20.0)
+    assert result.achieved_qps == pytest.approx(20.0, rel=1e-12)
+
+
 def test_a_rate_no_trial_holds_is_said():
     found, trials = find_max_qps(lambda q: _harness_trial(q, 5.0, 200), 50.0, 100.0)  # the bound < one service
     assert found is None and trials[-1].qps == 50.0 and not any(t.held for t in trials)

@@ -446,7 +446,15 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     if busiest:
         warnings.append("other processes busy during the timed pass: " + ", ".join(
             f"{p['name']} (pid {p['pid']}, {p['cpu_percent']}% CPU)" for p in busiest))
-    out["throttled"] = bool(reasons)
+    # a throttle flag needs a device that reports one (NVML, a Jetson's clocks and trips, vcgencmd); a CPU's own
+    # frequency and temperature are recorded above but flag nothing: there the answer is unknown, not "no"
+    if gpu is None and rpi_end is None:
+        out["throttled"], out["throttle_signal"] = None, ("unavailable: no throttle signal on this device (CPU "
+                                                          "frequency and temperature recorded under cpu)")
+    elif gpu is not None and not window.samples and rpi_end is None:
+        out["throttled"], out["throttle_signal"] = None, "unavailable: no GPU sample was taken during the pass"
+    else:
+        out["throttled"] = bool(reasons)
     out["throttle_reasons"] = reasons
     if reasons:
         warnings.insert(0, "throttled during the timed pass (" + ", ".join(reasons) + "): timings are suspect")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from harness.records import Summary
@@ -52,6 +54,14 @@ def median_half_width_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -
     return 100 * (high - low) / 2 / median
 
 
+def percent(fraction: float, digits: int = 1, toward: str = "nearest") -> str:
+    """`fraction` as a percentage with `digits` decimals, rounded `toward` "up", "down" or "nearest": a figure said
+    to be past a threshold is rounded away from it, so the text never reads "10% > 10%" or "99.00% < 99%"."""
+    scaled = round(100 * fraction * 10**digits, 6)  # 0.57 is 56.99999... in binary: not 56.9 % rounded down
+    rounded = {"up": math.ceil, "down": math.floor}.get(toward, round)(scaled)
+    return f"{rounded / 10**digits:.{digits}f}%"
+
+
 def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_s: float) -> str | None:
     """Why the warm-up ends now, or None to go on: never before `min_batches`; then "stable" once the last
     WARMUP_WINDOW batch times are within WARMUP_SPREAD of each other (max <= 1.1 x min), else "cap" once `cap_s`
@@ -71,7 +81,7 @@ def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
         raise ValueError("no samples to summarize")
     p50, p90, p95, p99 = np.percentile(x, [50, 90, 95, 99])
     mean = float(x.mean())
-    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    std = float(x.std(ddof=1)) if x.size > 1 else None  # one sample has no spread to speak of, not a spread of 0
     ci = None
     if x.size >= 2 and np.ptp(x) > 0:
         ci = median_ci(x, seed=seed)
@@ -80,8 +90,8 @@ def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
     warnings = []
     if x.size < MIN_SAMPLES:
         warnings.append(f"only {x.size} samples (< {MIN_SAMPLES}): statistics are rough")
-    if mean > 0 and std / mean > CV_WARN:
-        warnings.append(f"high variation: CV {std / mean:.0%} > {CV_WARN:.0%}")
+    if std is not None and mean > 0 and std / mean > CV_WARN:
+        warnings.append(f"high variation: CV {percent(std / mean, 1, 'up')} > {CV_WARN:.0%}")
     if x.size > 1 and p50 > 0 and x[0] > FIRST_SAMPLE_WARN * p50:
         warnings.append(f"first timed sample {x[0]:.2f} > {FIRST_SAMPLE_WARN:g}x median {p50:.2f}: warm-up too short?")
     return Summary(int(x.size), mean, std, float(x.min()), float(p50), float(p90), float(p95), float(p99),

@@ -27,7 +27,8 @@ def steps_rows(record: CellRecord) -> list[list]:
         s = summaries[name]
         total = s.mean * s.count
         rows.append([load.model, load.backend, load.precision, load.input_size[0], record.cell.batch_size, name,
-                     round(total / 1e3, 6), s.count, round(s.mean / 1e3, 6), round(s.std / 1e3, 6),
+                     round(total / 1e3, 6), s.count, round(s.mean / 1e3, 6),
+                     "" if s.std is None else round(s.std / 1e3, 6),  # one sample: no spread
                      round(s.min / 1e3, 6), round(s.max / 1e3, 6), round(100 * total / grand_total, 3)])
     return rows
 

@@ -108,8 +108,8 @@ def build_submission(record: CellRecord) -> dict:
         "timing": {
             "batch_size": t.batch_size,
             "num_images": t.timed_images,
-            "total_ms": {"mean": round(image.mean, 4), "std": round(image.std, 4), "p50": round(image.p50, 4),
-                         "p95": round(image.p95, 4), "p99": round(image.p99, 4),
+            "total_ms": {"mean": round(image.mean, 4), "std": None if image.std is None else round(image.std, 4),
+                         "p50": round(image.p50, 4), "p95": round(image.p95, 4), "p99": round(image.p99, 4),
                          **site_split(record)},
             "per_image_ms": image.to_dict(),
             "batch_ms": t.batch_ms.to_dict(),

@@ -248,6 +248,7 @@ class Scheduler:
             outcome.records.append(record)
             if cell is cells[-1] and (ctx.config.layers or ctx.config.profile):
                 self._optional_passes(ctx, executor, cell, record, state)
+                record.artifacts.update(ctx.artifacts.files)  # the probes' files too
                 with protected():
                     atomic_write_json(path, build_submission(record))  # now with the probes' summaries
 
@@ -269,6 +270,8 @@ class Scheduler:
         path = ctx.run_dir / "submissions" / submission_filename(record)
         record.artifacts = {"submission": str(path.relative_to(ctx.run_dir)), "steps_timer": "steps_timer.csv",
                             **ctx.artifacts.files}
+        if ctx.monitor is not None:  # written once the cell is ok, with this cell's samples in it
+            record.artifacts["memory"] = "memory.csv"
         if record.accuracy is not None:
             record.artifacts["detections"] = record.accuracy.detections_file
         with protected():

@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness.measure.stats import percent
 from harness.records import CellRecord, LoadKey
 from harness.views.text import escape
 
@@ -33,7 +34,8 @@ def _invariance(record: CellRecord) -> str:
         return "-"
     if inv.report is None:
         return "ref"
-    return f"{100 * inv.report.match_rate:.1f}%"
+    rate = inv.report.match_rate
+    return percent(rate, 1, "down" if rate < 1 else "nearest")  # 99.96 % is not shown as 100.0 %
 
 
 # Columns of a group table, dropped in this order while the table is wider than the console.
@@ -127,7 +129,7 @@ def run_warnings(records: list[CellRecord]) -> list[str]:
         out += [f"{r.cell.label}: {w}" for w in r.timing.warnings]
         inv = r.invariance
         if inv is not None and inv.report is not None and inv.report.match_rate < 0.99:
-            out.append(f"{r.cell.label}: batch invariance {100 * inv.report.match_rate:.2f}% < 99% against "
+            out.append(f"{r.cell.label}: batch invariance {percent(inv.report.match_rate, 2, 'down')} < 99% against "
                        f"batch {inv.reference_batch_size}: detections depend on the batch size")
     return out
 
