@@ -484,6 +484,7 @@ def models_fetch(
     force: bool = typer.Option(False, "--force", help="download again even when the weights are found locally"),
 ) -> None:
     """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
+    from harness.catalogue import check_model_id
     from harness.detector.graph import onnx_problem
     from harness.detector.weights import weights_dir
     from harness.files import download, file_sha256
@@ -491,7 +492,8 @@ def models_fetch(
 
     entry = REGISTRY.get(model_id)
     if entry is None:
-        raise UsageError(f"unknown model {model_id!r}; see `va-bench models list`")
+        check_model_id(model_id)  # why, for an id the leaderboard names that cannot be built here; else the closest
+        raise UsageError(f"{model_id}: not in the model registry; see `va-bench models list`")
     found = None if force else entry.local_weights()
     if found is not None:
         console.print(f"{model_id}: already present, {found} (sha256 {file_sha256(found)}); "

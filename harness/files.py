@@ -93,6 +93,8 @@ def output_file_problem(path: Path) -> str | None:
     path = Path(path).expanduser()
     if path.is_dir():
         return "is a folder"
+    if path.exists() and not path.is_file():  # a FIFO or a device: writing would block or go elsewhere
+        return "is not a regular file"
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

@@ -312,6 +312,8 @@ def test_models_fetch_offline_is_exit_1_in_one_line_and_unknown_ids_exit_2(tmp_p
     assert not (tmp_path / "LibreYOLO9t.pt").exists()
     unknown = run_in_process("models", "fetch", "yolov9-nope", env=env)
     assert unknown.returncode == 2 and "unknown model 'yolov9-nope'" in one_error_line(unknown)
+    listed = run_in_process("models", "fetch", "damoyolo-ns", env=env)  # named by the leaderboard, not built here
+    assert listed.returncode == 2 and "damoyolo-ns is not available: not in libreyolo" in one_error_line(listed)
 
 
 REFUSED_FROM_OPTIONS = [

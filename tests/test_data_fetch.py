@@ -140,6 +140,17 @@ def test_an_unreachable_server_is_one_line_exit_1(tmp_path):
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "could not download" in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "c").exists()  # nothing fetched: no empty folders left behind
+
+
+def test_a_download_the_server_cut_short_is_kept_to_resume(server, tmp_path):
+    """A server that closes the connection cleanly after 1000 of the 4 MB it announced: the part stays for the
+    next run to continue, and the error says so (it is not verified as a whole file and deleted)."""
+    _, url = server
+    part = tmp_path / "cut.onnx.part"
+    with pytest.raises(FetchError, match="stopped after 1000 of 4000000 bytes; run the same command again"):
+        download_resumable(f"{url}/cut.onnx", part)
+    assert part.stat().st_size == 1000
 
 
 @pytest.mark.parametrize("url", ["notaurl", "", "ftp://host/coco", "http://"])

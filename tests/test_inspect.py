@@ -174,8 +174,12 @@ def test_bad_sources_are_usage_errors(tmp_path):
         inspect_model(None, tmp_path / "missing.onnx")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00not a protobuf\xff" * 10)
-    with pytest.raises(UsageError, match="not a readable ONNX"):
+    with pytest.raises(UsageError, match="is not an ONNX model"):
         inspect_model(None, junk)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")  # parses as a model with no graph: not a model of 0 parameters
+    with pytest.raises(UsageError, match="is an ONNX file without a graph"):
+        inspect_model(None, empty, input_size=32)
     pickle_like = tmp_path / "model.pt"
     pickle_like.write_bytes(b"x")
     with pytest.raises(UsageError, match="reads ONNX files"):

@@ -335,6 +335,19 @@ def test_bad_run_folder_is_one_line_exit_2(tmp_path, run_b):
     with pytest.raises(UsageError, match="not valid JSON"):
         make_report(broken)
     assert not (broken / "report.html").exists()
+    # values the report cannot draw (a batch size of 0): one line, and no plot written before the refusal
+    odd = _copy(run_b, tmp_path / "odd")
+    path = next((odd / "submissions").glob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["config"]["batch_size"] = doc["timing"]["batch_size"] = 0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="values the report cannot read .*va-bench validate"):
+        make_report(odd)
+    assert not list(odd.glob("*.png")) and not (odd / "report.html").exists()
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    result = va_bench("report", str(run_b), "--log", str(fifo))  # appending would block forever
+    assert result.returncode == 2 and "is not a regular file" in result.stderr, result.stderr
 
 
 def test_default_gates_file_is_valid():

@@ -180,6 +180,17 @@ def _variant(doc, **changes):
     return doc
 
 
+def test_a_zero_where_a_rate_or_batch_time_belongs_is_degenerate(tmp_path, base_doc):
+    doc = copy.deepcopy(base_doc)
+    doc["throughput"] = {**(doc.get("throughput") or {}), "fps_mean": 0}
+    doc["timing"]["batch_ms"] = {"mean": 0.0, "p50": 0.0, "min": 0.0, "max": 0.0}
+    (report,) = _write(tmp_path / "zeros", [doc])
+    paths = {f.path for f in report.findings if f.rule == "degenerate"}
+    assert {"throughput.fps_mean", "timing.batch_ms.mean", "timing.batch_ms.p50"} <= paths, paths
+    (clean,) = _write(tmp_path / "real", [base_doc])
+    assert not {f.path for f in clean.findings if f.path.startswith(("throughput", "timing.batch_ms"))}
+
+
 def test_the_leaderboard_fits_80_columns_with_every_figure_whole(tmp_path, base_doc):
     """Names wrap, figures never lose a digit, on the worst row the columns meet (TF32 on, overlapped timing, a
     four-digit rate, flags) and on the corpus's longest hardware id, which heads its rows whole."""

@@ -92,6 +92,9 @@ def download_resumable(url: str, part: Path, progress: Callable[[int, int | None
         except (OSError, http.client.HTTPException) as exc:  # the connection dropped mid-file
             raise FetchError(f"the download of {url} stopped after {done} bytes ({exc or type(exc).__name__}); "
                              "run the same command again: it continues where it stopped") from exc
+    if total is not None and done < total:  # the server closed early without an error: the part is kept
+        raise FetchError(f"the download of {url} stopped after {done} of {total} bytes; run the same command "
+                         "again: it continues where it stopped")
     return part
 
 
@@ -129,10 +132,23 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
     if not (url.scheme in ("http", "https") and url.netloc or url.scheme == "file" and url.path):
         raise UsageError(f"--base-url {base_url!r} is not an http(s):// or file:// URL; give the mirror's URL "
                          "(default: COCO's own)")
+    created = not dest.exists()
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create {dest} ({exc.strerror}); pick another --dest") from exc
+    try:
+        return _fetch_into(dest, archives, base_url, progress, keep_archives)
+    finally:  # a fetch that got nothing leaves no empty folders behind (a partial download stays, to resume)
+        downloads = dest / ".downloads"
+        if downloads.is_dir() and not any(downloads.iterdir()):
+            downloads.rmdir()
+        if created and dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()
+
+
+def _fetch_into(dest: Path, archives: tuple[Archive, ...], base_url: str,
+                progress: Callable[[str, int, int | None], None] | None, keep_archives: bool) -> list[str]:
     lines = []
     for archive in archives:
         part = dest / ".downloads" / f"{archive.name}.part"

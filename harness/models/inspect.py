@@ -22,6 +22,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from harness.detector.graph import onnx_problem
 from harness.errors import UsageError, path_problem
 
 FLOP_CONVENTION = ("FLOP = 2 x MAC (torch FlopCounterMode: convolution, linear/matmul, attention; "
@@ -297,10 +298,10 @@ def _load_onnx(path: Path) -> onnx.ModelProto:
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"--weights {path}: inspect reads ONNX files; for a PyTorch model pass its registry id "
                          "or a plugin path/to/file.py:factory")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise UsageError(f"--weights {path} is not a readable ONNX model ({type(exc).__name__})") from exc
+    problem = onnx_problem(path)  # unreadable, or (an empty file parses as one) a model without a graph
+    if problem:
+        raise UsageError(f"--weights {path} {problem}; pass the model's ONNX export")
+    return onnx.load(str(path))
 
 
 def _plugin_module(detector, size: tuple[int, int]) -> torch.nn.Module:

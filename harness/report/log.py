@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.files import output_file_problem
 from harness.report.gates import NOT_MET, GateResult, gate_table
 from harness.report.sections import (
     Table,
@@ -90,8 +91,9 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
 def check_log(path: Path, run_id: str) -> None:
     """Refuse before anything is written: a folder, a missing parent, or a run already logged."""
     path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"--log {path} is a folder; pass a Markdown file, e.g. BENCHMARKS.md")
+    problem = output_file_problem(path)
+    if problem:  # a folder, a FIFO (appending would block), a path under a file or in a folder we cannot write
+        raise UsageError(f"--log {path} {problem}; pass a Markdown file, e.g. BENCHMARKS.md")
     if not path.parent.is_dir():
         raise UsageError(f"--log {path}: folder {path.parent} does not exist; create it or choose another path")
     if path.is_file():

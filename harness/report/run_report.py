@@ -5,6 +5,7 @@ bad gates file, a log that already has this run) is checked before the first byt
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,16 +59,27 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
     source = _gate_source(path) if path is not None else "no gates file"
     notes = gate_notes(gates) if gates else []
 
-    plots = all_plots(run)
-    pngs = []
-    for plot in plots:
-        target = run.path / plot.name
-        if plot.png is not None:
-            pngs.append(atomic_write_bytes(target, plot.png))
+    with _readable(run.path):  # drawn and rendered before the first file is written
+        plots = all_plots(run)
+        page = render_html(run, plots, results, source, notes).encode("utf-8")
+    pngs = [atomic_write_bytes(run.path / plot.name, plot.png) for plot in plots if plot.png is not None]
     for stale in set(PLOT_NAMES) - {p.name for p in pngs}:
         (run.path / stale).unlink(missing_ok=True)  # a plot from an earlier report that has nothing to show now
-    html = atomic_write_bytes(run.path / "report.html",
-                              render_html(run, plots, results, source, notes).encode("utf-8"))
-    if log_path is not None:
-        append_section(log_path, section(run, results, source, notes))
+    html = atomic_write_bytes(run.path / "report.html", page)
+    if log_path is not None:  # the log's section lists the run folder's files: the report's among them
+        with _readable(run.path):
+            text = section(run, results, source, notes)
+        append_section(log_path, text)
     return ReportOutcome(run.run_id, html, pngs, plots, results, source, log_path)
+
+
+@contextmanager
+def _readable(run_path: Path):
+    """Values a run's files should not hold (a batch size of 0, a list where a number belongs) stop the report in
+    one line, naming the run and the command that checks its files."""
+    try:
+        yield
+    except (TypeError, ValueError, ZeroDivisionError, KeyError) as exc:
+        detail = str(exc).splitlines()[0][:160] if str(exc) else "no detail"
+        raise UsageError(f"{run_path}: its files hold values the report cannot read ({type(exc).__name__}: "
+                         f"{detail}); check them with va-bench validate {run_path}") from exc

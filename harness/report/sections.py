@@ -54,6 +54,15 @@ def _span(values: list[Any], digits: int = 0) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def _accuracy_pass(cells: list) -> str:
+    """Which evaluator scored the cells, each cell its own timed pass at its batch size ("not run" without one)."""
+    evaluators = sorted({str(c.get("eval.evaluator")) for c in cells if c.get("eval.evaluator")})
+    if not evaluators:
+        return "not run"
+    sizes = sorted({int(b) for c in cells if number(b := c.get("eval.batch_size")) is not None})
+    return f"{', '.join(evaluators)}, on each cell's own pass (batch size {', '.join(map(str, sizes)) or '?'})"
+
+
 def cell_counts(run: RunFolder) -> str:
     """'4 ok' or '3 ok, 1 failed (...)' from run.json's cell list (the submissions when run.json has none)."""
     if not run.cell_status:
@@ -96,7 +105,7 @@ def setup_table(run: RunFolder) -> Table:
                    f"{_span([c.get('timing.timed_batches') for c in cells])}; mode "
                    f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
                    f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],
-        ["Accuracy pass", f"{first.get('eval.evaluator') or 'not run'}, batch size {first.get('eval.batch_size')}"],
+        ["Accuracy pass", _accuracy_pass(cells)],
         ["Harness", f"va-bench {run.first('repro.harness_version') or '?'}, commit "
                     f"{str(run.first('repro.harness_commit') or 'unknown')[:12]}"
                     f"{' (dirty)' if run.first('repro.harness_dirty') else ''}"],

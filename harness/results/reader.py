@@ -138,7 +138,9 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
         elif p.is_file():
             files.append(p)
         else:
-            raise UsageError(f"{p}: no such file or folder")
+            what = ("neither a file nor a folder (a FIFO, a device, or a link that loops)"
+                    if p.is_symlink() or p.exists() else "no such file or folder")
+            raise UsageError(f"{p}: {what}; pass submission files or folders of them")
     if not files:
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")

@@ -156,6 +156,17 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
                                f"{timed} images (a constant, not a measurement)", "degenerate"))
         if isinstance(p50, (int, float)) and p50 == 0:
             out.append(Finding("timing.total_ms.p50", "latency of 0 ms is not a measurement", "degenerate"))
+    batch_ms = sub.timing.get("batch_ms")
+    if isinstance(batch_ms, dict):
+        for key in ("mean", "p50", "min", "max"):
+            if _is_number(batch_ms.get(key)) and batch_ms[key] == 0:
+                out.append(Finding(f"timing.batch_ms.{key}", f"timing.batch_ms.{key} of 0 ms is not a measurement",
+                                   "degenerate"))
+    throughput = doc.get("throughput") if isinstance(doc.get("throughput"), dict) else {}
+    for key in ("images_per_s", "fps_mean"):
+        if _is_number(throughput.get(key)) and throughput[key] == 0:
+            out.append(Finding(f"throughput.{key}", f"throughput.{key} is 0: an unmeasured rate must be null "
+                               "(unavailable), not 0", "degenerate"))
     memory = doc.get("memory") if isinstance(doc.get("memory"), dict) else {}
     for key in ("peak_ram_mb", "peak_vram_mb"):
         if memory.get(key) == 0:
@@ -410,3 +421,7 @@ def _support_matrix_problem(doc: Any) -> str | None:
     if not isinstance(identifiers, list) or not all(isinstance(i, str) for i in identifiers):
         return "`supported_libreyolo_identifier` is not a list of names"
     return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
