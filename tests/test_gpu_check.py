@@ -63,3 +63,39 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
         assert "MainThread" in holders["data"]["by_thread"], holders
     else:
         assert holders["status"] == "not run" and holders["reason"], holders
+
+
+def test_a_check_past_its_limit_is_killed_with_what_it_started(tmp_path):
+    """A timed-out check's partial output comes back as text (it was bytes, which the JSON report could not hold),
+    and the processes it started die with it (a --repeats child would keep its CUDA context)."""
+    import os
+    import sys
+
+    from harness.bench.gpu_check import Check, Runner, write_reports
+
+    runner = Runner("cpu", tmp_path, budget_s=60, limit=8)
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; print('partial', flush=True); "
+              f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(60)")
+    done = runner.command([sys.executable, "-c", script], timeout=3)
+    assert done.returncode == 124 and done.stdout == "partial\n" and "timed out after 3 s" in done.stderr
+    grandchild = int(pid_file.read_text())
+    try:
+        os.waitpid(grandchild, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: its zombie is reaped by init; it only must not run on
+    alive = os.path.exists(f"/proc/{grandchild}") and "Z" not in open(f"/proc/{grandchild}/stat").read().split()[2]
+    assert not alive
+    write_reports(tmp_path, [Check("fakes", done.stdout, status="failed", reason=done.stderr)], "cpu")
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["checks"][0]["figure"] == "partial\n"
+
+
+def test_overhead_rows_the_budget_has_no_room_for_are_not_run_not_failed(tmp_path):
+    from harness.bench.gpu_check import Runner, check_overhead
+
+    runner = Runner("cuda", tmp_path, budget_s=5, limit=None)  # nothing is started with 5 s left
+    rows = check_overhead(runner, {})
+    assert [c.name for c in rows[:4]] == ["overhead.b8", "overhead.b32", "overhead.b8.combined",
+                                          "overhead.b32.combined"]  # the judged rows first
+    assert all(c.status == "not run" and c.reason.startswith("time budget") for c in rows), rows

@@ -3,6 +3,7 @@ on the real detector and real images."""
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -272,6 +273,34 @@ def test_overlapped_mode_with_three_workers(pipeline, records):
     assert all(count == 1 for _, count in reads.calls + decodes.calls)
     assert all(name.startswith("va-stream") for name, _ in decodes.calls)
     assert spied.host_info(overlap=True)["workers"] == n and spied.host_info(overlap=True)["max_batches_ahead"] == n
+
+
+def test_a_stream_that_fails_leaves_no_preparation_running(pipeline, records):
+    """A forward that fails mid-stream: the preparations queued ahead are cancelled or waited for before the error
+    reaches the caller, so none decodes (or, on a GPU, allocates) while the next cell starts."""
+    batches = [records[i:i + 2] for i in range(0, 20, 2)]
+    state = {"reads": 0, "forwards": 0}
+    lock = threading.Lock()
+
+    def read(record):
+        time.sleep(0.05)
+        with lock:
+            state["reads"] += 1
+        return open(record.path, "rb").read()
+
+    def core(batch):
+        state["forwards"] += 1
+        if state["forwards"] == 2:
+            raise RuntimeError("the forward failed")
+        return pipeline.core(batch)
+
+    spied = _spied_pipeline(pipeline, core, read, _Spy(), stream_workers=3)
+    with pytest.raises(RuntimeError, match="the forward failed"):
+        list(spied.run_overlapped(batches))
+    with lock:
+        reads = state["reads"]
+    time.sleep(0.5)  # a preparation left running would read on
+    assert state["reads"] == reads < 2 * len(batches)
 
 
 def test_overlapped_mode_says_where_the_forwards_thread_spent_the_stream(pipeline, records):

@@ -4,7 +4,8 @@
 Traced at batch 2 (a batch-1 trace can bake the batch size into reshapes) and checked against the eager
 module at batch 1, 2 and 4 before use, as the ONNX export is. fp16 (CUDA only, where the GPU computes it)
 traces the module converted to half precision; inputs are cast on the way in and outputs back to fp32.
-Traces are cached by the weights' SHA-256, the torch version, device kind, precision and input size.
+Traces are cached by the weights' SHA-256, the torch version, the device (each GPU its own), precision and
+input size.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from harness.files import atomic_file
 from harness.measure.device import Device
 
 
-def _trace_path(name: str, identity_sha: str, kind: str, precision: str, input_size: tuple[int, int]) -> Path:
+def _trace_path(name: str, identity_sha: str, place: str, precision: str, input_size: tuple[int, int]) -> Path:
     safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
     h, w = input_size
     return (weights_dir() / "torchscript" /
-            f"{safe}__{identity_sha[:16]}__torch{torch.__version__.split('+')[0]}__{kind}__{precision}__{h}x{w}.pt")
+            f"{safe}__{identity_sha[:16]}__torch{torch.__version__.split('+')[0]}__{place}__{precision}__{h}x{w}.pt")
 
 
 class TorchScriptCore:
@@ -91,7 +92,9 @@ class TorchScriptBackend:
         # a trace is of the weights and the computation: an ONNX source's whole graph, a torch module's structure
         # (the weights alone would reuse the trace of a graph changed around the same weights)
         identity = hashlib.sha256(f"{state_dict_sha256(module)}|{graph_sha or repr(module)}".encode()).hexdigest()
-        path = _trace_path(source.name, identity, device.kind, precision, input_size)
+        # per GPU: a trace keeps the device it was made on in its graph (cuda:1 would run part of it on cuda:0)
+        place = f"cuda{device.index}" if device.is_cuda else device.kind
+        path = _trace_path(source.name, identity, place, precision, input_size)
 
         def make_core() -> TorchScriptCore:
             cached = path.is_file()

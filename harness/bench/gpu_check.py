@@ -17,9 +17,11 @@ script is tested on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,12 +67,22 @@ class Runner:
         return self.deadline - time.monotonic()
 
     def command(self, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run `args` for at most `timeout` s (and the budget left); past it the whole process group is killed, so
+        the processes a run starts itself (--repeats) do not outlive it and hold the GPU."""
         timeout = min(timeout, max(self.left(), 1.0))
         start = time.monotonic()
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy(),
+                                   start_new_session=True)
         try:
-            done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
-        except subprocess.TimeoutExpired as exc:
-            done = subprocess.CompletedProcess(args, 124, exc.stdout or "", f"timed out after {timeout:.0f} s")
+            stdout, stderr = process.communicate(timeout=timeout)
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            code, stderr = 124, stderr + f"\ntimed out after {timeout:.0f} s".encode()
+        done = subprocess.CompletedProcess(args, code, stdout.decode("utf-8", "replace"),
+                                           stderr.decode("utf-8", "replace"))
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(args)}  # rc {done.returncode}, {time.monotonic() - start:.1f} s\n"
                       f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n")
@@ -111,7 +123,7 @@ def check_env(r: Runner, state: dict) -> Check:
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "device": r.device}
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(torch.device(r.device).index or 0)
         info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
                  "compute_capability": f"{props.major}.{props.minor}"}
         try:
@@ -232,6 +244,9 @@ def check_autotune(r: Runner, state: dict) -> Check:
     return _against_eager(r, state, "compile.max_autotune", 8, ("--compile", "max-autotune"), 300)
 
 
+OVERHEAD_STEP_SECONDS = 30  # an overhead row needs at least this much of the budget to measure anything
+
+
 def check_overhead(r: Runner, state: dict) -> list[Check]:
     """bench-overhead at b8 and b32 as a run does it (judged); at b32 also with two batches finishing at once and
     with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); both
@@ -242,35 +257,31 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     With --limit (the plumbing on a CPU) the batches are at most that size and the rounds short."""
     small, large = (8, 32) if not r.limit else (min(8, r.limit), min(32, r.limit))
     large_options = ["--batch-size", str(large)]
-    steps = [(f"overhead.b{small}", lambda: _overhead(r, f"overhead.b{small}", ["--batch-size", str(small)], 0.9))]
-    if large != small:
-        steps.append((f"overhead.b{large}", lambda: _overhead(r, f"overhead.b{large}", large_options, 0.8)))
-    steps.append((f"overhead.b{large}.finishes_2", lambda: _overhead(
-        r, f"overhead.b{large}.finishes_2", [*large_options, "--finishes-in-flight", "2"], None)))
-    if r.device.startswith("cuda"):
-        steps.append((f"overhead.b{large}.cuda_graphs", lambda: _overhead(
-            r, f"overhead.b{large}.cuda_graphs", [*large_options, "--cuda-graphs"], None)))
-    # cv2 letterboxes on the host, releasing the interpreter lock inside its calls, and uploads one uint8 canvas:
-    # against the default (nvJPEG + letterbox on the device, a few tensor ops per image), and with more workers
-    cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
-    steps.append((f"overhead.b{small}.cv2", lambda: _overhead(
-        r, f"overhead.b{small}.cv2", ["--batch-size", str(small), "--preprocess", "cv2"], None)))
-    if large != small:
-        steps.append((f"overhead.b{large}.cv2", lambda: _overhead(
-            r, f"overhead.b{large}.cv2", [*large_options, "--preprocess", "cv2", *cv2_workers], None)))
+    sizes = [(small, ["--batch-size", str(small)], 0.9)] + ([(large, large_options, 0.8)] if large != small else [])
     # the knobs that can each shorten the stream at once (more finishing in flight, more workers, and on CUDA the
     # forward replayed from a graph, which frees the interpreter lock for the host stages): judged as the
     # configuration a fix would turn on, at both sizes
     combined = ["--finishes-in-flight", "2", "--workers", "auto", *(("15",) if not r.limit else ()),
                 *(("--cuda-graphs",) if r.device.startswith("cuda") else ())]
-    steps.append((f"overhead.b{small}.combined", lambda: _overhead(
-        r, f"overhead.b{small}.combined", ["--batch-size", str(small), *combined], 0.9)))
+    # cv2 letterboxes on the host, releasing the interpreter lock inside its calls, and uploads one uint8 canvas:
+    # against the default (nvJPEG + letterbox on the device, a few tensor ops per image), and with more workers
+    cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
+    judged = [(f"overhead.b{b}", options, goal) for b, options, goal in sizes]
+    judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]
+    figures = [(f"overhead.b{large}.finishes_2", [*large_options, "--finishes-in-flight", "2"], None)]
+    if r.device.startswith("cuda"):
+        figures.append((f"overhead.b{large}.cuda_graphs", [*large_options, "--cuda-graphs"], None))
+    figures.append((f"overhead.b{small}.cv2", ["--batch-size", str(small), "--preprocess", "cv2"], None))
     if large != small:
-        steps.append((f"overhead.b{large}.combined", lambda: _overhead(
-            r, f"overhead.b{large}.combined", [*large_options, *combined], 0.8)))
+        figures.append((f"overhead.b{large}.cv2", [*large_options, "--preprocess", "cv2", *cv2_workers], None))
+    steps = [(name, lambda name=name, options=options, goal=goal: _overhead(r, name, options, goal))
+             for name, options, goal in judged + figures]  # the judged rows first: a short budget keeps them
     steps.append((f"overhead.b{large}.lock_holders", lambda: _lock_holders(r, large)))
     out = []
     for name, step in steps:  # one row each: a failure is that row's, the others still run
+        if r.left() < OVERHEAD_STEP_SECONDS:  # not a failure: a row the budget had no room for
+            out.append(Check(name, status="not run", reason=f"time budget: {r.left():.0f} s left"))
+            continue
         try:
             out.append(step())
         except Exception as exc:
@@ -511,7 +522,8 @@ def markdown(results: list[Check], env: dict) -> str:
 def write_reports(out: Path, results: list[Check], device: str) -> None:
     """gpu_check.json and gpu_check.md under `out`, for the checks done so far."""
     env = next((c.data for c in results if c.name == "env"), {"device": device})
-    (out / "gpu_check.json").write_text(json.dumps({"env": env, "checks": [asdict(c) for c in results]}, indent=2))
+    (out / "gpu_check.json").write_text(json.dumps({"env": env, "checks": [asdict(c) for c in results]}, indent=2,
+                                                   default=str))  # a figure a check left as bytes or a path
     (out / "gpu_check.md").write_text(markdown(results, env))
 
 

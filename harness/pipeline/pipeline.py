@@ -130,6 +130,19 @@ def _single_threaded_pool(workers: int, prefix: str, lower_priority: bool) -> Th
     return pool
 
 
+def _settle(futures: list[Future]) -> None:
+    """Cancel the futures not started yet and wait for the running ones, their errors ignored (a stream that stopped
+    early raised its own already)."""
+    for future in futures:
+        future.cancel()
+    for future in futures:
+        if not future.cancelled():
+            try:
+                future.result()
+            except Exception:  # see above
+                pass
+
+
 @cache
 def _host_pool(workers: int) -> ThreadPoolExecutor:
     """One pool per process for per-image host work (NMS); its threads idle between batches."""
@@ -357,8 +370,9 @@ class DetectorPipeline:
         # first); each batch's forward stage is that forward's time as the runtime measured it.
         slots = self.in_flight = self.async_slots
         in_flight: deque = deque()
+        ahead: deque = deque()
         try:
-            ahead = deque(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
+            ahead.extend(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
             for k in range(len(batches) + slots - 1):
                 if k < len(batches):
                     waited = clock()
@@ -399,14 +413,8 @@ class DetectorPipeline:
                     self.core.collect(ticket)
                 except Exception:  # its own failure was raised already, or does not matter now
                     pass
-            for future in finishing:
-                future.cancel()
-            for future in finishing:
-                if not future.cancelled():
-                    try:
-                        future.result()
-                    except Exception:  # as above
-                        pass
+            # preparations queued ahead too: left running, they would decode and allocate while the next cell starts
+            _settle([*ahead, *finishing])
 
     def reset_forward_thread(self) -> None:
         """Start a new account of where the forward's thread spends overlapped streams: the streams run from now
