@@ -9,6 +9,7 @@ from conftest import requires_coco, requires_yolox
 from harness.bench.gpu_check import main
 
 
+@pytest.mark.heavy  # six whole runs in subprocesses (20 s alone, minutes on a loaded box): make test-slow
 @requires_coco
 @requires_yolox
 def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
