@@ -335,9 +335,12 @@ def campaign(
     weights_root: Path | None = typer.Option(None, "--weights-root",
                                              help="with --rf100vl: one folder of fine-tuned weights per dataset"),
     model: str | None = typer.Option(None, "--model", help="with --rf100vl: the model id the weights are for"),
-    split: str = typer.Option("test", "--split", help="with --rf100vl: the split every dataset is scored on"),
-    backend: str = typer.Option("pytorch", "--backend", help="the runtime of every dataset's run"),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    split: str | None = typer.Option(None, "--split", help="with --rf100vl: the split every dataset is scored on "
+                                                          "(test)"),
+    backend: str | None = typer.Option(None, "--backend", help="the runtime of every dataset's run (over the "
+                                                                "file's options; default pytorch)"),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda or cuda:N (over the file's options; "
+                                                             "default cpu)"),
     output_dir: Path = typer.Option(Path("outputs"), "--output-dir", help="where the campaign folder goes"),
     campaign_id: str | None = typer.Option(None, "--campaign-id",
                                            help="the campaign folder's name; the same id again resumes it"),
@@ -360,7 +363,7 @@ def campaign(
     from harness.run.campaign import read_campaign_file, rf100vl_campaign, run_campaign, run_here
     from harness.views.commands import campaign_json, print_campaign
 
-    options = {"backends": [backend], "device": device}
+    options = {**({"backends": [backend]} if backend else {}), **({"device": device} if device else {})}
     if not on_fleet and (address is not None or hardware is not None):
         raise UsageError("--address and --hardware choose the cluster of --fleet; add --fleet or drop them")
     if (file is None) == (rf100vl is None):
@@ -368,8 +371,13 @@ def campaign(
     if rf100vl is not None:
         if weights_root is None or model is None:
             raise UsageError("--rf100vl needs --weights-root DIR and --model ID (the family the weights are for)")
-        plan = rf100vl_campaign(rf100vl, weights_root, model, split, options)
+        plan = rf100vl_campaign(rf100vl, weights_root, model, split or "test", options)
     else:
+        given = [flag for flag, value in (("--model", model), ("--weights-root", weights_root), ("--split", split))
+                 if value is not None]
+        if given:  # a campaign file names its model, weights and splits itself
+            raise UsageError(f"{given[0]} applies to --rf100vl; a campaign FILE names its model, weights and split "
+                             "itself: drop it")
         if not file.is_file():
             raise UsageError(path_problem("campaign file", file, "no such file") + "; give a campaign YAML")
         plan = read_campaign_file(file, options)

@@ -6,6 +6,7 @@ broken annotation file is skipped and named, and the row is partial."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -171,10 +172,38 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "o4").exists()
     good = tmp_path / "good.yaml"
     good.write_text(f"model: yolox-nano\ndatasets:\n{one}")
-    for args, expected in ((["--backend", "bogus"], "bogus"), (["--device", "tpu"], "tpu")):
+    for args, expected in ((["--backend", "bogus"], "bogus"), (["--device", "tpu"], "tpu"),
+                           (["--device", "cuda"], "no CUDA device"), (["--model", "yolov9t"], "--model applies")):
         result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "o5"), *args)
         assert result.returncode == 2 and expected in result.stderr, result.stderr
         assert not (tmp_path / "o5").exists()
+    # options a campaign's one-cell-per-dataset row cannot take: refused before the folder exists, not a skip each
+    for option, expected in (("batch_sizes: [1, 2]", "batch_sizes [1, 2] are several"),
+                             ("accuracy: false", "drop accuracy: false"), ("subset: mini500", "subset 'mini500'"),
+                             ("class_map: /nonexistent.yaml", "class_map /nonexistent.yaml: no such file")):
+        bad = tmp_path / "options.yaml"
+        bad.write_text(f"model: yolox-nano\noptions: {{{option}}}\ndatasets:\n{one}")
+        result = run_in_process("campaign", str(bad), "--output-dir", str(tmp_path / "o6"))
+        assert result.returncode == 2 and expected in result.stderr, (option, result.stderr)
+        assert not (tmp_path / "o6").exists()
+    # the file's own backend stands unless the command line names one
+    from harness.run.campaign import read_campaign_file
+
+    chosen = tmp_path / "chosen.yaml"
+    chosen.write_text(f"model: yolox-nano\noptions: {{backends: [onnxruntime]}}\ndatasets:\n{one}")
+    assert read_campaign_file(chosen, {}).options["backends"] == ["onnxruntime"]
+    assert read_campaign_file(chosen, {"backends": ["pytorch"]}).options["backends"] == ["pytorch"]
+    assert read_campaign_file(good, {}).options["backends"] == ["pytorch"]  # the campaign's default
+    # one process per campaign folder: a second would replace the dataset run the first is writing
+    from harness.run.state import lock_folder
+
+    (tmp_path / "o7" / "busy").mkdir(parents=True)
+    held = lock_folder(tmp_path / "o7" / "busy", "held by the test")
+    try:
+        result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "o7"), "--campaign-id", "busy")
+        assert result.returncode == 2 and "is being run by another va-bench process" in result.stderr, result.stderr
+    finally:
+        os.close(held)
     (tmp_path / "a-file").write_text("")
     result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "a-file"))
     assert result.returncode == 2 and "not a folder" in result.stderr, result.stderr

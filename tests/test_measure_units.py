@@ -330,3 +330,13 @@ def test_one_sample_has_no_spread_rather_than_a_spread_of_zero():
 
     one = summarize([12.5])
     assert one.std is None and one.to_dict()["std"] is None and one.p50 == 12.5
+
+
+def test_cocoeval_s_minus_one_is_null_with_its_reason():
+    """The cells' and the fleet's sharded accuracy say the same for an area range with no ground truth."""
+    from harness.eval.coco_eval import defined_stats
+
+    out = defined_stats({"mAP_50_95": 0.41, "mAP_small": -1.0, "AR_small": -1.0})
+    assert out["mAP_50_95"] == 0.41 and out["mAP_small"] is None and out["AR_small"] is None
+    assert set(out["unavailable"]) == {"mAP_small", "AR_small"}
+    assert "unavailable" not in defined_stats({"mAP_50_95": 0.0})  # 0 is a score, not undefined

@@ -322,3 +322,14 @@ def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evalu
         coco_eval.evaluate()
         coco_eval.accumulate()
     return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)
+
+
+def defined_stats(stats: dict[str, float]) -> dict:
+    """COCOeval's statistics with its -1 ("no ground truth in this area range", small subsets) as null and the
+    reason under `unavailable`: -1 is not a score."""
+    missing = sorted(k for k, v in stats.items() if v < 0)
+    out: dict = {k: (None if k in missing else v) for k, v in stats.items()}
+    if missing:
+        out["unavailable"] = {k: "no ground-truth object in this area range among the variant's images"
+                              for k in missing}
+    return out

@@ -94,8 +94,9 @@ class CampaignFleet:
 
     def _job(self, campaign: Campaign, entry: CampaignEntry, argv: list[str]) -> CampaignJob:
         from harness.data.coco import CocoDataset
+        from harness.run.campaign import entry_split
 
-        annotation = CocoDataset.from_path(entry.dataset, entry.split).annotation_file
+        annotation = CocoDataset.from_path(entry.dataset, entry_split(campaign, entry)).annotation_file
         # the nodes read the paths as the driver resolves them (a relative path would be their own working dir's)
         absolute = replace(entry, dataset=str(Path(entry.dataset).expanduser().absolute()),
                            weights=str(Path(entry.weights).expanduser().absolute()))

@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from harness.catalogue import segment_ids
 from harness.config import SAFE_ID, RunConfig
 from harness.errors import RunInterrupted, UsageError
-from harness.eval.coco_eval import evaluate_cell_file, evaluator_version, max_dets_for
+from harness.eval.coco_eval import defined_stats, evaluate_cell_file, evaluator_version, max_dets_for
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import HardwareFolder
@@ -624,7 +624,7 @@ class FleetDriver:
             record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
-                      "evaluator": evaluator_version(config.evaluator), "stats": stats,
+                      "evaluator": evaluator_version(config.evaluator), "stats": defined_stats(stats),
                       "maxDets": max_dets_for(config.eval_max_det), "iouType": iou_types,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from harness.files import atomic_write_bytes, atomic_write_csv
 from harness.records import Cell
-from harness.results.artifacts import cell_slug
+from harness.results.artifacts import cell_slug, mprofile
 from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.signals import protected
 from harness.run.state import ERROR_LOG, LOCK_FILE, RunState
@@ -52,6 +52,9 @@ def inside_folder(name: str) -> PurePosixPath:
     if path.is_absolute() or not path.parts or any(p in ("", ".", "..") for p in path.parts) or "\\" in name:
         raise ValueError(f"a node sent a file outside its run folder: {name!r}")
     return path
+
+
+MEMORY_CSV, MPROF_FILE = PurePosixPath("memory.csv"), PurePosixPath("memory.mprof.dat")
 
 
 def safe_relative(name: str) -> PurePosixPath:
@@ -118,10 +121,16 @@ class HardwareFolder:
             for name, data in sorted(update.files.items()):
                 rel = safe_relative(name)
                 target = self.run_dir / rel
+                if rel == MPROF_FILE:  # derived from memory.csv, which gathers every task's samples: rebuilt below
+                    continue
                 if rel.suffix == ".csv":
                     rows_seen[name] = append_csv_rows(target, data, rows_seen.get(name, 0))
                 else:
                     atomic_write_bytes(target, data)
+            memory = self.run_dir / MEMORY_CSV
+            if str(MEMORY_CSV) in update.files and memory.is_file():  # the same timeline as memory.csv, as a run's
+                with memory.open(newline="") as fh:
+                    atomic_write_bytes(self.run_dir / MPROF_FILE, mprofile(list(csv.reader(fh))[1:]))
             if update.errors_log:
                 with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
                     fh.write(update.errors_log)

@@ -288,14 +288,14 @@ def run_campaign_dataset(job: CampaignJob) -> dict:
     paths, refused when their SHA-256 differs from the driver's."""
     from harness.data.coco import CocoDataset
     from harness.files import file_sha256
-    from harness.run.campaign import run_dataset, run_folder_name
+    from harness.run.campaign import entry_split, run_dataset, run_folder_name
     from harness.run.progress import SilentProgress
     from harness.run.scheduler import Scheduler
 
     check_build(job.build)
     entry = job.entry
     try:
-        annotation = CocoDataset.from_path(entry.dataset, entry.split).annotation_file
+        annotation = CocoDataset.from_path(entry.dataset, entry_split(job.campaign, entry)).annotation_file
     except UsageError as exc:
         return {"reason": f"on this node: {str(exc).splitlines()[0]}"}
     for what, path, expected in (("weights", Path(entry.weights), job.weights_sha256),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -22,15 +23,17 @@ from typing import Any, Protocol
 
 import yaml
 
-from harness.config import build_config
+from harness.config import RunConfig, build_config
 from harness.data.coco import check_custom_layout, is_export_root
 from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
 from harness.results.reader import CAMPAIGN_FILE, finished_submission
+from harness.run.state import lock_folder
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
+CAMPAIGN_DEFAULTS = {"backends": ["pytorch"], "device": "cpu"}  # fine-tuned checkpoints, on this machine's CPU
 VERSIONS_FILE = "rf100vl_versions.json"  # written by `va-bench data fetch rf100vl`: dataset -> version id
 WEIGHT_SUFFIXES = (".pt", ".pth", ".onnx")
 
@@ -92,7 +95,8 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
                                      versions.get(folder.name), split))
     if not entries:
         raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
-    return Campaign(model, entries, split, {**RF100VL_OPTIONS, **options}, datasets_of=RF100VL_DATASETS)
+    return Campaign(model, entries, split, {**RF100VL_OPTIONS, **CAMPAIGN_DEFAULTS, **options},
+                    datasets_of=RF100VL_DATASETS)
 
 
 CAMPAIGN_KEYS = ("model", "split", "options", "datasets")
@@ -139,8 +143,8 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
     if len(set(slugs)) != len(slugs):
         raise UsageError(path_problem("campaign file", path, "names two datasets alike (their folders would be one)")
                          + "; give each a distinct name")
-    campaign = Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **(data.get("options") or {}),
-                                                            **options})
+    campaign = Campaign(str(data["model"]), entries, split, {**RF100VL_OPTIONS, **CAMPAIGN_DEFAULTS,
+                                                            **(data.get("options") or {}), **options})
     for i, entry in enumerate(entries):  # a dataset path or split the file got wrong is the file's error
         try:
             check_custom_layout(entry.dataset, entry_split(campaign, entry))
@@ -172,7 +176,25 @@ def check_options(campaign: Campaign, datasets_dir: Path) -> None:
     corrected command may not resume."""
     from harness.run.plan import check_runtimes, engine_defaults
 
-    check_runtimes(engine_defaults(dataset_config(campaign, campaign.entries[0], datasets_dir)))
+    config = engine_defaults(dataset_config(campaign, campaign.entries[0], datasets_dir))
+    check_runtimes(config)
+    several = [name for name, values in (("backends", config.backends), ("precisions", config.precisions),
+                                         ("batch_sizes", config.batch_sizes), ("input_sizes", config.input_sizes))
+               if len(values) > 1]
+    if several:  # one row is one cell per dataset
+        raise UsageError(f"a campaign scores each dataset in one cell: its {several[0]} {getattr(config, several[0])} "
+                         "are several; give one (a campaign per setting)")
+    if not config.accuracy:
+        raise UsageError("a campaign's row is its datasets' accuracy: drop accuracy: false (or --no-accuracy)")
+    if config.subset != RunConfig.model_fields["subset"].default:
+        raise UsageError(f"subset {config.subset!r} picks COCO val2017 images; a campaign scores each dataset's own "
+                         "images: drop it")
+    if config.class_map is not None and not Path(config.class_map).expanduser().is_file():
+        raise UsageError(path_problem("class_map", config.class_map, "no such file") + "; fix the campaign's options")
+    if config.device.strip().lower().startswith("cuda"):
+        from harness.measure.device import parse_device
+
+        parse_device(config.device)  # a GPU asked for and not there: one line, before any dataset is skipped for it
 
 
 def run_folder_name(entry: CampaignEntry) -> str:
@@ -260,7 +282,19 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                              "its finished datasets would mix with these: use another --campaign-id")
     datasets_dir = folder / "datasets"
     datasets_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / "campaign.json", {"campaign_id": campaign_id, "recipe": recipe})
+    # one process per campaign folder: a second would replace the dataset run the first is writing
+    lock = lock_folder(folder, f"campaign {campaign_id} in {output_dir} is being run by another va-bench process; "
+                               "wait for it to finish or pick another --campaign-id")
+    try:
+        return _run_locked(campaign, folder, campaign_id, recipe, argv, progress, runner)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(campaign: Campaign, folder: Path, campaign_id: str, recipe: dict, argv: list[str], progress,
+                runner: DatasetRunner) -> tuple[Path, list[DatasetResult]]:
+    datasets_dir = folder / "datasets"
+    atomic_write_json(folder / CAMPAIGN_FILE, {"campaign_id": campaign_id, "recipe": recipe})
     by_name: dict[str, DatasetResult] = {}
     todo = []
     for entry in campaign.entries:

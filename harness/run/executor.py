@@ -36,7 +36,13 @@ from harness.data.synthetic import SyntheticImages
 from harness.data.variants import DatasetVariant
 from harness.detector.protocol import Detector, postprocess_spec, task_of
 from harness.errors import UsageError
-from harness.eval.coco_eval import evaluate_bbox_file_per_class, evaluate_cell_file, evaluator_version, max_dets_for
+from harness.eval.coco_eval import (
+    defined_stats,
+    evaluate_bbox_file_per_class,
+    evaluate_cell_file,
+    evaluator_version,
+    max_dets_for,
+)
 from harness.eval.matching import match_detections
 from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_json, file_sha256
 from harness.measure.device import Device
@@ -534,13 +540,8 @@ class GroupExecutor:
             {"id": c, "name": names.get(c), **{k: (None if v < 0 else round(v, 6)) for k, v in ap.items()}}
             for c, ap in sorted(per_class.items())]})
         # pycocotools' -1 means "no ground truth in this area range" (small subsets): not a score
-        missing = sorted(k for k, v in stats.items() if v < 0)
-        stats = {k: (None if k in missing else v) for k, v in stats.items()}
-        if missing:
-            stats["unavailable"] = {k: "no ground-truth object in this area range among the variant's images"
-                                    for k in missing}
-        return AccuracyRecord(stats=stats, evaluator=evaluator_version(ctx.config.evaluator), num_images=num_images,
-                              num_detections=num_detections, batch_size=cell.batch_size,
+        return AccuracyRecord(stats=defined_stats(stats), evaluator=evaluator_version(ctx.config.evaluator),
+                              num_images=num_images, num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file, max_dets=max_dets_for(cap),
                               per_class_file=per_class_file, iou_types=iou_types,
                               detections_sha256=digest, same_detections_as=same_as), None

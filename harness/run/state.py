@@ -23,13 +23,19 @@ ENERGY_FILE = "energy.csv"  # written by results/artifacts.py; rows of unfinishe
 
 def _lock(run_dir: Path, run_id: str) -> int:
     """An exclusive lock on the run folder for this process's lifetime (released when it exits, even on kill -9)."""
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    return lock_folder(run_dir, f"run {run_id} is being written by another va-bench process; wait for it to finish "
+                                "or pick another --run-id")
+
+
+def lock_folder(folder: Path, busy: str) -> int:
+    """An exclusive lock on `folder` (its .lock file) held by this process until it closes the descriptor or exits
+    (even on kill -9); `busy` is the one-line refusal when another process holds it."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise UsageError(f"run {run_id} is being written by another va-bench process; wait for it to finish "
-                         "or pick another --run-id") from None
+        raise UsageError(busy) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
