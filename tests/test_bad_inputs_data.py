@@ -3,7 +3,9 @@ stderr, exit 2, and nothing under --output-dir. The bad files are built from the
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import re
 import shutil
@@ -130,7 +132,14 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     (lambda x: x["images"][0].update(file_name="../../etc/passwd"), "is not a plain file name"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, float("nan"), 4.0]), "finite number"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, 3.0]), "annotations[0].bbox"),
-    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, -3.0, 4.0]), "negative width or height"),
+    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, -3.0, 4.0]), "has no area"),
+    (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, 0.0, 4.0], iscrowd=0), "has no area"),
+    (lambda x: x["annotations"][0].update(bbox=[-30.0, 2.0, 10.0, 4.0]), "reaches past its"),
+    (lambda x: [a.update(bbox=[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2] + 9000,
+                                a["bbox"][1] + a["bbox"][3]]) for a in x["annotations"]], "reaches past its"),
+    (lambda x: [a.update(bbox=[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]])
+                for a in x["annotations"] if a["bbox"][0] + 2 * a["bbox"][2] > 1], "are the boxes [x1, y1, x2, y2]?"),
+    (lambda x: [a.update(bbox=[v / 1000 for v in a["bbox"]]) for a in x["annotations"]], "normalised coordinates?"),
     (lambda x: x["annotations"][0].update(category_id=999), "999 is not in categories"),
     (lambda x: x["annotations"][0].update(image_id=1), "1 is not in images"),
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
@@ -139,7 +148,8 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     (lambda x: x["annotations"][1].update(id=x["annotations"][0]["id"]), "annotations: ids are not unique"),
     (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
     (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
-], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "unknown category", "unknown image",
+], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "zero width", "left of its image",
+        "past its image", "corners, not sizes", "normalised", "unknown category", "unknown image",
         "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id", "duplicate category id",
         "negative category id"])
 def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
@@ -156,6 +166,41 @@ def test_invalid_json_annotations(tmp_path):
     path.write_bytes(b'{"images": [')
     with pytest.raises(UsageError, match="is not valid JSON"):
         load_instances(path)
+
+
+@requires_coco
+def test_an_annotation_id_of_0_is_scored_as_pycocotools_scores_it_numbered_from_1(sample, tmp_path):
+    """pycocotools takes id 0 for "not matched": numbered from 0 (as Roboflow exports are), the box with id 0 is
+    never found and its perfect detection is a false positive. Loaded, the ids are renumbered; the independent
+    truth is pycocotools on the same file numbered from 1 by hand."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from harness.eval.coco_eval import evaluate_bbox
+
+    from_0 = _edit(sample, lambda x: [a.update(id=i) for i, a in enumerate(x["annotations"])])
+    from_1 = _edit(sample, lambda x: [a.update(id=i + 1) for i, a in enumerate(x["annotations"])])
+    image_ids = [i["id"] for i in sample["images"]]
+    detections = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 0.9}
+                  for a in sample["annotations"] if not a["iscrowd"]]
+
+    def pycocotools_ap(data) -> float:
+        path = tmp_path / "gt.json"
+        path.write_text(json.dumps(data))
+        with contextlib.redirect_stdout(io.StringIO()):
+            gt = COCO(str(path))
+            ev = COCOeval(gt, gt.loadRes(copy.deepcopy(detections)), "bbox")
+            ev.params.imgIds = image_ids
+            ev.evaluate(), ev.accumulate(), ev.summarize()
+        return ev.stats[0]
+
+    truth = pycocotools_ap(from_1)
+    assert pycocotools_ap(from_0) < truth  # the flaw the renumbering is for
+    path = tmp_path / "from_0.json"
+    path.write_text(json.dumps(from_0))
+    for evaluator in ("pycocotools", "faster-coco-eval"):
+        stats = evaluate_bbox(load_instances(path), detections, image_ids, evaluator)
+        assert stats["mAP_50_95"] == pytest.approx(truth)
 
 
 @requires_coco

@@ -71,6 +71,15 @@ def test_unknown_categories_are_refused_with_the_class_map_hint():
         match_classes("m", ("person", "car"), {1: "person", 2: "widget"})
 
 
+def test_categories_without_boxes_need_no_class():
+    """COCOeval leaves a category without ground truth out of its mean: a Roboflow split lists every class of its
+    project, some annotated in other splits only. One with boxes is still refused."""
+    categories = {1: "person", 2: "unicorn"}
+    assert match_classes("m", ("person", "car"), categories, annotated={1}) == (1, -1)
+    with pytest.raises(UsageError, match="'unicorn'"):
+        match_classes("m", ("person", "car"), categories, annotated={1, 2})
+
+
 def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("widget: car\n")

@@ -3,7 +3,8 @@
 A detector's label i is its class `class_names[i]`; a dataset has its own category ids and names. A
 detection is written under the dataset category of its class; a class the dataset does not have is left
 out of the scored detections (its category does not exist there), and a dataset category that no class of
-the model names is refused: scoring it would give a silent AP of 0 for that category.
+the model names is refused when it has boxes: scoring it would give a silent AP of 0 for that category. (A
+category with no box is left out of COCO's mean anyway: a Roboflow split lists every class of the project.)
 """
 
 from __future__ import annotations
@@ -76,12 +77,13 @@ class ClassMap:
 
 
 def match_classes(model_id: str, class_names: tuple[str | None, ...], categories: dict[int, str],
-                  class_map: ClassMap | None = None) -> tuple[int, ...]:
+                  class_map: ClassMap | None = None, annotated: set[int] | None = None) -> tuple[int, ...]:
     """The dataset category id of each model label (NOT_IN_DATASET where the dataset lacks the class).
 
     Names are compared case- and separator-insensitively ("traffic_light" is "traffic light"); a class map
     renames dataset categories to model classes first. Raises UsageError, naming the categories no model
-    class matches, when any dataset category is left unmatched, or two categories claim one class."""
+    class matches, when any dataset category with boxes (`annotated`: their ids; None: every category) is
+    left unmatched, or two categories claim one class."""
     by_name: dict[str, list[int]] = {}
     for label, name in enumerate(class_names):
         if name is not None:
@@ -101,7 +103,10 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                 and class_names[int(wanted)] is not None):
             label = int(wanted)  # a class map may name the model's class by its index (not a label that is no class)
         if label is None:
-            (unknown_targets if _norm(name) in renames else unmatched).append(f"{name!r} (id {category})")
+            if _norm(name) in renames:
+                unknown_targets.append(f"{name!r} (id {category})")
+            elif annotated is None or category in annotated:
+                unmatched.append(f"{name!r} (id {category})")
         elif label in labels:
             raise UsageError(f"dataset categories {categories[labels[label]]!r} and {name!r} both map to "
                              f"{model_id}'s class {class_names[label]!r}; give each its own class in --class-map")

@@ -115,9 +115,38 @@ def _structure_problems(data) -> list[str]:
             problems.append(f"annotations[{i}].image_id: {ann.image_id} is not in images")
         if ann.category_id not in known_cats:
             problems.append(f"annotations[{i}].category_id: {ann.category_id} is not in categories")
-        if ann.bbox[2] < 0 or ann.bbox[3] < 0:
-            problems.append(f"annotations[{i}].bbox: negative width or height {ann.bbox}")
-    return problems
+        if ann.bbox[2] < 0 or ann.bbox[3] < 0 or (not ann.iscrowd and (ann.bbox[2] == 0 or ann.bbox[3] == 0)):
+            problems.append(f"annotations[{i}].bbox: {ann.bbox} has no area (width or height 0 or less); "
+                            "such a box can never be found")
+    return problems + _box_placement_problems(instances)
+
+
+def _box_placement_problems(instances: _Instances) -> list[str]:
+    """Boxes that do not lie on their image: normalised coordinates, [x1, y1, x2, y2] instead of COCO's
+    [x, y, width, height], or boxes past the image. pycocotools scores them without a word (a box off its image
+    is never matched), so a dataset in another box format would score near 0."""
+    boxes = [(i, a) for i, a in enumerate(instances.annotations) if not a.iscrowd]
+    sizes = {img.id: (img.width, img.height) for img in instances.images}
+    if boxes and all(max(a.bbox) <= 1 for _, a in boxes) and max((max(s) for s in sizes.values()), default=0) > 32:
+        return ["annotations: every box's values are 1 or less: normalised coordinates? COCO boxes are "
+                "[x, y, width, height] in pixels"]
+    past = []
+    for i, ann in boxes:
+        if ann.image_id not in sizes:
+            continue
+        x, y, w, h = ann.bbox
+        width, height = sizes[ann.image_id]
+        slack_x, slack_y = max(1.0, 0.01 * width), max(1.0, 0.01 * height)  # rounding by annotation tools
+        if x < -slack_x or y < -slack_y or x + w > width + slack_x or y + h > height + slack_y:
+            as_corners = x < w <= width + slack_x and y < h <= height + slack_y
+            past.append((i, ann.bbox, width, height, as_corners))
+    if not past:
+        return []
+    i, bbox, width, height, _ = past[0]
+    more = f" ({len(past)} boxes in all)" if len(past) > 1 else ""
+    hint = (": are the boxes [x1, y1, x2, y2]? COCO boxes are [x, y, width, height]"
+            if all(corners for *_, corners in past) else "")
+    return [f"annotations[{i}].bbox: {bbox} reaches past its {width}x{height} image{more}{hint}"]
 
 
 def load_instances(path: Path, name: str | None = None, how_to_fix: str = HOW_TO_GET_COCO) -> COCO:
@@ -142,6 +171,11 @@ def load_instances(path: Path, name: str | None = None, how_to_fix: str = HOW_TO
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise problem(f"is not a valid COCO instances file: {problems[0]}{more}")
+    # pycocotools marks a box not yet matched with id 0 (it assumes ids from 1): a ground-truth box whose id is 0
+    # is never counted as found, and its detection counts as a false positive. Roboflow numbers its exports'
+    # annotations from 0, so ids below 1 are renumbered 1..N in file order; nothing else reads them.
+    if any(a["id"] < 1 for a in data["annotations"]):
+        data["annotations"] = [{**a, "id": n} for n, a in enumerate(data["annotations"], 1)]
     coco = COCO()  # built from the checked dict, so the file is read once
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress unconditionally
@@ -273,7 +307,8 @@ class CocoDataset:
         """The dataset category of each model label (harness/data/classes.py); a UsageError when the model
         does not know the dataset's categories."""
         try:
-            return match_classes(model_id, class_names, self.categories, class_map)
+            annotated = {a["category_id"] for a in self.coco.dataset["annotations"]}
+            return match_classes(model_id, class_names, self.categories, class_map, annotated)
         except UsageError as exc:
             raise UsageError(f"{self._shown_root}: {exc}") from exc
 
@@ -346,7 +381,7 @@ class CocoDataset:
             )
         if not present:
             raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file.name} under "
-                             f"{self._shown_root}")
+                             f"{self._shown_root}: it lists no images; {self._fix}")
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
         self.orientations = {**self.orientations, **check_image_sizes(
             (i, self.image_dir / self.coco.imgs[i]["file_name"], self.coco.imgs[i]["width"],
