@@ -231,12 +231,6 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     if not as_json:
         run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
     outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
-    if plan.config.repeats > 1 and outcome.records:
-        from harness.run.repeats import repeat_in_fresh_processes
-
-        submissions = {label: s.submission for label, s in outcome.state.cells.items()
-                       if s.state == "ok" and s.submission}
-        outcome.repeats = repeat_in_fresh_processes(plan.config, plan.run_dir, submissions, _progress(quiet=as_json))
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:
@@ -866,7 +860,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except Interrupted as exc:  # outside a run's cells (a run stopped mid-sweep says more: RunInterrupted)
         err_console.print(f"interrupted ({exc}); run the same command again to continue (a dataset download "
-                          "resumes where it stopped)", highlight=False)
+                          "resumes where it stopped)", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:

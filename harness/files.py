@@ -35,10 +35,31 @@ class DiskFullError(VaBenchError):
     """No space left on the device (or the quota is used up) while writing `path`: exit 1. Nothing was written
     under the final name; a sweep stops here, since every later cell would fail the same way."""
 
-    def __init__(self, path: Path | str | None, cause: BaseException | None = None):
+    def __init__(self, path: Path | str | None, cause: BaseException | None = None, fix: str | None = None):
         self.path = path
         reason = cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror else "no space left on device"
-        super().__init__(f"{reason} writing {path}" if path else reason)
+        super().__init__((f"{reason} writing {path}" if path else reason) + (f"; {fix}" if fix else ""))
+
+
+UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def storage_problem(exc: BaseException | None, folder: Path) -> str | None:
+    """What stops every later write under `folder`, one line: a full disk anywhere, or a permission or read-only
+    error on a path in `folder` (made read-only, or remounted, mid-run); None for any other failure (an unreadable
+    model file is that model's problem)."""
+    if is_disk_full(exc):
+        if isinstance(exc, DiskFullError):
+            return str(exc)
+        return f"no space left on device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if (isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None
+                and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(folder))):
+            return f"cannot write {exc.filename} ({exc.strerror.lower() if exc.strerror else 'not permitted'})"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def is_disk_full(exc: BaseException | None) -> bool:

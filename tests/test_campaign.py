@@ -180,6 +180,7 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
     # options a campaign's one-cell-per-dataset row cannot take: refused before the folder exists, not a skip each
     for option, expected in (("batch_sizes: [1, 2]", "batch_sizes [1, 2] are several"),
                              ("accuracy: false", "drop accuracy: false"), ("subset: mini500", "subset 'mini500'"),
+                             ("repeats: 3", "drop repeats"),
                              ("class_map: /nonexistent.yaml", "class_map /nonexistent.yaml: no such file")):
         bad = tmp_path / "options.yaml"
         bad.write_text(f"model: yolox-nano\noptions: {{{option}}}\ndatasets:\n{one}")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import COCO_DIR, CORPUS, REPO, requires_coco, run_in_process
@@ -322,3 +323,206 @@ def test_resume_drops_the_energy_rows_of_cells_that_did_not_finish(tmp_path):
     RunState.reopen(tmp_path / "r", "r", cells, {"config": {}}).close()
     assert [row[1] for row in _csv_rows(energy)] == [cells[0].label]  # kept: only the finished cell's
     assert energy.read_text().splitlines()[0] == "timestamp,tag,duration,package-0"
+
+
+# --- signals and storage at every moment of a run ------------------------------------------
+
+
+def _args(out: Path, run_id: str, *more: str) -> list[str]:
+    return ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset", "sample", "--limit", "8",
+            "--batch-sizes", "1", "2", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds", "0",
+            "--min-timed-batches", "2", "--draw-images", "0", "--no-energy", "--output-dir", str(out),
+            "--run-id", run_id, *more]
+
+
+def _interrupt_self() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _owned_submissions(run_dir: Path) -> tuple[set[str], set[str]]:
+    """(submission files on disk, submissions of ok cells in run.json)."""
+    on_disk = {str(p.relative_to(run_dir)) for p in (run_dir / "submissions").glob("*.json")}
+    ok = {c["submission"] for c in _cells(run_dir).values() if c["status"] == "ok"}
+    return on_disk, ok
+
+
+@requires_coco
+def test_a_signal_while_a_submission_is_written_waits_for_its_ok_status(tmp_path, monkeypatch):
+    """The submission and the ok status in run.json are written together: a signal in between waits for both, so
+    no file stands for a cell that run.json calls interrupted (validate and aggregate would take it)."""
+    from harness.run import scheduler
+
+    real = scheduler.atomic_write_json
+    sent = []
+
+    def write_then_signal(path, doc, *a, **k):
+        out = real(path, doc, *a, **k)
+        if "submissions" in Path(path).parts and not sent:
+            sent.append(path)
+            _interrupt_self()
+        return out
+
+    monkeypatch.setattr(scheduler, "atomic_write_json", write_then_signal)
+    out = tmp_path / "o"
+    result = run_in_process("run", *_args(out, "w"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert result.returncode == 130, result.stderr
+    on_disk, ok = _owned_submissions(out / "w")
+    assert sent and on_disk == ok and len(ok) == 1  # the first cell: written and ok; the second never started
+    assert [c["status"] for c in _cells(out / "w").values()] == ["ok", "pending"]
+
+
+@requires_coco
+def test_a_signal_in_the_layer_pass_leaves_the_cell_to_run_again_with_it(tmp_path, monkeypatch):
+    """The group's layer pass belongs to its last cell: stopped there, the cell is not ok (its submission would say
+    no layers were asked for), and --resume runs it again, layer pass included."""
+    from harness.run.executor import GroupExecutor
+
+    real = GroupExecutor.run_optional_passes
+
+    def interrupted(self, cell, record):
+        _interrupt_self()
+        return real(self, cell, record)
+
+    monkeypatch.setattr(GroupExecutor, "run_optional_passes", interrupted)
+    out = tmp_path / "o"
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    result = run_in_process("run", *_args(out, "l", "--layers", "--layer-batches", "2"), env=env)
+    assert result.returncode == 130, result.stderr
+    assert [c["status"] for c in _cells(out / "l").values()] == ["ok", "interrupted"]
+    assert _owned_submissions(out / "l")[0] == _owned_submissions(out / "l")[1]
+    monkeypatch.setattr(GroupExecutor, "run_optional_passes", real)
+    resumed = run_in_process("run", "--resume", "l", "--output-dir", str(out), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    last = json.loads((out / "l" / _cells(out / "l")[2]["submission"]).read_text())
+    assert last["layers"] and last["layers"].get("status") != "failed", last["layers"]
+    assert (out / "l" / "layer_timer.csv").is_file()
+
+
+@requires_coco
+def test_a_signal_just_after_the_run_folder_exists_is_resumable(tmp_path, monkeypatch):
+    """From the run folder's creation on, a stop says how to resume it (the same command would find the folder and
+    refuse), and the resume runs every cell."""
+    from harness.measure.hygiene import DeviceSampler
+
+    real = DeviceSampler.for_device
+
+    def interrupted(device):
+        _interrupt_self()
+        return real(device)
+
+    monkeypatch.setattr(DeviceSampler, "for_device", staticmethod(interrupted))
+    out = tmp_path / "o"
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    result = run_in_process("run", *_args(out, "e"), env=env)
+    assert result.returncode == 130 and "--resume e" in result.stderr, result.stderr
+    assert set(statuses(out / "e").values()) == {"pending"}
+    monkeypatch.setattr(DeviceSampler, "for_device", staticmethod(real))
+    resumed = run_in_process("run", "--resume", "e", "--output-dir", str(out), env=env)
+    assert resumed.returncode == 0 and set(statuses(out / "e").values()) == {"ok"}, resumed.stderr
+
+
+@requires_coco
+def test_a_run_folder_that_becomes_unwritable_stops_the_sweep_with_its_path(tmp_path, monkeypatch):
+    """A permission error on a path of the run folder (made read-only mid-run) would fail every later cell too:
+    the sweep stops in one line naming the path, and a resume once it is writable finishes it."""
+    import tempfile
+
+    real = tempfile.mkstemp
+    blocked = []
+
+    def read_only(*a, dir=None, **k):
+        if dir is not None and Path(dir).name == "submissions" and blocked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    from harness.run import scheduler
+
+    real_mark = scheduler.Scheduler._mark_ok
+
+    def mark_then_block(self, *a, **k):
+        real_mark(self, *a, **k)
+        blocked.append(True)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_mark_ok", mark_then_block)
+    out = tmp_path / "o"
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    result = run_in_process("run", *_args(out, "ro"), env=env)
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    line = lines[0]
+    assert "cannot write" in line and "submissions" in line and "permission denied" in line, line
+    assert "stopped after 1 of 2 cells" in line and "make the folder writable" in line and "--resume ro" in line
+    assert [c["status"] for c in _cells(out / "ro").values()] == ["ok", "interrupted"]
+    monkeypatch.setattr(tempfile, "mkstemp", real)
+    resumed = run_in_process("run", "--resume", "ro", "--output-dir", str(out), env=env)
+    assert resumed.returncode == 0 and set(statuses(out / "ro").values()) == {"ok"}, resumed.stderr
+
+
+def test_a_full_disk_at_the_start_names_the_folder_and_leaves_none(tmp_path, monkeypatch):
+    from harness.files import DiskFullError
+    from harness.records import Cell, LoadKey
+    from harness.run.state import RunState
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(DiskFullError) as err:
+        RunState.create(tmp_path / "r", "r", {"config": {}}, [Cell(LoadKey("m", "pytorch", "fp32", (64, 64)), 1)])
+    monkeypatch.undo()
+    assert str(tmp_path / "r") in str(err.value) and "free some space" in str(err.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_unwritable_error_log_does_not_hide_the_failure(tmp_path):
+    from harness.records import Cell, LoadKey
+    from harness.run.state import ERROR_LOG, RunState
+
+    state = RunState.create(tmp_path / "r", "r", {"config": {}}, [Cell(LoadKey("m", "pytorch", "fp32", (64, 64)), 1)])
+    (state.run_dir / ERROR_LOG).mkdir()  # open(..., "a") fails
+    state.log_error("cell", "Traceback ...")
+    state.close()
+
+
+@requires_coco
+def test_repeats_hold_the_run_and_a_stop_among_them_is_finished_on_resume(tmp_path, monkeypatch):
+    """--repeats: the run folder stays locked while the extra processes run (a --resume then would rewrite what
+    they write); stopped among them, --resume runs them (every ok cell lacks timing.repeats); a killed extra
+    process is named by its signal."""
+    from harness.run import repeats
+    from harness.run.state import lock_folder
+
+    def busy_then_stop(cmd, **kwargs):
+        with pytest.raises(Exception, match="being written by another va-bench process"):
+            lock_folder(out / "rp", "run rp is being written by another va-bench process")
+        _interrupt_self()
+        raise AssertionError("the signal stops the run first")
+
+    monkeypatch.setattr(repeats, "subprocess", SimpleNamespace(run=busy_then_stop))  # the extra processes only
+    out = tmp_path / "o"
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    result = run_in_process("run", *_args(out, "rp", "--repeats", "2"), env=env)
+    assert result.returncode == 130, result.stderr
+    assert "repeats in fresh processes are still to run" in result.stderr and "--resume rp" in result.stderr
+    assert set(statuses(out / "rp").values()) == {"ok"}
+
+    def killed(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, -signal.SIGKILL, "", "process 2: [..] warm-up done\n")
+
+    monkeypatch.setattr(repeats, "subprocess", SimpleNamespace(run=killed))
+    resumed = run_in_process("run", "--resume", "rp", "--output-dir", str(out), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    for cell in _cells(out / "rp").values():
+        block = json.loads((out / "rp" / cell["submission"]).read_text())["timing"]["repeats"]
+        assert block["failed"] == ["process 2: killed by SIGKILL"] and block["processes"] == 1
+    again = run_in_process("run", "--resume", "rp", "--output-dir", str(out), env=env)
+    assert again.returncode == 0 and "repeat" not in again.stderr.lower(), again.stderr  # nothing left to repeat
+
+
+def test_resume_names_its_run_id_problems(tmp_path):
+    result = run_in_process("run", "--resume", "../x", "--output-dir", str(tmp_path))
+    assert result.returncode == 2 and "--resume '../x': not a run id" in result.stderr, result.stderr
+    result = run_in_process("run", "--resume", "a", "--run-id", "b", "--output-dir", str(tmp_path))
+    assert result.returncode == 2 and "drop --run-id b" in result.stderr, result.stderr

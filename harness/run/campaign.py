@@ -186,6 +186,9 @@ def check_options(campaign: Campaign, datasets_dir: Path) -> None:
                          "are several; give one (a campaign per setting)")
     if not config.accuracy:
         raise UsageError("a campaign's row is its datasets' accuracy: drop accuracy: false (or --no-accuracy)")
+    if config.repeats > 1:
+        raise UsageError("a campaign times each dataset in its own process once; its row is accuracy: drop repeats "
+                         "(--repeats)")
     if config.subset != RunConfig.model_fields["subset"].default:
         raise UsageError(f"subset {config.subset!r} picks COCO val2017 images; a campaign scores each dataset's own "
                          "images: drop it")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,28 @@ def _child_medians(folder: Path) -> dict[tuple, float]:
     return out
 
 
+def repeats_missing(run_dir: Path, submissions: dict[str, str]) -> bool:
+    """Whether an ok cell's submission lacks `timing.repeats` (a new run, a resumed one that ran cells again, or one
+    stopped while its extra processes ran)."""
+    for relative in submissions.values():
+        timing = read_json_object(run_dir / relative).get("timing")
+        if not isinstance(timing, dict) or "repeats" not in timing:
+            return True
+    return False
+
+
+def _failure(done: subprocess.CompletedProcess) -> str:
+    """Why an extra process failed, one line: the signal that killed it, else its error line, else its exit code."""
+    if done.returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-done.returncode).name}"
+        except ValueError:
+            return f"killed by signal {-done.returncode}"
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("error:", "interrupted"))]
+    return (errors or [f"exit {done.returncode}"])[-1][:200]
+
+
 def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str], progress) -> dict[str, dict]:
     """Time the run's cells in `config.repeats - 1` more processes; add `timing.repeats` to each ok cell's
     submission (`submissions`: cell label -> path relative to the run folder, every ok cell of the run, those an
@@ -65,7 +88,7 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
                                    "--output-dir", str(folder), "--json"], capture_output=True, text=True,
                                   env={**os.environ, REPEAT_OF: str(os.getpid())})
         if done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
+            why = _failure(done)
             failures.append(f"process {k}: {why}")
             progress.log(f"warning: repeat {k} failed ({why}); its samples are missing")
             continue

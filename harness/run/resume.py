@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from harness.config import RunConfig, build_config
+from harness.config import SAFE_ID, RunConfig, build_config
 from harness.errors import UsageError
 from harness.measure.env import git_state, hardware_block
 from harness.records import RETRYABLE_STATES
@@ -40,6 +41,12 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
                    retry_failed: bool) -> RunPlan:
     """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
     harness commit or the hardware differ from the original run, unless `force`."""
+    if not re.fullmatch(SAFE_ID, run_id):
+        raise UsageError(f"--resume {run_id!r}: not a run id (letters, digits, '.', '_' and '-'); give the name of a "
+                         "folder under --output-dir")
+    if overrides.get("run_id") not in (None, run_id):
+        raise UsageError(f"--resume {run_id} continues that run in its own folder; drop --run-id "
+                         f"{overrides['run_id']}")
     run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
     doc = read_run_json(run_dir, run_id)
     config, problems = resumed_config(doc["config"], overrides, run_dir.parent, run_id)

@@ -6,7 +6,10 @@ Cell states: pending -> running -> ok | failed | oom | skipped | interrupted. A 
 `oom` and the larger batch sizes of its group are `skipped`; SIGINT/SIGTERM mark the running cell
 `interrupted` and stop the run. `--resume RUN_ID` runs what is not `ok` (failed/oom/skipped only with
 --retry-failed) in the same folder. A full disk is not a cell's failure: every later cell would fail too, so
-the sweep stops (the running cell `interrupted`, exit 1, a resume hint) and a plain --resume continues it.
+the sweep stops (the running cell `interrupted`, exit 1, a resume hint) and a plain --resume continues it; so
+does a run folder that can no longer be written. A cell is ok once its submission holds everything asked of it
+(the group's layer and profiler passes included); `--repeats` runs once every cell is, and a resume runs them
+when an ok cell lacks them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from harness.data.images import find_corrupt_images
 from harness.errors import RunInterrupted, VaBenchError
-from harness.files import DiskFullError, atomic_write_json, is_disk_full
+from harness.files import atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, pinned
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, hardware_block
@@ -35,6 +38,7 @@ from harness.results.submission import build_submission, submission_filename
 from harness.run.executor import GroupExecutor, RunContext
 from harness.run.plan import RunPlan
 from harness.run.progress import SilentProgress
+from harness.run.repeats import repeat_in_fresh_processes, repeats_missing
 from harness.run.resume import runnable
 from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
 from harness.run.state import RunState
@@ -75,6 +79,7 @@ class Scheduler:
         self.config = plan.config
         self.progress = progress or SilentProgress()
         self.argv = argv
+        self._repeating = False  # --repeats: the extra processes are running
 
     def run(self) -> RunOutcome:
         """The run, with the GPU's clocks locked around it when --lock-clocks asks (before the run folder exists:
@@ -103,59 +108,79 @@ class Scheduler:
                               "faults; `make bench` sets GLIBC_TUNABLES (see the Makefile); the allocator is recorded "
                               "in every submission (environment.memory_allocator)")
         hardware = hardware_block(plan.device, config.hardware_id)
-        state = self._open_state(environment, hardware)
-        ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
-                         dataset=plan.dataset, variant=plan.variant, records=plan.records, environment=environment,
-                         hardware=hardware, artifacts=ProbeArtifacts(plan.run_dir),
-                         energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
-                         if config.energy else None,
-                         monitor=MemoryMonitor(plan.device) if config.memory else None,
-                         progress=self.progress, threads=threads, backend_options=plan.backend_options,
-                         label_categories=plan.label_categories,
-                         sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
-        ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
-        self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
-        ctx.artifacts.keep_cells(ok)
-        outcome = RunOutcome([], state)
+        state: RunState | None = None
+        ctx: RunContext | None = None
         try:
+            # everything from the folder's creation on is inside the try: a signal from here on keeps the folder
+            # resumable and says so
+            state = self._open_state(environment, hardware)
+            ctx = RunContext(config=config, run_id=plan.run_id, run_dir=plan.run_dir, device=plan.device,
+                             dataset=plan.dataset, variant=plan.variant, records=plan.records,
+                             environment=environment, hardware=hardware, artifacts=ProbeArtifacts(plan.run_dir),
+                             energy_probe=EnergyProbe.detect(plan.device.index if plan.device.is_cuda else None)
+                             if config.energy else None,
+                             monitor=MemoryMonitor(plan.device) if config.memory else None,
+                             progress=self.progress, threads=threads, backend_options=plan.backend_options,
+                             label_categories=plan.label_categories,
+                             sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
+            ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
+            self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
+            ctx.artifacts.keep_cells(ok)
+            outcome = RunOutcome([], state)
             with ExitStack() as stack:
                 if ctx.monitor is not None:
                     stack.enter_context(ctx.monitor)
                 stack.enter_context(ctx.sampler)
                 for key, cells in plan.groups:
                     self._run_group(ctx, key, cells, outcome)
+            self._write_memory(ctx)
+            if config.repeats > 1 and repeats_missing(plan.run_dir, self._ok_submissions(state)):
+                self._repeating = True
+                outcome.repeats = repeat_in_fresh_processes(config, plan.run_dir, self._ok_submissions(state),
+                                                            self.progress)
         except Interrupted as exc:
+            if state is None:  # before the run folder exists: nothing to resume
+                raise
             with signals_ignored():  # a second Ctrl-C must not cut the bookkeeping short
                 for status in state.cells.values():
                     if status.state == "running":
                         status.state, status.reason = "interrupted", f"stopped by {exc}"
                 state.save()
-                self._write_memory(ctx)
+                if ctx is not None:
+                    self._write_memory(ctx)
             done = state.counts().get("ok", 0)
+            still = "; the repeats in fresh processes are still to run" if self._repeating else ""
             raise RunInterrupted(
-                f"{exc} after {done} of {len(state.cells)} cells; finished cells are kept in {plan.run_dir}; "
+                f"{exc} after {done} of {len(state.cells)} cells{still}; finished cells are kept in {plan.run_dir}; "
                 f"resume with: va-bench run --resume {plan.run_id} --output-dir {plan.run_dir.parent}",
                 exc.exit_code) from None
         except Exception as exc:
-            if not is_disk_full(exc):
+            problem = storage_problem(exc, plan.run_dir)
+            if state is None or problem is None:
                 raise
-            raise self._stopped_by_full_disk(exc, state) from exc
+            raise self._stopped_by_storage(problem, state) from exc
         finally:
-            state.close()
-        self._write_memory(ctx)
+            if state is not None:
+                state.close()
         return outcome
 
-    def _stopped_by_full_disk(self, exc: BaseException, state: RunState) -> VaBenchError:
-        """A full disk stops the sweep: the running cell is `interrupted`, the rest stay `pending` (recorded
-        if run.json can still be written), and one line says how to go on."""
+    @staticmethod
+    def _ok_submissions(state: RunState) -> dict[str, str]:
+        """Every ok cell's submission (cell label -> path relative to the run folder), this process's or not."""
+        return {label: s.submission for label, s in state.cells.items() if s.state == "ok" and s.submission}
+
+    def _stopped_by_storage(self, problem: str, state: RunState) -> VaBenchError:
+        """A full disk or a run folder that can no longer be written stops the sweep: the running cell is
+        `interrupted`, the rest stay `pending` (recorded if run.json can still be written), and one line says how
+        to go on."""
         with signals_ignored():
-            recorded = state.stop("no space left on device")
-        what = str(exc) if isinstance(exc, DiskFullError) else f"no space left on device ({one_line(exc)})"
+            recorded = state.stop(problem.split(" writing ", 1)[0].split(" (", 1)[0])  # what, without the path
         plan = self.plan
         kept = "" if recorded else "; run.json keeps its last complete version"
+        fix = "free some space" if "space" in problem or "quota" in problem else "make the folder writable"
         return VaBenchError(
-            f"{what}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells (finished "
-            f"cells are kept in {plan.run_dir}{kept}); free some space, then resume with: va-bench run --resume "
+            f"{problem}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells (finished "
+            f"cells are kept in {plan.run_dir}{kept}); {fix}, then resume with: va-bench run --resume "
             f"{plan.run_id} --output-dir {plan.run_dir.parent}")
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
@@ -199,7 +224,7 @@ class Scheduler:
             with ctx.progress.task(f"loading {key.label}", None):
                 executor = GroupExecutor(ctx, self.plan.detectors[key.model], key)
         except Exception as exc:  # the group cannot run at all: each of its cells says why
-            if is_disk_full(exc):
+            if storage_problem(exc, ctx.run_dir):
                 raise  # not this group's fault: the sweep stops (run)
             reason = f"loading failed: {one_line(exc)}"
             state.log_error(key.label, traceback.format_exc())
@@ -229,9 +254,13 @@ class Scheduler:
                 state.save()
             try:
                 record = executor.run_cell(cell)
-                path = self._write_submission(ctx, record)
+                if cell is cells[-1] and (ctx.config.layers or ctx.config.profile):
+                    self._optional_passes(ctx, executor, cell, record, state)  # the cell is ok once they are done
+                with protected():  # the submission and its ok status together: a signal waits for both
+                    path = self._write_submission(ctx, record)
+                    self._mark_ok(ctx, cell, record, path, state)
             except Exception as exc:  # the error boundary of one cell
-                if is_disk_full(exc):
+                if storage_problem(exc, ctx.run_dir):
                     raise  # every later cell would fail too: the sweep stops (run)
                 oom = is_out_of_memory(exc)
                 state.log_error(cell.label, traceback.format_exc())
@@ -244,13 +273,8 @@ class Scheduler:
                     state.save()
                 ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
                 continue
-            self._mark_ok(ctx, cell, record, path, state)
+            self._write_memory(ctx)
             outcome.records.append(record)
-            if cell is cells[-1] and (ctx.config.layers or ctx.config.profile):
-                self._optional_passes(ctx, executor, cell, record, state)
-                record.artifacts.update(ctx.artifacts.files)  # the probes' files too
-                with protected():
-                    atomic_write_json(path, build_submission(record))  # now with the probes' summaries
 
     def _optional_passes(self, ctx: RunContext, executor: GroupExecutor, cell: Cell, record: CellRecord,
                          state: RunState) -> None:
@@ -266,7 +290,8 @@ class Scheduler:
 
     @staticmethod
     def _write_submission(ctx: RunContext, record: CellRecord) -> Path:
-        """The cell's submission file (a cell whose status never became ok has its file removed on resume)."""
+        """The cell's submission file, with the probes' files and summaries (a cell whose status never became ok has
+        its file removed on resume)."""
         path = ctx.run_dir / "submissions" / submission_filename(record)
         record.artifacts = {"submission": str(path.relative_to(ctx.run_dir)), "steps_timer": "steps_timer.csv",
                             **ctx.artifacts.files}
@@ -285,7 +310,6 @@ class Scheduler:
             write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
             state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=environment_time())
             state.save()
-        self._write_memory(ctx)
 
     @staticmethod
     def _write_memory(ctx: RunContext) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError, path_problem
-from harness.files import DiskFullError, atomic_write_csv, atomic_write_json
+from harness.files import DiskFullError, atomic_write_csv, atomic_write_json, is_disk_full
 from harness.records import CELL_STATES, Cell, CellStatus
 from harness.results.reader import RUN_FILE, read_run_json, submission_files
 
@@ -80,9 +80,16 @@ class RunState:
         try:
             state._lock_fd = _lock(run_dir, run_id)
             state.save()
-        except BaseException:  # a full disk, say: the folder is ours and holds nothing yet, so none is left
+        except BaseException as exc:  # a full disk, say: the folder is ours and holds nothing yet, so none is left
             state.close()
             shutil.rmtree(run_dir, ignore_errors=True)
+            if is_disk_full(exc):
+                path = exc.path if isinstance(exc, DiskFullError) else run_dir
+                raise DiskFullError(path, None, "free some space and run the command again") from exc
+            if isinstance(exc, OSError):
+                raise UsageError(path_problem("--output-dir", run_dir.parent, f"cannot write the run folder {run_id} "
+                                              f"({(exc.strerror or str(exc)).lower()})")
+                                 + "; pick a folder with space that you can write") from exc
             raise
         return state
 
@@ -147,9 +154,13 @@ class RunState:
         return True
 
     def log_error(self, cell_label: str, text: str) -> None:
-        """Tracebacks of failed cells, appended to errors.log in the run folder."""
-        with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
-            fh.write(f"=== {cell_label}\n{text.rstrip()}\n\n")
+        """Tracebacks of failed cells, appended to errors.log in the run folder; best effort: a log that cannot be
+        written must not hide the failure it was to record."""
+        try:
+            with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
+                fh.write(f"=== {cell_label}\n{text.rstrip()}\n\n")
+        except OSError:
+            pass
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
