@@ -5,6 +5,7 @@ harness/eval/matching.py, and real ONNX Runtime / PyTorch runs of yolox-nano."""
 import itertools
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -211,8 +212,11 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert bad.returncode == 1 and "FAILED" in bad.stdout
     many = va_bench("compare", "--baseline", str(a), str(a), str(b), "--json")
     assert many.returncode == 0 and len(json.loads(many.stdout)["comparisons"]) == 2
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
     for args, expect in ((["compare", str(a)], "two runs"), (["compare", str(a), str(tmp_path / "nope")],
                                                                "no such file or folder"),
+                         (["compare", str(a), str(fifo)], "neither a file nor a folder (a FIFO"),
                          (["compare", str(a), str(a), "--fail-on", "map"], "want METRIC"),
                          (["compare", str(a), str(a), "--pair-iou", "0"], "--pair-iou")):
         result = va_bench(*args)

@@ -192,6 +192,29 @@ def test_performance_table_matches_submissions(run_a):
         assert row[col["J/img"]] == ("unavailable" if sub["energy"].get("status") != "ok" else row[col["J/img"]])
 
 
+@pytest.mark.skipif(not (Path(os.environ.get("VA_BENCH_CORPUS", REPO.parent / "shared/corpus/vision-analysis"))
+                          / "submissions").is_dir(), reason="vision-analysis corpus not found")
+def test_the_sites_own_files_report_their_figures_under_its_names(tmp_path):
+    """A run folder of the site's files (its throughput.fps_mean and timing.total_ms, a variant derived from 500
+    images, no energy block): the figures shown are the files' own, the variant the reader's, never "None"."""
+    from harness.report.sections import notes, performance_table, setup_table
+
+    corpus = Path(os.environ.get("VA_BENCH_CORPUS", REPO.parent / "shared/corpus/vision-analysis")) / "submissions"
+    (path,) = sorted(corpus.glob("yolox-s__onnx__cuda__jetson_orin__*.json"))[:1]
+    doc = json.loads(path.read_text())
+    (tmp_path / "run" / "submissions").mkdir(parents=True)
+    shutil.copy(path, tmp_path / "run" / "submissions" / path.name)
+    run = load_run(tmp_path / "run")
+    table = performance_table(run)
+    (row,) = table.rows
+    col = {h: i for i, h in enumerate(table.header)}
+    assert float(row[col["img/s"]]) == pytest.approx(doc["throughput"]["fps_mean"], abs=0.005 + 1e-9)
+    assert float(row[col["p50 ms/img"]]) == pytest.approx(doc["timing"]["total_ms"]["p50"], abs=0.005 + 1e-9)
+    assert not any("None" in line for line in notes(run))
+    dataset = next(r for r in setup_table(run).rows if r[0] == "Dataset")
+    assert "variant mini500 (500 images)" in dataset[1]
+
+
 def test_accuracy_table_says_what_each_cell_scored(run_a, tmp_path):
     """A segmentation cell's plain metrics are of its masks, its box mAP beside them; a detection cell's of boxes."""
     from harness.report.sections import accuracy_table

@@ -1,7 +1,9 @@
 """`va-bench validate` / `aggregate` / `schema` on the site's real corpus and on hostile input."""
 
 import copy
+import io
 import json
+from pathlib import Path
 
 import pytest
 from conftest import CORPUS, requires_corpus, run_in_process
@@ -235,7 +237,7 @@ def test_latest_timestamp_wins_within_one_identity(tmp_path, base_doc):
     new["created_at"] = "2026-02-01T00:00:00Z"
     board = aggregate(_write(tmp_path / "dup", [old, new]))
     (row,) = board["cube"]
-    assert row["fps_mean"] == 20.0 and row["superseded"] == ["s0.json"]
+    assert row["fps_mean"] == 20.0 and row["superseded"] == [str(tmp_path / "dup" / "s0.json")]
 
 
 def test_overlapped_and_latency_runs_stay_separate_rows(tmp_path, base_doc):
@@ -295,7 +297,7 @@ def test_aggregate_keeps_every_site_row_and_flags_real_drift(corpus_reports):
 
     site_rows = {key(r["model"]["id"], r["hardware"]["id"], r["runtime"]["format"], r["runtime"]["provider"],
                      r["runtime"]["precision"], r["source_file"]) for r in verified}
-    our_rows = {key(r["model"], r["hardware"], r["format"], r["provider"], r["precision"], r["file"])
+    our_rows = {key(r["model"], r["hardware"], r["format"], r["provider"], r["precision"], Path(r["file"]).name)
                 for r in board["cube"]}
     assert our_rows == site_rows
     drift = [g for g in board["agreement_gate"] if g["model"] == "yolox-s" and g["precision"] == "fp32"
@@ -383,7 +385,7 @@ def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
     reports = _write(tmp_path / "random", [by_model, by_repro, base_doc])
     assert [len(_errors(r, "random-weights")) for r in reports] == [1, 1, 0]
     board = aggregate(reports)
-    assert board["counts"]["excluded"] == 2 and [r["file"] for r in board["cube"]] == ["s2.json"]
+    assert board["counts"]["excluded"] == 2 and [Path(r["file"]).name for r in board["cube"]] == ["s2.json"]
 
 
 def _with_weights(doc, sha256=None, source="--weights", created="2026-01-01T00:00:00Z"):
@@ -401,7 +403,7 @@ def test_other_weights_never_supersede_a_run(tmp_path, base_doc):
     board = aggregate(_write(tmp_path / "weights", [official, other, rerun, no_sha]))
     rows = {r["weights"]: r for r in board["cube"]}
     assert set(rows) == {f"sha256:{'a' * 64}", f"sha256:{'b' * 64}", "source:plugin"}
-    assert rows[f"sha256:{'a' * 64}"]["superseded"] == ["s0.json"]
+    assert rows[f"sha256:{'a' * 64}"]["superseded"] == [str(tmp_path / "weights" / "s0.json")]
     assert rows[f"sha256:{'b' * 64}"]["superseded"] == []
     assert board["counts"]["superseded"] == 1
 
@@ -428,7 +430,7 @@ def test_tf32_on_fp32_never_becomes_the_canonical_fp32_accuracy(tmp_path, base_d
     on = _full_val(base_doc, 0.447, created="2026-02-01T00:00:00Z", tf32=TF32_ON)  # newer, same a100
     board = aggregate(_write(tmp_path / "tf32", [off, on]))
     canonical = {c["precision"]: c for c in board["canonical_accuracy"]}
-    assert canonical["fp32"]["mAP_50_95"] == 0.450 and canonical["fp32"]["file"] == "s0.json"
+    assert canonical["fp32"]["mAP_50_95"] == 0.450 and canonical["fp32"]["file"] == str(tmp_path / "tf32" / "s0.json")
     assert canonical["fp32+tf32"]["mAP_50_95"] == 0.447
     assert sorted(r["tf32"] for r in board["cube"]) == ["off", "on"]  # two rows: TF32 on never supersedes off
     # TF32-on alone on the reference: still not canonical fp32; an fp32 run elsewhere is
@@ -465,7 +467,7 @@ def test_other_thresholds_never_become_the_canonical_accuracy(tmp_path, base_doc
     canonical = {c["conf"]: c for c in board["canonical_accuracy"]}
     assert set(canonical) == {standard["config"]["conf"], 0.25}
     assert canonical[standard["config"]["conf"]]["mAP_50_95"] == 0.450
-    assert canonical[standard["config"]["conf"]]["file"] == "s0.json"
+    assert Path(canonical[standard["config"]["conf"]]["file"]).name == "s0.json"
     assert (canonical[0.25]["mAP_50_95"], canonical[0.25]["iou"], canonical[0.25]["max_det"]) == (
         0.410, standard["config"]["iou"], standard["config"]["max_det"])
     assert board["agreement_gate"] == []  # other thresholds are another accuracy, not drift
@@ -606,7 +608,8 @@ def test_a_larger_variant_measured_faster_is_a_size_order_finding(tmp_path, base
     board = aggregate(_write(tmp_path / "sizes", [base_doc, m, large, other_batch]), size_ranks=size_ranks())
     (finding,) = board["size_order"]
     assert (finding["smaller"]["model"], finding["larger"]["model"]) == ("yolox-s", "yolox-m")
-    assert (finding["smaller"]["file"], finding["larger"]["file"]) == ("s0.json", "s1.json")
+    assert (finding["smaller"]["file"], finding["larger"]["file"]) == tuple(str(tmp_path / "sizes" / f"s{i}.json")
+                                                                            for i in (0, 1))
     assert finding["faster_pct"] == pytest.approx(20.0, abs=0.05)
     assert board["counts"]["size_order_findings"] == 1
 
@@ -651,7 +654,8 @@ def test_rf100vl_rows_are_known_for_what_they_are(corpus_reports, tmp_path):
     board = aggregate(corpus_reports)
     assert [r["model"] for r in board["rf100vl"]] == ["yolov9s", "yolov9t"]
     assert {r["variant"] for r in board["rf100vl"]} == {"full100"}
-    files = {r.path.name for r in rf}
+    files = {str(r.path) for r in rf}
+    assert files == {row["file"] for row in board["rf100vl"]}
     assert not any(row["file"] in files for row in board["leaderboard"])
     doc = json.loads(rf[0].path.read_text())
     doc["accuracy"]["mAP_50_95"] += 0.01
@@ -742,3 +746,61 @@ def test_aggregate_of_files_that_are_no_submissions_says_so(tmp_path, base_doc):
     (tmp_path / "mixed" / "list.json").write_text("[1, 2]")
     mixed = va_bench("aggregate", tmp_path / "mixed")
     assert mixed.returncode == 0 and "2 files, 1 included, 1 excluded (1 not submissions)" in mixed.stdout, mixed.stdout
+
+
+def test_documents_of_other_kinds_are_named_not_validated_as_broken_submissions(tmp_path, base_doc):
+    """A site's support matrix, JSON Schema or generated tables beside its submissions: skipped with a note inside a
+    folder; named one by one, one line each (not the schema's dozens), and aggregate of only them is exit 2."""
+    folder = tmp_path / "site"
+    _write(folder, [base_doc])
+    (folder / "support-matrix.json").write_text(json.dumps({"schema_version": "va.support-matrix.v1", "models": []}))
+    (folder / "schema.json").write_text(json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema"}))
+    validation = validate_paths([folder], None)
+    assert [r.path.name for r in validation.reports] == ["s0.json"]
+    assert any("skipped 2 JSON document(s) of other kinds" in n and "'va.support-matrix.v1'" in n
+               and "a JSON Schema" in n for n in validation.notes), validation.notes
+    report = validate_file(folder / "support-matrix.json", None, SCHEMA)
+    assert [f.message for f in report.findings] == ["not a va.submission.v1 (schema_version 'va.support-matrix.v1')"]
+    refused = va_bench("aggregate", folder / "support-matrix.json", folder / "schema.json")
+    assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
+
+
+def test_two_folders_with_one_file_name_keep_their_rows_apart(tmp_path, base_doc):
+    """Rows name their file as given (two folders' files may share a name): the newer file wins and the older is
+    named superseded by its own path, never the same name twice."""
+    newer = copy.deepcopy(base_doc)
+    newer["created_at"], newer["submission_id"] = "2030-01-01T00:00:00Z", "newer"
+    for folder, doc in (("a", base_doc), ("b", newer)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "s0.json").write_text(json.dumps(doc))
+    board = aggregate(validate_paths([tmp_path / "a", tmp_path / "b"], None).reports)
+    (row,) = board["cube"]
+    assert row["file"] == str(tmp_path / "b" / "s0.json") and row["superseded"] == [str(tmp_path / "a" / "s0.json")]
+
+
+@requires_corpus
+def test_the_leaderboard_variant_is_one_of_the_coco_boards(corpus_reports):
+    variant = next(r.submission.dataset_variant for r in corpus_reports
+                   if r.submission is not None and r.submission.is_rf100vl)
+    with pytest.raises(UsageError, match="is not a dataset variant of these files") as err:
+        aggregate(corpus_reports, leaderboard_variant=variant)
+    assert variant not in str(err.value).split("use one of")[1]
+
+
+@requires_corpus
+def test_the_size_order_table_names_provider_and_precision_whole(corpus_reports):
+    """Grouped by hardware (its id heads the group, whole); runtime (format/provider), precision, input and batch
+    sizes in their own columns, none cut, within 80 columns."""
+    from rich.console import Console
+
+    from harness.views.leaderboard import size_order_table
+
+    board = aggregate(corpus_reports, size_ranks=size_ranks())
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(size_order_table(board))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for f in board["size_order"]:
+        assert f["hardware"] in lines
+        assert any(line.startswith(f"{f['format']}/{f['provider']}") and f" {f['precision']} " in line
+                   and f["smaller"]["model"] in line and f["larger"]["model"] in line for line in lines), f

@@ -77,7 +77,7 @@ class Selector(BaseModel):
         k = cell.key
         actual = {"model": k.model, "backend": k.backend, "precision": k.precision, "input_size": k.input_size,
                   "batch_size": k.batch_size, "hardware": cell.get("hardware.id"),
-                  "variant": cell.get("dataset.variant"), "mode": k.mode}
+                  "variant": cell.dataset_variant, "mode": k.mode}
         return all(want is None or actual[name] == want for name, want in self.model_dump().items())
 
     def describe(self) -> str:

@@ -68,7 +68,7 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     out = [marker(run.run_id), f"## {run_date(run)} — run {run.run_id}: {models} on {hardware}", "",
            "### Setup", "", markdown_table(setup_table(run)), ""]
     acc = accuracy_table(run)
-    out += [f"### Accuracy ({first.get('dataset.variant') or '?'}, {first.get('dataset.num_images') or '?'} images)",
+    out += [f"### Accuracy ({first.dataset_variant or '?'}, {first.get('dataset.num_images') or '?'} images)",
             "", markdown_table(acc) if acc else accuracy_unavailable(run), ""]
     out += ["### Performance", "", markdown_table(performance_table(run)), ""]
     out += [f"### Gates ({gate_source})", ""]

@@ -94,7 +94,7 @@ def setup_table(run: RunFolder) -> Table:
          or "?"],
         ["TF32", f"mode {tf32.get('mode', '?')}, float32 matmul precision {tf32.get('float32_matmul_precision', '?')}"],
         ["Dataset", f"{first.get('dataset.id') or 'coco2017'} {first.get('dataset.split') or 'val2017'}, variant "
-                    f"{first.get('dataset.variant') or '?'} ({first.get('dataset.num_images') or '?'} images), "
+                    f"{first.dataset_variant or '?'} ({first.get('dataset.num_images') or '?'} images), "
                     f"image_id_sha256 {str(first.get('dataset.image_id_sha256') or '?')[:16]}…"],
         ["Protocol", f"conf {first.get('config.conf')}, iou {first.get('config.iou')}, max_det "
                      f"{first.get('config.max_det')}"],
@@ -138,9 +138,11 @@ def performance_table(run: RunFolder) -> Table:
     for c in run.cells:
         k = c.key
         rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size), k.mode,
-                     fmt(c.get("timing.timed_batches"), 0), fmt(c.get("throughput.images_per_s")),
+                     fmt(c.get("timing.timed_batches"), 0),
+                     fmt(c.first_number("throughput.images_per_s", "throughput.fps_mean")),
                      fmt(c.get("timing.batch_ms.p50")), fmt(c.get("timing.batch_ms.p95")),
-                     fmt(c.get("timing.per_image_ms.p50")), _split(c), fmt(c.get("memory.peak_ram_mb"), 1),
+                     fmt(c.first_number("timing.per_image_ms.p50", "timing.total_ms.p50")), _split(c),
+                     fmt(c.get("memory.peak_ram_mb"), 1),
                      fmt(c.get("memory.peak_vram_mb"), 1), _energy(c)])
     numeric = [False, False, False, True, True, False, True, True, True, True, True, False, True, True, True]
     return Table(header, rows, numeric)
@@ -204,7 +206,8 @@ def notes(run: RunFolder) -> list[str]:
         rate = number(c.get("batch_invariance.match_rate"))
         if rate is not None and rate < 1.0:
             out.append(f"{c.key.label}: batch invariance {100 * rate:.2f}% of detections matched the reference pass")
-    energy = sorted({str(c.get("energy.reason")) for c in run.cells if c.get("energy.status") != "ok"})
+    energy = sorted({str(c.get("energy.reason") or "no reason given") if isinstance(c.get("energy"), dict)
+                     else "no energy block in the submission" for c in run.cells if c.get("energy.status") != "ok"})
     out += [f"energy unavailable: {r}" for r in energy]
     return out + run.notes
 

@@ -139,7 +139,7 @@ def _positive(value) -> float | None:
 
 
 def row_from(report: FileReport) -> PerfRow:
-    sub, file = report.submission, report.path.name
+    sub, file = report.submission, str(report.path)  # as given: two folders' files may share a name
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
@@ -215,7 +215,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
             continue
         rows.append(row_from(report))
     cube = dedup(rows)
-    variants = {r.dataset_variant for r in cube}
+    variants = {r.dataset_variant for r in cube if r.section == "coco"}  # the COCO boards' variants
     if leaderboard_variant not in (*KNOWN_VARIANTS, *variants):
         raise UsageError(f"--leaderboard-variant {leaderboard_variant!r} is not a dataset variant of these files; "
                          f"use one of {', '.join(sorted({*KNOWN_VARIANTS, *variants}))}")
@@ -362,12 +362,12 @@ def rf100vl_rows(reports: list[FileReport], files: set[str]) -> list[dict]:
     out = []
     for report in reports:
         sub = report.submission
-        if sub is None or report.path.name not in files:
+        if sub is None or str(report.path) not in files:
             continue
         block = getattr(sub, "rf100vl", None) or {}
         out.append({"model": sub.model.id, "hardware": sub.hardware_id, "format": sub.runtime.format,
                     "precision": sub.runtime.precision, "variant": sub.rf100vl_variant,
                     "datasets": len(block.get("datasets") or []), "valid_submission": block.get("valid_submission"),
                     "mAP_50_95": _num(sub.accuracy.get("mAP_50_95")), "mAP_50": _num(sub.accuracy.get("mAP_50")),
-                    "file": report.path.name})
+                    "file": str(report.path)})
     return sorted(out, key=lambda r: (-(r["mAP_50_95"] or -1), r["model"]))

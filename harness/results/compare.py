@@ -40,13 +40,13 @@ from harness.results.reader import (
     CellIdentity,
     inside_run_folder,
     latest_wins,
+    not_a_file_or_folder,
     read_json,
     read_submission,
     resolve_detections,
     submission_files,
 )
 
-SCHEMA_VERSION = "va.submission.v1"
 # (key, label) of a cell's coordinates, in display order
 COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), ("precision", "precision"),
           ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
@@ -96,7 +96,7 @@ def _coords(sub: Submission) -> dict[str, Any]:
 
 
 def _entry(path: Path) -> Entry:
-    file = read_submission(path, SCHEMA_VERSION)
+    file = read_submission(path)
     sub = file.submission
     return Entry(path, file.doc, _coords(sub), file.run_dir, file.identity, sub.timestamp, sub.image_id_sha256)
 
@@ -121,7 +121,7 @@ def load_side(path: str | Path) -> Side:
             return Side(str(path), detections=path)
         entries = [_entry(path)]
     else:
-        raise UsageError(f"{path}: no such file or folder")
+        raise UsageError(f"{path}: {not_a_file_or_folder(path)}")
     # a cell written twice (a resumed run, a folder of several runs): the latest wins
     kept, superseded = latest_wins(entries, key=lambda e: e.identity, when=lambda e: e.timestamp,
                                    name=lambda e: str(e.path))

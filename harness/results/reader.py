@@ -25,6 +25,7 @@ from harness.results.site_rules import Finding
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
+SUBMISSION_SCHEMA_VERSION = "va.submission.v1"
 MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
 MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
@@ -101,6 +102,31 @@ def submission_files(folder: Path, loose: bool = False) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if p.is_file())
 
 
+def not_a_file_or_folder(path: Path) -> str:
+    """Why a path that is neither a regular file nor a folder cannot be read."""
+    if path.is_symlink() or path.exists():
+        return "neither a file nor a folder (a FIFO, a device, or a link that loops)"
+    return "no such file or folder"
+
+
+def other_document(path: Path, doc: Any = None) -> str | None:
+    """What a JSON document is when it is plainly no submission: another schema_version (a support matrix, a
+    leaderboard, generated tables) or a JSON Schema; None for a submission, a broken one, or an unreadable file
+    (those are findings)."""
+    if doc is None:
+        doc, problem = read_json(path)
+        if problem is not None:
+            return None
+    if not isinstance(doc, dict):
+        return None
+    version = doc.get("schema_version")
+    if isinstance(version, str) and version != SUBMISSION_SCHEMA_VERSION:
+        return f"schema_version {version[:60]!r}"
+    if "$schema" in doc and "model" not in doc:
+        return "a JSON Schema"
+    return None
+
+
 def _plan_record(path: Path) -> bool:
     """A fleet's or campaign's own fleet.json / campaign.json (its plan or recipe, no schema_version), not a
     submission that happens to have the name: never one under submissions/."""
@@ -134,13 +160,17 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 found = [x for x in found if x not in records]
                 notes.append(f"skipped {len(records)} fleet or campaign record(s) ({', '.join(map(str, records))}): "
                              "not submissions")
+            others = [(x, kind) for x in found if (kind := other_document(x)) is not None]
+            if others:  # a site's schema, support matrix or generated tables beside its submissions
+                found = [x for x in found if x not in {o for o, _ in others}]
+                notes.append(f"skipped {len(others)} JSON document(s) of other kinds: "
+                             + ", ".join(f"{o} ({kind})" for o, kind in others[:5])
+                             + (", ..." if len(others) > 5 else ""))
             files += found
         elif p.is_file():
             files.append(p)
         else:
-            what = ("neither a file nor a folder (a FIFO, a device, or a link that loops)"
-                    if p.is_symlink() or p.exists() else "no such file or folder")
-            raise UsageError(f"{p}: {what}; pass submission files or folders of them")
+            raise UsageError(f"{p}: {not_a_file_or_folder(p)}; pass submission files or folders of them")
     if not files:
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")
@@ -295,7 +325,7 @@ class SubmissionFile:
         return CellIdentity.of(self.submission)
 
 
-def read_submission(path: Path, schema_version: str = "va.submission.v1") -> SubmissionFile:
+def read_submission(path: Path, schema_version: str = SUBMISSION_SCHEMA_VERSION) -> SubmissionFile:
     """A va.submission.v1 file, strictly (5 MiB, strict numbers, the schema version, the fields' types); a
     one-line UsageError naming the problem otherwise."""
     from pydantic import ValidationError
@@ -377,6 +407,22 @@ class FinishedCell:
 
     def get(self, path: str, default: Any = None) -> Any:
         return lookup(self.doc, path, default)
+
+    def first_number(self, *paths: str) -> float | None:
+        """The first of `paths` that holds a number: ours first, then the site's own name for the same figure."""
+        for path in paths:
+            value = number(self.get(path))
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def dataset_variant(self) -> str | None:
+        """The dataset variant as every reader derives it (declared, else from the image count)."""
+        try:
+            return Submission.model_validate(self.doc).dataset_variant
+        except ValueError:  # pydantic's ValidationError: a file the reader keeps but cannot type
+            return self.get("dataset.variant")
 
 
 @dataclass

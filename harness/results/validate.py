@@ -18,7 +18,7 @@ from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
 from harness.results.model import Submission
-from harness.results.reader import collect_files, detections_file, read_detections, read_json
+from harness.results.reader import collect_files, detections_file, other_document, read_detections, read_json
 from harness.results.site_rules import (
     RF100VL_PROTOCOL,
     Finding,
@@ -325,6 +325,10 @@ def validate_file(path: Path, support: dict | None, schema: dict,
         what = "a COCO detections file? it is checked through the submission that references it" \
             if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "bbox" in doc[0] else "not a submission"
         report.findings.append(Finding("$", f"a JSON {type(doc).__name__}, not an object ({what})", "site.type"))
+        return report
+    other = other_document(path, doc)
+    if other is not None:  # one line, not the schema's dozens about a document of another kind
+        report.findings.append(Finding("$", f"not a va.submission.v1 ({other})", "site.type"))
         return report
     report.findings += schema_findings(doc, schema)
     report.findings += [_pending(f, doc, pending_models) for f in site_findings(doc, support)]

@@ -113,16 +113,35 @@ def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
                     {"canonical", "other", "Δ points"}, rows)
 
 
-def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
-    """Larger variants measured faster than smaller ones of their family at the same coordinate."""
-    found = board["size_order"]
-    rows = [tuple(escape(str(v)) for v in (
-        f["hardware"], f"{f['format']}/{f['precision']} b{f['batch_size']}", f["smaller"]["model"],
+SIZE_ORDER_COLUMNS = ("runtime", "prec.", "size", "b", "smaller", "p50 ms", "larger", "p50 ms ", "faster")
+SIZE_ORDER_NUMERIC = {"size", "b", "p50 ms", "p50 ms ", "faster"}
+
+
+def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Group:
+    """Larger variants measured faster than smaller ones of their family at the same coordinate, grouped by
+    hardware as the leaderboard is (the id heads its group, whole)."""
+    found = sorted(board["size_order"], key=lambda f: (f["hardware"], -f["faster_pct"]))[:max_rows]
+    cells = [(f["hardware"], tuple(escape(str(v)) for v in (
+        f"{f['format']}/{f['provider']}", f["precision"], f["input_size"], f["batch_size"], f["smaller"]["model"],
         _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
-        f"{f['faster_pct']:.0f}%")) for f in sorted(found, key=lambda f: -f["faster_pct"])[:max_rows]]
-    return _compact(f"size order: {len(found)} larger variants measured >10% faster than a smaller one (busy or "
-                    "throttled device?)", ("hardware", "runtime", "smaller", "its p50 ms", "larger", "its p50 ms",
-                                           "faster"), {"its p50 ms", "faster"}, rows)
+        f"{f['faster_pct']:.0f}%"))) for f in found]
+    widths = fit_widths(SIZE_ORDER_COLUMNS, [c for _, c in cells], SIZE_ORDER_NUMERIC)
+    total = len(board["size_order"])
+    parts: list[RenderableType] = [Text(
+        f"size order: {total} larger variants measured >10% faster than a smaller one (busy or throttled device?)"
+        + (f"; first {max_rows} shown (-o for all)" if total > max_rows else ""), style="italic")]
+    first = True
+    for hardware, group in groupby(cells, key=lambda hc: hc[0]):
+        parts.append(Text(printable(hardware), style="bold"))
+        table = Table(box=box.SIMPLE_HEAD, padding=0, show_edge=False, show_header=first)
+        for col, width in zip(SIZE_ORDER_COLUMNS, widths, strict=True):
+            table.add_column(col.strip(), justify="right" if col in SIZE_ORDER_NUMERIC else "left",
+                             no_wrap=col in SIZE_ORDER_NUMERIC, overflow="fold", width=width)
+        for _, row in group:
+            table.add_row(*row)
+        parts.append(table)
+        first = False
+    return Group(*parts)
 
 
 def rf100vl_table(board: dict) -> Table:
