@@ -175,3 +175,21 @@ def test_host_copy_is_one_exact_round_trip_of_every_field():
     no_rows = BatchCandidates(boxes, scores, labels, image, list(cands.counts)).host_copy()
     assert no_rows.rows is None and torch.equal(no_rows.boxes, boxes)
     assert cands.to(torch.device("cpu")) is cands  # already there: no copy
+
+
+def test_the_benchs_one_call_nms_equals_torchvision_per_image():
+    """postprocess_ab's `device-one-call` variant (the whole batch in one NMS call, images and classes shifted
+    apart) keeps what torchvision's batched_nms keeps image by image."""
+    from harness.bench.postprocess_ab import nms_one_call
+
+    dense = _dense(seed=3)
+    spec = PostprocessSpec("nms", conf=0.05, iou=0.5, max_det=60, multi_label=True)
+    kept = nms_one_call(gather_candidates(dense, spec, spec.conf, spec.max_det), spec.iou, spec.max_det)
+    for i, (got_boxes, got_scores, got_labels) in enumerate(_per_image(kept)):
+        k, c = torch.where(dense.scores[i] >= spec.conf)
+        boxes, s = dense.boxes[i][k], dense.scores[i][k, c]
+        keep = batched_nms(boxes, s, c, spec.iou)[:spec.max_det]
+        assert len(keep) == spec.max_det
+        np.testing.assert_array_equal(got_scores, s[keep].numpy())
+        np.testing.assert_array_equal(got_labels, c[keep].numpy())
+        np.testing.assert_array_equal(got_boxes, boxes[keep].numpy())

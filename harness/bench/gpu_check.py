@@ -349,7 +349,8 @@ def _lock_holders(r: Runner, batch: int) -> Check:
 
 def check_postprocess(r: Runner, state: dict) -> Check:
     """Where post-processing should run on the device: the selection and boxes of one batch's candidates on the
-    device (a run's way), on the device one image after another, and on the host after one copy."""
+    device (a run's way), on the device one image after another, on the host after one copy, and on the device in
+    one NMS call for the whole batch."""
     batch = min(32, r.limit or 32)
     done = r.command([sys.executable, "-m", "harness.bench.postprocess_ab", "--device", r.device, "--batch-size",
                       str(batch), "--rounds", "20", "--json"], 150)

@@ -6,7 +6,11 @@ copying its suppression mask to the host. This bench takes one batch of the samp
 head's decode once, then times, in alternating rounds, the selection + boxes of the same candidates:
 - `device`: on the core's device with the run's NMS thread pool (what a run does);
 - `device-serial`: on the device, one image after another;
-- `host`: the candidates copied to the host in one transfer, then the selection on the thread pool.
+- `host`: the candidates copied to the host in one transfer, then the selection on the thread pool;
+- `device-one-call`: on the device, the whole batch's class-aware NMS in one kernel call (boxes shifted apart by
+  image along x and by class along y, so that no two images or classes overlap and the shifted coordinates stay
+  small enough for float32), then each image's best max_det: one suppression mask copied to the host instead of
+  one per image, at the cost of a mask over all the batch's candidates.
 Each variant's detections are matched against `device`'s (same class, IoU >= 0.99, score within 1e-3); on a CPU
 the three are the same work, which is how this script is tested.
 
@@ -26,13 +30,33 @@ import torch
 from harness.backends import BackendOptions, load_detector_core
 from harness.config import RunConfig
 from harness.data.coco import CocoDataset
+from harness.detector.ops import top_k_per_group
 from harness.detector.protocol import postprocess_spec
 from harness.eval.matching import match_detections
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
+from harness.pipeline.nms_kernel import nms
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
-from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select, split_by_image, to_original
+from harness.pipeline.postprocess import (
+    BatchCandidates,
+    drop_small,
+    gather_candidates,
+    select,
+    split_by_image,
+    to_original,
+)
 from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
+
+
+def nms_one_call(cands: BatchCandidates, iou: float, max_det: int) -> BatchCandidates:
+    """Class-aware NMS of every image of the batch in one `torchvision.ops.nms` call, each image's best `max_det`
+    kept, best first (the same boxes as `nms_batch`, up to the order of equal scores)."""
+    if cands.scores.numel() == 0:
+        return cands
+    span = cands.boxes.max() + 1  # no shifted box reaches into another image's or class's span
+    shift = torch.stack([cands.image.to(cands.boxes) * span, cands.labels.to(cands.boxes) * span], 1).repeat(1, 2)
+    keep = nms(cands.boxes + shift, cands.scores, iou)  # by decreasing score
+    return cands.take(keep[top_k_per_group(cands.scores[keep], cands.image[keep], max_det)])
 
 
 def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-nano") -> dict:
@@ -58,8 +82,14 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
         kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None)
         return split_by_image(kept, to_original(kept, transforms), ids)
 
+    def one_call():
+        assert post.kind == "nms" and post.pre_nms_topk is None and not post.clip_before_nms, post  # yolox's
+        kept = nms_one_call(drop_small(candidates, post.min_box_size) if post.min_box_size > 0 else candidates,
+                            d.iou, d.max_det)
+        return split_by_image(kept, to_original(kept, transforms), ids)
+
     variants = {"device": lambda: finish(candidates, True), "device-serial": lambda: finish(candidates, False),
-                "host": lambda: finish(candidates.to(torch.device("cpu")), True)}
+                "host": lambda: finish(candidates.to(torch.device("cpu")), True), "device-one-call": one_call}
     results = {name: run() for name, run in variants.items()}  # warm-up, and the detections compared
     times: dict[str, list[float]] = {name: [] for name in variants}
     for k in range(rounds):
