@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -44,20 +45,30 @@ class DiskFullError(VaBenchError):
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def storage_problem(exc: BaseException | None, folder: Path) -> str | None:
-    """What stops every later write under `folder`, one line: a full disk anywhere, or a permission or read-only
-    error on a path in `folder` (made read-only, or remounted, mid-run); None for any other failure (an unreadable
-    model file is that model's problem)."""
+@dataclass(frozen=True)
+class StorageProblem:
+    """What stops every later write under a folder."""
+
+    message: str  # one line, naming the path
+    reason: str  # the same without the path (a cell's reason in run.json)
+    fix: str
+
+
+def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem | None:
+    """A full disk anywhere, or a permission or read-only error on a path in `folder` (made read-only, or
+    remounted, mid-run); None for any other failure (an unreadable model file is that model's problem)."""
     if is_disk_full(exc):
-        if isinstance(exc, DiskFullError):
-            return str(exc)
-        return f"no space left on device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        message = (str(exc) if isinstance(exc, DiskFullError)
+                   else f"no space left on device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+        return StorageProblem(message, "no space left on device", "free some space")
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if (isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None
                 and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(folder))):
-            return f"cannot write {exc.filename} ({exc.strerror.lower() if exc.strerror else 'not permitted'})"
+            why = exc.strerror.lower() if exc.strerror else "not permitted"
+            return StorageProblem(f"cannot write {exc.filename} ({why})", f"the run folder cannot be written ({why})",
+                                  "make the folder writable")
         exc = exc.__cause__ or exc.__context__
     return None
 

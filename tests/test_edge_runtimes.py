@@ -850,9 +850,10 @@ def test_query_rows_compare_as_a_set_only_where_the_source_says_so():
 
 def test_query_rows_pair_with_their_nearest_counterpart_not_by_sort_order():
     """Rows whose leading values differ by less than the runtimes' rounding sorted either way, and a sorted
-    comparison then paired a row with its neighbour's counterpart (a converted DETR refused for rounding). Each row
-    is paired with its nearest counterpart; the figure is checked against the best one-to-one pairing found by
-    trying every permutation, and a row with no counterpart is still a disagreement."""
+    comparison then paired a row with its neighbour's counterpart (a converted DETR refused for rounding). The rows
+    are paired at their best; the figure is checked against the best one-to-one pairing found by trying every
+    permutation (also where rows claim the same nearest counterpart), and a row with no counterpart is still a
+    disagreement."""
     import itertools
 
     import torch
@@ -873,3 +874,29 @@ def test_query_rows_pair_with_their_nearest_counterpart_not_by_sort_order():
     other = want.clone()
     other[0, 4] = torch.rand(5)  # one query the other runtime did not select
     assert max_relative_diff([other], [want], rows_as_set=True) > 0.01
+    for trial in range(200):  # coarse rows: many claim the same nearest counterpart, and nearest-first is not best
+        want = torch.randint(0, 4, (1, 6, 2)).float() / 8
+        got = want[:, torch.randperm(6)] + torch.randint(-1, 2, (1, 6, 2)).float() / 16
+        rows_g, rows_w = got[0].double(), want[0].double()
+        best = min(max(float((rows_g[i] - rows_w[j]).abs().max()) for i, j in enumerate(p))
+                   for p in itertools.permutations(range(6)))
+        elementwise = float((got - want).abs().max())
+        assert max_relative_diff([got], [want], rows_as_set=True) == pytest.approx(min(best, elementwise)), trial
+
+
+def test_each_output_of_a_query_row_is_compared_at_its_own_scale():
+    """Logits of magnitude 15 beside boxes in [0, 1]: a box error of 5e-3 is 5e-3 of the boxes, whatever the
+    logits' size, in the set comparison as element by element; a NaN is never agreement."""
+    import torch
+
+    from harness.detector.graph import max_relative_diff
+
+    torch.manual_seed(2)
+    logits, boxes = torch.randn(1, 8, 3) * 15, torch.rand(1, 8, 4)
+    order = torch.randperm(8)
+    moved = [logits[:, order], boxes[:, order] + 5e-3]
+    assert max_relative_diff(moved, [logits, boxes], rows_as_set=True) == pytest.approx(5e-3, rel=1e-4)
+    nan = boxes.clone()
+    nan[0, 0, 0] = float("nan")
+    assert max_relative_diff([logits, nan], [logits, boxes]) == float("inf")
+    assert max_relative_diff([logits, nan], [logits, boxes], rows_as_set=True) == float("inf")

@@ -763,6 +763,10 @@ def test_documents_of_other_kinds_are_named_not_validated_as_broken_submissions(
     assert [f.message for f in report.findings] == ["not a va.submission.v1 (schema_version 'va.support-matrix.v1')"]
     refused = va_bench("aggregate", folder / "support-matrix.json", folder / "schema.json")
     assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
+    misspelt = dict(base_doc, schema_version="va.submision.v1")  # a broken submission, never skipped as another kind
+    (folder / "misspelt.json").write_text(json.dumps(misspelt))
+    reports = {r.path.name: r for r in validate_paths([folder], None).reports}
+    assert "misspelt.json" in reports and reports["misspelt.json"].errors
 
 
 def test_two_folders_with_one_file_name_keep_their_rows_apart(tmp_path, base_doc):

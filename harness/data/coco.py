@@ -410,7 +410,8 @@ class CocoDataset:
                     first = first or ann
         if missing:
             raise UsageError(f"{self._shown_root}: {missing} annotations of the images to score have no mask (the "
-                             f"first: id {first['id']}, segmentation {str(first.get('segmentation', 'absent'))[:30]}); "
+                             f"first: annotations[{self.coco.dataset['annotations'].index(first)}] in the file, "
+                             f"segmentation {str(first.get('segmentation', 'absent'))[:30]}); "
                              "a segmentation model's masks need ground-truth masks: use a dataset exported with "
                              "them, or score boxes only with --no-masks")
 

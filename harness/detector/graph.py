@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import warnings
 from typing import Any
@@ -132,65 +133,83 @@ def module_outputs(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tenso
     return [out] if isinstance(out, torch.Tensor) else list(out)
 
 
+def _scale(want: torch.Tensor) -> float:
+    """An output's magnitude (at least 1): what its differences are relative to."""
+    return max(1.0, float(want.abs().max())) if want.numel() else 1.0
+
+
 def _elementwise_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     worst = 0.0
     for g, w in zip(got, want, strict=True):
         if g.shape != w.shape:
             return float("inf")
-        scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
-        worst = max(worst, float((g.float() - w.float()).abs().max()) / scale if w.numel() else 0.0)
+        if not w.numel():
+            continue
+        diff = float((g.float() - w.float()).abs().max()) / _scale(w)
+        if math.isnan(diff):  # a NaN on either side is no agreement (max() would skip it)
+            return float("inf")
+        worst = max(worst, diff)
     return worst
 
 
-def _query_rows(outputs: list[torch.Tensor]) -> torch.Tensor | None:
+def _query_rows(outputs: list[torch.Tensor], scales: list[float]) -> torch.Tensor | None:
     """The outputs of a DETR-style core as one row per (image, query): [B, N, sum K] when every output is
-    [B, N, K_i] (or [B, N, h, w], a query's mask, flattened) with the same B and N; None otherwise."""
+    [B, N, K_i] (or [B, N, h, w], a query's mask, flattened) with the same B and N, each output divided by its
+    own scale (a box error is not hidden by the logits' magnitude); None otherwise."""
     if not outputs or any(o.dim() < 3 or o.shape[:2] != outputs[0].shape[:2] for o in outputs):
         return None
-    return torch.cat([o.float().flatten(2) for o in outputs], dim=2)
+    return torch.cat([o.float().flatten(2) / scale for o, scale in zip(outputs, scales, strict=True)], dim=2)
 
 
 def max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor], rows_as_set: bool = False) -> float:
-    """The largest |got - want| of any output, relative to that output's magnitude (at least 1).
+    """The largest |got - want| of any output, relative to that output's magnitude (at least 1); infinite where
+    either side holds a NaN.
 
     `rows_as_set` (a DETR-style core, CoreSource.query_rows): its top-k query selection orders near-equal
     encoder scores differently from one runtime (or kernel) to another. When the outputs differ element by
     element but are all [B, N, K_i], each image's rows (every output's row of a query side by side, so a
-    query's logits stay paired with its box) are compared as a set: each row paired one to one with its nearest
-    counterpart (`_set_distance`), then element by element."""
+    query's logits stay paired with its box) are compared as a set: the best one-to-one pairing of the rows
+    (`_set_distance`), then element by element."""
     diff = _elementwise_diff(got, want)
-    if diff <= RELATIVE_TOLERANCE or not rows_as_set:
+    if diff <= RELATIVE_TOLERANCE or not rows_as_set or math.isinf(diff):
         return diff
-    g, w = _query_rows(got), _query_rows(want)
+    scales = [_scale(w) for w in want]
+    g, w = _query_rows(got, scales), _query_rows(want, scales)
     if g is None or w is None or g.shape != w.shape:
         return diff
-    scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
     worst = max((_set_distance(gi, wi) for gi, wi in zip(g, w, strict=True)), default=0.0)
-    return min(diff, worst / scale)
+    return min(diff, worst)
 
 
 def _set_distance(got: torch.Tensor, want: torch.Tensor) -> float:
-    """The largest element difference between two sets of rows ([N, K] each), paired one to one, nearest first.
+    """The largest element difference between two sets of rows ([N, K] each) under their best one-to-one pairing
+    (the bottleneck assignment: no pairing has a smaller largest difference).
 
     Sorting both sets and comparing in order paired the wrong rows whenever two rows' leading values were nearer
-    than the runtimes' rounding (they then sort either way); here every row takes its nearest counterpart (max
-    norm), and only rows that claim the same counterpart are paired greedily by distance."""
+    than the runtimes' rounding (they then sort either way). Usually every row's nearest counterpart (max norm) is
+    a different row, and that pairing is the best; otherwise the smallest threshold at which a perfect matching
+    exists is searched (scipy's maximum bipartite matching, imported only then)."""
     if got.numel() == 0:
         return 0.0
     distance = torch.cdist(got.double()[None], want.double()[None], p=float("inf"))[0]
     nearest = distance.argmin(dim=1)
     if len(set(nearest.tolist())) == len(nearest):  # the usual case: a one-to-one pairing already
         return float(distance[torch.arange(len(nearest)), nearest].max())
-    worst, used_g, used_w = 0.0, set(), set()
-    for flat in distance.flatten().argsort().tolist():
-        i, j = divmod(flat, distance.shape[1])
-        if i not in used_g and j not in used_w:
-            used_g.add(i)
-            used_w.add(j)
-            worst = max(worst, float(distance[i, j]))
-            if len(used_g) == distance.shape[0]:
-                break
-    return worst
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+
+    d = distance.numpy()
+    floor = max(d.min(axis=1).max(), d.min(axis=0).max())  # no pairing does better than every row's nearest
+    thresholds = np.unique(d[d >= floor])
+    low, high = 0, len(thresholds) - 1  # a perfect matching exists at the largest distance
+    while low < high:
+        middle = (low + high) // 2
+        matched = maximum_bipartite_matching(csr_matrix(d <= thresholds[middle]), perm_type="column")
+        if (matched >= 0).all():
+            high = middle
+        else:
+            low = middle + 1
+    return float(thresholds[low])
 
 
 def check_batch_rows(name: str, core: Any, input_size: tuple[int, int], batches: tuple[int, ...],

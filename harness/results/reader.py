@@ -26,6 +26,7 @@ RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detectio
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
 SUBMISSION_SCHEMA_VERSION = "va.submission.v1"
+SUBMISSION_BLOCKS = ("model", "runtime", "config", "timing", "hardware")  # any of them: a submission, maybe broken
 MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
 MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
@@ -111,18 +112,18 @@ def not_a_file_or_folder(path: Path) -> str:
 
 def other_document(path: Path, doc: Any = None) -> str | None:
     """What a JSON document is when it is plainly no submission: another schema_version (a support matrix, a
-    leaderboard, generated tables) or a JSON Schema; None for a submission, a broken one, or an unreadable file
-    (those are findings)."""
+    leaderboard, generated tables) or a JSON Schema, and none of a submission's blocks; None for a submission, a
+    broken one (a misspelt schema_version included), or an unreadable file (those are findings)."""
     if doc is None:
         doc, problem = read_json(path)
         if problem is not None:
             return None
-    if not isinstance(doc, dict):
-        return None
+    if not isinstance(doc, dict) or any(key in doc for key in SUBMISSION_BLOCKS):
+        return None  # shaped like a submission: validated, whatever its schema_version says
     version = doc.get("schema_version")
     if isinstance(version, str) and version != SUBMISSION_SCHEMA_VERSION:
         return f"schema_version {version[:60]!r}"
-    if "$schema" in doc and "model" not in doc:
+    if "$schema" in doc:
         return "a JSON Schema"
     return None
 

@@ -24,7 +24,7 @@ import torch
 
 from harness.data.images import find_corrupt_images
 from harness.errors import RunInterrupted, VaBenchError
-from harness.files import atomic_write_json, storage_problem
+from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, pinned
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, hardware_block
@@ -169,19 +169,18 @@ class Scheduler:
         """Every ok cell's submission (cell label -> path relative to the run folder), this process's or not."""
         return {label: s.submission for label, s in state.cells.items() if s.state == "ok" and s.submission}
 
-    def _stopped_by_storage(self, problem: str, state: RunState) -> VaBenchError:
+    def _stopped_by_storage(self, problem: StorageProblem, state: RunState) -> VaBenchError:
         """A full disk or a run folder that can no longer be written stops the sweep: the running cell is
         `interrupted`, the rest stay `pending` (recorded if run.json can still be written), and one line says how
         to go on."""
         with signals_ignored():
-            recorded = state.stop(problem.split(" writing ", 1)[0].split(" (", 1)[0])  # what, without the path
+            recorded = state.stop(problem.reason)
         plan = self.plan
         kept = "" if recorded else "; run.json keeps its last complete version"
-        fix = "free some space" if "space" in problem or "quota" in problem else "make the folder writable"
         return VaBenchError(
-            f"{problem}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells (finished "
-            f"cells are kept in {plan.run_dir}{kept}); {fix}, then resume with: va-bench run --resume "
-            f"{plan.run_id} --output-dir {plan.run_dir.parent}")
+            f"{problem.message}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells "
+            f"(finished cells are kept in {plan.run_dir}{kept}); {problem.fix}, then resume with: va-bench run "
+            f"--resume {plan.run_id} --output-dir {plan.run_dir.parent}")
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan

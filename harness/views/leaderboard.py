@@ -120,7 +120,8 @@ SIZE_ORDER_NUMERIC = {"size", "b", "p50 ms", "p50 ms ", "faster"}
 def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Group:
     """Larger variants measured faster than smaller ones of their family at the same coordinate, grouped by
     hardware as the leaderboard is (the id heads its group, whole)."""
-    found = sorted(board["size_order"], key=lambda f: (f["hardware"], -f["faster_pct"]))[:max_rows]
+    worst = sorted(board["size_order"], key=lambda f: -f["faster_pct"])[:max_rows]  # the largest, then by hardware
+    found = sorted(worst, key=lambda f: (f["hardware"], -f["faster_pct"]))
     cells = [(f["hardware"], tuple(escape(str(v)) for v in (
         f"{f['format']}/{f['provider']}", f["precision"], f["input_size"], f["batch_size"], f["smaller"]["model"],
         _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
