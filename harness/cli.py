@@ -488,8 +488,8 @@ def models_fetch(
     """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
     from harness.catalogue import check_model_id
     from harness.detector.graph import onnx_problem
-    from harness.detector.weights import weights_dir
-    from harness.files import download, file_sha256
+    from harness.detector.weights import ENV_WEIGHTS_DIR, weights_dir
+    from harness.files import download, file_sha256, output_file_problem
     from harness.models.registry import REGISTRY
 
     entry = REGISTRY.get(model_id)
@@ -498,6 +498,11 @@ def models_fetch(
         raise UsageError(f"{model_id}: not in the model registry; see `va-bench models list`")
     found = None if force else entry.local_weights()
     if found is not None:
+        try:
+            entry.check_weights(found)
+        except UsageError as exc:
+            raise UsageError(f"{model_id}: {found} is there but is not its weights ({exc}); --force downloads "
+                             "them again") from exc
         console.print(f"{model_id}: already present, {found} (sha256 {file_sha256(found)}); "
                       "--force downloads it again")
         return
@@ -510,8 +515,21 @@ def models_fetch(
     if not entry.weights_url:
         raise UsageError(f"{model_id} has no download of its own here ({entry.note}); run it with --weights FILE, "
                          "or let its library fetch its weights at load")
-    dest = download(entry.weights_url, weights_dir() / entry.weights_file,
-                    check=onnx_problem if entry.weights_file.endswith(".onnx") else None)
+    target = weights_dir() / entry.weights_file
+    problem = output_file_problem(target)
+    if problem:  # before the download: a cache that cannot be written is not the network's fault
+        raise UsageError(f"the weights cache {target} {problem}; set ${ENV_WEIGHTS_DIR} to a writable folder")
+
+    def weights_problem(path: Path) -> str | None:
+        problem = onnx_problem(path) if entry.weights_file.endswith(".onnx") else None
+        if problem is None:
+            try:
+                entry.check_weights(path)
+            except UsageError as exc:
+                return f"is not {model_id}'s weights ({exc})"
+        return problem
+
+    dest = download(entry.weights_url, target, check=weights_problem)
     console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)})")
 
 

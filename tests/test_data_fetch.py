@@ -185,6 +185,37 @@ def test_models_fetch_keeps_no_download_that_is_not_the_model(server, tmp_path, 
 
 
 @requires_yolox
+def test_models_fetch_checks_weights_as_a_run_would(server, tmp_path, monkeypatch):
+    """The nano graph served as yolox-tiny's, or found in the cache under its name: refused as another variant's
+    weights (a run would refuse them), the download kept nowhere; a cache that cannot be written is named before
+    anything is downloaded, exit 2."""
+    import dataclasses
+
+    from harness.models import registry, yolox
+
+    root, base = server
+    (root / "nano.onnx").write_bytes(YOLOX_NANO.read_bytes())
+    entry = registry.REGISTRY["yolox-tiny"]
+    monkeypatch.setitem(registry.REGISTRY, "yolox-tiny", dataclasses.replace(entry, weights_url=f"{base}/nano.onnx"))
+    monkeypatch.setattr(yolox, "OFFLINE_DIR", tmp_path / "nowhere")
+    cache = tmp_path / "weights"
+    wrong = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert wrong.returncode == 1 and "is not yolox-tiny's weights" in wrong.stderr, wrong.stderr
+    assert "looks like yolox-nano" in wrong.stderr and not (cache / "yolox_tiny.onnx").exists()
+    cache.mkdir(exist_ok=True)
+    (cache / "yolox_tiny.onnx").write_bytes(YOLOX_NANO.read_bytes())
+    present = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert present.returncode == 2 and "is there but is not its weights" in present.stderr, present.stderr
+    assert len(present.stderr.strip().splitlines()) == 1
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    requests = len(RangeHandler.requests_seen)
+    unwritable = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(a_file)})
+    assert unwritable.returncode == 2 and "the weights cache" in unwritable.stderr, unwritable.stderr
+    assert "VA_BENCH_WEIGHTS" in unwritable.stderr and len(RangeHandler.requests_seen) == requests
+
+
+@requires_yolox
 def test_models_fetch_skips_weights_found_locally_and_force_downloads(server, tmp_path, monkeypatch):
     """`models fetch yolox-nano` where the weights are already found: no request; `--force` downloads them
     (here from 127.0.0.1) into the weights cache, the file byte-identical to the served one."""

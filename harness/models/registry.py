@@ -35,6 +35,7 @@ class ModelEntry:
     local_weights: Callable[[], Path | None] = lambda: None  # the weights file found locally, if any
     engines: bool = False  # whether --weights may be a TensorRT engine of the model (--backend tensorrt)
     task: str = "detect"  # detect | segment
+    check_weights: Callable[[Path], None] = lambda path: None  # UsageError when a file is not this model's weights
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -48,7 +49,13 @@ def _yolox_entry(variant: str) -> ModelEntry:
         postprocess=yolox.YoloxDetector.postprocess.kind,
         local_weights=lambda v=variant: next((p for p in yolox.weight_candidates(v) if p.is_file()), None),
         engines=True,
+        check_weights=lambda path, v=variant: _check_yolox_weights(v, path),
     )
+
+
+def _check_yolox_weights(variant: str, path: Path) -> None:
+    """A UsageError unless `path` is an ONNX export of this variant (the detector checks its graph when built)."""
+    yolox.YoloxDetector(variant, path)
 
 
 def _yolox_entries() -> list[ModelEntry]:
@@ -114,7 +121,8 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
                       note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
-                      postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights, engines=True)
+                      postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights, engines=True,
+                      check_weights=onnx_yolox.check_weights)
 
 
 def _libreyolo_entries() -> list[ModelEntry]:

@@ -137,33 +137,31 @@ def run_warnings(records: list[CellRecord]) -> list[str]:
 def print_summary(console: Console, outcome) -> None:
     """Everything a person reads at the end of `va-bench run`."""
     state, records = outcome.state, {r.cell.label: r for r in outcome.records}
-    piped = not console.is_terminal  # a line stays one line in a log or a pipe, whatever its length
     groups: dict[LoadKey, list] = {}
     for status in state.cells.values():
         groups.setdefault(status.cell.load, []).append(status)
     for key, statuses in groups.items():
         console.print(group_table(key, statuses, records, console.width))
     if any(s.state == "ok" and s.cell.label not in records for s in state.cells.values()):
-        console.print("ok* finished by an earlier process of this run (see its submission)", highlight=False,
-                      soft_wrap=piped)
+        console.print("ok* finished by an earlier process of this run (see its submission)", highlight=False)
     for label, problem in outcome.problems.items():
-        console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False, soft_wrap=piped)
+        console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
     for line in probe_lines(outcome.records):
-        console.print(escape(line), highlight=False, soft_wrap=piped)
+        console.print(escape(line), highlight=False)
     for line in server_lines(outcome.records):
-        console.print(escape(line), highlight=False, soft_wrap=piped)
+        console.print(escape(line), highlight=False)
     for label, block in getattr(outcome, "repeats", {}).items():
         medians = " / ".join(f"{v:.2f}" for v in block["batch_ms_p50"])
         console.print(f"{escape(label)}: p50 ms/batch in {block['processes']} processes: {medians} (spread "
-                      f"{block['spread_pct']:.1f} %)", highlight=False, soft_wrap=piped)
+                      f"{block['spread_pct']:.1f} %)", highlight=False)
     for line in run_warnings(outcome.records):
-        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=piped)
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     counts = ", ".join(f"{n} {s}" for s, n in state.counts().items())
-    console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False, soft_wrap=piped)
+    console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
                       f"--resume {escape(state.run_id)} --output-dir {escape(str(state.run_dir.parent))} "
-                      "--retry-failed", highlight=False, soft_wrap=piped)
+                      "--retry-failed", highlight=False)
 
 
 def server_lines(records: list[CellRecord]) -> list[str]:
