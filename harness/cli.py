@@ -471,7 +471,7 @@ def models_list(
         if family in (None, missing.family) and task in (None, "detect"):
             rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
                       "url": None, "note": f"not available: {missing.why}", "fetch": False} for model_id in missing.ids]
-    print_json(console, rows) if as_json else console.print(models_table(rows))
+    print_json(console, rows) if as_json else console.print(models_table(rows, console.width))
 
 
 def _libreyolo_ids() -> set[str]:
@@ -763,6 +763,7 @@ app.add_typer(parity_app, name="parity")
 @parity_app.command("preprocess")
 def parity_preprocess(
     model: str = run_field("models", "--model", "yolox-nano"),
+    weights: str | None = run_field("weights"),
     backend: str = run_field("backends", "--backend", "onnxruntime"),
     device: str = run_field("device"),
     impls: list[str] = typer.Option(["cv2", "torch", "pil"], "--impls", metavar="NAME...",
@@ -808,7 +809,7 @@ def parity_preprocess(
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)
     records = dataset.records(dataset.variant(subset, limit))
-    detector = get_detector(model)
+    detector = get_detector(model, weights)
     spec = detector.preprocess
     options = BackendOptions.from_config(RunConfig(backends=[backend], device=device, batch_sizes=[batch_size]))
     core = load_detector_core(detector, backend, dev, "fp32", spec.input_size, options=options,

@@ -39,6 +39,10 @@ def test_models_list_offers_fetch_only_where_models_fetch_can():
     assert "(va-bench models fetch)" not in table
     refused = run_in_process("models", "fetch", "yolov8n")
     assert refused.returncode == 2 and "no download of its own" in refused.stderr
+    narrow = run_in_process("models", "list", env={"COLUMNS": "80"}).stdout  # every id whole, the table in 80
+    lines = narrow.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in narrow
+    assert set(rows) <= {line.split()[0] for line in lines if line.strip()}
 
 
 @requires_coco

@@ -14,6 +14,7 @@ import pytest
 from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
 
 from harness.data.fetch import Archive, FetchError, download_resumable, fetch_archives
+from harness.errors import UsageError
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
@@ -124,6 +125,22 @@ def test_a_corrupt_download_is_refused_and_deleted(server, tmp_path):
         fetch_archives(tmp_path / "coco", (archive,), base_url=url)
     assert not (tmp_path / "coco" / "val2017").exists()
     assert not list((tmp_path / "coco").rglob("*.part"))
+
+
+def test_a_web_page_for_an_archive_is_named_and_a_file_is_no_destination(server, tmp_path):
+    """A server answering with a page (a captive portal, a moved mirror) is said so, not called a corrupt download
+    to fetch again; --dest naming a file is refused before anything is asked."""
+    root, url = server
+    _publish(root, "zips/val2017.zip", b"<html><body>sign in</body></html>")
+    (root / "zips" / "val2017.html").write_bytes(b"<html>moved</html>")
+    archive = Archive("zips/val2017.html", "0" * 40, "val2017")
+    with pytest.raises(FetchError, match="answered with a web page"):
+        fetch_archives(tmp_path / "coco", (archive,), base_url=url)
+    assert not list((tmp_path / "coco").rglob("*.part"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(UsageError, match="is not a folder"):
+        fetch_archives(a_file, (archive,), base_url=url)
 
 
 def test_members_that_escape_the_destination_are_refused(server, tmp_path):

@@ -3,6 +3,7 @@ against published figures, hand-computed formulas and models built with known co
 
 import csv
 import json
+import os
 
 import numpy as np
 import onnx
@@ -172,6 +173,15 @@ def test_bad_sources_are_usage_errors(tmp_path):
         inspect_model(None)
     with pytest.raises(UsageError, match="no such file"):
         inspect_model(None, tmp_path / "missing.onnx")
+    fifo = tmp_path / "fifo.onnx"
+    os.mkfifo(fifo)
+    for there in (fifo, tmp_path):  # there, but no file to read
+        with pytest.raises(UsageError, match="not a file"):
+            inspect_model(None, there)
+    from harness.models.registry import load_plugin
+
+    with pytest.raises(UsageError, match="model plugin .*: not a file"):
+        load_plugin(str(tmp_path), "factory")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00not a protobuf\xff" * 10)
     with pytest.raises(UsageError, match="is not an ONNX model"):

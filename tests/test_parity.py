@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
+from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
 
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff
@@ -89,3 +89,7 @@ def test_parity_command_exit_codes_and_tables(tmp_path):
     strict = _parity(*common, "--tolerance", "0")
     assert strict.returncode == 1
     assert "FAIL torch" in strict.stdout
+    # --weights as a run takes it (the model's refusals name it): the same file given explicitly, the same report
+    named = _parity(*common, "--tolerance", "0.5", "--weights", str(YOLOX_NANO), "--json")
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout)["candidates"] == report["candidates"]

@@ -210,3 +210,22 @@ def test_random_weights_run_through_the_cli_is_labelled(tmp_path):
         assert doc["model"]["weights"] == "random" and doc["repro"]["weights"]["source"] == "random"
         assert doc["config"]["conf"] == 0.001 and doc["config"]["iou"] == 0.55  # the family's own defaults
         assert doc["accuracy"].get("mAP_50_95") is None
+
+
+def test_torchvisions_download_line_stays_off_stdout(monkeypatch, capsys):
+    """torch.hub writes "Downloading: ..." to stdout while it fetches official weights: a --json command's stdout
+    must stay JSON, so the line goes to stderr."""
+    import sys
+
+    from torchvision.models import detection
+
+    real = detection.ssdlite320_mobilenet_v3_large
+
+    def downloading(weights=None, **kwargs):
+        sys.stdout.write('Downloading: "https://download.pytorch.org/models/x.pth" to /cache/x.pth\n')
+        return real(weights=None, weights_backbone=None)
+
+    monkeypatch.setattr(detection, "ssdlite320_mobilenet_v3_large", downloading)
+    TorchvisionDetector("ssdlite320_mobilenet_v3_large")
+    out, err = capsys.readouterr()
+    assert "Downloading" not in out and "Downloading" in err

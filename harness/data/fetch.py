@@ -77,6 +77,9 @@ def download_resumable(url: str, part: Path, progress: Callable[[int, int | None
     except OSError as exc:
         raise FetchError(f"could not download {url} ({exc}); check the network (or --base-url) and run the same "
                          "command again: it continues where it stopped") from exc
+    if (response.headers.get_content_type() or "").startswith("text/html"):  # a captive portal, a moved page
+        response.close()
+        raise FetchError(f"{url} answered with a web page, not the archive; check the URL (or --base-url)")
     with response:
         resumed = have and getattr(response, "status", 200) == 206
         length = response.headers.get("Content-Length")
@@ -133,10 +136,14 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
         raise UsageError(f"--base-url {base_url!r} is not an http(s):// or file:// URL; give the mirror's URL "
                          "(default: COCO's own)")
     created = not dest.exists()
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"--dest {dest} is not a folder (a file is there); pick another --dest")
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create {dest} ({exc.strerror}); pick another --dest") from exc
+    if not os.access(dest, os.W_OK | os.X_OK):  # a read-only mount, or another user's folder
+        raise UsageError(f"--dest {dest} cannot be written; pick a folder you can write")
     try:
         return _fetch_into(dest, archives, base_url, progress, keep_archives)
     finally:  # a fetch that got nothing leaves no empty folders behind (a partial download stays, to resume)

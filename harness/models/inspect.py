@@ -294,7 +294,7 @@ def inspect_onnx(model: onnx.ModelProto, input_size: tuple[int, int] | None, nam
 
 def _load_onnx(path: Path) -> onnx.ModelProto:
     if not path.is_file():
-        raise UsageError(path_problem("--weights", path, "no such file"))
+        raise UsageError(path_problem("--weights", path, "not a file" if path.exists() else "no such file"))
     if path.suffix.lower() != ".onnx":
         raise UsageError(f"--weights {path}: inspect reads ONNX files; for a PyTorch model pass its registry id "
                          "or a plugin path/to/file.py:factory")

@@ -153,7 +153,7 @@ def load_plugin(path: str, factory_name: str) -> Detector:
     """Import a user file and call its factory; the result must follow the Detector protocol."""
     file = Path(path)
     if not file.is_file():
-        raise UsageError(f"model plugin {file}: no such file")
+        raise UsageError(f"model plugin {file}: {'not a file' if file.exists() else 'no such file'}")
     module_name = "va_bench_plugin_" + re.sub(r"\W", "_", file.stem)
     spec = importlib.util.spec_from_file_location(module_name, file)
     module = importlib.util.module_from_spec(spec)

@@ -33,8 +33,10 @@ the identity. Weights: torchvision's own download/cache (`$TORCH_HOME`), a state
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -211,7 +213,10 @@ class TorchvisionDetector:
             return model.eval(), WeightsInfo(file=path.name, sha256=file_sha256(path), source="--weights")
         official = get_model_weights(self.model_id).DEFAULT
         try:
-            model = builder(weights=official)  # torchvision's own download + cache (torch.hub)
+            # torchvision's own download + cache (torch.hub), whose "Downloading: ..." line goes to stdout: stderr
+            # here, so that a command's --json output stays JSON only
+            with contextlib.redirect_stdout(sys.stderr):
+                model = builder(weights=official)
         except OSError as exc:  # URLError is an OSError
             raise UsageError(f"{self.model_id}: torchvision could not download its weights ({exc}); connect to the "
                              f"internet, put the file at {_checkpoint_path(official)}, or use --weights random "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -103,13 +104,25 @@ def print_hw(console: Console, report: dict) -> None:
     console.print(table)
 
 
-def models_table(rows: list[dict]) -> Table:
-    table = Table(title="models")
-    for col in ("id", "family", "task", "local weights", "note"):
-        table.add_column(col)
+NOTES_FROM_WIDTH = 120  # narrower, a note column would wrap every row to a word a line
+
+
+def models_table(rows: list[dict], width: int) -> Table:
+    """The registry: each id whole (it is what commands take), its local weights folded but every character shown;
+    the notes where the terminal is wide enough for them (`--json` has them always)."""
+    notes = width >= NOTES_FROM_WIDTH
+    caption = None if notes else f"notes: --json, or a terminal of {NOTES_FROM_WIDTH} columns"
+    table = Table(title="models", caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    longest = max((len(r["id"]) for r in rows), default=2)
+    table.add_column("id", no_wrap=True, min_width=longest)
+    table.add_column("family", no_wrap=True)
+    table.add_column("task", no_wrap=True)
+    table.add_column("local weights", overflow="fold", ratio=1)
+    if notes:
+        table.add_column("note", ratio=2)
     for r in rows:
         weights = r["weights"] or ("- (va-bench models fetch)" if r["fetch"] else "-")
-        table.add_row(r["id"], r["family"], r["task"], weights, r["note"])
+        table.add_row(r["id"], r["family"], r["task"], weights, *([r["note"]] if notes else []))
     return table
 
 
