@@ -471,6 +471,10 @@ def models_list(
         if family in (None, missing.family) and task in (None, "detect"):
             rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
                       "url": None, "note": f"not available: {missing.why}", "fetch": False} for model_id in missing.ids]
+    if not rows and not as_json:  # a family and a task that do not meet: say so, not an empty table
+        console.print(f"no {task} model in the {family} family; `va-bench models list --task {task}` lists them",
+                      highlight=False)
+        return
     print_json(console, rows) if as_json else console.print(models_table(rows, console.width))
 
 

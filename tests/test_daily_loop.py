@@ -43,6 +43,8 @@ def test_models_list_offers_fetch_only_where_models_fetch_can():
     lines = narrow.splitlines()
     assert max(len(line) for line in lines) <= 80 and "…" not in narrow
     assert set(rows) <= {line.split()[0] for line in lines if line.strip()}
+    none = run_in_process("models", "list", "--family", "yolox", "--task", "segment")
+    assert none.returncode == 0 and none.stdout.startswith("no segment model in the yolox family")
 
 
 @requires_coco
