@@ -258,7 +258,7 @@ class TimingRecord:
     interval_samples_ms: list[float] | None = None
     warnings: list[str] = field(default_factory=list)
     throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
-    target_ci: dict[str, Any] | None = None  # --target-ci: the median's CI half-width reached, and why timing stopped
+    target_ci: dict[str, Any] | None = None  # --target-ci: how far the median's CI reached, and why timing stopped
 
 
 @dataclass

@@ -97,6 +97,22 @@ def test_median_ci_equals_scipys_percentile_bootstrap(n, seed):
     assert summarize(x, seed=seed).median_ci95 == pytest.approx((expected.low, expected.high), rel=1e-12, abs=0)
 
 
+def test_target_ci_counts_the_intervals_long_side():
+    """Two service times, 13 batches in 30 the slower (a skewed median interval): --target-ci judges the farther end
+    of scipy's interval from the median, which is here about twice the half-width."""
+    from scipy import stats as scipy_stats
+
+    from harness.measure.stats import median_ci_extent_pct
+
+    x = np.array([103.6] * 13 + [100.0] * 17) + np.random.default_rng(0).normal(0, 0.05, 30)
+    low, high = scipy_stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile",
+                                      random_state=np.random.default_rng(0)).confidence_interval
+    median = np.median(x)
+    extent = median_ci_extent_pct(x)
+    assert extent == pytest.approx(100 * max(median - low, high - median) / median, rel=1e-9)
+    assert extent > 1.5 * 100 * (high - low) / 2 / median
+
+
 def _reference_transform(img: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
     """The straightforward way: resize, paste onto a canvas full of the pad value."""
     import cv2

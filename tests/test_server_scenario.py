@@ -91,5 +91,20 @@ def test_the_server_scenario_runs_and_is_recorded(tmp_path):
     server = json.loads(path.read_text())["server"]
     assert server["at_qps"]["queries"] == 10 and server["at_qps"]["bound_held"] is True
     assert server["search"]["trials"] and all(t["queries"] == 10 for t in server["search"]["trials"])
+    for t in [server["at_qps"], *server["search"]["trials"]]:  # every figure checkable from the samples recorded
+        latencies, queued = np.asarray(t["latency_samples_ms"]), np.asarray(t["queue_samples_ms"])
+        assert len(latencies) == len(queued) == 10 and np.all(queued <= latencies)
+        assert t["latency_ms"]["p99"] == pytest.approx(np.percentile(latencies, 99), abs=1e-3)
+        assert t["latency_ms"]["mean"] == pytest.approx(latencies.mean(), abs=1e-3)
+        assert t["queue_ms_p99"] == pytest.approx(np.percentile(queued, 99), abs=1e-3)
+    # a bound below the fastest query: no rate can hold it, said without a search (it would take the longest trials)
+    hopeless = run_in_process("run", "--scenario", "server", "--latency-bound", "0.01", "--find-max-qps",
+                              "--server-queries", "10", "--limit", "4", "--warmup-batches", "1", "--warmup-seconds",
+                              "0", "--min-timed-batches", "2", "--no-energy", "--draw-images", "0", "--coco-dir",
+                              str(COCO_DIR), "--output-dir", str(tmp_path), "--run-id", "hopeless")
+    assert hopeless.returncode == 0, hopeless.stderr
+    (path,) = list((tmp_path / "hopeless" / "submissions").glob("*.json"))
+    search = json.loads(path.read_text())["server"]["search"]
+    assert search["trials"] == [] and "no rate can hold it" in search["why_none"]
     refused = run_in_process("run", "--scenario", "server", "--latency-bound", "50", "--batch-sizes", "4", "--qps", "9")
     assert refused.returncode == 2 and "--batch-sizes 1" in refused.stderr

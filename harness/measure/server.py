@@ -72,6 +72,8 @@ class ServerResult:
     achieved_qps: float  # queries over the time from the window's start (arrival time 0) to the last result
     bound_ms: float
     seed: int
+    latency_samples_ms: tuple[float, ...] = ()  # each query's, in arrival order: the figures above can be checked
+    queue_samples_ms: tuple[float, ...] = ()
 
     @property
     def held(self) -> bool:
@@ -80,7 +82,8 @@ class ServerResult:
     def to_dict(self) -> dict:
         return {"qps": round(self.qps, 4), "queries": self.queries, "latency_ms": self.latency_ms,
                 "queue_ms_p99": round(self.queue_ms_p99, 4), "achieved_qps": round(self.achieved_qps, 4),
-                "latency_bound_ms": self.bound_ms, "bound_held": self.held, "seed": self.seed}
+                "latency_bound_ms": self.bound_ms, "bound_held": self.held, "seed": self.seed,
+                "latency_samples_ms": list(self.latency_samples_ms), "queue_samples_ms": list(self.queue_samples_ms)}
 
 
 def serve(arrivals: np.ndarray, service: Callable[[int], None], clock, bound_ms: float, qps: float,
@@ -102,7 +105,8 @@ def serve(arrivals: np.ndarray, service: Callable[[int], None], clock, bound_ms:
                                              "max": round(float(latencies.max() * 1000), 4),
                                              "mean": round(float(latencies.mean() * 1000), 4)},
                         float(np.percentile(waits, 99) * 1000), len(arrivals) / total if total > 0 else float("nan"),
-                        bound_ms, seed)
+                        bound_ms, seed, tuple(round(float(v) * 1000, 4) for v in latencies),
+                        tuple(round(float(v) * 1000, 4) for v in waits))
 
 
 def find_max_qps(trial: Callable[[float], ServerResult], low: float, high: float,

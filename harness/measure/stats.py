@@ -42,8 +42,10 @@ def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
     return bootstrap_ci((x,), np.median, seed=seed, confidence=confidence, n_resamples=n_resamples)
 
 
-def median_half_width_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -> float | None:
-    """Half the width of the median's 95 % bootstrap CI, in % of the median (--target-ci); None below 2 samples."""
+def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -> float | None:
+    """How far the median's 95 % bootstrap CI reaches from the median, in % of it: the farther of its two ends
+    (--target-ci: both within +-PCT %; a skewed interval's half-width would understate its long side). None below
+    2 samples."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size < 2:
         return None
@@ -51,7 +53,7 @@ def median_half_width_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -
     if median <= 0:
         return None
     low, high = median_ci(x, seed=seed) if np.ptp(x) > 0 else (median, median)
-    return 100 * (high - low) / 2 / median
+    return 100 * max(median - low, high - median) / median
 
 
 def percent(fraction: float, digits: int = 1, toward: str = "nearest") -> str:

@@ -53,7 +53,7 @@ from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.server import SEED as SERVER_SEED
 from harness.measure.server import RealClock, ServerResult, find_max_qps, poisson_arrivals, serve
-from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_half_width_pct, summarize, warmup_end
+from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_ci_extent_pct, summarize, warmup_end
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
@@ -421,8 +421,8 @@ class GroupExecutor:
             target_ci=target,
         )
         if target is not None and not target["met"]:
-            half = target["half_width_pct"]
-            reached = "undefined (fewer than 2 timed batches)" if half is None else f"+-{half:.2f} %"
+            extent = target["extent_pct"]
+            reached = "undefined (fewer than 2 timed batches)" if extent is None else f"within +-{extent:.2f} %"
             record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
                                    f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
                                    "it, or accept a wider interval)")
@@ -458,6 +458,12 @@ class GroupExecutor:
             block["at_qps"] = trial(config.qps).to_dict()
         if config.find_max_qps:
             capacity = 1000.0 / timing.image_ms.mean
+            if timing.image_ms.min > config.latency_bound_ms:  # every query takes at least this: no rate can hold
+                block["max_qps"] = None
+                block["search"] = {"between_qps": None, "trials": [],
+                                   "why_none": f"the fastest timed query took {timing.image_ms.min:.2f} ms, more than "
+                                               f"the {config.latency_bound_ms:g} ms bound: no rate can hold it"}
+                return block
             best, trials = find_max_qps(trial, 0.05 * capacity, capacity)
             block["max_qps"] = None if best is None else round(best, 3)
             block["search"] = {"between_qps": [round(0.05 * capacity, 3), round(capacity, 3)],
@@ -468,15 +474,15 @@ class GroupExecutor:
 
     def _time_to_target(self, batches: list[list[ImageRecord]], timer: StageTimer, advance,
                         started: float) -> dict:
-        """--target-ci: more timed batches (the variant's, cycled, not scored: every image is scored once) until half
-        the median batch time's 95 % bootstrap CI is within the target share of the median, or --max-seconds
-        after the timed pass began. Checked every quarter of the batches so far (at least 10)."""
+        """--target-ci: more timed batches (the variant's, cycled, not scored: every image is scored once) until both
+        ends of the median batch time's 95 % bootstrap CI are within the target share of the median, or
+        --max-seconds after the timed pass began. Checked every quarter of the batches so far (at least 10)."""
         config, pipeline = self.ctx.config, self.pipeline
         added = 0
         while True:
-            half = median_half_width_pct([b.ms("total") for b in timer.batches])
+            extent = median_ci_extent_pct([b.ms("total") for b in timer.batches])
             seconds = time.perf_counter() - started
-            if half is not None and half <= config.target_ci:
+            if extent is not None and extent <= config.target_ci:
                 stopped = "met"
                 break
             if seconds >= config.max_seconds:
@@ -490,7 +496,7 @@ class GroupExecutor:
             for _ in pipeline.run_stream(extra, timer, overlap=config.overlap):
                 advance()
             added += more
-        return {"target_pct": config.target_ci, "half_width_pct": None if half is None else round(half, 4),
+        return {"target_pct": config.target_ci, "extent_pct": None if extent is None else round(extent, 4),
                 "met": stopped == "met", "stopped": stopped, "added_batches": added, "seconds": round(seconds, 2),
                 "max_seconds": config.max_seconds}
 
