@@ -505,8 +505,13 @@ def models_fetch(
         try:
             entry.check_weights(found)
         except UsageError as exc:
-            raise UsageError(f"{model_id}: {found} is there but is not its weights ({exc}); --force downloads "
-                             "them again") from exc
+            # a file in the cache is replaced by --force; one found elsewhere (an environment variable, an offline
+            # folder) is looked up before the cache, so only its owner can change it
+            cached = found.resolve().parent == weights_dir().resolve()
+            fix = ("--force downloads them again" if cached else
+                   "it is looked up before the weights cache: replace or remove that file (or its environment "
+                   "variable)")
+            raise UsageError(f"{model_id}: {found} is there but is not its weights ({exc}); {fix}") from exc
         console.print(f"{model_id}: already present, {found} (sha256 {file_sha256(found)}); "
                       "--force downloads it again")
         return

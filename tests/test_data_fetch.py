@@ -223,7 +223,11 @@ def test_models_fetch_checks_weights_as_a_run_would(server, tmp_path, monkeypatc
     (cache / "yolox_tiny.onnx").write_bytes(YOLOX_NANO.read_bytes())
     present = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(cache)})
     assert present.returncode == 2 and "is there but is not its weights" in present.stderr, present.stderr
-    assert len(present.stderr.strip().splitlines()) == 1
+    assert len(present.stderr.strip().splitlines()) == 1 and "--force downloads them again" in present.stderr
+    elsewhere = run_in_process("models", "fetch", "yolox-tiny",  # found first, outside the cache: --force is no fix
+                               env={"VA_BENCH_WEIGHTS": str(tmp_path / "empty"),
+                                    "VA_BENCH_YOLOX_TINY": str(cache / "yolox_tiny.onnx")})
+    assert elsewhere.returncode == 2 and "replace or remove that file" in elsewhere.stderr, elsewhere.stderr
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     requests = len(RangeHandler.requests_seen)

@@ -93,3 +93,7 @@ def test_parity_command_exit_codes_and_tables(tmp_path):
     named = _parity(*common, "--tolerance", "0.5", "--weights", str(YOLOX_NANO), "--json")
     assert named.returncode == 0, named.stderr
     assert json.loads(named.stdout)["candidates"] == report["candidates"]
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    refused = _parity(*common, "--weights", str(junk))  # the file given is the one loaded
+    assert refused.returncode == 2 and str(junk) in refused.stderr, refused.stderr

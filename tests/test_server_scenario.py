@@ -91,8 +91,11 @@ def test_the_server_scenario_runs_and_is_recorded(tmp_path):
     server = json.loads(path.read_text())["server"]
     assert server["at_qps"]["queries"] == 10 and server["at_qps"]["bound_held"] is True
     assert server["search"]["trials"] and all(t["queries"] == 10 for t in server["search"]["trials"])
-    for t in [server["at_qps"], *server["search"]["trials"]]:  # every figure checkable from the samples recorded
-        latencies, queued = np.asarray(t["latency_samples_ms"]), np.asarray(t["queue_samples_ms"])
+    samples = json.loads((tmp_path / "server" / server["samples"]).read_text())["trials"]
+    trials = [server["at_qps"], *server["search"]["trials"]]
+    assert [t["qps"] for t in samples] == [t["qps"] for t in trials]
+    for t, kept in zip(trials, samples, strict=True):  # every figure checkable from the samples recorded
+        latencies, queued = np.asarray(kept["latency_samples_ms"]), np.asarray(kept["queue_samples_ms"])
         assert len(latencies) == len(queued) == 10 and np.all(queued <= latencies)
         assert t["latency_ms"]["p99"] == pytest.approx(np.percentile(latencies, 99), abs=1e-3)
         assert t["latency_ms"]["mean"] == pytest.approx(latencies.mean(), abs=1e-3)

@@ -444,16 +444,20 @@ class GroupExecutor:
         of the rate the single-stream pass could sustain (1000 / its mean ms per image)."""
         ctx, config, pipeline = self.ctx, self.ctx.config, self.pipeline
         records, clock, scratch = ctx.records, RealClock(), StageTimer(ctx.device, config.stage_sync)
+        done: list[ServerResult] = []
 
         def trial(qps: float) -> ServerResult:
             arrivals = poisson_arrivals(qps, config.server_queries)
             with ctx.progress.task(f"server {cell.label} at {qps:.2f} qps", None):
-                return serve(arrivals, lambda i: pipeline.run_batch([records[i % len(records)]], scratch), clock,
-                             config.latency_bound_ms, qps)
+                done.append(serve(arrivals, lambda i: pipeline.run_batch([records[i % len(records)]], scratch), clock,
+                                  config.latency_bound_ms, qps))
+            return done[-1]
 
+        samples_file = f"server/{cell_slug(cell)}.json"
         block: dict = {"scenario": "server", "latency_bound_ms": config.latency_bound_ms,
                        "queries_per_trial": config.server_queries, "arrivals": "Poisson, seeded", "seed": SERVER_SEED,
-                       "note": "one image a query, FIFO, latency from arrival to result (queueing included)"}
+                       "note": "one image a query, FIFO, latency from arrival to result (queueing included)",
+                       "samples": samples_file}
         if config.qps is not None:
             block["at_qps"] = trial(config.qps).to_dict()
         if config.find_max_qps:
@@ -463,13 +467,15 @@ class GroupExecutor:
                 block["search"] = {"between_qps": None, "trials": [],
                                    "why_none": f"the fastest timed query took {timing.image_ms.min:.2f} ms, more than "
                                                f"the {config.latency_bound_ms:g} ms bound: no rate can hold it"}
-                return block
-            best, trials = find_max_qps(trial, 0.05 * capacity, capacity)
-            block["max_qps"] = None if best is None else round(best, 3)
-            block["search"] = {"between_qps": [round(0.05 * capacity, 3), round(capacity, 3)],
-                               "trials": [t.to_dict() for t in trials],
-                               "why_none": None if best is not None else "even 5 % of the single-stream rate missed "
-                                                                         "the bound"}
+            else:
+                best, trials = find_max_qps(trial, 0.05 * capacity, capacity)
+                block["max_qps"] = None if best is None else round(best, 3)
+                block["search"] = {"between_qps": [round(0.05 * capacity, 3), round(capacity, 3)],
+                                   "trials": [t.to_dict() for t in trials],
+                                   "why_none": None if best is not None else "even 5 % of the single-stream rate "
+                                                                             "missed the bound"}
+        # every query of every trial, in the order run (the at-qps trial first): the figures above can be checked
+        atomic_write_json(ctx.run_dir / samples_file, {"cell": cell.label, "trials": [t.samples() for t in done]})
         return block
 
     def _time_to_target(self, batches: list[list[ImageRecord]], timer: StageTimer, advance,
