@@ -27,9 +27,9 @@ KILLED = f"{PLUGINS / 'killed_detector.py'}:make_detector"
 
 
 def small(warmup_batches: int = 1) -> list[str]:
-    """Run options of a small, quick sweep: 16 images, one warm-up batch (300 of the synthetic core's 2 ms
-    keep a cell running for seconds: a warm-up that settles still runs its minimum), two timed batches, one
-    thread."""
+    """Run options of a small, quick sweep: 16 images, one warm-up batch (a warm-up that settles still runs its
+    minimum: 1200 of the synthetic core's 2 ms sleeps keep a cell running past the 2 s kill switch, however fast
+    the machine; 300 did only on a loaded one), two timed batches, one thread."""
     return ["--subset", "sample", "--limit", "16", "--coco-dir", str(COCO_DIR), "--warmup-batches", str(warmup_batches),
             "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-layers", "--no-profile",
             "--threads", "1", "--draw-images", "0", "--no-energy"]
@@ -300,7 +300,7 @@ def _files(run_dir: Path) -> dict[str, bytes]:
 def test_a_killed_task_marks_its_cells_the_rest_finishes_and_resume_completes(cluster, tmp_path):
     cluster["marker"].write_text("kill one task")
     args = ["--model", KILLED, "--backend", "pytorch", "--batch-sizes", "1", "--batch-sizes", "2", "--batch-sizes",
-            "4", *small(warmup_batches=300), "--output-dir", str(tmp_path)]
+            "4", *small(warmup_batches=1200), "--output-dir", str(tmp_path)]
     first = fleet(*args, "--run-id", "k")
     assert first.exit_code == 1, first.output
     assert not cluster["marker"].exists()
@@ -340,7 +340,7 @@ def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path)
     c = cluster["cluster"]
     gamma = c.add_node(**cluster["common"], resources={"hw:gamma": 1, "va-bench-slot": 1})
     config = RunConfig(models=[SYNTHETIC], backends=["pytorch"], input_sizes=[64, 96], batch_sizes=[1, 2],
-                       subset="sample", limit=16, coco_dir=str(COCO_DIR), warmup_batches=300, warmup_seconds=0,
+                       subset="sample", limit=16, coco_dir=str(COCO_DIR), warmup_batches=1200, warmup_seconds=0,
                        min_timed_batches=2, threads=1, draw_images=0, energy=False, output_dir=str(tmp_path),
                        run_id="d")
     fplan = prepare_fleet(config, None, ["gamma"], 0)

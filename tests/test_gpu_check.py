@@ -71,6 +71,7 @@ def test_a_check_past_its_limit_is_killed_with_what_it_started(tmp_path):
     and the processes it started die with it (a --repeats child would keep its CUDA context)."""
     import os
     import sys
+    import time
 
     from harness.bench.gpu_check import Check, Runner, write_reports
 
@@ -86,8 +87,17 @@ def test_a_check_past_its_limit_is_killed_with_what_it_started(tmp_path):
         os.waitpid(grandchild, os.WNOHANG)
     except ChildProcessError:
         pass  # not our child: its zombie is reaped by init; it only must not run on
-    alive = os.path.exists(f"/proc/{grandchild}") and "Z" not in open(f"/proc/{grandchild}/stat").read().split()[2]
-    assert not alive
+
+    def alive() -> bool:
+        try:
+            return "Z" not in open(f"/proc/{grandchild}/stat").read().split()[2]
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10  # SIGKILL is delivered at once, but the process ends when it is next scheduled
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive()
     write_reports(tmp_path, [Check("fakes", done.stdout, status="failed", reason=done.stderr)], "cpu")
     assert json.loads((tmp_path / "gpu_check.json").read_text())["checks"][0]["figure"] == "partial\n"
 
