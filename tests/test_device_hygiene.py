@@ -182,31 +182,116 @@ def test_raspberry_pi_throttled_flags(tmp_path):
     assert past.end_window()["throttled"] is False  # only "occurred since boot": recorded, not this pass
 
 
-def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path):
+class Proc:
+    """A psutil.Process as the sampler reads it: CPU seconds that move on between calls, a creation time."""
+
+    def __init__(self, pid, name, cpu_seconds, created=0.0):
+        self.pid, self.info, self.created = pid, {"name": name}, created
+        self.seconds = list(cpu_seconds)
+
+    def cpu_times(self):
+        seconds = self.seconds.pop(0) if len(self.seconds) > 1 else self.seconds[0]
+        return SimpleNamespace(user=seconds, system=0.0)
+
+    def create_time(self):
+        return self.created
+
+
+def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path, monkeypatch):
     files = {}
     for cpu in (0, 1):
         files |= {f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor": "performance",
                   f"sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq": "2400000",
                   f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq": "1500000" if cpu else "2400000"}
     root = _tree(tmp_path, files | {"sys/class/thermal/thermal_zone0/temp": "81000"})
-
-    class Proc:
-        def __init__(self, pid, name, percent):
-            self.pid, self.info, self.percent = pid, {"name": name}, percent
-
-        def cpu_percent(self, interval):
-            return self.percent
-    procs = [Proc(os.getpid(), "va-bench", 199.0), Proc(777, "stress", 97.0), Proc(778, "idle", 1.0)]
+    clock = iter([1000.0, 1002.0])  # the window: 2 s of wall time
+    monkeypatch.setattr(hygiene.time, "time", lambda: next(clock))
+    procs = [Proc(os.getpid(), "va-bench", [10.0, 14.0]), Proc(777, "stress", [50.0, 51.94]),
+             Proc(778, "idle", [3.0, 3.02])]
     sampler = _sampler(root=root, processes=lambda: procs)
     sampler.begin_window("cell")
     state = sampler.end_window()
     assert state["cpu"]["governors"] == ["performance"] and state["cpu"]["max_freq_mhz"] == 2400.0
     assert state["cpu"]["freq_mhz"] == [1500.0, 1500.0] and state["cpu"]["temperature_c_max"] == 81.0
     assert state["busiest_other_processes"] == [{"pid": 777, "name": "stress", "cpu_percent": 97}]
-    assert any("fell to 1500 MHz" in w for w in state["warnings"])
+    assert any("fell to 62% of its core's maximum (lowest 1500 MHz)" in w for w in state["warnings"])
     assert any("stress (pid 777, 97% CPU)" in w for w in state["warnings"])
+    assert "unavailable" not in state["cpu"]
     # recorded and warned; a CPU's frequency alone is no throttle flag: with no device that reports one, unknown
     assert state["throttled"] is None and state["throttle_signal"].startswith("unavailable: no throttle signal")
+    assert "(CPU frequency and temperature recorded under cpu)" in state["throttle_signal"]
+
+
+def test_busy_processes_count_cpu_seconds_over_the_window_a_newcomer_over_its_own_time():
+    """A process present throughout: its CPU seconds in the window over the window; one started inside it (the
+    busy neighbour that began mid-pass, which a primed cpu_percent never saw): over the time since it started; a
+    reused pid is a newcomer; this process and a process seen for an instant are not judged."""
+    start = {1: (0.0, 100.0), 2: (0.0, 5.0), 3: (50.0, 7.0), 4: (0.0, 1.0)}
+    end = {1: ("old", 0.0, 100.4), 2: ("steady", 0.0, 6.6), 3: ("reused", 99.0, 0.9), 5: ("new", 101.0, 0.95),
+           6: ("instant", 101.9, 0.1), 4: ("me", 0.0, 3.0)}
+    busy = hygiene.busy_processes(start, 100.0, end, 102.0, me=4)
+    assert busy == [{"pid": 5, "name": "new", "cpu_percent": 95}, {"pid": 2, "name": "steady", "cpu_percent": 80}]
+    # pid 1: 0.4 s of 2 s (20 %); pid 3: 0.9 s over the 3 s since its creation (30 %)
+
+
+def test_each_core_is_judged_against_its_own_maximum(tmp_path):
+    """Cores with different top speeds (P and E cores, big.LITTLE): every policy at its own maximum is no drop, one
+    policy below its own is."""
+    def tree(big_now: str) -> Path:
+        files = {}
+        for policy, (now, top) in {0: (big_now, "4900000"), 1: ("3600000", "3600000")}.items():
+            folder = f"sys/devices/system/cpu/cpufreq/policy{policy}"
+            files |= {f"{folder}/scaling_cur_freq": now, f"{folder}/cpuinfo_max_freq": top,
+                      f"sys/devices/system/cpu/cpu{policy}/cpufreq/scaling_governor": "performance",
+                      f"sys/devices/system/cpu/cpu{policy}/cpufreq/cpuinfo_max_freq": top}
+        return _tree(tmp_path / big_now, files)
+    at_top = _sampler(root=tree("4800000"))
+    at_top.begin_window("cell")
+    assert not any("fell to" in w for w in at_top.end_window()["warnings"])
+    capped = _sampler(root=tree("2900000"))
+    capped.begin_window("cell")
+    assert any("fell to 59% of its core's maximum" in w for w in capped.end_window()["warnings"])
+
+
+def test_a_machine_without_cpufreq_or_thermal_zones_says_so():
+    sampler = _sampler()  # a root with neither (this box, a VM, a container)
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["cpu"]["freq_mhz"] is None and "no cpufreq interface" in state["cpu"]["unavailable"]["frequency"]
+    assert "no thermal zone" in state["cpu"]["unavailable"]["temperature"]
+    assert "nor a CPU frequency or temperature" in state["throttle_signal"]
+
+
+def test_nvml_without_clock_event_reasons_is_unknown_not_unthrottled():
+    class NoReasons(FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+    sampler = _sampler(NvmlReader(NoReasons(), 0))
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["throttled"] is None and "does not report clock-event reasons" in state["throttle_signal"]
+    assert state["gpu"]["sm_clock_mhz"] == [1980, 1980]
+
+
+def test_a_core_mask_narrower_than_the_machine_is_recorded():
+    from harness.measure.affinity import inherited_affinity
+
+    allowed = sorted(os.sched_getaffinity(0))
+    record = inherited_affinity(cpu_count=len(allowed) + 2)  # as under taskset on a larger machine
+    assert record["cores"] == allowed and record["of"] == len(allowed) + 2 and record["source"].startswith("inherited")
+    assert inherited_affinity(cpu_count=len(allowed)) is None  # every core: nothing to say
+
+
+def test_the_allocator_is_what_the_process_mapped_not_what_was_asked(tmp_path, monkeypatch):
+    from harness.measure.env import allocator
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libjemalloc.so.2")  # the loader ignored it
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert allocator(maps)["allocator"] == "glibc (default)"
+    maps.write_text(maps.read_text() + "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")
+    assert allocator(maps)["allocator"] == "jemalloc"
 
 
 def test_locked_clocks_are_reset_even_when_the_run_fails():

@@ -242,6 +242,12 @@ def test_hw_json_names_every_probe():
     report = json.loads(result.stdout)
     assert report["hardware"]["id"]
     assert {"energy.rapl", "energy.nvml", "energy.jetson", "memory.host_peak", "memory.cuda_peak", "profiler.cpu",
-            "profiler.cuda", "onnxruntime"} <= set(report["probes"])
+            "profiler.cuda", "onnxruntime", "device_state.cpu_frequency", "device_state.cpu_temperature"} \
+        <= set(report["probes"])
+    # the device sampler's CPU sources, against this machine's own sysfs
+    has_cpufreq = any(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_cur_freq"))
+    has_thermal = any(Path("/sys/class/thermal").glob("thermal_zone*/temp"))
+    assert (report["probes"]["device_state.cpu_frequency"]["status"] == "ok") == has_cpufreq
+    assert (report["probes"]["device_state.cpu_temperature"]["status"] == "ok") == has_thermal
     assert all(p["status"] in ("ok", "unavailable") for p in report["probes"].values())
     assert all(p.get("reason") for p in report["probes"].values() if p["status"] == "unavailable")

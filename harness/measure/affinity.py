@@ -61,7 +61,19 @@ def affinity_record(cores: list[int]) -> dict:
     on exactly them now (all of them, unless the OS refused one)."""
     tasks = _threads()
     on = sum(1 for tid in tasks if _mask(tid) == set(cores))
-    return {"cores": sorted(cores), "threads_pinned": on, "threads": len(tasks)}
+    return {"cores": sorted(cores), "threads_pinned": on, "threads": len(tasks), "source": "--cpu-affinity"}
+
+
+def inherited_affinity(cpu_count: int | None = None) -> dict | None:
+    """The cores this process may use when they are fewer than the machine's (taskset, a cgroup cpuset, a
+    container's limit): a run on 1 of 2 cores is another measurement, recorded even without --cpu-affinity."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    total = cpu_count or os.cpu_count() or len(allowed)
+    if len(allowed) >= total:
+        return None
+    return {"cores": allowed, "of": total, "source": "inherited (taskset, a cgroup cpuset or the parent's mask)"}
 
 
 def _mask(tid: int) -> set[int] | None:

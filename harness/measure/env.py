@@ -42,11 +42,12 @@ def board_model(root: Path = Path("/")) -> str | None:
         return None
 
 
-def cpu_governor() -> str | None:
+def cpu_governor() -> str:
+    """cpu0's frequency governor, or why there is none to read (a VM or container without cpufreq)."""
     try:
         return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     except OSError:
-        return None
+        return "unavailable: no cpufreq interface (/sys/devices/system/cpu/cpu0/cpufreq)"
 
 
 def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
@@ -80,12 +81,21 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def allocator() -> dict[str, str | None]:
-    """Which malloc the process runs with: glibc tunables and/or a preloaded tcmalloc/jemalloc."""
+def _mapped_libraries(maps: Path = Path("/proc/self/maps")) -> str:
+    try:
+        return maps.read_text()
+    except OSError:
+        return ""
+
+
+def allocator(maps: Path = Path("/proc/self/maps")) -> dict[str, str | None]:
+    """Which malloc the process runs with: glibc tunables and/or a preloaded tcmalloc/jemalloc, judged by the
+    libraries mapped into the process (an LD_PRELOAD the loader could not load is ignored by it, and here)."""
     preload = os.environ.get("LD_PRELOAD")
     tunables = os.environ.get("GLIBC_TUNABLES")
-    if preload and re.search(r"tcmalloc|jemalloc", preload):
-        kind = "tcmalloc" if "tcmalloc" in preload else "jemalloc"
+    mapped = re.search(r"lib(tcmalloc|jemalloc)[\w.-]*\.so", _mapped_libraries(maps))
+    if mapped:
+        kind = mapped.group(1)
     elif tunables and "malloc" in tunables:
         kind = "glibc (tuned)"
     else:

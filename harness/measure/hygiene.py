@@ -34,6 +34,7 @@ RPI_THROTTLED = {0: "under_voltage", 1: "arm_frequency_capped", 2: "throttled", 
                  19: "soft_temperature_limit_occurred"}
 JETSON_GPU_DEVFREQ = re.compile(r"gpu|gv11b|ga10b|gp10b|gb10b", re.IGNORECASE)
 BUSY_PROCESS_PERCENT = 50.0  # another process using half a core or more during a timed pass is worth naming
+MIN_BUSY_WINDOW_S = 0.2  # a process seen for less time than this has no share of the window worth judging
 FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
 
 
@@ -189,7 +190,7 @@ class NvmlReader:
     def sample(self) -> dict:
         n = self.nvml
         power = self._try(lambda: n.nvmlDeviceGetPowerUsage(self.handle))
-        return {"reasons": self._try(lambda: self._reasons(self.handle)) or 0,
+        return {"reasons": self._try(lambda: self._reasons(self.handle)),  # None: this GPU does not report them
                 "sm_mhz": self._try(lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)),
                 "mem_mhz": self._try(lambda: n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM)),
                 "temp_c": self._try(lambda: n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)),
@@ -236,26 +237,45 @@ def thermal_trips(root: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class CpuFiles:
-    """The sysfs files a CPU sample reads, found once: one scaling_cur_freq per cpufreq policy (CPUs that share
-    a clock share a policy; per CPU where the kernel has no policy folders) and every thermal zone's temp."""
+    """The sysfs files a CPU sample reads, found once: each cpufreq policy's current frequency with that policy's
+    own maximum (CPUs that share a clock share a policy; per CPU where the kernel has no policy folders; on a chip
+    whose cores have different top speeds each is judged against its own) and every thermal zone's temp."""
 
-    freqs: tuple[Path, ...]
+    freqs: tuple[tuple[Path, float | None], ...]  # (scaling_cur_freq, its policy's cpuinfo_max_freq in MHz)
     temps: tuple[Path, ...]
 
     @classmethod
     def find(cls, root: Path) -> CpuFiles:
         cpufreq = root / "sys" / "devices" / "system" / "cpu"
-        freqs = sorted(cpufreq.glob("cpufreq/policy*/scaling_cur_freq")) or \
+        currents = sorted(cpufreq.glob("cpufreq/policy*/scaling_cur_freq")) or \
             sorted(cpufreq.glob("cpu[0-9]*/cpufreq/scaling_cur_freq"))
+        freqs = tuple((cur, _khz_or_hz_to_mhz(_int(cur.with_name("cpuinfo_max_freq")))) for cur in currents)
         temps = sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*/temp"))
-        return cls(tuple(freqs), tuple(temps))
+        return cls(freqs, tuple(temps))
+
+    def unavailable(self) -> dict[str, str]:
+        """What this machine's sysfs cannot tell, and why (a VM or container often has neither)."""
+        out = {}
+        if not self.freqs:
+            out["frequency"] = "no cpufreq interface (/sys/devices/system/cpu/*/cpufreq)"
+        if not self.temps:
+            out["temperature"] = "no thermal zone (/sys/class/thermal/thermal_zone*)"
+        return out
 
 
 def cpu_sample(files: CpuFiles) -> dict:
-    """Current frequency (MHz, the lowest policy's) and the hottest thermal zone."""
-    freqs = [f for f in (_khz_or_hz_to_mhz(_int(p)) for p in files.freqs) if f]
+    """Current frequency (MHz, the lowest policy's), the lowest policy's share of its own maximum, and the hottest
+    thermal zone."""
+    freqs, shares = [], []
+    for path, maximum in files.freqs:
+        current = _khz_or_hz_to_mhz(_int(path))
+        if current:
+            freqs.append(current)
+            if maximum:
+                shares.append(current / maximum)
     temps = [t for t in (_int(p) for p in files.temps) if t is not None]
-    return {"freq_mhz": min(freqs) if freqs else None, "temp_c": max(temps) / 1000 if temps else None}
+    return {"freq_mhz": min(freqs) if freqs else None, "freq_share": min(shares) if shares else None,
+            "temp_c": max(temps) / 1000 if temps else None}
 
 
 def cpu_static(root: Path) -> dict:
@@ -304,6 +324,7 @@ class _Window:
     cpu: list[dict] = field(default_factory=list)
     load_start: tuple[float, ...] = ()
     rpi_start: dict | None = None
+    cpu_start: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (created, CPU seconds)
 
 
 class DeviceSampler:
@@ -365,13 +386,21 @@ class DeviceSampler:
 
         return psutil.process_iter(["pid", "name"])
 
-    def begin_window(self, tag: str) -> None:
-        for proc in self._process_iter():  # primes cpu_percent: the next call measures the window
+    def _cpu_seconds(self) -> dict[int, tuple[str | None, float, float]]:
+        """pid -> (name, creation time, CPU seconds so far) of every process readable now."""
+        out = {}
+        for proc in self._process_iter():
             try:
-                proc.cpu_percent(None)
-            except Exception:  # a process that ended meanwhile
+                times = proc.cpu_times()
+                out[proc.pid] = (proc.info.get("name"), proc.create_time(), times.user + times.system)
+            except Exception:  # a process that ended meanwhile, or one we may not read
                 pass
-        window = _Window(tag, time.time(), load_start=os.getloadavg(), rpi_start=rpi_throttled(self.run))
+        return out
+
+    def begin_window(self, tag: str) -> None:
+        started = time.time()
+        cpu = {pid: (created, seconds) for pid, (_, created, seconds) in self._cpu_seconds().items()}
+        window = _Window(tag, started, load_start=os.getloadavg(), rpi_start=rpi_throttled(self.run), cpu_start=cpu)
         with self._lock:
             self._window = window
         self._sample()
@@ -382,20 +411,32 @@ class DeviceSampler:
             window, self._window = self._window, None
         if window is None:
             return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
-        me = os.getpid()
-        busiest = []
-        for proc in self._process_iter():
-            try:
-                percent = proc.cpu_percent(None)
-                if proc.pid != me and percent >= BUSY_PROCESS_PERCENT:
-                    busiest.append({"pid": proc.pid, "name": proc.info.get("name"), "cpu_percent": round(percent)})
-            except Exception:
-                pass
-        busiest.sort(key=lambda p: -p["cpu_percent"])
-        state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run))
+        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), time.time(), os.getpid())
+        state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run),
+                                 self.cpu_files.unavailable())
         if self.errors:
             state["sample_errors"], self.errors = self.errors[:5], []
         return state
+
+
+def busy_processes(start: dict[int, tuple[float, float]], started: float,
+                   end: dict[int, tuple[str | None, float, float]], now: float, me: int) -> list[dict]:
+    """Other processes that used at least BUSY_PROCESS_PERCENT of a core during the window: CPU seconds over the
+    window's wall time, or, for a process started during it, over the time since it started (a busy neighbour that
+    began mid-pass is named too)."""
+    busiest = []
+    for pid, (name, created, seconds) in end.items():
+        before = start.get(pid)
+        if before is not None and abs(before[0] - created) < 1e-3:  # the same process (pids are reused)
+            used, since = seconds - before[1], started
+        else:
+            used, since = seconds, max(created, started)
+        if pid == me or now - since < MIN_BUSY_WINDOW_S:
+            continue
+        percent = 100 * used / (now - since)
+        if percent >= BUSY_PROCESS_PERCENT:
+            busiest.append({"pid": pid, "name": name, "cpu_percent": round(percent)})
+    return sorted(busiest, key=lambda p: -p["cpu_percent"])
 
 
 def _span(values: list) -> list | None:
@@ -404,13 +445,16 @@ def _span(values: list) -> list | None:
 
 
 def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], load_end: tuple,
-                     rpi_end: dict | None) -> dict:
-    """What one timed pass saw, whether the device throttled, and the warnings to show."""
+                     rpi_end: dict | None, unavailable: dict[str, str] | None = None) -> dict:
+    """What one timed pass saw, whether the device throttled, and the warnings to show (`unavailable`: the CPU
+    figures this machine's sysfs cannot give, and why)."""
+    unavailable = unavailable or {}
     out: dict[str, Any] = {"samples": len(window.cpu)}
     reasons: list[str] = []
     warnings: list[str] = []
+    reasons_read = gpu is not None and gpu.source == "nvml" and any(s["reasons"] is not None for s in window.samples)
     if gpu is not None and gpu.source == "nvml":
-        seen = sorted({r for s in window.samples for r in _reasons(s["reasons"])})
+        seen = sorted({r for s in window.samples if s["reasons"] is not None for r in _reasons(s["reasons"])})
         reasons = [r for r in seen if r in SLOWDOWNS]
         out["gpu"] = {"source": "nvml", "clock_event_reasons": seen,
                       "sm_clock_mhz": _span([s["sm_mhz"] for s in window.samples]), "max_sm_clock_mhz": gpu.max_sm_mhz,
@@ -429,18 +473,20 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
             warnings.append(f"GPU clock at most {clocks[1]:.0f} MHz of {gpu.max_sm_mhz:.0f} MHz during the pass "
                             "(jetson_clocks off, or capped)")
     freqs = _span([c["freq_mhz"] for c in window.cpu])
+    shares = _span([c["freq_share"] for c in window.cpu])
     out["cpu"] = {**static, "freq_mhz": freqs,
                   "temperature_c_max": max((c["temp_c"] for c in window.cpu if c["temp_c"] is not None), default=None)}
+    if unavailable:
+        out["cpu"]["unavailable"] = unavailable
     if rpi_end is not None:
         out["rpi_throttled"] = {"start": (window.rpi_start or {}).get("value"), "end": rpi_end["value"],
                                 "flags": rpi_end["flags"]}
         now = [f for f in rpi_end["flags"] if not f.endswith("_occurred")]
         reasons += [f"raspberry pi: {f}" for f in now]
     governors = static.get("governors") or []
-    if freqs and static.get("max_freq_mhz") and freqs[0] < FREQ_DROP * static["max_freq_mhz"] \
-            and governors == ["performance"]:
-        warnings.append(f"CPU frequency fell to {freqs[0]:.0f} MHz (max {static['max_freq_mhz']:.0f}) with the "
-                        "performance governor: thermal or power capping")
+    if shares and shares[0] < FREQ_DROP and governors == ["performance"]:  # a policy below its own maximum
+        warnings.append(f"CPU frequency fell to {100 * shares[0]:.0f}% of its core's maximum (lowest {freqs[0]:.0f} "
+                        "MHz) with the performance governor: thermal or power capping")
     out["load_average"] = {"start": [round(v, 2) for v in window.load_start], "end": [round(v, 2) for v in load_end]}
     out["busiest_other_processes"] = busiest
     if busiest:
@@ -449,10 +495,16 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     # a throttle flag needs a device that reports one (NVML, a Jetson's clocks and trips, vcgencmd); a CPU's own
     # frequency and temperature are recorded above but flag nothing: there the answer is unknown, not "no"
     if gpu is None and rpi_end is None:
-        out["throttled"], out["throttle_signal"] = None, ("unavailable: no throttle signal on this device (CPU "
-                                                          "frequency and temperature recorded under cpu)")
+        recorded = [what for what in ("frequency", "temperature") if what not in unavailable]
+        out["throttled"], out["throttle_signal"] = None, (
+            "unavailable: no throttle signal on this device" + (f" (CPU {' and '.join(recorded)} recorded under cpu)"
+                                                                 if recorded else " (nor a CPU frequency or "
+                                                                                  "temperature: see cpu.unavailable)"))
     elif gpu is not None and not window.samples and rpi_end is None:
         out["throttled"], out["throttle_signal"] = None, "unavailable: no GPU sample was taken during the pass"
+    elif gpu is not None and gpu.source == "nvml" and not reasons_read and rpi_end is None:
+        out["throttled"], out["throttle_signal"] = None, ("unavailable: NVML does not report clock-event reasons "
+                                                          "for this GPU (clocks, temperature and power recorded)")
     else:
         out["throttled"] = bool(reasons)
     out["throttle_reasons"] = reasons

@@ -10,6 +10,7 @@ import torch
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import cpu_governor, cpu_model, hardware_block
+from harness.measure.hygiene import CpuFiles
 
 
 def machine_report() -> dict:
@@ -39,6 +40,12 @@ def machine_report() -> dict:
     probes["profiler.cpu"] = {"status": "ok", "method": "torch.profiler (CPU activities)"}
     probes["profiler.cuda"] = ({"status": "ok", "method": "torch.profiler (CUDA activities)"} if cuda
                                else {"status": "unavailable", "reason": "no CUDA device"})
+    cpu_files = CpuFiles.find(Path("/"))  # what the device sampler reads during a timed pass
+    missing = cpu_files.unavailable()
+    for what, found in (("frequency", f"{len(cpu_files.freqs)} cpufreq policies"),
+                        ("temperature", f"{len(cpu_files.temps)} thermal zones")):
+        probes[f"device_state.cpu_{what}"] = ({"status": "unavailable", "reason": missing[what]} if what in missing
+                                              else {"status": "ok", "method": f"sysfs, {found}"})
     try:
         import onnxruntime as ort
 
@@ -47,7 +54,7 @@ def machine_report() -> dict:
         probes["onnxruntime"] = {"status": "unavailable", "reason": "onnxruntime not installed"}
     return {
         "hardware": hardware,
-        "cpu": {"model": cpu_model(), "governor": cpu_governor() or "unknown (no cpufreq interface)",
+        "cpu": {"model": cpu_model(), "governor": cpu_governor(),
                 "cores": hardware["cpu_cores"], "threads": hardware["cpu_threads"], "arch": platform.machine()},
         "gpu": {"name": hardware["gpu"], "memory_gb": hardware["gpu_memory_gb"], "driver": hardware["driver_version"],
                 "cuda": hardware["cuda_version"], "torch_cuda_available": cuda},

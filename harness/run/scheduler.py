@@ -25,7 +25,7 @@ import torch
 from harness.data.images import find_corrupt_images
 from harness.errors import RunInterrupted, VaBenchError
 from harness.files import StorageProblem, atomic_write_json, storage_problem
-from harness.measure.affinity import affinity_record, pinned
+from harness.measure.affinity import affinity_record, inherited_affinity, pinned
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import apply_tf32, collect_environment, hardware_block
 from harness.measure.hygiene import DeviceSampler, locked_clocks
@@ -97,6 +97,8 @@ class Scheduler:
         environment = collect_environment(plan.device, config.tf32, self.argv, threads)
         if config.cpu_affinity:
             environment["cpu_affinity"] = affinity_record(config.cpu_affinity)
+        elif (inherited := inherited_affinity()) is not None:
+            environment["cpu_affinity"] = inherited
         if config.overlap:
             workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
