@@ -28,8 +28,8 @@ def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     assert hygiene["passed"] and hygiene["data"]["samples"] >= 1 and hygiene["data"]["throttled"] is None  # no signal
     assert hygiene["data"]["gpu_hygiene"] == {"status": "not a CUDA run", "locked_clocks": None}
     assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
-    where = checks["postprocess.where"]  # on a CPU the three variants are the same work, and agree
-    assert set(where["data"]["variants"]) == {"device", "device-serial", "host"}
+    where = checks["postprocess.where"]  # on a CPU the variants are the same selection, and agree
+    assert set(where["data"]["variants"]) == {"device", "device-serial", "host", "device-one-call"}
     assert all(v["matched_vs_device"] == 1.0 for v in where["data"]["variants"].values()), where
     assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
     # TorchScript (in torch: on the lent machine too) against eager fp32; fp16 only on a GPU
