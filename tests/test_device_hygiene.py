@@ -110,9 +110,9 @@ def test_plan_time_refusal_is_one_line_exit_2_and_no_folder(monkeypatch, tmp_pat
     assert not out.exists()
 
 
-def _sampler(gpu=None, root=None, run=None, processes=None):
+def _sampler(gpu=None, root=None, run=None, processes=None, uptime=None):
     sampler = DeviceSampler(gpu, root or Path("/nonexistent"), run=run or _no_vcgencmd,
-                            processes=processes or (lambda: []))
+                            processes=processes or (lambda: []), uptime=uptime, boot_time=0.0)
     return sampler
 
 
@@ -197,24 +197,24 @@ class Proc:
         return self.created
 
 
-def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path, monkeypatch):
+def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path):
     files = {}
     for cpu in (0, 1):
         files |= {f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor": "performance",
                   f"sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq": "2400000",
                   f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq": "1500000" if cpu else "2400000"}
     root = _tree(tmp_path, files | {"sys/class/thermal/thermal_zone0/temp": "81000"})
-    clock = iter([1000.0, 1002.0])  # the window: 2 s of wall time
-    monkeypatch.setattr(hygiene.time, "time", lambda: next(clock))
+    clock = iter([1000.0, 1002.0])  # the window: 2 s since boot's 1000th
     procs = [Proc(os.getpid(), "va-bench", [10.0, 14.0]), Proc(777, "stress", [50.0, 51.94]),
              Proc(778, "idle", [3.0, 3.02])]
-    sampler = _sampler(root=root, processes=lambda: procs)
+    sampler = _sampler(root=root, processes=lambda: procs, uptime=lambda: next(clock))
     sampler.begin_window("cell")
     state = sampler.end_window()
     assert state["cpu"]["governors"] == ["performance"] and state["cpu"]["max_freq_mhz"] == 2400.0
     assert state["cpu"]["freq_mhz"] == [1500.0, 1500.0] and state["cpu"]["temperature_c_max"] == 81.0
     assert state["busiest_other_processes"] == [{"pid": 777, "name": "stress", "cpu_percent": 97}]
-    assert any("fell to 62% of its core's maximum (lowest 1500 MHz)" in w for w in state["warnings"])
+    assert any("fell to 62% of its core's maximum (1500 of 2400 MHz)" in w for w in state["warnings"])
+    assert state["cpu"]["freq_share_of_max_min"] == 0.625
     assert any("stress (pid 777, 97% CPU)" in w for w in state["warnings"])
     assert "unavailable" not in state["cpu"]
     # recorded and warned; a CPU's frequency alone is no throttle flag: with no device that reports one, unknown
@@ -250,7 +250,28 @@ def test_each_core_is_judged_against_its_own_maximum(tmp_path):
     assert not any("fell to" in w for w in at_top.end_window()["warnings"])
     capped = _sampler(root=tree("2900000"))
     capped.begin_window("cell")
-    assert any("fell to 59% of its core's maximum" in w for w in capped.end_window()["warnings"])
+    assert any("fell to 59% of its core's maximum (2900 of 4900 MHz)" in w  # the slow core, not the E core's 3600
+               for w in capped.end_window()["warnings"])
+
+
+def test_a_process_start_is_read_on_the_windows_clock():
+    """psutil's create_time() adds the boot's whole second from /proc/stat: against time.time() a start read up to
+    1 s early, and a busy process begun late in a pass was judged over time it did not run. On the sampler's clock
+    (seconds since boot) a child's start lies between the clock read before and after starting it (one 10 ms tick
+    of /proc's resolution either side)."""
+    import subprocess
+    import sys
+
+    sampler = DeviceSampler(None, Path("/nonexistent"), run=_no_vcgencmd)
+    before = sampler.uptime()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        after = sampler.uptime()
+        _, created, _ = sampler._cpu_seconds()[child.pid]
+        assert before - 0.011 <= created <= after + 0.011, (before, created, after)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_machine_without_cpufreq_or_thermal_zones_says_so():

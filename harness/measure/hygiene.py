@@ -264,17 +264,17 @@ class CpuFiles:
 
 
 def cpu_sample(files: CpuFiles) -> dict:
-    """Current frequency (MHz, the lowest policy's), the lowest policy's share of its own maximum, and the hottest
-    thermal zone."""
-    freqs, shares = [], []
+    """Current frequency (MHz, the lowest policy's), the policy furthest below its own maximum (its share, current
+    and maximum MHz), and the hottest thermal zone."""
+    freqs, lowest = [], None
     for path, maximum in files.freqs:
         current = _khz_or_hz_to_mhz(_int(path))
         if current:
             freqs.append(current)
-            if maximum:
-                shares.append(current / maximum)
+            if maximum and (lowest is None or current / maximum < lowest[0]):
+                lowest = (current / maximum, current, maximum)
     temps = [t for t in (_int(p) for p in files.temps) if t is not None]
-    return {"freq_mhz": min(freqs) if freqs else None, "freq_share": min(shares) if shares else None,
+    return {"freq_mhz": min(freqs) if freqs else None, "freq_share": lowest,
             "temp_c": max(temps) / 1000 if temps else None}
 
 
@@ -319,7 +319,7 @@ def jetson_power(root: Path, run=subprocess.run) -> dict:
 @dataclass
 class _Window:
     tag: str
-    started: float
+    started: float  # seconds since boot
     samples: list[dict] = field(default_factory=list)
     cpu: list[dict] = field(default_factory=list)
     load_start: tuple[float, ...] = ()
@@ -327,17 +327,32 @@ class _Window:
     cpu_start: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (created, CPU seconds)
 
 
+def seconds_since_boot() -> float:
+    """Linux's CLOCK_BOOTTIME (suspend included, as /proc's start times are); elsewhere from psutil's boot time."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock is not None:
+        return time.clock_gettime(clock)
+    import psutil
+
+    return time.time() - psutil.boot_time()
+
+
 class DeviceSampler:
     """Samples the device's state on a thread during each timed pass (begin_window / end_window), like the
     memory monitor; end_window returns what was seen, a `throttled` flag and warnings."""
 
     def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.5, run=subprocess.run,
-                 processes=None):
+                 processes=None, uptime=None, boot_time: float | None = None):
         self.gpu, self.root, self.interval_s, self.run = gpu_reader, root, interval_s, run
         self.static = cpu_static(root)
         self.cpu_files = CpuFiles.find(root)
         self.errors: list[str] = []  # a sample that failed (recorded with the window, the thread goes on)
         self.processes = processes  # psutil-like process_iter, for tests; None: psutil's
+        # Process starts and the window on one clock, seconds since boot: psutil's create_time() is ticks since boot
+        # plus /proc/stat's btime, a whole second that drops the boot's fraction (starts read up to 1 s early
+        # against time.time(), and a process begun late in a pass was judged over time it did not run)
+        self.uptime = uptime or seconds_since_boot
+        self.boot_time = boot_time
         self._window: _Window | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -387,18 +402,22 @@ class DeviceSampler:
         return psutil.process_iter(["pid", "name"])
 
     def _cpu_seconds(self) -> dict[int, tuple[str | None, float, float]]:
-        """pid -> (name, creation time, CPU seconds so far) of every process readable now."""
+        """pid -> (name, start in seconds since boot, CPU seconds so far) of every process readable now."""
+        if self.boot_time is None:
+            import psutil
+
+            self.boot_time = psutil.boot_time()
         out = {}
         for proc in self._process_iter():
             try:
                 times = proc.cpu_times()
-                out[proc.pid] = (proc.info.get("name"), proc.create_time(), times.user + times.system)
+                out[proc.pid] = (proc.info.get("name"), proc.create_time() - self.boot_time, times.user + times.system)
             except Exception:  # a process that ended meanwhile, or one we may not read
                 pass
         return out
 
     def begin_window(self, tag: str) -> None:
-        started = time.time()
+        started = self.uptime()
         cpu = {pid: (created, seconds) for pid, (_, created, seconds) in self._cpu_seconds().items()}
         window = _Window(tag, started, load_start=os.getloadavg(), rpi_start=rpi_throttled(self.run), cpu_start=cpu)
         with self._lock:
@@ -411,7 +430,7 @@ class DeviceSampler:
             window, self._window = self._window, None
         if window is None:
             return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
-        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), time.time(), os.getpid())
+        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(), os.getpid())
         state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run),
                                  self.cpu_files.unavailable())
         if self.errors:
@@ -473,8 +492,9 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
             warnings.append(f"GPU clock at most {clocks[1]:.0f} MHz of {gpu.max_sm_mhz:.0f} MHz during the pass "
                             "(jetson_clocks off, or capped)")
     freqs = _span([c["freq_mhz"] for c in window.cpu])
-    shares = _span([c["freq_share"] for c in window.cpu])
+    lowest = min((c["freq_share"] for c in window.cpu if c["freq_share"] is not None), default=None)
     out["cpu"] = {**static, "freq_mhz": freqs,
+                  "freq_share_of_max_min": None if lowest is None else round(lowest[0], 4),
                   "temperature_c_max": max((c["temp_c"] for c in window.cpu if c["temp_c"] is not None), default=None)}
     if unavailable:
         out["cpu"]["unavailable"] = unavailable
@@ -484,9 +504,9 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
         now = [f for f in rpi_end["flags"] if not f.endswith("_occurred")]
         reasons += [f"raspberry pi: {f}" for f in now]
     governors = static.get("governors") or []
-    if shares and shares[0] < FREQ_DROP and governors == ["performance"]:  # a policy below its own maximum
-        warnings.append(f"CPU frequency fell to {100 * shares[0]:.0f}% of its core's maximum (lowest {freqs[0]:.0f} "
-                        "MHz) with the performance governor: thermal or power capping")
+    if lowest is not None and lowest[0] < FREQ_DROP and governors == ["performance"]:  # below its own maximum
+        warnings.append(f"CPU frequency fell to {100 * lowest[0]:.0f}% of its core's maximum ({lowest[1]:.0f} of "
+                        f"{lowest[2]:.0f} MHz) with the performance governor: thermal or power capping")
     out["load_average"] = {"start": [round(v, 2) for v in window.load_start], "end": [round(v, 2) for v in load_end]}
     out["busiest_other_processes"] = busiest
     if busiest:
