@@ -89,7 +89,7 @@ def test_fetch_builds_the_layout_the_harness_reads(server, tmp_path):
     val = _zip({f"val2017/{p.name}": p.read_bytes() for p in images})
     ann = _zip({"annotations/instances_val2017.json": json.dumps(annotations).encode(),
                 "annotations/instances_train2017.json": b"{}"})
-    archives = (Archive("zips/val2017.zip", _publish(root, "zips/val2017.zip", val), "val2017"),
+    archives = (Archive("zips/val2017.zip", _publish(root, "zips/val2017.zip", val), "val2017", files=len(images)),
                 Archive("annotations/annotations_trainval2017.zip",
                         _publish(root, "annotations/annotations_trainval2017.zip", ann), "annotations",
                         only=("annotations/instances_val2017.json",)))
@@ -99,6 +99,12 @@ def test_fetch_builds_the_layout_the_harness_reads(server, tmp_path):
     assert sorted(p.name for p in (dest / "val2017").iterdir()) == [p.name for p in images]
     assert [p.name for p in (dest / "annotations").iterdir()] == ["instances_val2017.json"]  # train not extracted
     assert not (dest / ".downloads").exists()
+    requests = len(RangeHandler.requests_seen)
+    again = fetch_archives(dest, archives, base_url=url)  # everything there: nothing is downloaded twice
+    assert all("already present" in line for line in again) and len(RangeHandler.requests_seen) == requests
+    (dest / "val2017" / images[0].name).unlink()  # one image short: that archive is fetched again
+    assert "verified" in fetch_archives(dest, archives, base_url=url)[0]
+    assert sorted(p.name for p in (dest / "val2017").iterdir()) == [p.name for p in images]
     result = run_in_process("run", "--coco-dir", str(dest), "--limit", "3", "--warmup-batches", "1",
                             "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0",
                             "--output-dir", str(tmp_path / "o"), "--json")

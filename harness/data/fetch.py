@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.data.variants import VAL2017_NUM_IMAGES
 from harness.errors import UsageError, VaBenchError
 from harness.files import move_into_place
 
@@ -36,14 +37,24 @@ class Archive:
     sha1: str
     provides: str  # the folder it extracts into `<dest>`
     only: tuple[str, ...] = ()  # members to extract (default: all); the rest stays in the archive
+    files: int | None = None  # the files its folder holds: where all are there, it is not downloaded again
 
     @property
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
 
+    def present(self, dest: Path) -> bool:
+        """Whether `dest` holds what this archive provides already (extraction is all or nothing, so an earlier
+        fetch's folder is whole): its named members, or as many files as the archive holds."""
+        if self.only:
+            return all((dest / member).is_file() for member in self.only)
+        folder = dest / self.provides
+        return (self.files is not None and folder.is_dir()
+                and sum(1 for p in folder.iterdir() if p.is_file()) >= self.files)
+
 
 COCO_VAL2017 = (
-    Archive("zips/val2017.zip", "4950dc9d00dbe1c933ee0170f5797584351d2a41", "val2017"),
+    Archive("zips/val2017.zip", "4950dc9d00dbe1c933ee0170f5797584351d2a41", "val2017", files=VAL2017_NUM_IMAGES),
     # 241 MB, mostly train2017 annotations the harness never reads: only the val2017 instances are extracted
     Archive("annotations/annotations_trainval2017.zip", "8551ee4bb5860311e79dace7e79cb91e432e78b3", "annotations",
             only=("annotations/instances_val2017.json",)),
@@ -158,6 +169,9 @@ def _fetch_into(dest: Path, archives: tuple[Archive, ...], base_url: str,
                 progress: Callable[[str, int, int | None], None] | None, keep_archives: bool) -> list[str]:
     lines = []
     for archive in archives:
+        if archive.present(dest):  # 1 GB not fetched twice
+            lines.append(f"{archive.name}: already present in {dest / archive.provides} (delete it to fetch it again)")
+            continue
         part = dest / ".downloads" / f"{archive.name}.part"
         url = f"{base_url.rstrip('/')}/{archive.path}"
         download_resumable(url, part, (lambda done, total, n=archive.name: progress(n, done, total))
