@@ -61,29 +61,32 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
         message = (str(exc) if isinstance(exc, DiskFullError)
                    else f"no space left on device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
         return StorageProblem(message, "no space left on device", "free some space")
+    for link in _chain(exc):
+        if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS and link.filename is not None
+                and Path(os.path.abspath(link.filename)).is_relative_to(os.path.abspath(folder))):
+            why = link.strerror.lower() if link.strerror else "not permitted"
+            return StorageProblem(f"cannot write {link.filename} ({why})", f"the run folder cannot be written ({why})",
+                                  "make the folder writable")
+    return None
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, once each."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if (isinstance(exc, OSError) and exc.errno in UNWRITABLE_ERRNOS and exc.filename is not None
-                and Path(os.path.abspath(exc.filename)).is_relative_to(os.path.abspath(folder))):
-            why = exc.strerror.lower() if exc.strerror else "not permitted"
-            return StorageProblem(f"cannot write {exc.filename} ({why})", f"the run folder cannot be written ({why})",
-                                  "make the folder writable")
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC/EDQUOT). Libraries that write
     files (the profiler, cv2, pycocotools) may wrap the OSError or only keep its text."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
+    for link in _chain(exc):
+        if isinstance(link, DiskFullError) or (isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS):
             return True
-        if "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc).lower():
+        if "no space left on device" in str(link).lower() or "disk quota exceeded" in str(link).lower():
             return True
-        exc = exc.__cause__ or exc.__context__
     return False
 
 

@@ -17,6 +17,7 @@ import torch
 from harness import __version__
 from harness.hardware import derive_hardware_id
 from harness.measure.device import Device
+from harness.measure.hygiene import NO_CPUFREQ
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
@@ -47,7 +48,7 @@ def cpu_governor() -> str:
     try:
         return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     except OSError:
-        return "unavailable: no cpufreq interface (/sys/devices/system/cpu/cpu0/cpufreq)"
+        return f"unavailable: {NO_CPUFREQ}"
 
 
 def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:

@@ -34,6 +34,7 @@ RPI_THROTTLED = {0: "under_voltage", 1: "arm_frequency_capped", 2: "throttled", 
                  19: "soft_temperature_limit_occurred"}
 JETSON_GPU_DEVFREQ = re.compile(r"gpu|gv11b|ga10b|gp10b|gb10b", re.IGNORECASE)
 BUSY_PROCESS_PERCENT = 50.0  # another process using half a core or more during a timed pass is worth naming
+NO_CPUFREQ = "no cpufreq interface (/sys/devices/system/cpu/*/cpufreq)"  # a VM's or a container's CPU, often
 MIN_BUSY_WINDOW_S = 0.2  # a process seen for less time than this has no share of the window worth judging
 FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
 
@@ -257,7 +258,7 @@ class CpuFiles:
         """What this machine's sysfs cannot tell, and why (a VM or container often has neither)."""
         out = {}
         if not self.freqs:
-            out["frequency"] = "no cpufreq interface (/sys/devices/system/cpu/*/cpufreq)"
+            out["frequency"] = NO_CPUFREQ
         if not self.temps:
             out["temperature"] = "no thermal zone (/sys/class/thermal/thermal_zone*)"
         return out

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,14 +111,10 @@ def not_a_file_or_folder(path: Path) -> str:
     return "no such file or folder"
 
 
-def other_document(path: Path, doc: Any = None) -> str | None:
-    """What a JSON document is when it is plainly no submission: another schema_version (a support matrix, a
-    leaderboard, generated tables) or a JSON Schema, and none of a submission's blocks; None for a submission, a
-    broken one (a misspelt schema_version included), or an unreadable file (those are findings)."""
-    if doc is None:
-        doc, problem = read_json(path)
-        if problem is not None:
-            return None
+def other_document(doc: Any) -> str | None:
+    """What a parsed JSON document is when it is plainly no submission: another schema_version (a support matrix, a
+    leaderboard, generated tables) or a JSON Schema, and none of a submission's blocks; None for a submission or a
+    broken one (a misspelt schema_version included: that is a finding)."""
     if not isinstance(doc, dict) or any(key in doc for key in SUBMISSION_BLOCKS):
         return None  # shaped like a submission: validated, whatever its schema_version says
     version = doc.get("schema_version")
@@ -161,12 +158,6 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 found = [x for x in found if x not in records]
                 notes.append(f"skipped {len(records)} fleet or campaign record(s) ({', '.join(map(str, records))}): "
                              "not submissions")
-            others = [(x, kind) for x in found if (kind := other_document(x)) is not None]
-            if others:  # a site's schema, support matrix or generated tables beside its submissions
-                found = [x for x in found if x not in {o for o, _ in others}]
-                notes.append(f"skipped {len(others)} JSON document(s) of other kinds: "
-                             + ", ".join(f"{o} ({kind})" for o, kind in others[:5])
-                             + (", ..." if len(others) > 5 else ""))
             files += found
         elif p.is_file():
             files.append(p)
@@ -417,7 +408,7 @@ class FinishedCell:
                 return value
         return None
 
-    @property
+    @cached_property  # the whole submission typed once, not once per table row or gate that asks
     def dataset_variant(self) -> str | None:
         """The dataset variant as every reader derives it (declared, else from the image count)."""
         try:

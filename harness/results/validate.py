@@ -45,6 +45,7 @@ class FileReport:
     findings: list[Finding] = field(default_factory=list)
     submission: Submission | None = None
     raw: dict | None = None
+    other_kind: str | None = None  # a JSON document of another kind (a support matrix, a JSON Schema)
 
     @property
     def errors(self) -> list[Finding]:
@@ -326,9 +327,9 @@ def validate_file(path: Path, support: dict | None, schema: dict,
             if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "bbox" in doc[0] else "not a submission"
         report.findings.append(Finding("$", f"a JSON {type(doc).__name__}, not an object ({what})", "site.type"))
         return report
-    other = other_document(path, doc)
-    if other is not None:  # one line, not the schema's dozens about a document of another kind
-        report.findings.append(Finding("$", f"not a va.submission.v1 ({other})", "site.type"))
+    report.other_kind = other_document(doc)
+    if report.other_kind is not None:  # one line, not the schema's dozens about a document of another kind
+        report.findings.append(Finding("$", f"not a va.submission.v1 ({report.other_kind})", "site.type"))
         return report
     report.findings += schema_findings(doc, schema)
     report.findings += [_pending(f, doc, pending_models) for f in site_findings(doc, support)]
@@ -384,6 +385,14 @@ def validate_paths(paths: list[str | Path], support: dict | None, progress=None,
             for f in files:
                 reports.append(validate_file(f, support, schema, checked, pending_models))
                 advance()
+    # a site's schema, support matrix or generated tables found beside its submissions are skipped with a note; a file
+    # named on the command line is the user's to hear about (its one finding)
+    named = {Path(p) for p in paths}
+    others = [r for r in reports if r.other_kind is not None and r.path not in named]
+    if others:
+        reports = [r for r in reports if r.other_kind is None or r.path in named]
+        listed = ", ".join(f"{r.path} ({r.other_kind})" for r in others[:5]) + (", ..." if len(others) > 5 else "")
+        notes.append(f"skipped {len(others)} JSON document(s) of other kinds: {listed}")
     owners: dict[str, Path] = {}
     for r in reports:
         sid = r.raw.get("submission_id") if r.raw else None
