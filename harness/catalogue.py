@@ -74,6 +74,21 @@ def segment_ids() -> frozenset[str]:
 
 
 @cache
+def topk_protocols() -> dict[str, tuple[float, int]]:
+    """Model id -> (conf, max_det) that libreyolo's validator applies to an NMS-free (top-k) model whatever it is
+    asked: the site's rows of these models state the site's protocol (conf 0.001, max_det 300) for this one."""
+    out = {}
+    for block in catalogue_data()["libreyolo"]["families"].values():
+        post = block.get("postprocess") or {}
+        if post.get("kind") != "topk":
+            continue
+        for model_id, entry in block["models"].items():
+            merged = {**post, **((entry or {}).get("postprocess") or {})}
+            out[model_id] = (float(merged["conf"]), int(merged["max_det"]))
+    return out
+
+
+@cache
 def pending_site_ids() -> frozenset[str]:
     """Catalogue ids of families the site's support matrix does not list yet (`site_matrix: pending`)."""
     return frozenset(model_id for block in catalogue_data()["libreyolo"]["families"].values()

@@ -1,4 +1,4 @@
-"""Hardware catalogue (configs/hardware.yaml): ids, name patterns, metadata; id derivation."""
+"""Hardware catalogue (harness/hardware.yaml): ids and name patterns; id derivation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-CATALOGUE = Path(__file__).resolve().parents[1] / "configs" / "hardware.yaml"
+CATALOGUE = Path(__file__).with_name("hardware.yaml")
 
 
 @cache
@@ -53,9 +53,3 @@ def derive_hardware_id(gpu: str | None, cpu: str | None, cores: int | None = Non
         return "cpu_" + slugify(cpu) + (f"_{cores}c" if cores else "")
     return "unknown"
 
-
-def hardware_metadata(hardware_id: str) -> dict | None:
-    for entry in catalogue():
-        if entry["id"] == hardware_id:
-            return {k: v for k, v in entry.items() if k != "match"}
-    return None

@@ -7,6 +7,8 @@ and any package on a lower layer, never a package on its own layer or above. Imp
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,21 @@ def test_families_and_backends_meet_only_in_the_detector_contract(unit):
     wrong = [f"{m} -> {t}" for m, targets in import_graph().items() if unit_of(m) == unit
              for t in targets if unit_of(t) == other]
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_data_file_of_the_package_is_installed_with_it():
+    """A file the harness reads beside its code (catalogues, schemas, id lists) ships in the wheel: each is matched
+    by pyproject's package-data, and no module reads such a file from the checkout outside the package."""
+    pyproject = (HARNESS.parent / "pyproject.toml").read_text()  # tomllib is 3.11+; the project runs on 3.10
+    listed = re.search(r"\[tool\.setuptools\.package-data\]\nharness = \[(.*)\]", pyproject)[1]
+    patterns = re.findall(r'"([^"]+)"', listed)
+    data = [p.relative_to(HARNESS).as_posix() for p in HARNESS.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert data, "expected the catalogues among the package's files"
+    missing = [d for d in data if not any(fnmatch.fnmatch(d, pattern) for pattern in patterns)]
+    assert not missing, f"add to [tool.setuptools.package-data] in pyproject.toml: {missing}"
+    outside = [f"{name}: {ast.unparse(node)}" for name, path in module_files().items()
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and node.value == "configs"
+               and name != "harness.report.gates"]  # it names an example for users to copy
+    assert not outside, "read data files from inside harness/ (the package), not the checkout:\n" + "\n".join(outside)

@@ -26,3 +26,19 @@ def test_pooled_timing_of_overlapped_cells_is_their_intervals_and_std_the_sample
     timing = pooled_timing(subs)
     assert timing["total_ms"]["mean"] == pytest.approx(per_image.mean(), abs=1e-4)
     assert timing["total_ms"]["std"] == pytest.approx(per_image.std(ddof=1), abs=1e-4)
+
+
+def test_pooled_stage_split_adds_up_to_the_pooled_mean_and_is_null_where_a_dataset_lacks_it():
+    def cell(samples, pre, inf, post):  # a latency cell of batch 1 whose stage means add up to its mean
+        assert abs(pre + inf + post - np.mean(samples)) < 1e-9
+        return {"timing": {"batch_size": 1, "num_images": len(samples), "batch_samples_ms": samples,
+                           "total_ms": {"preprocess_ms": pre, "inference_ms": inf, "postprocess_ms": post}}}
+
+    subs = [cell([10.0, 12.0, 14.0], 2.0, 8.0, 2.0), cell([30.0], 5.0, 20.0, 5.0)]
+    total = pooled_timing(subs)["total_ms"]
+    assert total["preprocess_ms"] == pytest.approx((2.0 * 3 + 5.0) / 4)
+    assert total["inference_ms"] == pytest.approx((8.0 * 3 + 20.0) / 4)
+    parts = total["preprocess_ms"] + total["inference_ms"] + total["postprocess_ms"]
+    assert parts == pytest.approx(total["mean"], abs=1e-3) and total["mean"] == pytest.approx(16.5)
+    subs[1]["timing"]["total_ms"]["inference_ms"] = None
+    assert pooled_timing(subs)["total_ms"]["inference_ms"] is None

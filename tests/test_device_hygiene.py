@@ -61,6 +61,18 @@ class FakeNvml:
     def nvmlDeviceResetGpuLockedClocks(self, handle):
         self.calls.append(("reset",))
 
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA GeForce RTX 5070 Ti"  # older bindings give bytes
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(total=16 * 2**30)
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.159.04"
+
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
@@ -135,7 +147,7 @@ def test_a_thermal_throttle_bit_during_the_pass_marks_the_cell(tmp_path):
     assert idle.end_window()["throttled"] is False  # an idle GPU between batches is no slowdown
 
 
-def test_jetson_power_mode_clocks_and_trips(tmp_path):
+def test_jetson_power_mode_clocks_and_trips(tmp_path, monkeypatch):
     root = _tree(tmp_path, {
         "sys/class/devfreq/17000000.ga10b/cur_freq": "510000000", "sys/class/devfreq/17000000.ga10b/max_freq":
         "1300500000", "sys/class/devfreq/17000000.ga10b/min_freq": "306000000",
@@ -160,12 +172,20 @@ def test_jetson_power_mode_clocks_and_trips(tmp_path):
     cool = _sampler(JetsonReader(root), root)
     cool.begin_window("cell")
     assert cool.end_window()["throttled"] is False
-    # a CPU run on a Jetson samples no GPU at all
+    # a CPU run on a Jetson samples no GPU at all; both record the board's power mode with every timed pass
     (root / "proc/device-tree").mkdir(parents=True)
     (root / "proc/device-tree/model").write_text("NVIDIA Jetson AGX Orin")
     from harness.measure.device import Device
-    assert DeviceSampler.for_device(Device("cpu"), root).gpu is None
-    assert isinstance(DeviceSampler.for_device(Device("cuda", 0), root).gpu, JetsonReader)
+    monkeypatch.setattr(hygiene, "jetson_power", lambda r: jetson_power(
+        r, run=lambda *a, **k: SimpleNamespace(stdout="NV Power Mode: MAXN\n0\n")))
+    on_cpu, on_gpu = DeviceSampler.for_device(Device("cpu"), root), DeviceSampler.for_device(Device("cuda", 0), root)
+    assert on_cpu.gpu is None and isinstance(on_gpu.gpu, JetsonReader)
+    for sampler in (on_cpu, on_gpu):
+        sampler.processes, sampler.boot_time, sampler.run = (lambda: []), 0.0, _no_vcgencmd
+        sampler.begin_window("cell")
+        assert sampler.end_window()["jetson_power"] == {"nvpmodel": {"name": "MAXN", "id": 0},
+                                                        "jetson_clocks": True, "gpu_max_mhz": 1300.5}
+    assert "jetson_power" not in _sampler().end_window()
 
 
 def test_raspberry_pi_throttled_flags(tmp_path):
@@ -384,3 +404,28 @@ def test_hardware_ids_match_gpu_names_as_whole_words():
     assert derive_hardware_id("NVIDIA GH200 480GB", "x") == "nvidia_gh200_480gb"  # not an H200
     assert derive_hardware_id("NVIDIA GeForce RTX 5070 Ti Laptop GPU", "x") != "nvidia_geforce_rtx_5070_ti"
     assert derive_hardware_id("Orin (nvgpu)", "x") == "jetson_orin"
+
+
+def test_a_cpu_run_names_the_machine_it_ran_on(monkeypatch, tmp_path):
+    """The hardware id is the machine's whatever the run computes on (the site's CPU rows of a Jetson say
+    jetson_orin): a GPU machine's through NVML (no CUDA context), a Jetson's by its board; logical CPUs counted."""
+    from harness.measure import env
+    from harness.measure.device import parse_device
+
+    cpu = parse_device("cpu")
+    monkeypatch.setattr(env, "board_model", lambda: None)
+    block = env.hardware_block(cpu, None, nvml=FakeNvml())
+    assert block["id"] == "nvidia_geforce_rtx_5070_ti" and block["gpu"] == "NVIDIA GeForce RTX 5070 Ti"
+    assert block["gpu_memory_gb"] == 16.0 and block["driver_version"] == "580.159.04"
+    assert block["cpu_cores"] == os.cpu_count() and block["cpu_physical_cores"] >= 1
+
+    class NoNvml(FakeNvml):
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(env, "board_model", lambda: "NVIDIA Jetson AGX Orin Developer Kit")
+    jetson = env.hardware_block(cpu, None, nvml=NoNvml())
+    assert jetson["id"] == "jetson_orin" and jetson["gpu"] == "NVIDIA Jetson AGX Orin Developer Kit"
+    monkeypatch.setattr(env, "board_model", lambda: None)
+    plain = env.hardware_block(cpu, None, nvml=NoNvml())
+    assert plain["gpu"] == "none" and plain["id"].startswith("cpu_") and plain["id"].endswith(f"_{os.cpu_count()}c")

@@ -755,6 +755,7 @@ def test_a_raspberry_pi_gets_the_boards_hardware_block(monkeypatch, tmp_path):
     read = env.board_model
     assert read(tmp_path) == "Raspberry Pi 5 Model B Rev 1.1" and read(tmp_path / "absent") is None
     monkeypatch.setattr(env, "board_model", lambda: read(tmp_path))
+    monkeypatch.setattr(env, "_nvml_gpu", lambda nvml=None: None)  # a Raspberry Pi has no NVIDIA GPU
     block = env.hardware_block(CPU, None)
     assert block["id"] == "rpi5" and block["gpu"] == "Raspberry Pi 5 Model B Rev 1.1"
     assert block["gpu_memory_gb"] is None and block["driver_version"] == "N/A"

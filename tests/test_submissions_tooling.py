@@ -378,6 +378,52 @@ def test_nonstandard_protocol_is_a_warning_unless_the_family_documents_it(tmp_pa
     assert found[1][0].severity == "warning" and "conf 0.25, max_det 100" in found[1][0].message
 
 
+def test_a_topk_model_at_the_thresholds_its_validator_applies_ran_the_sites_protocol(tmp_path):
+    """The site's rows of NMS-free models state conf 0.001 / max_det 300; libreyolo's validator scores them at conf 0
+    and the model's query count, which is what a run of ours records: the same protocol, one accuracy lineage."""
+    if not SUBMISSIONS.is_dir():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    site = json.loads(next(SUBMISSIONS.glob("dfine-n__tensorrt__cuda__jetson_orin__*.json")).read_text())
+    ours = _variant(site, config__conf=0.0)
+    ours["created_at"] = "2099-01-01T00:00:00Z"
+    seg = json.loads(next(SUBMISSIONS.glob("rfdetr-seg-n__*.json")).read_text())
+    seg_ours = _variant(seg, config__conf=0.0, config__max_det=100)  # rfdetr-seg-n's 100 queries
+    seg_other = _variant(seg, config__conf=0.0, config__max_det=50)
+    reports = _write(tmp_path / "topk", [site, ours, seg_ours, seg_other])
+    found = [[f for f in r.findings if f.rule == "nonstandard-protocol"] for r in reports]
+    assert [len(f) for f in found] == [0, 0, 0, 1]
+    board = aggregate(reports[:2])
+    rows = [r for r in board["cube"] if r["model"] == "dfine-n"]
+    assert len(rows) == 1 and rows[0]["file"].endswith("s1.json") and len(rows[0]["superseded"]) == 1
+
+
+def test_figures_that_contradict_each_other_are_errors_and_kept_off_the_leaderboard(tmp_path, base_doc):
+    """The rate the site ranks by is 1000 / the per-image latency; a file that says otherwise (or whose percentiles,
+    stage split, batch or input size, mAP_50 contradict its other figures) is refused, the real one is not."""
+    total = base_doc["timing"]["total_ms"]
+    mean = total["mean"]
+    broken = [
+        _variant(base_doc, throughput__fps_mean=round(10_000 / mean, 2)),  # ten times the measured rate
+        _variant(base_doc, timing__total_ms={**total, "p50": total["p99"] + 1}),  # p50 above p95 and p99
+        _variant(base_doc, timing__total_ms={**total, "inference_ms": mean * 2}),  # stages past the total
+        _variant(base_doc, timing__batch_size=8),  # config.batch_size is 1
+        _variant(base_doc, model__input_size=416),  # config.input_size is 640
+        _variant(base_doc, accuracy__mAP_50=base_doc["accuracy"]["mAP_50_95"] / 2),
+    ]
+    reports = _write(tmp_path / "inconsistent", [base_doc, *broken])
+    found = [[f.path for f in r.errors if f.rule == "inconsistent"] for r in reports]
+    assert found == [[], ["throughput.fps_mean"], ["throughput.fps_p50", "timing.total_ms"], ["timing.total_ms"],
+                     ["timing.batch_size"],
+                     ["model.input_size"], ["accuracy.mAP_50"]]
+    board = aggregate(reports)
+    assert board["counts"]["included"] == 1 and board["counts"]["excluded"] == len(broken)
+
+
+@requires_corpus
+def test_every_corpus_row_is_consistent(corpus_reports):
+    assert not [f for r in corpus_reports for f in r.findings if f.rule == "inconsistent"]
+
+
 def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
     by_model = _variant(base_doc, model__weights="random")
     by_repro = copy.deepcopy(base_doc)

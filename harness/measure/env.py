@@ -17,7 +17,7 @@ import torch
 from harness import __version__
 from harness.hardware import derive_hardware_id
 from harness.measure.device import Device
-from harness.measure.hygiene import NO_CPUFREQ
+from harness.measure.hygiene import NO_CPUFREQ, load_nvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
@@ -124,30 +124,58 @@ def tf32_state(mode: str) -> dict:
     }
 
 
-def hardware_block(device: Device, hardware_id: str | None) -> dict:
-    """The site's hardware block: id, gpu, cpu, ram_gb (+ gpu memory, driver, CUDA); memory in GiB (2^30 bytes)."""
+def hardware_block(device: Device, hardware_id: str | None, nvml=None) -> dict:
+    """The site's hardware block: id, gpu, cpu, ram_gb (+ gpu memory, driver, CUDA); memory in GiB (2^30 bytes).
+
+    The id names the machine, whatever this run computes on: a CPU run on a GPU machine or a Jetson names its GPU
+    (read through NVML, or the board's name: no CUDA context is made for it), as the site's CPU rows of a Jetson
+    do. `cpu_cores` counts logical CPUs, as the site's rows do (a100's two 24-core Xeons: 96)."""
     cpu = cpu_model()
     gpu_name, gpu_mem, driver, cuda = "none", None, "N/A", "N/A"  # no GPU: no GPU memory (null, not 0)
+    board = board_model() or ""
     if device.is_cuda:
         props = torch.cuda.get_device_properties(device.index)
         gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 1)
         cuda = torch.version.cuda or "N/A"
         driver = _nvidia_driver() or "unknown"
-    elif "raspberry pi" in (board := board_model() or "").lower():
+    elif (machine_gpu := _nvml_gpu(nvml)) is not None:
+        gpu_name, gpu_mem, driver = machine_gpu
+    elif any(name in board.lower() for name in ("raspberry pi", "jetson")):
         gpu_name = board  # the leaderboard's Raspberry Pi rows name the board there (and derive the id "rpi5" from it)
-    cores = psutil.cpu_count(logical=False) or os.cpu_count()
+    logical = os.cpu_count()
     return {
-        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu, cores),
+        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu, logical),
         "id_source": "--hardware-id" if hardware_id else "derived",
         "gpu": gpu_name,
         "gpu_memory_gb": gpu_mem,
         "driver_version": driver,
         "cuda_version": cuda,
         "cpu": cpu,
-        "cpu_cores": cores,
-        "cpu_threads": os.cpu_count(),
+        "cpu_cores": logical,
+        "cpu_physical_cores": psutil.cpu_count(logical=False),
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
     }
+
+
+def _nvml_gpu(nvml=None) -> tuple[str, float, str] | None:
+    """The machine's first GPU as NVML names it (name, memory in GiB, driver), None without NVML or a GPU."""
+    nvml, _ = load_nvml(nvml)
+    if nvml is None:
+        return None
+    try:
+        if nvml.nvmlDeviceGetCount() < 1:
+            return None
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        name = nvml.nvmlDeviceGetName(handle)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+        driver = nvml.nvmlSystemGetDriverVersion()
+    except Exception:  # NVML without a usable device (a vGPU, a container without one): the machine has none here
+        return None
+    return _text(name), round(memory / 2**30, 1), _text(driver)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)  # older NVML bindings give bytes
 
 
 def _nvidia_driver() -> str | None:

@@ -343,8 +343,9 @@ class DeviceSampler:
     memory monitor; end_window returns what was seen, a `throttled` flag and warnings."""
 
     def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.5, run=subprocess.run,
-                 processes=None, uptime=None, boot_time: float | None = None):
+                 processes=None, uptime=None, boot_time: float | None = None, board: dict | None = None):
         self.gpu, self.root, self.interval_s, self.run = gpu_reader, root, interval_s, run
+        self.board = board  # a Jetson's power mode and jetson_clocks, read once (jetson_power)
         self.static = cpu_static(root)
         self.cpu_files = CpuFiles.find(root)
         self.errors: list[str] = []  # a sample that failed (recorded with the window, the thread goes on)
@@ -362,14 +363,14 @@ class DeviceSampler:
     @classmethod
     def for_device(cls, device, root: Path = Path("/"), nvml=None) -> DeviceSampler:
         """NVML on an NVIDIA GPU, devfreq on a Jetson, the CPU side alone on a CPU run."""
-        reader = None
-        if getattr(device, "is_cuda", False):
-            if is_jetson(root):
-                reader = JetsonReader(root)
-            else:
-                nvml, _ = load_nvml(nvml)
-                reader = NvmlReader(nvml, device.index) if nvml is not None else None
-        return cls(reader, root)
+        reader, board = None, None
+        if is_jetson(root):  # the power mode bounds the CPU's clocks too: recorded whatever the device
+            board = jetson_power(root)
+            reader = JetsonReader(root) if getattr(device, "is_cuda", False) else None
+        elif getattr(device, "is_cuda", False):
+            nvml, _ = load_nvml(nvml)
+            reader = NvmlReader(nvml, device.index) if nvml is not None else None
+        return cls(reader, root, board=board)
 
     def __enter__(self) -> DeviceSampler:
         self._thread.start()
@@ -434,6 +435,8 @@ class DeviceSampler:
         busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(), os.getpid())
         state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run),
                                  self.cpu_files.unavailable())
+        if self.board is not None:
+            state["jetson_power"] = self.board
         if self.errors:
             state["sample_errors"], self.errors = self.errors[:5], []
         return state

@@ -55,7 +55,8 @@ def machine_report() -> dict:
     return {
         "hardware": hardware,
         "cpu": {"model": cpu_model(), "governor": cpu_governor(),
-                "cores": hardware["cpu_cores"], "threads": hardware["cpu_threads"], "arch": platform.machine()},
+                "logical_cpus": hardware["cpu_cores"], "cores": hardware["cpu_physical_cores"],
+                "arch": platform.machine()},
         "gpu": {"name": hardware["gpu"], "memory_gb": hardware["gpu_memory_gb"], "driver": hardware["driver_version"],
                 "cuda": hardware["cuda_version"], "torch_cuda_available": cuda},
         "probes": probes,

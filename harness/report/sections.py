@@ -38,8 +38,8 @@ def _hardware(run: RunFolder) -> str:
     gpu = h.get("gpu")
     gpu_text = "no GPU" if gpu in (None, "", "none") else f"GPU {gpu} ({h.get('gpu_memory_gb')} GiB, driver " \
                                                            f"{h.get('driver_version')}, CUDA {h.get('cuda_version')})"
-    return (f"{h.get('id', '?')}: {h.get('cpu', '?')} ({h.get('cpu_cores', '?')} cores / "
-            f"{h.get('cpu_threads', '?')} threads), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}")
+    return (f"{h.get('id', '?')}: {h.get('cpu', '?')} ({h.get('cpu_cores', '?')} logical CPUs / "
+            f"{h.get('cpu_physical_cores', '?')} cores), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}")
 
 
 def _on_off(value: Any) -> str:

@@ -8,7 +8,9 @@
   includes queueing and its throughput overlaps batches, so the two never replace each other. The
   leaderboard shows a coordinate's latency-mode row where there is one. The protocol is the post-processing
   thresholds `config.conf` / `iou` / `max_det`: they change both the NMS work and the mAP (a conf 0.25 run
-  scores lower than one at the site's 0.001), so runs at other thresholds never replace each other.
+  scores lower than one at the site's 0.001), so runs at other thresholds never replace each other. A top-k
+  (DETR-style) model run at what libreyolo's validator applies to it (conf 0, its query count) ran the site's
+  protocol, which the site's rows state as conf 0.001, max_det 300: it is keyed so (`as_stated_by_site`).
 * Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
   with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
   number, and a run at other thresholds never becomes the canonical number of standard-protocol rows. The
@@ -46,13 +48,15 @@ from datetime import datetime
 from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.results.reader import latest_wins
+from harness.results.site_rules import as_stated_by_site
 from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
 KNOWN_VARIANTS = ("full", "mini500")
 BOARDS = ("detection", "segmentation")  # the site's COCO boards (model.task segment: mask mAP)
-# Our rules that keep a file out of the leaderboard altogether (the site's own rules always do).
-UNPUBLISHABLE = {"random-weights", "synthetic-input"}
+# Our rules that keep a file out of the leaderboard altogether (the site's own rules always do): timing only, or
+# figures that contradict each other (which one is right is not known)
+UNPUBLISHABLE = {"random-weights", "synthetic-input", "inconsistent"}
 SIZE_ORDER_MARGIN = 0.10  # a larger variant this much faster than a smaller one is a finding
 # Our rules that keep a file's accuracy out of the canonical numbers (its timing still counts).
 DISTRUST_ACCURACY = {"commit_guard", "degenerate", "detections"}
@@ -143,13 +147,14 @@ def row_from(report: FileReport) -> PerfRow:
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
+    conf, max_det = as_stated_by_site(sub.model.id, _num(sub.config.conf), sub.config.max_det)
     return PerfRow(
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
         timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
         weights=sub.weights_identity, tf32=sub.tf32, num_images=sub.num_images,
-        conf=_num(sub.config.conf), iou=_num(sub.config.iou), max_det=sub.config.max_det,
+        conf=conf, iou=_num(sub.config.iou), max_det=max_det,
         standard_protocol=not any(f.rule == "nonstandard-protocol" for f in report.findings),
         created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
@@ -203,8 +208,8 @@ def pick_canonical(rows: list[PerfRow], order: list[str]) -> PerfRow:
 def aggregate(reports: list[FileReport], reference_hardware: str = "a100", tolerance_points: float = 0.3,
               fallback_hardware: list[str] | None = None, leaderboard_variant: str = "full",
               size_ranks: dict[str, tuple[str, int]] | None = None) -> dict:
-    """Build the leaderboard document from validated files (files the site would reject, and
-    random-weights runs, are left out)."""
+    """Build the leaderboard document from validated files (files the site would reject, random-weights runs and
+    files whose figures contradict each other are left out)."""
     rows, excluded = [], []
     for report in reports:
         blocking = [f for f in report.errors if (is_site_rule(f) and not _derivable_hardware_id(report, f))

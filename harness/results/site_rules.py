@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from harness.catalogue import topk_protocols
+
 REQUIRED_BLOCKS = {
     "schema_version": str, "submission_id": str, "created_at": str, "model": dict, "config": dict,
     "hardware": dict, "runtime": dict, "accuracy": dict, "timing": dict, "throughput": dict,
@@ -187,14 +189,27 @@ def number_type_findings(doc: Any) -> list[Finding]:
     return out
 
 
+def as_stated_by_site(model_id: Any, conf: Any, max_det: Any) -> tuple[Any, Any]:
+    """(conf, max_det) as the site's rows state them: a top-k model run at the thresholds libreyolo's validator
+    applies to it (conf 0 or 0.001, its own query count) ran the site's protocol, which those rows state as conf
+    0.001, max_det 300; anything else is returned as given."""
+    effective = topk_protocols().get(model_id) if isinstance(model_id, str) else None
+    if effective is not None and (conf, max_det) == effective:
+        return SITE_PROTOCOL["conf"], SITE_PROTOCOL["max_det"]
+    return conf, max_det
+
+
 def protocol_findings(doc: Any) -> list[Finding]:
     """A warning when conf/iou/max_det differ from the site's protocol (or the family's documented one)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         return []
-    family = doc["model"].get("family") if isinstance(doc.get("model"), dict) else None
-    family = family if isinstance(family, str) else None
+    model = doc["model"] if isinstance(doc.get("model"), dict) else {}
+    family = model.get("family") if isinstance(model.get("family"), str) else None
     protocol = _rf100vl_protocol(doc) if is_rf100vl(doc) else FAMILY_PROTOCOL.get(family, SITE_PROTOCOL)
-    config = doc["config"]
+    config = dict(doc["config"])
+    if not is_rf100vl(doc):
+        config["conf"], config["max_det"] = as_stated_by_site(model.get("id"), config.get("conf"),
+                                                              config.get("max_det"))
     off = {k: config[k] for k, want in protocol.items() if _number(config.get(k)) and config[k] != want}
     if not off:
         return []

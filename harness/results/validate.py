@@ -181,10 +181,47 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     for path, value in _walk_numbers(doc):
         if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > 1e15:
             out.append(Finding(path, f"{path} = {value} is not a plausible measurement", "degenerate"))
+    out += consistency_findings(sub)
     out += int8_findings(doc, sub, has_accuracy)
     if sub.random_weights:
         out.append(Finding("repro.weights.source", "random weights (a timing-only run): not publishable, its "
                            "accuracy means nothing; rerun with trained weights to publish", "random-weights"))
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal up to the rounding a file may carry (1 %, or 0.01 absolute for small values)."""
+    return abs(a - b) <= max(0.01 * abs(b), 0.01)
+
+
+def consistency_findings(sub: Submission) -> list[Finding]:
+    """Figures the file gives twice, or that bound each other, must agree: the site ranks by `throughput.fps_*`,
+    which is 1000 / `timing.total_ms` (per image); every row of the site's corpus agrees with each rule here."""
+    out = []
+    total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
+    for fps_key, ms_key in (("fps_mean", "mean"), ("fps_p50", "p50")):
+        fps, ms = sub.throughput.get(fps_key), total.get(ms_key)
+        if _finite_number(fps) and _finite_number(ms) and ms > 0 and not _close(fps, 1000.0 / ms):
+            out.append(Finding(f"throughput.{fps_key}", f"throughput.{fps_key} {fps:g} is not 1000 / "
+                               f"timing.total_ms.{ms_key} ({ms:g} ms per image: {1000.0 / ms:.4g})", "inconsistent"))
+    p50, p95, p99 = (total.get(k) for k in ("p50", "p95", "p99"))
+    if all(_finite_number(v) for v in (p50, p95, p99)) and not (p50 <= p95 + 1e-6 and p95 <= p99 + 1e-6):
+        out.append(Finding("timing.total_ms", f"percentiles out of order: p50 {p50:g}, p95 {p95:g}, p99 {p99:g}",
+                           "inconsistent"))
+    parts = [total.get(k) for k in ("preprocess_ms", "inference_ms", "postprocess_ms")]
+    mean = total.get("mean")
+    if all(_finite_number(v) for v in parts) and _finite_number(mean) and sum(parts) > 1.02 * mean + 0.01:
+        out.append(Finding("timing.total_ms", f"the stage split adds up to {sum(parts):g} ms, more than the mean of "
+                           f"{mean:g} ms per image it splits", "inconsistent"))
+    for path, stated, coordinate in (("timing.batch_size", sub.timing.get("batch_size"), sub.config.batch_size),
+                                     ("model.input_size", sub.model.input_size, sub.config.input_size)):
+        if _is_number(stated) and _is_number(coordinate) and stated != coordinate:
+            out.append(Finding(path, f"{path} {stated:g} disagrees with config.{path.split('.')[1]} {coordinate:g}",
+                               "inconsistent"))
+    m50, m5095 = sub.accuracy.get("mAP_50"), sub.accuracy.get("mAP_50_95")
+    if _finite_number(m50) and _finite_number(m5095) and m50 < m5095 - 1e-6:
+        out.append(Finding("accuracy.mAP_50", f"mAP_50 {m50:g} is below mAP_50_95 {m5095:g}, which averages it "
+                           "with stricter IoU thresholds", "inconsistent"))
     return out
 
 

@@ -92,7 +92,7 @@ def print_campaign(console: Console, path, doc: dict, results) -> None:
 
 def print_hw(console: Console, report: dict) -> None:
     h = report["hardware"]
-    console.print(f"hardware.id [bold]{escape(h['id'])}[/]: {escape(h['cpu'])} ({h['cpu_cores']} cores, "
+    console.print(f"hardware.id [bold]{escape(h['id'])}[/]: {escape(h['cpu'])} ({h['cpu_cores']} logical CPUs, "
                   f"governor {escape(report['cpu']['governor'])}), {h['ram_gb']} GiB RAM, GPU {escape(h['gpu'])}")
     table = Table(title="measurement probes")
     for col in ("probe", "status", "detail"):
