@@ -415,6 +415,7 @@ def test_random_weights_run_end_to_end(model_id, input_size, tmp_path):
         doc = json.loads(f.read_text())
         assert doc["model"]["id"] == model_id and doc["model"]["weights"] == RANDOM_WEIGHTS
         assert doc["repro"]["weights"]["libreyolo_version"] == libreyolo.__version__
+        assert doc["benchmark"]["libreyolo_version"] == doc["software"]["libreyolo"] == libreyolo.__version__
         assert doc["accuracy"]["status"] == "unavailable" and "random weights" in doc["accuracy"]["reason"]
     report = validate_paths([plan.run_dir / "submissions"], load_support_matrix(CORPUS / "support-matrix.json"),
                             None, pending_site_ids())

@@ -20,8 +20,9 @@ from harness.measure.device import Device
 from harness.measure.hygiene import NO_CPUFREQ, load_nvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
-            "pycocotools", "faster-coco-eval", "scipy")
+PACKAGES = ("torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "onnx", "onnx2torch", "numpy",
+            "opencv-python-headless", "pycocotools", "faster-coco-eval", "scipy", "libreyolo", "openvino", "ncnn",
+            "ai-edge-litert", "tensorrt")
 
 
 def cpu_model() -> str:

@@ -90,7 +90,10 @@ def build_submission(record: CellRecord) -> dict:
         "schema_version": SCHEMA_VERSION,
         "submission_id": submission_id,
         "created_at": record.created_at,
-        "benchmark": {"harness": HARNESS_NAME, "harness_version": __version__},
+        "benchmark": {"harness": HARNESS_NAME, "harness_version": __version__,
+                      # the model library's release that built a libreyolo model, where the site's rows state it
+                      **({"libreyolo_version": model["weights"]["libreyolo_version"]}
+                         if model["weights"].get("libreyolo_version") else {})},
         "model": {"id": model["id"], "name": model["id"], "family": model["family"], "variant": model["variant"],
                   "task": model.get("task", "detect"), "source": model["weights"]["source"],
                   "weights": model["weights"]["file"], "input_size": size},
