@@ -63,7 +63,7 @@ bench-masks: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not catalogue and not heavy"
 
-# matrices that grow with the catalogue (every variant of a family); run before an issue is resolved
+# matrices that grow with the catalogue (every variant of a family); run before a change to a family or runtime lands
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m "catalogue or heavy"
 

@@ -90,6 +90,11 @@ def test_rf100vl_campaign_row(tmp_path):
         for key in ("created_at", "submission_id", "timing", "throughput", "memory", "metadata"):
             d.pop(key)
     assert redo == doc
+    # a campaign file cut short (a full disk, an editor) is named in one line, not a traceback
+    (tmp_path / "out" / "c1" / "campaign.json").write_text('{"recipe": {')
+    broken = _campaign(tmp_path)
+    assert broken.returncode == 2 and "campaign.json: not valid JSON" in broken.stderr, broken.stderr
+    assert "Traceback" not in broken.stderr
 
 
 class _FakeVersion(SimpleNamespace):

@@ -1,1 +1,1 @@
-"""Benchmarks of the harness itself (make bench-*): figures for issue notes, not unit tests."""
+"""Benchmarks of the harness itself (make bench-*): figures for docs/benchmarks.md, not unit tests."""

@@ -15,7 +15,6 @@ VAL2017_NUM_IMAGES = 5000
 FULL_VAL2017_SHA256 = "1d158ad41c99a053bef0f51e7468b7f183408dec16e5f8162fdfa2203104ba04"
 MINI500_SHA256 = "b6c349dad846787f982b31d7c79be771032126d82525195d9714cd1195add544"
 KNOWN_FINGERPRINTS = {"full": (VAL2017_NUM_IMAGES, FULL_VAL2017_SHA256), "mini500": (500, MINI500_SHA256)}
-BASE_VARIANTS = ("full", "mini500", "sample")
 
 
 def image_id_sha256(image_ids: Iterable[int]) -> str:
@@ -47,10 +46,6 @@ class DatasetVariant:
     @property
     def image_id_sha256(self) -> str:
         return image_id_sha256(self.image_ids)
-
-    @property
-    def is_full(self) -> bool:
-        return self.name == "full"
 
     def describe(self) -> dict:
         return {

@@ -18,7 +18,6 @@ import torch
 from harness.measure.device import Device
 
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
-SUBSTEPS = ("preprocess.decode", "preprocess.upload", "postprocess.nms", "postprocess.boxes")
 # Measured beside the stages, not part of the batch's wall time: the forward's GPU time (CUDA events).
 DEVICE_TIMES = ("forward_gpu",)
 # The share of an overlapped stream the forward may spend waiting for host work before the run warns that its

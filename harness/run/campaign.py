@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,7 @@ from harness.errors import RunInterrupted, UsageError, VaBenchError, path_proble
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
-from harness.results.reader import CAMPAIGN_FILE, finished_submission
+from harness.results.reader import CAMPAIGN_FILE, finished_submission, read_json_object
 from harness.run.state import lock_folder
 
 RF100VL_OPTIONS = {"iou": 0.65, "max_det": 500, "eval_max_det": 500, "conf": 0.001, "batch_sizes": [1]}
@@ -86,7 +85,7 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
     if not weights_root.is_dir():
         raise UsageError(path_problem("--weights-root", weights_root, "no such folder")
                          + "; give the folder holding one folder of fine-tuned weights per dataset")
-    versions = json.loads((root / VERSIONS_FILE).read_text()) if (root / VERSIONS_FILE).is_file() else {}
+    versions = read_json_object(root / VERSIONS_FILE) if (root / VERSIONS_FILE).is_file() else {}
     entries = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         candidates = sorted(p for p in (weights_root / folder.name).glob("*") if p.suffix in WEIGHT_SUFFIXES) \
@@ -278,7 +277,7 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
         raise UsageError(path_problem("--output-dir", output_dir, "not a folder") + "; pick a folder")
     recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
     if (folder / CAMPAIGN_FILE).is_file():  # resuming: only the same campaign may add to its folder
-        before = json.loads((folder / CAMPAIGN_FILE).read_text()).get("recipe")
+        before = read_json_object(folder / CAMPAIGN_FILE).get("recipe")
         if before != recipe:
             changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
             raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -73,6 +72,7 @@ from harness.records import (
 )
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
+from harness.results.reader import read_detections
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
 # from the cells' timings, from the process start to here and to each group's model load (environment.startup).
@@ -215,7 +215,10 @@ class GroupExecutor:
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
         """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
-        by_image = {d.image_id: d for d in detections_from_coco(json.loads(detections_file.read_text()))}
+        found, problem = read_detections(detections_file)
+        if problem is not None or not isinstance(found, list):  # the caller goes on without a reference
+            raise ValueError(problem or "not a list of COCO detections")
+        by_image = {d.image_id: d for d in detections_from_coco(found)}
         contiguous = {category: i for i, category in enumerate(self.label_categories) if category >= 0}
         reference = []
         for record in self.ctx.records:
