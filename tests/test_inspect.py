@@ -168,6 +168,66 @@ def test_onnx_graph_metrics_of_a_known_graph():
     assert r.flops_total == conv_flops(3, 2, 1, 4, 4)
 
 
+def test_attention_is_counted_whichever_kernel_would_run():
+    """Fused attention kernels have no formula in torch's FLOP counter (it counted 0 for them): the count runs
+    attention through its plain math. Truth: 2 x MACs by hand."""
+    from harness.detector.graph import count_flops
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, x):  # q = k = v: 4 heads of 256 tokens x 64
+            q = torch.zeros(1, 4, 256, 64) + x.mean()
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    assert count_flops(Sdpa(), (32, 32)) == 2 * (2 * 4 * 256 * 256 * 64)  # QK^T and AV
+
+    class Mha(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+
+        def forward(self, x):  # 100 tokens of 64: the eval fast path would run fused
+            tokens = x.flatten(1)[:, :6400].reshape(1, 100, 64)
+            return self.attn(tokens, tokens, tokens, need_weights=False)[0]
+
+    mha = Mha().eval()
+    in_proj, attention, out_proj = 2 * 100 * 64 * 192, 2 * (2 * 4 * 100 * 100 * 16), 2 * 100 * 64 * 64
+    assert count_flops(mha, (48, 48)) == in_proj + attention + out_proj
+    assert torch.backends.mha.get_fastpath_enabled()  # restored
+
+
+def test_a_parameter_fed_to_a_submodule_is_counted_and_its_flag_restored():
+    """DETR queries are parameters passed into a submodule; the counter's bookkeeping asserted on them."""
+    from harness.detector.graph import count_flops
+
+    class Queries(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query = torch.nn.Parameter(torch.ones(100, 6))
+            self.head = torch.nn.Linear(4, 8)
+            self.frozen = torch.nn.Linear(3, 3).requires_grad_(False)
+
+        def forward(self, x):
+            return self.head(self.query[:, :4]) + x.mean()  # a view made under no_grad: needs grad, no grad_fn
+
+    module = Queries()
+    assert count_flops(module, (32, 32)) == 2 * 100 * 4 * 8
+    report = inspect_module(module, (32, 32), "queries")
+    assert report.flops_total == 2 * 100 * 4 * 8 and report.params_trainable == 100 * 6 + 4 * 8 + 8
+    assert module.query.requires_grad and not module.frozen.weight.requires_grad
+
+
+def test_an_onnx_graph_whose_forward_fails_keeps_its_graph_figures():
+    """A second input (RT-DETR's image sizes): the graph is still described, FLOPs say why they are missing."""
+    model = _tiny_onnx()
+    model.graph.input.append(helper.make_tensor_value_info("sizes", TensorProto.INT64, [1, 2]))
+    model.graph.output.append(helper.make_tensor_value_info("sizes_out", TensorProto.INT64, [1, 2]))
+    model.graph.node.append(helper.make_node("Identity", ["sizes"], ["sizes_out"]))
+    r = inspect_onnx(model, None, "two-inputs")
+    assert r.params_total == 8 and r.flops_total is None and r.layers == []
+    assert r.notes and r.notes[0].startswith("FLOPs and per-layer table unavailable: two-inputs: a batch-1 float32")
+    assert "native" not in r.notes[0]  # asked at the graph's own size: no size to suggest
+
+
 def test_bad_sources_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="give a MODEL"):
         inspect_model(None)

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import warnings
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -85,10 +86,12 @@ def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> Mod
 
     The FLOP count converts the graph and runs a batch-1 forward (~0.4 s and ~70 MB for YOLOX-Nano): it is
     a pure function of the graph's bytes and the input size, so it is kept in the weights cache
-    (`model-stats/<sha256 of the graph>__HxW.json`) and the next run of the same graph reads it."""
+    (`model-stats/<sha256 of the graph>__HxW__v<FLOP_COUNT_VERSION>.json`) and the next run of the same graph reads
+    it."""
     stats = ModelStats(params_millions=round(onnx_param_count(model) / 1e6, 4))
     h, w = input_size
-    cache = weights_dir() / "model-stats" / f"{hashlib.sha256(model.SerializeToString()).hexdigest()}__{h}x{w}.json"
+    digest = hashlib.sha256(model.SerializeToString()).hexdigest()
+    cache = weights_dir() / "model-stats" / f"{digest}__{h}x{w}__v{FLOP_COUNT_VERSION}.json"
     try:
         stats.gflops = float(json.loads(cache.read_text())["gflops"])
         return stats
@@ -114,13 +117,40 @@ def onnx_to_torch(model: onnx.ModelProto) -> torch.nn.Module:
     return convert(onnx.load_model(buffer))
 
 
+# Bumped when what count_flops counts changes: cached counts of an older convention are counted again.
+FLOP_COUNT_VERSION = 2
+
+
+@contextmanager
+def flop_counting(module: torch.nn.Module):
+    """The conditions of a forward whose FLOPs FlopCounterMode can see whole: attention through its plain math
+    (the fused CPU kernels of scaled_dot_product_attention and of nn.MultiheadAttention's fast path have no
+    formula there and counted 0: 47 % of ec-s), and no parameter asking for gradients (the counter's autograd
+    bookkeeping asserts on a module input that needs one under no_grad: LW-DETR and RF-DETR failed). The
+    parameters' flags are restored after; no inference tensors are left in a module that caches one."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    wanted = [(p, p.requires_grad) for p in module.parameters()]
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    try:
+        for p, _ in wanted:
+            p.requires_grad_(False)
+        torch.backends.mha.set_fastpath_enabled(False)
+        with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+        for p, flag in wanted:
+            p.requires_grad_(flag)
+
+
 def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
-    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul)."""
+    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul, attention included)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     x = torch.zeros(1, 3, *input_size)
     counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():  # no inference tensors left in a module that caches one (see module_outputs)
+    with flop_counting(module), counter:
         module(x)
     return int(counter.get_total_flops())
 

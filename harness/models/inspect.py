@@ -126,10 +126,17 @@ def _shape(value) -> str:
     return type(value).__name__
 
 
+class ForwardFailed(UsageError):
+    """The batch-1 forward that counts FLOPs failed: what the module is still stands (an ONNX graph's metrics)."""
+
+
 def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: str,
-                   source: str = "pytorch") -> InspectReport:
-    """Parameters, sparsity, FLOPs and the per-layer table of a torch module (batch-1 forward)."""
+                   source: str = "pytorch", native: tuple[int, int] | None = None) -> InspectReport:
+    """Parameters, sparsity, FLOPs and the per-layer table of a torch module (batch-1 forward); `native`: the
+    model's own input size, suggested when another one was asked for and the forward failed."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from harness.detector.graph import flop_counting
 
     module = module.eval()
     report = InspectReport(name, source, tuple(input_size))
@@ -157,11 +164,13 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
         handles.append(m.register_forward_pre_hook(lambda _m, _i, n=n: started[n].append(counter.get_total_flops())))
         handles.append(m.register_forward_hook(lambda _m, _i, out, n=n: leaf_done(n, out)))
     try:
-        with counter, torch.no_grad():  # no inference tensors left in a module that caches one
+        with flop_counting(module), counter:
             module(torch.zeros(1, 3, *input_size))
     except Exception as exc:
-        raise UsageError(f"{name}: a forward at {input_size[0]}x{input_size[1]} failed ({type(exc).__name__}: "
-                         f"{str(exc)[:160]}); try its native --input-size") from exc
+        hint = (f"; try its native --input-size {native[0]}" if native and tuple(native) != tuple(input_size)
+                else "")
+        raise ForwardFailed(f"{name}: a batch-1 float32 forward at {input_size[0]}x{input_size[1]} failed "
+                            f"({type(exc).__name__}: {str(exc)[:160]}){hint}") from exc
     finally:
         for h in handles:
             h.remove()
@@ -275,15 +284,20 @@ def inspect_onnx(model: onnx.ModelProto, input_size: tuple[int, int] | None, nam
     if static and static != size:  # bake-in of the export size: make H, W (and the batch) symbolic
         model = make_batch_dynamic(model)
         notes.append(f"input made dynamic ({static[0]}x{static[1]} export inspected at {size[0]}x{size[1]})")
-    try:
-        module = onnx_to_torch(model)
-    except Exception as exc:  # an op onnx2torch does not convert: the graph metrics still stand
+    def graph_only(why: str) -> InspectReport:  # the graph metrics stand without a converted forward
         report = InspectReport(name, "onnx", size, params_total=graph.weights, zeros_total=graph.weight_zeros,
                                onnx=graph)
-        report.notes.append(f"FLOPs and per-layer table unavailable: onnx2torch cannot convert the graph "
-                            f"({type(exc).__name__}: {str(exc)[:160]})")
+        report.notes += [*notes, f"FLOPs and per-layer table unavailable: {why}"]
         return report
-    report = inspect_module(module, size, name, source="onnx")
+
+    try:
+        module = onnx_to_torch(model)
+    except Exception as exc:  # an op onnx2torch does not convert
+        return graph_only(f"onnx2torch cannot convert the graph ({type(exc).__name__}: {str(exc)[:160]})")
+    try:
+        report = inspect_module(module, size, name, source="onnx", native=static)
+    except ForwardFailed as exc:  # fp16 inputs, a fixed batch other than 1, a second input (RT-DETR's sizes)
+        return graph_only(str(exc))
     report.onnx = graph
     report.notes += notes
     if report.params_total != graph.weights:
@@ -331,10 +345,11 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
     detector = get_detector(model, str(weights) if weights else None)
     size = size or tuple(detector.preprocess.input_size)
     source = getattr(detector, "core_source", None)
+    native = tuple(detector.preprocess.input_size)
     if source is None:  # a plugin with only the Detector protocol: its pytorch core's module
-        return inspect_module(_plugin_module(detector, size), size, detector.model_id)
+        return inspect_module(_plugin_module(detector, size), size, detector.model_id, native=native)
     if source.torch_module is not None:  # a torch-defined core: inspect it as it is
-        return inspect_module(source.torch_module(), size, detector.model_id)
+        return inspect_module(source.torch_module(), size, detector.model_id, native=native)
     if source.onnx_model is not None:
         path = getattr(detector, "path", None)
         # the file as it is (its own input and output shapes), not the core's copy with symbolic axes:
