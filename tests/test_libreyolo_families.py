@@ -555,6 +555,25 @@ def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
     assert "\n" not in str(err.value) and "could not be loaded as picodet-s" in str(err.value)
 
 
+def test_a_file_without_the_models_tensors_is_refused_not_run_on_random_values(tmp_path):
+    """libreyolo loads some families non-strictly and logs what was missing: a state dict of something else would
+    leave every tensor at its random initialisation under the file's name and sha256."""
+    import logging
+
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"a": torch.zeros(3)}, foreign)
+    quiet = logging.getLogger("libreyolo")
+    quiet.setLevel(logging.ERROR)  # a user's quieter logging must not hide the report
+    try:
+        for model_id in ("yolox-nano", "rtdetr-r18"):
+            with pytest.raises(UsageError) as err:
+                ly.LibreYoloDetector(model_id, str(foreign))
+            assert "\n" not in str(err.value) and f"does not hold {model_id}'s weights" in str(err.value)
+    finally:
+        quiet.setLevel(logging.NOTSET)
+    assert logging.getLogger("libreyolo.models.base.model").level == logging.NOTSET  # restored
+
+
 def test_fetch_uses_libreyolos_download_and_records_sha256(tmp_path, monkeypatch):
     """`fetch_weights` goes through libreyolo's own download (here from a server on 127.0.0.1 standing in for
     its hub: the URL libreyolo resolves the name to is redirected there)."""

@@ -221,14 +221,44 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
             raise UsageError(f"{path} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
                              "and its checksum is not one libreyolo pins; va-bench does not unpickle such files")
         try:  # absolute: a bare file name would make libreyolo look in ./weights/ first
-            wrapper = cls(str(path.resolve()), size=model.size, device="cpu", task=model.family.task)
+            with _missing_keys() as missing:
+                wrapper = cls(str(path.resolve()), size=model.size, device="cpu", task=model.family.task)
         except Exception as exc:  # libreyolo wraps every load failure in RuntimeError/ValueError
             first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
                              f"pass the {model.weights_file} checkpoint of this model") from exc
+        if missing:  # a non-strict family would run on with its random initialisation wherever keys were absent
+            count, first = missing[0]
+            raise UsageError(f"{path} does not hold {model.model_id}'s weights: {count} of its tensors are not in the "
+                             f"file (first: {', '.join(map(str, first[:3]))}); pass the {model.weights_file} "
+                             "checkpoint of this model")
         info = LibreWeightsInfo(file=path.name, sha256=sha, source=source, libreyolo_version=version)
     wrapper.model.eval()  # _from_scratch leaves it in train mode
     return wrapper, info
+
+
+@contextmanager
+def _missing_keys():
+    """(count, first names) of the model tensors a checkpoint load left at their initial values, from libreyolo's
+    own report of a non-strict load (its families that load non-strictly log it and load on)."""
+    found: list[tuple[int, list]] = []
+
+    class Report(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            args = record.args if isinstance(record.args, tuple) else ()
+            if str(record.msg).startswith("Non-strict load from") and len(args) >= 4 and args[1]:
+                found.append((int(args[1]), list(args[3])))
+
+    logger = logging.getLogger("libreyolo.models.base.model")
+    handler, level = Report(logging.WARNING), logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.WARNING:  # a quieter logging set-up must not hide the report
+        logger.setLevel(logging.WARNING)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _weights_path(model: LibreModel, weights: str | Path | None) -> tuple[Path, str]:
