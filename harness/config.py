@@ -33,7 +33,7 @@ def option(default: Any, flags: str | list[str], help: str, **constraints: Any) 
 class RunConfig(BaseModel):
     """A benchmark sweep on one device. Unknown keys are errors (typos must not pass silently)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `--warmup-seconds inf` is no duration
 
     models: list[str] = option(lambda: ["yolox-nano"], "--model",
                                "registry id (`va-bench models list`) or path/to/file.py:factory")
@@ -196,6 +196,35 @@ class RunConfig(BaseModel):
             raise ValueError("needs at least one value")
         return list(dict.fromkeys(values))  # a value given twice is one cell, as the plan shows it
 
+    @field_validator("weights", "calibration", "output_dir", "coco_dir", "dataset", "class_map", "trt_cache_dir")
+    @classmethod
+    def _home(cls, value: str | None) -> str | None:
+        """`~` is the home folder in every path option (a preset's `output_dir: ~/runs`, or `--output-dir=~/runs`,
+        which the shell leaves alone, made a folder named `~`)."""
+        return None if value is None else str(Path(value).expanduser())
+
+    @model_validator(mode="after")
+    def _options_of_other_modes(self) -> RunConfig:
+        """An option given for a mode the run is not in would be recorded and do nothing: refused, naming the
+        mode it belongs to. Only a value other than the default counts as given: a resumed run's configuration
+        holds every field."""
+        given = {name for name in self.model_fields_set
+                 if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)}
+        belongs = {"workers": ("--overlap", self.overlap), "max_seconds": ("--target-ci", self.target_ci is not None),
+                   "server_queries": ("--scenario server", self.scenario == "server"),
+                   "calibration": ("--precision int8", "int8" in self.precisions),
+                   "calibration_images": ("--precision int8", "int8" in self.precisions),
+                   "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile)}
+        for name, (mode, active) in belongs.items():
+            if name in given and not active:
+                flag = type(self).model_fields[name].json_schema_extra["flags"][0]
+                raise ValueError(f"{flag} applies to {mode} only; add {mode} or drop {flag}")
+        if {"min_timed_batches", "max_timed_batches"} <= given and self.max_timed_batches is not None \
+                and self.min_timed_batches > self.max_timed_batches:
+            raise ValueError(f"--min-timed-batches {self.min_timed_batches} is more than --max-timed-batches "
+                             f"{self.max_timed_batches}; lower one of them")
+        return self
+
     @model_validator(mode="after")
     def _scenario(self) -> RunConfig:
         """--scenario: single-stream and offline name the modes --overlap sets (a contradiction is refused); server
@@ -231,10 +260,12 @@ def _validation_message(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in err["loc"])
     field = RunConfig.model_fields.get(str(err["loc"][0])) if err["loc"] else None
     flag = f" ({field.json_schema_extra['flags'][0].split('/')[0]})" if field and field.json_schema_extra else ""
-    message = err["msg"]
+    message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "string_pattern_mismatch":
         message = f"{err['input']!r} is not a plain name: use letters, digits, '_', '.' and '-' (no paths)"
-    return f"invalid run configuration: {where}{flag}: {message}"
+    if err["type"] == "finite_number":
+        message = f"{err['input']!r} is not a finite number"
+    return f"invalid run configuration: {where}{flag}: {message}" if where else f"invalid run configuration: {message}"
 
 
 def device_spec(spec: str) -> tuple[str, int]:

@@ -43,6 +43,8 @@ def one_error_line(result) -> str:
     (["--tf32", "maybe"], "tf32"),
     (["--resume", "x", "--retry-failed", "--config", "configs/default.yaml"], "drop --config"),
     (["--retry-failed"], "--resume"),
+    (["--warmup-seconds", "inf"], "--warmup-seconds"),
+    (["--workers", "4"], "--workers applies to --overlap only"),
 ])
 @requires_coco
 def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expect):
@@ -51,6 +53,36 @@ def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expe
     assert result.returncode == 2, result.stderr
     assert expect in one_error_line(result)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("data, expect", [
+    ({"warmup_seconds": float("inf")}, "--warmup-seconds): inf is not a finite number"),
+    ({"target_ci": 5, "max_seconds": float("inf")}, "--max-seconds): inf is not a finite number"),
+    ({"scenario": "server", "qps": float("inf"), "latency_bound_ms": 10}, "--qps): inf is not a finite number"),
+    ({"workers": "4"}, "--workers applies to --overlap only; add --overlap or drop --workers"),
+    ({"max_seconds": 5}, "--max-seconds applies to --target-ci only"),
+    ({"server_queries": 50}, "--server-queries applies to --scenario server only"),
+    ({"calibration": "/nonexistent"}, "--calibration applies to --precision int8 only"),
+    ({"layer_batches": 5}, "--layer-batches applies to --layers only"),
+    ({"min_timed_batches": 5, "max_timed_batches": 2}, "--min-timed-batches 5 is more than --max-timed-batches 2"),
+    ({"scenario": "server", "qps": 5}, "invalid run configuration: --scenario server needs --latency-bound"),
+])
+def test_options_that_would_be_recorded_and_do_nothing_are_refused(data, expect):
+    from harness.config import build_config
+
+    with pytest.raises(UsageError) as err:
+        build_config(data)
+    assert expect in str(err.value) and "Value error" not in str(err.value) and ": :" not in str(err.value)
+
+
+def test_what_a_run_resumes_from_or_leaves_at_its_default_is_not_refused(tmp_path):
+    from harness.config import build_config
+
+    recorded = build_config({"max_timed_batches": 5}).model_dump()  # min 10 by default, as a run.json holds it
+    assert build_config(recorded).max_timed_batches == 5
+    assert build_config({"workers": "auto", "overlap": False}).workers == "auto"
+    home = build_config({"output_dir": "~/runs", "weights": "~/w.onnx"})
+    assert home.output_dir == str(Path.home() / "runs") and home.weights == str(Path.home() / "w.onnx")
 
 
 def test_output_dir_that_is_a_file_exits_2(tmp_path):

@@ -57,9 +57,15 @@ def test_dry_run_writes_nothing_and_plans_what_the_run_does(tmp_path):
     assert planned.returncode == 0, planned.stderr
     assert not out.exists()
     plan = json.loads(planned.stdout)
+    openvino = run_in_process("run", "--dry-run", "--output-dir", str(out), "--backend", "openvino", *args)
+    assert [g["loads"] for g in json.loads(openvino.stdout)["groups"]] == ["its ONNX graph, converted for openvino"]
     cells = {c["cell"]: c for g in plan["groups"] for c in g["cells"]}
-    assert plan["cells"] == 2 and {c["batch_size"] for c in cells.values()} == {1, 4}
+    assert plan["num_cells"] == 2 and {c["batch_size"] for c in cells.values()} == {1, 4}
     assert cells["yolox-nano onnxruntime fp32 416 b4"]["short_batch"] == 2
+    assert {g["loads"] for g in plan["groups"]} == {"its ONNX graph"}
+    (out / "taken").mkdir(parents=True)  # a run folder of that name: the real run would refuse it, so does the plan
+    refused = run_in_process("run", "--dry-run", "--output-dir", str(out), "--run-id", "taken", *args)
+    assert refused.returncode == 2 and "already has a run taken" in refused.stderr
     text = run_in_process("run", "--dry-run", "--output-dir", str(out), *args[:-1])  # the seconds are a cap
     assert "warm-up >= 1 batches, then until the batch times settle or 0.0 s since it began" in text.stdout, \
         text.stdout

@@ -242,6 +242,10 @@ def test_bad_sources_are_usage_errors(tmp_path):
 
     with pytest.raises(UsageError, match="model plugin .*: not a file"):
         load_plugin(str(tmp_path), "factory")
+    raising = tmp_path / "raising.py"
+    raising.write_text("def make():\n    raise RuntimeError('boom')\n")
+    with pytest.raises(UsageError, match=r"model plugin .*raising.py:make\(\) failed: RuntimeError: boom; fix"):
+        load_plugin(str(raising), "make")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00not a protobuf\xff" * 10)
     with pytest.raises(UsageError, match="is not an ONNX model"):

@@ -437,10 +437,12 @@ def test_finishes_in_flight_bounds_the_batches_finishing_at_once(pipeline, recor
 
 def test_workers_option_and_auto(monkeypatch):
     assert build_config({}).workers == "auto"
-    assert build_config({"workers": 3}).workers == "3" and build_config({"workers": "2"}).workers == "2"
+    overlapped = {"overlap": True}
+    assert build_config({"workers": 3, **overlapped}).workers == "3"
+    assert build_config({"workers": "2", **overlapped}).workers == "2"
     for bad in (0, "0", "x", "-1", True, 1.5):
         with pytest.raises(UsageError, match="--workers"):
-            build_config({"workers": bad})
+            build_config({"workers": bad, **overlapped})
     assert resolve_workers("4", cuda=False) == 4 and resolve_workers("auto", cuda=False) == 1
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert resolve_workers("auto", cuda=True) == MAX_AUTO_WORKERS == 8

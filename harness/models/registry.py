@@ -165,7 +165,14 @@ def load_plugin(path: str, factory_name: str) -> Detector:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise UsageError(f"model plugin {file} has no callable {factory_name!r}")
-    detector = factory()
+    try:
+        detector = factory()
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's code, as its import above: one line naming it
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise UsageError(f"model plugin {file}:{factory_name}() failed: {type(exc).__name__}"
+                         f"{': ' + first if first else ''}; fix the plugin") from exc
     missing = [a for a in REQUIRED_ATTRS if not hasattr(detector, a)]
     if not any(all(hasattr(detector, a) for a in attrs) for attrs in CORE_ATTRS):
         missing.append("core_source (or load_core and backends)")

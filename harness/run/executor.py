@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -174,7 +174,9 @@ class GroupExecutor:
         self.thresholds = Thresholds(config.conf if config.conf is not None else post.conf,
                                      config.iou if config.iou is not None else post.iou,
                                      config.max_det if config.max_det is not None else post.max_det)
-        self.postprocess = post.to_dict()
+        # the kind and the thresholds that ran (--conf/--iou/--max-det over the family's), as config.conf etc. say
+        self.postprocess = replace(post, conf=self.thresholds.conf, iou=self.thresholds.iou,
+                                   max_det=self.thresholds.max_det).to_dict()
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
                                          read_image=ctx.images.read,
                                          stream_workers=resolve_workers(config.workers, ctx.device.is_cuda),

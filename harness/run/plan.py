@@ -69,8 +69,12 @@ class RunPlan:
             elif key.backend == "onnxruntime":
                 loads = "its ONNX graph" if source.onnx_model is not None else "an ONNX export of its torch core " \
                                                                                   "(cached by content)"
-            else:
-                loads = "its torch core" if source.torch_module is not None else "onnx2torch of its ONNX graph"
+            elif source.torch_module is not None:
+                loads = "its torch core"
+            elif key.backend in ("pytorch", "torchscript"):
+                loads = "onnx2torch of its ONNX graph"
+            else:  # the converting runtimes read the graph itself (OpenVINO's frontend, pnnx, onnx2tf)
+                loads = f"its ONNX graph, converted for {key.backend}"
             rows = []
             for cell in cells:
                 full, short = divmod(n, cell.batch_size)
@@ -85,7 +89,7 @@ class RunPlan:
                 "dataset": {**self.dataset.describe(), **self.variant.describe()},
                 "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
                 "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
-                "cells": len(self.cells)}
+                "num_cells": len(self.cells)}
 
 
 def new_run_id() -> str:
@@ -166,6 +170,9 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     calibration = int8_calibration(config, dataset, records)
     output_dir = Path(config.output_dir)
     run_id = config.run_id or new_run_id()
+    if (output_dir / run_id).exists():  # a dry run says so too
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
+                         + f"; pick another --run-id or continue it with --resume {run_id}")
     if dry_run:
         return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
                        detectors, groups, label_categories, gpu_hygiene, backend_options, calibration=calibration)
@@ -177,9 +184,6 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
     run_dir = Path(config.output_dir) / run_id
-    if run_dir.exists():
-        raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
-                         + f"; pick another --run-id or continue it with --resume {run_id}")
     return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
                    label_categories, gpu_hygiene, backend_options, calibration=calibration, integrity=integrity)
 
@@ -263,7 +267,8 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
                          "batches; give one of them")
     if config.target_ci is not None and config.overlap:
         raise UsageError("--target-ci checks the interval between chunks of batches, which would stop the overlapped "
-                         "stream whose wall time is its throughput; use it in latency mode (drop --overlap)")
+                         "stream whose wall time is its throughput; use it in latency mode (drop "
+                         f"{'--scenario offline' if config.scenario == 'offline' else '--overlap'})")
     _check_models(config)
     _check_segment_backends(config)
     if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():

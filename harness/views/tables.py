@@ -222,7 +222,7 @@ def print_plan(console: Console, plan: dict) -> None:
     """`run --dry-run`: the cells in the order they run, and what each group loads."""
     d = plan["dataset"]
     console.print(f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
-                  f"({d['num_images']} images), {plan['cells']} cells on {escape(plan['device'])}; warm-up >= "
+                  f"({d['num_images']} images), {plan['num_cells']} cells on {escape(plan['device'])}; warm-up >= "
                   f"{plan['warmup']['batches']} batches, then until the batch times settle or "
                   f"{plan['warmup']['seconds']} s since it began, per cell; evaluation: "
                   f"{plan['evaluation'] or 'off'}; nothing written (a run writes {escape(plan['run_dir'])})",
