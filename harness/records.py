@@ -10,11 +10,17 @@ import hashlib
 import json
 import typing
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import numpy as np
 
 from harness.errors import NonFiniteNumberError
+
+
+def utc_now_iso() -> str:
+    """Now, as every record's time stamp is written: ISO 8601 in UTC with a Z (2026-11-29T03:04:05.678901Z)."""
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 # ---------------------------------------------------------------------------------------------- cells
 

@@ -120,6 +120,13 @@ def test_sparsity_and_flops_of_a_module_with_known_zeros():
     assert r.params_by_type == {"Linear": 10250, "Conv2d": 256, "ReLU": 0, "Flatten": 0}
 
 
+def test_a_tied_parameter_counts_once_in_the_rows_as_in_the_total():
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.Conv2d(3, 3, 1))
+    module[1].weight = module[0].weight  # tied: 9 weights held twice
+    r = inspect_module(module, (8, 8), "tied")
+    assert r.params_total == 9 + 3 + 3 == sum(row.params for row in r.layers) == sum(r.params_by_type.values())
+
+
 def test_flops_outside_leaf_modules_are_kept():
     class MatmulInForward(torch.nn.Module):
         def __init__(self):

@@ -131,6 +131,30 @@ def test_state_dict_weights_and_bad_files(tmp_path):
         TorchvisionDetector("ssdlite320_mobilenet_v3_large", str(bad))
 
 
+def test_parameter_counts_are_torchvisions_however_the_weights_came(tmp_path):
+    """torchvision's weighted build freezes the backbone's BatchNorm (buffers, not parameters): a random or
+    state_dict build has the same layers, so `num_params` (torchvision's own metadata) is met either way."""
+    from torchvision.models import get_model_weights
+
+    name = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    published = get_model_weights(name).DEFAULT.meta["num_params"]
+    random = TorchvisionDetector(name, "random")
+    assert sum(p.numel() for p in random.model.parameters()) == published == 19_386_354
+    path = tmp_path / "frcnn.pth"
+    torch.save(random.model.state_dict(), path)
+    loaded = TorchvisionDetector(name, str(path))
+    assert sum(p.numel() for p in loaded.model.parameters()) == published
+    for (key, x), (_, y) in zip(random.model.state_dict().items(), loaded.model.state_dict().items(), strict=True):
+        assert torch.equal(x, y), key
+    # a state_dict of an unfrozen build (a user's own training) loads too: the same statistics and affine
+    from torchvision.models import detection
+
+    plain = tmp_path / "plain.pth"
+    torch.save(detection.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None).state_dict(),
+               plain)
+    assert sum(p.numel() for p in TorchvisionDetector(name, str(plain)).model.parameters()) == published
+
+
 def test_torchvision_cache_is_used_for_official_weights(tmp_path, monkeypatch):
     """No --weights: torchvision's own cache (torch.hub) provides the file; its sha256 is recorded."""
     from torchvision.models import get_model_weights

@@ -23,6 +23,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.backends.support import BUILTINS
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
 
@@ -84,13 +85,7 @@ class Backend(Protocol):
         ...
 
 
-# The built-in backends, in registration order: `--backend` name -> (module in harness/backends, class). A new
-# runtime is its file and one line here; the names are known without importing any runtime.
-BUILTINS = {"pytorch": ("pytorch", "PyTorchBackend"), "onnxruntime": ("onnxruntime", "OnnxRuntimeBackend"),
-            "tensorrt": ("tensorrt", "TensorRTBackend"), "openvino": ("openvino", "OpenVinoBackend"),
-            "ncnn": ("ncnn", "NcnnBackend"), "tflite": ("tflite", "TfliteBackend"),
-            "torchscript": ("torchscript", "TorchScriptBackend")}
-BUILTIN_BACKENDS = tuple(BUILTINS)
+BUILTIN_BACKENDS = tuple(BUILTINS)  # the registry entries: backends/support.py
 _BACKENDS: dict[str, Backend] = {}
 _builtins_loaded = False
 
@@ -103,9 +98,9 @@ def register_backend(backend: Backend) -> None:
 def _registry() -> dict[str, Backend]:
     global _builtins_loaded
     if not _builtins_loaded:  # imported lazily: onnxruntime/onnx2torch are only paid for when used
-        for name, (module, cls) in BUILTINS.items():
-            backend = getattr(importlib.import_module(f"harness.backends.{module}"), cls)()
-            assert backend.name == name, f"{cls}.name is {backend.name!r}, its BUILTINS entry {name!r}"
+        for name, entry in BUILTINS.items():
+            backend = getattr(importlib.import_module(f"harness.backends.{entry.module}"), entry.cls)()
+            assert backend.name == name, f"{entry.cls}.name is {backend.name!r}, its BUILTINS entry {name!r}"
             _BACKENDS.setdefault(name, backend)
         _builtins_loaded = True
     return _BACKENDS

@@ -10,6 +10,7 @@ a combination is either run exactly as asked or refused with how to fix it.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from functools import cache
 
 from harness.errors import UsageError
@@ -18,16 +19,32 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # --ort-provider value -> the ONNX Runtime execution provider it asks for
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                  "tensorrt": "TensorrtExecutionProvider"}
-# Runtimes that run their own converted format: device kind -> precisions (the site's support matrix), and
-# the Python packages each needs (one `pip install` line when one is missing).
-RUNTIME_SUPPORT: dict[str, dict[str, tuple[str, ...]]] = {
-    "openvino": {"cpu": ("fp32", "fp16", "int8")},
-    "ncnn": {"cpu": ("fp32", "fp16")},
-    "torchscript": {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
-    "tflite": {"cpu": ("fp32", "fp16", "int8")},
+
+
+@dataclass(frozen=True)
+class BuiltinBackend:
+    """A built-in runtime's registry entry: where its class is (harness/backends/<module>.py), and for a runtime that
+    runs its own converted format, device kind -> precisions (the site's support matrix) and the Python packages
+    it needs (one `pip install` line when one is missing). pytorch, onnxruntime and tensorrt state theirs below."""
+
+    module: str
+    cls: str
+    devices: dict[str, tuple[str, ...]] | None = None
+    packages: tuple[str, ...] = ()
+
+
+# The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
+# the names and rules are known without importing any runtime.
+BUILTINS: dict[str, BuiltinBackend] = {
+    "pytorch": BuiltinBackend("pytorch", "PyTorchBackend"),
+    "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend"),
+    "tensorrt": BuiltinBackend("tensorrt", "TensorRTBackend"),
+    "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf")),
+    "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx")),
+    "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
+                             ("ai_edge_litert", "onnx2tf", "tensorflow")),
+    "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}),
 }
-RUNTIME_PACKAGES = {"openvino": ("openvino", "nncf"), "ncnn": ("ncnn", "pnnx"), "torchscript": (),
-                    "tflite": ("ai_edge_litert", "onnx2tf", "tensorflow")}
 EDGE_EXTRA = "pip install 'va-bench[edge]'"
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
 # one pip wrote last wins (ONNX Runtime's install docs)
@@ -79,21 +96,22 @@ def check_support(backend: str, device_kind: str, precision: str, ort_provider: 
     elif backend == "tensorrt":  # a serialized engine: its precision is its build's (backends/tensorrt.py)
         if device_kind != "cuda":
             raise UsageError("--backend tensorrt runs a serialized TensorRT engine on a GPU; add --device cuda")
-    elif backend in RUNTIME_SUPPORT:
+    elif backend in BUILTINS and BUILTINS[backend].devices is not None:
         _check_runtime(backend, device_kind, precision)
     elif precision != "fp32":  # a plugged-in backend states its own support at load; fp32 is the baseline
         raise UsageError(f"precision {precision} is only known for the built-in backends; use fp32")
 
 
 def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
-    support = RUNTIME_SUPPORT[backend]
+    entry = BUILTINS[backend]
+    support = entry.devices
     if device_kind not in support:
         raise UsageError(f"--backend {backend} runs on {' and '.join(support)} only; use --device "
                          f"{next(iter(support))}")
     if precision not in support[device_kind]:
         raise UsageError(f"precision {precision} is not supported by the {backend} backend on {device_kind}; use "
                          f"{', '.join(support[device_kind])}")
-    missing = [p for p in RUNTIME_PACKAGES[backend] if importlib.util.find_spec(p) is None]
+    missing = [p for p in entry.packages if importlib.util.find_spec(p) is None]
     if missing:
         raise UsageError(f"--backend {backend} needs the Python package{'s' if len(missing) > 1 else ''} "
                          f"{', '.join(missing)}, not installed here; {EDGE_EXTRA} (or pip install {' '.join(missing)})")

@@ -72,6 +72,7 @@ def per_class_ap(coco_eval, cap: int = COCO_MAX_DETS) -> dict[int, dict[str, flo
 
 
 def evaluator_version(name: str) -> str:
+    """The evaluator package and its installed version, as a submission records it."""
     from importlib.metadata import version
 
     return f"{name} {version(name)}"

@@ -43,13 +43,13 @@ from harness.fleet.gather import HardwareFolder
 from harness.fleet.join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
 from harness.fleet.node import GroupJob, ShardJob
 from harness.fleet.shards import Shard, merge_result_files, split_shards
-from harness.records import LoadKey
+from harness.records import LoadKey, utc_now_iso
 from harness.results.artifacts import load_slug
 from harness.results.reader import FLEET_FILE, read_fleet_json
 from harness.run.plan import RunPlan, prepare
 from harness.run.progress import SilentProgress
 from harness.run.resume import refuse_differences, resumed_config, runnable
-from harness.run.scheduler import environment_time, one_line
+from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 
 PROBE_TIMEOUT_S = 120.0
@@ -361,7 +361,7 @@ class FleetDriver:
                                  f"--resume {fp.run_id}") from None
             for hw in fp.targets:
                 self.folders[hw] = HardwareFolder.create(fp.fleet_dir, fp.run_id, hw, self._header(hw), plan.cells)
-            self.doc = {"run_id": fp.run_id, "created_at": environment_time(), "config": self.config.model_dump(),
+            self.doc = {"run_id": fp.run_id, "created_at": utc_now_iso(), "config": self.config.model_dump(),
                         "targets": fp.targets, "accuracy_shards": fp.shards, "build": fp.build,
                         "driver": {"host": socket.gethostname(), "argv": self.argv}, "nodes": nodes, "accuracy": {}}
         else:
@@ -369,7 +369,7 @@ class FleetDriver:
                 self.folders[hw] = HardwareFolder.reopen(fp.fleet_dir, fp.run_id, hw, plan.cells)
             old = fp.fleet_doc
             resumed = list(old.get("resumed", [])) + [{
-                "at": environment_time(), "argv": self.argv, "nodes": nodes,
+                "at": utc_now_iso(), "argv": self.argv, "nodes": nodes,
                 "forced_differences": old.get("forced_differences", [])}]
             self.doc = {k: v for k, v in old.items() if k != "forced_differences"} | {"resumed": resumed}
         self._save()
@@ -621,7 +621,7 @@ class FleetDriver:
             stats, _, iou_types = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
                                                      list(plan.variant.image_ids), config.evaluator,
                                                      config.eval_max_det, task)
-            record = {"run_id": plan.run_id, "created_at": environment_time(), **_coordinates(key),
+            record = {"run_id": plan.run_id, "created_at": utc_now_iso(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": defined_stats(stats),

@@ -31,7 +31,7 @@ from harness.errors import UsageError, VaBenchError
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import NodeUpdate
 from harness.fleet.shards import Shard
-from harness.records import LoadKey, coco_json_texts
+from harness.records import LoadKey
 from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.state import ERROR_LOG, LOCK_FILE
 
@@ -245,10 +245,9 @@ def detect_shard(job: ShardJob) -> dict:
     """Detections (COCO results format) of the shard's images, in the unsharded pass's batches."""
     import torch
 
-    from harness.files import JsonArrayWriter
     from harness.measure.env import apply_tf32
     from harness.pipeline.stage_timer import StageTimer
-    from harness.results.artifacts import ProbeArtifacts
+    from harness.results.artifacts import ProbeArtifacts, write_coco_detections
     from harness.run.executor import GroupExecutor, RunContext
     from harness.run.progress import SilentProgress
 
@@ -271,11 +270,10 @@ def detect_shard(job: ShardJob) -> dict:
         timer = StageTimer(plan.device, config.stage_sync)
         start = time.perf_counter()
         path = scratch / "detections.json"
-        with JsonArrayWriter(path) as out:  # as the executor writes a cell's detections, image by image
-            for batch in ctx.batches(job.batch_size):
-                for image in executor.pipeline.run_batch(batch, timer):
-                    out.extend_encoded(coco_json_texts(image, executor.label_categories))
-        return {"detections_json": path.read_bytes(), "detections": out.count, "images": len(records),
+        count = write_coco_detections(path, (image for batch in ctx.batches(job.batch_size)  # as the executor does
+                                             for image in executor.pipeline.run_batch(batch, timer)),
+                                      executor.label_categories)
+        return {"detections_json": path.read_bytes(), "detections": count, "images": len(records),
                 "seconds": round(time.perf_counter() - start, 3), "threads": threads}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

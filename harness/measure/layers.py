@@ -83,6 +83,7 @@ def summarize_by_type(calls: list[LayerCall]) -> list[dict]:
 
 
 def per_batch_totals(calls: list[LayerCall]) -> dict[int, float]:
+    """Batch index -> the sum of its layer calls' milliseconds (against the batch's forward: layer sum / forward)."""
     out: dict[int, float] = defaultdict(float)
     for c in calls:
         out[c.batch] += c.ms

@@ -177,8 +177,10 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
     report.flops_total = int(counter.get_total_flops())
     by_type_params: Counter[str] = Counter()
     by_type_flops: Counter[str] = Counter()
+    counted: set[int] = set()  # a tied parameter counts in the first row that holds it, as in the total
     for n, m in layers.items():
-        own = list(m.parameters(recurse=False))
+        own = [p for p in m.parameters(recurse=False) if id(p) not in counted]
+        counted.update(id(p) for p in own)
         n_params = sum(p.numel() for p in own)
         if not n_params and not calls[n]:
             continue  # a container of constants that never ran (e.g. onnx2torch's initializers)
@@ -349,7 +351,10 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
     if source is None:  # a plugin with only the Detector protocol: its pytorch core's module
         return inspect_module(_plugin_module(detector, size), size, detector.model_id, native=native)
     if source.torch_module is not None:  # a torch-defined core: inspect it as it is
-        return inspect_module(source.torch_module(), size, detector.model_id, native=native)
+        report = inspect_module(source.torch_module(), size, detector.model_id, native=native)
+        if getattr(detector, "flops_note", None):  # e.g. Faster R-CNN's proposal-dependent RoI head
+            report.notes.append(detector.flops_note)
+        return report
     if source.onnx_model is not None:
         path = getattr(detector, "path", None)
         # the file as it is (its own input and output shapes), not the core's copy with symbolic axes:

@@ -80,6 +80,9 @@ class TorchvisionModel:
     topk_candidates: int | None = None  # pre-NMS top-k: per class (SSD) or per level (RetinaNet/FCOS)
     random_prior: float | None = None  # --weights random: sigmoid classification prior that yields detections
     random_background_logit: float | None = None  # --weights random: softmax background bias (see _randomise)
+    # torchvision builds the backbone with FrozenBatchNorm2d (statistics and affine as buffers) when it is given
+    # weights: a build without them (--weights random or a state_dict) is given the same layers
+    frozen_backbone_bn: bool = False
 
 
 MODELS: dict[str, TorchvisionModel] = {
@@ -90,7 +93,7 @@ MODELS: dict[str, TorchvisionModel] = {
     "fasterrcnn_mobilenet_v3_large_320_fpn": TorchvisionModel(
         "fasterrcnn", 448, "letterbox", IMAGENET_MEAN, IMAGENET_STD,
         PostprocessSpec("nms", conf=0.05, iou=0.5, max_det=100, multi_label=True, clip_before_nms=True,
-                        min_box_size=1e-2)),
+                        min_box_size=1e-2), frozen_backbone_bn=True),
     "retinanet_resnet50_fpn_v2": TorchvisionModel(
         "retinanet", 1088, "letterbox", IMAGENET_MEAN, IMAGENET_STD,
         PostprocessSpec("nms", conf=0.05, iou=0.5, max_det=300, multi_label=True, clip_before_nms=True),
@@ -98,7 +101,7 @@ MODELS: dict[str, TorchvisionModel] = {
     "fcos_resnet50_fpn": TorchvisionModel(
         "fcos", 1088, "letterbox", IMAGENET_MEAN, IMAGENET_STD,
         PostprocessSpec("nms", conf=0.2, iou=0.6, max_det=100, multi_label=True, clip_before_nms=True),
-        topk_candidates=1000, random_prior=0.08),
+        topk_candidates=1000, random_prior=0.08, frozen_backbone_bn=True),
 }
 HEAD_OUTPUTS = {"ssd": ("bbox_regression", "cls_logits"), "retinanet": ("cls_logits", "bbox_regression"),
                 "fcos": ("cls_logits", "bbox_regression", "bbox_ctrness")}
@@ -198,14 +201,14 @@ class TorchvisionDetector:
             torch.manual_seed(RANDOM_SEED)
             model = builder(weights=None, weights_backbone=None).eval()
             self._randomise(model)
-            return model, WeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS)
+            return self._as_official(model), WeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS)
         if weights is not None:
             path = Path(weights)
             if not path.is_file():
                 raise UsageError(f"--weights {path}: no such file")
             try:
                 state = torch.load(path, map_location="cpu", weights_only=True)
-                model = builder(weights=None, weights_backbone=None)
+                model = self._as_official(builder(weights=None, weights_backbone=None))
                 model.load_state_dict(state)
             except Exception as exc:  # unpickling refused, wrong keys or shapes
                 raise UsageError(f"--weights {path} is not a state_dict of {self.model_id} "
@@ -224,6 +227,26 @@ class TorchvisionDetector:
         path = _checkpoint_path(official)
         return model.eval(), WeightsInfo(file=path.name, sha256=file_sha256(path) if path.is_file() else None,
                                          source=f"torchvision {official} ({official.url})")
+
+    def _as_official(self, model: nn.Module) -> nn.Module:
+        """The layers torchvision's weighted build has: its backbone's BatchNorm2d as FrozenBatchNorm2d (values
+        kept), so that parameter counts match torchvision's `num_params` whichever way the weights came."""
+        if not self.config.frozen_backbone_bn:
+            return model
+        from torchvision.ops.misc import FrozenBatchNorm2d
+
+        def freeze(parent: nn.Module) -> None:
+            for name, child in parent.named_children():
+                if type(child) is nn.BatchNorm2d:
+                    frozen = FrozenBatchNorm2d(child.num_features, eps=child.eps)
+                    for key in ("weight", "bias", "running_mean", "running_var"):
+                        getattr(frozen, key).copy_(getattr(child, key).detach())
+                    setattr(parent, name, frozen)
+                else:
+                    freeze(child)
+
+        freeze(model.backbone)
+        return model
 
     def _randomise(self, model: nn.Module) -> None:
         """Random weights that still detect: default init alone gives none (the activations of the randomly
@@ -341,9 +364,16 @@ class TorchvisionDetector:
             stats.gflops = round(count_flops(module, input_size) / 1e9, 4)
         except Exception as exc:  # a counter gap must not sink the benchmark; say why
             stats.notes["gflops"] = f"FLOP count failed: {exc}"
-        if self.config.kind == "fasterrcnn":
-            stats.notes["gflops_scope"] = "RoI head FLOPs depend on the proposal count (counted on a blank image)"
+        if self.flops_note:
+            stats.notes["gflops_scope"] = self.flops_note
         return stats
+
+    @property
+    def flops_note(self) -> str | None:
+        """What a FLOP count of this model does not say (`inspect` prints it too)."""
+        if self.config.kind == "fasterrcnn":
+            return "RoI head FLOPs depend on the proposal count (counted on a blank image)"
+        return None
 
 
 def _per_image(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,

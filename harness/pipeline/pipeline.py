@@ -51,6 +51,8 @@ from harness.process_exit import before_leave
 
 @dataclass(frozen=True)
 class Thresholds:
+    """The post-processing thresholds a run applies: score, NMS IoU, detections kept per image."""
+
     conf: float
     iou: float
     max_det: int

@@ -143,6 +143,7 @@ def _positive(value) -> float | None:
 
 
 def row_from(report: FileReport) -> PerfRow:
+    """The performance row of one validated file (its accuracy trusted or not by our own findings)."""
     sub, file = report.submission, str(report.path)  # as given: two folders' files may share a name
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
-from harness.files import atomic_write_bytes, atomic_write_csv
-from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord
+from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_csv
+from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord, coco_json_texts
 
 
 def _slug(text: str) -> str:
@@ -146,3 +147,12 @@ def mprofile(rows: list[list]) -> bytes:
                          f"{float(rows[i - 1][2]):.4f} {float(rows[i - 1][0]):.4f}")
             start = i
     return ("\n".join(lines) + "\n").encode()
+
+
+def write_coco_detections(path: Path, detections: Iterable, label_categories) -> int:
+    """A COCO results file of `detections` (ImageDetections, image by image, never all held as text), written
+    atomically; the number of detections in it."""
+    with JsonArrayWriter(path) as out:
+        for image in detections:
+            out.extend_encoded(coco_json_texts(image, label_categories))
+    return out.count

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
+from harness.records import utc_now_iso
 from harness.results.site_rules import RF100VL_PROTOCOL
 
 RF100VL_ID = "rf100_vl"
@@ -84,7 +84,7 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
     subs = [r.submission for r in scored]
     splits = sorted({str(s["dataset"].get("split")) for s in subs})
     split = "+".join(splits)
-    created_at = created_at or datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    created_at = created_at or utc_now_iso()
     stat_keys = [k for k in template["accuracy"] if isinstance(template["accuracy"][k], (int, float, type(None)))]
     accuracy = {k: _mean([s["accuracy"].get(k) for s in subs]) for k in dict.fromkeys([*stat_keys, "AR_max_det"])}
     datasets = [{"dataset": r.name, "num_images": r.submission["dataset"]["num_images"],

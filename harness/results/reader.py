@@ -419,6 +419,8 @@ class FinishedCell:
 
 @dataclass
 class RunFolder:
+    """A finished run folder as every command reads it: run.json and its cells' submissions."""
+
     path: Path
     run: dict[str, Any]  # run.json, {} when absent
     cells: list[FinishedCell]  # sorted by coordinates

@@ -50,6 +50,8 @@ class CampaignEntry:
 
 @dataclass
 class Campaign:
+    """A campaign file: one model over datasets, each with its fine-tuned weights, on one split."""
+
     model: str
     entries: list[CampaignEntry]
     split: str

@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +42,7 @@ from harness.eval.coco_eval import (
     max_dets_for,
 )
 from harness.eval.matching import match_detections
-from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_json, file_sha256
+from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler
@@ -66,12 +65,12 @@ from harness.records import (
     LoadKey,
     ProfilePassRecord,
     TimingRecord,
-    coco_json_texts,
     detections_digest,
     detections_from_coco,
+    utc_now_iso,
 )
 from harness.report.draw import draw_detections
-from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug
+from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug, write_coco_detections
 from harness.results.reader import read_detections
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
@@ -137,10 +136,6 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class GroupExecutor:
@@ -259,7 +254,7 @@ class GroupExecutor:
         load_end = os.getloadavg()
         record = CellRecord(
             run_id=ctx.run_id,
-            created_at=_now(),
+            created_at=utc_now_iso(),
             cell=cell,
             model={"id": self.detector.model_id, "family": self.detector.family, "variant": self.detector.variant,
                    "task": self.task, "weights": self.detector.weights.__dict__},
@@ -521,11 +516,9 @@ class GroupExecutor:
         if earlier is not None:  # an earlier batch size's very detections (a batch-invariant runtime): its bytes
             atomic_write_bytes(self.ctx.run_dir / rel, (self.ctx.run_dir / earlier[0]).read_bytes())
             return rel, earlier[1]
-        with JsonArrayWriter(self.ctx.run_dir / rel) as out:
-            for det in detections:
-                out.extend_encoded(coco_json_texts(det, self.label_categories))
-        self.saved_detections[digest] = rel, out.count
-        return rel, out.count
+        count = write_coco_detections(self.ctx.run_dir / rel, detections, self.label_categories)
+        self.saved_detections[digest] = rel, count
+        return rel, count
 
     def _evaluate(self, cell: Cell, detections_file: str, num_detections: int,
                   num_images: int) -> tuple[AccuracyRecord | None, str | None]:
@@ -596,9 +589,7 @@ class GroupExecutor:
         with ctx.progress.task(f"fp32 reference {cell.label}", None):
             detections = [d for batch in ctx.batches(cell.batch_size) for d in pipeline.run_batch(batch, timer)]
         rel = f"detections/{cell_slug(cell)}__fp32_reference.json"
-        with JsonArrayWriter(ctx.run_dir / rel) as out:
-            for det in detections:
-                out.extend_encoded(coco_json_texts(det, self.label_categories))
+        write_coco_detections(ctx.run_dir / rel, detections, self.label_categories)
         stats, _ = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / rel, list(ctx.variant.image_ids),
                                                 ctx.config.evaluator, cap=ctx.config.eval_max_det)
         return {"precision": "fp32", "backend": self.key.backend, "mAP_50_95": round(stats["mAP_50_95"], 6),

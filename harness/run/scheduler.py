@@ -17,7 +17,6 @@ from __future__ import annotations
 import traceback
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ from harness.measure.env import apply_tf32, collect_environment, hardware_block
 from harness.measure.hygiene import DeviceSampler, locked_clocks
 from harness.measure.memory import MemoryMonitor
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
-from harness.records import Cell, CellRecord, LoadKey
+from harness.records import Cell, CellRecord, LoadKey, utc_now_iso
 from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
@@ -67,6 +66,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def one_line(exc: BaseException) -> str:
+    """An exception as one line of at most 300 characters, its type first (cell reasons, progress lines)."""
     text = " ".join(str(exc).split()) or "(no message)"
     return f"{type(exc).__name__}: {text[:300]}"
 
@@ -204,7 +204,7 @@ class Scheduler:
             return RunState.create(plan.run_dir, plan.run_id, header, plan.cells)
         old = plan.resume
         resumed = list(old.get("resumed", [])) + [{
-            "at": environment_time(), "argv": environment["argv"], "harness_commit": environment["harness_commit"],
+            "at": utc_now_iso(), "argv": environment["argv"], "harness_commit": environment["harness_commit"],
             "harness_dirty": environment["harness_dirty"], "hardware_id": hardware["id"],
             "forced_differences": old.get("forced_differences", [])}]
         # the original run's environment stays the run's; each resume is listed with what it ran under
@@ -251,7 +251,7 @@ class Scheduler:
                     state.save()
                 continue
             with protected():
-                state.set(cell, "running", started_at=environment_time(), finished_at=None)
+                state.set(cell, "running", started_at=utc_now_iso(), finished_at=None)
                 state.save()
             try:
                 record = executor.run_cell(cell)
@@ -270,7 +270,7 @@ class Scheduler:
                     if ctx.device.is_cuda:
                         torch.cuda.empty_cache()
                 with protected():
-                    state.set(cell, "oom" if oom else "failed", one_line(exc), finished_at=environment_time())
+                    state.set(cell, "oom" if oom else "failed", one_line(exc), finished_at=utc_now_iso())
                     state.save()
                 ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
                 continue
@@ -309,17 +309,13 @@ class Scheduler:
         with protected():
             self._steps += steps_rows(record)
             write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
-            state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=environment_time())
+            state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=utc_now_iso())
             state.save()
 
     @staticmethod
     def _write_memory(ctx: RunContext) -> None:
         if ctx.monitor is not None:
             ctx.artifacts.write_memory(list(ctx.monitor.samples))
-
-
-def environment_time() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def run_with_interrupts(plan: RunPlan, argv: list[str], progress=None) -> RunOutcome:
