@@ -143,7 +143,7 @@ def test_renames_and_temporary_files_are_written_in_the_files_module_only():
 
 
 # The names of what a finished run or a submissions folder holds: only the reader opens them.
-RESULT_FILE_NAMES = {"run.json", "submissions", "RUN_FILE", "SUBMISSIONS_DIR"}
+RESULT_FILE_NAMES = {"run.json", "submissions", "RUN_FILE", "SUBMISSIONS_DIR", "CAMPAIGN_FILE", "campaign.json"}
 
 
 def test_run_folders_and_submissions_are_read_in_the_reader_only():
