@@ -41,16 +41,16 @@ def test_latest_wins_compares_times_not_their_text(tmp_path, site_doc):
     aggregate all keep the file written a quarter of a second later."""
     early, late = copy.deepcopy(site_doc), copy.deepcopy(site_doc)
     early["created_at"], late["created_at"] = "2026-11-20T10:00:00Z", "2026-11-20T10:00:00.250000Z"
-    early["throughput"]["fps_mean"], late["throughput"]["fps_mean"] = 111.0, 222.0
+    early["memory"]["peak_ram_mb"], late["memory"]["peak_ram_mb"] = 111.0, 222.0  # tells the two apart
     run = _run_folder(tmp_path / "r", [late, early])  # the later one first: file order must not decide
 
     report_cells = load_run(run).cells
-    assert [c.doc["throughput"]["fps_mean"] for c in report_cells] == [222.0]
+    assert [c.doc["memory"]["peak_ram_mb"] for c in report_cells] == [222.0]
     compared = load_side(run)
-    assert [e.doc["throughput"]["fps_mean"] for e in compared.entries] == [222.0] and compared.superseded == 1
+    assert [e.doc["memory"]["peak_ram_mb"] for e in compared.entries] == [222.0] and compared.superseded == 1
     board = aggregate(validate_paths([run], None).reports)
     kept = [r for r in board["cube"] if Path(r["file"]).name.startswith("s")]
-    assert [r["fps_mean"] for r in kept] == [222.0]
+    assert [r["peak_ram_mb"] for r in kept] == [222.0]
 
 
 def test_two_backends_with_one_format_stay_two_cells(tmp_path, site_doc):

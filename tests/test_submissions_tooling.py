@@ -182,6 +182,18 @@ def _variant(doc, **changes):
     return doc
 
 
+def _timed(doc, scale):
+    """The doc timed `scale` times slower, every figure consistently (latency x scale, rates / scale)."""
+    doc = copy.deepcopy(doc)
+    total = doc["timing"]["total_ms"]
+    for key, value in total.items():
+        if isinstance(value, (int, float)):
+            total[key] = value * scale
+    doc["throughput"]["fps_mean"] = 1000.0 / total["mean"]
+    doc["throughput"]["fps_p50"] = 1000.0 / total["p50"]
+    return doc
+
+
 def test_a_zero_where_a_rate_or_batch_time_belongs_is_degenerate(tmp_path, base_doc):
     doc = copy.deepcopy(base_doc)
     doc["throughput"] = {**(doc.get("throughput") or {}), "fps_mean": 0}
@@ -231,25 +243,25 @@ def test_batch_sweep_and_input_sizes_stay_separate_rows(tmp_path, base_doc):
 
 
 def test_latest_timestamp_wins_within_one_identity(tmp_path, base_doc):
-    old = _variant(base_doc, throughput__fps_mean=10.0)
+    old = _timed(base_doc, 2.0)
     old["created_at"] = "2026-01-01T00:00:00Z"
-    new = _variant(base_doc, throughput__fps_mean=20.0)
+    new = _timed(base_doc, 1.0)
     new["created_at"] = "2026-02-01T00:00:00Z"
     board = aggregate(_write(tmp_path / "dup", [old, new]))
     (row,) = board["cube"]
-    assert row["fps_mean"] == 20.0 and row["superseded"] == [str(tmp_path / "dup" / "s0.json")]
+    assert row["fps_mean"] == new["throughput"]["fps_mean"] and row["superseded"] == [str(tmp_path / "dup" / "s0.json")]
 
 
 def test_overlapped_and_latency_runs_stay_separate_rows(tmp_path, base_doc):
-    latency = _variant(base_doc, throughput__fps_mean=20.0)
+    latency = _timed(base_doc, 1.5)
     latency["created_at"] = "2026-01-01T00:00:00Z"
-    overlapped = _variant(base_doc, throughput__fps_mean=30.0, timing__mode="overlapped")
+    overlapped = _variant(_timed(base_doc, 1.0), timing__mode="overlapped")
     overlapped["created_at"] = "2026-02-01T00:00:00Z"  # newer, yet it must not replace the latency run
     board = aggregate(_write(tmp_path / "modes", [latency, overlapped]))
-    assert sorted((r["timing_mode"], r["fps_mean"]) for r in board["cube"]) == [("latency", 20.0),
-                                                                               ("overlapped", 30.0)]
+    rates = {"latency": latency["throughput"]["fps_mean"], "overlapped": overlapped["throughput"]["fps_mean"]}
+    assert sorted((r["timing_mode"], r["fps_mean"]) for r in board["cube"]) == sorted(rates.items())
     assert board["counts"]["superseded"] == 0
-    assert [(r["timing_mode"], r["fps_mean"]) for r in board["leaderboard"]] == [("latency", 20.0)]
+    assert [(r["timing_mode"], r["fps_mean"]) for r in board["leaderboard"]] == [("latency", rates["latency"])]
     only_overlapped = aggregate(_write(tmp_path / "only_overlapped", [overlapped]))
     assert [r["timing_mode"] for r in only_overlapped["leaderboard"]] == ["overlapped"]
 
@@ -645,11 +657,8 @@ def test_json_writer_refuses_nan_and_keeps_none(tmp_path):
 def test_a_larger_variant_measured_faster_is_a_size_order_finding(tmp_path, base_doc):
     """yolox-s (base_doc) and yolox-m/l at the same coordinate: m 20 % faster than s is a finding naming both
     rows; l 5 % faster than s is within the margin; another batch size is another coordinate."""
-    p50 = base_doc["timing"]["total_ms"]["p50"]
-    m = _variant(base_doc, model__id="yolox-m", model__variant="m")
-    m["timing"]["total_ms"]["p50"] = 0.8 * p50
-    large = _variant(base_doc, model__id="yolox-l", model__variant="l")
-    large["timing"]["total_ms"]["p50"] = 0.95 * p50
+    m = _variant(_timed(base_doc, 0.8), model__id="yolox-m", model__variant="m")
+    large = _variant(_timed(base_doc, 0.95), model__id="yolox-l", model__variant="l")
     other_batch = _variant(m, config__batch_size=8, timing__batch_size=8)
     board = aggregate(_write(tmp_path / "sizes", [base_doc, m, large, other_batch]), size_ranks=size_ranks())
     (finding,) = board["size_order"]
@@ -740,7 +749,7 @@ def test_another_dataset_never_mixes_with_coco_rows(tmp_path, base_doc):
     coco = _variant(base_doc, dataset__variant="sample")
     other = _variant(coco, dataset__id="my-data", dataset__split="valid")
     other["created_at"] = "2030-01-01T00:00:00Z"
-    other["accuracy"]["mAP_50_95"] = 0.9
+    other["accuracy"]["mAP_50_95"], other["accuracy"]["mAP_50"] = 0.9, 0.95
     board = aggregate(_write(tmp_path / "mixed", [coco, other]))
     assert len(board["cube"]) == 2 and board["counts"]["superseded"] == 0
     assert {r["section"] for r in board["cube"]} == {"coco", "other"}
