@@ -799,6 +799,7 @@ def parity_preprocess(
     from harness.backends import BackendOptions, load_detector_core
     from harness.config import RunConfig
     from harness.data.coco import CocoDataset
+    from harness.detector.protocol import RANDOM_WEIGHTS
     from harness.files import atomic_write_json
     from harness.measure.device import parse_device
     from harness.models.registry import get_detector
@@ -814,6 +815,9 @@ def parity_preprocess(
     if unknown or len(names) < 2:  # one implementation alone compares nothing, and would pass every gate
         raise UsageError(f"--impls {' '.join(impls)}: give the reference and at least one other implementation from "
                          f"{', '.join(IMPLEMENTATIONS)}, the reference first (e.g. --impls cv2 torch pil)")
+    if weights == RANDOM_WEIGHTS:  # its gate is on COCO accuracy, which random weights do not have (0 = 0 passes)
+        raise UsageError("parity preprocess compares implementations by their COCO accuracy; random weights have "
+                         "none: pass trained weights (--weights PATH, or the model's default)")
     pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)

@@ -64,6 +64,7 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, expected", [
     (("--impls", "cv2", "opencv"), "--impls"),
     (("--impls", "cv2", "cv2"), "at least one other implementation"),  # the reference against nothing
+    (("--weights", "random"), "random weights have none"),  # mAP 0 against 0 would pass every gate
 ])
 def test_bad_parity_options_are_one_line_exit_2(args, expected):
     out = _parity(*args)

@@ -5,6 +5,8 @@ BatchNorm statistics that keep activations alive, so they do detect). torchvisio
 its own transform configured to the harness's geometry (min_size = max_size = S, size_divisible = S:
 see harness/models/torchvision_family.py) on the same real COCO images."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -180,9 +182,12 @@ def test_faster_rcnn_core_reads_each_image_area_from_the_padding(records):
 
     detector = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_320_fpn", "random")
     images = [decode_image(r.path) for r in records]
-    batch, transforms = preprocess_batch(images, detector.preprocess.with_input_size(320))
-    want = [(round(t.orig_size[0] * t.ratio[1]), round(t.orig_size[1] * t.ratio[0])) for t in transforms]
-    assert image_areas(batch) == want and any(h < 320 for h, _ in want) and any(w < 320 for _, w in want)
+    for library in ("torch", "cv2", "pil"):  # cv2 and pil letterbox into a uint8 canvas: the mean pad rounded
+        spec = replace(detector.preprocess.with_input_size(320), library=library)
+        batch, transforms = preprocess_batch(images, spec)
+        want = [(round(t.orig_size[0] * t.ratio[1]), round(t.orig_size[1] * t.ratio[0])) for t in transforms]
+        assert image_areas(batch) == want and any(h < 320 for h, _ in want) and any(w < 320 for _, w in want), \
+            library
     assert image_areas(torch.rand(2, 3, 64, 96) - 0.5) == [(64, 96)] * 2
 
 

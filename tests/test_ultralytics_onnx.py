@@ -93,20 +93,20 @@ def images():
     return records, [decode_image(r.path) for r in records]
 
 
-def _reference_letterbox(image: np.ndarray) -> tuple[np.ndarray, float, tuple[int, int]]:
-    """Ultralytics' validation transform, written out: long side to SIZE (ceil; INTER_AREA when shrinking,
-    INTER_LINEAR when enlarging), centre pad 114, RGB, /255."""
+def _reference_letterbox(image: np.ndarray, size: int = SIZE) -> tuple[np.ndarray, float, tuple[int, int]]:
+    """Ultralytics' validation transform, written out from its data/base.py load_image (8.3.x): long side to SIZE
+    (ceil; cv2 INTER_LINEAR whether it shrinks or enlarges), centre pad 114, RGB, /255."""
     import cv2
 
     h0, w0 = image.shape[:2]
-    r = SIZE / max(h0, w0)
+    r = size / max(h0, w0)
     if r != 1:
-        size = (min(int(np.ceil(w0 * r)), SIZE), min(int(np.ceil(h0 * r)), SIZE))
-        image = cv2.resize(image, size, interpolation=cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA)
+        resized = (min(int(np.ceil(w0 * r)), size), min(int(np.ceil(h0 * r)), size))
+        image = cv2.resize(image, resized, interpolation=cv2.INTER_LINEAR)
     h, w = image.shape[:2]
-    dh, dw = (SIZE - h) / 2, (SIZE - w) / 2
+    dh, dw = (size - h) / 2, (size - w) / 2
     top, left = int(round(dh - 0.1)), int(round(dw - 0.1))
-    canvas = np.full((SIZE, SIZE, 3), 114, np.uint8)
+    canvas = np.full((size, size, 3), 114, np.uint8)
     canvas[top:top + h, left:left + w] = image
     return canvas[:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255, r, (left, top)
 
@@ -162,11 +162,12 @@ def _pipeline(detector, backend="onnxruntime"):
 def test_preprocessing_is_ultralytics_validation_transform(dense_onnx, images):
     _, imgs = images
     detector = get_detector("yolov8n", str(dense_onnx))
-    batch, transforms = preprocess_batch(imgs, detector.preprocess)
-    for image, got, t in zip(imgs, batch, transforms, strict=True):
-        want, r, pad = _reference_letterbox(image)
-        assert np.array_equal(np.rint(got.numpy() * 255), np.rint(want * 255))  # the same pixels (x/255 vs x*(1/255))
-        assert t.ratio == (r, r) and t.pad == pad
+    for size in (SIZE, 416):  # 640 -> 320 is an exact halving, which INTER_AREA and INTER_LINEAR agree on; 416 is not
+        batch, transforms = preprocess_batch(imgs, detector.preprocess.with_input_size(size))
+        for image, got, t in zip(imgs, batch, transforms, strict=True):
+            want, r, pad = _reference_letterbox(image, size)
+            assert np.array_equal(np.rint(got.numpy() * 255), np.rint(want * 255)), size  # x/255 vs x*(1/255)
+            assert t.ratio == (r, r) and t.pad == pad
 
 
 @requires_coco

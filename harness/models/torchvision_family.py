@@ -63,7 +63,9 @@ from harness.files import file_sha256
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 RANDOM_SEED = 0
-PAD_TOLERANCE = 1e-5  # |normalised value| of the mean padding (float rounding: ~1e-8)
+# |normalised value| of the mean padding: 0 on a float canvas (torch), but a uint8 canvas (cv2, pil) rounds the
+# mean (123.675, 116.28, 103.53) to whole levels, up to half a level off: 0.5 / 255 / std, 0.0088 at most
+PAD_TOLERANCE = 0.5 / 255 / min(IMAGENET_STD) + 1e-6
 CALIBRATION_SIZE = 256  # --weights random: BatchNorm statistics from noise images of this size
 
 
@@ -148,8 +150,8 @@ def image_areas(x: torch.Tensor) -> list[tuple[int, int]]:
 
     The RPN clips proposals to each image, as torchvision does with its transform's image sizes; the
     core gets only the batch tensor, but the padding is the mean, 0 after normalisation (up to float
-    rounding, < PAD_TOLERANCE), and an image row or column is not: every pixel of it, in all three
-    channels, would have to be the mean (123.675, 116.28, 103.53) within 1e-5 / std; so the last row
+    rounding, or a uint8 canvas's rounding of the mean: < PAD_TOLERANCE), and an image row or column is not: every
+    pixel of it, in all three channels, would have to be the mean (124, 116, 104) to the level; so the last row
     and column with a value off 0 bound the image."""
     filled = (x.abs() > PAD_TOLERANCE).any(dim=1)  # [B, H, W]
     rows, cols = filled.any(dim=2), filled.any(dim=1)

@@ -16,9 +16,10 @@ No Ultralytics code is imported (AGPL): the harness reads the exported graph's o
 Thresholds: conf 0.001, iou 0.7, max_det 300 (Ultralytics' validation defaults; the leaderboard's
 submissions for these families use them).
 
-Preprocessing is Ultralytics' validation transform: the long side resized to the input size (size
-rounded up; cv2 INTER_AREA when shrinking, INTER_LINEAR when enlarging), centre padding with 114, RGB,
-/255. Boxes go back by the scale factor r (Ultralytics divides by its y gain, equal to r up to rounding).
+Preprocessing is Ultralytics' validation transform (its data/base.py load_image, 8.3): the long side resized to
+the input size (size rounded up; cv2 INTER_LINEAR, shrinking or enlarging), centre padding with 114, RGB, /255.
+Its val loader pads each batch to its own rectangle (`rect`); a square canvas here, as its exports run.
+Boxes go back by the scale factor r (Ultralytics divides by its y gain, equal to r up to rounding).
 
 Ultralytics' default exports are static (batch 1, fixed size): the batch axis is made symbolic
 (harness/detector/graph.py: make_batch_dynamic) and each output row is checked against its image
@@ -167,7 +168,7 @@ class UltralyticsOnnxDetector:
         self.preprocess = PreprocessSpec(
             input_size=self.fixed_size or (DEFAULT_INPUT_SIZE, DEFAULT_INPUT_SIZE), resize="letterbox",
             pad_position="center", pad_value=114, channel_order="RGB", scale=1 / 255, size_rounding="ceil",
-            interpolation="linear", downscale_interpolation="area", box_scale="ratio")
+            interpolation="linear", box_scale="ratio")
 
     def _resolve(self, weights: str | Path | None) -> Path:
         if weights is not None:
