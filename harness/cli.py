@@ -218,7 +218,7 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         plan = prepare(load_config(config, options), dry_run=dry_run)
     from harness.run.scheduler import run_with_interrupts
     from harness.views.commands import run_header
-    from harness.views.tables import print_plan, print_summary, summary_json
+    from harness.views.tables import int8_failing, print_plan, print_summary, summary_json
 
     imports_done()
 
@@ -235,7 +235,8 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:
         print_summary(console, outcome)
-    raise typer.Exit(1 if outcome.problems else 0)
+    # a cell that failed, or an int8 row that failed its accuracy rule (validate calls that row an error)
+    raise typer.Exit(1 if outcome.problems or any(int8_failing(r) for r in outcome.records) else 0)
 
 
 def _register_run() -> None:

@@ -214,10 +214,12 @@ class RunConfig(BaseModel):
                    "server_queries": ("--scenario server", self.scenario == "server"),
                    "calibration": ("--precision int8", "int8" in self.precisions),
                    "calibration_images": ("--precision int8", "int8" in self.precisions),
-                   "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile)}
+                   "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile),
+                   "tf32": ("--device cuda", self.device.strip().lower().startswith("cuda")),
+                   "allow_shared_gpu": ("--device cuda", self.device.strip().lower().startswith("cuda"))}
         for name, (mode, active) in belongs.items():
             if name in given and not active:
-                flag = type(self).model_fields[name].json_schema_extra["flags"][0]
+                flag = type(self).model_fields[name].json_schema_extra["flags"][0].split("/")[0]
                 raise ValueError(f"{flag} applies to {mode} only; add {mode} or drop {flag}")
         if {"min_timed_batches", "max_timed_batches"} <= given and self.max_timed_batches is not None \
                 and self.min_timed_batches > self.max_timed_batches:

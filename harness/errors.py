@@ -27,10 +27,11 @@ class RunInterrupted(VaBenchError):
 
 def path_problem(flag: str, given: object, problem: str) -> str:
     """`FLAG GIVEN: PROBLEM (ABSOLUTE)`: a path named as the user typed it, then the absolute path it stands
-    for from this working directory (left out when the same), so a relative path is never a guess."""
+    for from this working directory (left out when the same), so a relative path is never a guess. An empty
+    FLAG: a positional argument (`GIVEN: PROBLEM (ABSOLUTE)`)."""
     absolute = os.path.abspath(os.path.expanduser(str(given)))
     where = "" if absolute == str(given) else f" ({absolute})"
-    return f"{flag} {given}: {problem}{where}"
+    return f"{flag + ' ' if flag else ''}{given}: {problem}{where}"
 
 
 class NonFiniteNumberError(VaBenchError, ValueError):

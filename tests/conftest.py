@@ -125,16 +125,20 @@ def backend_options(**fields):
 
 
 def load_core_of(detector, backend, device, precision, input_size, threads=None, **fields):
-    """A detector's core on a backend, as a run with RunConfig `fields` would load it."""
+    """A detector's core on a backend, as a run with RunConfig `fields` would load it (on that device)."""
     from harness.backends import load_detector_core
+
+    fields.setdefault("device", "cuda" if getattr(device, "is_cuda", False) else "cpu")
 
     return load_detector_core(detector, backend, device, precision, input_size, options=backend_options(**fields),
                               threads=threads)
 
 
 def load_source(source, backend, device, precision, input_size, threads=None, **fields):
-    """A CoreSource loaded on a backend, as a run with RunConfig `fields` would load it."""
+    """A CoreSource loaded on a backend, as a run with RunConfig `fields` would load it (on that device)."""
     from harness.backends import load_core
+
+    fields.setdefault("device", "cuda" if getattr(device, "is_cuda", False) else "cpu")
 
     return load_core(source, backend, device, precision, input_size, options=backend_options(**fields),
                      threads=threads)

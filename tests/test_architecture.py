@@ -206,3 +206,10 @@ def test_every_data_file_of_the_package_is_installed_with_it():
                if isinstance(node, ast.Constant) and node.value == "configs"
                and name != "harness.report.gates"]  # it names an example for users to copy
     assert not outside, "read data files from inside harness/ (the package), not the checkout:\n" + "\n".join(outside)
+
+
+def test_the_glibc_settings_a_run_advises_are_the_makefiles():
+    from harness.measure.env import RECOMMENDED_GLIBC_TUNABLES
+
+    makefile = (HARNESS.parent / "Makefile").read_text()
+    assert f"export GLIBC_TUNABLES ?= {RECOMMENDED_GLIBC_TUNABLES}\n" in makefile

@@ -64,6 +64,8 @@ def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expe
     ({"server_queries": 50}, "--server-queries applies to --scenario server only"),
     ({"calibration": "/nonexistent"}, "--calibration applies to --precision int8 only"),
     ({"layer_batches": 5}, "--layer-batches applies to --layers only"),
+    ({"tf32": "on"}, "--tf32 applies to --device cuda only"),
+    ({"allow_shared_gpu": True}, "--allow-shared-gpu applies to --device cuda only"),
     ({"min_timed_batches": 5, "max_timed_batches": 2}, "--min-timed-batches 5 is more than --max-timed-batches 2"),
     ({"scenario": "server", "qps": 5}, "invalid run configuration: --scenario server needs --latency-bound"),
 ])

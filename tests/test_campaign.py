@@ -255,6 +255,16 @@ def test_a_fully_scored_row_that_is_not_valid_says_why():
     print_campaign(console, "row.json", doc, [])
     text = console.export_text()
     assert "2 of 2 datasets scored (full2)" in text and f"not valid: {reason}" in text
+    # a campaign of one's own two datasets, one skipped: the count says how many it listed, the reason is whole
+    long_reason = "the dataset's categories a, b are not classes of m " + "x" * 400 + "; map them with a class map"
+    doc["rf100vl"].update(datasets=[{"dataset": "x"}], protocol={"expected_datasets": 100}, skipped_datasets=["y"],
+                          invalid_reasons=["1 of 100 datasets scored (the campaign lists 2)", f"y: {long_reason}"])
+    results = [SimpleNamespace(name="x", reason=None), SimpleNamespace(name="y", reason=long_reason)]
+    console = Console(record=True, width=1000)
+    print_campaign(console, "row.json", doc, results)
+    text = console.export_text()
+    assert "1 of 100 datasets scored (the campaign lists 2) (partial1)" in text
+    assert f"skipped y: {long_reason}" in text and text.count("not valid") == 0
 
 
 def test_a_row_measured_under_other_options_is_not_rf100vl():

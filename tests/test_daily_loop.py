@@ -67,7 +67,7 @@ def test_dry_run_writes_nothing_and_plans_what_the_run_does(tmp_path):
     refused = run_in_process("run", "--dry-run", "--output-dir", str(out), "--run-id", "taken", *args)
     assert refused.returncode == 2 and "already has a run taken" in refused.stderr
     text = run_in_process("run", "--dry-run", "--output-dir", str(out), *args[:-1])  # the seconds are a cap
-    assert "warm-up >= 1 batches, then until the batch times settle or 0.0 s since it began" in text.stdout, \
+    assert "warm-up: >= 1 batches, then until the batch times settle\n  or 0.0 s since it began" in text.stdout, \
         text.stdout
     ran = run_in_process("run", "--output-dir", str(out), *args)
     assert ran.returncode == 0, ran.stderr

@@ -291,7 +291,7 @@ def test_a_torch_core_s_export_is_checked_in_ieee_fp32_whatever_the_gpu_row_runs
 def test_ort_cuda_provider_s_tf32_follows_the_tf32_option(fake_ort, fake_cuda, yolox_graph):
     """The CUDA provider runs fp32 in TF32 unless told otherwise: --tf32 off (the default) must say so."""
     for mode, want in [("off", {"use_tf32": 0}), ("on", {"use_tf32": 1}), ("default", {})]:
-        OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, options=backend_options(tf32=mode))
+        OnnxRuntimeCore(yolox_graph, Device("cuda"), threads=None, options=backend_options(tf32=mode, device="cuda"))
         assert fake_ort.made[-1].providers[0] == ("CUDAExecutionProvider", {"device_id": 0, **want})
 
 
@@ -739,7 +739,8 @@ def test_precision_and_tf32_not_given_are_the_engines(tmp_path, dynamic_yolox):
     assert resolved("trtexec --onnx=m.onnx") == (["fp32"], "on")  # trtexec allows TF32 unless --noTF32
     assert resolved("trtexec --onnx=m.onnx --noTF32") == (["fp32"], "off")
     assert resolved("trtexec --onnx=m.onnx", precisions=["fp16"], tf32="off") == (["fp16"], "off")  # kept, then
-    assert resolved("trtexec --bf16", tf32="default") == (["bf16"], "default")  # refused by check_engine_run
+    assert resolved("trtexec --bf16", tf32="default", device="cuda") == (["bf16"], "default")  # refused later
+    # (by check_engine_run)
 
 
 def test_engine_shapes_and_precision_are_checked_at_load(fake_trt, cuda_on_cpu, tmp_path, dynamic_yolox):

@@ -350,7 +350,7 @@ def test_bad_gates_file_exits_2_with_one_line(run_b, tmp_path):
 def test_bad_run_folder_is_one_line_exit_2(tmp_path, run_b):
     empty = tmp_path / "empty"
     empty.mkdir()
-    for target, expect in ((tmp_path / "missing", "is not a folder"), (empty, "no submissions")):
+    for target, expect in ((tmp_path / "missing", "missing: no such folder"), (empty, "no submissions")):
         result = va_bench("report", str(target))
         assert result.returncode == 2 and expect in result.stderr and "Traceback" not in result.stderr
     broken = _copy(run_b, tmp_path)

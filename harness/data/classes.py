@@ -97,7 +97,7 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
         if len(named) > 1:  # which of the model's same-named classes scores as this category is not ours to guess
             raise UsageError(f"{model_id} has {len(named)} classes named {class_names[named[0]]!r} (labels "
                              f"{', '.join(map(str, named))}); map dataset category {name!r} to one of them by its "
-                             "index with --class-map FILE")
+                             "index in a class map (--class-map FILE; a campaign file: `class_map:` in its options)")
         label = named[0] if named else None
         if (label is None and _norm(name) in renames and wanted.isdigit() and int(wanted) < len(class_names)
                 and class_names[int(wanted)] is not None):
@@ -120,7 +120,8 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
         counts = f"the dataset has {len(categories)} classes, {model_id} {sum(n is not None for n in class_names)}"
         raise UsageError(f"the dataset's categories {', '.join(unmatched[:3])}{more} are not classes of "
                          f"{model_id} ({counts}: {_some(class_names)}); scoring them would give AP 0. Map them "
-                         "with --class-map FILE (YAML: `dataset category name: model class name or index`), or "
+                         "with a class map (--class-map FILE; a campaign file: `class_map: FILE` in its options; YAML: "
+                         "`dataset category name: model class name or index`), or "
                          "use weights trained on this dataset")
     return tuple(labels.get(label, NOT_IN_DATASET) for label in range(len(class_names)))
 

@@ -83,6 +83,11 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+# What `make bench` exports (the Makefile): malloc's mmap and trim thresholds out of a detector's way (the default
+# thresholds cost ~25 % of CPU time in page faults on the reference box: docs/benchmarks.md)
+RECOMMENDED_GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184"
+
+
 def _mapped_libraries(maps: Path = Path("/proc/self/maps")) -> str:
     try:
         return maps.read_text()

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
 from harness.measure.stats import bootstrap_ci
@@ -121,7 +121,8 @@ def load_side(path: str | Path) -> Side:
             return Side(str(path), detections=path)
         entries = [_entry(path)]
     else:
-        raise UsageError(f"{path}: {not_a_file_or_folder(path)}")
+        raise UsageError(path_problem("", path, not_a_file_or_folder(path)) + "; pass a run folder, submission "
+                         "files or a COCO detections file")
     # a cell written twice (a resumed run, a folder of several runs): the latest wins
     kept, superseded = latest_wins(entries, key=lambda e: e.identity, when=lambda e: e.timestamp,
                                    name=lambda e: str(e.path))

@@ -162,7 +162,8 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
         elif p.is_file():
             files.append(p)
         else:
-            raise UsageError(f"{p}: {not_a_file_or_folder(p)}; pass submission files or folders of them")
+            raise UsageError(path_problem("", p, not_a_file_or_folder(p))
+                             + "; pass submission files or folders of them")
     if not files:
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")
@@ -486,7 +487,8 @@ def load_run(path: Path) -> RunFolder:
     """Read outputs/<run_id>/; UsageError (one line) when it is not a readable run folder."""
     path = Path(path)
     if not path.is_dir():
-        raise UsageError(f"{path} is not a folder: pass a run folder, e.g. outputs/<run_id>/")
+        raise UsageError(path_problem("", path, "not a folder" if path.exists() else "no such folder")
+                         + "; pass a run folder, e.g. outputs/<run_id>/")
     run = read_json_object(path / RUN_FILE) if (path / RUN_FILE).is_file() else {}
     files = submission_files(path)
     if not files:

@@ -247,7 +247,7 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
     except RunInterrupted:
         raise
     except UsageError as exc:
-        return DatasetResult(entry.name, entry.version, entry.weights or "", None, str(exc).splitlines()[0][:300])
+        return DatasetResult(entry.name, entry.version, entry.weights or "", None, str(exc).splitlines()[0])
     if outcome.problems:
         return DatasetResult(entry.name, entry.version, entry.weights or "", None,
                              "; ".join(outcome.problems.values()))

@@ -575,7 +575,7 @@ class GroupExecutor:
                    "rule": "an int8 row keeps >= 99 % of the same model's fp32 mAP on the same images (MLPerf)"}
         if not passed:
             kept_text = "an undefined share" if kept is None else f"{100 * kept:.1f} %"
-            verdict["failing"] = (f"int8 keeps {kept_text} of the fp32 mAP ({int8_map} vs {fp32_map}); "
+            verdict["failing"] = (f"int8 keeps {kept_text} of the fp32 mAP ({int8_map:.4f} vs {fp32_map:.4f}); "
                                   "below 99 %: this row is marked failing")
         return verdict
 

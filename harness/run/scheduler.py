@@ -26,7 +26,7 @@ from harness.errors import RunInterrupted, VaBenchError
 from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
 from harness.measure.energy import EnergyProbe
-from harness.measure.env import apply_tf32, collect_environment, hardware_block
+from harness.measure.env import RECOMMENDED_GLIBC_TUNABLES, apply_tf32, collect_environment, hardware_block
 from harness.measure.hygiene import DeviceSampler, locked_clocks
 from harness.measure.memory import MemoryMonitor
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
@@ -107,8 +107,8 @@ class Scheduler:
         if environment["memory_allocator"]["allocator"] == "glibc (default)":
             self.progress.log("warning: glibc malloc with its default thresholds (GLIBC_TUNABLES unset, no tcmalloc or "
                               "jemalloc preloaded): detector forwards can spend a quarter of their CPU time in page "
-                              "faults; `make bench` sets GLIBC_TUNABLES (see the Makefile); the allocator is recorded "
-                              "in every submission (environment.memory_allocator)")
+                              "faults (recorded in environment.memory_allocator); before the run: export "
+                              f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES} (as `make bench` does)")
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
         ctx: RunContext | None = None

@@ -79,7 +79,9 @@ def print_campaign(console: Console, path, doc: dict, results) -> None:
     block = doc["rf100vl"]
     scored, expected = len(block["datasets"]), block["protocol"]["expected_datasets"]
     variant = "full" if scored == expected else "partial"  # the site's rule: the count alone
-    console.print(f"{scored} of {expected} datasets scored ({variant}{scored}): mean mAP 50:95 "
+    listed = len(results) or scored  # the datasets the campaign named, scored or skipped
+    lists = f" (the campaign lists {listed})" if listed != expected else ""
+    console.print(f"{scored} of {expected} datasets scored{lists} ({variant}{scored}): mean mAP 50:95 "
                   f"{doc['accuracy']['mAP_50_95']:.4f}; {escape(str(path))}", highlight=False)
     for name in block["skipped_datasets"]:
         reason = next(r.reason for r in results if r.name == name)

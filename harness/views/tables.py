@@ -18,13 +18,14 @@ from harness.views.text import escape
 
 
 def stage_split(record: CellRecord) -> str:
-    """Stage split of the batch time in %, preprocess/forward/postprocess, e.g. '8/80/12'."""
+    """Stage split of the batch time in %, preprocess/forward/postprocess, e.g. '8/80/12'; the forward's share
+    includes the input's transfer to the device (as the submission's inference_ms does)."""
     t = record.timing
     total = t.batch_ms.mean
     parts = []
-    for name in ("preprocess", "forward", "postprocess"):
-        s = t.stages_ms.get(name)
-        parts.append(f"{100 * s.mean / total:.0f}" if s is not None and total > 0 else "-")
+    for names in (("preprocess",), ("transfer", "forward"), ("postprocess",)):
+        stages = [t.stages_ms[n] for n in names if n in t.stages_ms]
+        parts.append(f"{100 * sum(s.mean for s in stages) / total:.0f}" if stages and total > 0 else "-")
     return "/".join(parts)
 
 
@@ -44,7 +45,15 @@ DROP_ORDER = ("J/img", "RAM MB", "p95 ms", "split %")
 
 def _map(record: CellRecord) -> str:
     value = record.accuracy.stats.get("mAP_50_95") if record.accuracy else None
-    return "-" if value is None else f"{value:.4f}"  # None: undefined (no ground truth among the images scored)
+    if value is None:  # undefined (no ground truth among the images scored), or not scored (random weights)
+        return "-"
+    return f"{value:.4f}" + ("!" if int8_failing(record) else "")
+
+
+def int8_failing(record: CellRecord) -> str | None:
+    """Why an int8 cell fails its accuracy rule (< 99 % of the fp32 mAP), None when it does not."""
+    reference = record.accuracy.reference if record.accuracy else None
+    return reference.get("failing") if isinstance(reference, dict) else None
 
 
 def _group_rows(statuses: list, records: dict[str, CellRecord], energy: bool) -> list[dict[str, str]]:
@@ -96,7 +105,16 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
             break
         columns.remove(droppable[0])
         dropped.append(droppable[0])
-    table.caption = "p50/p95: ms per batch; split %: preprocess/forward/postprocess share of the batch time"
+    table.caption = ("p50/p95: ms per batch; split %: preprocess/forward (with the transfer)/postprocess share of "
+                     "the batch time")
+    if any(r.timing.mode == "overlapped" for r in mine):
+        table.caption = ("overlapped: p50/p95 ms per batch from its start to its result, queueing included; img/s "
+                         "over the stream; split %: each stage's share of the batch time (stages overlap)")
+    if any(row.get("mAP", "").endswith("!") for row in rows):
+        table.caption += "; mAP!: int8 keeps < 99 % of fp32's mAP (failing)"
+    if mine and all(r.accuracy is None for r in mine):
+        reasons = sorted({str(r.accuracy_reason) for r in mine if r.accuracy_reason})
+        table.caption += f"; mAP -: {'; '.join(reasons) or 'not scored'}"
     if dropped:
         table.caption += f"; not shown for width: {', '.join(dropped)} (see --json)"
     table.caption_justify = "left"
@@ -123,10 +141,12 @@ def probe_lines(records: list[CellRecord], top: int = 6) -> list[str]:
 
 
 def run_warnings(records: list[CellRecord]) -> list[str]:
-    """Timing warnings per cell and batch invariance below 99 %."""
+    """Timing warnings per cell, int8 cells failing their accuracy rule and batch invariance below 99 %."""
     out = []
     for r in records:
         out += [f"{r.cell.label}: {w}" for w in r.timing.warnings]
+        if int8_failing(r):
+            out.append(f"{r.cell.label}: {int8_failing(r)}")
         inv = r.invariance
         if inv is not None and inv.report is not None and inv.report.match_rate < 0.99:
             out.append(f"{r.cell.label}: batch invariance {percent(inv.report.match_rate, 2, 'down')} < 99% against "
@@ -221,12 +241,13 @@ def summary_json(run_dir: Path, outcome) -> dict:
 def print_plan(console: Console, plan: dict) -> None:
     """`run --dry-run`: the cells in the order they run, and what each group loads."""
     d = plan["dataset"]
-    console.print(f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
-                  f"({d['num_images']} images), {plan['num_cells']} cells on {escape(plan['device'])}; warm-up >= "
-                  f"{plan['warmup']['batches']} batches, then until the batch times settle or "
-                  f"{plan['warmup']['seconds']} s since it began, per cell; evaluation: "
-                  f"{plan['evaluation'] or 'off'}; nothing written (a run writes {escape(plan['run_dir'])})",
-                  highlight=False, soft_wrap=True)
+    lines = [f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
+             f"({d['num_images']} images), {plan['num_cells']} cells on {escape(plan['device'])}",
+             f"each cell's warm-up: >= {plan['warmup']['batches']} batches, then until the batch times settle",
+             f"  or {plan['warmup']['seconds']} s since it began; evaluation: {plan['evaluation'] or 'off'}",
+             f"nothing written (a run writes {escape(plan['run_dir'])})"]
+    for line in lines:  # short lines: the plan reads in 80 columns (a long run folder path may still wrap)
+        console.print(line, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col, justify in (("cell", "left"), ("batches", "right"), ("timed", "right"), ("loads", "left")):
         table.add_column(col, justify=justify)
