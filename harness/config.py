@@ -267,6 +267,8 @@ def _validation_message(exc: ValidationError) -> str:
         message = f"{err['input']!r} is not a plain name: use letters, digits, '_', '.' and '-' (no paths)"
     if err["type"] == "finite_number":
         message = f"{err['input']!r} is not a finite number"
+    elif err["type"].endswith("_parsing") or err["type"].endswith("_type"):  # name the value that is not one
+        message = f"{message}, got {err['input']!r}"
     return f"invalid run configuration: {where}{flag}: {message}" if where else f"invalid run configuration: {message}"
 
 

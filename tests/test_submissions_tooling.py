@@ -595,8 +595,11 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     other = _variant(base_doc, hardware__id="box2")
     other["submission_id"] = "another-run"
     _run_folder(tmp_path / "outputs" / "r2", other, broken)
+    child = tmp_path / "outputs" / "r2" / "repeats" / "process-2"  # a --repeats process's own run folder
+    child.mkdir(parents=True)
+    (child / "run.json").write_text("{}")
     validation = validate_paths([tmp_path / "outputs"], None)
-    assert len(validation.reports) == 2 and len(validation.notes) == 2
+    assert len(validation.reports) == 2 and len(validation.notes) == 2  # the nested run is part of r2's
     ((name, finding),) = _findings(validation.reports, "detections")
     assert finding.severity == "error" and "2 of 3 detections are unusable" in finding.message
     assert "[0] bbox [None, None, None, None]" in finding.message

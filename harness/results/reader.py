@@ -145,6 +145,8 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
         if p.is_dir():
             found = sorted(x for x in p.rglob("*.json") if x.is_file())
             run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
+            # a run folder inside another (a --repeats process's, under repeats/) is part of it, skipped with it
+            run_dirs = [d for d in run_dirs if not any(other in d.parents for other in run_dirs)]
             for run_dir in run_dirs:
                 inside = [x for x in found if run_dir in x.parents]
                 keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
