@@ -127,6 +127,35 @@ def test_a_tied_parameter_counts_once_in_the_rows_as_in_the_total():
     assert r.params_total == 9 + 3 + 3 == sum(row.params for row in r.layers) == sum(r.params_by_type.values())
 
 
+def test_a_leaf_calling_another_leaf_counts_each_flop_once():
+    """A module without children that calls a module registered elsewhere (held in a plain list): the inner call's
+    FLOPs are the inner row's, never counted twice nor made negative outside the leaves."""
+    conv = torch.nn.Conv2d(3, 2, 1, bias=False)
+
+    class CallsHeld(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.held = [conv]  # not a child: this module is a leaf
+
+        def forward(self, x):
+            return self.held[0](x) @ torch.ones(8, 4)
+
+    class Root(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.add_module("0", conv)
+            self.add_module("1", CallsHeld())
+
+        def forward(self, x):
+            return getattr(self, "0")(x).sum() + getattr(self, "1")(x).sum()
+
+    r = inspect_module(Root(), (8, 8), "nested")
+    rows = {row.name: row for row in r.layers}
+    assert rows["0"].flops == 2 * conv_flops(3, 2, 1, 8, 8) and rows["0"].calls == 2  # its own call and the held one
+    assert rows["1"].flops == 2 * 2 * 8 * 8 * 4  # the matmul only
+    assert OUTSIDE not in rows and r.flops_total == sum(row.flops for row in r.layers)
+
+
 def test_flops_outside_leaf_modules_are_kept():
     class MatmulInForward(torch.nn.Module):
         def __init__(self):

@@ -183,6 +183,31 @@ def test_layer_hooks_are_removed_after_the_pass():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
+def test_a_leaf_calling_another_leaf_keeps_its_own_time_only(monkeypatch):
+    """A module without children that calls a module held outside them: the inner call's time is the inner row's;
+    the outer row's is what it ran itself, never the two together (a fake clock: each module advances it by its
+    own known time)."""
+    from harness.measure import layers
+
+    now = [0]
+    monkeypatch.setattr(layers.time, "perf_counter_ns", lambda: now[0])
+
+    class Takes(torch.nn.Module):
+        def __init__(self, ms, held=None):
+            super().__init__()
+            self.ns, self.held = ms * 1_000_000, [held] if held is not None else []
+
+        def forward(self, x):
+            now[0] += self.ns
+            return self.held[0](x) if self.held else x
+
+    inner = Takes(50)
+    model = torch.nn.Sequential(inner, Takes(20, held=inner))
+    with hook_leaf_modules(model, Device("cpu"), lambda: 0) as calls:
+        model(torch.zeros(1))
+    assert [(c.name, c.ms) for c in calls] == [("0", 50.0), ("0", 50.0), ("1", 20.0)]  # not 70 for "1"
+
+
 def test_layer_pass_artifacts_add_up(ort_run, torch_run):
     for plan, records in (ort_run, torch_run):
         run_dir = plan.run_dir

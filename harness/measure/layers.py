@@ -27,20 +27,26 @@ def _shapes(obj) -> str:
 
 @contextmanager
 def hook_leaf_modules(module: torch.nn.Module, device: Device, batch_index: Callable[[], int]) -> Iterator[list]:
-    """Time every leaf module call (device-synced on both sides); hooks are removed on exit."""
+    """Time every leaf module call (device-synced on both sides); hooks are removed on exit. A leaf that calls
+    another leaf (one it holds outside its children) keeps its own time only: no time is counted twice."""
     calls: list[LayerCall] = []
     starts: dict[int, list[int]] = defaultdict(list)
+    nested: list[int] = []  # per open leaf call, the nanoseconds of leaf calls made inside it
     handles = []
 
     def pre(mod, inputs):
         device.synchronize()
         starts[id(mod)].append(time.perf_counter_ns())
+        nested.append(0)
 
     def post(mod, inputs, output, name):
         device.synchronize()
         elapsed = time.perf_counter_ns() - starts[id(mod)].pop()
+        own = elapsed - nested.pop()
+        if nested:
+            nested[-1] += elapsed
         calls.append(LayerCall(batch_index(), name, type(mod).__name__, _shapes(inputs), _shapes(output),
-                               elapsed / 1e6))
+                               own / 1e6))
 
     for name, mod in module.named_modules():
         if next(mod.children(), None) is None and name:

@@ -152,16 +152,24 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
     shapes: dict[str, str] = {}
     leaves = {n for n, m in layers.items() if not any(True for _ in m.children())}
     started: dict[str, list[int]] = {n: [] for n in leaves}
+    nested: list[int] = []  # per open leaf call, the FLOPs of leaf calls made inside it (credited to those)
+
+    def leaf_start(n: str) -> None:
+        started[n].append(counter.get_total_flops())
+        nested.append(0)
 
     def leaf_done(n: str, out) -> None:
-        flops[n] += counter.get_total_flops() - started[n].pop()
+        grown = counter.get_total_flops() - started[n].pop()
+        flops[n] += grown - nested.pop()  # a leaf that calls another (held outside its children) keeps its own
+        if nested:
+            nested[-1] += grown
         calls[n] += 1
         shapes[n] = _shape(out)
 
     handles = []
     for n in leaves:  # a leaf's FLOPs: the counter's growth across its call
         m = layers[n]
-        handles.append(m.register_forward_pre_hook(lambda _m, _i, n=n: started[n].append(counter.get_total_flops())))
+        handles.append(m.register_forward_pre_hook(lambda _m, _i, n=n: leaf_start(n)))
         handles.append(m.register_forward_hook(lambda _m, _i, out, n=n: leaf_done(n, out)))
     try:
         with flop_counting(module), counter:
