@@ -572,6 +572,24 @@ def test_a_file_without_the_models_tensors_is_refused_not_run_on_random_values(t
     finally:
         quiet.setLevel(logging.NOTSET)
     assert logging.getLogger("libreyolo.models.base.model").level == logging.NOTSET  # restored
+    # RTMDet shares its head's convolutions across levels; its checkpoints hold each shared tensor once, and the
+    # names libreyolo reports missing are those aliases: loaded, not refused
+    model = ly.catalogue()["rtmdet-t"]
+    wrapper = ly.libreyolo_class(model)._from_scratch(size=model.size, device="cpu", task="detect", seed=1)
+    wrapper.save(str(tmp_path / "rtm.pt"))
+    checkpoint = torch.load(tmp_path / "rtm.pt", map_location="cpu", weights_only=False)
+    seen, aliases = set(), []
+    for key, tensor in wrapper.model.state_dict(keep_vars=True).items():
+        where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and where in seen:
+            aliases.append(key)
+        seen.add(where)
+    assert aliases  # the shared convolutions
+    checkpoint["model"] = {k: v for k, v in checkpoint["model"].items() if k not in aliases}
+    torch.save(checkpoint, tmp_path / "rtm-once.pt")
+    loaded = ly.LibreYoloDetector("rtmdet-t", str(tmp_path / "rtm-once.pt")).core_module.state_dict()
+    for key, tensor in wrapper.model.state_dict().items():  # every tensor the file's, aliases included
+        assert torch.equal(loaded[f"module.{key}"], tensor), key
 
 
 def test_fetch_uses_libreyolos_download_and_records_sha256(tmp_path, monkeypatch):

@@ -227,7 +227,7 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
             first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
                              f"pass the {model.weights_file} checkpoint of this model") from exc
-        if missing:  # a non-strict family would run on with its random initialisation wherever keys were absent
+        if missing and not _only_aliases(*missing[0], wrapper.model):  # else it would run on random values there
             count, first = missing[0]
             raise UsageError(f"{path} does not hold {model.model_id}'s weights: {count} of its tensors are not in the "
                              f"file (first: {', '.join(map(str, first[:3]))}); pass the {model.weights_file} "
@@ -235,6 +235,20 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
         info = LibreWeightsInfo(file=path.name, sha256=sha, source=source, libreyolo_version=version)
     wrapper.model.eval()  # _from_scratch leaves it in train mode
     return wrapper, info
+
+
+def _only_aliases(count: int, first: list, module: torch.nn.Module) -> bool:
+    """Whether the keys a load reported missing can all be names of tensors the file did give under another name
+    (a module shared under two names: RTMDet's checkpoints hold its shared convolutions once), or BatchNorm's
+    batch counters, never weights. libreyolo reports the count and the first five names."""
+    names: dict[tuple, list[str]] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if tensor.numel():
+            names.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
+                             []).append(key)
+    aliases = {key for keys in names.values() if len(keys) > 1 for key in keys}
+    counters = {key for key in module.state_dict() if key.endswith("num_batches_tracked")}
+    return count <= len(aliases) + len(counters) and all(k in aliases or k in counters for k in first)
 
 
 @contextmanager
