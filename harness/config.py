@@ -204,30 +204,6 @@ class RunConfig(BaseModel):
         return None if value is None else str(Path(value).expanduser())
 
     @model_validator(mode="after")
-    def _options_of_other_modes(self) -> RunConfig:
-        """An option given for a mode the run is not in would be recorded and do nothing: refused, naming the
-        mode it belongs to. Only a value other than the default counts as given: a resumed run's configuration
-        holds every field."""
-        given = {name for name in self.model_fields_set
-                 if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)}
-        belongs = {"workers": ("--overlap", self.overlap), "max_seconds": ("--target-ci", self.target_ci is not None),
-                   "server_queries": ("--scenario server", self.scenario == "server"),
-                   "calibration": ("--precision int8", "int8" in self.precisions),
-                   "calibration_images": ("--precision int8", "int8" in self.precisions),
-                   "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile),
-                   "tf32": ("--device cuda", self.device.strip().lower().startswith("cuda")),
-                   "allow_shared_gpu": ("--device cuda", self.device.strip().lower().startswith("cuda"))}
-        for name, (mode, active) in belongs.items():
-            if name in given and not active:
-                flag = type(self).model_fields[name].json_schema_extra["flags"][0].split("/")[0]
-                raise ValueError(f"{flag} applies to {mode} only; add {mode} or drop {flag}")
-        if {"min_timed_batches", "max_timed_batches"} <= given and self.max_timed_batches is not None \
-                and self.min_timed_batches > self.max_timed_batches:
-            raise ValueError(f"--min-timed-batches {self.min_timed_batches} is more than --max-timed-batches "
-                             f"{self.max_timed_batches}; lower one of them")
-        return self
-
-    @model_validator(mode="after")
     def _scenario(self) -> RunConfig:
         """--scenario: single-stream and offline name the modes --overlap sets (a contradiction is refused); server
         needs its bound and rate, one image a query; the server options go with it only."""
@@ -245,6 +221,28 @@ class RunConfig(BaseModel):
                 raise ValueError(f"--scenario {self.scenario} contradicts --{'' if self.overlap else 'no-'}overlap; "
                                  "give one of them")
             self.overlap = wanted
+        return self
+
+    def options_of_other_modes(self) -> dict[str, str]:
+        """Option field -> the mode it belongs to, for each option of a mode this run is not in."""
+        cuda = self.device.strip().lower().startswith("cuda")
+        belongs = {"workers": ("--overlap", self.overlap), "max_seconds": ("--target-ci", self.target_ci is not None),
+                   "server_queries": ("--scenario server", self.scenario == "server"),
+                   "calibration": ("--precision int8", "int8" in self.precisions),
+                   "calibration_images": ("--precision int8", "int8" in self.precisions),
+                   "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile),
+                   "tf32": ("--device cuda", cuda), "allow_shared_gpu": ("--device cuda", cuda)}
+        return {name: mode for name, (mode, active) in belongs.items() if not active}
+
+    @model_validator(mode="after")
+    def _defaults_for_other_modes(self) -> RunConfig:
+        """An option of a mode the run is not in does nothing: it is recorded at its default, so that the record
+        says what ran (a preset's `workers: 4` under `--no-overlap`, a resumed run's older record). Given on the
+        command line, it is refused instead (`load_config`). After `_scenario`, which sets --overlap."""
+        for name in self.options_of_other_modes():
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            if getattr(self, name) != default:
+                setattr(self, name, default)
         return self
 
     def identity(self) -> dict[str, Any]:
@@ -322,9 +320,23 @@ def given(overrides: dict) -> dict:
 
 
 def load_config(path: str | Path | None, overrides: dict) -> RunConfig:
-    """Load a YAML preset (safe_load) and apply CLI overrides (None means "not given")."""
+    """Load a YAML preset (safe_load) and apply CLI overrides (None means "not given"). An override of a mode the
+    run is not in (it would be recorded and do nothing), or a --min-timed-batches above --max-timed-batches, is
+    a one-line UsageError."""
     data = read_preset(path) if path is not None else {}
-    return build_config({**data, **given(overrides)})
+    flags = given(overrides)
+    config = build_config({**data, **flags})
+    fields = RunConfig.model_fields
+    for name, mode in config.options_of_other_modes().items():
+        if name in flags and flags[name] != fields[name].get_default(call_default_factory=True):
+            flag = fields[name].json_schema_extra["flags"][0].split("/")[0]
+            raise UsageError(f"{flag} applies to {mode} only; add {mode} or drop {flag}")
+    both = {"min_timed_batches", "max_timed_batches"}  # both asked for (the default minimum yields to a maximum)
+    if both <= set(data) | set(flags) and both & set(flags) and config.max_timed_batches is not None \
+            and config.min_timed_batches > config.max_timed_batches:
+        raise UsageError(f"--min-timed-batches {config.min_timed_batches} is more than --max-timed-batches "
+                         f"{config.max_timed_batches}; lower one of them")
+    return config
 
 
 def add_run_argument(parser: Any, name: str, flag: str | None = None, default: Any = ..., **overrides: Any) -> None:

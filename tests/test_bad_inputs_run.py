@@ -70,19 +70,27 @@ def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expe
     ({"scenario": "server", "qps": 5}, "invalid run configuration: --scenario server needs --latency-bound"),
 ])
 def test_options_that_would_be_recorded_and_do_nothing_are_refused(data, expect):
-    from harness.config import build_config
+    from harness.config import load_config
 
     with pytest.raises(UsageError) as err:
-        build_config(data)
+        load_config(None, data)  # as given on the command line
     assert expect in str(err.value) and "Value error" not in str(err.value) and ": :" not in str(err.value)
 
 
-def test_what_a_run_resumes_from_or_leaves_at_its_default_is_not_refused(tmp_path):
-    from harness.config import build_config
+def test_an_option_of_another_mode_from_a_preset_or_a_record_is_kept_at_its_default(tmp_path):
+    """A preset's value for a mode a flag switched off, or an older run's record, is no user mistake on this
+    command line: recorded at its default (what ran), not refused. --scenario offline is --overlap."""
+    from harness.config import build_config, load_config
 
     recorded = build_config({"max_timed_batches": 5}).model_dump()  # min 10 by default, as a run.json holds it
     assert build_config(recorded).max_timed_batches == 5
-    assert build_config({"workers": "auto", "overlap": False}).workers == "auto"
+    assert load_config(None, {"max_timed_batches": 5}).max_timed_batches == 5  # the default minimum yields
+    assert build_config({"workers": "4"}).workers == "auto"  # an older record: workers without overlap did nothing
+    assert load_config(None, {"scenario": "offline", "workers": "4"}).workers == "4"
+    preset = tmp_path / "p.yaml"
+    preset.write_text("device: cuda\ntf32: 'on'\nlayers: true\nlayer_batches: 5\n")
+    config = load_config(preset, {"device": "cpu", "layers": False})
+    assert (config.tf32, config.layer_batches) == ("off", 3)
     home = build_config({"output_dir": "~/runs", "weights": "~/w.onnx"})
     assert home.output_dir == str(Path.home() / "runs") and home.weights == str(Path.home() / "w.onnx")
 
