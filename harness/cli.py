@@ -201,7 +201,8 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
                 force: bool = False, as_json: bool = False, dry_run: bool = False, **options) -> None:
     """Run the benchmark sweep; writes outputs/<run_id>/ (one va.submission.v1 per cell).
 
-    Exit 0 when every cell is ok, 1 when a cell failed (the others still run), 2 for bad input,
+    Exit 0 when every cell is ok, 1 when a cell failed (the others still run) or an int8 row kept < 99 % of its
+    fp32 mAP, 2 for bad input,
     130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
     from harness.config import given, load_config
     from harness.run.plan import prepare  # light: its checks refuse bad options before torch is imported

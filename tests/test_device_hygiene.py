@@ -423,6 +423,14 @@ def test_a_cpu_run_names_the_machine_it_ran_on(monkeypatch, tmp_path):
         def nvmlInit(self):
             raise RuntimeError("NVML Shared Library Not Found")
 
+    class TwoKinds(FakeNvml):  # an A100 and a T4 in one box: which names the machine is not guessed
+        def nvmlDeviceGetCount(self):
+            return 2
+
+        def nvmlDeviceGetName(self, handle):
+            return "NVIDIA A100-SXM4-80GB" if handle == "gpu0" else "Tesla T4"
+
+    assert env.hardware_block(cpu, None, nvml=TwoKinds())["gpu"] == "none"
     monkeypatch.setattr(env, "board_model", lambda: "NVIDIA Jetson AGX Orin Developer Kit")
     jetson = env.hardware_block(cpu, None, nvml=NoNvml())
     assert jetson["id"] == "jetson_orin" and jetson["gpu"] == "NVIDIA Jetson AGX Orin Developer Kit"

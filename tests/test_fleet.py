@@ -86,6 +86,19 @@ def test_build_differences_name_what_differs():
     assert build_differences(base, other) == [f"harness commit {'a' * 12} -> {'c' * 12}", "torch 2.14.1 -> 2.13.0"]
 
 
+def test_a_runtime_one_machine_has_and_another_cannot_is_no_build_difference(monkeypatch):
+    """A Jetson node with TensorRT and a Raspberry Pi without it run one build: the fingerprint compares the
+    packages every machine has (libreyolo among them), not the optional runtimes a submission records."""
+    from harness.fleet import fingerprint
+    from harness.measure import env
+
+    real = env.version
+    monkeypatch.setattr(env, "version", lambda name: "10.7.0" if name == "tensorrt" else real(name))
+    packages = fingerprint.build_fingerprint()["packages"]
+    assert "tensorrt" not in packages and "openvino" not in packages and "libreyolo" in packages
+    assert env.package_versions()["tensorrt"] == "10.7.0"  # still recorded in each submission's software
+
+
 def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
     pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
     from harness.cli import app

@@ -9,10 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from harness import __version__
-from harness.measure.env import git_state, package_versions
+from harness.measure.env import CORE_PACKAGES, git_state, package_versions
 
 HARNESS_DIR = Path(__file__).resolve().parents[1]
-FLEET_PACKAGES = ("ray",)  # beside harness.measure.env.PACKAGES: the fleet's own engine
+FLEET_PACKAGES = ("ray",)  # beside harness.measure.env.CORE_PACKAGES: the fleet's own engine
 
 
 def source_sha256(root: Path = HARNESS_DIR) -> str:
@@ -28,7 +28,7 @@ def source_sha256(root: Path = HARNESS_DIR) -> str:
 def build_fingerprint() -> dict:
     """This process's build: harness version, commit, dirty flag, source hash and package versions."""
     commit, dirty = git_state()
-    packages = package_versions()
+    packages = package_versions(CORE_PACKAGES)  # not the runtimes one machine has and another cannot
     for name in FLEET_PACKAGES:
         try:
             packages[name] = version(name)

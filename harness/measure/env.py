@@ -20,9 +20,11 @@ from harness.measure.device import Device
 from harness.measure.hygiene import NO_CPUFREQ, load_nvml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("torch", "torchvision", "onnxruntime", "onnxruntime-gpu", "onnx", "onnx2torch", "numpy",
-            "opencv-python-headless", "pycocotools", "faster-coco-eval", "scipy", "libreyolo", "openvino", "ncnn",
-            "ai-edge-litert", "tensorrt")
+# The packages whose versions change a run's numbers on every machine (a fleet's nodes must agree on them), and
+# the runtimes a machine may or may not have (recorded, never compared: a Jetson has tensorrt, a Raspberry Pi not)
+CORE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
+                 "pycocotools", "faster-coco-eval", "scipy", "libreyolo")
+PACKAGES = (*CORE_PACKAGES, "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-litert", "tensorrt")
 
 
 def cpu_model() -> str:
@@ -73,9 +75,10 @@ def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
     return commit, (None if status is None else bool(status))
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Python's and each package's version ("not-installed" where absent)."""
     out = {"python": platform.python_version()}
-    for name in PACKAGES:
+    for name in names:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -164,20 +167,23 @@ def hardware_block(device: Device, hardware_id: str | None, nvml=None) -> dict:
 
 
 def _nvml_gpu(nvml=None) -> tuple[str, float, str] | None:
-    """The machine's first GPU as NVML names it (name, memory in GiB, driver), None without NVML or a GPU."""
+    """The machine's GPU as NVML names it (name, memory in GiB, driver); None without NVML or a GPU, and None where
+    its GPUs are of several kinds (which one names the machine is not ours to guess: NVML's order is the PCI
+    bus's, CUDA's the fastest first)."""
     nvml, _ = load_nvml(nvml)
     if nvml is None:
         return None
     try:
-        if nvml.nvmlDeviceGetCount() < 1:
-            return None
-        handle = nvml.nvmlDeviceGetHandleByIndex(0)
-        name = nvml.nvmlDeviceGetName(handle)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        gpus = {(_text(nvml.nvmlDeviceGetName(h)), round(nvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1))
+                for h in handles}
         driver = nvml.nvmlSystemGetDriverVersion()
     except Exception:  # NVML without a usable device (a vGPU, a container without one): the machine has none here
         return None
-    return _text(name), round(memory / 2**30, 1), _text(driver)
+    if len({name for name, _ in gpus}) != 1:
+        return None
+    (name, memory), *_ = sorted(gpus)
+    return name, memory, _text(driver)
 
 
 def _text(value) -> str:

@@ -9,7 +9,8 @@
   leaderboard shows a coordinate's latency-mode row where there is one. The protocol is the post-processing
   thresholds `config.conf` / `iou` / `max_det`: they change both the NMS work and the mAP (a conf 0.25 run
   scores lower than one at the site's 0.001), so runs at other thresholds never replace each other. A top-k
-  (DETR-style) model run at what libreyolo's validator applies to it (conf 0, its query count) ran the site's
+  (DETR-style) model run at what libreyolo's validator applies to it (conf 0 or its family's 0.001, its query count)
+  ran the site's
   protocol, which the site's rows state as conf 0.001, max_det 300: it is keyed so (`as_stated_by_site`).
 * Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
   with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
@@ -148,7 +149,9 @@ def row_from(report: FileReport) -> PerfRow:
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
-    conf, max_det = as_stated_by_site(sub.model.id, _num(sub.config.conf), sub.config.max_det)
+    conf, max_det = _num(sub.config.conf), sub.config.max_det
+    if not sub.is_rf100vl:  # RF100-VL's section has its own protocol
+        conf, max_det = as_stated_by_site(sub.model.id, conf, max_det)
     return PerfRow(
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
