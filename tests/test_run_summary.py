@@ -51,3 +51,15 @@ def test_the_split_adds_up_with_the_transfer_in_the_forward():
     record.timing.batch_ms = SimpleNamespace(mean=10.0)
     record.timing.stages_ms = {"preprocess": ms(1.0), "transfer": ms(2.0), "forward": ms(5.0), "postprocess": ms(2.0)}
     assert stage_split(record) == "10/70/20"
+
+
+def test_an_overlapped_streams_fill_is_no_variation():
+    """A steady stream (one worker: the first batch has no queue ahead of it) is not warned of; a stream that
+    does vary still is."""
+    from harness.run.executor import stream_warnings
+
+    steady = [58.98, 102.06, 101.05, 100.95, 101.2, 100.8, 101.4, 100.9, 101.1, 102.24]  # a real one: CV 13.8 % whole
+    assert stream_warnings(steady, depth=2) == []
+    varying = steady[:2] + [60.0, 140.0] * 4
+    assert any(w.startswith("high variation") for w in stream_warnings(varying, depth=2))
+    assert stream_warnings(steady[:3], depth=2)[0].startswith("only 3 samples")

@@ -83,6 +83,31 @@ def test_a_failing_cell_does_not_sink_the_sweep(tmp_path):
 
 
 @requires_coco
+def test_a_cell_failing_in_its_timed_pass_closes_its_measurement_windows(tmp_path, monkeypatch):
+    """A stream that raises in the middle of the timed pass: the cell fails, and its memory and device windows
+    close with it (left open, the next cell's warm-up was sampled as the failed cell's timing)."""
+    from harness.measure.hygiene import DeviceSampler
+    from harness.measure.memory import MemoryMonitor
+
+    calls = []
+    for cls in (MemoryMonitor, DeviceSampler):
+        begin, end = cls.begin_window, cls.end_window
+        monkeypatch.setattr(cls, "begin_window", lambda self, tag, begin=begin, n=cls.__name__: (
+            calls.append((n, "begin", tag)), begin(self, tag))[1])
+        monkeypatch.setattr(cls, "end_window", lambda self, end=end, n=cls.__name__: (
+            calls.append((n, "end", None)), end(self))[1])
+    out = tmp_path / "o"
+    result = va_bench("run", "--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out),
+                      "--run-id", "r1", env={"VA_BENCH_TEST_FAIL": "4:error:3", "VA_BENCH_TEST_FORWARD_MS": "2"})
+    assert result.returncode == 1, result.stderr
+    assert statuses(out / "r1") == {1: "ok", 2: "ok", 4: "failed", 8: "ok"}
+    for name in ("MemoryMonitor", "DeviceSampler"):
+        events = [(what, tag) for n, what, tag in calls if n == name]
+        assert [what for what, _ in events] == ["begin", "end"] * 4, events  # each closed before the next opens
+        assert sum(tag is not None and tag.endswith("b4") for _, tag in events) == 1
+
+
+@requires_coco
 def test_out_of_memory_skips_the_larger_batch_sizes(tmp_path):
     out = tmp_path / "o"
     result = va_bench("run", "--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out),

@@ -138,6 +138,17 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def stream_warnings(latencies_ms: list[float], depth: int) -> list[str]:
+    """An overlapped stream's variation warnings: its first `depth` batches (as many as it holds in flight) had no
+    full queue ahead of them and are shorter by design, so variation and the first sample are judged on the rest;
+    the sample count on all of them."""
+    every = summarize(latencies_ms).warnings
+    if len(latencies_ms) <= depth + 1:
+        return every
+    steady = summarize(latencies_ms[depth:]).warnings
+    return [w for w in every if w.startswith("only")] + [w for w in steady if not w.startswith("only")]
+
+
 class GroupExecutor:
     """One loaded (model, backend, precision, input size) and the passes run on it."""
 
@@ -367,13 +378,20 @@ class GroupExecutor:
         pipeline.reset_forward_thread()  # the record's account covers the timed batches only
         stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
         target = None
-        with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
-            for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
-                if i < len(batches):  # the first pass over the data is the scored one
-                    detections += out
-                advance()
-            if config.target_ci is not None:
-                target = self._time_to_target(batches, timer, advance, stream_start)
+        try:
+            with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
+                for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
+                    if i < len(batches):  # the first pass over the data is the scored one
+                        detections += out
+                    advance()
+                if config.target_ci is not None:
+                    target = self._time_to_target(batches, timer, advance, stream_start)
+        except BaseException:  # the cell fails (or the run stops): its windows close, or the next cell's warm-up
+            if ctx.sampler is not None:  # samples would be tagged as this cell's timing
+                ctx.sampler.end_window()
+            if ctx.monitor is not None:
+                ctx.monitor.end_window()
+            raise
         # the stream ends with its last batch (not after the progress bar's and the energy sources' teardown)
         stream_seconds = (timer.batches[-1].end_ns - stream_start_ns) / 1e9 if timer.batches else \
             time.perf_counter() - stream_start
@@ -400,6 +418,8 @@ class GroupExecutor:
         names = sorted({n for b in timer.batches for n in b.stages})
         stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
         batch_ms = summarize(totals)
+        stability = batch_ms.warnings if not config.overlap else \
+            stream_warnings(totals, pipeline.stream_workers + pipeline.async_slots)
         timed_images = size * len(timer.batches)
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.
@@ -416,7 +436,7 @@ class GroupExecutor:
             images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
             interval_samples_ms=[round(t, 4) for t in intervals] if config.overlap else None,
-            warnings=list(batch_ms.warnings) + (device_state["warnings"] if device_state else []),
+            warnings=list(stability) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
             target_ci=target,
         )

@@ -3,8 +3,8 @@
 - make_detector: a core whose forward sleeps FORWARD_MS per batch (a known cost) and measures its own
   sleep (MEASURED_MS), an independent reference for the harness's forward stage clock.
 - make_failing_detector: the same core, failing at the batch size given by $VA_BENCH_TEST_FAIL
-  ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError) - a cell that breaks
-  mid-sweep.
+  ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError; "4:error:6" from its 6th forward at
+  that size on, inside the timed pass) - a cell that breaks mid-sweep.
 - $VA_BENCH_TEST_OUTPUT=nan-scores|nan-boxes|inf-boxes: a broken model's output.
 """
 
@@ -28,13 +28,14 @@ class SleepyCore:
     provider = "cpu"
     precision = "fp32"
 
-    def __init__(self, fail_at: int | None = None, fail_kind: str = "error"):
+    def __init__(self, fail_at: int | None = None, fail_kind: str = "error", fail_from: int = 1):
         self.torch_module = torch.nn.Identity()
-        self.fail_at, self.fail_kind = fail_at, fail_kind
+        self.fail_at, self.fail_kind, self.fail_from, self.calls = fail_at, fail_kind, fail_from, 0
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         b = batch.shape[0]
-        if b == self.fail_at:
+        self.calls += b == self.fail_at
+        if b == self.fail_at and self.calls >= self.fail_from:
             if self.fail_kind == "oom":
                 raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (synthetic, batch {b})")
             raise RuntimeError(f"synthetic failure at batch size {b}")
@@ -67,11 +68,11 @@ class SyntheticDetector:
     class_map = COCO80_TO_91  # a COCO detector's classes (it only ever predicts label 0, person)
     weights = WeightsInfo(file="none", sha256=None, source="plugin")
 
-    def __init__(self, fail_at: int | None = None, fail_kind: str = "error"):
-        self.fail_at, self.fail_kind = fail_at, fail_kind
+    def __init__(self, fail_at: int | None = None, fail_kind: str = "error", fail_from: int = 1):
+        self.fail_at, self.fail_kind, self.fail_from = fail_at, fail_kind, fail_from
 
     def load_core(self, backend, device, precision, input_size, threads=None):
-        return SleepyCore(self.fail_at, self.fail_kind)
+        return SleepyCore(self.fail_at, self.fail_kind, self.fail_from)
 
     def decode(self, raw, input_size, conf):
         out = raw[0]
@@ -86,5 +87,5 @@ def make_detector():
 
 
 def make_failing_detector():
-    size, _, kind = os.environ.get("VA_BENCH_TEST_FAIL", "4:error").partition(":")
-    return SyntheticDetector(fail_at=int(size), fail_kind=kind or "error")
+    size, kind, *after = os.environ.get("VA_BENCH_TEST_FAIL", "4:error").split(":")
+    return SyntheticDetector(fail_at=int(size), fail_kind=kind or "error", fail_from=int(after[0]) if after else 1)
