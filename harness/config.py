@@ -326,17 +326,25 @@ def load_config(path: str | Path | None, overrides: dict) -> RunConfig:
     data = read_preset(path) if path is not None else {}
     flags = given(overrides)
     config = build_config({**data, **flags})
+    refuse_given_options(config, flags)
+    fields = RunConfig.model_fields
+    # both asked for, other than their defaults (the default minimum yields to a maximum)
+    asked = {k for k in ("min_timed_batches", "max_timed_batches")
+             if {**data, **flags}.get(k, fields[k].default) != fields[k].default}
+    if len(asked) == 2 and config.min_timed_batches > config.max_timed_batches:
+        raise UsageError(f"--min-timed-batches {config.min_timed_batches} is more than --max-timed-batches "
+                         f"{config.max_timed_batches}; lower one of them")
+    return config
+
+
+def refuse_given_options(config: RunConfig, flags: dict) -> None:
+    """A one-line UsageError for an option given now (`flags`, other than its default) of a mode `config` is not in:
+    it would be recorded and do nothing."""
     fields = RunConfig.model_fields
     for name, mode in config.options_of_other_modes().items():
         if name in flags and flags[name] != fields[name].get_default(call_default_factory=True):
             flag = fields[name].json_schema_extra["flags"][0].split("/")[0]
             raise UsageError(f"{flag} applies to {mode} only; add {mode} or drop {flag}")
-    both = {"min_timed_batches", "max_timed_batches"}  # both asked for (the default minimum yields to a maximum)
-    if both <= set(data) | set(flags) and both & set(flags) and config.max_timed_batches is not None \
-            and config.min_timed_batches > config.max_timed_batches:
-        raise UsageError(f"--min-timed-batches {config.min_timed_batches} is more than --max-timed-batches "
-                         f"{config.max_timed_batches}; lower one of them")
-    return config
 
 
 def add_run_argument(parser: Any, name: str, flag: str | None = None, default: Any = ..., **overrides: Any) -> None:

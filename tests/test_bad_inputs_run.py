@@ -93,6 +93,17 @@ def test_an_option_of_another_mode_from_a_preset_or_a_record_is_kept_at_its_defa
     assert (config.tf32, config.layer_batches) == ("off", 3)
     home = build_config({"output_dir": "~/runs", "weights": "~/w.onnx"})
     assert home.output_dir == str(Path.home() / "runs") and home.weights == str(Path.home() / "w.onnx")
+    # the shipped preset spells out the default minimum: a maximum still wins over it; a preset asking for both,
+    # the minimum above the maximum, is refused
+    assert load_config(REPO / "configs" / "default.yaml", {"max_timed_batches": 5}).max_timed_batches == 5
+    preset.write_text("min_timed_batches: 20\nmax_timed_batches: 5\n")
+    with pytest.raises(UsageError, match="--min-timed-batches 20 is more than --max-timed-batches 5"):
+        load_config(preset, {})
+    # a resumed run's command line is held to the same rule as a new one's
+    from harness.run.resume import resumed_config
+
+    with pytest.raises(UsageError, match="--tf32 applies to --device cuda only"):
+        resumed_config(build_config({}).model_dump(), {"tf32": "on"}, tmp_path, "r1")
 
 
 def test_output_dir_that_is_a_file_exits_2(tmp_path):

@@ -97,6 +97,19 @@ def test_a_runtime_one_machine_has_and_another_cannot_is_no_build_difference(mon
     packages = fingerprint.build_fingerprint()["packages"]
     assert "tensorrt" not in packages and "openvino" not in packages and "libreyolo" in packages
     assert env.package_versions()["tensorrt"] == "10.7.0"  # still recorded in each submission's software
+    # a GPU node's ONNX Runtime is the onnxruntime-gpu build of the same package: compared by its version
+    ort = packages["onnxruntime"]
+    builds = {"onnxruntime-gpu": ort, "onnxruntime": None}
+
+    def gpu_node(name):
+        if name in builds:
+            if builds[name] is None:
+                raise env.PackageNotFoundError(name)
+            return builds[name]
+        return real(name)
+
+    monkeypatch.setattr(env, "version", gpu_node)
+    assert fingerprint.build_fingerprint()["packages"]["onnxruntime"] == ort
 
 
 def test_join_advertises_the_hardware_id_and_a_benchmark_slot():

@@ -590,6 +590,18 @@ def test_a_file_without_the_models_tensors_is_refused_not_run_on_random_values(t
     loaded = ly.LibreYoloDetector("rtmdet-t", str(tmp_path / "rtm-once.pt")).core_module.state_dict()
     for key, tensor in wrapper.model.state_dict().items():  # every tensor the file's, aliases included
         assert torch.equal(loaded[f"module.{key}"], tensor), key
+    # but a file without a real weight besides the aliases (its classification head), or without any name of a
+    # shared convolution, is refused, whatever libreyolo's first five names say
+    once = checkpoint["model"]
+    head = [k for k in once if ".rtm_cls." in k]
+    group = [k for k in wrapper.model.state_dict() if k.endswith(aliases[0].split(".", 3)[-1])
+             and k.startswith("head.cls_convs.")]
+    for cut in (head, group):
+        assert cut
+        checkpoint["model"] = {k: v for k, v in once.items() if k not in cut}
+        torch.save(checkpoint, tmp_path / "rtm-cut.pt")
+        with pytest.raises(UsageError, match="does not hold rtmdet-t's weights"):
+            ly.LibreYoloDetector("rtmdet-t", str(tmp_path / "rtm-cut.pt"))
 
 
 def test_fetch_uses_libreyolos_download_and_records_sha256(tmp_path, monkeypatch):

@@ -29,6 +29,8 @@ def build_fingerprint() -> dict:
     """This process's build: harness version, commit, dirty flag, source hash and package versions."""
     commit, dirty = git_state()
     packages = package_versions(CORE_PACKAGES)  # not the runtimes one machine has and another cannot
+    if packages.get("onnxruntime") == "not-installed":  # a GPU machine's build of it (one package, two names)
+        packages["onnxruntime"] = package_versions(("onnxruntime-gpu",))["onnxruntime-gpu"]
     for name in FLEET_PACKAGES:
         try:
             packages[name] = version(name)

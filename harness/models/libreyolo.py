@@ -221,14 +221,16 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
             raise UsageError(f"{path} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
                              "and its checksum is not one libreyolo pins; va-bench does not unpickle such files")
         try:  # absolute: a bare file name would make libreyolo look in ./weights/ first
-            with _missing_keys() as missing:
+            with _missing_keys() as (missing, reported):
                 wrapper = cls(str(path.resolve()), size=model.size, device="cpu", task=model.family.task)
         except Exception as exc:  # libreyolo wraps every load failure in RuntimeError/ValueError
             first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             raise UsageError(f"{path} could not be loaded as {model.model_id} by libreyolo ({first}); "
                              f"pass the {model.weights_file} checkpoint of this model") from exc
-        if missing and not _only_aliases(*missing[0], wrapper.model):  # else it would run on random values there
-            count, first = missing[0]
+        # the whole list where libreyolo logged it, else the first names it warned of (and the count decides)
+        names = missing[0] if missing else (reported[0][1] if reported and reported[0][0] <= 5 else None)
+        if reported and (names is None or not _only_aliases(names, wrapper.model)):  # it would run on random values
+            count, first = reported[0]
             raise UsageError(f"{path} does not hold {model.model_id}'s weights: {count} of its tensors are not in the "
                              f"file (first: {', '.join(map(str, first[:3]))}); pass the {model.weights_file} "
                              "checkpoint of this model")
@@ -237,41 +239,45 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
     return wrapper, info
 
 
-def _only_aliases(count: int, first: list, module: torch.nn.Module) -> bool:
-    """Whether the keys a load reported missing can all be names of tensors the file did give under another name
-    (a module shared under two names: RTMDet's checkpoints hold its shared convolutions once), or BatchNorm's
-    batch counters, never weights. libreyolo reports the count and the first five names."""
-    names: dict[tuple, list[str]] = {}
+def _only_aliases(missing: list[str], module: torch.nn.Module) -> bool:
+    """Whether every key a load reported missing is a name of a tensor the file gave under another name (a module
+    shared under two names: RTMDet's checkpoints hold its shared convolutions once; at least one name of the
+    group must have been loaded) or BatchNorm's batch counter, never a weight left at its initial value."""
+    groups: dict[tuple, list[str]] = {}
     for key, tensor in module.state_dict(keep_vars=True).items():
         if tensor.numel():
-            names.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
-                             []).append(key)
-    aliases = {key for keys in names.values() if len(keys) > 1 for key in keys}
-    counters = {key for key in module.state_dict() if key.endswith("num_batches_tracked")}
-    return count <= len(aliases) + len(counters) and all(k in aliases or k in counters for k in first)
+            where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                     tuple(tensor.stride()))
+            groups.setdefault(where, []).append(key)
+    gone = set(missing)
+    loaded_alias = {key for keys in groups.values() if len(keys) > 1 and not set(keys) <= gone for key in keys}
+    return all(key in loaded_alias or key.endswith("num_batches_tracked") for key in missing)
 
 
 @contextmanager
 def _missing_keys():
-    """(count, first names) of the model tensors a checkpoint load left at their initial values, from libreyolo's
-    own report of a non-strict load (its families that load non-strictly log it and load on)."""
-    found: list[tuple[int, list]] = []
+    """The model keys a checkpoint load left at their initial values, from libreyolo's own report of a non-strict
+    load (its families that load non-strictly log the count and first names as a warning, every name at debug
+    level: captured here, not printed)."""
+    found: list[list[str]] = []
+    reported: list[tuple[int, list]] = []
 
-    class Report(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            args = record.args if isinstance(record.args, tuple) else ()
-            if str(record.msg).startswith("Non-strict load from") and len(args) >= 4 and args[1]:
-                found.append((int(args[1]), list(args[3])))
+    def capture(record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("Non-strict load from") and len(args) >= 4 and args[1]:
+            reported.append((int(args[1]), list(args[3])))
+        elif str(record.msg).startswith("All missing keys") and args and reported:
+            found.append([str(k) for k in args[0]])
+        return record.levelno > logging.DEBUG  # libreyolo's debug lines stay as quiet as they were
 
     logger = logging.getLogger("libreyolo.models.base.model")
-    handler, level = Report(logging.WARNING), logger.level
-    logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.WARNING:  # a quieter logging set-up must not hide the report
-        logger.setLevel(logging.WARNING)
+    level = logger.level
+    logger.addFilter(capture)
+    logger.setLevel(logging.DEBUG)  # the whole list is logged at debug level
     try:
-        yield found
+        yield found, reported
     finally:
-        logger.removeHandler(handler)
+        logger.removeFilter(capture)
         logger.setLevel(level)
 
 

@@ -39,7 +39,7 @@ def _hardware(run: RunFolder) -> str:
     gpu_text = "no GPU" if gpu in (None, "", "none") else f"GPU {gpu} ({h.get('gpu_memory_gb')} GiB, driver " \
                                                            f"{h.get('driver_version')}, CUDA {h.get('cuda_version')})"
     if "cpu_physical_cores" in h:
-        cpus = f"{h.get('cpu_cores', '?')} logical CPUs / {h['cpu_physical_cores']} cores"
+        cpus = f"{h.get('cpu_cores') or '?'} logical CPUs / {h['cpu_physical_cores'] or '?'} cores"
     else:  # a run recorded before cpu_cores counted logical CPUs: cores and threads
         cpus = f"{h.get('cpu_cores', '?')} cores / {h.get('cpu_threads', '?')} threads"
     return f"{h.get('id', '?')}: {h.get('cpu', '?')} ({cpus}), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}"

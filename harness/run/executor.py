@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -369,16 +369,16 @@ class GroupExecutor:
         timer = StageTimer(ctx.device, config.stage_sync)
         detections: list[ImageDetections] = []
         energy_window: dict = {}
-        if ctx.monitor is not None:
-            ctx.monitor.begin_window(f"timing {cell.label}")
-        if ctx.sampler is not None:
-            ctx.sampler.begin_window(cell.label)
-        energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
-        timed = [batches[i % len(batches)] for i in range(n_timed)]
-        pipeline.reset_forward_thread()  # the record's account covers the timed batches only
-        stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
         target = None
         try:
+            if ctx.monitor is not None:
+                ctx.monitor.begin_window(f"timing {cell.label}")
+            if ctx.sampler is not None:
+                ctx.sampler.begin_window(cell.label)
+            energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
+            timed = [batches[i % len(batches)] for i in range(n_timed)]
+            pipeline.reset_forward_thread()  # the record's account covers the timed batches only
+            stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
             with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
                 for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
                     if i < len(batches):  # the first pass over the data is the scored one
@@ -387,10 +387,10 @@ class GroupExecutor:
                 if config.target_ci is not None:
                     target = self._time_to_target(batches, timer, advance, stream_start)
         except BaseException:  # the cell fails (or the run stops): its windows close, or the next cell's warm-up
-            if ctx.sampler is not None:  # samples would be tagged as this cell's timing
-                ctx.sampler.end_window()
-            if ctx.monitor is not None:
-                ctx.monitor.end_window()
+            for window in (ctx.sampler, ctx.monitor):  # samples would be tagged as this cell's timing; the
+                if window is not None:  # cell's own exception is what is reported
+                    with suppress(Exception):
+                        window.end_window()
             raise
         # the stream ends with its last batch (not after the progress bar's and the energy sources' teardown)
         stream_seconds = (timer.batches[-1].end_ns - stream_start_ns) / 1e9 if timer.batches else \
@@ -418,8 +418,9 @@ class GroupExecutor:
         names = sorted({n for b in timer.batches for n in b.stages})
         stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
         batch_ms = summarize(totals)
-        stability = batch_ms.warnings if not config.overlap else \
-            stream_warnings(totals, pipeline.stream_workers + pipeline.async_slots)
+        if config.overlap:  # the record's batch summary says what the cell's warnings say
+            batch_ms = replace(batch_ms, warnings=stream_warnings(totals, pipeline.stream_workers + pipeline.async_slots))
+        stability = batch_ms.warnings
         timed_images = size * len(timer.batches)
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.

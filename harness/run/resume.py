@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from harness.config import SAFE_ID, RunConfig, build_config
+from harness.config import SAFE_ID, RunConfig, build_config, refuse_given_options
 from harness.errors import UsageError
 from harness.measure.env import git_state, hardware_block
 from harness.records import RETRYABLE_STATES
@@ -25,6 +25,7 @@ def resumed_config(recorded: dict, overrides: dict, output_dir: Path,
     and what those options change (each a reason to refuse unless --force)."""
     original = build_config(recorded)
     config = build_config({**recorded, **overrides, "run_id": run_id, "output_dir": str(output_dir)})
+    refuse_given_options(config, overrides)  # as a new run's command line would be
     problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
                 if original.identity()[k] != v]
     return config, problems
