@@ -419,7 +419,8 @@ class GroupExecutor:
         stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
         batch_ms = summarize(totals)
         if config.overlap:  # the record's batch summary says what the cell's warnings say
-            batch_ms = replace(batch_ms, warnings=stream_warnings(totals, pipeline.stream_workers + pipeline.async_slots))
+            depth = pipeline.stream_workers + pipeline.async_slots
+            batch_ms = replace(batch_ms, warnings=stream_warnings(totals, depth))
         stability = batch_ms.warnings
         timed_images = size * len(timer.batches)
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
