@@ -30,6 +30,11 @@ def option(default: Any, flags: str | list[str], help: str, **constraints: Any) 
     return Field(default, description=help, json_schema_extra=extra, **constraints)
 
 
+# A cell times at least this many batches whatever the options say: one sample has no spread (its standard
+# deviation is undefined, and the site's submissions need a number there)
+MIN_TIMED_BATCHES = 2
+
+
 class RunConfig(BaseModel):
     """A benchmark sweep on one device. Unknown keys are errors (typos must not pass silently)."""
 
@@ -81,10 +86,11 @@ class RunConfig(BaseModel):
     warmup_seconds: float = option(10.0, "--warmup-seconds", "warm-up: at most this long once --warmup-batches are "
                                    "done (a cap: a warm-up that settles ends sooner)", ge=0)
     min_timed_batches: int = option(10, ["--min-timed-batches", "--iterations"],
-                                    "timed batches at least (the variant's batches are cycled)", ge=1)
+                                    "timed batches at least (the variant's batches are cycled; never fewer than "
+                                    f"{MIN_TIMED_BATCHES}: one has no spread)", ge=1)
     max_timed_batches: int | None = option(None, "--max-timed-batches",
                                            "timed batches at most (the rest of the variant is scored untimed)",
-                                           ge=1)
+                                           ge=MIN_TIMED_BATCHES)
     repeats: int = option(1, "--repeats",
                           "measure every cell in N fresh processes (pyperf's habit): this one, timed and scored, and "
                           "N - 1 more, timing only; each process's median and their spread in timing.repeats",

@@ -45,6 +45,7 @@ def one_error_line(result) -> str:
     (["--retry-failed"], "--resume"),
     (["--warmup-seconds", "inf"], "--warmup-seconds"),
     (["--workers", "4"], "--workers applies to --overlap only"),
+    (["--max-timed-batches", "1"], "--max-timed-batches"),  # one sample has no spread
 ])
 @requires_coco
 def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expect):

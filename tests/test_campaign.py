@@ -65,6 +65,9 @@ def test_rf100vl_campaign_row(tmp_path):
                                                   "support-matrix.json").read_text())).reports
     errors = {f.rule for f in report.errors}
     assert errors <= {"site.support_matrix", "commit_guard"}, [f.to_dict() for f in report.findings]
+    # the campaign's folder: its row only (its dataset runs are its parts, at RF100-VL's protocol, not COCO files)
+    folder = validate_paths([tmp_path / "out" / "c1"], None)
+    assert [r.path for r in folder.reports] == [path] and any("campaign's dataset runs" in n for n in folder.notes)
     assert not any(f.rule in ("rf100vl", "nonstandard-protocol", "schema") for f in report.findings)
     csv_lines = (tmp_path / "out" / "c1" / "datasets.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and any(line.startswith("broken,skipped,") for line in csv_lines)

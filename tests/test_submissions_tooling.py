@@ -756,6 +756,7 @@ def test_another_dataset_never_mixes_with_coco_rows(tmp_path, base_doc):
     board = aggregate(_write(tmp_path / "mixed", [coco, other]))
     assert len(board["cube"]) == 2 and board["counts"]["superseded"] == 0
     assert {r["section"] for r in board["cube"]} == {"coco", "other"}
+    assert (board["counts"]["rf100vl_rows"], board["counts"]["other_dataset_rows"]) == (0, 1)  # not RF100-VL's
     assert all(c["mAP_50_95"] != 0.9 for c in board["canonical_accuracy"])
     assert all(r["section"] == "coco" for r in board["leaderboard"])
 

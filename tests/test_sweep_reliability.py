@@ -108,6 +108,25 @@ def test_a_cell_failing_in_its_timed_pass_closes_its_measurement_windows(tmp_pat
 
 
 @requires_coco
+def test_a_cell_of_one_full_batch_times_two_and_its_spread_is_a_number(tmp_path):
+    """--min-timed-batches 1 on a variant of one full batch: two are timed (the data cycled), so the submission's
+    std is a number the site's validator accepts, not null."""
+    from harness.results.validate import validate_paths
+
+    out = tmp_path / "o"
+    result = va_bench("run", "--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--limit", "4",
+                      "--batch-sizes", "4", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds",
+                      "0", "--min-timed-batches", "1", "--draw-images", "0", "--no-energy", "--output-dir", str(out),
+                      "--run-id", "r1", env={"VA_BENCH_TEST_FORWARD_MS": "2"})
+    assert result.returncode == 0, result.stderr
+    (path,) = (out / "r1" / "submissions").glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["timing"]["timed_batches"] == 2 and isinstance(doc["timing"]["total_ms"]["std"], float)
+    (report,) = validate_paths([path], None).reports
+    assert not [f for f in report.errors if f.rule.startswith(("type", "degenerate"))], report.findings
+
+
+@requires_coco
 def test_out_of_memory_skips_the_larger_batch_sizes(tmp_path):
     out = tmp_path / "o"
     result = va_bench("run", "--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir", str(out),

@@ -153,6 +153,14 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(x for x in p.rglob("*.json") if x.is_file())
+            # a campaign's dataset runs are parts of its row (submissions/ beside campaign.json), each under the
+            # campaign's protocol, not a COCO submission of its own
+            campaigns = [x.parent / "datasets" for x in found if x.name == CAMPAIGN_FILE and _plan_record(x)]
+            parts = {x for x in found if any(d in x.parents for d in campaigns)}
+            if parts:
+                found = [x for x in found if x not in parts]
+                notes.append(f"skipped {len(parts)} JSON files of the campaign's dataset runs (datasets/): its row is "
+                             "its submissions/*.json; validate a dataset's run folder by itself to check it")
             run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
             # a run folder inside another (a --repeats process's, under repeats/) is part of it, skipped with it
             run_dirs = [d for d in run_dirs if not any(other in d.parents for other in run_dirs)]
