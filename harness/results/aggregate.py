@@ -11,7 +11,7 @@
   scores lower than one at the site's 0.001), so runs at other thresholds never replace each other. A top-k
   (DETR-style) model run at what libreyolo's validator applies to it (conf 0 or its family's 0.001, its query count)
   ran the site's
-  protocol, which the site's rows state as conf 0.001, max_det 300: it is keyed so (`as_stated_by_site`).
+  protocol, which the site's rows state as conf 0.001, max_det 300: it is keyed so (`Submission.protocol`).
 * Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
   with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
   number, and a run at other thresholds never becomes the canonical number of standard-protocol rows. The
@@ -49,7 +49,6 @@ from datetime import datetime
 from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.results.reader import latest_wins
-from harness.results.site_rules import as_stated_by_site
 from harness.results.validate import FileReport, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
@@ -149,16 +148,14 @@ def row_from(report: FileReport) -> PerfRow:
     total = sub.timing.get("total_ms") if isinstance(sub.timing.get("total_ms"), dict) else {}
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
-    conf, max_det = _num(sub.config.conf), sub.config.max_det
-    if not sub.is_rf100vl:  # RF100-VL's section has its own protocol
-        conf, max_det = as_stated_by_site(sub.model.id, conf, max_det)
+    conf, _, max_det = sub.protocol  # a top-k model's as the site's rows state it (Submission.protocol)
     return PerfRow(
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
         timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
         weights=sub.weights_identity, tf32=sub.tf32, num_images=sub.num_images,
-        conf=conf, iou=_num(sub.config.iou), max_det=max_det,
+        conf=_num(conf), iou=_num(sub.config.iou), max_det=max_det,
         standard_protocol=not any(f.rule == "nonstandard-protocol" for f in report.findings),
         created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),

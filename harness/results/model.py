@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.data.variants import KNOWN_FINGERPRINTS, VAL2017_NUM_IMAGES
 from harness.hardware import derive_hardware_id
-from harness.results.site_rules import parse_iso8601
+from harness.results.site_rules import as_stated_by_site, parse_iso8601
 
 
 class Block(BaseModel):
@@ -160,6 +160,15 @@ class Submission(Block):
         if self.hardware.id and str(self.hardware.id).strip():
             return str(self.hardware.id).strip()
         return derive_hardware_id(self.hardware.gpu, self.hardware.cpu, self.hardware.cpu_cores)
+
+    @property
+    def protocol(self) -> tuple:
+        """(conf, iou, max_det) as rows are keyed by: a top-k model at its validator's thresholds as the site's rows
+        state that protocol (RF100-VL rows as they are: their section has its own)."""
+        conf, max_det = self.config.conf, self.config.max_det
+        if not self.is_rf100vl:
+            conf, max_det = as_stated_by_site(self.model.id, conf, max_det)
+        return conf, self.config.iou, max_det
 
     @property
     def batch_size(self) -> int | None:

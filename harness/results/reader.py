@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from harness.errors import UsageError, path_problem
 from harness.results.model import Submission
-from harness.results.site_rules import Finding, as_stated_by_site
+from harness.results.site_rules import Finding
 
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
@@ -65,22 +65,13 @@ class CellIdentity:
                    backend=str(backend or sub.runtime.format or "?"), format=sub.runtime.format or "?",
                    provider=sub.runtime.provider or "?", precision=sub.runtime.precision or "?", tf32=sub.tf32,
                    input_size=sub.input_size, batch_size=sub.batch_size,
-                   protocol=_protocol(sub),
+                   protocol=sub.protocol,
                    dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
                    variant=sub.dataset_variant or "?", mode=mode if isinstance(mode, str) else "latency")
 
     @classmethod
     def of_doc(cls, doc: dict) -> CellIdentity:
         return cls.of(Submission.model_validate(doc))
-
-
-def _protocol(sub: Submission) -> tuple:
-    """(conf, iou, max_det) as aggregate keys them: a top-k model at its validator's thresholds as the site states
-    that protocol (RF100-VL rows as they are: their section has its own)."""
-    conf, max_det = sub.config.conf, sub.config.max_det
-    if not sub.is_rf100vl:
-        conf, max_det = as_stated_by_site(sub.model.id, conf, max_det)
-    return conf, sub.config.iou, max_det
 
 
 def latest_wins(items: list[T], key: Callable[[T], Hashable], when: Callable[[T], datetime | None],
