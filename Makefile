@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(BIN)/va-bench run --config configs/default.yaml
+	$(BIN)/va-bench run --config default
 
 # DEVICE=cuda: images decoded inside the timed path, torch preprocessing on the GPU (see harness/bench/overhead.py)
 DEVICE ?= cpu

@@ -174,8 +174,9 @@ def _run_options() -> list[inspect.Parameter]:
 
 RUN_FLAGS = [
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
-                      default=typer.Option(None, "--config", metavar="PATH",
-                                           help="YAML preset (configs/*.yaml); flags override it")),
+                      default=typer.Option(None, "--config", metavar="PATH|NAME",
+                                           help="YAML preset: a file, or a built-in preset's name (default: what "
+                                                "`make bench` runs); flags override it")),
     inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                       default=typer.Option(None, "--resume", metavar="RUN_ID",
                                            help="continue the run folder --output-dir/RUN_ID: run its pending and "
@@ -415,8 +416,8 @@ def hw(as_json: bool = typer.Option(False, "--json", help="print the report as J
 def data_fetch(
     dataset: str = typer.Argument(..., help="coco (val2017 images + annotations) or rf100vl (the 100 RF100-VL "
                                              "datasets; needs ROBOFLOW_API_KEY and `pip install rf100vl`)"),
-    dest: Path | None = typer.Option(None, "--dest", help="where the dataset goes (default: the checkout's "
-                                                           "datasets/coco, where runs look for it)"),
+    dest: Path | None = typer.Option(None, "--dest", help="where the dataset goes (default: datasets/coco or "
+                                                           "datasets/rf100vl here, where runs look first)"),
     base_url: str = typer.Option("http://images.cocodataset.org", "--base-url",
                                  help="a mirror of the COCO site (same paths), or file:// for a local copy"),
     keep_archives: bool = typer.Option(False, "--keep-archives", help="keep the verified zip files"),
@@ -435,9 +436,7 @@ def data_fetch(
     if dataset != "coco":
         raise UsageError(f"unknown dataset {dataset!r}; use `va-bench data fetch coco` or `... rf100vl`")
     if dest is None:
-        from harness.data.coco import DEFAULT_COCO_DIRS
-
-        dest = DEFAULT_COCO_DIRS[0]
+        dest = Path("datasets") / "coco"
     with download_progress(err_console) as progress:
         lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
     for line in lines:
@@ -643,7 +642,7 @@ def report(
     log: Path | None = typer.Option(None, "--log", help="append this run's dated section to a Markdown benchmark "
                                                        "log, e.g. BENCHMARKS.md (never rewrites earlier sections)"),
     gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (none by default; an example: "
-                                                            "configs/gates.yaml)"),
+                                                            "harness/report/gates_example.yaml)"),
     fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET"),
 ) -> None:
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends

@@ -1,4 +1,5 @@
-"""RunConfig: what `va-bench run` does, from a YAML preset (configs/*.yaml) plus CLI overrides.
+"""RunConfig: what `va-bench run` does, from a YAML preset (a file, or a built-in one in harness/presets/) plus CLI
+overrides.
 
 Every run option is declared once, here: its type, default, validation, help text and command-line
 flags. The CLI builds `va-bench run`'s options from these fields (harness/cli.py: run_options).
@@ -17,6 +18,7 @@ from harness.errors import UsageError, path_problem
 from harness.files import load_user_yaml, yaml_problem
 
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # installed with the package
 SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 
@@ -47,7 +49,9 @@ class RunConfig(BaseModel):
                                  "onnxruntime, pytorch, openvino, ncnn, tflite, torchscript, tensorrt (a serialized "
                                  "engine: --weights FILE.engine)")
     precisions: list[str] = option(lambda: ["fp32"], "--precision",
-                                   "fp32, fp16, bf16, int8 (what each backend/device runs: README, Precisions)")
+                                   "fp32, fp16, bf16, int8 (which backend runs which where: "
+                                   "docs/precisions-and-runtimes.md; a pair it cannot run is refused before anything "
+                                   "loads)")
     calibration: str | None = option(None, "--calibration",
                                      "int8: folder of calibration images (never evaluated ones); default: the "
                                      "dataset's images the run does not evaluate")
@@ -62,7 +66,7 @@ class RunConfig(BaseModel):
     subset: str = option("sample", "--subset", "dataset variant: full, mini500 or sample")
     limit: int | None = option(None, "--limit", "first N images of the variant (-> subsetN)", ge=1)
     coco_dir: str | None = option(None, "--coco-dir",
-                                  "COCO root (annotations/ + val2017/); else $VA_BENCH_COCO, datasets/coco")
+                                  "COCO root (annotations/ + val2017/); else $VA_BENCH_COCO, ./datasets/coco")
     dataset: str | None = option(None, "--dataset",
                                  "any COCO-format dataset instead of COCO val2017: an annotation JSON (images "
                                  "beside it), a folder with _annotations.coco.json, or a Roboflow export root")
@@ -301,11 +305,26 @@ def build_config(data: dict) -> RunConfig:
         raise UsageError(_validation_message(exc)) from exc
 
 
-def read_preset(path: str | Path) -> dict:
-    """A YAML preset (safe_load) as a dict; YAML errors name the line and column."""
-    given, path = path, Path(path)
+def preset_names() -> list[str]:
+    """The presets that ship with the harness (harness/presets/NAME.yaml), by name."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(given: str | Path) -> Path:
+    """The file `--config` names: a path, or else the name of a preset that ships with the harness."""
+    path = Path(given).expanduser()
+    if not path.is_file() and str(given) in preset_names():
+        return PRESETS_DIR / f"{given}.yaml"
+    return path
+
+
+def read_preset(given: str | Path) -> dict:
+    """A YAML preset (safe_load) as a dict: a file, or a built-in preset by name; YAML errors name the line and
+    column."""
+    path = preset_path(given)
     if not path.is_file():
-        raise UsageError(path_problem("--config", given, "no such file") + "; give the path of a YAML preset")
+        raise UsageError(path_problem("--config", given, "no such file") + "; give the path of a YAML preset or "
+                         f"the name of a built-in one ({', '.join(preset_names())})")
     try:
         data = load_user_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:

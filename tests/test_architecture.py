@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("measure",),
     ("data", "config", "eval"),
-    ("records", "hardware", "catalogue", "files", "process_exit", "collector", ""),
+    ("records", "hardware", "catalogue", "files", "process_exit", "collector", "build_info", ""),
     ("errors",),
 )
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
@@ -194,18 +194,27 @@ def test_every_data_file_of_the_package_is_installed_with_it():
     """A file the harness reads beside its code (catalogues, schemas, id lists) ships in the wheel: each is matched
     by pyproject's package-data, and no module reads such a file from the checkout outside the package."""
     pyproject = (HARNESS.parent / "pyproject.toml").read_text()  # tomllib is 3.11+; the project runs on 3.10
-    listed = re.search(r"\[tool\.setuptools\.package-data\]\nharness = \[(.*)\]", pyproject)[1]
+    listed = re.search(r"\[tool\.setuptools\.package-data\]\nharness = \[(.*?)\]", pyproject, re.S)[1]
     patterns = re.findall(r'"([^"]+)"', listed)
     data = [p.relative_to(HARNESS).as_posix() for p in HARNESS.rglob("*")
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
     assert data, "expected the catalogues among the package's files"
     missing = [d for d in data if not any(fnmatch.fnmatch(d, pattern) for pattern in patterns)]
     assert not missing, f"add to [tool.setuptools.package-data] in pyproject.toml: {missing}"
-    outside = [f"{name}: {ast.unparse(node)}" for name, path in module_files().items()
-               for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.Constant) and node.value == "configs"
-               and name != "harness.report.gates"]  # it names an example for users to copy
-    assert not outside, "read data files from inside harness/ (the package), not the checkout:\n" + "\n".join(outside)
+    outside = []
+    for name, path in module_files().items():
+        if name == "harness.build_info":  # the one module that knows the checkout (and says when there is none)
+            continue
+        file_paths = r"Path\(__file__\)(?:\.resolve\(\))?((?:\.parent(?!s))*)(?:\.parents\[(\d+)\])?"
+        for parents, index in re.findall(file_paths, path.read_text()):
+            folder = path
+            for _ in range(parents.count(".parent")):
+                folder = folder.parent
+            folder = folder.parents[int(index)] if index else folder
+            if not folder.is_relative_to(HARNESS):
+                outside.append(f"{name}: {folder}")
+    assert not outside, "read data files from inside harness/ (the package), not the checkout (harness.build_info " \
+                        "says where that is, when there is one):\n" + "\n".join(outside)
 
 
 def test_the_glibc_settings_a_run_advises_are_the_makefiles():

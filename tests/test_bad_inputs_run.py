@@ -41,7 +41,7 @@ def one_error_line(result) -> str:
     (["--warmup-seconds", "-1"], "--warmup-seconds"),
     (["--model", f"{PLUGIN}:make_detector", "--weights", "x.onnx"], "--weights"),
     (["--tf32", "maybe"], "tf32"),
-    (["--resume", "x", "--retry-failed", "--config", "configs/default.yaml"], "drop --config"),
+    (["--resume", "x", "--retry-failed", "--config", "default"], "drop --config"),
     (["--retry-failed"], "--resume"),
     (["--warmup-seconds", "inf"], "--warmup-seconds"),
     (["--workers", "4"], "--workers applies to --overlap only"),
@@ -96,7 +96,7 @@ def test_an_option_of_another_mode_from_a_preset_or_a_record_is_kept_at_its_defa
     assert home.output_dir == str(Path.home() / "runs") and home.weights == str(Path.home() / "w.onnx")
     # the shipped preset spells out the default minimum: a maximum still wins over it; a preset asking for both,
     # the minimum above the maximum, is refused
-    assert load_config(REPO / "configs" / "default.yaml", {"max_timed_batches": 5}).max_timed_batches == 5
+    assert load_config("default", {"max_timed_batches": 5}).max_timed_batches == 5
     preset.write_text("min_timed_batches: 20\nmax_timed_batches: 5\n")
     with pytest.raises(UsageError, match="--min-timed-batches 20 is more than --max-timed-batches 5"):
         load_config(preset, {})

@@ -17,21 +17,19 @@ from typing import Annotated, Literal
 from pycocotools.coco import COCO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness.build_info import source_tree
 from harness.data.categories import COCO_NAMES_BY_ID
 from harness.data.classes import ClassMap, match_classes
 from harness.data.images import check_image_files, check_image_sizes
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
 from harness.errors import UsageError, path_problem
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_COCO_DIR = "VA_BENCH_COCO"
-# Searched in this order after --coco-dir and $VA_BENCH_COCO.
-DEFAULT_COCO_DIRS = (REPO_ROOT / "datasets" / "coco", REPO_ROOT.parent / "shared" / "assets" / "coco")
 # The official full file first; a subset file holds the official records of the images present.
 ANNOTATION_FILES = ("instances_val2017.json", "instances_val2017_subset.json")
 HOW_TO_GET_COCO = (
-    "run `va-bench data fetch coco` (or get COCO val2017 yourself, see datasets/README.md, and pass --coco-dir or "
-    f"set ${ENV_COCO_DIR})"
+    "run `va-bench data fetch coco` (or get COCO val2017 yourself, in the official layout: annotations/ and "
+    f"val2017/, and pass --coco-dir or set ${ENV_COCO_DIR})"
 )
 
 
@@ -203,8 +201,19 @@ def coco_dir_source(coco_dir: str | Path | None = None) -> tuple[str, str] | Non
     return None
 
 
+def default_coco_dirs() -> list[Path]:
+    """Where COCO is looked for after --coco-dir and $VA_BENCH_COCO: datasets/coco in the working directory (where
+    `va-bench data fetch coco` puts it), then, running from the harness's checkout, its datasets/coco and the
+    offline sample beside it (../shared/assets/coco)."""
+    dirs = [Path.cwd() / "datasets" / "coco"]
+    checkout = source_tree()
+    if checkout is not None:
+        dirs += [checkout / "datasets" / "coco", checkout.parent / "shared" / "assets" / "coco"]
+    return list(dict.fromkeys(dirs))
+
+
 def find_coco_dir(coco_dir: str | Path | None = None) -> Path:
-    """The COCO root: --coco-dir, then $VA_BENCH_COCO, then datasets/coco, then ../shared/assets/coco."""
+    """The COCO root: --coco-dir, then $VA_BENCH_COCO, then `default_coco_dirs()`."""
     source = coco_dir_source(coco_dir)
     if source is not None:
         flag, given = source
@@ -219,10 +228,11 @@ def find_coco_dir(coco_dir: str | Path | None = None) -> Path:
             problem = (f"no COCO val2017 annotations in it (looked for annotations/{ANNOTATION_FILES[0]} and "
                        f"annotations/{ANNOTATION_FILES[1]})")
         raise UsageError(f"{path_problem(flag, given, problem)}; {HOW_TO_GET_COCO}")
-    for candidate in DEFAULT_COCO_DIRS:
+    candidates = default_coco_dirs()
+    for candidate in candidates:
         if _annotation_file(candidate) is not None:
             return candidate.resolve()
-    tried = ", ".join(str(c) for c in DEFAULT_COCO_DIRS)
+    tried = ", ".join(str(c) for c in candidates)
     raise UsageError(f"no COCO val2017 annotations found (looked in {tried}); {HOW_TO_GET_COCO}")
 
 

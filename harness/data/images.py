@@ -23,7 +23,7 @@ PNG_IEND = b"IEND\xaeB`\x82"
 # Encoders may pad after the end marker; a marker within this many trailing bytes counts as present.
 # In JPEG entropy-coded data 0xFF is always stuffed (FF 00), so FF D9 there can only be the EOI marker.
 TAIL_BYTES = 1024
-HOW_TO_FIX = "replace it with a whole JPEG or PNG file (a COCO image: re-download it, see datasets/README.md)"
+HOW_TO_FIX = "replace it with a whole JPEG or PNG file (a COCO image: fetch it again, `va-bench data fetch coco`)"
 
 
 def image_file_problem(path: Path) -> str | None:

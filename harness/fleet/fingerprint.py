@@ -4,30 +4,18 @@ differs from the driver's: mixed builds make incomparable numbers."""
 
 from __future__ import annotations
 
-import hashlib
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from harness import __version__
-from harness.measure.env import CORE_PACKAGES, git_state, package_versions
+from harness.build_info import harness_commit, source_sha256
+from harness.measure.env import CORE_PACKAGES, package_versions
 
-HARNESS_DIR = Path(__file__).resolve().parents[1]
 FLEET_PACKAGES = ("ray",)  # beside harness.measure.env.CORE_PACKAGES: the fleet's own engine
-
-
-def source_sha256(root: Path = HARNESS_DIR) -> str:
-    """SHA-256 over the harness package's files (relative path and bytes, sorted). Git's dirty flag is a
-    bool, so two checkouts with different uncommitted edits would look alike without this."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def build_fingerprint() -> dict:
     """This process's build: harness version, commit, dirty flag, source hash and package versions."""
-    commit, dirty = git_state()
+    commit, dirty = harness_commit()
     packages = package_versions(CORE_PACKAGES)  # not the runtimes one machine has and another cannot
     if packages.get("onnxruntime") == "not-installed":  # a GPU machine's build of it (one package, two names)
         packages["onnxruntime"] = package_versions(("onnxruntime-gpu",))["onnxruntime-gpu"]

@@ -6,7 +6,6 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -15,11 +14,11 @@ import psutil
 import torch
 
 from harness import __version__
+from harness.build_info import harness_commit
 from harness.hardware import derive_hardware_id
 from harness.measure.device import Device
 from harness.measure.hygiene import NO_CPUFREQ, load_nvml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # The packages whose versions change a run's numbers on every machine (a fleet's nodes must agree on them), and
 # the runtimes a machine may or may not have (recorded, never compared: a Jetson has tensorrt, a Raspberry Pi not)
 CORE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
@@ -52,27 +51,6 @@ def cpu_governor() -> str:
         return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     except OSError:
         return f"unavailable: {NO_CPUFREQ}"
-
-
-def git_state(root: Path = REPO_ROOT) -> tuple[str, bool | None]:
-    """(commit, dirty) of the harness's own checkout; ("unknown", None) when the harness is not the root of
-    a git checkout (an installed package, or a copy inside some other repository, whose commit says
-    nothing about this code)."""
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    top = git("rev-parse", "--show-toplevel")
-    if not top or Path(top).resolve() != root.resolve():
-        return "unknown", None
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return "unknown", None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return commit, (None if status is None else bool(status))
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -202,7 +180,7 @@ def _nvidia_driver() -> str | None:
 
 def collect_environment(device: Device, tf32_mode: str, argv: list[str], threads: int) -> dict:
     """Everything that could make two runs differ, recorded once per run."""
-    commit, dirty = git_state()
+    commit, dirty = harness_commit()
     return {
         "harness_version": __version__,
         "harness_commit": commit,

@@ -52,7 +52,8 @@ from harness.errors import UsageError
 from harness.files import DownloadError, file_sha256
 from harness.models.yolox import YoloxDetector
 
-INSTALL_HINT = "install it with `pip install 'va-bench[libreyolo]'` (see README)"
+# libreyolo itself without its own requirements (they would add opencv-python beside opencv-python-headless)
+INSTALL_HINT = "install it with `pip install 'va-bench[libreyolo]' && pip install --no-deps libreyolo==1.6.0`"
 SEED = 0  # `--weights random` is libreyolo's _from_scratch with this seed: the same weights every run
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from harness.build_info import source_tree
 from harness.catalogue import YOLOX_VARIANTS
 from harness.data.categories import COCO80_TO_91
 from harness.detector.engine import (
@@ -48,8 +49,9 @@ STRIDES = (8, 16, 32)
 PARAMS_MILLIONS = {"nano": 0.91, "tiny": 5.06, "s": 9.0, "m": 25.3, "l": 54.2, "x": 99.1}
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
                  "MatMulInteger", "DynamicQuantizeLinear"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
-OFFLINE_DIR = REPO_ROOT.parent / "shared" / "assets" / "onnx"
+_CHECKOUT = source_tree()
+# the offline assets beside the harness's checkout (none for an installed package)
+OFFLINE_DIR = None if _CHECKOUT is None else _CHECKOUT.parent / "shared" / "assets" / "onnx"
 
 
 def weight_candidates(variant: str) -> list[Path]:
@@ -59,7 +61,9 @@ def weight_candidates(variant: str) -> list[Path]:
     env = os.environ.get(f"VA_BENCH_YOLOX_{variant.upper()}")
     if env:
         candidates.append(Path(env))
-    candidates += [weights_dir() / filename, OFFLINE_DIR / filename]
+    candidates.append(weights_dir() / filename)
+    if OFFLINE_DIR is not None:
+        candidates.append(OFFLINE_DIR / filename)
     return candidates
 
 

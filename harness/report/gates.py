@@ -34,7 +34,7 @@ from harness.files import load_user_yaml, yaml_problem
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
-EXAMPLE_GATES = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
+EXAMPLE_GATES = Path(__file__).resolve().parent / "gates_example.yaml"  # installed with the package
 MAX_GATES_BYTES = 1024 * 1024
 
 # metric name -> (submission path, digits shown, unit)

@@ -74,6 +74,17 @@ def _walk_numbers(obj: Any, path: str = ""):
         yield path, obj
 
 
+def commit_problem(commit: object, dirty: object, where: str) -> str | None:
+    """Why `commit` does not pin the code that measured (None when it does: a commit hash of a clean tree)."""
+    if commit is not None and not isinstance(commit, str):
+        return f"{where} is {commit!r}, not a commit hash"
+    if not commit or commit == "unknown":
+        return f"{where} is {commit or 'missing'}"
+    if dirty:
+        return f"{where} {commit[:12]} was dirty"
+    return None
+
+
 def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     """The harness's rules on top of the site's."""
     out: list[Finding] = []
@@ -82,13 +93,7 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     commit, dirty, where = sub.commit
     has_accuracy = isinstance(sub.accuracy.get("mAP_50_95"), (int, float))
     if has_accuracy:
-        problem = None
-        if commit is not None and not isinstance(commit, str):
-            problem = f"{where} is {commit!r}, not a commit hash"
-        elif not commit or commit == "unknown":
-            problem = f"{where} is {commit or 'missing'}"
-        elif dirty:
-            problem = f"{where} {commit[:12]} was dirty"
+        problem = commit_problem(commit, dirty, where)
         if problem:
             if sub.is_full_val:
                 out.append(Finding(where, f"full-val accuracy needs a pinned, clean commit: {problem}",

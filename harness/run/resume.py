@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from harness.build_info import harness_commit
 from harness.config import SAFE_ID, RunConfig, build_config, refuse_given_options
 from harness.errors import UsageError
-from harness.measure.env import git_state, hardware_block
+from harness.measure.env import hardware_block
 from harness.records import RETRYABLE_STATES
 from harness.results.reader import read_run_json
 from harness.run.plan import RunPlan, prepare
@@ -52,7 +53,7 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     doc = read_run_json(run_dir, run_id)
     config, problems = resumed_config(doc["config"], overrides, run_dir.parent, run_id)
     env = doc.get("environment", {})
-    commit, dirty = git_state()
+    commit, dirty = harness_commit()
     if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
         problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
                         f"(dirty {dirty})")

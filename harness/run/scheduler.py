@@ -34,6 +34,7 @@ from harness.records import Cell, CellRecord, LoadKey, utc_now_iso
 from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
+from harness.results.validate import commit_problem
 from harness.run.executor import GroupExecutor, RunContext
 from harness.run.plan import RunPlan
 from harness.run.progress import SilentProgress
@@ -41,6 +42,16 @@ from harness.run.repeats import repeat_in_fresh_processes, repeats_missing
 from harness.run.resume import runnable
 from harness.run.signals import Interrupted, interrupt_handling, protected, signals_ignored
 from harness.run.state import RunState
+
+
+def unpublishable_accuracy(variant: str, environment: dict) -> str | None:
+    """The warning for a full-val run whose accuracy validate will refuse (the harness's commit does not pin its
+    code), said before hours of measuring; None otherwise."""
+    problem = commit_problem(environment["harness_commit"], environment["harness_dirty"], "the harness's commit")
+    if variant != "full" or problem is None:
+        return None
+    return (f"warning: full-val accuracy needs a pinned, clean commit ({problem}): `va-bench validate` will refuse "
+            "this run's mAP; commit the changes (an installed package: one built from a clean checkout) and run again")
 
 
 @dataclass
@@ -108,7 +119,9 @@ class Scheduler:
             self.progress.log("warning: glibc malloc with its default thresholds (GLIBC_TUNABLES unset, no tcmalloc or "
                               "jemalloc preloaded): detector forwards can spend a quarter of their CPU time in page "
                               "faults (recorded in environment.memory_allocator); before the run: export "
-                              f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES} (as `make bench` does)")
+                              f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES}")
+        if config.accuracy and (warning := unpublishable_accuracy(plan.variant.name, environment)):
+            self.progress.log(warning)
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
         ctx: RunContext | None = None
