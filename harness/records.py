@@ -60,6 +60,7 @@ class Cell:
 
 CellState = Literal["pending", "running", "ok", "failed", "oom", "skipped", "interrupted"]
 CELL_STATES: tuple[str, ...] = typing.get_args(CellState)
+COCO_MAX_DETS = 100  # COCO's own detection cap per image, where COCOeval reads AP
 RETRYABLE_STATES = ("failed", "oom", "skipped")  # re-run on --resume only with --retry-failed
 
 

@@ -109,3 +109,41 @@ def test_no_detections_is_zero_only_where_there_is_something_to_find(sample):
     empty = [i for i in sorted(coco.imgs) if not coco.imgToAnns.get(i)]
     if empty:  # an image without ground truth: nothing to find, every statistic undefined (-1, as COCOeval)
         assert set(evaluate_bbox(coco, [], empty[:1]).values()) == {-1.0}
+
+
+def _coco(images: list[dict], annotations: list[dict], categories: list[dict]):
+    from pycocotools.coco import COCO
+
+    coco = COCO()
+    coco.dataset = {"images": images, "annotations": annotations, "categories": categories}
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_no_detections_are_scored_as_cocoeval_scores_an_empty_result_set(tmp_path, evaluator):
+    """A cell that detected nothing: 0 where there was something to find, undefined (-1) where the images hold no
+    ground truth of that size (only large boxes here), as pycocotools' COCOeval says of an empty result set."""
+    from pycocotools.cocoeval import COCOeval
+
+    images = [{"id": i, "width": 320, "height": 240, "file_name": f"{i}.jpg"} for i in (1, 2, 3)]
+    annotations = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 200, 150], "area": 30000,
+                    "iscrowd": 0},
+                   {"id": 2, "image_id": 2, "category_id": 2, "bbox": [5, 5, 250, 200], "area": 50000,
+                    "iscrowd": 0}]
+    categories = [{"id": 1, "name": "gadget"}, {"id": 2, "name": "widget"}, {"id": 7, "name": "unused"}]
+    gt = _coco(images, annotations, categories)
+    empty = _coco(images, [], categories)  # loadRes refuses an empty list: the empty result set built directly
+    with contextlib.redirect_stdout(io.StringIO()):
+        reference = COCOeval(gt, empty, "bbox")
+        reference.evaluate()
+        reference.accumulate()
+        reference.summarize()
+    path = tmp_path / "none.json"
+    path.write_text("[]")
+    stats, per_class = evaluate_bbox_file_per_class(gt, path, [1, 2, 3], evaluator)
+    assert [stats[name] for name in STAT_NAMES] == pytest.approx(list(reference.stats), abs=0)
+    assert stats["mAP_small"] == -1 and stats["mAP_50_95"] == 0
+    assert per_class[1]["AP"] == 0 and per_class[2]["AP"] == 0 and per_class[7]["AP"] == -1
+    assert evaluate_bbox(gt, [], [1, 2, 3], evaluator) == {name: stats[name] for name in STAT_NAMES}

@@ -390,6 +390,21 @@ def test_nonstandard_protocol_is_a_warning_unless_the_family_documents_it(tmp_pa
     assert found[1][0].severity == "warning" and "conf 0.25, max_det 100" in found[1][0].message
 
 
+def test_ap_read_at_another_cap_than_cocos_is_another_protocol(tmp_path, base_doc):
+    """`--eval-max-det 500` reads AP at 500 detections per image: not COCO's AP, so a warning, and its accuracy never
+    stands for (or supersedes) a run's at COCO's 100, whose file may state [1, 10, 100] or nothing (the site's)."""
+    stated = _variant(base_doc, eval__maxDets=[1, 10, 100])
+    at_500 = _variant(base_doc, eval__maxDets=[1, 10, 100, 500], accuracy__mAP_50_95=0.5)
+    at_500["created_at"] = "2099-01-01T00:00:00Z"
+    reports = _write(tmp_path / "cap", [base_doc, stated, at_500])
+    found = [[f for f in r.findings if f.rule == "nonstandard-protocol"] for r in reports]
+    assert [len(f) for f in found] == [0, 0, 1] and "eval.maxDets [1, 10, 100, 500]" in found[2][0].message
+    board = aggregate(reports)
+    rows = sorted(board["cube"], key=lambda r: r["file"])
+    assert len(rows) == 2 and rows[0]["eval_cap"] in (None, 100) and len(rows[0]["superseded"]) == 1  # one row
+    assert rows[1]["eval_cap"] == 500 and rows[0]["accuracy_shown"] != 0.5
+
+
 def test_a_topk_model_at_the_thresholds_its_validator_applies_ran_the_sites_protocol(tmp_path):
     """The site's rows of NMS-free models state conf 0.001 / max_det 300; libreyolo's validator scores them at conf 0
     and the model's query count, which is what a run of ours records: the same protocol, one accuracy lineage."""
@@ -536,7 +551,7 @@ def test_other_thresholds_never_become_the_canonical_accuracy(tmp_path, base_doc
     assert cube[("a100", 0.25)]["accuracy_shown"] == 0.410
     a100 = next(r for r in board["leaderboard"] if r["hardware"] == "a100")  # one row: the standard run's
     assert (a100["conf"], a100["accuracy_shown"]) == (standard["config"]["conf"], 0.450)
-    assert "protocol (conf, iou, max_det)" in board["policy"]["accuracy_identity"]
+    assert "protocol (conf, iou, max_det, eval cap)" in board["policy"]["accuracy_identity"]
 
 
 def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
+from harness.records import COCO_MAX_DETS
+
 EVALUATORS = ("pycocotools", "faster-coco-eval")
 # COCOeval.stats order -> the site's accuracy field names
 STAT_NAMES = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
               "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large")
-COCO_MAX_DETS = 100  # COCO's own detection cap per image
 
 
 def max_dets_for(cap: int) -> list[int]:
@@ -104,8 +105,6 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     to mini500; the file is parsed into arrays one object at a time. faster-coco-eval is evaluated the same
     way (its C++ core behind the same COCOeval interface): the same numbers, in the same bounded memory."""
     columns = _read_results(Path(path))
-    if columns is None:
-        return _no_detections(coco_gt, image_ids, cap)
     return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")
 
 
@@ -158,9 +157,6 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
     results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
     masks: exactly what a detection file of the same boxes is scored on."""
     columns = _read_results(Path(path), masks=True)
-    if columns is None:
-        empty = _no_detections(coco_gt, image_ids, cap)[0]
-        return {"segm": empty, "bbox": dict(empty)}, {}
     segm, per_class = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm")
     bbox = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")[0]
     return {"segm": segm, "bbox": bbox}, per_class
@@ -180,14 +176,6 @@ def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
         return {**both["segm"], **{f"bbox_{k}": both["bbox"][k] for k in SITE_BBOX_KEYS}}, per_class, ["segm", "bbox"]
     stats, per_class = evaluate_bbox_file_per_class(coco_gt, path, image_ids, evaluator, cap=cap)
     return stats, per_class, ["bbox"]
-
-
-def _no_detections(coco_gt: COCO, image_ids: list[int], cap: int) -> tuple[dict[str, float], dict]:
-    """No detections scores 0 by definition (loadRes rejects an empty list), where there is something to find:
-    without any ground truth among the images every statistic is undefined (-1, as COCOeval says)."""
-    has_truth = any(coco_gt.imgToAnns.get(i) for i in image_ids)
-    return dict.fromkeys((*STAT_NAMES, *(("AR_max_det",) if cap != COCO_MAX_DETS else ())),
-                         0.0 if has_truth else -1.0), {}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections
@@ -223,10 +211,10 @@ class _Results:
     segmentation: list[dict] | None = None  # [N] COCO RLEs, for a segmentation file
 
 
-def _read_results(path: Path, masks: bool = False) -> _Results | None:
-    """Parse a COCO results array one object at a time (json.loads would build every dict at once);
-    None when it holds no detections. Raises ValueError for anything but an array of result objects (with
-    `masks`, each with a COCO RLE segmentation)."""
+def _read_results(path: Path, masks: bool = False) -> _Results:
+    """Parse a COCO results array one object at a time (json.loads would build every dict at once); an empty
+    array is no detections, evaluated as such (a statistic without ground truth stays undefined). Raises
+    ValueError for anything but an array of result objects (with `masks`, each with a COCO RLE segmentation)."""
     text = path.read_text(encoding="utf-8")
     decoder = json.JSONDecoder()
     pos = _SPACE.match(text, 0).end()
@@ -258,8 +246,6 @@ def _read_results(path: Path, masks: bool = False) -> _Results | None:
         pos = _SEPARATOR.match(text, pos).end()
         if pos >= len(text):
             raise ValueError(f"{path}: the results array is not closed")
-    if not ids:
-        return None
     return _Results(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
                     np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
                     rles if masks else None)
@@ -313,9 +299,10 @@ def _library(coco_gt: COCO, evaluator: str):
 
 def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
               cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    if not detections:  # loadRes rejects an empty list: the empty set through the grouped evaluation
+        empty = _Results(*(np.zeros(0, dtype=np.int64),) * 2, np.zeros((0, 4)), np.zeros(0), [])
+        return _evaluate_grouped(coco_gt, empty, image_ids, evaluator, None, cap, iou_type)
     COCOeval, gt = _library(coco_gt, evaluator)
-    if not detections:
-        return _no_detections(coco_gt, image_ids, cap)
     with contextlib.redirect_stdout(io.StringIO()):
         coco_eval = COCOeval(gt, gt.loadRes(detections), iou_type)
         coco_eval.params.imgIds = sorted(image_ids)

@@ -12,6 +12,8 @@
   (DETR-style) model run at what libreyolo's validator applies to it (conf 0 or its family's 0.001, its query count)
   ran the site's
   protocol, which the site's rows state as conf 0.001, max_det 300: it is keyed so (`Submission.protocol`).
+  An evaluation cap other than COCO's 100 detections per image (`eval.maxDets`, `--eval-max-det`) is part of
+  the protocol too: AP read at 500 is not COCO's AP.
 * Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
   with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
   number, and a run at other thresholds never becomes the canonical number of standard-protocol rows. The
@@ -48,6 +50,7 @@ from datetime import datetime
 
 from harness.errors import UsageError
 from harness.hardware import catalogue
+from harness.records import COCO_MAX_DETS
 from harness.results.reader import latest_wins
 from harness.results.validate import FileReport, is_site_rule
 
@@ -80,6 +83,7 @@ class PerfRow:
     conf: float | None  # post-processing thresholds (config block); None: not recorded
     iou: float | None
     max_det: int | None
+    eval_cap: int | None  # COCOeval's largest maxDets; None: not recorded (the site's COCO rows: COCO's 100)
     standard_protocol: bool  # no nonstandard-protocol finding (the site's, or the family's documented one)
     num_images: int | None
     created_at: str
@@ -111,9 +115,11 @@ class PerfRow:
 
     @property
     def protocol(self) -> str:
-        """The post-processing thresholds as one comparable value ("?" where not recorded)."""
+        """The post-processing thresholds and an evaluation cap other than COCO's 100 as one comparable value ("?"
+        where not recorded)."""
+        cap = "" if self.eval_cap in (None, COCO_MAX_DETS) else f" eval_cap={self.eval_cap}"
         return " ".join(f"{name}={'?' if v is None else f'{v:g}'}"
-                        for name, v in (("conf", self.conf), ("iou", self.iou), ("max_det", self.max_det)))
+                        for name, v in (("conf", self.conf), ("iou", self.iou), ("max_det", self.max_det))) + cap
 
     @property
     def perf_key(self) -> tuple:
@@ -155,7 +161,7 @@ def row_from(report: FileReport) -> PerfRow:
         input_size=sub.input_size, batch_size=sub.batch_size, dataset_variant=sub.dataset_variant or "unknown",
         timing_mode=sub.timing.get("mode") if isinstance(sub.timing.get("mode"), str) else "latency",
         weights=sub.weights_identity, tf32=sub.tf32, num_images=sub.num_images,
-        conf=_num(conf), iou=_num(sub.config.iou), max_det=max_det,
+        conf=_num(conf), iou=_num(sub.config.iou), max_det=max_det, eval_cap=sub.eval_cap,
         standard_protocol=not any(f.rule == "nonstandard-protocol" for f in report.findings),
         created_at=sub.timestamp.isoformat() if sub.timestamp else "",
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
@@ -288,10 +294,12 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
                    "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
                    "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
-                                            "input_size", "batch_size", "board", "protocol (conf, iou, max_det)",
-                                            "dataset_variant", "timing_mode"],
+                                            "input_size", "batch_size", "board",
+                                            "protocol (conf, iou, max_det, eval cap)", "dataset_variant",
+                                            "timing_mode"],
                    "accuracy_identity": ["model", "weights", "dataset_variant", "precision (fp32+tf32: TF32 on)",
-                                         "input_size", "protocol (conf, iou, max_det)", "board (mask or box mAP)"]},
+                                         "input_size", "protocol (conf, iou, max_det, eval cap)",
+                                         "board (mask or box mAP)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded),
                    "not_submissions": sum(not e["submission"] for e in excluded), "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),

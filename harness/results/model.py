@@ -63,6 +63,7 @@ class DatasetBlock(Block):
 
 class EvalBlock(Block):
     num_images: int | None = Field(None, alias="numImages")
+    max_dets: Any = Field(None, alias="maxDets")  # COCOeval's maxDets; absent in the site's COCO rows (COCO's)
 
 
 class BenchmarkBlock(Block):
@@ -169,6 +170,16 @@ class Submission(Block):
         if not self.is_rf100vl:
             conf, max_det = as_stated_by_site(self.model.id, conf, max_det)
         return conf, self.config.iou, max_det
+
+    @property
+    def eval_cap(self) -> int | None:
+        """The detections per image COCOeval read AP at (its largest maxDets; RF100-VL's protocol: 500); None where
+        not recorded, as in the site's COCO rows, which COCO's evaluation reads at 100."""
+        max_dets = self.eval.max_dets if self.eval else None
+        if isinstance(max_dets, list) and max_dets and all(isinstance(m, int) and not isinstance(m, bool)
+                                                           for m in max_dets):
+            return max(max_dets)
+        return None
 
     @property
     def batch_size(self) -> int | None:

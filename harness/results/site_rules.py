@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from harness.catalogue import topk_protocols
+from harness.records import COCO_MAX_DETS
 
 REQUIRED_BLOCKS = {
     "schema_version": str, "submission_id": str, "created_at": str, "model": dict, "config": dict,
@@ -211,6 +212,11 @@ def protocol_findings(doc: Any) -> list[Finding]:
         config["conf"], config["max_det"] = as_stated_by_site(model.get("id"), config.get("conf"),
                                                               config.get("max_det"))
     off = {k: config[k] for k, want in protocol.items() if _number(config.get(k)) and config[k] != want}
+    max_dets = doc["eval"].get("maxDets") if isinstance(doc.get("eval"), dict) else None
+    if not is_rf100vl(doc) and isinstance(max_dets, list) and max_dets and (
+            not all(_number(m) for m in max_dets) or max(max_dets) != COCO_MAX_DETS):
+        off["eval.maxDets"] = max_dets  # AP read at another cap than COCO's (RF100-VL's are checked with its row)
+        protocol = {**protocol, "eval.maxDets": [1, 10, COCO_MAX_DETS]}
     if not off:
         return []
     got = ", ".join(f"{k} {v}" for k, v in off.items())
