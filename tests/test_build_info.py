@@ -110,3 +110,15 @@ def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path):
     shipped = {p.relative_to(site / "harness").as_posix() for p in (site / "harness").rglob("*") if p.is_file()}
     ours = {p.relative_to(source / "harness").as_posix() for p in (source / "harness").rglob("*") if p.is_file()}
     assert ours - shipped == set()  # every file of the package, data files included
+
+
+def test_a_full_val_run_whose_commit_does_not_pin_its_code_is_warned_at_its_start():
+    from harness.run.scheduler import unpublishable_accuracy
+
+    clean = {"harness_commit": "a" * 40, "harness_dirty": False}
+    dirty = {"harness_commit": "a" * 40, "harness_dirty": True}
+    unknown = {"harness_commit": "unknown", "harness_dirty": None}
+    assert unpublishable_accuracy("full", clean) is None
+    assert "aaaaaaaaaaaa was dirty" in unpublishable_accuracy("full", dirty)
+    assert "is unknown" in unpublishable_accuracy("full", unknown)
+    assert unpublishable_accuracy("mini500", dirty) is None  # validate only warns on a subset
