@@ -28,6 +28,7 @@ ULTRALYTICS_SEGMENT_IDS: dict[str, str] = {
 ULTRALYTICS_MODEL_IDS: dict[str, str] = {  # model id -> family, smallest first
     **{pattern.format(size): family for family, pattern in ULTRALYTICS_PATTERNS.items() for size in SIZES},
     **ULTRALYTICS_SEGMENT_IDS}
+ULTRALYTICS_INPUT_SIZE = 640  # the families' published input size (a fixed-size export states its own)
 CATALOGUE = Path(__file__).parent / "models" / "catalogue.yaml"
 PLUGIN_PATTERN = re.compile(r"^(?P<path>.+\.py):(?P<factory>[A-Za-z_][A-Za-z0-9_]*)$")  # --model file.py:factory
 YOLOX_VARIANTS = {"nano": 416, "tiny": 416, "s": 640, "m": 640, "l": 640, "x": 640}  # -> the release's input size
@@ -111,6 +112,17 @@ def unavailable_families() -> tuple[UnavailableFamily, ...]:
 
 
 @cache
+@cache
+def native_input_sizes() -> dict[str, int]:
+    """Model id -> the input size it is published at, where the catalogue states it (YOLOX, the Ultralytics-format
+    and LibreYOLO families; torchvision's are their builders' own)."""
+    sizes = {f"yolox-{v}": size for v, size in YOLOX_VARIANTS.items()}
+    sizes.update(dict.fromkeys(ULTRALYTICS_MODEL_IDS, ULTRALYTICS_INPUT_SIZE))
+    for block in catalogue_data()["libreyolo"]["families"].values():
+        sizes.update({model_id: int(entry["input_size"]) for model_id, entry in block["models"].items()})
+    return sizes
+
+
 def model_ids() -> tuple[str, ...]:
     """Every registry id, in `va-bench models list` order (the registry builds exactly these; a test checks)."""
     ids = [f"yolox-{v}" for v in YOLOX_VARIANTS] + list(TORCHVISION_IDS) + list(ULTRALYTICS_MODEL_IDS)

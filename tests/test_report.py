@@ -190,6 +190,12 @@ def test_performance_table_matches_submissions(run_a):
         assert float(row[col["img/s"]]) == pytest.approx(sub["throughput"]["images_per_s"], abs=half_unit)
         assert float(row[col["p50 ms/batch"]]) == pytest.approx(sub["timing"]["batch_ms"]["p50"], abs=half_unit)
         assert row[col["J/img"]] == ("unavailable" if sub["energy"].get("status") != "ok" else row[col["J/img"]])
+        # the split as the run's summary gives it: the transfer to the device is the forward's
+        stages, total = sub["timing"]["stages_ms"], sub["timing"]["batch_ms"]["mean"]
+        assert "transfer" in stages
+        shares = [100 * sum(stages[n]["mean"] for n in names if n in stages) / total
+                  for names in (("preprocess",), ("transfer", "forward"), ("postprocess",))]
+        assert row[col["stage split"]] == f"pre {shares[0]:.0f}% / fwd {shares[1]:.0f}% / post {shares[2]:.0f}%"
 
 
 @pytest.mark.skipif(not (Path(os.environ.get("VA_BENCH_CORPUS", REPO.parent / "shared/corpus/vision-analysis"))
@@ -426,3 +432,19 @@ def test_a_gate_missed_by_less_than_its_shown_digits_shows_enough_of_them():
     gate = Gate(metric="images_per_s", comparison=">=", target=84.22)
     assert GateResult(gate, "cell", 84.218, "NOT_MET").today_text() == "84.218 img/s"
     assert GateResult(gate, "cell", 91.5, "MET").today_text() == "91.50 img/s"
+
+
+def test_the_stage_split_counts_the_transfer_with_the_forward():
+    """An accelerator's cell: 10 % of the batch is the input's transfer, which the summary and inference_ms count
+    with the forward."""
+    from harness.report.sections import _split
+
+    figures = {"timing.batch_ms.mean": 100.0, "timing.stages_ms.preprocess.mean": 20.0,
+               "timing.stages_ms.transfer.mean": 10.0, "timing.stages_ms.forward.mean": 60.0,
+               "timing.stages_ms.postprocess.mean": 10.0}
+
+    class Cell:
+        def get(self, key):
+            return figures.get(key)
+
+    assert _split(Cell()) == "pre 20% / fwd 70% / post 10%"

@@ -405,6 +405,16 @@ def test_ap_read_at_another_cap_than_cocos_is_another_protocol(tmp_path, base_do
     assert rows[1]["eval_cap"] == 500 and rows[0]["accuracy_shown"] != 0.5
 
 
+def test_the_leaderboard_shows_a_model_at_its_published_input_size_whatever_else_was_swept(tmp_path, base_doc):
+    """yolox-s is published at 640: two 320 px rows (two runtimes) do not outvote its one 640 row."""
+    small = [_variant(_variant(base_doc, config__input_size=320, model__input_size=320), runtime__format=fmt,
+                      runtime__provider=provider)
+             for fmt, provider in (("onnx", "CPUExecutionProvider"), ("openvino", "CPU"))]
+    board = aggregate(_write(tmp_path / "sizes", [base_doc, *small]))
+    assert [r["input_size"] for r in board["cube"]].count(320) == 2
+    assert [(r["model"], r["input_size"]) for r in board["leaderboard"]] == [("yolox-s", 640)]
+
+
 def test_a_topk_model_at_the_thresholds_its_validator_applies_ran_the_sites_protocol(tmp_path):
     """The site's rows of NMS-free models state conf 0.001 / max_det 300; libreyolo's validator scores them at conf 0
     and the model's query count, which is what a run of ours records: the same protocol, one accuracy lineage."""

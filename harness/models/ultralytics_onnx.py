@@ -40,7 +40,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from harness.catalogue import ULTRALYTICS_MODEL_IDS, ULTRALYTICS_SEGMENT_IDS
+from harness.catalogue import ULTRALYTICS_INPUT_SIZE, ULTRALYTICS_MODEL_IDS, ULTRALYTICS_SEGMENT_IDS
 from harness.data.categories import COCO80_TO_91, COCO_NAMES_BY_ID
 from harness.detector.engine import (
     engine_core_source,
@@ -70,7 +70,6 @@ from harness.files import file_sha256
 MODEL_IDS = ULTRALYTICS_MODEL_IDS
 SEGMENT_IDS = ULTRALYTICS_SEGMENT_IDS
 PROTOTYPE_MASKS = MaskSpec(kind="prototypes", values="probabilities", resize="via_input", crop_to_box="input")
-DEFAULT_INPUT_SIZE = 640
 MAX_NMS = 30000  # Ultralytics' pre-NMS candidate cap
 BATCH_CHECK = (1, 2)
 DENSE_POST = PostprocessSpec(kind="nms", conf=0.001, iou=0.7, max_det=300, multi_label=True, pre_nms_topk=MAX_NMS)
@@ -166,7 +165,7 @@ class UltralyticsOnnxDetector:
         self.postprocess = END2END_POST if self.layout == "end2end" else DENSE_POST
         self.defaults = self.postprocess.defaults
         self.preprocess = PreprocessSpec(
-            input_size=self.fixed_size or (DEFAULT_INPUT_SIZE, DEFAULT_INPUT_SIZE), resize="letterbox",
+            input_size=self.fixed_size or (ULTRALYTICS_INPUT_SIZE, ULTRALYTICS_INPUT_SIZE), resize="letterbox",
             pad_position="center", pad_value=114, channel_order="RGB", scale=1 / 255, size_rounding="ceil",
             interpolation="linear", box_scale="ratio")
 

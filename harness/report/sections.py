@@ -118,12 +118,14 @@ def setup_table(run: RunFolder) -> Table:
 
 
 def _split(cell) -> str:
+    """The batch time's split as the run's summary shows it: the forward's share includes the input's transfer to
+    the device (as the submission's inference_ms does)."""
     total = number(cell.get("timing.batch_ms.mean"))
     parts = []
-    for stage, short in (("preprocess", "pre"), ("forward", "fwd"), ("postprocess", "post")):
-        s = number(cell.get(f"timing.stages_ms.{stage}.mean"))
-        if s is not None and total:
-            parts.append(f"{short} {100 * s / total:.0f}%")
+    for stages, short in ((("preprocess",), "pre"), (("transfer", "forward"), "fwd"), (("postprocess",), "post")):
+        means = [m for m in (number(cell.get(f"timing.stages_ms.{stage}.mean")) for stage in stages) if m is not None]
+        if means and total:
+            parts.append(f"{short} {100 * sum(means) / total:.0f}%")
     return " / ".join(parts) or "-"
 
 

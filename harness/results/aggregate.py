@@ -23,7 +23,7 @@
   |delta mAP| above the tolerance (in mAP points, 0.3 = 0.003) is a finding.
 * Cube rows: displayed accuracy prefers the canonical full-val number; subset accuracy is shown only
   with a `subset` badge, never as full-val.
-* Leaderboard (batch 1, default input size, every dataset variant's timing; the standard-protocol run of a
+* Leaderboard (batch 1, default input size: the published one where the catalogue states it, every dataset variant's timing; the standard-protocol run of a
   coordinate over one at other thresholds): displayed accuracy is
   pinned to the canonical number of `leaderboard_variant` (default "full"); a model without one shows
   none rather than a subset number. Another variant (e.g. "mini500") shows its canonical numbers with
@@ -48,6 +48,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
+from harness.catalogue import native_input_sizes
 from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.records import COCO_MAX_DETS
@@ -336,12 +337,16 @@ def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
 
 
 def _default_input_sizes(rows: list[PerfRow]) -> dict[str, int | None]:
-    """Per model, the most common input size among its batch-1 rows (ties: the smaller)."""
+    """Per model, the input size the catalogue says it is published at, where it has batch-1 rows at that size;
+    else (torchvision's, a plugin's, a model measured only at other sizes) the most common size among its batch-1
+    rows, ties to the smaller."""
     counts: dict[str, Counter] = {}
     for r in rows:
         if r.batch_size == 1:
             counts.setdefault(r.model, Counter())[r.input_size] += 1
-    return {m: min(c.items(), key=lambda kv: (-kv[1], kv[0] or 0))[0] for m, c in counts.items()}
+    native = native_input_sizes()
+    return {m: native[m] if c[native.get(m)] else min(c.items(), key=lambda kv: (-kv[1], kv[0] or 0))[0]
+            for m, c in counts.items()}
 
 
 def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
