@@ -23,8 +23,8 @@
   |delta mAP| above the tolerance (in mAP points, 0.3 = 0.003) is a finding.
 * Cube rows: displayed accuracy prefers the canonical full-val number; subset accuracy is shown only
   with a `subset` badge, never as full-val.
-* Leaderboard (batch 1, default input size: the published one where the catalogue states it, every dataset variant's timing; the standard-protocol run of a
-  coordinate over one at other thresholds): displayed accuracy is
+* Leaderboard (batch 1, default input size: the published one where the catalogue states it, every dataset
+  variant's timing; the standard-protocol run of a coordinate over one at other thresholds): displayed accuracy is
   pinned to the canonical number of `leaderboard_variant` (default "full"); a model without one shows
   none rather than a subset number. Another variant (e.g. "mini500") shows its canonical numbers with
   the `subset` badge.
