@@ -429,3 +429,33 @@ def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
     cli = va_bench("compare", str(ort), str(pt), "--json")
     assert cli.returncode == 0 and json.loads(cli.stdout)["comparisons"][0]["differ"] == {
         "backend": ["onnx/cpu", "pytorch/cpu"]}
+
+
+def test_a_figure_next_to_its_threshold_is_printed_with_the_digits_that_tell_them_apart():
+    """p = 0.0499 is significant at alpha 0.05 and must not print as p=0.050; a gate delta of 0.3004 points over a
+    0.3 tolerance, or a larger variant 10.002 % faster under a "> 10 %" heading, likewise."""
+    from rich.console import Console
+
+    from harness.records import shown_apart
+    from harness.results.compare import Significance
+    from harness.views.compare_view import _verdict
+    from harness.views.leaderboard import gate_table, size_order_table
+
+    assert (shown_apart(0.049883, 0.05, 3), shown_apart(0.3004, 0.3, 2), shown_apart(10.002, 10, 0)) == \
+        ("0.0499", "0.3004", "10.002")
+    assert (shown_apart(0.012, 0.05, 3), shown_apart(0.3, 0.3, 2), shown_apart(12.4, 10, 0)) == ("0.012", "0.30", "12")
+
+    class Cell:
+        significance = Significance("slower", ratio=1.13, ci95=(1.01, 1.18), p_value=0.049883, n_a=8, n_b=8)
+
+    assert "p=0.0499" in _verdict(Cell())
+    gate = {"model": "m", "dataset_variant": "full", "precision": "fp32", "canonical": 0.3, "canonical_hardware": "a",
+            "other": 0.297, "other_hardware": "b", "other_format": "onnx", "delta_points": -0.3004}
+    finding = {"hardware": "h", "format": "onnx", "provider": "cpu", "precision": "fp32", "input_size": 640,
+               "batch_size": 1, "smaller": {"model": "m-s", "latency_ms_p50": 13.747},
+               "larger": {"model": "m-l", "latency_ms_p50": 12.372}, "faster_pct": 10.002}
+    console = Console(record=True, width=120)
+    console.print(gate_table({"agreement_gate": [gate], "policy": {"tolerance_points": 0.3}}))
+    console.print(size_order_table({"size_order": [finding]}))
+    text = console.export_text()
+    assert "-0.3004" in text and "10.002%" in text

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError
 from harness.files import load_user_yaml, yaml_problem
+from harness.records import shown_apart
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
@@ -123,11 +124,7 @@ class GateResult:
         if self.today is None:
             return f"not measured ({self.reason})"
         digits, unit = METRICS[self.gate.metric][1:]
-        # more digits where the rounded figure would read as the target while the gate says otherwise
-        while digits < 6 and round(self.today, digits) == round(self.gate.target, digits) and \
-                self.today != self.gate.target:
-            digits += 1
-        return f"{self.today:.{digits}f}{unit}"
+        return f"{shown_apart(self.today, self.gate.target, digits)}{unit}"
 
 
 def load_gates(path: Path) -> list[Gate]:

@@ -261,7 +261,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                 gate.append({**identity, "canonical": round(best.map_50_95, 4), "canonical_file": best.file,
                              "canonical_hardware": best.hardware, "other": round(other.map_50_95, 4),
                              "other_file": other.file, "other_hardware": other.hardware,
-                             "other_format": other.format, "delta_points": round(delta, 2)})
+                             "other_format": other.format, "delta_points": round(delta, 4)})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
         return canonical.get((row.model, row.weights, row.dataset, variant, row.accuracy_precision,
@@ -373,7 +373,7 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
                         "precision": key[4], "input_size": key[6], "batch_size": key[7],
                         "smaller": {"model": small.model, "latency_ms_p50": small.latency_ms_p50, "file": small.file},
                         "larger": {"model": large.model, "latency_ms_p50": large.latency_ms_p50, "file": large.file},
-                        "faster_pct": round(100 * faster, 1)})
+                        "faster_pct": round(100 * faster, 3)})
     return findings
 
 

@@ -9,6 +9,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from harness.records import shown_apart
+from harness.results.aggregate import SIZE_ORDER_MARGIN
 from harness.views.text import escape, printable
 
 MAX_ROWS = 40
@@ -106,7 +108,8 @@ def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     tol = board["policy"]["tolerance_points"]
     rows = [tuple(escape(str(v)) for v in (
         g["model"], g["dataset_variant"], g["precision"], g["canonical"], g["canonical_hardware"], g["other"],
-        f"{g['other_hardware']} ({g['other_format']})", f"{g['delta_points']:+.2f}"))
+        f"{g['other_hardware']} ({g['other_format']})",
+        ("+" if g["delta_points"] >= 0 else "-") + shown_apart(abs(g["delta_points"]), tol, 2)))
         for g in sorted(gate, key=lambda g: -abs(g["delta_points"]))[:max_rows]]
     return _compact(f"agreement gate: {len(gate)} runs differ from the canonical mAP by > {tol} points",
                     ("model", "variant", "prec.", "canonical", "on", "other", "on (format)", "Δ points"),
@@ -125,7 +128,7 @@ def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Group:
     cells = [(f["hardware"], tuple(escape(str(v)) for v in (
         f"{f['format']}/{f['provider']}", f["precision"], f["input_size"], f["batch_size"], f["smaller"]["model"],
         _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
-        f"{f['faster_pct']:.0f}%"))) for f in found]
+        f"{shown_apart(f['faster_pct'], 100 * SIZE_ORDER_MARGIN, 0)}%"))) for f in found]
     widths = fit_widths(SIZE_ORDER_COLUMNS, [c for _, c in cells], SIZE_ORDER_NUMERIC)
     total = len(board["size_order"])
     parts: list[RenderableType] = [Text(
