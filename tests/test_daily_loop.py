@@ -255,7 +255,7 @@ def test_compare_tests_significance_across_process_medians():
 
     import numpy as np
 
-    from harness.results.compare import Entry, _cell_delta
+    from harness.results.compare import Comparison, Entry, _cell_delta
 
     def entry(medians):
         doc = {"timing": {"batch_samples_ms": [10.0] * 50, "total_ms": {"p50": 10.0, "p95": 11.0},
@@ -267,6 +267,19 @@ def test_compare_tests_significance_across_process_medians():
     assert slower.significance.ratio == np.median([12.0, 12.2, 11.9, 12.1, 12.05]) / 10.0
     few = _cell_delta("c", {}, entry([10.0, 10.1, 9.9]), entry([12.0, 12.2, 11.9]), 0.05)
     assert few.significance.basis == "batches"  # 3 a side cannot reach p < 0.05: one process's batches decide
+    # the footer says what each kind of verdict weighs
+    from rich.console import Console
+
+    from harness.views.compare_view import _performance
+
+    def footer(cells):
+        console = Console(record=True, width=200)
+        for part in _performance(Comparison("A", "B", cells=cells)):
+            console.print(part)
+        return console.export_text()
+
+    assert "drift between processes included" in footer([slower]) and "batch samples" not in footer([slower])
+    assert "batch samples" in footer([few]) and "drift between processes included" not in footer([few])
 
 
 @requires_coco

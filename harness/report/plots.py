@@ -23,7 +23,7 @@ from harness.results.reader import FinishedCell, RunFolder, number, short_labels
 DPI = 100
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
 STAGE_COLORS = {"preprocess": "#4c72b0", "transfer": "#8172b2", "forward": "#dd8452", "postprocess": "#55a868",
-                "other": "#c8c8c8"}
+                "other": "#c8c8c8", "queued": "#e8c8c8"}
 TOP_LAYER_TYPES = 12
 LOG_Y_RATIO = 20
 BAND_FROM_SAMPLES = "p5-p95 of the per-batch samples (timing.batch_samples_ms)"
@@ -174,19 +174,22 @@ def stage_breakdown(run: RunFolder) -> Plot:
             notes.append(f"{cell.key.label}: no timing.stages_ms recorded; not plotted")
             continue
         ms = {s: v / batch for s, v in stages.items() if v is not None}
-        # what the stage clocks do not cover (harness overhead between stages); in overlapped mode the
-        # stages run concurrently and can add up to more than the batch time, then nothing is left over
-        ms["other"] = max(0.0, total / batch - sum(ms.values()))
+        # what the stage clocks do not cover: the harness between stages; in overlapped mode a batch's latency also
+        # holds its waits for a worker and for the forward, behind other batches (its stages run concurrently with
+        # theirs, so the bar is one batch's latency, not the stream's time per image)
+        ms["other" if cell.key.mode == "latency" else "queued"] = max(0.0, total / batch - sum(ms.values()))
         bars.append(StageBar(cell.key.label, batch, cell.key.mode, ms, total / batch))
         if cell.key.mode != "latency":
-            notes.append(f"{cell.key.label}: overlapped mode, stages run concurrently (busy time, not latency)")
+            notes.append(f"{cell.key.label}: overlapped mode: one batch's end-to-end latency per image (stages "
+                         "run concurrently with other batches'; queued = waiting behind them), not the stream's "
+                         "time per image")
     if not bars:
         return _unavailable(name, title, "no cell has timing.stages_ms")
     fig = Figure(figsize=(max(6.0, 1.1 * len(bars) + 3), 4.8))
     ax = fig.subplots()
     x = np.arange(len(bars))
     bottom = np.zeros(len(bars))
-    for stage in (*STAGES, "other"):
+    for stage in (*STAGES, "other", "queued"):
         values = np.asarray([b.ms_per_image.get(stage, 0.0) for b in bars])
         if not values.any():
             continue
@@ -201,7 +204,7 @@ def stage_breakdown(run: RunFolder) -> Plot:
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title(title)
-    notes.insert(0, "other = batch time not covered by the stage clocks")
+    notes.insert(0, "other = batch time not covered by the stage clocks")  # "queued" is said per overlapped cell
     return Plot(name, title, _png(fig), bars, notes)
 
 

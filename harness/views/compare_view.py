@@ -126,8 +126,15 @@ def _performance(c: Comparison) -> list[RenderableType]:
                         f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}"))
     reasons = sorted({cell.significance.reason for cell in c.cells if cell.significance.reason})
     out += [Text(printable(f"verdict: {r}"), style="yellow") for r in reasons]
-    out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
-                    "ratio of medians); drift between processes is not in them: repeat runs to see it", style="dim"))
+    bases = {cell.significance.basis for cell in c.cells}
+    if "batches" in bases:
+        out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
+                        "ratio of medians); drift between processes is not in them: repeat runs to see it",
+                        style="dim"))
+    if "processes" in bases:
+        out.append(Text("verdicts marked (N vs M processes) weigh the --repeats processes' medians (Mann-Whitney U "
+                        "and a bootstrap CI of the ratio of medians), drift between processes included; p50 and "
+                        "the deltas beside them are the first process's", style="dim"))
     return out
 
 
