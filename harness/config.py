@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.errors import UsageError, path_problem
+from harness.errors import UsageError, brief, path_problem
 from harness.files import load_user_yaml, yaml_problem
 
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
@@ -190,7 +190,7 @@ class RunConfig(BaseModel):
     def _workers(cls, value: Any) -> str:
         text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
         if text != "auto" and not (text.isdigit() and 1 <= int(text) <= 64):
-            raise ValueError(f"{value!r}: use a number of workers from 1 to 64, or auto")
+            raise ValueError(f"{brief(value)}: use a number of workers from 1 to 64, or auto")
         return text if text == "auto" else str(int(text))  # YAML `workers: 3` and `--workers 3` alike
 
     @field_validator("backends")
@@ -272,11 +272,11 @@ def _validation_message(exc: ValidationError) -> str:
     flag = f" ({field.json_schema_extra['flags'][0].split('/')[0]})" if field and field.json_schema_extra else ""
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "string_pattern_mismatch":
-        message = f"{err['input']!r} is not a plain name: use letters, digits, '_', '.' and '-' (no paths)"
+        message = f"{brief(err['input'])} is not a plain name: use letters, digits, '_', '.' and '-' (no paths)"
     if err["type"] == "finite_number":
-        message = f"{err['input']!r} is not a finite number"
+        message = f"{brief(err['input'])} is not a finite number"
     elif err["type"].endswith("_parsing") or err["type"].endswith("_type"):  # name the value that is not one
-        message = f"{message}, got {err['input']!r}"
+        message = f"{message}, got {brief(err['input'])}"
     return f"invalid run configuration: {where}{flag}: {message}" if where else f"invalid run configuration: {message}"
 
 

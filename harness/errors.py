@@ -1,6 +1,7 @@
 """Errors the CLI turns into one clear line and an exit code (1 = a problem found, 2 = bad input)."""
 
 import os
+import reprlib
 
 
 class VaBenchError(Exception):
@@ -23,6 +24,16 @@ class RunInterrupted(VaBenchError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+_BRIEF = reprlib.Repr()  # its limits set one by one: Repr's keyword arguments are Python 3.12's
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxlevel = 60, 60, 6, 6, 2
+
+
+def brief(value: object) -> str:
+    """A value a user gave, as repr() writes it but cut short: an error message stays one line whatever the
+    file held."""
+    return _BRIEF.repr(value)
 
 
 def path_problem(flag: str, given: object, problem: str) -> str:

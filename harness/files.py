@@ -92,7 +92,15 @@ def is_disk_full(exc: BaseException | None) -> bool:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML keeps the last one silently: a
-    preset's `batch_sizes` written twice would measure the second list with nothing said)."""
+    preset's `batch_sizes` written twice would measure the second list with nothing said) and aliases (`*name`:
+    nested ones expand a file of a few hundred bytes into gigabytes; a preset has no use for them)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor}: aliases are not accepted here, "
+                                              "write the value out", event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen = set()

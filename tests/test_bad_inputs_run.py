@@ -127,6 +127,24 @@ def test_yaml_errors_name_line_and_column(tmp_path):
     assert result.returncode == 2 and "batch_size" in one_error_line(result)
 
 
+def test_a_yaml_alias_is_refused_and_a_huge_value_is_named_in_short(tmp_path):
+    """Nested aliases (a few hundred bytes expanding into gigabytes) never expand; a value quoted in a message is
+    cut short (a list of 100,000 lists once made a 1.4 MB "one line")."""
+    from harness.config import load_config
+    from harness.errors import UsageError
+
+    laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)) + "models: [*a8]\n"
+    preset = tmp_path / "laughs.yaml"
+    preset.write_text(laughs)
+    with pytest.raises(UsageError, match=r"line 2, column \d+ \(alias \*a0: aliases are not accepted"):
+        load_config(preset, {})
+    preset.write_text("models: [" + ", ".join(["[1, 2, 3]"] * 2000) + "]\n")
+    with pytest.raises(UsageError) as refused:
+        load_config(preset, {})
+    assert len(str(refused.value)) < 200 and "got [1, 2, 3]" in str(refused.value)
+
+
 @pytest.mark.parametrize("broken, kind", [("nan-scores", "NaN"), ("nan-boxes", "NaN"), ("inf-boxes", "inf")])
 @requires_coco
 def test_a_model_that_outputs_nan_or_inf_fails_its_cell(tmp_path, broken, kind):
