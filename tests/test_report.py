@@ -448,3 +448,29 @@ def test_the_stage_split_counts_the_transfer_with_the_forward():
             return figures.get(key)
 
     assert _split(Cell()) == "pre 20% / fwd 70% / post 10%"
+
+
+def test_the_report_embeds_only_images_the_run_drew(run_b, tmp_path):
+    """A link in images/ could name any file (the report would carry it inside report.html); a file whose bytes are
+    not the image its name says is not embedded either."""
+    run = _copy(run_b, tmp_path)
+    images = run / "images"
+    images.mkdir(exist_ok=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"\xff\xd8\xff SECRET-TOKEN")
+    (images / "m__link.jpg").symlink_to(secret)
+    (images / "m__text.png").write_bytes(b"SECRET-TOKEN, not a PNG")
+    html = make_report(run).html.read_text()
+    assert base64.b64encode(secret.read_bytes()).decode()[:16] not in html
+    assert "alt='m__link.jpg'" not in html and "alt='m__text.png'" not in html  # (the file list names them)
+
+
+def test_a_name_with_dollar_signs_is_plotted_as_written(run_b, tmp_path):
+    """matplotlib reads $...$ in a label as TeX; a model's name is a name ("cost$\\bad$" made the report fail)."""
+    run = _copy(run_b, tmp_path)
+    for path in (run / "submissions").glob("*.json"):
+        doc = json.loads(path.read_text())
+        doc["model"]["id"] = "cost$\\bad$"
+        path.write_text(json.dumps(doc))
+    outcome = make_report(run)
+    assert "cost$\\bad$" in outcome.html.read_text()

@@ -89,11 +89,11 @@ def _plot(plot: Plot) -> str:
 def _sample_images(run: RunFolder) -> list[Path]:
     """Up to MAX_SAMPLE_IMAGES drawn images, alternating between the models/backends that drew them."""
     folder = run.path / "images"
-    if not folder.is_dir():
+    if not folder.is_dir() or folder.is_symlink():
         return []
     groups: dict[str, list[Path]] = defaultdict(list)
     for p in sorted(folder.iterdir()):
-        if p.suffix.lower() in IMAGE_TYPES and p.is_file() and p.stat().st_size <= MAX_IMAGE_BYTES:
+        if _drawn_image(p):
             groups[p.name.rsplit("__", 1)[0]].append(p)
     picked: list[Path] = []
     while len(picked) < MAX_SAMPLE_IMAGES and any(groups.values()):
@@ -101,6 +101,21 @@ def _sample_images(run: RunFolder) -> list[Path]:
             if files and len(picked) < MAX_SAMPLE_IMAGES:
                 picked.append(files.pop(0))
     return picked
+
+
+IMAGE_SIGNATURES = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG\r\n\x1a\n"}
+
+
+def _drawn_image(path: Path) -> bool:
+    """A file the run drew: a regular file in the folder (a link could point anywhere: the report would embed
+    whatever it names), not too large, whose bytes are of the type its name says."""
+    if path.suffix.lower() not in IMAGE_TYPES or path.is_symlink() or not path.is_file():
+        return False
+    if path.stat().st_size > MAX_IMAGE_BYTES:
+        return False
+    signature = IMAGE_SIGNATURES[IMAGE_TYPES[path.suffix.lower()]]
+    with path.open("rb") as f:
+        return f.read(len(signature)) == signature
 
 
 def _images_section(run: RunFolder) -> str:

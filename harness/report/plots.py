@@ -14,6 +14,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only: never pick an interactive backend on a headless box
+matplotlib.rcParams["text.parse_math"] = False  # labels are names from files ("cost$x$" is a name, not TeX)
 
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402

@@ -80,6 +80,6 @@ def _readable(run_path: Path):
     try:
         yield
     except (TypeError, ValueError, ZeroDivisionError, KeyError) as exc:
-        detail = str(exc).splitlines()[0][:160] if str(exc) else "no detail"
+        detail = next((line.strip()[:160] for line in str(exc).splitlines() if line.strip()), "no detail")
         raise UsageError(f"{run_path}: its files hold values the report cannot read ({type(exc).__name__}: "
                          f"{detail}); check them with va-bench validate {run_path}") from exc
