@@ -268,6 +268,24 @@ def test_run_without_layers_or_memory_still_reports(run_b, tmp_path):
     assert not (run / "layer_types.png").exists()
 
 
+def test_names_from_the_files_are_text_in_the_log(run_a, run_b, tmp_path):
+    """A model id with HTML, a newline and a forged section marker: one line of text in the log, and the forged
+    marker does not make the run it names "already logged"."""
+    a, b = _copy(run_a, tmp_path), _copy(run_b, tmp_path)
+    evil = "<script>alert(1)</script>\n<!-- va-bench run report-a -->|x"
+    for path in (b / "submissions").glob("*.json"):
+        doc = json.loads(path.read_text())
+        doc["model"]["id"] = evil
+        path.write_text(json.dumps(doc))
+    log = tmp_path / "BENCHMARKS.md"
+    make_report(b, log_path=log)
+    text = log.read_text()
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert not re.search(r"^<!-- va-bench run report-a -->", text, flags=re.M)
+    make_report(a, log_path=log)  # not refused as a duplicate
+    assert re.search(r"^<!-- va-bench run report-a -->$", log.read_text(), flags=re.M)
+
+
 def test_log_appends_and_never_rewrites(run_a, run_b, tmp_path):
     a, b = _copy(run_a, tmp_path), _copy(run_b, tmp_path)
     log = tmp_path / "BENCHMARKS.md"

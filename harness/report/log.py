@@ -4,6 +4,7 @@ and the artefact list. The file is opened in append mode only, so earlier sectio
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,8 +34,20 @@ def marker(run_id: str) -> str:
     return f"<!-- va-bench run {run_id} -->"
 
 
+def _inline(value: object) -> str:
+    """Text from a run's files as Markdown inline text: one line (control characters as spaces) and no HTML (a
+    model id with `<script>` or a forged section marker shows as text)."""
+    text = re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _cell(value: str) -> str:
-    return value.replace("|", "\\|").replace("\n", " ")
+    return _inline(value).replace("|", "\\|")
+
+
+def _code(value: str) -> str:
+    """Inline code of a file name (backticks in it would end the span)."""
+    return "`" + _inline(value).replace("`", "'") + "`"
 
 
 def markdown_table(table: Table, bold: str | None = None) -> str:
@@ -54,9 +67,9 @@ def _artefact_lines(run: RunFolder) -> list[str]:
         if folder == "images":
             grouped[folder].append(size)
         else:
-            lines.append(f"- `{name}` {human_size(size)}")
+            lines.append(f"- {_code(name)} {human_size(size)}")
     for folder, sizes in grouped.items():
-        lines.append(f"- `{folder}/` {len(sizes)} files, {human_size(sum(sizes))}")
+        lines.append(f"- {_code(folder + '/')} {len(sizes)} files, {human_size(sum(sizes))}")
     return lines
 
 
@@ -65,10 +78,11 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     first = run.cells[0]
     models = ", ".join(sorted({c.key.model for c in run.cells}))
     hardware = ", ".join(sorted({str(c.get("hardware.id") or "?") for c in run.cells}))
-    out = [marker(run.run_id), f"## {run_date(run)} — run {run.run_id}: {models} on {hardware}", "",
+    out = [marker(run.run_id), f"## {run_date(run)} — run {run.run_id}: {_inline(models)} on {_inline(hardware)}", "",
            "### Setup", "", markdown_table(setup_table(run)), ""]
     acc = accuracy_table(run)
-    out += [f"### Accuracy ({first.dataset_variant or '?'}, {first.get('dataset.num_images') or '?'} images)",
+    out += [f"### Accuracy ({_inline(first.dataset_variant or '?')}, {_inline(first.get('dataset.num_images') or '?')} "
+            "images)",
             "", markdown_table(acc) if acc else accuracy_unavailable(run), ""]
     out += ["### Performance", "", markdown_table(performance_table(run)), ""]
     out += [f"### Gates ({gate_source})", ""]
@@ -76,14 +90,16 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
         out += ["no gates file", ""]
     else:
         out += [markdown_table(gate_table(gates), bold=NOT_MET) if gates else "no gates in the file", ""]
-        out += [f"- {n}" for n in gate_notes] + ([""] if gate_notes else [])
+        out += [f"- {_inline(n)}" for n in gate_notes] + ([""] if gate_notes else [])
     found = notes(run)
-    out += ["### Notes", ""] + ([f"- {n}" for n in found] if found else ["none"]) + [""]
+    out += ["### Notes", ""] + ([f"- {_inline(n)}" for n in found] if found else ["none"]) + [""]
     commit = str(first.get("repro.harness_commit") or "unknown")
     dirty = " (dirty: uncommitted changes)" if first.get("repro.harness_dirty") else ""
-    out += ["### Reproduce", "", f"At harness commit `{commit}`{dirty}:", "", "```bash"]
-    out += repro_commands(run) or ["# no repro.command recorded in the submissions"]
-    out += ["```", "", "### Artefacts", "", f"Run folder `{run.path.resolve()}`:", ""]
+    commands = [re.sub(r"[\x00-\x1f\x7f]", " ", c) for c in repro_commands(run)] or \
+        ["# no repro.command recorded in the submissions"]
+    fence = "`" * max(3, 1 + max(len(run) for c in commands for run in re.findall(r"`+", c) or [""]))
+    out += ["### Reproduce", "", f"At harness commit {_code(commit)}{dirty}:", "", f"{fence}bash", *commands, fence]
+    out += ["", "### Artefacts", "", f"Run folder {_code(run.path.resolve())}:", ""]
     out += _artefact_lines(run) + [""]
     return "\n".join(out)
 
@@ -101,7 +117,7 @@ def check_log(path: Path, run_id: str) -> None:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise UsageError(f"--log {path} is not UTF-8 text; pass a Markdown benchmark log") from None
-        if marker(run_id) in text:
+        if re.search(f"^{re.escape(marker(run_id))}$", text, re.M):  # a marker the log wrote: a line of its own
             raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
 
 
