@@ -282,6 +282,10 @@ def test_bad_sources_are_usage_errors(tmp_path):
     raising.write_text("def make():\n    raise RuntimeError('boom')\n")
     with pytest.raises(UsageError, match=r"model plugin .*raising.py:make\(\) failed: RuntimeError: boom; fix"):
         load_plugin(str(raising), "make")
+    exiting = tmp_path / "exiting.py"
+    exiting.write_text("import sys\n\ndef make():\n    sys.exit(3)\n")
+    with pytest.raises(UsageError, match=r"exiting.py:make\(\) failed: SystemExit: 3; fix"):
+        load_plugin(str(exiting), "make")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x00not a protobuf\xff" * 10)
     with pytest.raises(UsageError, match="is not an ONNX model"):

@@ -150,7 +150,8 @@ CORE_ATTRS = (("core_source",), ("load_core", "backends"))
 
 
 def load_plugin(path: str, factory_name: str) -> Detector:
-    """Import a user file and call its factory; the result must follow the Detector protocol."""
+    """Import a user file and call its factory; the result must follow the Detector protocol. The file is code run
+    with the user's permissions: whoever names it (a flag, a preset, a campaign file) trusts it."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"model plugin {file}: {'not a file' if file.exists() else 'no such file'}")
@@ -160,7 +161,7 @@ def load_plugin(path: str, factory_name: str) -> Detector:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a sys.exit() in the plugin is its failure, not the harness's exit
         raise UsageError(f"model plugin {file} failed to import: {type(exc).__name__}: {exc}") from exc
     factory = getattr(module, factory_name, None)
     if not callable(factory):
@@ -169,7 +170,7 @@ def load_plugin(path: str, factory_name: str) -> Detector:
         detector = factory()
     except UsageError:
         raise
-    except Exception as exc:  # the user's code, as its import above: one line naming it
+    except (Exception, SystemExit) as exc:  # the user's code, as its import above: one line naming it
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise UsageError(f"model plugin {file}:{factory_name}() failed: {type(exc).__name__}"
                          f"{': ' + first if first else ''}; fix the plugin") from exc
