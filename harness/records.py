@@ -61,6 +61,8 @@ class Cell:
 CellState = Literal["pending", "running", "ok", "failed", "oom", "skipped", "interrupted"]
 CELL_STATES: tuple[str, ...] = typing.get_args(CellState)
 COCO_MAX_DETS = 100  # COCO's own detection cap per image, where COCOeval reads AP
+
+
 def shown_apart(value: float, mark: float, digits: int, most: int = 6) -> str:
     """`value` with `digits` decimals, or more (up to `most`) where it would print as `mark` without being it: a
     figure judged against a threshold never reads as the threshold (p=0.050 beside "slower" at alpha 0.05)."""

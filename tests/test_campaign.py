@@ -136,6 +136,10 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
     assert (dest / "aquarium" / "test" / "_annotations.coco.json").is_file() and _FakeDataset.downloads == 2
     again = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
     assert again.returncode == 0 and _FakeDataset.downloads == 2  # what is there is not downloaded again
+    (dest / "rf100vl_versions.json").write_text('{"aquarium": "4",')  # cut short
+    cut = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
+    assert cut.returncode == 2 and "rf100vl_versions.json: not valid JSON; delete it" in cut.stderr, cut.stderr
+    assert len(cut.stderr.strip().splitlines()) == 1
 
 
 @requires_coco

@@ -316,6 +316,19 @@ def test_hostile_detection_files_are_refused():
             parse_coco_detections(bad)
 
 
+def test_a_detections_file_python_cannot_parse_is_named(tmp_path):
+    from harness.eval.detection_diff import load_coco_detections
+
+    huge = tmp_path / "huge.json"
+    huge.write_text('[{"image_id": ' + "9" * 5000 + ', "category_id": 1, "bbox": [0, 0, 1, 1], "score": 1}]')
+    nan = tmp_path / "nan.json"
+    nan.write_text('[{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1], "score": NaN}]')
+    with pytest.raises(DetectionFileError, match="huge.json is not valid JSON"):
+        load_coco_detections(huge)
+    with pytest.raises(DetectionFileError, match="^NaN is not a JSON number"):
+        load_coco_detections(nan)
+
+
 def test_detection_files_relative_absolute_moved_and_missing(tmp_path):
     dets = _dets([(1, 1, (0, 0, 10, 10), 0.9)])
     run = tmp_path / "run"

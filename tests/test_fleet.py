@@ -125,6 +125,7 @@ def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
     head = runner.invoke(app, ["fleet", "join", "--head", "--hardware-id", "a100", "--dry-run"])
     assert "--head" in head.output and "--include-dashboard=false" in head.output
     for bad, words in ((["--hardware-id", "../x"], "cannot name a results folder"),
+                       (["--hardware-id", "gpu1\n"], "cannot name a results folder"),
                        (["--hardware-id", "accuracy"], "cannot name a results folder"),
                        (["--head"], "either --head"), ([], "either --head")):
         result = runner.invoke(app, ["fleet", "join", "--address", "h:1", "--dry-run", *bad] if bad != [] else
@@ -526,3 +527,23 @@ def test_fleet_modules_on_the_driver_side_load_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ}).stdout.strip()
     assert out == "False"
+
+
+def test_a_cells_submission_path_from_a_node_stays_inside_the_run(tmp_path):
+    """A node reports where each cell's submission is; the driver reads those files back (and sends them to a node
+    that resumes the group), so a path outside the run folder is refused like a file sent there."""
+    from harness.fleet.gather import HardwareFolder, NodeUpdate
+    from harness.records import Cell, LoadKey
+
+    cell = Cell(LoadKey("yolox-nano", "onnxruntime", "fp32", (416, 416)), 1)
+    folder = HardwareFolder.create(tmp_path, "r1", "cpu_x", {}, [cell])
+    try:
+        status = {"cell": cell.label, "status": "ok", "reason": None, "submission": "submissions/a.json"}
+        folder.apply(NodeUpdate({"node_id": "n"}, {}, [status]), {})
+        assert folder.state.cells[cell.label].submission == "submissions/a.json"
+        secret = tmp_path / "secret.txt"
+        secret.write_text("token")
+        with pytest.raises(ValueError, match="outside its run folder"):
+            folder.apply(NodeUpdate({"node_id": "n"}, {}, [{**status, "submission": str(secret)}]), {})
+    finally:
+        folder.close()

@@ -424,7 +424,9 @@ def test_a_fine_tuned_export_brings_its_own_classes(tmp_path):
     unnamed = get_detector("yolov8n", str(_export(TinyThreeClasses(), tmp_path / "plain.onnx", dynamic=True)))
     assert model_class_names(unnamed) == ("class_0", "class_1", "class_2")
     for bad, why in (("__import__('os').system('true')", "not a {index: name} literal"),
-                     ("{0: 'dog', 1: 'person'}", "does not name classes 0..2")):
+                     ("{0: 'dog', 1: 'person'}", "does not name classes 0..2"),
+                     ("{0: 'dog', 'x': 'person', 2: 'car'}", "does not name classes 0..2"),
+                     ("{0: 'dog', 1.0: 'person', 2: 'car'}", "does not name classes 0..2")):
         path = _with_names(_export(TinyThreeClasses(), tmp_path / "bad.onnx", dynamic=True), bad)
         with pytest.raises(UsageError, match=why):
             get_detector("yolov8n", str(path))

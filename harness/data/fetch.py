@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import shutil
 import urllib.error
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from harness.data.variants import VAL2017_NUM_IMAGES
 from harness.errors import UsageError, VaBenchError
-from harness.files import move_into_place
+from harness.files import atomic_write_json, move_into_place
 
 COCO_BASE_URL = "http://images.cocodataset.org"
 CHUNK = 1 << 20
@@ -195,12 +196,27 @@ def _fetch_into(dest: Path, archives: tuple[Archive, ...], base_url: str,
 RF100VL_INSTALL = "pip install rf100vl (the optional RF100-VL download; it brings the roboflow client)"
 
 
+def _fetched_versions(path: Path) -> dict[str, str]:
+    """The versions an earlier fetch into this folder recorded (none without the file); a file that is not such a
+    record is one line."""
+    if not path.is_file():
+        return {}
+    try:
+        versions = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        versions, reason = None, exc.strerror if isinstance(exc, OSError) else "not valid JSON"
+    else:
+        reason = "not a JSON object of dataset name -> version"
+    if not (isinstance(versions, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items())):
+        raise UsageError(f"{path}: {reason}; delete it and fetch again (every dataset is then downloaded anew)")
+    return versions
+
+
 def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> list[str]:
     """The 100 RF100-VL datasets (COCO format, Roboflow's layout: <dataset>/{train,valid,test}) through the
     `rf100vl` package, each at its latest version, recorded in <dest>/rf100vl_versions.json for campaigns.
     Needs ROBOFLOW_API_KEY: without it the package would ask for a login on the terminal."""
     import importlib
-    import json
 
     if not os.environ.get("ROBOFLOW_API_KEY"):
         raise UsageError("RF100-VL downloads need a Roboflow API key: set ROBOFLOW_API_KEY (your key from "
@@ -214,7 +230,7 @@ def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> 
     except OSError as exc:
         raise UsageError(f"cannot create {dest} ({exc.strerror}); pick another --dest") from exc
     versions_file = dest / "rf100vl_versions.json"
-    versions = json.loads(versions_file.read_text()) if versions_file.is_file() else {}
+    versions = _fetched_versions(versions_file)
     lines = []
     try:
         for dataset in rf100vl.get_rf100vl_projects():
@@ -224,7 +240,7 @@ def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> 
             latest = max(dataset.rf_project.versions(), key=lambda v: v.id)
             dataset.download(str(dest / dataset.name))
             versions[dataset.name] = str(latest.id).rsplit("/", 1)[-1]
-            versions_file.write_text(json.dumps(versions, indent=2, sort_keys=True))  # after each: resumable
+            atomic_write_json(versions_file, dict(sorted(versions.items())))  # after each: resumable
             line = f"{dataset.name}: version {versions[dataset.name]} in {dest / dataset.name}"
             if progress:
                 progress(line)

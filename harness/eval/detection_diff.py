@@ -98,7 +98,9 @@ def load_coco_detections(path: Path) -> DetectionSet:
         results = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_reject_constant)
     except OSError as exc:
         raise DetectionFileError(f"cannot read {path}: {exc.strerror}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except DetectionFileError:
+        raise
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's limit
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
     return parse_coco_detections(results)
 

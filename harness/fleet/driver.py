@@ -152,7 +152,7 @@ def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:
         hardware = sorted(k.split(":", 1)[1] for k in n.get("Resources", {}) if k.startswith("hw:"))
         if n.get("Alive") and hardware:
             node = FleetNode(n["NodeID"], n.get("NodeManagerAddress", "?"), hardware)
-            bad = [h for h in hardware if not re.match(SAFE_ID, h) or h in RESERVED_IDS]
+            bad = [h for h in hardware if not re.fullmatch(SAFE_ID, h) or h in RESERVED_IDS]
             if bad:
                 node.refused = (f"hardware id {bad[0]!r} cannot name a results folder (letters, digits, '_', '.', "
                                 "'-'; not 'accuracy')")
@@ -518,7 +518,12 @@ class FleetDriver:
             task.node = update.node
             self.progress.log(f"{task.hardware_id} on {update.node.get('host')} ({update.node.get('address')}): "
                               f"started {task.key.label}")
-        for change in folder.apply(update, task.rows_seen):
+        try:
+            changes = folder.apply(update, task.rows_seen)
+        except ValueError as exc:  # a path outside the run folder: that task's cells fail, the fleet goes on
+            self._end(obj, "failed", str(exc))
+            return
+        for change in changes:
             self._log_change(task, change.label, change.state, change.reason)
 
     def _failure(self, exc: BaseException, task: _Task) -> tuple[str, str]:

@@ -143,7 +143,8 @@ class HardwareFolder:
                 if (status.state, status.reason) != (entry.get("status"), entry.get("reason")):
                     changes.append(Change(status.cell.label, entry.get("status"), entry.get("reason")))
                 status.state, status.reason = entry.get("status"), entry.get("reason")
-                status.submission = entry.get("submission")
+                submission = entry.get("submission")  # read back and sent to nodes later: a path inside the run
+                status.submission = None if submission is None else str(inside_folder(str(submission)))
                 status.started_at, status.finished_at = entry.get("started_at"), entry.get("finished_at")
             self.state.save()
         return changes

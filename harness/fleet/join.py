@@ -70,7 +70,7 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
     if head == (address is not None):
         raise UsageError("give either --head (start the cluster here) or --address HEAD:PORT (join one)")
     hw = hardware_id or derived_hardware_id()
-    if not re.match(SAFE_ID, hw) or hw in RESERVED_IDS:
+    if not re.fullmatch(SAFE_ID, hw) or hw in RESERVED_IDS:
         raise UsageError(f"hardware id {hw!r} cannot name a results folder: use letters, digits, '_', '.' and '-' "
                          f"(not {', '.join(RESERVED_IDS)}); pass --hardware-id")
     resources = json.dumps(node_resources(hw), separators=(",", ":"))

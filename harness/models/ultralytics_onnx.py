@@ -105,7 +105,8 @@ def export_class_names(model: onnx.ModelProto, num_classes: int | None, path: Pa
         raise UsageError(f"{path}: its `names` metadata is not a {{index: name}} literal ({type(exc).__name__}); "
                          "re-export it, or remove the entry to use class_0 ... and a --class-map by index") from exc
     count = num_classes if num_classes is not None else len(names) if isinstance(names, dict) else 0
-    if not (isinstance(names, dict) and count and sorted(names) == list(range(count))
+    if not (isinstance(names, dict) and count and all(type(k) is int for k in names)
+            and sorted(names) == list(range(count))
             and all(isinstance(v, str) for v in names.values())):
         outputs = f"the output has {num_classes} classes" if num_classes is not None else "numbered from 0"
         raise UsageError(f"{path}: its `names` metadata does not name classes 0..{max(count, 1) - 1} ({outputs}); "
