@@ -282,3 +282,15 @@ def test_a_row_measured_under_other_options_is_not_rf100vl():
     assert protocol_problems({**protocol, "iou": 0.7, "max_det": 100}, [1, 10, 100]) == [
         "iou 0.7 is not the protocol's 0.65", "max_det 100 is not the protocol's 500",
         "COCOeval's maxDets [1, 10, 100] lack the protocol's 500"]
+
+
+@pytest.mark.parametrize("name", ["_x", "-grccs", "a" * 150, "a b/c", "...", "x" * 99 + "_y", "ünïcode", ""])
+def test_every_dataset_name_makes_a_run_id(name):
+    """A dataset's folder is its run's id: whatever its name, a plain one (a name starting with '_' was refused
+    as if the user had given a bad --run-id)."""
+    import re
+
+    from harness.config import SAFE_ID
+    from harness.run.campaign import _slug
+
+    assert re.fullmatch(SAFE_ID, _slug(name))

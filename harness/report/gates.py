@@ -29,7 +29,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from harness.errors import UsageError
+from harness.errors import UsageError, brief
 from harness.files import load_user_yaml, yaml_problem
 from harness.records import shown_apart
 from harness.report.sections import COCO_METRICS, Table
@@ -137,6 +137,8 @@ def load_gates(path: Path) -> list[Gate]:
         raise UsageError(f"gates file {path} is {path.stat().st_size} bytes (limit {MAX_GATES_BYTES}); {fix}")
     try:
         doc = load_user_yaml(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"gates file {path} could not be read ({exc.strerror}); {fix}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UsageError(f"gates file {path} is not valid YAML{yaml_problem(exc)}; {fix}") from None
     if not isinstance(doc, dict):
@@ -148,7 +150,7 @@ def load_gates(path: Path) -> list[Gate]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
         msg = err["msg"]
         if err["type"] == "literal_error" and err["loc"][-1] == "metric":
-            msg = f"unknown metric {err.get('input')!r}; known: {', '.join(METRICS)}"
+            msg = f"unknown metric {brief(err.get('input'))}; known: {', '.join(METRICS)}"
         elif err["type"] == "extra_forbidden":
             owner = Selector if "cell" in err["loc"] else Gate if len(err["loc"]) > 1 else GatesFile
             msg = f"unknown key; known: {', '.join(owner.model_fields)}"

@@ -76,7 +76,9 @@ class Campaign:
 
 
 def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "dataset"
+    """A dataset's name as its run's folder and id (SAFE_ID: starts with a letter or digit, at most 100
+    characters)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-._")[:100].rstrip("-._") or "dataset"
 
 
 def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, options: dict) -> Campaign:
