@@ -234,7 +234,7 @@ def test_a_missing_runtime_is_one_line_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(support.importlib.util, "find_spec", lambda name: None if name == "nncf" else real(name))
     with pytest.raises(UsageError) as err:
         support.check_support("openvino", "cpu", "int8")
-    assert "needs the Python package nncf" in str(err.value) and "pip install 'va-bench[edge]'" in str(err.value)
+    assert "needs the Python package nncf" in str(err.value) and "pip install 'va-bench[openvino]'" in str(err.value)
     assert "\n" not in str(err.value)
 
 

@@ -31,6 +31,7 @@ class BuiltinBackend:
     cls: str
     devices: dict[str, tuple[str, ...]] | None = None
     packages: tuple[str, ...] = ()
+    extra: str | None = None  # the va-bench extra that installs the packages (pyproject.toml)
 
 
 # The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
@@ -39,13 +40,13 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "pytorch": BuiltinBackend("pytorch", "PyTorchBackend"),
     "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend"),
     "tensorrt": BuiltinBackend("tensorrt", "TensorRTBackend"),
-    "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf")),
-    "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx")),
+    "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf"),
+                               "openvino"),
+    "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx"), "ncnn"),
     "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
-                             ("ai_edge_litert", "onnx2tf", "tensorflow")),
+                             ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert"),
     "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}),
 }
-EDGE_EXTRA = "pip install 'va-bench[edge]'"
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
 # one pip wrote last wins (ONNX Runtime's install docs)
 GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "
@@ -114,7 +115,8 @@ def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
     missing = [p for p in entry.packages if importlib.util.find_spec(p) is None]
     if missing:
         raise UsageError(f"--backend {backend} needs the Python package{'s' if len(missing) > 1 else ''} "
-                         f"{', '.join(missing)}, not installed here; {EDGE_EXTRA} (or pip install {' '.join(missing)})")
+                         f"{', '.join(missing)}, not installed here; pip install 'va-bench[{entry.extra}]' (or pip "
+                         f"install {' '.join(missing)})")
 
 
 def _check_pytorch(device_kind: str, precision: str, device_index: int, machine: bool) -> None:

@@ -16,8 +16,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from harness.build_info import source_tree
 from harness.config import add_run_argument
-from harness.data.coco import REPO_ROOT, find_coco_dir
+from harness.data.coco import find_coco_dir
 from harness.errors import UsageError
 from harness.files import atomic_write_bytes
 
@@ -30,9 +31,11 @@ def default_dir(images: int) -> Path:
 
 
 def _check_destination(out: Path) -> None:
-    out = out.resolve()
+    out, checkout = out.resolve(), source_tree()
+    if checkout is None:
+        return
     try:
-        inside = out.relative_to(REPO_ROOT.resolve())
+        inside = out.relative_to(checkout.resolve())
     except ValueError:
         return
     if not inside.parts or inside.parts[0] not in ALLOWED_IN_REPO:

@@ -52,7 +52,8 @@ class RaplSource:
             from pyJoules.device import rapl_device
             from pyJoules.exception import NoSuchDeviceError
         except ImportError as exc:
-            raise EnergyUnavailable("pyJoules is not installed (pip install pyJoules)") from exc
+            raise EnergyUnavailable("pyJoules is not installed (pip install 'va-bench[energy]', or pip install "
+                                    "pyJoules)") from exc
         saved = rapl_device.RAPL_API_DIR
         rapl_device.RAPL_API_DIR = api_dir or saved  # pyJoules reads this module constant
         try:
