@@ -54,7 +54,7 @@ def test_mini500_on_the_sample_is_refused_with_counts():
         CocoDataset(COCO_DIR).variant("mini500")
     message = str(err.value)
     assert "mini500" in message and "500" in message and "478 are missing" in message
-    assert "datasets/README.md" in message and "va-bench data fetch coco" in message
+    assert "annotations/ and val2017/" in message and "va-bench data fetch coco" in message
 
 
 @requires_coco
