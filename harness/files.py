@@ -194,20 +194,25 @@ def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:
     return None
 
 
-def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:
-    """Write `obj` as JSON atomically. NaN/inf are refused (NonFiniteNumberError naming the JSON path),
-    never turned into null: null means "not measured" and is written only where the caller put None."""
+def json_text(obj, destination: object, indent: int | None = 2) -> str:
+    """`obj` as JSON text. NaN/inf are refused (NonFiniteNumberError naming the JSON path and `destination`),
+    never turned into null: null means "not measured" and is written only where the caller put None; and JSON has
+    no NaN (Python writes one that other parsers refuse)."""
     try:
-        text = json.dumps(obj, indent=indent, allow_nan=False)
+        return json.dumps(obj, indent=indent, allow_nan=False)
     except ValueError as exc:
         found = _first_non_finite(obj)
         if found is None:
             raise
         where, value = found
         raise NonFiniteNumberError(
-            f"refusing to write {path}: {where} is {value}, not a number (a bug upstream: an unmeasured "
+            f"refusing to write {destination}: {where} is {value}, not a number (a bug upstream: an unmeasured "
             "value must be None, and a computed one finite); nothing was written") from exc
-    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:
+    """Write `obj` as JSON atomically (`json_text`: NaN/inf refused)."""
+    return atomic_write_bytes(path, (json_text(obj, path, indent) + "\n").encode("utf-8"))
 
 
 def atomic_write_csv(path: Path, header: list[str], rows: list[list]) -> Path:

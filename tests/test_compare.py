@@ -472,3 +472,23 @@ def test_a_figure_next_to_its_threshold_is_printed_with_the_digits_that_tell_the
     console.print(size_order_table({"size_order": [finding]}))
     text = console.export_text()
     assert "-0.3004" in text and "10.002%" in text
+
+
+def test_latencies_past_floating_points_range_make_no_verdict_and_no_nan_in_json():
+    """Samples of 1e308 ms (finite numbers a file may hold): their ratio is not a number, so the verdict is
+    unavailable with why, and `--json` never writes NaN or Infinity (JSON has neither; other parsers refuse them)."""
+    import warnings
+
+    from rich.console import Console
+
+    from harness.errors import NonFiniteNumberError
+    from harness.views.output import print_json
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no numpy overflow warning on stderr
+        sig = latency_significance(np.array([0.5, 0.6, 0.55, 0.52, 0.58]), np.full(5, 1e308))
+    assert sig.verdict == "unavailable" and "not a finite number" in sig.reason and sig.ratio is None
+    console = Console(record=True)
+    print_json(console, sig.to_dict())
+    with pytest.raises(NonFiniteNumberError, match=r"refusing to write stdout: x is inf"):
+        print_json(console, {"x": float("inf")})

@@ -166,13 +166,17 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     if min_p >= alpha:
         return Significance("too few samples", n_a=n_a, n_b=n_b,
                             reason=f"{n_a} vs {n_b} samples cannot reach p < {alpha:g}")
-    ratio = float(np.median(b) / np.median(a))
-    p_value = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-
     def ratio_of_medians(x, y, axis=-1):
         return np.median(y, axis=axis) / np.median(x, axis=axis)
 
-    ci = bootstrap_ci((a, b), ratio_of_medians, seed=seed)
+    with np.errstate(all="ignore"):  # a ratio past floating point's range is answered below, not warned about
+        ratio = float(np.median(b) / np.median(a))
+        ci = bootstrap_ci((a, b), ratio_of_medians, seed=seed)
+    if not (math.isfinite(ratio) and all(math.isfinite(v) for v in ci)):
+        return Significance("unavailable", n_a=n_a, n_b=n_b,
+                            reason="the ratio of median latencies is not a finite number (latencies of 0 or "
+                                   "beyond floating point's range)")
+    p_value = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
     significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
     verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
     return Significance(verdict, ratio, ci, p_value, n_a, n_b)

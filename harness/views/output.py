@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
 
 from rich.console import Console
+
+from harness.files import json_text
 
 
 def make_consoles() -> tuple[Console, Console]:
@@ -21,7 +22,7 @@ def make_consoles() -> tuple[Console, Console]:
 
 def print_json(console: Console, data: Any) -> None:
     """`--json`: the document on stdout, and nothing else there (one meaning in every command)."""
-    console.print_json(json.dumps(data))
+    console.print_json(json_text(data, "stdout", indent=None))
 
 
 def progress_for(err_console: Console, quiet: bool):
