@@ -45,9 +45,10 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
              debug: bool = typer.Option(False, "--debug", help="show tracebacks of errors")) -> None:
     """Benchmark object detectors: latency, throughput, memory, energy and COCO mAP."""
 
-def _progress(quiet: bool):
-    """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
-    return progress_for(err_console, quiet)
+def _progress():
+    """Live bars on a terminal, plain progress lines when stderr is piped (with --json too: stdout is its
+    document, progress stays on stderr)."""
+    return progress_for(err_console)
 
 
 def deprecated(old: str, new: str):
@@ -232,7 +233,7 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         return
     if not as_json:
         run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
-    outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
+    outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress())
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:
@@ -274,7 +275,7 @@ def validate(
     from harness.views.commands import print_validation, validation_json
 
     support = load_support_matrix(support_matrix)
-    validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
+    validation = validate_paths(paths, support, _progress(), pending_site_ids())
     if as_json:
         print_json(console, validation_json(validation))
     else:
@@ -309,7 +310,7 @@ def aggregate(
         raise UsageError(f"--tolerance {tolerance}: must be a number >= 0 (mAP points)")
     _check_output("--output", output)
     support = load_support_matrix(support_matrix)
-    validation = validate_paths(paths, support, _progress(as_json), pending_site_ids())
+    validation = validate_paths(paths, support, _progress(), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
                   size_ranks())
     if board["counts"]["files"] and board["counts"]["not_submissions"] == board["counts"]["files"]:
@@ -384,11 +385,11 @@ def campaign(
     runner = run_here
     if on_fleet:
         runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
-    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(as_json),
+    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(),
                                  runner)
     doc = read_json_object(path)
     if as_json:
-        print_json(console, campaign_json(path, doc))
+        print_json(console, campaign_json(path, doc, results))
     else:
         print_campaign(console, path, doc, results)
     raise typer.Exit(0 if scored_as_listed(doc["rf100vl"], plan.expected) else 1)
@@ -714,7 +715,7 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
         fplan = fleet.prepare_fleet(load_config(config, options), address, hardware, accuracy_shards or 0)
     if not as_json:
         run_header(console, fplan.run_id, fplan.plan, bool(fplan.fleet_doc), ", ".join(fplan.targets), prefix="fleet ")
-    outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress(quiet=False))
+    outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress())
     if as_json:
         print_json(console, (fleet_summary_json(outcome)))
     else:
@@ -830,7 +831,7 @@ def parity_preprocess(
                               threads=threads or torch.get_num_threads())
     setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), diff_conf, pair_iou,
                         tolerance)
-    report = run_parity(detector, core, dev, dataset, records, setup)
+    report = run_parity(detector, core, dev, dataset, records, setup, progress=_progress())
     if json_out is not None:
         atomic_write_json(json_out, report.to_dict())
     print_json(console, report.to_dict()) if as_json else console.print(render_parity(report), highlight=False)

@@ -30,6 +30,10 @@ def test_rf100vl_campaign_row(tmp_path):
     fake_rf100vl(tmp_path / "rf", tmp_path / "w")
     result = _campaign(tmp_path)
     assert result.returncode == 1, result.stderr  # a dataset was skipped: the row is partial
+    printed = json.loads(result.stdout)  # --json: what the text says, for scripts; progress still on stderr
+    assert printed["variant"] == "partial3" and printed["invalid_reasons"][0] == "3 of 100 datasets scored"
+    assert printed["skipped"][0]["name"] == "broken" and "not valid JSON" in printed["skipped"][0]["reason"]
+    assert "broken" in result.stderr
     (path,) = (tmp_path / "out" / "c1" / "submissions").glob("*.json")
     doc = json.loads(path.read_text())
     block = doc["rf100vl"]

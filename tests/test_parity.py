@@ -80,6 +80,10 @@ def test_parity_command_exit_codes_and_tables(tmp_path):
     common = ("--limit", "6", "--batch-size", "3", "--impls", "cv2", "torch", "--threads", "1")
     loose = _parity(*common, "--tolerance", "0.5", "--json-out", str(tmp_path / "p.json"))
     assert loose.returncode == 0, loose.stderr
+    passes = [line for line in loose.stderr.splitlines() if "parity: " in line]  # each pass shown on stderr
+    assert [p.split("parity: ")[1].split(":")[0] for p in passes] == ["cv2 (reference)", "cv2 (again)",
+                                                                      "cv2 (batch 1)", "torch"]
+    assert all("6/6 done" in p for p in passes)
     for text in ("noise floor", "mAP_50_95", "cv2 (again)", "cv2 (batch 1)", "matched", "max |Δ|", "OK"):
         assert text in loose.stdout
     report = json.loads((tmp_path / "p.json").read_text())

@@ -9,7 +9,9 @@ again (same batch size) and at another batch size, compared exactly the same way
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -56,19 +58,25 @@ def _input_tensor(pipeline: DetectorPipeline, record: ImageRecord) -> torch.Tens
 
 
 def _detections(pipeline: DetectorPipeline, records: list[ImageRecord], batch_size: int,
-                label_categories: tuple[int, ...]) -> list[dict]:
-    """COCO results of every image, in batches of `batch_size` (latency mode)."""
+                label_categories: tuple[int, ...], progress: Any = None, label: str = "") -> list[dict]:
+    """COCO results of every image, in batches of `batch_size` (latency mode); one progress task of the pass."""
     timer = StageTimer(pipeline.device)
     out: list[dict] = []
-    for start in range(0, len(records), batch_size):
-        for det in pipeline.run_batch(records[start:start + batch_size], timer):
-            out.extend(det.to_coco(label_categories))
+    task = progress.task(f"parity: {label}", len(records)) if progress is not None else nullcontext(None)
+    with task as advance:
+        for start in range(0, len(records), batch_size):
+            batch = records[start:start + batch_size]
+            for det in pipeline.run_batch(batch, timer):
+                out.extend(det.to_coco(label_categories))
+            if advance is not None:
+                advance(len(batch))
     return out
 
 
 def run_parity(detector: Detector, core, device: Device, dataset: CocoDataset, records: list[ImageRecord],
-               setup: ParitySetup, thresholds: Thresholds | None = None) -> ParityReport:
-    """The whole study; see the module docstring."""
+               setup: ParitySetup, thresholds: Thresholds | None = None, progress: Any = None) -> ParityReport:
+    """The whole study; see the module docstring. `progress` (a run's progress display: `task(description, total)`)
+    shows each pass over the images."""
     unknown = [i for i in setup.implementations if i not in IMPLEMENTATIONS]
     if unknown or not setup.implementations:
         raise UsageError(f"--impl {' '.join(unknown) or '(none)'}: use some of {', '.join(IMPLEMENTATIONS)}")
@@ -84,14 +92,15 @@ def run_parity(detector: Detector, core, device: Device, dataset: CocoDataset, r
         return evaluate_bbox(dataset.coco, results, image_ids), parse_coco_detections(results)
 
     categories = dataset.label_categories(detector.model_id, model_class_names(detector))
-    ref_metrics, ref_set = evaluate(_detections(pipelines[reference], records, setup.batch_size, categories))
+    ref_metrics, ref_set = evaluate(_detections(pipelines[reference], records, setup.batch_size, categories, progress,
+                                                f"{reference} (reference)"))
     ref_inputs = [_input_tensor(pipelines[reference], r).numpy() for r in records]
     candidates = []
     runs = [(f"{reference} (again)", reference, setup.batch_size, True),
             (f"{reference} (batch {setup.noise_batch_size})", reference, setup.noise_batch_size, True)]
     runs += [(name, name, setup.batch_size, False) for name in pipelines if name != reference]
     for label, name, batch_size, noise in runs:
-        metrics, dets = evaluate(_detections(pipelines[name], records, batch_size, categories))
+        metrics, dets = evaluate(_detections(pipelines[name], records, batch_size, categories, progress, label))
         pixels = None
         if not noise:
             pixels = PixelStats()

@@ -69,19 +69,29 @@ def print_leaderboard(console: Console, board: dict, notes: list[str], output) -
                   + (f"; written to {output}" if output else ""))
 
 
-def campaign_json(path, doc: dict) -> dict:
+def _variant(block: dict) -> str:
+    """full, or partialN: the site's rule, the count of datasets scored alone."""
+    scored = len(block["datasets"])
+    return "full" if scored == block["protocol"]["expected_datasets"] else f"partial{scored}"
+
+
+def campaign_json(path, doc: dict, results) -> dict:
+    """What `campaign` prints, for scripts: the row's file, whether the site takes it and why not, each skipped
+    dataset with its reason."""
     block = doc["rf100vl"]
-    return {"submission": str(path), "valid_submission": block["valid_submission"],
-            "skipped_datasets": block["skipped_datasets"], "accuracy": doc["accuracy"], "datasets": block["datasets"]}
+    reasons = {r.name: str(r.reason) for r in results}
+    return {"submission": str(path), "valid_submission": block["valid_submission"], "variant": _variant(block),
+            "invalid_reasons": block["invalid_reasons"], "skipped_datasets": block["skipped_datasets"],
+            "skipped": [{"name": n, "reason": reasons.get(n)} for n in block["skipped_datasets"]],
+            "accuracy": doc["accuracy"], "datasets": block["datasets"]}
 
 
 def print_campaign(console: Console, path, doc: dict, results) -> None:
     block = doc["rf100vl"]
     scored, expected = len(block["datasets"]), block["protocol"]["expected_datasets"]
-    variant = "full" if scored == expected else "partial"  # the site's rule: the count alone
     listed = len(results) or scored  # the datasets the campaign named, scored or skipped
     lists = f" (the campaign lists {listed})" if listed != expected else ""
-    console.print(f"{scored} of {expected} datasets scored{lists} ({variant}{scored}): mean mAP 50:95 "
+    console.print(f"{scored} of {expected} datasets scored{lists} ({_variant(block)}): mean mAP 50:95 "
                   f"{doc['accuracy']['mAP_50_95']:.4f}; {escape(str(path))}", highlight=False)
     for name in block["skipped_datasets"]:
         reason = next(r.reason for r in results if r.name == name)

@@ -25,11 +25,8 @@ def print_json(console: Console, data: Any) -> None:
     console.print_json(json_text(data, "stdout", indent=None))
 
 
-def progress_for(err_console: Console, quiet: bool):
-    """Live bars on a terminal, plain progress lines when stderr is piped, nothing when `quiet`."""
-    from harness.run.progress import SilentProgress
+def progress_for(err_console: Console):
+    """Live bars on a terminal, plain progress lines when stderr is piped."""
     from harness.views.progress import PlainProgress, RichProgress
 
-    if quiet:
-        return SilentProgress()
     return RichProgress(err_console) if err_console.is_terminal else PlainProgress(sys.stderr)
