@@ -313,6 +313,7 @@ def aggregate(
     validation = validate_paths(paths, support, _progress(), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
                   size_ranks())
+    board["notes"] = list(validation.notes)  # what was read and what skipped, as the text says it
     if board["counts"]["files"] and board["counts"]["not_submissions"] == board["counts"]["files"]:
         first = board["excluded"][0]
         raise UsageError(f"none of the {board['counts']['files']} files is a va.submission.v1 (first: {first['file']}: "
@@ -322,7 +323,7 @@ def aggregate(
     if as_json:
         print_json(console, board)
     else:
-        print_leaderboard(console, board, validation.notes, output)
+        print_leaderboard(console, board, board["notes"], output)
     raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
 
 

@@ -208,3 +208,29 @@ def test_clicks_own_usage_errors_are_one_line_too(args, expected):
 def test_no_command_shows_the_help():
     result = run_in_process()
     assert result.returncode == 2 and "Usage: va-bench" in result.stdout + result.stderr
+
+
+def test_narrow_terminals_show_what_matters_whole():
+    """At 80 columns: a model that cannot be built here says so (not a bare '-' like a model without local
+    weights), a probe's reason is folded rather than cut with an ellipsis, a progress line is not broken by rich."""
+    from rich.console import Console
+
+    from harness.views.commands import models_table, print_hw
+    from harness.views.progress import RichProgress
+
+    rows = [{"id": "damoyolo-ns", "family": "damoyolo", "task": "detect", "weights": None, "fetch": False,
+             "available": False, "note": "not in libreyolo"},
+            {"id": "yolox-s", "family": "yolox", "task": "detect", "weights": None, "fetch": True, "available": True,
+             "note": ""}]
+    console = Console(record=True, width=80)
+    console.print(models_table(rows, 80))
+    reason = "no cpufreq interface (/sys/devices/system/cpu/*/cpufreq/scaling_cur_freq absent in this container)"
+    print_hw(console, {"hardware": {"id": "x", "cpu": "c", "cpu_cores": 2, "ram_gb": 24, "gpu": "none"},
+                       "cpu": {"governor": "unavailable"}, "probes": {"cpu_frequency": {"status": "unavailable",
+                                                                                          "reason": reason}}})
+    RichProgress(console).log("export GLIBC_TUNABLES=" + "glibc.malloc.mmap_threshold=4294967296:" * 3)
+    text = console.export_text()
+    assert "- (not available" in text and "- (va-bench models fetch)" in text
+    assert "…" not in text
+    assert "scaling_cur_freq" in "".join(line.split("│")[3].strip() for line in text.splitlines() if "│" in line)
+    assert "glibc.malloc.mmap_threshold=4294967296:" * 3 in text.replace("\n", "")

@@ -310,7 +310,7 @@ def test_cli_json_and_csv(tmp_path):
     result = va_bench("inspect", "yolox-nano", "--json", "--csv", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["flop_convention"].startswith("FLOP = 2 x MAC")
+    assert report["flops_convention"].startswith("FLOP = 2 x MAC")
     with out.open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(report["layers"])

@@ -645,6 +645,8 @@ def test_a_campaign_or_fleet_folder_s_own_record_is_no_submission(tmp_path, base
         validation = validate_paths([folder], None)
         assert [r.path.name for r in validation.reports] == ["row.json"]
         assert any(name in note and "not submissions" in note for note in validation.notes)
+        printed = va_bench("aggregate", str(folder), "--json")  # the notes the text prints, in the JSON too
+        assert any(name in note for note in json.loads(printed.stdout)["notes"]), printed.stdout[-500:]
     (tmp_path / "loose").mkdir()  # a submission that happens to be called so is one
     (tmp_path / "loose" / "campaign.json").write_text(json.dumps(base_doc))
     assert [r.path.name for r in validate_paths([tmp_path / "loose"], None).reports] == ["campaign.json"]

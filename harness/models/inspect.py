@@ -103,7 +103,7 @@ class InspectReport:
         out = asdict(self)
         out["input_size"] = list(self.input_size)
         out["sparsity"] = self.sparsity
-        out["flop_convention"] = FLOP_CONVENTION
+        out["flops_convention"] = FLOP_CONVENTION  # the submission's model_stats key
         out["layers"] = [{**asdict(r), "sparsity": r.sparsity} for r in self.layers]
         return out
 

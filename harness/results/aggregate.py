@@ -95,8 +95,8 @@ class PerfRow:
     fps_mean: float | None
     peak_vram_mb: float | None
     peak_ram_mb: float | None
-    map_50_95: float | None  # this run's own accuracy
-    map_50: float | None
+    mAP_50_95: float | None  # this run's own accuracy
+    mAP_50: float | None
     accuracy_shown: float | None = None
     accuracy_source: str | None = None
     subset: bool = False
@@ -168,7 +168,7 @@ def row_from(report: FileReport) -> PerfRow:
         file=file, submission_id=sub.submission_id, latency_ms_p50=_num(total.get("p50")),
         latency_ms_mean=_num(total.get("mean")), fps_mean=_num(sub.throughput.get("fps_mean")),
         peak_vram_mb=_positive(memory.get("peak_vram_mb")), peak_ram_mb=_positive(memory.get("peak_ram_mb")),
-        map_50_95=_num(sub.accuracy.get("mAP_50_95")), map_50=_num(sub.accuracy.get("mAP_50")),
+        mAP_50_95=_num(sub.accuracy.get("mAP_50_95")), mAP_50=_num(sub.accuracy.get("mAP_50")),
         flags=[f"{f.severity}: {f.message}" for f in ours],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
@@ -242,7 +242,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     by_accuracy: dict[tuple, list[PerfRow]] = {}
     coco_cube = [r for r in cube if r.section == "coco"]
     for row in coco_cube:
-        if row.map_50_95 is not None and row.accuracy_trusted:
+        if row.mAP_50_95 is not None and row.accuracy_trusted:
             by_accuracy.setdefault(row.accuracy_key, []).append(row)
     canonical, gate = {}, []
     for key, group in sorted(by_accuracy.items()):
@@ -251,17 +251,17 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         identity = {"model": key[0], "weights": key[1], "dataset": key[2], "dataset_variant": key[3],
                     "precision": key[4], "input_size": key[5] or None, "conf": best.conf, "iou": best.iou,
                     "max_det": best.max_det, "board": best.board}
-        canonical[key] = {**identity, "mAP_50_95": best.map_50_95, "mAP_50": best.map_50, "hardware": best.hardware,
+        canonical[key] = {**identity, "mAP_50_95": best.mAP_50_95, "mAP_50": best.mAP_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
             if other is best:
                 continue
-            delta = 100 * (other.map_50_95 - best.map_50_95)
+            delta = 100 * (other.mAP_50_95 - best.mAP_50_95)
             if abs(delta) > tolerance_points:
-                gate.append({**identity, "canonical": round(best.map_50_95, 4), "canonical_file": best.file,
-                             "canonical_hardware": best.hardware, "other": round(other.map_50_95, 4),
+                gate.append({**identity, "canonical": best.mAP_50_95, "canonical_file": best.file,
+                             "canonical_hardware": best.hardware, "other": other.mAP_50_95,
                              "other_file": other.file, "other_hardware": other.hardware,
-                             "other_format": other.format, "delta_points": round(delta, 4)})
+                             "other_format": other.format, "delta_points": delta})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
         return canonical.get((row.model, row.weights, row.dataset, variant, row.accuracy_precision,

@@ -108,7 +108,7 @@ def print_hw(console: Console, report: dict) -> None:
                   f"governor {escape(report['cpu']['governor'])}), {h['ram_gb']} GiB RAM, GPU {escape(h['gpu'])}")
     table = Table(title="measurement probes")
     for col in ("probe", "status", "detail"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a reason's path whole, folded, never cut with an ellipsis
     for name, p in report["probes"].items():
         detail = p.get("reason") or p.get("method") or ", ".join(p.get("providers", []))
         color = "green" if p["status"] == "ok" else "yellow"
@@ -133,7 +133,8 @@ def models_table(rows: list[dict], width: int) -> Table:
     if notes:
         table.add_column("note", ratio=2)
     for r in rows:
-        weights = r["weights"] or ("- (va-bench models fetch)" if r["fetch"] else "-")
+        weights = r["weights"] or ("- (not available here)" if r.get("available") is False
+                                   else "- (va-bench models fetch)" if r["fetch"] else "-")
         table.add_row(r["id"], r["family"], r["task"], weights, *([r["note"]] if notes else []))
     return table
 

@@ -33,7 +33,7 @@ def _summary(r: dict) -> list[RenderableType]:
         lines.append(Text(f"parameters {r['params_total']:,} ({r['params_total'] / 1e6:.3f} M){trainable}"))
         lines.append(Text(f"weight sparsity {sparsity} ({r['zeros_total']:,} exact zeros)"))
     lines.append(Text(f"FLOPs {_si(r['flops_total'])} per image at {h}x{w}, batch 1"))
-    lines.append(Text(f"convention: {r['flop_convention']}", style="dim"))
+    lines.append(Text(f"convention: {r['flops_convention']}", style="dim"))
     return lines
 
 

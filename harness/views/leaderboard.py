@@ -107,7 +107,8 @@ def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     gate = board["agreement_gate"]
     tol = board["policy"]["tolerance_points"]
     rows = [tuple(escape(str(v)) for v in (
-        g["model"], g["dataset_variant"], g["precision"], g["canonical"], g["canonical_hardware"], g["other"],
+        g["model"], g["dataset_variant"], g["precision"], f"{g['canonical']:.4f}", g["canonical_hardware"],
+        f"{g['other']:.4f}",
         f"{g['other_hardware']} ({g['other_format']})",
         ("+" if g["delta_points"] >= 0 else "-") + shown_apart(abs(g["delta_points"]), tol, 2)))
         for g in sorted(gate, key=lambda g: -abs(g["delta_points"]))[:max_rows]]

@@ -28,7 +28,8 @@ class RichProgress(SilentProgress):
             yield lambda advance=1: progress.advance(task_id, advance)
 
     def log(self, message: str) -> None:
-        self.console.print(escape(message))
+        # soft wrap: a long line (a command to copy) is folded by the terminal, not broken by rich
+        self.console.print(escape(message), soft_wrap=True, highlight=False)
 
 
 class PlainProgress(SilentProgress):
