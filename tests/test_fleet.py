@@ -168,6 +168,19 @@ def test_an_unreachable_head_is_one_line_not_minutes_of_retries(tmp_path):
         connect("nonsense")
 
 
+def test_auto_checks_the_cluster_this_machine_started_last(monkeypatch):
+    """No --address: Ray's lookup names the cluster started here last, which may be long gone (Ray then retried
+    it for minutes): it is checked like a given address."""
+    ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from harness.fleet import driver
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(driver, "_auto_address", lambda: "127.0.0.1:1")
+    with pytest.raises(UsageError, match=r"cannot reach the Ray head at 127.0.0.1:1"):
+        driver.connect(None)
+
+
 # ------------------------------------------------------------------------------------- the cluster
 
 

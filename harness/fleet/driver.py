@@ -118,7 +118,9 @@ def connect(address: str | None) -> None:
     if ray.is_initialized():
         return
     target = address or os.environ.get("RAY_ADDRESS")
-    if target and target != "auto":
+    if not target or target == "auto":  # the cluster this machine started last, maybe long gone
+        target = _auto_address()
+    if target:
         _check_reachable(target)  # ray.init retries an unreachable head for minutes before it says so
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
@@ -130,6 +132,19 @@ def connect(address: str | None) -> None:
         raise UsageError(f"cannot reach a Ray cluster at {address or 'auto'} ({one_line(exc)}); start one with "
                          "`va-bench fleet join --head` and pass --address HOST:PORT (a cluster with token "
                          "authentication also needs RAY_AUTH_MODE=token and its token here)") from exc
+
+
+def _auto_address() -> str | None:
+    """The head `ray.init(address="auto")` would join (Ray's own lookup of the cluster started on this machine);
+    None when there is none or Ray cannot say."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address  # no public equivalent in Ray 2.x
+    except ImportError:
+        return None
+    try:
+        return canonicalize_bootstrap_address("auto")
+    except Exception:  # noqa: BLE001 (its lookup's own errors: ray.init says them)
+        return None
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
