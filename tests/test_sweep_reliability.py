@@ -507,6 +507,45 @@ def test_a_run_folder_that_becomes_unwritable_stops_the_sweep_with_its_path(tmp_
     assert resumed.returncode == 0 and set(statuses(out / "ro").values()) == {"ok"}, resumed.stderr
 
 
+@requires_coco
+def test_a_full_disk_in_the_layer_pass_stops_the_sweep(tmp_path, monkeypatch):
+    """The layer pass writing its tables onto a full disk is not a probe that failed (the cell would be ok, its
+    layers "failed", and a resume would never run them): the sweep stops, the cell is interrupted."""
+    from harness.run.executor import GroupExecutor
+
+    def full(self, cell, record):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "o" / "full" / "layer_timer.csv"))
+
+    monkeypatch.setattr(GroupExecutor, "run_optional_passes", full)
+    out = tmp_path / "o"
+    result = run_in_process("run", *_args(out, "full", "--layers"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert result.returncode == 1 and "no space left on device" in result.stderr, result.stderr
+    assert [c["status"] for c in _cells(out / "full").values()] == ["ok", "interrupted"]  # the pass of the group's last cell
+
+
+@requires_coco
+def test_a_run_folder_removed_mid_run_stops_the_sweep_and_is_not_made_again(tmp_path, monkeypatch):
+    """The run folder removed while a cell runs: the next write (which would make a new, partial folder under the
+    same name, and fail the cells after it one by one) stops the sweep in one line naming the folder."""
+    import shutil
+
+    from harness.run import scheduler
+
+    real = scheduler.Scheduler._write_submission
+
+    def remove_then_write(ctx, record):
+        shutil.rmtree(ctx.run_dir)
+        return real(ctx, record)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_write_submission", staticmethod(remove_then_write))
+    out = tmp_path / "o"
+    result = run_in_process("run", *_args(out, "gone"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert result.returncode == 1 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"the run folder {out / 'gone'} was removed or moved" in errors[0] and "put it back" in errors[0]
+    assert not (out / "gone" / "run.json").exists(), sorted(p.name for p in (out / "gone").rglob("*"))
+
+
 def test_a_full_disk_at_the_start_names_the_folder_and_leaves_none(tmp_path, monkeypatch):
     from harness.files import DiskFullError
     from harness.records import Cell, LoadKey

@@ -44,6 +44,16 @@ from harness.run.signals import Interrupted, interrupt_handling, protected, sign
 from harness.run.state import RunState
 
 
+def stopping_problem(exc: BaseException, state: RunState) -> StorageProblem | None:
+    """What stops the sweep rather than fail one cell: a full disk or a run folder that cannot be written
+    (`storage_problem`), or a run folder removed or moved while the run wrote to it."""
+    problem = storage_problem(exc, state.run_dir)
+    if problem is None and state.folder_replaced():
+        problem = StorageProblem(f"the run folder {state.run_dir} was removed or moved while the run wrote to it",
+                                 "the run folder was removed or moved", "put it back")
+    return problem
+
+
 def unpublishable_accuracy(variant: str, environment: dict) -> str | None:
     """The warning for a full-val run whose accuracy validate will refuse (the harness's commit does not pin its
     code), said before hours of measuring; None otherwise."""
@@ -170,8 +180,8 @@ class Scheduler:
                 f"resume with: va-bench run --resume {plan.run_id} --output-dir {plan.run_dir.parent}",
                 exc.exit_code) from None
         except Exception as exc:
-            problem = storage_problem(exc, plan.run_dir)
-            if state is None or problem is None:
+            problem = None if state is None else stopping_problem(exc, state)
+            if problem is None:
                 raise
             raise self._stopped_by_storage(problem, state) from exc
         finally:
@@ -238,7 +248,7 @@ class Scheduler:
             with ctx.progress.task(f"loading {key.label}", None):
                 executor = GroupExecutor(ctx, self.plan.detectors[key.model], key)
         except Exception as exc:  # the group cannot run at all: each of its cells says why
-            if storage_problem(exc, ctx.run_dir):
+            if stopping_problem(exc, state):
                 raise  # not this group's fault: the sweep stops (run)
             reason = f"loading failed: {one_line(exc)}"
             state.log_error(key.label, traceback.format_exc())
@@ -271,10 +281,11 @@ class Scheduler:
                 if cell is cells[-1] and (ctx.config.layers or ctx.config.profile):
                     self._optional_passes(ctx, executor, cell, record, state)  # the cell is ok once they are done
                 with protected():  # the submission and its ok status together: a signal waits for both
+                    state.check_folder()  # the folder gone: no submission in a new one under its name
                     path = self._write_submission(ctx, record)
                     self._mark_ok(ctx, cell, record, path, state)
             except Exception as exc:  # the error boundary of one cell
-                if storage_problem(exc, ctx.run_dir):
+                if stopping_problem(exc, state):
                     raise  # every later cell would fail too: the sweep stops (run)
                 oom = is_out_of_memory(exc)
                 state.log_error(cell.label, traceback.format_exc())
@@ -296,6 +307,8 @@ class Scheduler:
         try:
             executor.run_optional_passes(cell, record)
         except Exception as exc:
+            if stopping_problem(exc, state):
+                raise  # a full disk is not a probe's failure: the sweep stops, the cell is not ok
             state.log_error(f"{cell.label} (layer/profiler pass)", traceback.format_exc())
             failure = {"status": "failed", "reason": one_line(exc)}
             record.layers = record.layers or (failure if ctx.config.layers else None)

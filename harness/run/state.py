@@ -4,6 +4,7 @@ atomically after every cell so that a killed run is always consistent and can be
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import os
 import shutil
@@ -52,6 +53,10 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+class FolderReplacedError(FileNotFoundError):
+    """The run folder a process locked is no longer at its path (removed or moved while the run wrote to it)."""
 
 
 @dataclass
@@ -128,6 +133,9 @@ class RunState:
         return state
 
     def save(self) -> None:
+        """run.json rewritten; FolderReplacedError when the locked folder is no longer at its path (run.json
+        written there would start another, partial run folder under this run's name)."""
+        self.check_folder()
         atomic_write_json(self.run_dir / RUN_FILE,
                           {"run_id": self.run_id, **self.header,
                            "cells": [s.to_dict() for s in self.cells.values()]})
@@ -149,7 +157,7 @@ class RunState:
                 status.reason = f"not run: {reason}"
         try:
             self.save()
-        except (OSError, DiskFullError):
+        except (OSError, DiskFullError):  # a full disk, or the folder gone (FolderReplacedError)
             return False
         return True
 
@@ -167,6 +175,23 @@ class RunState:
         for s in self.cells.values():
             out[s.state] = out.get(s.state, 0) + 1
         return out
+
+    def check_folder(self) -> None:
+        """FolderReplacedError when the run folder was removed or moved: nothing more is written for this run."""
+        if self.folder_replaced():
+            raise FolderReplacedError(errno.ENOENT, "the run folder was removed or moved", str(self.run_dir))
+
+    def folder_replaced(self) -> bool:
+        """Whether the run folder this process locked is no longer at its path (removed or moved mid-run: what is
+        there now, if anything, is another folder, perhaps made again by a later write)."""
+        if self._lock_fd is None:
+            return False
+        held = os.fstat(self._lock_fd)
+        try:
+            there = os.stat(self.run_dir / LOCK_FILE)
+        except OSError:
+            return True
+        return (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino)
 
     def close(self) -> None:
         if self._lock_fd is not None:
