@@ -612,3 +612,30 @@ def test_resume_names_its_run_id_problems(tmp_path):
     assert result.returncode == 2 and "--resume '../x': not a run id" in result.stderr, result.stderr
     result = run_in_process("run", "--resume", "a", "--run-id", "b", "--output-dir", str(tmp_path))
     assert result.returncode == 2 and "drop --run-id b" in result.stderr, result.stderr
+
+
+def test_a_killed_layer_pass_leaves_nothing_a_resume_keeps(tmp_path):
+    """The layer pass's profiler folder of a process killed during it is removed when the run is resumed."""
+    from harness.run.state import LAYER_PROFILE_PREFIX, remove_leftovers
+
+    folder = tmp_path / f"{LAYER_PROFILE_PREFIX}abc"
+    folder.mkdir()
+    (folder / "profile_2026.json").write_text("")
+    (tmp_path / "run.json").write_text("{}")
+    assert remove_leftovers(tmp_path) == [folder] and not folder.exists() and (tmp_path / "run.json").exists()
+
+
+def test_a_profile_onnx_runtime_cut_short_never_lands_under_its_name(tmp_path):
+    """ORT does not say when it could not finish its trace (a full disk): a trace that is not whole JSON is removed
+    and the pass fails, rather than leaving a truncated file in the run folder."""
+    from types import SimpleNamespace
+
+    from harness.backends.onnxruntime import OnnxRuntimeCore
+
+    written = tmp_path / "profile_1.json"
+    written.write_text('[{"cat": "Session", "name": "model_run", "ts": 1}, {"cat": "No')
+    core = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
+    core.session = SimpleNamespace(end_profiling=lambda: str(written))
+    with pytest.raises(ValueError, match="not complete JSON"):
+        core.finish_profile(tmp_path / "ort_profile__m.json")
+    assert not written.exists() and not (tmp_path / "ort_profile__m.json").exists()

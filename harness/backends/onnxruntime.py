@@ -141,8 +141,15 @@ class OnnxRuntimeCore:
         they were measured."""
         from harness.measure.layers import ort_profile_calls
 
-        move_into_place(self.session.end_profiling(), trace_path)
-        return ort_profile_calls(trace_path), "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
+        written = Path(self.session.end_profiling())
+        try:  # read where ORT wrote it: a trace it cut short (it does not say when the disk is full) never lands
+            calls = ort_profile_calls(written)
+        except ValueError as exc:
+            written.unlink(missing_ok=True)
+            raise ValueError(f"ONNX Runtime's profile is not complete JSON ({str(exc)[:80]}): it stopped writing it, "
+                             "a full disk?") from exc
+        move_into_place(written, trace_path)
+        return calls, "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
         outputs = self.session.run(None, {self.input_name: batch.numpy()})

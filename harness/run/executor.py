@@ -72,6 +72,7 @@ from harness.records import (
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug, write_coco_detections
 from harness.results.reader import read_detections
+from harness.run.state import LAYER_PROFILE_PREFIX
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
 # from the cells' timings, from the process start to here and to each group's model load (environment.startup).
@@ -642,7 +643,7 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], wor
         method = "forward pre/post hooks on leaf modules (device-synced)"
         trace = None
     elif hasattr(core, "profiling_copy"):  # a runtime's own per-node profiler on a second copy of the core
-        tmp = tempfile.mkdtemp(prefix=".layer_profile_", dir=work_dir)
+        tmp = tempfile.mkdtemp(prefix=LAYER_PROFILE_PREFIX, dir=work_dir)
         try:
             profiled = pipeline.copy_with(core.profiling_copy(str(Path(tmp) / "profile")))
             for batch in batches:

@@ -42,11 +42,14 @@ def lock_folder(folder: Path, busy: str) -> int:
     return fd
 
 
+LAYER_PROFILE_PREFIX = ".layer_profile_"  # a runtime profiler's temp folder in the run folder during the layer pass
+
+
 def remove_leftovers(run_dir: Path) -> list[Path]:
-    """Temp files of writes a killed process never finished (atomic writes leave `.name.*.tmp`) and
-    ORT profiling folders; returns what was removed."""
+    """Temp files of writes a killed process never finished (atomic writes leave `.name.*.tmp`) and the layer
+    pass's profiler folders (`.ort_profile_*`: their name before); returns what was removed."""
     removed = []
-    for path in list(run_dir.rglob(".*.tmp")) + list(run_dir.glob(".ort_profile_*")):
+    for path in [*run_dir.rglob(".*.tmp"), *run_dir.glob(f"{LAYER_PROFILE_PREFIX}*"), *run_dir.glob(".ort_profile_*")]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
