@@ -38,6 +38,8 @@ def leave(code: int | str | None) -> None:
         code = 1
     atexit._run_exitfuncs()  # the handlers the interpreter would run; only its module teardown is skipped
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the stream closed (`>&-`)
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can be written anyway

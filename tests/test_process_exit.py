@@ -20,6 +20,23 @@ def test_exit_code_handlers_and_buffered_output_survive():
     assert message.returncode == 1 and message.stderr.strip() == "no such thing"
 
 
+def test_closed_streams_change_no_exit_code():
+    """Started with stdout and stderr closed (`>&- 2>&-`): the exit code is the command's, not a traceback's; progress
+    lines to a closed or broken stderr are dropped, never an error of the cell that logged them."""
+    done = subprocess.run([sys.executable, "-c", "import torch\nfrom harness.process_exit import leave\nleave(3)"],
+                          cwd=REPO, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          preexec_fn=lambda: (__import__("os").close(1), __import__("os").close(2)))
+    assert done.returncode == 3
+    import io
+
+    from harness.views.progress import PlainProgress
+
+    PlainProgress(None).log("to a closed stderr")
+    broken = io.StringIO()
+    broken.close()  # writing raises ValueError, as a broken pipe raises OSError
+    PlainProgress(broken).log("to a broken one")
+
+
 def test_a_live_non_daemon_thread_gets_the_normal_exit(tmp_path):
     marker = tmp_path / "finished"
     done = _run(f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(marker)!r}, 'w').close())).start()\n"

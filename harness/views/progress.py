@@ -35,7 +35,7 @@ class RichProgress(SilentProgress):
 class PlainProgress(SilentProgress):
     """One line per finished pass, for logs and CI (no terminal): what ran, how many steps, how long."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO | None):
         self.stream = stream
 
     @contextmanager
@@ -51,8 +51,14 @@ class PlainProgress(SilentProgress):
         self.log(f"{description}:{steps} done in {time.perf_counter() - start:.1f} s")
 
     def log(self, message: str) -> None:
-        self.stream.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
-        self.stream.flush()
+        """One line, best effort: a closed or broken stderr (`2>&-`, `| head`) never fails a cell."""
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 @contextmanager
