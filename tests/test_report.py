@@ -492,3 +492,46 @@ def test_a_name_with_dollar_signs_is_plotted_as_written(run_b, tmp_path):
         path.write_text(json.dumps(doc))
     outcome = make_report(run)
     assert "cost$\\bad$" in outcome.html.read_text()
+
+
+def test_two_reports_at_once_log_a_run_once_and_a_full_disk_leaves_the_log_as_it_was(tmp_path, monkeypatch):
+    import errno
+    import threading
+
+    from harness.files import DiskFullError
+    from harness.report.log import append_section
+
+    log = tmp_path / "BENCHMARKS.md"
+    start, outcomes = threading.Barrier(4), []
+
+    def report():
+        start.wait()
+        try:
+            append_section(log, "<!-- va-bench run r1 -->\n## section\n", "r1")
+            outcomes.append("written")
+        except UsageError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=report) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("written") == 1 and all("already has a section" in o for o in outcomes if o != "written")
+    assert log.read_text().count("<!-- va-bench run r1 -->") == 1
+    before = log.read_bytes()
+    real_write = os.write
+
+    def full(fd, data):  # half the section, then the disk is full
+        if len(data) > 20:
+            real_write(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(DiskFullError, match="the log is as it was"):
+        append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2")
+    monkeypatch.undo()
+    assert log.read_bytes() == before
+    append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2")  # a retry
+    assert log.read_text().count("<!-- va-bench run r2 -->") == 1

@@ -4,12 +4,14 @@ and the artefact list. The file is opened in append mode only, so earlier sectio
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.files import output_file_problem
+from harness.files import DiskFullError, is_disk_full, output_file_problem
 from harness.report.gates import NOT_MET, GateResult, gate_table
 from harness.report.sections import (
     Table,
@@ -117,24 +119,41 @@ def check_log(path: Path, run_id: str) -> None:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise UsageError(f"--log {path} is not UTF-8 text; pass a Markdown benchmark log") from None
-        if re.search(f"^{re.escape(marker(run_id))}$", text, re.M):  # a marker the log wrote: a line of its own
+        if _logged(text, run_id):
             raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
 
 
-def append_section(path: Path, text: str) -> None:
-    """Append one section in a single write; a new file gets the log's header first. Earlier bytes are never
-    touched: the file is only ever opened for appending."""
+def _logged(text: str, run_id: str) -> bool:
+    """Whether the log holds the run's section: its marker on a line of its own, as the log writes it."""
+    return re.search(f"^{re.escape(marker(run_id))}$", text, re.M) is not None
+
+
+def append_section(path: Path, text: str, run_id: str) -> None:
+    """Append one section in a single write, under an exclusive lock on the file (two reports at once log a run
+    once: the section is looked for again under the lock); a new file gets the log's header first. Earlier bytes
+    are never touched: the file is opened for appending, and a write cut short (a full disk) is cut back to the
+    size the log had, so a retry is not refused by half a section."""
     path = Path(path)
-    existing = path.stat().st_size if path.is_file() else 0
-    prefix = "" if existing else LOG_HEADER
-    if existing:
-        with path.open("rb") as fh:
-            fh.seek(-1, 2)
-            prefix = "\n" if fh.read(1) == b"\n" else "\n\n"
-    else:
-        prefix += "\n"
     try:
-        with path.open("a", encoding="utf-8") as fh:
-            fh.write(prefix + text)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
         raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        existing = os.pread(fd, size, 0)
+        if _logged(existing.decode("utf-8", errors="replace"), run_id):
+            raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
+        prefix = LOG_HEADER + "\n" if not size else "\n" if existing.endswith(b"\n") else "\n\n"
+        data = (prefix + text).encode("utf-8")
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as exc:
+            os.ftruncate(fd, size)  # the log as it was: no half section
+            if is_disk_full(exc):
+                raise DiskFullError(path, exc, "free some space; the log is as it was") from None
+            raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
+    finally:
+        os.close(fd)

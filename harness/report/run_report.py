@@ -69,7 +69,7 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
     if log_path is not None:  # the log's section lists the run folder's files: the report's among them
         with _readable(run.path):
             text = section(run, results, source, notes)
-        append_section(log_path, text)
+        append_section(log_path, text, run.run_id)
     return ReportOutcome(run.run_id, html, pngs, plots, results, source, log_path)
 
 
