@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -27,7 +28,11 @@ def before_leave(hook: Callable[[], None]) -> None:
 
 
 def leave(code: int | str | None) -> None:
-    """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1)."""
+    """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1). A signal from
+    here on is ignored: the command is over, and a second Ctrl-C would only cut the exit handlers short."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_IGN)
     for hook in _BEFORE_LEAVE:
         hook()
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]

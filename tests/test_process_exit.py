@@ -96,3 +96,12 @@ def test_a_command_plans_without_collections_and_leaves_the_collector_as_it_foun
         assert not gc.isenabled() and gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_line():
+    """Before the CLI's handlers exist (its imports take a moment): exit 130 and one line, no traceback."""
+    script = ("import sys\nclass Interrupting:\n    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'harness.cli':\n            raise KeyboardInterrupt\n"
+              "sys.meta_path.insert(0, Interrupting())\nfrom harness.__main__ import main\nmain()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 130 and done.stderr == "interrupted while starting; nothing was run\n", done.stderr
