@@ -517,10 +517,14 @@ def test_a_full_disk_in_the_layer_pass_stops_the_sweep(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "o" / "full" / "layer_timer.csv"))
 
     monkeypatch.setattr(GroupExecutor, "run_optional_passes", full)
-    out = tmp_path / "o"
+    out = tmp_path / "my runs"  # the resume line is one a shell runs as printed
     result = run_in_process("run", *_args(out, "full", "--layers"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
     assert result.returncode == 1 and "no space left on device" in result.stderr, result.stderr
     assert [c["status"] for c in _cells(out / "full").values()] == ["ok", "interrupted"]  # the pass of the group's last cell
+    import shlex
+
+    hint = shlex.split(" ".join(result.stderr.split()).split("resume with: ")[1])
+    assert hint == ["va-bench", "run", "--resume", "full", "--output-dir", str(out)]
 
 
 @requires_coco

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import threading
@@ -475,7 +476,8 @@ class FleetDriver:
             self._stop(f"stopped by {exc} on the driver")
             self._close()
             raise RunInterrupted(f"{exc}: finished cells are kept in {fp.fleet_dir}; resume with: va-bench fleet run "
-                                 f"--resume {fp.run_id} --output-dir {fp.fleet_dir.parent}", exc.exit_code) from None
+                                 f"--resume {fp.run_id} --output-dir {shlex.quote(str(fp.fleet_dir.parent))}",
+                                 exc.exit_code) from None
         except BaseException:
             self._stop("the driver stopped on an error")
             self._close()

@@ -14,6 +14,7 @@ when an ok cell lacks them.
 
 from __future__ import annotations
 
+import shlex
 import traceback
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -177,7 +178,8 @@ class Scheduler:
             still = "; the repeats in fresh processes are still to run" if self._repeating else ""
             raise RunInterrupted(
                 f"{exc} after {done} of {len(state.cells)} cells{still}; finished cells are kept in {plan.run_dir}; "
-                f"resume with: va-bench run --resume {plan.run_id} --output-dir {plan.run_dir.parent}",
+                f"resume with: va-bench run --resume {plan.run_id} --output-dir "
+                f"{shlex.quote(str(plan.run_dir.parent))}",
                 exc.exit_code) from None
         except Exception as exc:
             problem = None if state is None else stopping_problem(exc, state)
@@ -205,7 +207,7 @@ class Scheduler:
         return VaBenchError(
             f"{problem.message}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells "
             f"(finished cells are kept in {plan.run_dir}{kept}); {problem.fix}, then resume with: va-bench run "
-            f"--resume {plan.run_id} --output-dir {plan.run_dir.parent}")
+            f"--resume {plan.run_id} --output-dir {shlex.quote(str(plan.run_dir.parent))}")
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan

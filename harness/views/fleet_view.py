@@ -3,6 +3,8 @@ its status and headline numbers, the sharded accuracy per group, and a dict for 
 
 from __future__ import annotations
 
+import shlex
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -70,7 +72,8 @@ def print_fleet_summary(console: Console, outcome) -> None:
                   f"{escape(str(outcome.fleet_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"continue with: va-bench fleet run --resume {escape(outcome.run_id)} --output-dir "
-                      f"{escape(str(outcome.fleet_dir.parent))} (add --retry-failed for failed cells)", highlight=False)
+                      f"{escape(shlex.quote(str(outcome.fleet_dir.parent)))} (add --retry-failed for failed cells)",
+                      highlight=False)
 
 
 def fleet_summary_json(outcome) -> dict:

@@ -6,6 +6,7 @@ cell of the run listed with its status; the reasons of cells that did not finish
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from rich import box
@@ -180,7 +181,7 @@ def print_summary(console: Console, outcome) -> None:
     console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
-                      f"--resume {escape(state.run_id)} --output-dir {escape(str(state.run_dir.parent))} "
+                      f"--resume {escape(state.run_id)} --output-dir {escape(shlex.quote(str(state.run_dir.parent)))} "
                       "--retry-failed", highlight=False)
 
 
