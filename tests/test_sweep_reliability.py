@@ -520,7 +520,7 @@ def test_a_full_disk_in_the_layer_pass_stops_the_sweep(tmp_path, monkeypatch):
     out = tmp_path / "my runs"  # the resume line is one a shell runs as printed
     result = run_in_process("run", *_args(out, "full", "--layers"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
     assert result.returncode == 1 and "no space left on device" in result.stderr, result.stderr
-    assert [c["status"] for c in _cells(out / "full").values()] == ["ok", "interrupted"]  # the pass of the group's last cell
+    assert [c["status"] for c in _cells(out / "full").values()] == ["ok", "interrupted"]  # its group's last cell
     import shlex
 
     hint = shlex.split(" ".join(result.stderr.split()).split("resume with: ")[1])
