@@ -31,7 +31,7 @@ def leave(code: int | str | None) -> None:
     """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1). A signal from
     here on is ignored: the command is over, and a second Ctrl-C would only cut the exit handlers short."""
     if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM):
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(number, signal.SIG_IGN)
     for hook in _BEFORE_LEAVE:
         hook()

@@ -189,14 +189,15 @@ def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
 
 
 @requires_coco
-def test_sigterm_exits_143(tmp_path):
+@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])  # SIGHUP: the terminal closed
+def test_sigterm_and_sighup_stop_cleanly(tmp_path, sent, code):
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "t",
                  env={"VA_BENCH_TEST_FORWARD_MS": "60"})
     wait_for_ok_cells(out / "t", 1, proc, then_running=True)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sent)
     proc.communicate(timeout=120)
-    assert proc.returncode == 143
+    assert proc.returncode == code
     assert "interrupted" in statuses(out / "t").values()
 
 

@@ -1,4 +1,4 @@
-"""SIGINT / SIGTERM during a run: stop cleanly, never mid-write.
+"""SIGINT / SIGTERM / SIGHUP (the terminal closed) during a run: stop cleanly, never mid-write.
 
 The handlers raise `Interrupted` (a BaseException, so no `except Exception` in a cell swallows it) in
 the main thread. Inside `protected()` sections (writing a cell's submission and run.json together)
@@ -22,7 +22,10 @@ class Interrupted(BaseException):
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _State:
@@ -43,7 +46,7 @@ def interrupt_handling() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -67,11 +70,11 @@ def protected() -> Iterator[None]:
 
 @contextmanager
 def signals_ignored() -> Iterator[None]:
-    """SIGINT/SIGTERM ignored inside (the last bookkeeping of a stop that is already under way)."""
+    """The stop signals ignored inside (the last bookkeeping of a stop that is already under way)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         yield
     finally:
