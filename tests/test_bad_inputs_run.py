@@ -429,3 +429,15 @@ def test_refusals_decided_by_the_options_come_before_torch_is_imported():
     assert done.returncode == 0 and len(rows) == len(REFUSED_FROM_OPTIONS), done.stderr[-2000:]
     for row in rows:
         assert " 2 1 True [] " in row, row
+
+
+def test_a_plugins_model_id_too_long_for_a_file_name_is_refused_before_it_runs(tmp_path):
+    plugin = tmp_path / "long_id.py"
+    plugin.write_text(f"import sys\nsys.path.insert(0, {str(PLUGIN.parent)!r})\n"
+                      "from synthetic_detector import make_detector\n\n"
+                      "def make():\n    detector = make_detector()\n    detector.model_id = 'm' * 200\n"
+                      "    return detector\n")
+    result = va_bench("run", "--model", f"{plugin}:make", "--backend", "pytorch", "--limit", "2", "--coco-dir",
+                      str(COCO_DIR), "--output-dir", str(tmp_path / "o"))
+    assert result.returncode == 2 and "is not a name of 1 to 100 characters" in one_error_line(result)
+    assert not (tmp_path / "o").exists()

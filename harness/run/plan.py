@@ -19,9 +19,11 @@ from harness.config import MIN_TIMED_BATCHES, RunConfig, device_spec
 from harness.data.images import find_corrupt_images_in_background
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
-from harness.errors import UsageError, path_problem
+from harness.errors import UsageError, brief, path_problem
 from harness.measure.affinity import check_cores
 from harness.records import Cell, LoadKey
+
+MAX_MODEL_ID = 100  # characters: submission, detections and cache file names hold a model's id
 
 if TYPE_CHECKING:  # the modules that import torch, ONNX Runtime or a model: after the options are checked
     from harness.data.calibration import CalibrationSet
@@ -151,6 +153,9 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     detectors = {}
     for spec in config.models:
         detector = get_detector(spec, config.weights)
+        if not isinstance(detector.model_id, str) or not 0 < len(detector.model_id) <= MAX_MODEL_ID:
+            raise UsageError(f"{spec}: its model_id {brief(detector.model_id)} is not a name of 1 to {MAX_MODEL_ID} "
+                             "characters (the run's file names hold it); give it a shorter one")
         detectors[detector.model_id] = detector
     if synthetic:  # images of the run's (first) input size: the first --input-size, else the first model's own
         from harness.data.synthetic import SyntheticDataset
