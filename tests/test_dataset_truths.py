@@ -66,6 +66,17 @@ def test_exif_orientation_counts_in_the_size_check_and_every_decoder_applies_it(
         assert np.abs(decoded.astype(int) - upright).mean() < 2.0
 
 
+def test_a_half_turn_or_mirror_in_exif_is_warned_about_a_quarter_turn_is_not():
+    """Orientation 3 (half a turn) keeps the size, so the size check cannot say which view the annotations are of;
+    a quarter turn (6) can, and is confirmed by it."""
+    from harness.data.images import orientation_warning
+
+    assert orientation_warning({}) is None and orientation_warning({7: ROTATE_90_CW}) is None
+    warning = orientation_warning({9: 3, 7: ROTATE_90_CW, 8: 2})
+    assert warning.startswith("warning: 2 image(s)") and "image 8: orientation 2" in warning
+    assert "exiftool -Orientation=1 -n" in warning
+
+
 def test_a_16_bit_png_decodes_to_the_pixels_cv2_gives(tmp_path):
     """cv2 keeps a 16-bit PNG's high byte; torchvision decodes uint16, which the torch path converts likewise."""
     rng = np.random.default_rng(0)

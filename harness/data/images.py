@@ -67,6 +67,19 @@ QUARTER_TURNS = (5, 6, 7, 8)
 EXIF_ORIENTATION = 0x0112
 
 
+def orientation_warning(orientations: dict[int, int]) -> str | None:
+    """A warning for images whose EXIF orientation turns them half a turn or mirrors them (2, 3, 4): decoded as cv2
+    shows them, like the quarter turns, but their size cannot confirm that their annotations are of that view."""
+    unconfirmed = sorted((i, o) for i, o in orientations.items() if o not in QUARTER_TURNS)
+    if not unconfirmed:
+        return None
+    first, tag = unconfirmed[0]
+    return (f"warning: {len(unconfirmed)} image(s) carry an EXIF orientation that turns them half a turn or mirrors "
+            f"them (image {first}: orientation {tag}); they are decoded upright, as cv2 shows them, and their size "
+            "cannot tell whether the annotations are of that view: if they were drawn on the stored pixels, set the "
+            "tag to 1 (exiftool -Orientation=1 -n FILE)")
+
+
 def decoded_size(path: Path) -> tuple[int, int, int]:
     """(width, height, EXIF orientation) of an image as the decoders give it, from its header: the EXIF orientation
     of a JPEG (a phone's multi-picture MPO too) or a PNG is applied by cv2's imread/imdecode (and by the harness's

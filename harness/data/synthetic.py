@@ -32,6 +32,7 @@ class SyntheticDataset:
     root = None
     annotation_file = None
     categories: dict[int, str] = {}
+    orientations: dict[int, int] = {}  # generated images have no EXIF
 
     def __init__(self, size: tuple[int, int]):
         self.size = tuple(size)  # (height, width) of every generated image

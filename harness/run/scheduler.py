@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from harness.data.images import find_corrupt_images
+from harness.data.images import find_corrupt_images, orientation_warning
 from harness.errors import RunInterrupted, VaBenchError
 from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
@@ -132,6 +132,8 @@ class Scheduler:
                               "faults (recorded in environment.memory_allocator); before the run: export "
                               f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES}")
         if config.accuracy and (warning := unpublishable_accuracy(plan.variant.name, environment)):
+            self.progress.log(warning)
+        if warning := orientation_warning(plan.dataset.orientations):
             self.progress.log(warning)
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
