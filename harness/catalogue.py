@@ -112,7 +112,6 @@ def unavailable_families() -> tuple[UnavailableFamily, ...]:
 
 
 @cache
-@cache
 def native_input_sizes() -> dict[str, int]:
     """Model id -> the input size it is published at, where the catalogue states it (YOLOX, the Ultralytics-format
     and LibreYOLO families; torchvision's are their builders' own)."""
@@ -123,6 +122,7 @@ def native_input_sizes() -> dict[str, int]:
     return sizes
 
 
+@cache
 def model_ids() -> tuple[str, ...]:
     """Every registry id, in `va-bench models list` order (the registry builds exactly these; a test checks)."""
     ids = [f"yolox-{v}" for v in YOLOX_VARIANTS] + list(TORCHVISION_IDS) + list(ULTRALYTICS_MODEL_IDS)

@@ -13,6 +13,7 @@ import typer
 
 from harness.collector import imports_done, quiet_start
 from harness.errors import UsageError, VaBenchError, path_problem
+from harness.report import EXAMPLE_GATES
 from harness.views.output import make_consoles, print_json, progress_for
 from harness.views.text import escape
 
@@ -643,8 +644,8 @@ def report(
     run_dir: Path = typer.Argument(..., help="a run folder, outputs/<run_id>/"),
     log: Path | None = typer.Option(None, "--log", help="append this run's dated section to a Markdown benchmark "
                                                        "log, e.g. BENCHMARKS.md (never rewrites earlier sections)"),
-    gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (none by default; an example: "
-                                                            "harness/report/gates_example.yaml)"),
+    gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (none by default; an example to "
+                                                            f"copy: {EXAMPLE_GATES})"),
     fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET"),
 ) -> None:
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.errors import UsageError, brief, path_problem
 from harness.files import load_user_yaml, yaml_problem
 
-# A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # installed with the package
+# A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
 SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 

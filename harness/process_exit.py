@@ -28,11 +28,9 @@ def before_leave(hook: Callable[[], None]) -> None:
 
 
 def leave(code: int | str | None) -> None:
-    """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1). A signal from
-    here on is ignored: the command is over, and a second Ctrl-C would only cut the exit handlers short."""
-    if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(number, signal.SIG_IGN)
+    """End the process with `code` as `sys.exit(code)` would (None: 0; a string: printed to stderr, 1). On the fast
+    path a signal is ignored: the command is over, and a second Ctrl-C would only cut the exit handlers short (with a
+    live thread, the normal exit, which a signal can still stop)."""
     for hook in _BEFORE_LEAVE:
         hook()
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
@@ -41,6 +39,9 @@ def leave(code: int | str | None) -> None:
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)
     atexit._run_exitfuncs()  # the handlers the interpreter would run; only its module teardown is skipped
     for stream in (sys.stdout, sys.stderr):
         if stream is None:  # started with the stream closed (`>&-`)

@@ -63,14 +63,6 @@ CELL_STATES: tuple[str, ...] = typing.get_args(CellState)
 COCO_MAX_DETS = 100  # COCO's own detection cap per image, where COCOeval reads AP
 
 
-def shown_apart(value: float, mark: float, digits: int, most: int = 6) -> str:
-    """`value` with `digits` decimals, or more (up to `most`) where it would print as `mark` without being it: a
-    figure judged against a threshold never reads as the threshold (p=0.050 beside "slower" at alpha 0.05)."""
-    while digits < most and f"{value:.{digits}f}" == f"{mark:.{digits}f}" and value != mark:
-        digits += 1
-    return f"{value:.{digits}f}"
-
-
 RETRYABLE_STATES = ("failed", "oom", "skipped")  # re-run on --resume only with --retry-failed
 
 

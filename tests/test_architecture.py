@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("measure",),
     ("data", "config", "eval"),
-    ("records", "hardware", "catalogue", "files", "process_exit", "collector", "build_info", ""),
+    ("records", "hardware", "catalogue", "files", "process_exit", "collector", "build_info", "figures", ""),
     ("errors",),
 )
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
@@ -222,3 +222,19 @@ def test_the_glibc_settings_a_run_advises_are_the_makefiles():
 
     makefile = (HARNESS.parent / "Makefile").read_text()
     assert f"export GLIBC_TUNABLES ?= {RECOMMENDED_GLIBC_TUNABLES}\n" in makefile
+
+
+def test_every_runtime_that_needs_packages_names_an_extra_that_installs_them():
+    """A missing runtime package's line says `pip install 'va-bench[EXTRA]'`: that extra exists and lists them."""
+    from harness.backends.support import BUILTINS
+
+    pyproject = (HARNESS.parent / "pyproject.toml").read_text()
+    extras = dict(re.findall(r"^([a-z]+) = \[(.*?)\]", pyproject.split("[project.optional-dependencies]")[1]
+                             .split("\n[")[0], re.M | re.S))
+    for name, entry in BUILTINS.items():
+        if entry.packages:
+            assert entry.extra in extras, f"{name}: extra {entry.extra!r} not in pyproject.toml"
+            listed = extras[entry.extra].replace("-", "_").lower()
+            assert all(p.lower() in listed for p in entry.packages), (name, entry.packages, listed)
+    runtimes = [p.strip() for extra in ("openvino", "ncnn", "litert") for p in extras[extra].split(",")]
+    assert [p.strip() for p in extras["edge"].split(",")] == runtimes  # `edge` is the three, nothing else

@@ -439,5 +439,5 @@ def test_a_plugins_model_id_too_long_for_a_file_name_is_refused_before_it_runs(t
                       "    return detector\n")
     result = va_bench("run", "--model", f"{plugin}:make", "--backend", "pytorch", "--limit", "2", "--coco-dir",
                       str(COCO_DIR), "--output-dir", str(tmp_path / "o"))
-    assert result.returncode == 2 and "is not a name of 1 to 100 characters" in one_error_line(result)
+    assert result.returncode == 2 and "is not a name of 1 to 64 characters" in one_error_line(result)
     assert not (tmp_path / "o").exists()

@@ -69,10 +69,11 @@ def test_an_unreadable_build_record_is_unknown(tmp_path, text):
     assert installed_build(tmp_path) == ("unknown", None)
 
 
-def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path):
-    """The wheel of a clean checkout, installed outside it, used from an unrelated folder: its commit is the
-    checkout's, clean; its presets, gates example and catalogues are inside it; it looks for COCO in the working
-    directory, not in site-packages."""
+@pytest.mark.parametrize("route", ["wheel", "sdist"])
+def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path, route):
+    """The wheel of a clean checkout (built from it, or from its source archive, where there is no git), installed
+    outside it, used from an unrelated folder: its commit is the checkout's, clean; its presets, gates example and
+    catalogues are inside it; it looks for COCO in the working directory, not in site-packages."""
     pytest.importorskip("setuptools")
     source = tmp_path / "checkout"
     source.mkdir()
@@ -81,8 +82,13 @@ def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path):
     shutil.copytree(REPO / "harness", source / "harness",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", BUILD_INFO_FILE))
     commit = committed_tree(source)
+    built_from = str(source)
+    if route == "sdist":
+        subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], check=True,
+                       capture_output=True, cwd=source)
+        (built_from,) = map(str, (tmp_path / "dist").glob("*.tar.gz"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "wheel"), str(source)], check=True, capture_output=True, cwd=tmp_path)
+                    str(tmp_path / "wheel"), built_from], check=True, capture_output=True, cwd=tmp_path)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     *map(str, (tmp_path / "wheel").glob("*.whl"))], check=True, capture_output=True)
@@ -108,7 +114,8 @@ def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path):
     assert seen["preset"] and seen["gates"] and seen["models"] > 0
     assert seen["coco"] == [str(elsewhere / "datasets" / "coco")]
     shipped = {p.relative_to(site / "harness").as_posix() for p in (site / "harness").rglob("*") if p.is_file()}
-    ours = {p.relative_to(source / "harness").as_posix() for p in (source / "harness").rglob("*") if p.is_file()}
+    ours = {p.relative_to(source / "harness").as_posix() for p in (source / "harness").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
     assert ours - shipped == set()  # every file of the package, data files included
 
 

@@ -449,7 +449,7 @@ def test_a_figure_next_to_its_threshold_is_printed_with_the_digits_that_tell_the
     0.3 tolerance, or a larger variant 10.002 % faster under a "> 10 %" heading, likewise."""
     from rich.console import Console
 
-    from harness.records import shown_apart
+    from harness.figures import shown_apart
     from harness.results.compare import Significance
     from harness.views.compare_view import _verdict
     from harness.views.leaderboard import gate_table, size_order_table
@@ -462,6 +462,9 @@ def test_a_figure_next_to_its_threshold_is_printed_with_the_digits_that_tell_the
         significance = Significance("slower", ratio=1.13, ci95=(1.01, 1.18), p_value=0.049883, n_a=8, n_b=8)
 
     assert "p=0.0499" in _verdict(Cell())
+    Cell.significance = Significance("slower", ratio=1.13, ci95=(1.01, 1.18), p_value=0.00995, n_a=8, n_b=8,
+                                     alpha=0.01)  # --alpha 0.01
+    assert "p=0.00995" in _verdict(Cell())
     gate = {"model": "m", "dataset_variant": "full", "precision": "fp32", "canonical": 0.3, "canonical_hardware": "a",
             "other": 0.297, "other_hardware": "b", "other_format": "onnx", "delta_points": -0.3004}
     finding = {"hardware": "h", "format": "onnx", "provider": "cpu", "precision": "fp32", "input_size": 640,

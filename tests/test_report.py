@@ -20,7 +20,8 @@ import pytest
 from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
 from harness.errors import UsageError
-from harness.report.gates import EXAMPLE_GATES, load_gates
+from harness.report import EXAMPLE_GATES
+from harness.report.gates import load_gates
 from harness.report.plots import BAND_FROM_SAMPLES, BAND_FROM_SUMMARY, energy_per_image
 from harness.report.run_report import make_report
 from harness.results.reader import load_run
@@ -252,7 +253,7 @@ def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
 
 def test_gates_come_only_from_the_file_the_user_names(run_b, tmp_path):
     run = _copy(run_b, tmp_path)
-    assert make_report(run).gates is None  # configs/gates.yaml (one box's targets) is an example, not a default
+    assert make_report(run).gates is None  # the shipped example (one box's targets) is no default
     refused = va_bench("report", str(run), "--fail-on-gates")
     assert refused.returncode == 2 and "--fail-on-gates needs --gates PATH" in refused.stderr
 

@@ -529,9 +529,9 @@ def test_a_full_disk_in_the_layer_pass_stops_the_sweep(tmp_path, monkeypatch):
 
 
 @requires_coco
-def test_a_run_folder_removed_mid_run_stops_the_sweep_and_is_not_made_again(tmp_path, monkeypatch):
-    """The run folder removed while a cell runs: the next write (which would make a new, partial folder under the
-    same name, and fail the cells after it one by one) stops the sweep in one line naming the folder."""
+def test_a_run_folder_removed_mid_run_stops_the_sweep_and_writes_no_run_json_again(tmp_path, monkeypatch):
+    """The run folder removed while a cell runs: the sweep stops in one line naming the folder (it failed the cells
+    after it one by one), and no run.json makes what the cell's last writes left there look like a run."""
     import shutil
 
     from harness.run import scheduler

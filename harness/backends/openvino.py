@@ -23,7 +23,6 @@ precision (and calibration set); the record names converter, version and cache f
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import tempfile
 import time
@@ -46,7 +45,7 @@ from harness.backends.onnx_graph import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_folder
+from harness.files import atomic_folder, atomic_write_json
 from harness.measure.device import Device
 from harness.records import LayerCall
 
@@ -311,7 +310,7 @@ class OpenVinoCore:
     def finish_profile(self, trace_path: Path) -> tuple[list[LayerCall], str]:
         """The layer pass's calls (one per executed node and run) and how they were measured; the rows are
         written to `trace_path` as JSON."""
-        trace_path.write_text(json.dumps(self.layer_rows))
+        atomic_write_json(trace_path, self.layer_rows, indent=None)
         calls = [LayerCall(r["run"], r["name"], r["type"], "", "", r["ms"]) for r in self.layer_rows]
         return calls, "OpenVINO performance counters (PERF_COUNT, real time per executed node)"
 

@@ -114,9 +114,10 @@ def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
                          f"{', '.join(support[device_kind])}")
     missing = [p for p in entry.packages if importlib.util.find_spec(p) is None]
     if missing:
+        extra = f"pip install 'va-bench[{entry.extra}]' (or pip install {' '.join(missing)})" if entry.extra \
+            else f"pip install {' '.join(missing)}"
         raise UsageError(f"--backend {backend} needs the Python package{'s' if len(missing) > 1 else ''} "
-                         f"{', '.join(missing)}, not installed here; pip install 'va-bench[{entry.extra}]' (or pip "
-                         f"install {' '.join(missing)})")
+                         f"{', '.join(missing)}, not installed here; {extra}")
 
 
 def _check_pytorch(device_kind: str, precision: str, device_index: int, machine: bool) -> None:

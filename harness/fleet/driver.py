@@ -119,10 +119,10 @@ def connect(address: str | None) -> None:
     if ray.is_initialized():
         return
     target = address or os.environ.get("RAY_ADDRESS")
-    if not target or target == "auto":  # the cluster this machine started last, maybe long gone
-        target = _auto_address()
-    if target:
+    if target and target != "auto":
         _check_reachable(target)  # ray.init retries an unreachable head for minutes before it says so
+    elif looked_up := _auto_address():  # the cluster this machine started last, maybe long gone
+        _check_reachable(looked_up, given=False)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -148,16 +148,19 @@ def _auto_address() -> str | None:
         return None
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """A TCP connection to the head's port, or a UsageError naming why not."""
+def _check_reachable(address: str, timeout_s: float = 5.0, given: bool = True) -> None:
+    """A TCP connection to the head's port, or a UsageError naming why not (`given`: the user named the address;
+    else Ray's lookup found it)."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--address {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379)")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise UsageError(f"cannot reach the Ray head at {address} ({exc.strerror or exc}); check the address and that "
-                         "`va-bench fleet join --head` runs there") from None
+        fix = ("check the address and that `va-bench fleet join --head` runs there" if given else
+               "it is the cluster this machine started last (Ray's lookup, no --address given): start one with "
+               "`va-bench fleet join --head` or pass --address HOST:PORT")
+        raise UsageError(f"cannot reach the Ray head at {address} ({exc.strerror or exc}); {fix}") from None
 
 
 def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:

@@ -135,16 +135,18 @@ class HardwareFolder:
                 with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
                     fh.write(update.errors_log)
             self._take_header(update)
+            # read back and sent to nodes later: paths inside the run, every one checked before any status changes
+            submissions = [None if e.get("submission") is None else str(inside_folder(str(e["submission"])))
+                           for e in update.cells]
             changes = []
-            for entry in update.cells:
+            for entry, submission in zip(update.cells, submissions, strict=True):
                 status = self.state.cells.get(entry.get("cell"))
                 if status is None:
                     continue  # not a cell of this plan: ignored (the driver's plan is the reference)
                 if (status.state, status.reason) != (entry.get("status"), entry.get("reason")):
                     changes.append(Change(status.cell.label, entry.get("status"), entry.get("reason")))
                 status.state, status.reason = entry.get("status"), entry.get("reason")
-                submission = entry.get("submission")  # read back and sent to nodes later: a path inside the run
-                status.submission = None if submission is None else str(inside_folder(str(submission)))
+                status.submission = submission
                 status.started_at, status.finished_at = entry.get("started_at"), entry.get("finished_at")
             self.state.save()
         return changes

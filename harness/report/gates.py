@@ -1,6 +1,6 @@
-"""Gates: targets from the YAML file a user names (`va-bench report --gates PATH`; configs/gates.yaml is this
-project's, for its reference box) held against a run's submissions, shown in the benchmark log as target vs today
-with met / NOT MET.
+"""Gates: targets from the YAML file a user names (`va-bench report --gates PATH`; gates_example.yaml beside this
+module is this project's, for its reference box) held against a run's submissions, shown in the benchmark log as
+target vs today with met / NOT MET.
 
 File format (validated; one clear line on any problem)::
 
@@ -30,12 +30,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.errors import UsageError, brief
+from harness.figures import shown_apart
 from harness.files import load_user_yaml, yaml_problem
-from harness.records import shown_apart
 from harness.report.sections import COCO_METRICS, Table
 from harness.results.reader import FinishedCell, RunFolder, number
 
-EXAMPLE_GATES = Path(__file__).resolve().parent / "gates_example.yaml"  # installed with the package
 MAX_GATES_BYTES = 1024 * 1024
 
 # metric name -> (submission path, digits shown, unit)

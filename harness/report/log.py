@@ -99,7 +99,7 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     dirty = " (dirty: uncommitted changes)" if first.get("repro.harness_dirty") else ""
     commands = [re.sub(r"[\x00-\x1f\x7f]", " ", c) for c in repro_commands(run)] or \
         ["# no repro.command recorded in the submissions"]
-    fence = "`" * max(3, 1 + max(len(run) for c in commands for run in re.findall(r"`+", c) or [""]))
+    fence = "`" * max(3, 1 + max(len(ticks) for c in commands for ticks in re.findall(r"`+", c) or [""]))
     out += ["### Reproduce", "", f"At harness commit {_code(commit)}{dirty}:", "", f"{fence}bash", *commands, fence]
     out += ["", "### Artefacts", "", f"Run folder {_code(run.path.resolve())}:", ""]
     out += _artefact_lines(run) + [""]

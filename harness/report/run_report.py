@@ -11,7 +11,8 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.files import atomic_write_bytes
-from harness.report.gates import EXAMPLE_GATES, NOT_MET, GateResult, evaluate, gate_notes, load_gates
+from harness.report import EXAMPLE_GATES
+from harness.report.gates import NOT_MET, GateResult, evaluate, gate_notes, load_gates
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots

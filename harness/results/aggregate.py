@@ -250,7 +250,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         policy = "reference" if best.hardware == reference_hardware else f"fallback ({best.hardware})"
         identity = {"model": key[0], "weights": key[1], "dataset": key[2], "dataset_variant": key[3],
                     "precision": key[4], "input_size": key[5] or None, "conf": best.conf, "iou": best.iou,
-                    "max_det": best.max_det, "board": best.board}
+                    "max_det": best.max_det, "eval_cap": best.eval_cap, "board": best.board}
         canonical[key] = {**identity, "mAP_50_95": best.mAP_50_95, "mAP_50": best.mAP_50, "hardware": best.hardware,
                           "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
         for other in group:
@@ -373,7 +373,7 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
                         "precision": key[4], "input_size": key[6], "batch_size": key[7],
                         "smaller": {"model": small.model, "latency_ms_p50": small.latency_ms_p50, "file": small.file},
                         "larger": {"model": large.model, "latency_ms_p50": large.latency_ms_p50, "file": large.file},
-                        "faster_pct": round(100 * faster, 3)})
+                        "faster_pct": 100 * faster})
     return findings
 
 

@@ -147,6 +147,7 @@ class Significance:
     n_b: int = 0
     reason: str | None = None
     basis: str = "batches"  # "batches": one process's timed batches; "processes": --repeats' process medians
+    alpha: float = ALPHA  # the significance level the verdict was taken at (--alpha)
 
     @property
     def is_noise(self) -> bool:
@@ -155,7 +156,8 @@ class Significance:
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "ratio_of_medians": self.ratio,
                 "ratio_ci95": list(self.ci95) if self.ci95 else None, "p_value": self.p_value,
-                "samples_a": self.n_a, "samples_b": self.n_b, "samples_are": self.basis, "reason": self.reason}
+                "samples_a": self.n_a, "samples_b": self.n_b, "samples_are": self.basis, "alpha": self.alpha,
+                "reason": self.reason}
 
 
 def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
@@ -179,7 +181,7 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     p_value = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
     significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
     verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
-    return Significance(verdict, ratio, ci, p_value, n_a, n_b)
+    return Significance(verdict, ratio, ci, p_value, n_a, n_b, alpha=alpha)
 
 
 def _process_samples(entry: Entry) -> np.ndarray | None:

@@ -24,7 +24,7 @@ import yaml
 
 from harness.config import RunConfig, build_config
 from harness.data.coco import check_custom_layout, is_export_root
-from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
+from harness.errors import RunInterrupted, UsageError, VaBenchError, brief, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
@@ -122,9 +122,9 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         raise problem("needs `model` and a `datasets` list", "write `datasets:` as a list of {name, dataset, weights}")
     unknown = [str(k) for k in data if k not in CAMPAIGN_KEYS]
     if unknown:
-        raise problem(f"unknown key {unknown[0]!r}", f"use {', '.join(CAMPAIGN_KEYS)}")
+        raise problem(f"unknown key {brief(unknown[0])}", f"use {', '.join(CAMPAIGN_KEYS)}")
     if not isinstance(data["model"], str) or not data["model"]:
-        raise problem(f"`model` is {data['model']!r}, not a model id", "name the model the weights are for")
+        raise problem(f"`model` is {brief(data['model'])}, not a model id", "name the model the weights are for")
     if not isinstance(data.get("options") or {}, dict):
         raise problem("`options` is not a mapping", "write run options as `name: value` lines under it")
     split = str(data.get("split", "test"))  # the split taken from Roboflow export roots
@@ -134,10 +134,10 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
             raise problem(f"datasets[{i}] needs name, dataset and weights")
         unknown = [str(k) for k in item if k not in ENTRY_KEYS]
         if unknown:
-            raise problem(f"datasets[{i}] has an unknown key {unknown[0]!r}", f"use {', '.join(ENTRY_KEYS)}")
+            raise problem(f"datasets[{i}] has an unknown key {brief(unknown[0])}", f"use {', '.join(ENTRY_KEYS)}")
         weights = item["weights"]
         if not isinstance(weights, str) or not Path(weights).expanduser().is_file():  # as a run's --weights
-            raise problem(f"datasets[{i}].weights {weights!r} is not a file", "give each dataset's weights file")
+            raise problem(f"datasets[{i}].weights {brief(weights)} is not a file", "give each dataset's weights file")
         entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(Path(weights).expanduser()),
                                      item.get("version"), None if item.get("split") is None else str(item["split"])))
     if not entries:

@@ -23,7 +23,9 @@ from harness.errors import UsageError, brief, path_problem
 from harness.measure.affinity import check_cores
 from harness.records import Cell, LoadKey
 
-MAX_MODEL_ID = 100  # characters: submission, detections and cache file names hold a model's id
+# Characters of a model's id: a submission's file name holds it beside the hardware id (at most 100), the runtime,
+# batch and time stamp (about 65), and its temp name adds 14, within a file system's 255
+MAX_MODEL_ID = 64
 
 if TYPE_CHECKING:  # the modules that import torch, ONNX Runtime or a model: after the options are checked
     from harness.data.calibration import CalibrationSet

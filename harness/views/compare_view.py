@@ -7,8 +7,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harness.records import shown_apart
-from harness.results.compare import ALPHA, COORDS, CellDelta, Comparison, DeltaGateResult
+from harness.figures import shown_apart
+from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
 from harness.views.text import escape, printable
 
 LABELS = dict(COORDS)
@@ -26,7 +26,7 @@ def _verdict(cell: CellDelta) -> str:
     s = cell.significance
     across = f" ({s.n_a} vs {s.n_b} processes)" if s.basis == "processes" else ""
     if s.verdict in ("slower", "faster"):
-        p = "p<0.001" if s.p_value < 0.001 else f"p={shown_apart(s.p_value, ALPHA, 3)}"
+        p = "p<0.001" if s.p_value < 0.001 else f"p={shown_apart(s.p_value, s.alpha, 3)}"
         color = "red" if s.verdict == "slower" else "green"
         return f"[{color}]{s.verdict} ×{s.ratio:.2f}[/] {p}{across}"
     if s.verdict == "no significant change":

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harness.records import shown_apart
+from harness.figures import shown_apart
 from harness.results.aggregate import SIZE_ORDER_MARGIN
 from harness.views.text import escape, printable
 

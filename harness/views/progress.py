@@ -28,8 +28,12 @@ class RichProgress(SilentProgress):
             yield lambda advance=1: progress.advance(task_id, advance)
 
     def log(self, message: str) -> None:
-        # soft wrap: a long line (a command to copy) is folded by the terminal, not broken by rich
-        self.console.print(escape(message), soft_wrap=True, highlight=False)
+        """One line, best effort (a terminal closed under the run never fails a cell); soft-wrapped: a long line
+        (a command to copy) is folded by the terminal, not broken by rich."""
+        try:
+            self.console.print(escape(message), soft_wrap=True, highlight=False)
+        except (OSError, ValueError):
+            pass
 
 
 class PlainProgress(SilentProgress):

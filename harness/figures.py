@@ -1,0 +1,9 @@
+"""How a figure is printed beside the threshold it is judged against."""
+
+
+def shown_apart(value: float, mark: float, digits: int, most: int = 6) -> str:
+    """`value` with `digits` decimals, or more (up to `most`) where it would print as `mark` without being it: a
+    figure judged against a threshold never reads as the threshold (p=0.050 beside "slower" at alpha 0.05)."""
+    while digits < most and f"{value:.{digits}f}" == f"{mark:.{digits}f}" and value != mark:
+        digits += 1
+    return f"{value:.{digits}f}"
