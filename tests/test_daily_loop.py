@@ -130,7 +130,9 @@ def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_
                               random_state=np.random.default_rng(0)).confidence_interval
         median = np.median(samples)
         truth = 100 * max(median - low, high - median) / median  # the farther end: both within the target
-        assert record.timing.target_ci["extent_pct"] == pytest.approx(truth, abs=1e-3)
+        # the recorded samples are rounded to 1e-4 ms: two such units of the median (in %) beside the record's own
+        # rounding, which matter where a batch takes a fraction of a millisecond
+        assert record.timing.target_ci["extent_pct"] == pytest.approx(truth, abs=1e-3 + 200 * 1e-4 / median)
         assert record.timing.short_batch is None and record.timing.timed_images >= 16
     assert met.timing.target_ci["met"] and met.timing.target_ci["extent_pct"] <= 25.0
     assert not short.timing.target_ci["met"] and short.timing.target_ci["stopped"] == "--max-seconds"

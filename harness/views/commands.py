@@ -70,9 +70,9 @@ def print_leaderboard(console: Console, board: dict, notes: list[str], output) -
 
 
 def _variant(block: dict) -> str:
-    """full, or partialN: the site's rule, the count of datasets scored alone."""
+    """fullN or partialN, N the datasets scored: the site's rule, the count alone."""
     scored = len(block["datasets"])
-    return "full" if scored == block["protocol"]["expected_datasets"] else f"partial{scored}"
+    return f"{'full' if scored == block['protocol']['expected_datasets'] else 'partial'}{scored}"
 
 
 def campaign_json(path, doc: dict, results) -> dict:
