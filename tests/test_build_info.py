@@ -99,7 +99,7 @@ def test_an_installed_wheel_names_its_commit_and_finds_its_own_files(tmp_path, r
         "from harness.build_info import harness_commit, source_tree\n"
         "from harness.config import preset_path\n"
         "from harness.data.coco import default_coco_dirs\n"
-        "from harness.report.gates import EXAMPLE_GATES\n"
+        "from harness.report import EXAMPLE_GATES\n"
         "from harness.catalogue import model_ids\n"
         "print(json.dumps({'file': harness.__file__, 'commit': harness_commit(), 'tree': str(source_tree()),\n"
         "  'preset': preset_path('default').is_file(), 'gates': EXAMPLE_GATES.is_file(),\n"
