@@ -206,7 +206,7 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
 
     Exit 0 when every cell is ok, 1 when a cell failed (the others still run) or an int8 row kept < 99 % of its
     fp32 mAP, 2 for bad input,
-    130/143 when interrupted (finished cells are kept: continue with --resume RUN_ID)."""
+    130/143/129 when interrupted (SIGINT/SIGTERM/SIGHUP) (finished cells are kept: continue with --resume RUN_ID)."""
     from harness.config import given, load_config
     from harness.run.plan import prepare  # light: its checks refuse bad options before torch is imported
 
@@ -700,7 +700,8 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
 
     The same options as `va-bench run`; each cell runs on a node of its hardware, one benchmark per node at a
     time. Exit 0 when every cell is ok, 1 when a cell or shard failed or was interrupted (the rest still runs;
-    continue with --resume RUN_ID), 2 for bad input, 130/143 when interrupted. See docs/fleet.md."""
+    continue with --resume RUN_ID), 2 for bad input, 130/143/129 when interrupted (SIGINT/SIGTERM/SIGHUP). See
+    docs/fleet.md."""
     from harness.config import given, load_config
     from harness.views.commands import run_header
     from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
