@@ -336,14 +336,14 @@ class LayerPassRecord:
     ort_trace: str | None = None
 
     @property
-    def coverage(self) -> list[float]:
-        """Summed layer time / forward stage time, per batch."""
-        return [s / f if f else 0.0 for s, f in zip(self.layer_sum_ms, self.forward_ms, strict=True)]
+    def coverage(self) -> list[float | None]:
+        """Summed layer time / forward stage time, per batch (None where the forward took no measurable time)."""
+        return [s / f if f else None for s, f in zip(self.layer_sum_ms, self.forward_ms, strict=True)]
 
     def summary(self, top: int = 10) -> dict:
         return {"method": self.method, "batches": len(self.forward_ms), "layer_calls": len(self.calls),
                 "by_type_top": self.by_type[:top],
-                "layer_sum_over_forward": [round(c, 4) for c in self.coverage]}
+                "layer_sum_over_forward": [None if c is None else round(c, 4) for c in self.coverage]}
 
 
 @dataclass

@@ -276,3 +276,20 @@ def test_hw_json_names_every_probe():
     assert (report["probes"]["device_state.cpu_temperature"]["status"] == "ok") == has_thermal
     assert all(p["status"] in ("ok", "unavailable") for p in report["probes"].values())
     assert all(p.get("reason") for p in report["probes"].values() if p["status"] == "unavailable")
+
+
+def test_a_layer_pass_that_timed_no_layer_says_so_rather_than_zero(tmp_path):
+    """The test plugin's torch_module is not what its forward runs: no leaf module is called during the pass, and
+    the record says the layers are unavailable (it said every layer summed to 0.00 of the forward)."""
+    from conftest import COCO_DIR, run_in_process
+
+    if not COCO_DIR.is_dir():
+        pytest.skip("COCO sample not found")
+    plugin = REPO / "tests" / "plugins" / "synthetic_detector.py"
+    done = run_in_process("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--limit", "4",
+                          "--batch-sizes", "1", "--coco-dir", str(COCO_DIR), "--no-accuracy", "--layers",
+                          "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-energy",
+                          "--draw-images", "0", "--output-dir", str(tmp_path), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert done.returncode == 0, done.stderr
+    layers = json.loads(next(tmp_path.glob("*/submissions/*.json")).read_text())["layers"]
+    assert layers["status"] == "unavailable" and "no layer was timed" in layers["reason"]

@@ -338,6 +338,16 @@ def seconds_since_boot() -> float:
     return time.time() - psutil.boot_time()
 
 
+def process_start_time() -> float:
+    """This process's start as a time.time() value: its start in seconds since boot (psutil's create_time less the
+    boot time it added) against CLOCK_BOOTTIME; psutil's create_time itself adds /proc/stat's whole-second boot time
+    and reads up to 1 s early."""
+    import psutil
+
+    since_boot = psutil.Process().create_time() - psutil.boot_time()
+    return time.time() - (seconds_since_boot() - since_boot)
+
+
 class DeviceSampler:
     """Samples the device's state on a thread during each timed pass (begin_window / end_window), like the
     memory monitor; end_window returns what was seen, a `throttled` flag and warnings."""

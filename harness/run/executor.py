@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
 from harness.backends import BackendOptions, load_detector_core
@@ -45,7 +44,7 @@ from harness.eval.matching import match_detections
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
-from harness.measure.hygiene import DeviceSampler
+from harness.measure.hygiene import DeviceSampler, process_start_time
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
@@ -158,7 +157,7 @@ class GroupExecutor:
         # the dataset category each label is scored as (checked at plan time: data/classes.py)
         self.label_categories = ctx.label_categories[detector.model_id]
         config = ctx.config
-        process_start = psutil.Process().create_time()
+        process_start = process_start_time()
         load_start, clock = time.time(), time.perf_counter()
         synthetic = ctx.dataset.layout == "synthetic"
         if ctx.images is None:  # once per run: every cell decodes from the same place (data/cache.py)
@@ -319,8 +318,13 @@ class GroupExecutor:
                                     ctx.run_dir / f"{runtime}_profile__{load_slug(self.key)}.json")
             if layers.ort_trace:
                 layers.ort_trace = str(Path(layers.ort_trace).relative_to(ctx.run_dir))
-            ctx.artifacts.add_layers(cell, layers)
-            record.layers = layers.summary()
+            if layers.calls:
+                ctx.artifacts.add_layers(cell, layers)
+                record.layers = layers.summary()
+            else:  # sums of 0 would read as layers that took no time: the pass measured nothing
+                record.layers = {"status": "unavailable", "reason": "no layer was timed: no leaf module of the core's "
+                                 "torch_module ran in its forward" if layers.ort_trace is None else
+                                 "no layer was timed: the runtime's profiler recorded no node"}
         if config.profile:
             batches = [full[i % len(full)] for i in range(config.profile_batches)]
             with ctx.progress.task(f"profiler {cell.label}", None):
