@@ -131,6 +131,7 @@ class ImageDetections:
         """COCO results format: bbox [x, y, w, h], category_id = class_map[label], and the mask as
         `segmentation` where there is one; a label mapped to a negative id (a class the dataset does not have)
         is left out."""
+        _check_labels(self, class_map)
         out = []
         for k, ((x1, y1, x2, y2), score, label) in enumerate(zip(self.boxes.tolist(), self.scores.tolist(),
                                                                  self.labels.tolist(), strict=True)):
@@ -145,6 +146,14 @@ class ImageDetections:
         return out
 
 
+def _check_labels(det: ImageDetections, class_map: tuple[int, ...]) -> None:
+    """Labels are indices into the class map: a negative one would index it from the end (label -1 scored as the
+    last class)."""
+    if det.labels.size and (int(det.labels.min()) < 0 or int(det.labels.max()) >= len(class_map)):
+        raise ValueError(f"image {det.image_id}: labels from {int(det.labels.min())} to {int(det.labels.max())} are "
+                         f"not all class indices of the model's {len(class_map)} classes (its class_map)")
+
+
 def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[str]:
     """`det.to_coco(class_map)` encoded as JSON texts without building the dicts (a cell's detections file holds
     ~140 results per image). Numbers are printed as "%.3f" / "%.6f": the decimal that round(x, 3) / round(x, 6)
@@ -155,6 +164,7 @@ def coco_json_texts(det: ImageDetections, class_map: tuple[int, ...]) -> list[st
         except ValueError as exc:
             raise NonFiniteNumberError(f"image {det.image_id}: a detection holds NaN or inf (a bug upstream); "
                                        "nothing was written") from exc
+    _check_labels(det, class_map)
     boxes, scores = det.boxes.astype(np.float64), det.scores.astype(np.float64)
     if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):
         raise NonFiniteNumberError(f"image {det.image_id}: a detection holds NaN or inf (a bug upstream); nothing "

@@ -147,7 +147,11 @@ def load_detector_core(detector: Detector, backend: str, device: Any, precision:
     if source is None:
         if backend not in detector.backends:
             raise UsageError(f"{detector.model_id} has no backend {backend!r}; it has {', '.join(detector.backends)}")
-        return detector.load_core(backend, device, precision, input_size, threads)
+        core = detector.load_core(backend, device, precision, input_size, threads)
+        if getattr(core, "precision", precision) != precision:  # the record would say what was asked, not what ran
+            raise UsageError(f"{detector.model_id}: load_core gave a {core.precision} core for --precision "
+                             f"{precision}; run the precision asked for, or refuse it in load_core")
+        return core
     core = load_core(source, backend, device, precision, input_size, options=options, threads=threads)
     check = getattr(detector, "check_core", None)
     if check is not None:

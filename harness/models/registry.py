@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.catalogue import PLUGIN_PATTERN, check_model_id
 from harness.detector.engine import is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS, Detector
-from harness.errors import UsageError, path_problem
+from harness.errors import UsageError, brief, path_problem
 from harness.models import torchvision_family, ultralytics_onnx, yolox
 
 
@@ -174,13 +174,34 @@ def load_plugin(path: str, factory_name: str) -> Detector:
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise UsageError(f"model plugin {file}:{factory_name}() failed: {type(exc).__name__}"
                          f"{': ' + first if first else ''}; fix the plugin") from exc
+    if isinstance(detector, type):
+        raise UsageError(f"{file}:{factory_name} returned the class {detector.__name__}, not a detector: return "
+                         f"{detector.__name__}(...)")
     missing = [a for a in REQUIRED_ATTRS if not hasattr(detector, a)]
     if not any(all(hasattr(detector, a) for a in attrs) for attrs in CORE_ATTRS):
         missing.append("core_source (or load_core and backends)")
     if missing:
         raise UsageError(f"{file}:{factory_name} returned an object without {', '.join(missing)} "
                          "(see harness/detector/protocol.py: Detector)")
+    _check_specs(detector, f"{file}:{factory_name}")
     return detector
+
+
+def _check_specs(detector: Detector, where: str) -> None:
+    """A plugin's specs of the types the contract names: a `postprocess` of another type would be ignored (the
+    family's NMS defaults run instead), an input size of another shape fails deep inside a run."""
+    from harness.detector.protocol import PostprocessSpec, PreprocessSpec
+
+    post = getattr(detector, "postprocess", None)
+    if post is not None and not isinstance(post, PostprocessSpec):
+        raise UsageError(f"{where}: postprocess is a {type(post).__name__}, not a PostprocessSpec "
+                         "(harness/detector/protocol.py); build one, or leave it out for NMS at the defaults")
+    pre = detector.preprocess
+    size = getattr(pre, "input_size", None)
+    if not isinstance(pre, PreprocessSpec) or not (isinstance(size, tuple) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+        raise UsageError(f"{where}: preprocess must be a PreprocessSpec whose input_size is (height, width) in "
+                         f"pixels, not {brief(size if isinstance(pre, PreprocessSpec) else pre)}")
 
 
 def get_detector(spec: str, weights: str | None = None) -> Detector:

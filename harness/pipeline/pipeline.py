@@ -33,7 +33,7 @@ import torch
 from harness.data.coco import ImageRecord
 from harness.detector.protocol import Core, Detector, PreprocessSpec, postprocess_spec, task_of
 from harness.measure.device import Device
-from harness.pipeline.checks import check_finite
+from harness.pipeline.checks import check_decoded, check_finite
 from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
 from harness.pipeline.masks import batch_masks
 from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original
@@ -211,6 +211,7 @@ class DetectorPipeline:
         self.thresholds = thresholds
         self.read_image = read_image
         self.postprocess = postprocess_spec(detector)  # the kind; thresholds come from `thresholds`
+        self._decoded_checked = False  # the decoder's output checked against the contract (its first batch)
         # ONNX Runtime takes host memory (it copies to its device itself); torch and TensorRT engine cores
         # take device tensors (Core.takes_device_tensors; plugin cores: those with a torch module)
         takes_device = getattr(core, "takes_device_tensors", getattr(core, "torch_module", None) is not None)
@@ -498,6 +499,10 @@ class DetectorPipeline:
         t, post = self.thresholds, self.postprocess
         check_finite(raw, [r.image_id for r in records])
         decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
+        if not self._decoded_checked:  # the contract, once per pipeline: a plugin's systematic mistake shows here
+            check_decoded(decoded, len(records), self.spec.input_size, post.activation == "sigmoid",
+                          len(self.detector.class_map))
+            self._decoded_checked = True
         candidates = gather_candidates(decoded, post, t.conf, t.max_det)
         if self.selection_on_host:
             with timer.substep("copy"):
