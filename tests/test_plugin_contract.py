@@ -107,3 +107,14 @@ def test_a_core_of_another_precision_than_asked_is_not_recorded_as_asked(tmp_pat
     """The synthetic plugin's core is fp32 whatever it is asked: a bf16 run of it would have said bf16."""
     done = _run(f"{PLUGINS / 'synthetic_detector.py'}:make_detector", tmp_path, "--precision", "bf16")
     assert done.returncode == 1 and "load_core gave a fp32 core for --precision bf16" in done.stderr, done.stderr
+
+
+def test_a_core_returning_a_dict_is_told_what_to_return():
+    """torchvision-style dict outputs: list() would take the keys for outputs ("'str' object has no attribute ...")."""
+    from harness.detector.graph import output_list
+
+    assert len(output_list((torch.zeros(1), torch.ones(2)))) == 2 and len(output_list(torch.zeros(3))) == 1
+    with pytest.raises(TypeError, match="must return a tensor or a tuple of tensors, not a dict"):
+        output_list({"boxes": torch.zeros(1, 4)})
+    with pytest.raises(TypeError, match="not a tuple of Tensor, str"):
+        output_list((torch.zeros(1), "boxes"))

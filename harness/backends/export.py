@@ -94,10 +94,12 @@ def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tupl
         else:
             error = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
         if not diff <= RELATIVE_TOLERANCE:
-            if path is not None:
+            fix = "use --backend pytorch"
+            if path is not None:  # cached by the weights' hash: an export of the module's code before an edit
                 path.unlink(missing_ok=True)
-            raise UsageError(f"{name}: on {runtime} it disagrees with PyTorch at batch {b} ({error}); "
-                             "use --backend pytorch")
+                fix = ("its export is removed from the cache: if the module's code changed since it was exported, "
+                       f"run again (the current code is exported and checked anew); else {fix}")
+            raise UsageError(f"{name}: on {runtime} it disagrees with PyTorch at batch {b} ({error}); {fix}")
         worst = max(worst, diff)
     return {"opset": OPSET, "traced_batch": EXPORT_BATCH, "checked_batches": list(batches),
             "max_relative_diff": worst}

@@ -11,7 +11,7 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.capturable import keep_shape_constants_on_host
-from harness.detector.graph import onnx_to_torch
+from harness.detector.graph import onnx_to_torch, output_list
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
 from harness.measure.device import Device
@@ -105,7 +105,7 @@ class TorchCore:
         with torch.inference_mode(), torch.autocast(self.device.kind, dtype=self.dtype,
                                                     enabled=self.dtype is not None):
             out = self._forward(batch)
-        outputs = [out] if isinstance(out, torch.Tensor) else list(out)
+        outputs = output_list(out)
         return [o.float() for o in outputs] if self.dtype is not None else outputs
 
     def _capture(self, shape: tuple[int, ...]) -> None:

@@ -155,12 +155,26 @@ def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
     return int(counter.get_total_flops())
 
 
+def output_list(out: Any) -> list[torch.Tensor]:
+    """A torch core's forward result as the list of raw outputs: a tensor, or a tuple or list of tensors (their
+    order is the raw outputs' on every backend); anything else (a dict, torchvision-style) is a TypeError saying so,
+    where `list()` would have taken a dict's keys for outputs."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return list(out)
+    got = type(out).__name__ + (f" of {', '.join(sorted({type(o).__name__ for o in out}))}"
+                                if isinstance(out, (tuple, list)) else "")
+    raise TypeError(f"a core's forward must return a tensor or a tuple of tensors, not a {got}: return the head's "
+                    "tensors in a fixed order (e.g. tuple(out[k] for k in KEYS))")
+
+
 def module_outputs(module: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """A torch core's outputs as a list, without autograd. Not under inference mode: a module that caches a tensor
     made in its forward (an anchor grid) would keep an inference tensor, which a later ONNX trace cannot use."""
     with torch.no_grad():
         out = module(x)
-    return [out] if isinstance(out, torch.Tensor) else list(out)
+    return output_list(out)
 
 
 def _scale(want: torch.Tensor) -> float:
