@@ -279,13 +279,22 @@ def test_hw_json_names_every_probe():
 
 
 def test_a_layer_pass_that_timed_no_layer_says_so_rather_than_zero(tmp_path):
-    """The test plugin's torch_module is not what its forward runs: no leaf module is called during the pass, and
-    the record says the layers are unavailable (it said every layer summed to 0.00 of the forward)."""
+    """A core whose torch_module is not what its forward runs: no leaf module is called during the pass, and the
+    record says the layers are unavailable (it said every layer summed to 0.00 of the forward)."""
     from conftest import COCO_DIR, run_in_process
 
     if not COCO_DIR.is_dir():
         pytest.skip("COCO sample not found")
-    plugin = REPO / "tests" / "plugins" / "synthetic_detector.py"
+    plugin = tmp_path / "unhooked.py"
+    plugin.write_text(f"import sys\nsys.path.insert(0, {str(REPO / 'tests' / 'plugins')!r})\nimport torch\n"
+                      "from synthetic_detector import SleepyCore, SyntheticDetector\n\n"
+                      "class Core(SleepyCore):\n    def __call__(self, batch):\n"
+                      "        self.torch_module = torch.nn.Identity()  # the one called is not the one hooked\n"
+                      "        return super().__call__(batch)\n\n"
+                      "class Detector(SyntheticDetector):\n"
+                      "    def load_core(self, backend, device, precision, input_size, threads=None):\n"
+                      "        return Core()\n\n"
+                      "def make_detector():\n    return Detector()\n")
     done = run_in_process("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--limit", "4",
                           "--batch-sizes", "1", "--coco-dir", str(COCO_DIR), "--no-accuracy", "--layers",
                           "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-energy",

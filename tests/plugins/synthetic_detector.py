@@ -29,7 +29,7 @@ class SleepyCore:
     precision = "fp32"
 
     def __init__(self, fail_at: int | None = None, fail_kind: str = "error", fail_from: int = 1):
-        self.torch_module = torch.nn.Identity()
+        self.torch_module = torch.nn.Sequential(torch.nn.Identity())  # one leaf: what a layer pass times
         self.fail_at, self.fail_kind, self.fail_from, self.calls = fail_at, fail_kind, fail_from, 0
 
     def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
@@ -40,6 +40,7 @@ class SleepyCore:
                 raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (synthetic, batch {b})")
             raise RuntimeError(f"synthetic failure at batch size {b}")
         start = time.perf_counter()
+        self.torch_module(batch)  # what a layer pass times (its one leaf, called once)
         time.sleep(FORWARD_MS / 1000.0)
         MEASURED_MS.append((time.perf_counter() - start) * 1000.0)
         # one box per image covering the centre quarter of the input, class 0, score 0.9
