@@ -37,6 +37,9 @@ def test_the_contracts_output_passes():
     check_decoded([_candidates(torch.zeros(0, 4))], 1, SIZE, False, 80)  # no candidates at all
     dense = DenseCandidates(torch.tensor([XYXY, XYXY]), torch.randn(2, 12, 80) * 5)  # logits: the spec's sigmoid
     check_decoded(dense, 2, SIZE, True, 80)
+    # boxes of any shape where they do not count: random weights (timing only), a trained model's background
+    check_decoded([_candidates(XYWH)], 1, SIZE, False, 80, trained=False)
+    check_decoded([_candidates(XYWH, scores=torch.full((12,), 0.01))], 1, SIZE, False, 80)
 
 
 @pytest.mark.parametrize("decoded, images, logits, expected", [

@@ -34,11 +34,14 @@ def check_finite(raw: Sequence[torch.Tensor], image_ids: Sequence[int]) -> None:
                                "the weights or the export are broken")
 
 
-def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: bool, n_classes: int) -> None:
+def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: bool, n_classes: int,
+                  trained: bool = True) -> None:
     """A decoder's output as harness/detector/protocol.py defines it (one Candidates per image, or a
     DenseCandidates of the batch; boxes xyxy in input-tensor pixels; scores probabilities, or logits where the
     family's spec says `activation: sigmoid`; labels class indices below `n_classes`), else ModelOutputError naming
-    the field and the fix. Run on a pipeline's first batch: a plugin's systematic mistake shows there."""
+    the field and the fix. Run on a pipeline's first batch: a plugin's systematic mistake shows there. The boxes are
+    judged by the confident candidates of trained weights only (random weights, and a trained model's background
+    anchors, give boxes of any shape)."""
     from harness.detector.protocol import Candidates, DenseCandidates
 
     fix = "see harness/detector/protocol.py (Candidates, DenseCandidates)"
@@ -49,6 +52,7 @@ def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: b
             raise ModelOutputError(f"decode() gave DenseCandidates of boxes {list(boxes.shape)} and scores "
                                    f"{list(scores.shape)} for a batch of {n_images}: they must be [B, K, 4] and "
                                    f"[B, K, C]; {fix}")
+        confidence = (scores.sigmoid() if logits else scores).amax(dim=2).reshape(-1)
         boxes, scores = boxes.reshape(-1, 4), scores.reshape(-1)
     elif isinstance(decoded, (list, tuple)) and all(isinstance(c, Candidates) for c in decoded):
         if len(decoded) != n_images:
@@ -70,20 +74,28 @@ def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: b
         boxes = torch.cat([c.boxes for c in decoded]) if decoded else torch.zeros(0, 4)
         scores = torch.cat([c.scores for c in decoded]) if decoded else torch.zeros(0)
         logits = False  # the spec's activation applies to DenseCandidates only: a Candidates score is a probability
+        confidence = scores
     else:
         raise ModelOutputError(f"decode() gave {type(decoded).__name__}: one Candidates per image, or a "
                                f"DenseCandidates of the batch; {fix}")
-    _check_values(boxes.float(), scores.float(), input_size, logits, fix)
+    _check_scores(scores.float(), logits, fix)
+    if trained:
+        _check_boxes(boxes.float()[confidence.float() >= CONFIDENT], input_size, fix)
 
 
-def _check_values(boxes: torch.Tensor, scores: torch.Tensor, input_size: tuple[int, int], logits: bool,
-                  fix: str) -> None:
+CONFIDENT = 0.05  # the candidates whose boxes are judged: a trained model's detections, not its background
+
+
+def _check_scores(scores: torch.Tensor, logits: bool, fix: str) -> None:
     if torch.isnan(scores).any():
         raise ModelOutputError(f"decode() gave NaN scores: they would never pass a threshold; {fix}")
     if not logits and scores.numel() and (float(scores.min()) < -1e-3 or float(scores.max()) > 1 + 1e-3):
         raise ModelOutputError(f"decode() gave scores from {float(scores.min()):.3g} to {float(scores.max()):.3g}: "
                                "they must be probabilities in [0, 1] (logits? apply the sigmoid, or give "
                                f"DenseCandidates with the spec's activation: sigmoid); {fix}")
+
+
+def _check_boxes(boxes: torch.Tensor, input_size: tuple[int, int], fix: str) -> None:
     if boxes.shape[0] < 10 or not torch.isfinite(boxes).all():  # too few to judge; non-finite: said when written
         return
     inverted = float(((boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])).float().mean())

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from harness.data.coco import ImageRecord
-from harness.detector.protocol import Core, Detector, PreprocessSpec, postprocess_spec, task_of
+from harness.detector.protocol import RANDOM_WEIGHTS, Core, Detector, PreprocessSpec, postprocess_spec, task_of
 from harness.measure.device import Device
 from harness.pipeline.checks import check_decoded, check_finite
 from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
@@ -501,7 +501,7 @@ class DetectorPipeline:
         decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
         if not self._decoded_checked:  # the contract, once per pipeline: a plugin's systematic mistake shows here
             check_decoded(decoded, len(records), self.spec.input_size, post.activation == "sigmoid",
-                          len(self.detector.class_map))
+                          len(self.detector.class_map), self.detector.weights.source != RANDOM_WEIGHTS)
             self._decoded_checked = True
         candidates = gather_candidates(decoded, post, t.conf, t.max_det)
         if self.selection_on_host:
