@@ -33,13 +33,13 @@ XYWH = [[x1, y1, x2 - x1, y2 - y1] for x1, y1, x2, y2 in XYXY]  # the same boxes
 
 
 def test_the_contracts_output_passes():
-    check_decoded([_candidates(XYXY), _candidates(XYXY[:3])], 2, SIZE, False, 80)
-    check_decoded([_candidates(torch.zeros(0, 4))], 1, SIZE, False, 80)  # no candidates at all
+    check_decoded([_candidates(XYXY), _candidates(XYXY[:3])], 2, SIZE, False)
+    check_decoded([_candidates(torch.zeros(0, 4))], 1, SIZE, False)  # no candidates at all
     dense = DenseCandidates(torch.tensor([XYXY, XYXY]), torch.randn(2, 12, 80) * 5)  # logits: the spec's sigmoid
-    check_decoded(dense, 2, SIZE, True, 80)
+    check_decoded(dense, 2, SIZE, True)
     # boxes of any shape where they do not count: random weights (timing only), a trained model's background
-    check_decoded([_candidates(XYWH)], 1, SIZE, False, 80, trained=False)
-    check_decoded([_candidates(XYWH, scores=torch.full((12,), 0.01))], 1, SIZE, False, 80)
+    check_decoded([_candidates(XYWH)], 1, SIZE, False, trained=False)
+    check_decoded([_candidates(XYWH, scores=torch.full((12,), 0.01))], 1, SIZE, False)
 
 
 @pytest.mark.parametrize("decoded, images, logits, expected", [
@@ -48,8 +48,6 @@ def test_the_contracts_output_passes():
     ([_candidates(XYXY, scores=torch.linspace(-4, 4, 12))], 1, False, "must be probabilities"),
     ([_candidates(XYXY, scores=torch.tensor([float("nan")] * 12))], 1, False, "NaN scores"),
     ([_candidates(XYXY, labels=torch.zeros(12))], 1, False, "integer tensor"),
-    ([_candidates(XYXY, labels=torch.full((12,), -1))], 1, False, "0 to 79"),
-    ([_candidates(XYXY, labels=torch.full((12,), 80))], 1, False, "0 to 79"),
     ([_candidates(XYXY)], 2, False, "Candidates of 1 images for a batch of 2"),
     ((torch.zeros(12, 4), torch.zeros(12)), 1, False, "one Candidates per image"),
     (DenseCandidates(torch.zeros(2, 12, 4), torch.zeros(2, 12)), 2, False, "must be [B, K, 4] and [B, K, C]"),
@@ -57,7 +55,22 @@ def test_the_contracts_output_passes():
 ])
 def test_a_decoders_mistake_is_one_line_naming_it(decoded, images, logits, expected):
     with pytest.raises(ModelOutputError, match=re.escape(expected)):
-        check_decoded(decoded, images, SIZE, logits, 80)
+        check_decoded(decoded, images, SIZE, logits)
+
+
+@pytest.mark.parametrize("label", [-1, 80])
+def test_a_label_outside_the_class_map_is_refused_where_it_would_be_written(label):
+    """Label -1 indexed the class map from its end (scored as the last class, toothbrush); 80 past it."""
+    import numpy as np
+
+    from harness.data.categories import COCO80_TO_91
+    from harness.records import ImageDetections, coco_json_texts
+
+    det = ImageDetections(7, np.array([[1.0, 2.0, 30.0, 40.0]], np.float32), np.array([0.9], np.float32),
+                          np.array([label]))
+    for write in (det.to_coco, lambda m: coco_json_texts(det, m)):
+        with pytest.raises(ValueError, match=r"image 7: labels from .* class indices of the model's 80 classes"):
+            write(COCO80_TO_91)
 
 
 def _plugin(tmp_path: Path, body: str) -> str:

@@ -34,11 +34,11 @@ def check_finite(raw: Sequence[torch.Tensor], image_ids: Sequence[int]) -> None:
                                "the weights or the export are broken")
 
 
-def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: bool, n_classes: int,
-                  trained: bool = True) -> None:
+def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: bool, trained: bool = True) -> None:
     """A decoder's output as harness/detector/protocol.py defines it (one Candidates per image, or a
     DenseCandidates of the batch; boxes xyxy in input-tensor pixels; scores probabilities, or logits where the
-    family's spec says `activation: sigmoid`; labels class indices below `n_classes`), else ModelOutputError naming
+    family's spec says `activation: sigmoid`; labels integer class indices, whose range every image's detections
+    are checked for when written: records.py), else ModelOutputError naming
     the field and the fix. Run on a pipeline's first batch: a plugin's systematic mistake shows there. The boxes are
     judged by the confident candidates of trained weights only (random weights, and a trained model's background
     anchors, give boxes of any shape)."""
@@ -67,10 +67,6 @@ def check_decoded(decoded, n_images: int, input_size: tuple[int, int], logits: b
             if c.labels.is_floating_point() or c.labels.dtype == torch.bool:
                 raise ModelOutputError(f"decode() gave Candidates.labels of {c.labels.dtype}: class indices, an "
                                        f"integer tensor (labels.long()); {fix}")
-            if k and (int(c.labels.min()) < 0 or int(c.labels.max()) >= n_classes):
-                raise ModelOutputError(f"decode() gave Candidates.labels from {int(c.labels.min())} to "
-                                       f"{int(c.labels.max())}: class indices of the model's {n_classes} classes "
-                                       f"(its class_map), 0 to {n_classes - 1}; {fix}")
         boxes = torch.cat([c.boxes for c in decoded]) if decoded else torch.zeros(0, 4)
         scores = torch.cat([c.scores for c in decoded]) if decoded else torch.zeros(0)
         logits = False  # the spec's activation applies to DenseCandidates only: a Candidates score is a probability

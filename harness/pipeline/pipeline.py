@@ -501,7 +501,7 @@ class DetectorPipeline:
         decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
         if not self._decoded_checked:  # the contract, once per pipeline: a plugin's systematic mistake shows here
             check_decoded(decoded, len(records), self.spec.input_size, post.activation == "sigmoid",
-                          len(self.detector.class_map), self.detector.weights.source != RANDOM_WEIGHTS)
+                          self.detector.weights.source != RANDOM_WEIGHTS)
             self._decoded_checked = True
         candidates = gather_candidates(decoded, post, t.conf, t.max_det)
         if self.selection_on_host:

@@ -79,7 +79,7 @@ def campaign_json(path, doc: dict, results) -> dict:
     """What `campaign` prints, for scripts: the row's file, whether the site takes it and why not, each skipped
     dataset with its reason."""
     block = doc["rf100vl"]
-    reasons = {r.name: str(r.reason) for r in results}
+    reasons = {r.name: None if r.reason is None else str(r.reason) for r in results}
     return {"submission": str(path), "valid_submission": block["valid_submission"], "variant": _variant(block),
             "invalid_reasons": block["invalid_reasons"], "skipped_datasets": block["skipped_datasets"],
             "skipped": [{"name": n, "reason": reasons.get(n)} for n in block["skipped_datasets"]],
