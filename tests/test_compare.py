@@ -391,6 +391,24 @@ def test_real_run_against_itself(real_runs):
     assert "no class changed (of 80)" in console.export_text()  # not ten unchanged classes as "largest changes"
 
 
+def test_a_side_without_per_class_files_says_the_classes_were_not_compared(real_runs, tmp_path):
+    """A run made before per_class files were written (or with them removed): said, not silently left out."""
+    ort, _ = real_runs
+    old = tmp_path / ort.name
+    shutil.copytree(ort, old)
+    shutil.rmtree(old / "per_class")
+    c = compare_paths(old, [ort])[0]
+    assert c.accuracy and all(not acc.per_class for acc in c.accuracy)
+    assert all(acc.per_class_unavailable.startswith("A has no per_class file 'per_class/") for acc in c.accuracy), \
+        [acc.per_class_unavailable for acc in c.accuracy]
+    console = Console(record=True, width=80)
+    console.print(render_comparison(c))
+    text = console.export_text()
+    assert "per class AP 50:95" in text and "not compared (A has no per_class file" in text.replace("\n", " ")
+    acc = c.accuracy[0]
+    assert json.loads(json.dumps(acc.to_dict()))["per_class_unavailable"] == acc.per_class_unavailable
+
+
 def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
     from harness.eval.matching import match_detections
     from harness.records import detections_from_coco

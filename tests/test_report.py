@@ -24,6 +24,7 @@ from harness.report import EXAMPLE_GATES
 from harness.report.gates import load_gates
 from harness.report.plots import BAND_FROM_SAMPLES, BAND_FROM_SUMMARY, energy_per_image
 from harness.report.run_report import make_report
+from harness.report.sections import human_size
 from harness.results.reader import load_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -249,6 +250,48 @@ def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
         assert row[2] == ("-" if c["AP"] is None else f"{c['AP']:.4f}")
     html = make_report(_copy(run_a, tmp_path)).html.read_text()
     assert "per-category AP of" in html
+
+
+def _artefact_list(html: str) -> list[str]:
+    return re.findall(r"<li><a href='[^']*'>([^<]*)</a> <span class='note'>([^<]*)</span></li>",
+                      html.split("<h2 id='artefacts'>", 1)[1])
+
+
+def test_a_report_made_again_lists_the_same_files(run_a, tmp_path):
+    run = _copy(run_a, tmp_path)
+    first = _artefact_list(make_report(run).html.read_text())
+    second = _artefact_list(make_report(run).html.read_text())
+    assert first == second
+    names = [name for name, _ in first]
+    assert names.count("report.html") == 1 and dict(first)["report.html"] == "this page"
+    # every listed file is in the folder now, and every file of the folder is listed, at its size
+    on_disk = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file() and not p.name.startswith("."))
+    assert sorted(names) == on_disk
+    for png in EXPECTED_PNGS:
+        assert dict(first)[png] == human_size((run / png).stat().st_size)
+
+
+def test_cells_made_under_another_build_are_credited_to_it(run_a, tmp_path):
+    """A run resumed with --force under another commit and hardware id: the report and the log name both, with
+    the cells each made, and the differences the resume accepted."""
+    run = _copy(run_a, tmp_path)
+    path = sorted((run / "submissions").glob("*.json"))[-1]
+    sub = json.loads(path.read_text())
+    sub["repro"].update(harness_commit="f" * 40, harness_dirty=False)
+    sub["hardware"]["id"] = "another_box"
+    path.write_text(json.dumps(sub))
+    doc = json.loads((run / "run.json").read_text())
+    doc["resumed"] = [{"at": "2026-11-29T00:00:00Z", "forced_differences": ["harness commit a -> f"]}]
+    (run / "run.json").write_text(json.dumps(doc))
+    log = tmp_path / "log.md"
+    html = make_report(run, log_path=log).html.read_text()
+    first = _submissions(run)[0]
+    own = first["repro"]["harness_commit"][:12] + (" (dirty)" if first["repro"]["harness_dirty"] else "")
+    for text in (html, log.read_text()):
+        assert f"{own} (1 cell)" in text and "ffffffffffff (1 cell)" in text
+        assert "with --force despite: harness commit a -&gt; f" in text or "despite: harness commit a -> f" in text
+    assert f"{first['hardware']['id']}:" in html and "other cells under another_box (1 cell)" in html
+    assert "Its cells were made at harness commits" in log.read_text()
 
 
 def test_gates_come_only_from_the_file_the_user_names(run_b, tmp_path):

@@ -614,7 +614,7 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     assert [r.path.name for r in validation.reports] == ["s.json"]
     assert not _findings(validation.reports, "detections")
     (note,) = validation.notes
-    assert "run folder" in note and "3 other JSON files skipped" in note
+    assert "run folder" in note and "3 other JSON files skipped: detections/, run.json, trace.json" in note
     # pointed at outputs/ with several runs: each run folder is read the same way
     broken = [dict(DETS[0], bbox=[None, None, None, None]), DETS[1], dict(DETS[1], score=None)]
     other = _variant(base_doc, hardware__id="box2")

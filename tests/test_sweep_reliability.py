@@ -219,9 +219,11 @@ def test_resume_refuses_other_options_or_commit_unless_forced(tmp_path):
     run_json = out / "r" / "run.json"
     doc = json.loads(run_json.read_text())
     doc["environment"]["harness_commit"] = "0" * 40
+    doc["hardware"]["id"] = "another_box"
     run_json.write_text(json.dumps(doc))
     moved = va_bench("run", "--resume", "r", "--output-dir", str(out), env=env)
-    assert moved.returncode == 2 and "harness commit" in moved.stderr
+    # one line names every difference, so that --force accepts what the user read
+    assert moved.returncode == 2 and "harness commit" in moved.stderr and "hardware another_box ->" in moved.stderr
     assert va_bench("run", "--resume", "r", "--output-dir", str(out), "--force", env=env).returncode == 0
     missing = va_bench("run", "--resume", "nope", "--output-dir", str(out))
     assert missing.returncode == 2 and "no run nope" in missing.stderr

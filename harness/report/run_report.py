@@ -16,6 +16,7 @@ from harness.report.gates import NOT_MET, GateResult, evaluate, gate_notes, load
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
+from harness.report.sections import REPORT_PAGE
 from harness.results.reader import load_run
 
 
@@ -66,7 +67,7 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
     pngs = [atomic_write_bytes(run.path / plot.name, plot.png) for plot in plots if plot.png is not None]
     for stale in set(PLOT_NAMES) - {p.name for p in pngs}:
         (run.path / stale).unlink(missing_ok=True)  # a plot from an earlier report that has nothing to show now
-    html = atomic_write_bytes(run.path / "report.html", page)
+    html = atomic_write_bytes(run.path / REPORT_PAGE, page)
     if log_path is not None:  # the log's section lists the run folder's files: the report's among them
         with _readable(run.path):
             text = section(run, results, source, notes)

@@ -3,6 +3,7 @@ the run folder and rendered by both html.py and log.py, so the HTML and the benc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,29 @@ def _hardware(run: RunFolder) -> str:
         cpus = f"{h.get('cpu_cores') or '?'} logical CPUs / {h['cpu_physical_cores'] or '?'} cores"
     else:  # a run recorded before cpu_cores counted logical CPUs: cores and threads
         cpus = f"{h.get('cpu_cores', '?')} cores / {h.get('cpu_threads', '?')} threads"
-    return f"{h.get('id', '?')}: {h.get('cpu', '?')} ({cpus}), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}"
+    others = [(i, n) for i, n in counted([c.get("hardware.id") or "?" for c in run.cells]) if i != str(h.get("id"))]
+    elsewhere = f"; other cells under {_counts(others)}" if others else ""  # a resume under another id
+    return f"{h.get('id', '?')}: {h.get('cpu', '?')} ({cpus}), {h.get('ram_gb', '?')} GiB RAM, {gpu_text}{elsewhere}"
+
+
+def counted(values: list[Any]) -> list[tuple[str, int]]:
+    """The distinct values (as text) with how many times each occurs, in the order they first occur."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return list(counts.items())
+
+
+def _counts(pairs: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{value} ({n} cell{'s' if n != 1 else ''})" for value, n in pairs)
+
+
+def harness_commits(run: RunFolder) -> str:
+    """The commit the cells were made at (12 digits, "(dirty)" with uncommitted changes); with the cell count of
+    each when a resume under another build made some of them."""
+    commits = counted([f"{str(c.get('repro.harness_commit') or 'unknown')[:12]}"
+                       f"{' (dirty)' if c.get('repro.harness_dirty') else ''}" for c in run.cells])
+    return commits[0][0] if len(commits) == 1 else _counts(commits)
 
 
 def _on_off(value: Any) -> str:
@@ -109,9 +132,7 @@ def setup_table(run: RunFolder) -> Table:
                    f"{', '.join(sorted({c.key.mode for c in cells}))}; stage sync "
                    f"{', '.join(sorted({_on_off(c.get('timing.stage_sync')) for c in cells}))}"],
         ["Accuracy pass", _accuracy_pass(cells)],
-        ["Harness", f"va-bench {run.first('repro.harness_version') or '?'}, commit "
-                    f"{str(run.first('repro.harness_commit') or 'unknown')[:12]}"
-                    f"{' (dirty)' if run.first('repro.harness_dirty') else ''}"],
+        ["Harness", f"va-bench {run.first('repro.harness_version') or '?'}, commit {harness_commits(run)}"],
         ["Cells", cell_counts(run)],
     ]
     return Table(["Component", "Value"], rows, [False, False])
@@ -214,12 +235,22 @@ def notes(run: RunFolder) -> list[str]:
     energy = sorted({str(c.get("energy.reason") or "no reason given") if isinstance(c.get("energy"), dict)
                      else "no energy block in the submission" for c in run.cells if c.get("energy.status") != "ok"})
     out += [f"energy unavailable: {r}" for r in energy]
+    for resume in lookup(run.run, "resumed") or []:
+        forced = resume.get("forced_differences") if isinstance(resume, dict) else None
+        if forced:
+            out.append(f"resumed {resume.get('at') or ''} with --force despite: {'; '.join(map(str, forced))}")
     return out + run.notes
 
 
-def artefacts(run: RunFolder) -> list[tuple[str, int]]:
-    """(path relative to the run folder, bytes) of every file in it, submissions and images included."""
-    files = sorted(p for p in run.path.rglob("*") if p.is_file() and not p.name.startswith("."))
+REPORT_PAGE = "report.html"
+
+
+def artefacts(run: RunFolder, report_files: Sequence[str] = ()) -> list[tuple[str, int]]:
+    """(path relative to the run folder, bytes) of every file in it, submissions and images included, but for the
+    report's own files (`report_files`, top level): the report lists those it writes itself, so the list does not
+    depend on whether the run was reported before."""
+    files = sorted(p for p in run.path.rglob("*") if p.is_file() and not p.name.startswith(".")
+                   and not (p.parent == run.path and p.name in report_files))
     return [(str(p.relative_to(run.path)), p.stat().st_size) for p in files]
 
 

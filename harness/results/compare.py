@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from harness.errors import UsageError, path_problem
+from harness.errors import UsageError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
 from harness.measure.stats import bootstrap_ci
@@ -257,6 +257,7 @@ class AccuracyDelta:
     b: dict[str, float | None]
     unavailable: str | None = None
     per_class: list[dict] = field(default_factory=list)  # {id, name, a, b, delta} of AP 50:95, largest |delta| first
+    per_class_unavailable: str | None = None  # why the classes were not compared (a side has no readable file)
 
     def delta(self, name: str) -> float | None:
         a, b = self.a.get(name), self.b.get(name)
@@ -277,7 +278,7 @@ class AccuracyDelta:
             return {"label": self.label, "status": "unavailable", "reason": self.unavailable}
         return {"label": self.label, "status": "ok", "scored": self.of,
                 "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in self.names},
-                "per_class": self.per_class}
+                "per_class": self.per_class, "per_class_unavailable": self.per_class_unavailable}
 
 
 @dataclass(frozen=True)
@@ -428,33 +429,40 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) ->
         if unavailable is None and _segmentation(ea) != _segmentation(eb):
             unavailable = ("one side scores masks (segmentation board), the other boxes: their mAPs are not "
                            "comparable; compare runs of the same task")
-        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, _per_class_deltas(ea, eb)))
+        per_class, missing = _per_class_deltas(ea, eb)
+        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, per_class, missing))
     return out
 
 
-def _per_class(entry: Entry) -> dict[int, dict] | None:
-    """Category id -> {name, AP, AP50} from the cell's per_class file (eval.per_class), None when absent."""
+def _per_class(entry: Entry) -> tuple[dict[int, dict] | None, str | None]:
+    """Category id -> {name, AP, AP50} from the cell's per_class file (eval.per_class); (None, why) when there is
+    none to read."""
     rel = (entry.doc.get("eval") or {}).get("per_class") if isinstance(entry.doc.get("eval"), dict) else None
-    path = inside_run_folder(entry.run_dir, rel) if isinstance(rel, str) else None
-    if path is None or not path.is_file():  # absent, or named outside the run folder
-        return None
+    if not isinstance(rel, str):
+        return None, "names no per_class file (eval.per_class)"
+    path = inside_run_folder(entry.run_dir, rel)
+    if path is None:
+        return None, f"names a per_class file outside its run folder ({brief(rel)})"
+    if not path.is_file():
+        return None, f"has no per_class file {brief(rel)}"
     doc, problem = read_json(path)
     if problem or not isinstance(doc, dict) or not isinstance(doc.get("categories"), list):
-        return None
-    return {c["id"]: c for c in doc["categories"] if isinstance(c, dict) and isinstance(c.get("id"), int)}
+        return None, f"per_class file {brief(rel)} is not readable ({problem or 'no categories list'})"
+    return {c["id"]: c for c in doc["categories"] if isinstance(c, dict) and isinstance(c.get("id"), int)}, None
 
 
-def _per_class_deltas(ea: Entry, eb: Entry) -> list[dict]:
-    """Per-category AP 50:95 of both sides (categories both evaluated), the largest |B - A| first."""
-    a, b = _per_class(ea), _per_class(eb)
+def _per_class_deltas(ea: Entry, eb: Entry) -> tuple[list[dict], str | None]:
+    """Per-category AP 50:95 of both sides (categories both evaluated), the largest |B - A| first; or no rows and
+    why, when a side has no per_class file to read."""
+    (a, why_a), (b, why_b) = _per_class(ea), _per_class(eb)
     if a is None or b is None:
-        return []
+        return [], "; ".join(f"{side} {why}" for side, why in (("A", why_a), ("B", why_b)) if why)
     rows = []
     for category in sorted(set(a) & set(b)):
         ap_a, ap_b = _num(a[category].get("AP")), _num(b[category].get("AP"))
         delta = None if ap_a is None or ap_b is None else ap_b - ap_a
         rows.append({"id": category, "name": a[category].get("name"), "a": ap_a, "b": ap_b, "delta": delta})
-    return sorted(rows, key=lambda r: (r["delta"] is None, -abs(r["delta"] or 0)))  # no AP on a side: last
+    return sorted(rows, key=lambda r: (r["delta"] is None, -abs(r["delta"] or 0))), None  # no AP on a side: last
 
 
 def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:

@@ -160,9 +160,11 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
                 skipped = set(inside) - set(keep)
                 found = [x for x in found if x not in skipped]
+                where = sorted({"/".join(x.relative_to(run_dir).parts[:1]) + ("/" if x.parent != run_dir else "")
+                                for x in skipped})
                 notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
-                             f"({len(keep)} files; {len(skipped)} other JSON files skipped: run.json, "
-                             "detections, traces)")
+                             f"({len(keep)} files; {len(skipped)} other JSON files skipped"
+                             + (f": {', '.join(where)})" if where else ")"))
             records = [x for x in found if _plan_record(x)]
             if records:
                 found = [x for x in found if x not in records]

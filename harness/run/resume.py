@@ -57,8 +57,11 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     if (env.get("harness_commit"), env.get("harness_dirty")) != (commit, dirty):
         problems.append(f"harness commit {env.get('harness_commit')} (dirty {env.get('harness_dirty')}) -> {commit} "
                         f"(dirty {dirty})")
-    refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
-    plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
+    try:
+        plan = prepare(config.model_copy(update={"run_id": None}))  # resolves everything anew; writes nothing
+    except UsageError:  # the differences found so far may be why
+        refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
+        raise
     recorded = doc.get("hardware", {}).get("id")
     here = hardware_block(plan.device, config.hardware_id)["id"]
     if recorded != here:
