@@ -67,7 +67,7 @@ def installed_build(package_dir: Path = PACKAGE_DIR) -> tuple[str, bool | None]:
     """(commit, dirty) an installed package's build recorded: dirty also when its files changed after the build
     (their hash differs); ("unknown", None) without a readable record."""
     try:
-        info = json.loads((package_dir / BUILD_INFO_FILE).read_text())
+        info = json.loads((package_dir / BUILD_INFO_FILE).read_text(encoding="utf-8"))
         commit, dirty, built = info["commit"], info["dirty"], info["source_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return "unknown", None

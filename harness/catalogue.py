@@ -44,7 +44,7 @@ def catalogue_data(path: Path | None = None) -> dict:
 
 @cache
 def _loaded(path: Path) -> dict:
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 @cache

@@ -402,7 +402,7 @@ def schema() -> None:
     """Print the extended va.submission.v1 JSON Schema (a superset of the site's)."""
     from harness.results.validate import EXTENDED_SCHEMA
 
-    sys.stdout.write(EXTENDED_SCHEMA.read_text())
+    sys.stdout.write(EXTENDED_SCHEMA.read_text(encoding="utf-8"))
 
 
 @app.command()
@@ -881,6 +881,11 @@ def main() -> None:
     from harness.run.signals import Interrupted, interrupt_handling
 
     global ORIGINAL_ARGV, console, err_console
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show Δ or · gets an escape, not an error
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # replaced by a non-text stream, or closed
+            pass
     console, err_console = make_consoles()
     ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
     debug = "--debug" in sys.argv[1:]

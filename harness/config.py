@@ -326,7 +326,7 @@ def read_preset(given: str | Path) -> dict:
         raise UsageError(path_problem("--config", given, "no such file") + "; give the path of a YAML preset or "
                          f"the name of a built-in one ({', '.join(preset_names())})")
     try:
-        data = load_user_yaml(path.read_text()) or {}
+        data = load_user_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UsageError(path_problem("--config", given, f"not valid YAML{yaml_problem(exc)}") + "; fix the file") \
             from exc

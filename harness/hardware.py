@@ -14,7 +14,7 @@ CATALOGUE = Path(__file__).with_name("hardware.yaml")
 @cache
 def catalogue(path: Path = CATALOGUE) -> tuple[dict, ...]:
     """The hardware entries (safe YAML)."""
-    data = yaml.safe_load(path.read_text()) or {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     return tuple(data.get("hardware", []))
 
 

@@ -61,14 +61,16 @@ resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 net = ncnn.Net()
 net.opt.use_fp16_storage = net.opt.use_fp16_packed = net.opt.use_fp16_arithmetic = False
 net.opt.num_threads = 1
-assert net.load_param(sys.argv[1]) == 0 and net.load_model(sys.argv[2]) == 0, "load failed"
+if net.load_param(sys.argv[1]) != 0 or net.load_model(sys.argv[2]) != 0:  # not assert: python -O drops those
+    sys.exit("load failed")
 ex = net.create_extractor()
 image = np.zeros((3, int(sys.argv[3]), int(sys.argv[4])), np.float32)  # ncnn.Mat wraps it: keep it alive
 ex.input(net.input_names()[0], ncnn.Mat(image))
 sizes = {}
 for name in net.output_names():
     code, mat = ex.extract(name)
-    assert code == 0, f"extract({name}) returned {code}"
+    if code != 0:
+        sys.exit(f"extract({name}) returned {code}")
     sizes[name] = int(np.array(mat).size)
 print(json.dumps(sizes))
 """
@@ -96,7 +98,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
     if all((folder / f).is_file() for f in CACHED_FILES):
         try:
             # the folder this run used (the entry may have been moved); the conversion's seconds are its own, then
-            stored = json.loads((folder / CONVERSION_FILE).read_text())
+            stored = json.loads((folder / CONVERSION_FILE).read_text(encoding="utf-8"))
             converted_in = stored.pop("seconds", None)
             return folder, {**stored, "folder": str(folder), "cached": True, "seconds_when_converted": converted_in}
         except (OSError, ValueError):  # a damaged cache entry: converted again below, replacing it
@@ -111,7 +113,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
         _run_pnnx(name, tmp, input_size, fp16=False)
         if fp16_weights:
             try:
-                data, kept_fp32 = fp16_weights_file((tmp / "model.ncnn.param").read_text(),
+                data, kept_fp32 = fp16_weights_file((tmp / "model.ncnn.param").read_text(encoding="utf-8"),
                                                     (tmp / "model.ncnn.bin").read_bytes())
             except ValueError as exc:  # a layer it does not know, or a .bin it cannot walk: pnnx's own writer
                 _run_pnnx(name, tmp, input_size, fp16=True)
@@ -359,7 +361,7 @@ def rewrite_focus(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 def _reorg_as_space_to_depth(param: Path, expected: int) -> int:
     """Give the Reorg layers pnnx made of ONNX SpaceToDepth nodes SpaceToDepth's order (mode 1)."""
-    lines = param.read_text().splitlines()
+    lines = param.read_text(encoding="utf-8").splitlines()
     reorg = [k for k, line in enumerate(lines) if line.split()[:1] == ["Reorg"]]
     if len(reorg) != expected:  # not the layers made of our SpaceToDepth nodes: their order would be wrong
         raise UsageError(f"pnnx wrote {len(reorg)} Reorg layers for {expected} SpaceToDepth nodes; this graph's "
@@ -372,7 +374,7 @@ def _reorg_as_space_to_depth(param: Path, expected: int) -> int:
 
 def _unsupported_layers(param: Path) -> list[str]:
     """Layer types pnnx writes when it has no ncnn equivalent (they fail only at load or at run time)."""
-    types = {line.split()[0] for line in param.read_text().splitlines()[2:] if line.strip()}
+    types = {line.split()[0] for line in param.read_text(encoding="utf-8").splitlines()[2:] if line.strip()}
     return sorted(t for t in types if "." in t or t.startswith(("pnnx", "torch", "F.", "Tensor")))
 
 

@@ -32,6 +32,7 @@ class BuiltinBackend:
     devices: dict[str, tuple[str, ...]] | None = None
     packages: tuple[str, ...] = ()
     extra: str | None = None  # the va-bench extra that installs the packages (pyproject.toml)
+    converts: bool = False  # keeps the model it converts to its own format in the weights cache
 
 
 # The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
@@ -41,11 +42,13 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend"),
     "tensorrt": BuiltinBackend("tensorrt", "TensorRTBackend"),
     "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf"),
-                               "openvino"),
-    "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx"), "ncnn"),
+                               "openvino", converts=True),
+    "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx"), "ncnn",
+                           converts=True),
     "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
-                             ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert"),
-    "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}),
+                             ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert", converts=True),
+    "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
+                                  converts=True),
 }
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
 # one pip wrote last wins (ONNX Runtime's install docs)

@@ -95,7 +95,7 @@ def profile(command: list[str], rate: float, out: Path, timeout: float, within: 
     last = (stderr.strip().splitlines() or [""])[-1][:200]
     if not out.exists():
         return done, {"status": "unavailable", "reason": f"py-spy recorded nothing ({why}): {last}"}
-    summary = summarize(out.read_text(), rate, within, threads)
+    summary = summarize(out.read_text(encoding="utf-8"), rate, within, threads)
     if (done.returncode != 0 or timed_out) and "reason" in summary:
         summary["reason"] += f" ({why}: {last})"
     return done, {**summary, "seconds": round(seconds, 1), "rate_hz": rate, "timed_out": timed_out}

@@ -114,7 +114,7 @@ def _cells(result: dict) -> dict[int, dict]:
 
 
 def _submission(cell: dict) -> dict:
-    return json.loads(Path(cell["submission"]).read_text())
+    return json.loads(Path(cell["submission"]).read_text(encoding="utf-8"))
 
 
 def check_env(r: Runner, state: dict) -> Check:
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown checks {unknown}; use some of {', '.join(CHECKS)}")
     results = run_checks(args.device, Path(args.out), args.budget, args.limit, names)
-    print((Path(args.out) / "gpu_check.md").read_text())
+    print((Path(args.out) / "gpu_check.md").read_text(encoding="utf-8"))
     return 1 if any(c.status == "failed" for c in results) else 0
 
 

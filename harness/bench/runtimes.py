@@ -51,7 +51,7 @@ def _va_bench(out: Path, *args: str) -> list[dict]:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return [json.loads(p.read_text()) for p in sorted(out.glob("*/submissions/*.json"))]
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("*/submissions/*.json"))]
 
 
 def _harness_timing_only(out: Path, threads: int, batches: int) -> list[str]:
@@ -107,7 +107,7 @@ def compare_with_benchmark_app(threads: int, rounds: int, batches: int = 800) ->
             if not written:
                 raise SystemExit(f"the harness's run wrote no submission under {out}:\n"
                                  + "\n".join(measured["lines"][-20:]))
-            doc = json.loads(written[0].read_text())
+            doc = json.loads(written[0].read_text(encoding="utf-8"))
             measured["subject_ms"] = doc["timing"]["stages_ms"]["forward"]["p50"]
             # the next round's slices: both end together when each completes as many iterations per slice
             share = measured["tool_ms"] / doc["timing"]["batch_ms"]["p50"]

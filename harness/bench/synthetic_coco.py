@@ -51,11 +51,11 @@ def build_tree(out: Path, images: int, coco_dir: str | Path | None = None) -> Pa
     source_root = find_coco_dir(coco_dir)
     source = json.loads(next(p for p in (source_root / "annotations" / n for n in
                                          ("instances_val2017.json", "instances_val2017_subset.json"))
-                             if p.is_file()).read_text())
+                             if p.is_file()).read_text(encoding="utf-8"))
     annotation_file = out / "annotations" / "instances_val2017.json"
     stamp = {"synthetic": True, "source": str(source_root), "images": images}
     if annotation_file.is_file():
-        info = json.loads(annotation_file.read_text()).get("info", {})
+        info = json.loads(annotation_file.read_text(encoding="utf-8")).get("info", {})
         if {k: info.get(k) for k in stamp} == stamp:
             return out
     originals = sorted(source["images"], key=lambda img: img["id"])

@@ -61,7 +61,7 @@ class ClassMap:
             raise UsageError(path_problem("--class-map", given, "no such file") + "; give a YAML file of "
                              "`dataset category name: model class name` lines")
         try:
-            data = load_user_yaml(path.read_text())
+            data = load_user_yaml(path.read_text(encoding="utf-8"))
         except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
             raise UsageError(path_problem("--class-map", given, f"not readable YAML{yaml_problem(exc)}")
                              + "; fix the file") from exc

@@ -27,7 +27,7 @@ def image_id_sha256(image_ids: Iterable[int]) -> str:
 @cache
 def mini500_ids() -> tuple[int, ...]:
     """The site's canonical subset: the first 500 of the sorted val2017 image ids."""
-    data = json.loads((Path(__file__).with_name("mini500_ids.json")).read_text())
+    data = json.loads((Path(__file__).with_name("mini500_ids.json")).read_text(encoding="utf-8"))
     return tuple(data["image_ids"])
 
 

@@ -57,7 +57,7 @@ def read_manifest(engine: Path) -> dict[str, Any]:
         raise UsageError(f"--weights {engine}: no JSON sidecar ({engine.name}.json) describing how the engine was "
                          f"built; write one with {SIDECAR_FIELDS}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a readable JSON sidecar ({exc}); fix the file") from exc
     if not isinstance(data, dict):

@@ -93,7 +93,7 @@ def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> Mod
     digest = hashlib.sha256(model.SerializeToString()).hexdigest()
     cache = weights_dir() / "model-stats" / f"{digest}__{h}x{w}__v{FLOP_COUNT_VERSION}.json"
     try:
-        stats.gflops = float(json.loads(cache.read_text())["gflops"])
+        stats.gflops = float(json.loads(cache.read_text(encoding="utf-8"))["gflops"])
         return stats
     except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: count again
         pass

@@ -454,7 +454,7 @@ class FleetDriver:
     def _shard_file_ok(self, slug: str, shard: Shard) -> bool:
         """A shard finished by an earlier driver of this run (same images, its detections whole) is kept."""
         try:
-            doc = json.loads(self._shard_path(slug, shard).read_text())
+            doc = json.loads(self._shard_path(slug, shard).read_text(encoding="utf-8"))
             size = self._shard_path(slug, shard, "detections.json").stat().st_size
         except (OSError, ValueError):
             return False
@@ -636,7 +636,7 @@ class FleetDriver:
                 entry.update(status="interrupted", reason=f"shards {', '.join(str(s.index + 1) for s in missing)} "
                                                           "did not finish")
                 continue
-            parts = [json.loads(self._shard_path(slug, s).read_text()) for s in shards]
+            parts = [json.loads(self._shard_path(slug, s).read_text(encoding="utf-8")) for s in shards]
             merged = merge_result_files([(s, self._shard_path(slug, s, "detections.json").read_bytes())
                                          for s in shards])
             rel_dets = f"{ACCURACY_DIR}/{slug}__detections.json"

@@ -129,7 +129,7 @@ class HardwareFolder:
                     atomic_write_bytes(target, data)
             memory = self.run_dir / MEMORY_CSV
             if str(MEMORY_CSV) in update.files and memory.is_file():  # the same timeline as memory.csv, as a run's
-                with memory.open(newline="") as fh:
+                with memory.open(newline="", encoding="utf-8") as fh:
                     atomic_write_bytes(self.run_dir / MPROF_FILE, mprofile(list(csv.reader(fh))[1:]))
             if update.errors_log:
                 with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:

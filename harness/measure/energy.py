@@ -82,7 +82,7 @@ class RaplSource:
     @staticmethod
     def _max_range(energy_file: str) -> float | None:
         try:
-            return float(Path(energy_file).with_name("max_energy_range_uj").read_text())
+            return float(Path(energy_file).with_name("max_energy_range_uj").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
 
@@ -144,7 +144,7 @@ class JetsonRailsSource:
                 n = label.name[2:-6]
                 volt, curr = Path(hwmon) / f"in{n}_input", Path(hwmon) / f"curr{n}_input"
                 if volt.exists() and curr.exists():
-                    self.rails[label.read_text().strip()] = (volt, curr)
+                    self.rails[label.read_text(encoding="utf-8").strip()] = (volt, curr)
         if not self.rails:
             raise EnergyUnavailable("no Jetson INA3221 power rails (not a Jetson, or the ina3221 driver is absent)")
         self.interval_s = interval_s

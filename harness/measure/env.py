@@ -29,7 +29,7 @@ PACKAGES = (*CORE_PACKAGES, "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-lite
 def cpu_model() -> str:
     """The CPU's marketing name (/proc/cpuinfo on Linux, platform otherwise)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.lower().startswith(("model name", "hardware", "cpu model")):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -48,7 +48,7 @@ def board_model(root: Path = Path("/")) -> str | None:
 def cpu_governor() -> str:
     """cpu0's frequency governor, or why there is none to read (a VM or container without cpufreq)."""
     try:
-        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text(encoding="utf-8").strip()
     except OSError:
         return f"unavailable: {NO_CPUFREQ}"
 
@@ -71,7 +71,7 @@ RECOMMENDED_GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.mallo
 
 def _mapped_libraries(maps: Path = Path("/proc/self/maps")) -> str:
     try:
-        return maps.read_text()
+        return maps.read_text(encoding="utf-8")
     except OSError:
         return ""
 

@@ -41,7 +41,7 @@ FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
+        return path.read_text(encoding="utf-8").strip()
     except OSError:
         return None
 

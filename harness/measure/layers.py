@@ -61,7 +61,7 @@ def hook_leaf_modules(module: torch.nn.Module, device: Device, batch_index: Call
 
 def ort_profile_calls(profile_file: Path) -> list[LayerCall]:
     """Node events of an ONNX Runtime profile (Chrome trace JSON), numbered by model run."""
-    events = json.loads(Path(profile_file).read_text())
+    events = json.loads(Path(profile_file).read_text(encoding="utf-8"))
     runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     calls = []
     for e in events:

@@ -18,7 +18,7 @@ MIB = 2**20
 def _vm_hwm_mb() -> float | None:
     """The process's peak resident set size since start or the last reset (Linux)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     except OSError:

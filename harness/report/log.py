@@ -140,7 +140,7 @@ def append_section(path: Path, text: str, run_id: str) -> None:
     size the log had, so a retry is not refused by half a section."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides
     except OSError as exc:
         raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
     try:

@@ -281,7 +281,7 @@ def _resumable(folder: Path, run_id: str, name: str, what: str, required: tuple[
                                                                      f"{run_id}/{name})")
                          + "; check --output-dir and the run id")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path} is not readable JSON ({exc}); the {what} cannot be resumed") from exc
     kinds = {"config": dict, "targets": list}
@@ -294,7 +294,7 @@ def _resumable(folder: Path, run_id: str, name: str, what: str, required: tuple[
 def finished_submission(run_dir: Path) -> dict | None:
     """A one-cell run's submission when its run finished with every cell ok; None otherwise."""
     try:
-        state = json.loads((run_dir / RUN_FILE).read_text())
+        state = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
         cells = state.get("cells") or []
         if not cells or any(not isinstance(c, dict) or c.get("status") != "ok" for c in cells):
             return None
@@ -310,7 +310,7 @@ def submission_of_cell(run_dir: Path, relative: str | None) -> dict:
     if path is None:
         return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -416,7 +416,7 @@ def _pending(finding: Finding, doc: dict, pending_models: frozenset[str]) -> Fin
 def validate_paths(paths: list[str | Path], support: dict | None, progress=None,
                    pending_models: frozenset[str] = frozenset()) -> Validation:
     """Validate every file, then the cross-file rule (unique submission_id)."""
-    schema = json.loads(EXTENDED_SCHEMA.read_text())
+    schema = json.loads(EXTENDED_SCHEMA.read_text(encoding="utf-8"))
     files, notes = collect_files(paths)
     reports = []
     checked: dict[Path, list[Finding]] = {}

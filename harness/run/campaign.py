@@ -115,7 +115,7 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         return UsageError(path_problem("campaign file", path, text) + f"; {fix}")
 
     try:
-        data = load_user_yaml(path.read_text())
+        data = load_user_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise problem(f"not readable YAML{yaml_problem(exc)}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("datasets"), list) or "model" not in data:

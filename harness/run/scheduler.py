@@ -14,6 +14,7 @@ when an ok cell lacks them.
 
 from __future__ import annotations
 
+import os
 import shlex
 import traceback
 from contextlib import ExitStack, nullcontext
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from harness.config import RunConfig
 from harness.data.images import find_corrupt_images, orientation_warning
 from harness.errors import RunInterrupted, VaBenchError
 from harness.files import StorageProblem, atomic_write_json, storage_problem
@@ -53,6 +55,21 @@ def stopping_problem(exc: BaseException, state: RunState) -> StorageProblem | No
         problem = StorageProblem(f"the run folder {state.run_dir} was removed or moved while the run wrote to it",
                                  "the run folder was removed or moved", "put it back")
     return problem
+
+
+def inherited_thread_limit(config: RunConfig, threads: int) -> str | None:
+    """A warning when the environment, not the user's options, gave the run fewer threads than the CPUs it may use:
+    OMP_NUM_THREADS or MKL_NUM_THREADS exported by a container image, a job system or a shell profile (torch takes
+    its default from them)."""
+    if config.threads or config.cpu_affinity:
+        return None
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or threads
+    limits = [f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if os.environ.get(name)]
+    if not limits or threads >= usable:
+        return None
+    return (f"warning: {' and '.join(limits)} from the environment leaves the run {threads} of the {usable} CPUs it "
+            f"may use (recorded in environment.threads); give --threads {usable} for all of them, or --threads "
+            f"{threads} to say this is meant")
 
 
 def unpublishable_accuracy(variant: str, environment: dict) -> str | None:
@@ -131,6 +148,8 @@ class Scheduler:
                               "jemalloc preloaded): detector forwards can spend a quarter of their CPU time in page "
                               "faults (recorded in environment.memory_allocator); before the run: export "
                               f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES}")
+        if warning := inherited_thread_limit(config, threads):
+            self.progress.log(warning)
         if config.accuracy and (warning := unpublishable_accuracy(plan.variant.name, environment)):
             self.progress.log(warning)
         if warning := orientation_warning(plan.dataset.orientations):

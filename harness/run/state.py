@@ -31,7 +31,7 @@ def _lock(run_dir: Path, run_id: str) -> int:
 def lock_folder(folder: Path, busy: str) -> int:
     """An exclusive lock on `folder` (its .lock file) held by this process until it closes the descriptor or exits
     (even on kill -9); `busy` is the one-line refusal when another process holds it."""
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides (a group-shared run folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

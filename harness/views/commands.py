@@ -47,17 +47,26 @@ def print_validation(console: Console, validation, warnings: bool) -> None:
 def print_leaderboard(console: Console, board: dict, notes: list[str], output) -> None:
     """The leaderboard (and the segmentation board when it has rows), its agreement gate, size order and RF100-VL
     tables, then the counts."""
-    from harness.views.leaderboard import gate_table, leaderboard_table, rf100vl_table, size_order_table
+    from harness.views.leaderboard import WIDTH, gate_table, leaderboard_table, rf100vl_table, size_order_table
+
+    def wide(table) -> None:  # laid out for 80 columns: a narrower terminal wraps the lines, never cuts a figure
+        narrow = console.width
+        console.width = max(narrow, WIDTH)  # print(width=) is capped at the console's own width
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = narrow
 
     print_notes(console, notes)
-    console.print(leaderboard_table(board))
+    wide(leaderboard_table(board))
     if board.get("segmentation_leaderboard"):
-        console.print(leaderboard_table(board, which="segmentation"))
-    console.print(gate_table(board))
+        wide(leaderboard_table(board, which="segmentation"))
+    if board["agreement_gate"]:
+        wide(gate_table(board))
     if board["size_order"]:
-        console.print(size_order_table(board))
+        wide(size_order_table(board))
     if board["rf100vl"]:
-        console.print(rf100vl_table(board))
+        wide(rf100vl_table(board))
     c = board["counts"]
     why = [f"{c['not_submissions']} not submissions"] if c["not_submissions"] else []
     why += [f"{c['excluded'] - c['not_submissions']} by the site's rules or random weights"] \

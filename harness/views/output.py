@@ -10,19 +10,34 @@ from rich.console import Console
 
 from harness.files import json_text
 
+MIN_COLUMNS = 20  # a $COLUMNS below this (0 from a broken terminal) would blank every line: not taken
+
 
 def make_consoles() -> tuple[Console, Console]:
     """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
-    out = Console(emoji=False)  # "cuda:x:" in a message is text, not an emoji code
+    columns = os.environ.get("COLUMNS", "")
+    given = int(columns) if columns.isdigit() and int(columns) >= MIN_COLUMNS else None
+    # rich reads $COLUMNS itself: an unusable one is replaced by the terminal's width, else a default
+    unusable = bool(columns) and given is None
+    out = Console(emoji=False, width=_terminal_width(sys.stdout, 80) if unusable else None)  # "cuda:x:" is text
     if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
-        columns = os.environ.get("COLUMNS", "")
-        out = Console(width=int(columns) if columns.isdigit() else 160, emoji=False)
-    return out, Console(stderr=True, emoji=False)
+        out = Console(width=given or 160, emoji=False)
+    err = Console(stderr=True, emoji=False, width=_terminal_width(sys.stderr, 80) if unusable else None)
+    return out, err
+
+
+def _terminal_width(stream: Any, default: int) -> int:
+    try:
+        return max(os.get_terminal_size(stream.fileno()).columns, MIN_COLUMNS)
+    except (AttributeError, OSError, ValueError):
+        return default
 
 
 def print_json(console: Console, data: Any) -> None:
-    """`--json`: the document on stdout, and nothing else there (one meaning in every command)."""
-    console.print_json(json_text(data, "stdout", indent=None))
+    """`--json`: the document on stdout, and nothing else there (one meaning in every command): written as it is,
+    never through rich (which would colour it on a terminal or with FORCE_COLOR, and re-encode its text)."""
+    console.file.write(json_text(data, "stdout", indent=2) + "\n")
+    console.file.flush()
 
 
 def progress_for(err_console: Console):
