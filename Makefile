@@ -82,7 +82,8 @@ clean:
 # venv's versions, and the assets a run needs, in .gpu-pack/ (ignored by git; <= 64 MiB with the checkout).
 GPU_PACK := .gpu-pack
 GPU_WHEELS := onnx2torch pycocotools faster-coco-eval pydantic pydantic-core annotated-types typing-inspection \
-	typing-extensions jsonschema jsonschema-specifications referencing rpds-py simplejpeg typer click libreyolo py-spy
+	typing-extensions jsonschema jsonschema-specifications referencing rpds-py simplejpeg typer click annotated-doc \
+	shellingham libreyolo py-spy
 PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64
 gpu-pack: $(STAMP)

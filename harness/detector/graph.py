@@ -242,7 +242,7 @@ def _set_distance(got: torch.Tensor, want: torch.Tensor) -> float:
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import maximum_bipartite_matching
 
-    d = distance.numpy()
+    d = distance.cpu().numpy()
     floor = max(d.min(axis=1).max(), d.min(axis=0).max())  # no pairing does better than every row's nearest
     thresholds = np.unique(d[d >= floor])
     low, high = 0, len(thresholds) - 1  # a perfect matching exists at the largest distance
