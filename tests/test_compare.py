@@ -21,6 +21,8 @@ from harness.errors import UsageError
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
 from harness.results.compare import (
+    autocorrelated,
+    block_means,
     compare_paths,
     compare_sides,
     latency_significance,
@@ -73,6 +75,41 @@ def test_a_20_percent_shift_is_significant_and_one_distribution_is_not():
     assert false_alarms <= 3  # alpha = 0.05: about one in 20 expected
     faster = latency_significance(lognormal(1, 60), lognormal(2, 50))
     assert faster.verdict == "faster" and faster.ratio < 1
+
+
+def ar1_latencies(rng: np.random.Generator, n: int, phi: float, median_ms: float = 10.0) -> np.ndarray:
+    """Batch times whose log follows an AR(1) process (5 % spread): each batch drifts with the one before, as on a
+    shared host whose load comes and goes."""
+    noise = rng.normal(0, 0.05 * math.sqrt(1 - phi**2), n)
+    x = np.empty(n)
+    x[0] = rng.normal(0, 0.05)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + noise[i]
+    return median_ms * np.exp(x)
+
+
+def test_drifting_batch_times_are_not_called_a_change_more_often_than_alpha_says():
+    """A/A by simulation: both sides drawn from one autocorrelated process, so every 'slower'/'faster' is a false
+    alarm. Tested as independent draws they are called a change far more often than alpha (0.05); the verdict on
+    block means keeps to it, and still finds a real 5 % change in independent batches as often as before."""
+    from harness.results.compare import autocorrelated, batch_significance
+
+    rng = np.random.default_rng(7)
+    trials = [(ar1_latencies(rng, 50, 0.5), ar1_latencies(rng, 50, 0.5)) for _ in range(200)]
+    as_independent = np.mean([latency_significance(a, b).verdict != "no significant change" for a, b in trials])
+    aware = [batch_significance(a, b) for a, b in trials]
+    assert as_independent > 0.12  # the problem is real: about three times alpha
+    assert np.mean([s.verdict != "no significant change" for s in aware]) <= 0.08
+    assert sum(s.basis == "batch means" for s in aware) > 150
+    independent = [(lognormal(s, 50, n=50), lognormal(500 + s, 52.5, n=50)) for s in range(100)]
+    found = [batch_significance(a, b).verdict == "slower" for a, b in independent]
+    # a few independent series cross the autocorrelation bound by chance (5 % by its construction)
+    assert abs(np.mean(found) - np.mean([latency_significance(a, b).verdict == "slower" for a, b in independent])) \
+        <= 0.05
+    assert np.mean(found) > 0.8
+    assert not autocorrelated(lognormal(3, 50, n=50))
+    short = batch_significance(ar1_latencies(rng, 12, 0.9), ar1_latencies(rng, 12, 0.9, 20.0))
+    assert short.verdict == "too few samples" and "block means" in short.reason
 
 
 def test_verdict_numbers_against_brute_force():
@@ -429,7 +466,11 @@ def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
         assert cell.change("ips") == pytest.approx(b["throughput"]["images_per_s"] / a["throughput"]["images_per_s"]
                                                    - 1)
         assert cell.significance.verdict in ("slower", "faster", "no significant change")
-        assert cell.significance.n_a == len(a["timing"]["batch_samples_ms"])
+        samples = np.asarray(a["timing"]["batch_samples_ms"])
+        if cell.significance.basis == "batch means":  # this box's batch times drift together: blocks were tested
+            assert autocorrelated(samples) or autocorrelated(np.asarray(b["timing"]["batch_samples_ms"]))
+            samples = block_means(samples)
+        assert cell.significance.n_a == len(samples)
     for acc in c.accuracy:
         a, b = subs["a", 1]["accuracy"], subs["b", 1]["accuracy"]
         assert all(acc.delta(n) == pytest.approx(b[n] - a[n], abs=1e-12) for n in STAT_NAMES)

@@ -146,7 +146,8 @@ class Significance:
     n_a: int = 0
     n_b: int = 0
     reason: str | None = None
-    basis: str = "batches"  # "batches": one process's timed batches; "processes": --repeats' process medians
+    basis: str = "batches"  # "batches": one process's timed batches; "processes": --repeats' process medians;
+    # "batch means": the batches' means in blocks, the batches themselves being autocorrelated
     alpha: float = ALPHA  # the significance level the verdict was taken at (--alpha)
 
     @property
@@ -160,8 +161,45 @@ class Significance:
                 "reason": self.reason}
 
 
+def lag1_autocorrelation(x: np.ndarray) -> float:
+    """The sample autocorrelation at lag 1 (0 for fewer than 3 values or no spread)."""
+    d = np.asarray(x, dtype=np.float64) - np.mean(x)
+    denominator = float(d @ d)
+    return float(d[1:] @ d[:-1]) / denominator if len(d) >= 3 and denominator > 0 else 0.0
+
+
+def block_means(x: np.ndarray) -> np.ndarray:
+    """The means of consecutive blocks of ceil(sqrt(n)) values (the batch-means method; a last, shorter block is
+    left out): nearly independent where the values themselves are autocorrelated."""
+    size = math.ceil(math.sqrt(len(x)))
+    blocks = len(x) // size
+    return np.asarray(x[:blocks * size], dtype=np.float64).reshape(blocks, size).mean(axis=1)
+
+
+def autocorrelated(x: np.ndarray) -> bool:
+    """Whether a lag-1 autocorrelation this large is more than white noise would show (above Bartlett's 95 %
+    bound, 1.96 / sqrt(n)): then the values are not the independent draws a rank test and a bootstrap assume."""
+    return len(x) >= 3 and lag1_autocorrelation(x) > 1.96 / math.sqrt(len(x))
+
+
+def batch_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
+    """latency_significance of one process's batch samples. Batch times drift together (a shared host's load, the
+    clocks): where either side's are autocorrelated, each side's block means are compared instead; testing
+    autocorrelated batches as independent calls a change significant several times as often as alpha says."""
+    if not (autocorrelated(a) or autocorrelated(b)):
+        return latency_significance(a, b, alpha, seed)
+    r = f"{lag1_autocorrelation(a):.2f} / {lag1_autocorrelation(b):.2f}"
+    means_a, means_b = block_means(a), block_means(b)
+    sig = replace(latency_significance(means_a, means_b, alpha, seed), basis="batch means")
+    if sig.verdict == "too few samples":
+        return replace(sig, reason=f"batch times autocorrelated (lag-1 {r}): {len(means_a)} vs {len(means_b)} "
+                                   f"block means cannot reach p < {alpha:g}; time more batches")
+    return sig
+
+
 def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
-    """Mann-Whitney U (two-sided) and a bootstrap CI of median(B)/median(A); significant when both agree."""
+    """Mann-Whitney U (two-sided) and a bootstrap CI of median(B)/median(A); significant when both agree. For
+    independent samples (processes' medians, block means); one process's batches go through batch_significance."""
     n_a, n_b = len(a), len(b)
     # the smallest p-value an exact two-sided Mann-Whitney test can reach with these sample counts
     min_p = min(1.0, 2.0 / math.comb(n_a + n_b, n_a)) if n_a and n_b else 1.0
@@ -384,7 +422,7 @@ def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> Ce
     if sa is None or sb is None:
         sig = Significance("unavailable", reason="; ".join(w for w in (why_a, why_b) if w))
     else:
-        sig = latency_significance(sa, sb, alpha)
+        sig = batch_significance(sa, sb, alpha)
     return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, sig)
 
 

@@ -24,7 +24,7 @@ def _ms(value: float | None) -> str:
 
 def _verdict(cell: CellDelta) -> str:
     s = cell.significance
-    across = f" ({s.n_a} vs {s.n_b} processes)" if s.basis == "processes" else ""
+    across = {"processes": f" ({s.n_a} vs {s.n_b} processes)", "batch means": " (block means)"}.get(s.basis, "")
     if s.verdict in ("slower", "faster"):
         p = "p<0.001" if s.p_value < 0.001 else f"p={shown_apart(s.p_value, s.alpha, 3)}"
         color = "red" if s.verdict == "slower" else "green"
@@ -133,6 +133,10 @@ def _performance(c: Comparison) -> list[RenderableType]:
         out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
                         "ratio of medians); drift between processes is not in them: repeat runs to see it",
                         style="dim"))
+    if "batch means" in bases:
+        out.append(Text("verdicts marked (block means): those batch times drift together (lag-1 autocorrelation "
+                        "beyond chance), so the means of blocks of sqrt(n) batches were tested instead, and the "
+                        "ratio is of their medians", style="dim"))
     if "processes" in bases:
         out.append(Text("verdicts marked (N vs M processes) weigh the --repeats processes' medians (Mann-Whitney U "
                         "and a bootstrap CI of the ratio of medians), drift between processes included; p50 and "
