@@ -98,7 +98,7 @@ class Summary:
     p95: float
     p99: float
     max: float
-    median_ci95: tuple[float, float] | None  # bootstrap CI of the median; None with < 2 samples
+    median_ci95: tuple[float, float] | None  # bootstrap CI of the median; None with < 6 samples (none exists)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self, digits: int = 4) -> dict:

@@ -20,9 +20,8 @@ from rich.console import Console
 from harness.errors import UsageError
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
+from harness.measure.stats import autocorrelated, block_means
 from harness.results.compare import (
-    autocorrelated,
-    block_means,
     compare_paths,
     compare_sides,
     latency_significance,
@@ -92,7 +91,7 @@ def test_drifting_batch_times_are_not_called_a_change_more_often_than_alpha_says
     """A/A by simulation: both sides drawn from one autocorrelated process, so every 'slower'/'faster' is a false
     alarm. Tested as independent draws they are called a change far more often than alpha (0.05); the verdict on
     block means keeps to it, and still finds a real 5 % change in independent batches as often as before."""
-    from harness.results.compare import autocorrelated, batch_significance
+    from harness.results.compare import batch_significance
 
     rng = np.random.default_rng(7)
     trials = [(ar1_latencies(rng, 50, 0.5), ar1_latencies(rng, 50, 0.5)) for _ in range(200)]
@@ -159,8 +158,24 @@ def test_synthetic_pair_cells_deltas_and_geomean(tmp_path):
         assert cells[label].change("ips") == pytest.approx(np.mean(a) / np.mean(b) - 1)
     ratios = [np.percentile(b1, 50) / np.percentile(a1, 50), np.percentile(b4, 50) / np.percentile(a4, 50)]
     assert c.geomean()["p50"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 2))
+    assert c.geomean_cells()["p50"] == 2
     assert [a.unavailable for a in c.accuracy] == ["A toy__onnx__b1.json: accuracy pass skipped (--no-accuracy); "
                                                    "B toy__onnx__b1.json: accuracy pass skipped (--no-accuracy)"]
+
+
+def test_the_geometric_mean_says_how_many_cells_it_is_over():
+    from harness.results.compare import CellDelta, Comparison, Significance
+
+    def cell(label, p50_a, p50_b, ips_a, ips_b):
+        return CellDelta(label, {}, p50_a, p50_b, None, None, ips_a, ips_b, Significance("unavailable"))
+
+    c = Comparison("A", "B", cells=[cell("b1", 1.0, 2.0, 10.0, 5.0), cell("b2", 1.0, 1.0, 0.0, 8.0),
+                                   cell("b4", None, 3.0, 10.0, 0.0)])
+    assert c.geomean()["p50"] == pytest.approx(math.sqrt(2.0 * 1.0)) and c.geomean_cells()["p50"] == 2
+    assert c.geomean()["ips"] == pytest.approx(0.5) and c.geomean_cells()["ips"] == 1  # a rate of 0: no figure
+    console = Console(record=True, width=80)
+    console.print(render_comparison(c))
+    assert "latency p50 ×1.414 over 2 cells, images/s ×0.500 over 1" in console.export_text()
 
 
 def test_backend_is_the_treatment_when_each_side_has_one(tmp_path):

@@ -1,4 +1,5 @@
-"""Summary statistics of timing samples, with stability warnings (high CV, a slow first sample, few samples)."""
+"""Summary statistics of timing samples, with stability warnings (high CV, a slow first sample, a series still
+falling, few samples)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 from harness.records import Summary
 
 MIN_SAMPLES = 10
+MIN_CI_SAMPLES = 6  # below 6 values no pair of order statistics covers the median 95 % of the time
+TREND_Z, TREND_SHIFT = 3.0, 0.05  # a timed series still falling: rank trend z < -3 and first third >= 5 % slower
 CV_WARN = 0.10
 FIRST_SAMPLE_WARN = 2.0
 BOOTSTRAP_RESAMPLES = 2000
@@ -36,6 +39,27 @@ def bootstrap_ci(samples: tuple[np.ndarray, ...], statistic, *, seed: int = 0, c
     return float(low), float(high)
 
 
+def lag1_autocorrelation(x: np.ndarray) -> float:
+    """The sample autocorrelation at lag 1 (0 for fewer than 3 values or no spread)."""
+    d = np.asarray(x, dtype=np.float64) - np.mean(x)
+    denominator = float(d @ d)
+    return float(d[1:] @ d[:-1]) / denominator if len(d) >= 3 and denominator > 0 else 0.0
+
+
+def block_means(x: np.ndarray) -> np.ndarray:
+    """The means of consecutive blocks of ceil(sqrt(n)) values (the batch-means method; a last, shorter block is
+    left out): nearly independent where the values themselves are autocorrelated."""
+    size = math.ceil(math.sqrt(len(x)))
+    blocks = len(x) // size
+    return np.asarray(x[:blocks * size], dtype=np.float64).reshape(blocks, size).mean(axis=1)
+
+
+def autocorrelated(x: np.ndarray) -> bool:
+    """Whether a lag-1 autocorrelation this large is more than white noise would show (above Bartlett's 95 %
+    bound, 1.96 / sqrt(n)): then the values are not the independent draws a rank test and a bootstrap assume."""
+    return len(x) >= 3 and lag1_autocorrelation(x) > 1.96 / math.sqrt(len(x))
+
+
 def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
               n_resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median (bootstrap_ci of one sample)."""
@@ -44,10 +68,13 @@ def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
 
 def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -> float | None:
     """How far the median's 95 % bootstrap CI reaches from the median, in % of it: the farther of its two ends
-    (--target-ci: both within +-PCT %; a skewed interval's half-width would understate its long side). None below
-    2 samples."""
+    (--target-ci: both within +-PCT %; a skewed interval's half-width would understate its long side). Of the block
+    means where the samples are autocorrelated (a bootstrap of drifting batches said "met" while the median was
+    off by more than the target in 44 % of simulated runs). None below MIN_CI_SAMPLES samples (or blocks)."""
     x = np.asarray(samples, dtype=np.float64)
-    if x.size < 2:
+    if autocorrelated(x):  # drifting batches: the interval of independent draws would be too narrow
+        x = block_means(x)
+    if x.size < MIN_CI_SAMPLES:
         return None
     median = float(np.median(x))
     if median <= 0:
@@ -76,18 +103,36 @@ def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_
     return "cap" if elapsed_s >= cap_s else None
 
 
+def still_falling(x: np.ndarray) -> float | None:
+    """How much slower the first third of a series is than its last third (a fraction), when the series falls
+    steadily: Spearman's rank correlation with its order below -TREND_Z / sqrt(n - 1) (its null distribution's
+    normal approximation) and the first third's median at least TREND_SHIFT above the last third's; else None.
+    A warm-up that stopped on three flat batches during a slow ramp (clocks, an allocator growing) leaves this."""
+    n = x.size
+    if n < MIN_SAMPLES:
+        return None
+    ranks = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
+    rho = float(np.corrcoef(np.arange(n), ranks)[0, 1]) if np.ptp(ranks) > 0 else 0.0
+    third = n // 3
+    first, last = float(np.median(x[:third])), float(np.median(x[-third:]))
+    if rho * math.sqrt(n - 1) < -TREND_Z and last > 0 and first >= (1 + TREND_SHIFT) * last:
+        return first / last - 1
+    return None
+
+
 def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
-    """Describe samples; flags CV > 10 %, a first sample > 2x the median, and < 10 samples."""
+    """Describe samples; flags CV > 10 %, a first sample > 2x the median (else a series still falling), and < 10
+    samples. No median CI from fewer than MIN_CI_SAMPLES."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size == 0:
         raise ValueError("no samples to summarize")
     p50, p90, p95, p99 = np.percentile(x, [50, 90, 95, 99])
     mean = float(x.mean())
     std = float(x.std(ddof=1)) if x.size > 1 else None  # one sample has no spread to speak of, not a spread of 0
-    ci = None
-    if x.size >= 2 and np.ptp(x) > 0:
+    ci = None  # none from fewer than MIN_CI_SAMPLES: a bootstrap's there covers the median 50-75 % of the time
+    if x.size >= MIN_CI_SAMPLES and np.ptp(x) > 0:
         ci = median_ci(x, seed=seed)
-    elif x.size >= 2:
+    elif x.size >= MIN_CI_SAMPLES:
         ci = (float(p50), float(p50))
     warnings = []
     if x.size < MIN_SAMPLES:
@@ -96,5 +141,8 @@ def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
         warnings.append(f"high variation: CV {percent(std / mean, 1, 'up')} > {CV_WARN:.0%}")
     if x.size > 1 and p50 > 0 and x[0] > FIRST_SAMPLE_WARN * p50:
         warnings.append(f"first timed sample {x[0]:.2f} > {FIRST_SAMPLE_WARN:g}x median {p50:.2f}: warm-up too short?")
+    elif (falling := still_falling(x)) is not None:
+        warnings.append(f"timed samples still falling (the first third's median {percent(falling, 0, 'down')} above "
+                        "the last third's): a slow warm-up not over; raise --warmup-batches")
     return Summary(int(x.size), mean, std, float(x.min()), float(p50), float(p90), float(p95), float(p99),
                    float(x.max()), ci, warnings)

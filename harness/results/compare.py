@@ -34,7 +34,7 @@ from scipy import stats as scipy_stats
 from harness.errors import UsageError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
-from harness.measure.stats import bootstrap_ci
+from harness.measure.stats import autocorrelated, block_means, bootstrap_ci, lag1_autocorrelation
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
     CellIdentity,
@@ -161,27 +161,6 @@ class Significance:
                 "reason": self.reason}
 
 
-def lag1_autocorrelation(x: np.ndarray) -> float:
-    """The sample autocorrelation at lag 1 (0 for fewer than 3 values or no spread)."""
-    d = np.asarray(x, dtype=np.float64) - np.mean(x)
-    denominator = float(d @ d)
-    return float(d[1:] @ d[:-1]) / denominator if len(d) >= 3 and denominator > 0 else 0.0
-
-
-def block_means(x: np.ndarray) -> np.ndarray:
-    """The means of consecutive blocks of ceil(sqrt(n)) values (the batch-means method; a last, shorter block is
-    left out): nearly independent where the values themselves are autocorrelated."""
-    size = math.ceil(math.sqrt(len(x)))
-    blocks = len(x) // size
-    return np.asarray(x[:blocks * size], dtype=np.float64).reshape(blocks, size).mean(axis=1)
-
-
-def autocorrelated(x: np.ndarray) -> bool:
-    """Whether a lag-1 autocorrelation this large is more than white noise would show (above Bartlett's 95 %
-    bound, 1.96 / sqrt(n)): then the values are not the independent draws a rank test and a bootstrap assume."""
-    return len(x) >= 3 and lag1_autocorrelation(x) > 1.96 / math.sqrt(len(x))
-
-
 def batch_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed: int = 0) -> Significance:
     """latency_significance of one process's batch samples. Batch times drift together (a shared host's load, the
     clocks): where either side's are autocorrelated, each side's block means are compared instead; testing
@@ -276,7 +255,7 @@ class CellDelta:
     def change(self, metric: str) -> float | None:
         """B/A - 1 of p50, p95 or ips."""
         a, b = getattr(self, f"{metric}_a"), getattr(self, f"{metric}_b")
-        return None if a is None or b is None or a <= 0 else b / a - 1
+        return None if a is None or b is None or a <= 0 or b <= 0 else b / a - 1  # 0 on a side: no figure
 
     def to_dict(self) -> dict:
         return {"cell": self.label, "coordinates": self.coords,
@@ -348,15 +327,19 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def geomean(self) -> dict[str, float | None]:
-        """Geometric mean of B/A across cells (p50 latency, p95 latency, images/s)."""
+        """Geometric mean of B/A across the cells that have both figures (p50 latency, p95 latency, images/s)."""
         out: dict[str, float | None] = {}
         for metric in ("p50", "p95", "ips"):
             ratios = [1 + c.change(metric) for c in self.cells if c.change(metric) is not None]
-            out[metric] = float(scipy_stats.gmean(ratios)) if ratios and min(ratios) > 0 else None
+            out[metric] = float(scipy_stats.gmean(ratios)) if ratios else None
         return out
 
+    def geomean_cells(self) -> dict[str, int]:
+        """How many cells each geometric mean is over (a cell without the figure on a side is left out)."""
+        return {metric: sum(c.change(metric) is not None for c in self.cells) for metric in ("p50", "p95", "ips")}
+
     def to_dict(self) -> dict:
-        g = self.geomean()
+        g, n = self.geomean(), self.geomean_cells()
         return {"a": self.a, "b": self.b, "same": self.same,
                 "differ": {k: list(v) for k, v in self.differ.items()},
                 "only_in_a": self.only_a, "only_in_b": self.only_b,
@@ -366,7 +349,9 @@ class Comparison:
                                          "interval between completions / batch size); change = B/A - 1",
                                 "cells": [c.to_dict() for c in self.cells],
                                 "geometric_mean_ratio": {"latency_p50": g["p50"], "latency_p95": g["p95"],
-                                                         "images_per_s": g["ips"]}},
+                                                         "images_per_s": g["ips"]},
+                                "geometric_mean_cells": {"latency_p50": n["p50"], "latency_p95": n["p95"],
+                                                         "images_per_s": n["ips"]}},
                 "notes": self.notes}
 
 

@@ -121,11 +121,14 @@ def _performance(c: Comparison) -> list[RenderableType]:
         table.add_row(escape(cell.label), _ms(cell.p50_a), _ms(cell.p50_b), _pct(cell.change("p50")),
                       _pct(cell.change("p95")), _pct(cell.change("ips")), _verdict(cell))
     out: list[RenderableType] = [table]
-    g = c.geomean()
+    g, n = c.geomean(), c.geomean_cells()
+    means = []
     if g["p50"] is not None:
-        out.append(Text(f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}, "
-                        f"images/s ×{g['ips']:.3f}" if g["ips"] is not None else
-                        f"geometric mean of B/A over {len(c.cells)} cell(s): latency p50 ×{g['p50']:.3f}"))
+        means.append(f"latency p50 ×{g['p50']:.3f} over {n['p50']} cell{'s' if n['p50'] != 1 else ''}")
+    if g["ips"] is not None:
+        means.append(f"images/s ×{g['ips']:.3f}" + (f" over {n['ips']}" if n["ips"] != n["p50"] else ""))
+    if means:
+        out.append(Text("geometric mean of B/A: " + ", ".join(means)))
     reasons = sorted({cell.significance.reason for cell in c.cells if cell.significance.reason})
     out += [Text(printable(f"verdict: {r}"), style="yellow") for r in reasons]
     bases = {cell.significance.basis for cell in c.cells}
