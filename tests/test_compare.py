@@ -111,6 +111,18 @@ def test_drifting_batch_times_are_not_called_a_change_more_often_than_alpha_says
     assert short.verdict == "too few samples" and "block means" in short.reason
 
 
+def test_a_shift_the_medians_cannot_settle_is_said_not_called_noise_silently():
+    """Two modes (9 and 11 ms, half each) shifted by 5 %: the rank test sees it, the medians' ratio (a median in
+    the gap between the modes) does not settle; the verdict stays 'no significant change' and says why."""
+    rng = np.random.default_rng(2)
+    a = np.where(rng.random(200) < 0.5, 9.0, 11.0) * rng.lognormal(0, 0.01, 200)
+    b = 1.05 * np.where(rng.random(200) < 0.5, 9.0, 11.0) * rng.lognormal(0, 0.01, 200)
+    sig = latency_significance(a, b)
+    assert sig.p_value < 0.001 and sig.ci95[0] <= 1.0 <= sig.ci95[1]
+    assert sig.verdict == "no significant change" and "unsettled" in sig.reason and "several modes" in sig.reason
+    assert latency_significance(lognormal(1, 50), lognormal(2, 50)).reason is None
+
+
 def test_verdict_numbers_against_brute_force():
     a = np.array([10.0, 12.0, 11.0, 13.0, 10.5])
     b = np.array([14.0, 15.5, 13.5, 16.0, 15.0])

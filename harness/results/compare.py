@@ -198,7 +198,12 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     p_value = float(scipy_stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
     significant = p_value < alpha and not ci[0] <= 1.0 <= ci[1]
     verdict = ("slower" if ratio > 1 else "faster") if significant else "no significant change"
-    return Significance(verdict, ratio, ci, p_value, n_a, n_b, alpha=alpha)
+    # the ranks differ but the medians' ratio does not settle: typical of times in two or more modes, where a
+    # median sits in the gap between them; said rather than left as plain noise
+    unsettled = (f"the samples' ranks differ (p={p_value:.2g}) but the ratio of medians is unsettled (95 % CI "
+                 f"{ci[0]:.3f}-{ci[1]:.3f}): batch times in several modes? compare their distributions"
+                 if p_value < alpha and not significant else None)
+    return Significance(verdict, ratio, ci, p_value, n_a, n_b, reason=unsettled, alpha=alpha)
 
 
 def _process_samples(entry: Entry) -> np.ndarray | None:
