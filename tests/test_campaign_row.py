@@ -42,3 +42,44 @@ def test_pooled_stage_split_adds_up_to_the_pooled_mean_and_is_null_where_a_datas
     assert parts == pytest.approx(total["mean"], abs=1e-3) and total["mean"] == pytest.approx(16.5)
     subs[1]["timing"]["total_ms"]["inference_ms"] = None
     assert pooled_timing(subs)["total_ms"]["inference_ms"] is None
+
+
+def test_campaign_means_leave_undefined_statistics_out_and_pool_every_batch():
+    """Three datasets' submissions (batch 1, 2 and 4): each accuracy key of the row is statistics.mean of the
+    datasets' defined values (mAP_small undefined on one, AR_large on another: not counted as 0); its total_ms is
+    numpy's of every dataset's batch times / batch size, pooled."""
+    import statistics
+
+    from harness.eval.coco_eval import STAT_NAMES
+    from harness.results.campaign import DatasetResult, campaign_submission
+
+    rng = np.random.default_rng(8)
+    subs = []
+    for k, batch in enumerate((1, 2, 4)):
+        accuracy = {name: float(rng.uniform(0.1, 0.6)) for name in (*STAT_NAMES, "AR_max_det")}
+        undefined = {0: "mAP_small", 2: "AR_large"}.get(k)
+        if undefined:
+            accuracy[undefined] = None
+            accuracy["unavailable"] = {undefined: "no ground truth in this area range"}
+        samples = rng.lognormal(np.log(10.0 * batch), 0.2, 12 + 5 * k)
+        subs.append({"schema_version": "va.submission.v1", "benchmark": {}, "model": {"id": "m"},
+                     "runtime": {"format": "onnx", "provider": "cpu"}, "hardware": {"id": "box"},
+                     "config": {"batch_size": batch, "input_size": 640, "conf": 0.001, "iou": 0.65, "max_det": 500},
+                     "eval": {"maxDets": [1, 10, 100, 500]}, "accuracy": accuracy,
+                     "dataset": {"split": "test", "num_images": 20, "num_categories": 2, "image_id_sha256": str(k)},
+                     "repro": {"weights": {}, "harness_version": "x", "harness_commit": "y", "harness_dirty": False},
+                     "timing": {"batch_size": batch, "num_images": batch * len(samples),
+                                "batch_samples_ms": samples.round(4).tolist()}})
+    row = campaign_submission([DatasetResult(f"d{k}", 1, "w", s) for k, s in enumerate(subs)], 3, {})
+    for key in (*STAT_NAMES, "AR_max_det"):
+        defined = [s["accuracy"][key] for s in subs if s["accuracy"][key] is not None]
+        assert row["accuracy"][key] == pytest.approx(statistics.mean(defined), abs=1e-12), key
+    assert len([s for s in subs if s["accuracy"]["mAP_small"] is not None]) == 2
+    per_image = np.concatenate([np.asarray(s["timing"]["batch_samples_ms"]) / s["timing"]["batch_size"]
+                                for s in subs])
+    total = row["timing"]["total_ms"]
+    assert total["mean"] == pytest.approx(per_image.mean(), abs=1e-4)
+    assert total["std"] == pytest.approx(per_image.std(ddof=1), abs=1e-4)
+    for q in (50, 95, 99):
+        assert total[f"p{q}"] == pytest.approx(np.percentile(per_image, q), abs=1e-4), q
+    assert row["throughput"]["fps_mean"] == pytest.approx(1000 / per_image.mean(), abs=2e-3)

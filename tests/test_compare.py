@@ -148,6 +148,36 @@ def test_too_few_samples_cannot_be_significant():
     assert sig.verdict == "too few samples" and sig.ratio is None
 
 
+def test_the_ratio_ci_is_scipys_bootstrap_of_median_b_over_median_a():
+    """The verdict's CI is scipy's percentile bootstrap of median(B) / median(A), each side resampled on its own."""
+    from scipy import stats as scipy_stats
+
+    a, b = lognormal(11, 50, n=40), lognormal(12, 56, n=35)
+    sig = latency_significance(a, b)
+    expected = scipy_stats.bootstrap(
+        (a, b), lambda x, y, axis=-1: np.median(y, axis=axis) / np.median(x, axis=axis), paired=False,
+        vectorized=True, method="percentile", n_resamples=2000, confidence_level=0.95,
+        random_state=np.random.default_rng(0)).confidence_interval
+    assert sig.ci95 == pytest.approx((expected.low, expected.high), rel=1e-12, abs=0)
+    assert sig.ratio == statistics.median(b.tolist()) / statistics.median(a.tolist())
+    assert sig.ci95[0] < sig.ratio < sig.ci95[1] and sig.ci95[0] > 1 and sig.verdict == "slower"
+
+
+def test_three_against_four_samples_cannot_reach_alpha_but_four_against_four_can():
+    """Fully separated samples: the exact two-sided Mann-Whitney p is 2 / C(n_a + n_b, n_a), 2/35 = 0.057 for 3 vs
+    4 (never below 0.05: too few samples) and 2/70 = 0.029 for 4 vs 4 (a verdict)."""
+    from scipy import stats as scipy_stats
+
+    a3, a4, b4 = [10.0, 10.2, 10.1], [10.0, 10.2, 10.1, 10.3], [20.0, 20.4, 20.2, 20.3]
+    assert scipy_stats.mannwhitneyu(a3, b4, alternative="two-sided", method="exact").pvalue == \
+        pytest.approx(2 / math.comb(7, 3))
+    few = latency_significance(np.array(a3), np.array(b4))
+    assert few.verdict == "too few samples" and few.ratio is None and (few.n_a, few.n_b) == (3, 4)
+    enough = latency_significance(np.array(a4), np.array(b4))
+    assert enough.p_value == pytest.approx(2 / math.comb(8, 4)) and enough.verdict == "slower"
+    assert enough.ratio == pytest.approx(statistics.median(b4) / statistics.median(a4))
+
+
 # ------------------------------------------------------------------------ synthetic runs ------
 def test_synthetic_pair_cells_deltas_and_geomean(tmp_path):
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
@@ -228,6 +258,38 @@ def test_an_overlapped_cells_verdict_is_of_its_intervals_not_its_latencies(tmp_p
     assert cell.significance.verdict == "unavailable" and "interval_samples_ms" in cell.significance.reason
 
 
+@pytest.mark.parametrize("kind", ["latency", "overlapped", "repeats"])
+def test_per_image_samples_compare_a_batch_of_four_with_a_batch_of_one(tmp_path, kind):
+    """A at batch 1 (50 ms per image) against B at batch 4: the verdict and ratio are of per-image times, by hand:
+    latency mode B's batch times / 4 (120 ms per batch: 30 ms per image, faster); overlapped mode B's intervals as
+    they are (already per image: 60 ms, slower, although its batch latencies are 256 ms); --repeats each
+    process's median batch time / 4 (faster)."""
+    a = lognormal(1, 50)
+    a_path = write_submission(tmp_path / "a", a, 1)
+    b_batches = lognormal(2, 256 if kind == "overlapped" else 120)
+    path = write_submission(tmp_path / "b", b_batches, 4)
+    per_image = b_batches / 4
+    a_per_image, basis = a, "batches"
+    if kind == "overlapped":
+        doc = json.loads(path.read_text())
+        per_image = lognormal(3, 60)
+        doc["timing"].update(mode="overlapped", interval_samples_ms=list(map(float, per_image)))
+        path.write_text(json.dumps(doc))
+    elif kind == "repeats":
+        a_medians, b_medians = [50.0, 50.5, 49.5, 51.0, 49.0], [120.0, 121.0, 119.0, 122.0, 118.0]
+        for p, medians in ((a_path, a_medians), (path, b_medians)):
+            doc = json.loads(p.read_text())
+            doc["timing"]["repeats"] = {"batch_ms_p50": medians}
+            p.write_text(json.dumps(doc))
+        a_per_image, per_image, basis = np.array(a_medians), np.array(b_medians) / 4, "processes"
+    (cell,) = compare_paths(tmp_path / "a", [tmp_path / "b"])[0].cells
+    sig = cell.significance
+    assert sig.basis == basis and (sig.n_a, sig.n_b) == (len(a_per_image), len(per_image))
+    assert sig.ratio == pytest.approx(statistics.median(per_image.tolist()) / statistics.median(a_per_image.tolist()),
+                                      rel=1e-12)
+    assert sig.verdict == ("slower" if kind == "overlapped" else "faster"), sig
+
+
 def test_missing_samples_make_the_verdict_unavailable(tmp_path):
     path = write_submission(tmp_path / "a", lognormal(1, 50))
     doc = json.loads(path.read_text())
@@ -262,6 +324,47 @@ def test_gates(tmp_path):
     for bad in ("map", "map:0.005", "map:+0", "speed:+10%", "latency:+ten%", "latency:10%"):
         with pytest.raises(UsageError):
             parse_gate(bad)
+
+
+def test_accuracy_and_per_class_deltas_are_b_minus_a(tmp_path):
+    """mAP 0.30 -> 0.29 is a delta of -0.01; each class's is its AP in B's per_class file minus A's, largest |delta|
+    first, and a class only one side scored is left out."""
+    ap = {"a": {1: 0.50, 2: 0.20, 3: 0.40, 4: 0.10}, "b": {1: 0.45, 2: 0.23, 3: 0.40, 5: 0.70}}
+    paths = {}
+    for side, m in (("a", 0.30), ("b", 0.29)):
+        paths[side] = write_submission(tmp_path / side, lognormal(1, 50), accuracy={**dict.fromkeys(STAT_NAMES, 0.5),
+                                                                                   "mAP_50_95": m})
+        (tmp_path / side / "per_class").mkdir()
+        (tmp_path / side / "per_class" / "toy.json").write_text(json.dumps({"categories": [
+            {"id": k, "name": f"class{k}", "AP": v, "AP50": v} for k, v in ap[side].items()]}))
+        doc = json.loads(paths[side].read_text())
+        doc["eval"] = {"per_class": "per_class/toy.json"}
+        paths[side].write_text(json.dumps(doc))
+    (acc,) = compare_paths(paths["a"], [paths["b"]])[0].accuracy
+    assert acc.unavailable is None and acc.per_class_unavailable is None
+    assert acc.delta("mAP_50_95") == pytest.approx(0.29 - 0.30, abs=1e-12) and acc.delta("mAP_50") == 0
+    assert acc.to_dict()["metrics"]["mAP_50_95"] == {"a": 0.30, "b": 0.29, "delta": acc.delta("mAP_50_95")}
+    assert [(r["id"], r["a"], r["b"]) for r in acc.per_class] == [(1, 0.50, 0.45), (2, 0.20, 0.23), (3, 0.40, 0.40)]
+    assert [r["delta"] for r in acc.per_class] == pytest.approx([-0.05, 0.03, 0.0], abs=1e-12)
+
+
+def test_relative_gates_are_the_change_over_a(tmp_path):
+    """latency:+10% is crossed by 50 -> 55.5 ms (+11.0 % of A, though only 9.9 % of B); map:-10% by 0.30 -> 0.20
+    (-33.3 % of A)."""
+    from harness.results.compare import check_gate
+
+    factors = np.random.default_rng(5).permutation(np.exp(np.linspace(-0.02, 0.02, 31)))  # median exactly 1
+    a = write_submission(tmp_path / "a", 50.0 * factors, accuracy=dict.fromkeys(STAT_NAMES, 0.30))
+    b = write_submission(tmp_path / "b", 55.5 * factors[::-1], accuracy=dict.fromkeys(STAT_NAMES, 0.20))
+    c = compare_paths(a, [b])[0]
+    (cell,) = c.cells
+    assert (cell.p50_a, cell.p50_b) == (50.0, 55.5) and cell.significance.verdict == "slower"
+    latency = check_gate(parse_gate("latency:+10%"), c)
+    assert latency.status == "failed" and "+11.0%" in latency.detail, latency.detail
+    assert check_gate(parse_gate("latency:+12%"), c).status == "ok"
+    accuracy = check_gate(parse_gate("map:-10%"), c)
+    assert accuracy.status == "failed" and "-33.3%" in accuracy.detail, accuracy.detail
+    assert check_gate(parse_gate("map:-34%"), c).status == "ok"
 
 
 def test_cli_exit_codes_and_json(tmp_path):
@@ -361,6 +464,21 @@ def test_detection_diff_counts_a_known_perturbation():
     assert s["max"] == pytest.approx(0.05) and s["mean"] == pytest.approx(0.1 / 3)
     # the 0.33-IoU pair pairs once the threshold is under it
     assert diff_detections(parse_coco_detections(a), parse_coco_detections(b), iou=0.3, conf=0.3).matched == 4
+
+
+def test_detection_diff_conf_delta_figures_are_numpys():
+    """20 boxes found by both files (one per image), each score moved by a known amount: the mean, p95 and max of
+    |delta conf| are numpy's of those amounts."""
+    deltas = np.random.default_rng(6).uniform(0.0, 0.2, 20).round(4)
+    a = _dets([(i, 1, (0, 0, 10, 10), 0.3) for i in range(20)])
+    b = _dets([(i, 1, (0, 0, 10, 10), 0.3 + float(d)) for i, d in enumerate(deltas)])
+    diff = diff_detections(parse_coco_detections(a), parse_coco_detections(b), iou=0.5, conf=0.0)
+    assert diff.matched == 20
+    stats = diff.conf_delta_stats()
+    assert stats["mean"] == pytest.approx(np.mean(deltas), abs=1e-9)
+    assert stats["p95"] == pytest.approx(np.percentile(deltas, 95), abs=1e-9)
+    assert stats["max"] == pytest.approx(np.max(deltas), abs=1e-9)
+    assert stats["p95"] < stats["max"]
 
 
 def test_greedy_pairs_by_score_then_iou():

@@ -4,6 +4,7 @@ which models `models fetch` can get, and where COCO comes from."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
 
@@ -240,6 +241,44 @@ def test_repeats_measure_each_cell_in_fresh_processes(tmp_path):
 
     files, _ = collect_files([run])
     assert files == [path]  # the run's one submission; the extra process's are its working files
+
+
+def test_three_processes_medians_are_summarised_by_their_median(tmp_path, monkeypatch):
+    """--repeats 3 with a cell whose own median batch time is 10 ms and whose fresh processes measure 14 and 11 ms:
+    timing.repeats lists [10, 14, 11], their median 11 (not the mean 11.67 or the middle entry 14) and the spread
+    (14 - 10) / 11."""
+    import contextlib
+    import subprocess
+    from types import SimpleNamespace
+
+    from harness.run import repeats
+
+    coords = {"model": "m", "backend": "onnxruntime", "precision": "fp32", "input_size": [416, 416], "batch_size": 4}
+
+    def write_run(folder, p50):
+        (folder / "submissions").mkdir(parents=True)
+        (folder / "submissions" / "c.json").write_text(json.dumps({"timing": {"batch_ms": {"p50": p50}}}))
+        (folder / "run.json").write_text(json.dumps({"config": {}, "cells": [
+            {"cell": "m b4", **coords, "status": "ok", "submission": "submissions/c.json"}]}))
+
+    run = tmp_path / "run"
+    write_run(run, 10.0)
+    child_p50 = {"process-2": 14.0, "process-3": 11.0}
+
+    def fresh_process(cmd, **kwargs):  # what `va-bench run --run-id process-k` leaves in its run folder
+        run_id = cmd[cmd.index("--run-id") + 1]
+        write_run(Path(cmd[cmd.index("--output-dir") + 1]) / run_id, child_p50[run_id])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(repeats, "subprocess", SimpleNamespace(run=fresh_process))
+    config = SimpleNamespace(repeats=3, model_dump=lambda mode: {"models": ["m"]})
+    progress = SimpleNamespace(task=lambda *a: contextlib.nullcontext(), log=lambda *a: None)
+    blocks = repeats.repeat_in_fresh_processes(config, run, {"m b4": "submissions/c.json"}, progress)
+    block = json.loads((run / "submissions" / "c.json").read_text())["timing"]["repeats"]
+    assert block == blocks["m b4"]
+    assert block["batch_ms_p50"] == [10.0, 14.0, 11.0] and block["processes"] == 3
+    assert block["median_of_processes_ms"] == 11.0
+    assert block["spread_pct"] == round(100 * 4 / 11, 3)
 
 
 def test_an_extra_process_does_not_take_its_run_for_another_gpu_tenant(monkeypatch):

@@ -85,6 +85,23 @@ def test_summarize_matches_numpy_and_flags_instability():
     assert any("only" in w for w in summarize([1.0, 2.0]).warnings)
 
 
+def test_every_summary_figure_is_numpys():
+    """Each figure of summarize() on a skewed sample is numpy's own; to_dict keeps 4 decimals of each."""
+    x = np.random.default_rng(4).lognormal(np.log(20.0), 0.4, 101)
+    assert x[-1] != x.max() and np.sort(x)[1] != x.min()  # the extremes are neither the last nor a neighbour
+    s = summarize(x)
+    assert s.count == 101
+    assert s.mean == pytest.approx(np.mean(x), rel=1e-12) and s.std == pytest.approx(np.std(x, ddof=1), rel=1e-12)
+    assert (s.min, s.max) == (np.min(x), np.max(x))
+    for q in (50, 90, 95, 99):
+        assert getattr(s, f"p{q}") == pytest.approx(np.percentile(x, q), rel=1e-12), q
+    out = s.to_dict()
+    for name in ("mean", "std", "min", "p50", "p90", "p95", "p99", "max"):
+        assert out[name] == round(float(getattr(s, name)), 4), name
+        assert abs(out[name] - getattr(s, name)) <= 5e-5 + 1e-12, name
+    assert out["median_ci95"] == [round(v, 4) for v in s.median_ci95]
+
+
 @pytest.mark.parametrize("n, seed", [(2, 0), (3, 1), (10, 0), (57, 3), (1025, 0), (3000, 5)])
 def test_median_ci_equals_scipys_percentile_bootstrap(n, seed):
     """The run's median CI is scipy.stats.bootstrap's (same draws, same quantiles), also where it is drawn in
@@ -226,6 +243,20 @@ def test_matching_counts_identical_zero_area_boxes():
     report = match_detections([a], [b])
     assert report.matched == 2 and report.match_rate == 1.0
     assert report.max_score_delta == pytest.approx(0.0005)
+
+
+def test_match_rate_is_over_the_larger_detection_count():
+    """A has 3 detections, B the same 2 of them: 2 matched of the 3 either set could have had, whichever is A."""
+    from harness.eval.matching import match_detections
+    from harness.records import ImageDetections
+
+    boxes = np.array([[0, 0, 10, 10], [20, 20, 40, 40], [50, 0, 60, 30]], dtype=np.float32)
+    a = ImageDetections(1, boxes, np.array([0.9, 0.8, 0.7]), np.array([0, 1, 2]))
+    b = ImageDetections(1, boxes[:2].copy(), np.array([0.9, 0.8]), np.array([0, 1]))
+    for x, y in ((a, b), (b, a)):
+        report = match_detections([x], [y])
+        assert report.matched == 2 and report.match_rate == pytest.approx(2 / 3)
+        assert report.to_dict()["match_rate"] == round(2 / 3, 6)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is a Linux feature")

@@ -63,3 +63,26 @@ def test_an_overlapped_streams_fill_is_no_variation():
     varying = steady[:2] + [60.0, 140.0] * 4
     assert any(w.startswith("high variation") for w in stream_warnings(varying, depth=2))
     assert stream_warnings(steady[:3], depth=2)[0].startswith("only 3 samples")
+
+
+def test_the_sites_split_of_total_ms_by_hand():
+    """timing.total_ms's split per image, batch 4. Latency mode: each stage's mean / 4, the input's transfer counted
+    in inference_ms. Overlapped mode (an 8 ms interval per image): inference as in latency mode (over the forwards
+    in flight), the rest of the interval shared 3:1 as the measured pre- and post-processing times are."""
+    from harness.results.submission import site_split
+
+    def record(mode, interval=None, in_flight=None, **stages):
+        timing = SimpleNamespace(mode=mode, image_ms=SimpleNamespace(mean=interval),
+                                 stages_ms={k: SimpleNamespace(mean=v) for k, v in stages.items()})
+        return SimpleNamespace(cell=SimpleNamespace(batch_size=4), runtime={"host": {"forwards_in_flight": in_flight}},
+                               timing=timing)
+
+    per_batch = {"preprocess": 12.0, "transfer": 4.0, "forward": 20.0, "postprocess": 4.0}
+    assert site_split(record("latency", 10.0, **per_batch)) == {"preprocess_ms": 3.0, "inference_ms": 6.0,
+                                                                "postprocess_ms": 1.0}
+    assert site_split(record("overlapped", 8.0, **per_batch)) == {"preprocess_ms": 1.5, "inference_ms": 6.0,
+                                                                  "postprocess_ms": 0.5}  # host: 8 - 6 = 2 ms
+    assert site_split(record("overlapped", 8.0, in_flight=2, **per_batch)) == {
+        "preprocess_ms": 3.75, "inference_ms": 3.0, "postprocess_ms": 1.25}  # host: 8 - 6 / 2 = 5 ms
+    no_transfer = {k: v for k, v in per_batch.items() if k != "transfer"}
+    assert site_split(record("latency", 9.0, **no_transfer))["inference_ms"] == 5.0

@@ -3,6 +3,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 from conftest import CORPUS, YOLOX_NANO, requires_corpus
 from reference_yolox import coco_detections
@@ -115,7 +116,7 @@ def test_run_artifacts(ort_run):
     plan, records = ort_run
     run = json.loads((plan.run_dir / "run.json").read_text())
     assert [c["status"] for c in run["cells"]] == ["ok", "ok"]
-    rows = list(csv.DictReader(open(plan.run_dir / "steps_timer.csv")))
+    rows = list(csv.DictReader((plan.run_dir / "steps_timer.csv").read_text().splitlines()))
     assert {"total", "preprocess", "preprocess.decode", "forward", "postprocess", "postprocess.nms"} <= {
         r["stage"] for r in rows}
     assert list(rows[0]) == ["model", "backend", "precision", "input_size", "batch_size", "stage", "total", "count",
@@ -123,6 +124,46 @@ def test_run_artifacts(ort_run):
     assert len(list((plan.run_dir / "images").glob("*.jpg"))) == 1
     assert len(list((plan.run_dir / "submissions").glob("*.json"))) == 2
     assert not list(plan.run_dir.rglob("*.tmp"))
+
+
+def test_submission_latency_figures_are_numpys_of_its_batch_samples(ort_run):
+    """Each submission's total_ms (per image) is numpy's of timing.batch_samples_ms / batch size, and its fps the
+    site's 1000 / that mean (fps_p50: / its median); within the files' rounding (4 and 3 decimals)."""
+    plan, _ = ort_run
+    for path in sorted((plan.run_dir / "submissions").glob("*.json")):
+        doc = json.loads(path.read_text())
+        timing = doc["timing"]
+        per_image = np.asarray(timing["batch_samples_ms"]) / timing["batch_size"]
+        assert timing["mode"] == "latency" and len(per_image) == timing["timed_batches"] >= 10
+        total = timing["total_ms"]
+        assert total["mean"] == pytest.approx(per_image.mean(), abs=2e-4), path.name
+        assert total["std"] == pytest.approx(per_image.std(ddof=1), abs=2e-4), path.name
+        for q in (50, 95, 99):
+            assert total[f"p{q}"] == pytest.approx(np.percentile(per_image, q), abs=2e-4), (path.name, q)
+        assert doc["throughput"]["fps_mean"] == pytest.approx(1000 / per_image.mean(), abs=2e-3), path.name
+        assert doc["throughput"]["fps_p50"] == pytest.approx(1000 / np.median(per_image), abs=2e-3), path.name
+
+
+def test_steps_timer_csv_is_seconds_and_percent_of_the_batch_time(ort_run):
+    """steps_timer.csv, per cell: the total row is the batch samples' sum, mean, min and max in seconds and 100 %
+    of the time; each stage row its summed time in seconds and that as a percentage of the batches' sum."""
+    plan, records = ort_run
+    rows = list(csv.DictReader((plan.run_dir / "steps_timer.csv").read_text().splitlines()))
+    for record in records:
+        samples = np.asarray(record.timing.batch_samples_ms)
+        mine = {r["stage"]: r for r in rows if int(r["batch_size"]) == record.cell.batch_size}
+        total = mine["total"]
+        assert int(total["count"]) == len(samples)
+        assert float(total["total"]) == pytest.approx(samples.sum() / 1e3, abs=2e-5)
+        assert float(total["avg"]) == pytest.approx(samples.mean() / 1e3, abs=2e-6)
+        assert (float(total["min"]), float(total["max"])) == pytest.approx((samples.min() / 1e3, samples.max() / 1e3),
+                                                                           abs=2e-6)
+        assert float(total["total_pct"]) == 100.0
+        assert {"preprocess", "forward", "postprocess"} <= set(mine)
+        for stage, summary in record.timing.stages_ms.items():
+            stage_ms = summary.mean * summary.count
+            assert float(mine[stage]["total"]) == pytest.approx(stage_ms / 1e3, abs=2e-6), stage
+            assert float(mine[stage]["total_pct"]) == pytest.approx(100 * stage_ms / samples.sum(), abs=2e-3), stage
 
 
 @requires_corpus

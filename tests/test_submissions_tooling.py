@@ -564,6 +564,43 @@ def test_other_thresholds_never_become_the_canonical_accuracy(tmp_path, base_doc
     assert "protocol (conf, iou, max_det, eval cap)" in board["policy"]["accuracy_identity"]
 
 
+def test_only_batch_one_rows_are_on_the_leaderboard(tmp_path, base_doc):
+    """A batch sweep: every batch size is a cube row, the leaderboard shows the batch-1 one alone."""
+    docs = [_variant(_timed(base_doc, b / 2), config__batch_size=b, timing__batch_size=b) for b in (2, 4, 1, 8)]
+    board = aggregate(_write(tmp_path / "sweep", docs))
+    assert sorted(r["batch_size"] for r in board["cube"]) == [1, 2, 4, 8]
+    assert [(r["batch_size"], Path(r["file"]).name) for r in board["leaderboard"]] == [(1, "s2.json")]
+
+
+def test_canonical_accuracy_prefers_batch_one_then_the_newest_run(tmp_path, base_doc):
+    """Three full-val runs on the reference a100 of one accuracy identity: a batch-8 run newest of all, and two
+    batch-1 runs (latency mode and a newer overlapped one): the newest batch-1 run's mAP is the canonical one."""
+    old = _full_val(base_doc, 0.450, created="2026-01-01T00:00:00Z")
+    newer = _variant(_full_val(base_doc, 0.452, created="2026-02-01T00:00:00Z"), timing__mode="overlapped")
+    b8 = _variant(_full_val(base_doc, 0.440, created="2026-03-01T00:00:00Z"), config__batch_size=8,
+                  timing__batch_size=8)
+    for docs in ([old, newer, b8], [b8, newer, old]):
+        board = aggregate(_write(tmp_path / f"canonical{docs[0] is b8}", docs))
+        assert len(board["cube"]) == 3 and board["counts"]["superseded"] == 0
+        (canonical,) = board["canonical_accuracy"]
+        assert canonical["mAP_50_95"] == 0.452 and canonical["policy"] == "reference"
+        assert Path(canonical["file"]).name == f"s{docs.index(newer)}.json"
+
+
+def test_leaderboard_rows_are_ordered_by_accuracy_within_each_runtime(tmp_path, base_doc):
+    """Three models with canonical full-val mAPs 0.40 (s), 0.45 (m), 0.30 (l) on the a100 and timed on a second
+    machine: each machine's rows read m, s, l (highest mAP first), not by name or speed."""
+    maps = {"yolox-s": 0.40, "yolox-m": 0.45, "yolox-l": 0.30}
+    docs = []
+    for k, (model, m) in enumerate(maps.items()):
+        named = _variant(_timed(base_doc, 1 + k), model__id=model, model__variant=model[-1])
+        docs += [_full_val(named, m), _variant(named, accuracy__mAP_50_95=m)]
+    board = aggregate(_write(tmp_path / "order", docs))
+    rows = [(r["hardware"], r["model"], r["accuracy_shown"]) for r in board["leaderboard"]]
+    expected = sorted(maps.items(), key=lambda kv: -kv[1])
+    assert rows == [(hw, model, m) for hw in ("a100", "nvidia_geforce_rtx_5070_ti") for model, m in expected]
+
+
 def test_leaderboard_accuracy_is_pinned_to_full_val(tmp_path, base_doc):
     subset = _variant(base_doc, accuracy__mAP_50_95=0.40)  # mini500 on the 5070 Ti
     board = aggregate(_write(tmp_path / "only_subset", [subset]))
