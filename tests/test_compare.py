@@ -107,8 +107,18 @@ def test_drifting_batch_times_are_not_called_a_change_more_often_than_alpha_says
         <= 0.05
     assert np.mean(found) > 0.8
     assert not autocorrelated(lognormal(3, 50, n=50))
-    short = batch_significance(ar1_latencies(rng, 12, 0.9), ar1_latencies(rng, 12, 0.9, 20.0))
+    ramp = np.linspace(12, 10, 9)  # 9 batches getting faster: lag-1 autocorrelation 0.67 (of their ranks too)
+    short = batch_significance(ramp, 2 * ramp)
     assert short.verdict == "too few samples" and "block means" in short.reason
+    assert "--min-timed-batches 16" in short.reason  # 4 vs 4 blocks is the fewest that can reach p < 0.05
+    assert 2 / math.comb(8, 4) < 0.05 <= 2 / math.comb(6, 3)
+    # sides of different lengths are cut into blocks of one length: medians of 8-batch and of 20-batch means of
+    # skewed times (3 % of batches at 3x) are different quantities, and were called a change a quarter of the time
+    def skewed(n):
+        x = ar1_latencies(rng, n, 0.5)
+        return np.where(rng.random(n) < 0.03, 3 * x, x)
+    uneven = [batch_significance(skewed(64), skewed(400)) for _ in range(150)]
+    assert np.mean([s.verdict != "no significant change" for s in uneven]) <= 0.1
 
 
 def test_a_shift_the_medians_cannot_settle_is_said_not_called_noise_silently():
@@ -121,6 +131,19 @@ def test_a_shift_the_medians_cannot_settle_is_said_not_called_noise_silently():
     assert sig.p_value < 0.001 and sig.ci95[0] <= 1.0 <= sig.ci95[1]
     assert sig.verdict == "no significant change" and "unsettled" in sig.reason and "several modes" in sig.reason
     assert latency_significance(lognormal(1, 50), lognormal(2, 50)).reason is None
+
+
+def test_a_verdicts_reason_names_its_cells():
+    from harness.results.compare import CellDelta, Comparison, Significance
+
+    unsettled = Significance("no significant change", 1.0, (0.98, 1.04), 0.001, 200, 200, reason="modes?")
+    cells = [CellDelta(label, {}, 1.0, 1.0, None, None, 1.0, 1.0, sig) for label, sig in
+             (("b1", unsettled), ("b4", Significance("unavailable", reason="no samples")),
+              ("b8", Significance("unavailable", reason="no samples")))]
+    console = Console(record=True, width=80)
+    console.print(render_comparison(Comparison("A", "B", cells=cells)))
+    text = console.export_text()
+    assert "verdict b1: modes?" in text and "verdict b4, b8: no samples" in text
 
 
 def test_verdict_numbers_against_brute_force():

@@ -88,3 +88,25 @@ def test_files_a_teammate_needs_follow_the_umask(tmp_path):
         os.umask(old)
     for path in (tmp_path / "r" / LOCK_FILE, tmp_path / "log.md"):  # (atomic writes read the umask at import)
         assert stat.S_IMODE(path.stat().st_mode) & 0o060 == 0o060, path.name  # group read and write
+
+
+def test_a_read_only_cache_that_exists_still_serves_what_it_holds(tmp_path, monkeypatch):
+    """A pre-filled, read-only weights cache (a cluster's shared one): not refused at plan time (its conversions are
+    read); the run warns that a conversion it lacks fails."""
+    from harness.run import plan as planning
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(planning, "cache_problem", lambda: f"the weights cache {cache} cannot be written")
+    done = run_in_process("run", "--model", "yolox-nano", "--backend", "torchscript", "--batch-sizes", "1",
+                          "--dry-run", "--output-dir", str(tmp_path / "out"), env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_terminal_that_says_zero_columns_gets_the_default_width(monkeypatch):
+    from harness.views import output
+
+    monkeypatch.setattr(output.os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert output._terminal_width(sys.stdout, 80) == 80
+    monkeypatch.setattr(output.os, "get_terminal_size", lambda fd: os.terminal_size((132, 40)))
+    assert output._terminal_width(sys.stdout, 80) == 132

@@ -50,6 +50,11 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
                                   converts=True),
 }
+
+
+def converting_backends(backends: list[str]) -> list[str]:
+    """The built-in backends among `backends` that keep the model they convert in the weights cache."""
+    return [b for b in backends if b in BUILTINS and BUILTINS[b].converts]
 # onnxruntime and onnxruntime-gpu install the same `onnxruntime` package: the CPU build has to go, or the
 # one pip wrote last wins (ONNX Runtime's install docs)
 GPU_EXTRA = ("pip install 'va-bench[gpu]', then pip uninstall -y onnxruntime onnxruntime-gpu && "

@@ -46,18 +46,25 @@ def lag1_autocorrelation(x: np.ndarray) -> float:
     return float(d[1:] @ d[:-1]) / denominator if len(d) >= 3 and denominator > 0 else 0.0
 
 
-def block_means(x: np.ndarray) -> np.ndarray:
-    """The means of consecutive blocks of ceil(sqrt(n)) values (the batch-means method; a last, shorter block is
-    left out): nearly independent where the values themselves are autocorrelated."""
-    size = math.ceil(math.sqrt(len(x)))
+def block_size(n: int) -> int:
+    """The batch-means method's block: floor(sqrt(n)) values, so that n values make at least floor(sqrt(n)) blocks."""
+    return max(1, math.isqrt(n))
+
+
+def block_means(x: np.ndarray, size: int | None = None) -> np.ndarray:
+    """The means of consecutive blocks of `size` values (default block_size(n); a last, shorter block is left out):
+    nearly independent where the values themselves are autocorrelated."""
+    size = size or block_size(len(x))
     blocks = len(x) // size
     return np.asarray(x[:blocks * size], dtype=np.float64).reshape(blocks, size).mean(axis=1)
 
 
 def autocorrelated(x: np.ndarray) -> bool:
     """Whether a lag-1 autocorrelation this large is more than white noise would show (above Bartlett's 95 %
-    bound, 1.96 / sqrt(n)): then the values are not the independent draws a rank test and a bootstrap assume."""
-    return len(x) >= 3 and lag1_autocorrelation(x) > 1.96 / math.sqrt(len(x))
+    bound, 1.96 / sqrt(n)): then the values are not the independent draws a rank test and a bootstrap assume.
+    Taken on the ranks: a few outlying batches (a page fault, another tenant's burst) would hide the drift of the
+    rest from the values' own autocorrelation."""
+    return len(x) >= 3 and lag1_autocorrelation(average_ranks(np.asarray(x))) > 1.96 / math.sqrt(len(x))
 
 
 def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
@@ -109,15 +116,30 @@ def still_falling(x: np.ndarray) -> float | None:
     normal approximation) and the first third's median at least TREND_SHIFT above the last third's; else None.
     A warm-up that stopped on three flat batches during a slow ramp (clocks, an allocator growing) leaves this."""
     n = x.size
-    if n < MIN_SAMPLES:
+    if n < MIN_SAMPLES or np.ptp(x) == 0:
         return None
-    ranks = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
-    rho = float(np.corrcoef(np.arange(n), ranks)[0, 1]) if np.ptp(ranks) > 0 else 0.0
+    ranks = average_ranks(x)
+    order = np.arange(n, dtype=np.float64)
+    rho = float(np.corrcoef(order, ranks)[0, 1])
+    # batches that drift together make a trend by chance more often: the z is shrunk by the lag-1 autocorrelation
+    # left once the trend is taken out (Hamed and Rao's correction, in its AR(1) form)
+    residuals = ranks - np.polyval(np.polyfit(order, ranks, 1), order)
+    r = min(max(lag1_autocorrelation(residuals), 0.0), 0.99)
+    z = rho * math.sqrt(n - 1) * math.sqrt((1 - r) / (1 + r))
     third = n // 3
     first, last = float(np.median(x[:third])), float(np.median(x[-third:]))
-    if rho * math.sqrt(n - 1) < -TREND_Z and last > 0 and first >= (1 + TREND_SHIFT) * last:
+    if z < -TREND_Z and last > 0 and first >= (1 + TREND_SHIFT) * last:
         return first / last - 1
     return None
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 with ties given their average (scipy.stats.rankdata's "average", less one)."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.arange(x.size)
+    _, tie_group, counts = np.unique(x, return_inverse=True, return_counts=True)
+    return (np.bincount(tie_group, weights=ranks) / counts)[tie_group]
 
 
 def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:

@@ -18,6 +18,7 @@ from harness.report.sections import (
     accuracy_table,
     accuracy_unavailable,
     artefacts,
+    harness_builds,
     harness_commits,
     human_size,
     notes,
@@ -96,12 +97,12 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
         out += [f"- {_inline(n)}" for n in gate_notes] + ([""] if gate_notes else [])
     found = notes(run)
     out += ["### Notes", ""] + ([f"- {_inline(n)}" for n in found] if found else ["none"]) + [""]
-    if len({(c.get("repro.harness_commit"), bool(c.get("repro.harness_dirty"))) for c in run.cells}) == 1:
+    if len(harness_builds(run)) == 1:
         commit = str(first.get("repro.harness_commit") or "unknown")
         built = f"At harness commit {_code(commit)}" + (" (dirty: uncommitted changes)"
                                                          if first.get("repro.harness_dirty") else "")
     else:  # resumed under another build: the cells name theirs
-        built = "Its cells were made at harness commits " + harness_commits(run) + ", in this order"
+        built = "Its cells were made at harness commits " + harness_commits(run)
     commands = [re.sub(r"[\x00-\x1f\x7f]", " ", c) for c in repro_commands(run)] or \
         ["# no repro.command recorded in the submissions"]
     fence = "`" * max(3, 1 + max(len(ticks) for c in commands for ticks in re.findall(r"`+", c) or [""]))

@@ -60,12 +60,17 @@ def _counts(pairs: list[tuple[str, int]]) -> str:
     return ", ".join(f"{value} ({n} cell{'s' if n != 1 else ''})" for value, n in pairs)
 
 
+def harness_builds(run: RunFolder) -> list[tuple[str, int]]:
+    """The builds the cells were made at (the commit's 12 digits, "(dirty)" with uncommitted changes), each with its
+    cell count: more than one when a resume under another build made some of them."""
+    return counted([f"{str(c.get('repro.harness_commit') or 'unknown')[:12]}"
+                    f"{' (dirty)' if c.get('repro.harness_dirty') else ''}" for c in run.cells])
+
+
 def harness_commits(run: RunFolder) -> str:
-    """The commit the cells were made at (12 digits, "(dirty)" with uncommitted changes); with the cell count of
-    each when a resume under another build made some of them."""
-    commits = counted([f"{str(c.get('repro.harness_commit') or 'unknown')[:12]}"
-                       f"{' (dirty)' if c.get('repro.harness_dirty') else ''}" for c in run.cells])
-    return commits[0][0] if len(commits) == 1 else _counts(commits)
+    """harness_builds as text: the one build, or each with its cell count."""
+    builds = harness_builds(run)
+    return builds[0][0] if len(builds) == 1 else _counts(builds)
 
 
 def _on_off(value: Any) -> str:

@@ -34,7 +34,7 @@ from scipy import stats as scipy_stats
 from harness.errors import UsageError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
-from harness.measure.stats import autocorrelated, block_means, bootstrap_ci, lag1_autocorrelation
+from harness.measure.stats import autocorrelated, block_means, block_size, bootstrap_ci, lag1_autocorrelation
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
     CellIdentity,
@@ -168,11 +168,14 @@ def batch_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, seed:
     if not (autocorrelated(a) or autocorrelated(b)):
         return latency_significance(a, b, alpha, seed)
     r = f"{lag1_autocorrelation(a):.2f} / {lag1_autocorrelation(b):.2f}"
-    means_a, means_b = block_means(a), block_means(b)
+    size = block_size(min(len(a), len(b)))  # one block length: a median of 8-batch means is not one of 32-batch means
+    means_a, means_b = block_means(a, size), block_means(b, size)
     sig = replace(latency_significance(means_a, means_b, alpha, seed), basis="batch means")
     if sig.verdict == "too few samples":
+        blocks = next(k for k in range(2, 100) if 2 / math.comb(2 * k, k) < alpha)
         return replace(sig, reason=f"batch times autocorrelated (lag-1 {r}): {len(means_a)} vs {len(means_b)} "
-                                   f"block means cannot reach p < {alpha:g}; time more batches")
+                                   f"block means cannot reach p < {alpha:g}; {blocks * blocks} batches a side can "
+                                   f"(--min-timed-batches {blocks * blocks})")
     return sig
 
 
@@ -201,7 +204,7 @@ def latency_significance(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA, see
     # the ranks differ but the medians' ratio does not settle: typical of times in two or more modes, where a
     # median sits in the gap between them; said rather than left as plain noise
     unsettled = (f"the samples' ranks differ (p={p_value:.2g}) but the ratio of medians is unsettled (95 % CI "
-                 f"{ci[0]:.3f}-{ci[1]:.3f}): batch times in several modes? compare their distributions"
+                 f"{ci[0]:.3f}-{ci[1]:.3f}): samples in several modes? compare their distributions"
                  if p_value < alpha and not significant else None)
     return Significance(verdict, ratio, ci, p_value, n_a, n_b, reason=unsettled, alpha=alpha)
 
@@ -661,7 +664,7 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
         ka, kb = PERF_GATES[gate.metric]
         for c in comparison.cells:
             a, b = getattr(c, ka), getattr(c, kb)
-            if a is None or b is None or a <= 0:
+            if a is None or b is None or a <= 0 or b <= 0:  # as the table: a figure of 0 is no figure
                 continue
             checked += 1
             delta = b / a - 1 if gate.relative else b - a

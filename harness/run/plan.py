@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
-from harness.backends.support import BUILTINS, check_support, ort_provider_for
+from harness.backends.support import check_support, converting_backends, ort_provider_for
 from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
 from harness.config import MIN_TIMED_BATCHES, RunConfig, device_spec
 from harness.data.images import find_corrupt_images_in_background
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
-from harness.detector.weights import cache_problem
+from harness.detector.weights import cache_problem, weights_dir
 from harness.errors import UsageError, brief, path_problem
 from harness.measure.affinity import check_cores
 from harness.records import Cell, LoadKey
@@ -279,8 +279,10 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
                          f"{'--scenario offline' if config.scenario == 'offline' else '--overlap'})")
     _check_models(config)
     _check_segment_backends(config)
-    converting = [b for b in config.backends if b in BUILTINS and BUILTINS[b].converts]
-    if converting and (problem := cache_problem()):  # found now, not as a failed cell inside the run folder
+    converting = converting_backends(config.backends)
+    # no cache to read conversions from and none can be made: found now, not as a failed cell inside the run folder
+    # (a cache that exists but is read-only still serves what it holds: the run warns)
+    if converting and not weights_dir().is_dir() and (problem := cache_problem()):
         raise UsageError(f"--backend {converting[0]} keeps the model it converts in the weights cache: {problem}")
     if config.calibration is not None and "int8" in config.precisions and not Path(config.calibration).is_dir():
         raise UsageError(path_problem("--calibration", config.calibration, "not a folder")

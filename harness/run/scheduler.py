@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 
+from harness.backends.support import converting_backends
 from harness.config import RunConfig
 from harness.data.images import find_corrupt_images, orientation_warning
+from harness.detector.weights import cache_problem
 from harness.errors import RunInterrupted, VaBenchError
 from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
@@ -150,6 +152,8 @@ class Scheduler:
                               f"GLIBC_TUNABLES={RECOMMENDED_GLIBC_TUNABLES}")
         if warning := inherited_thread_limit(config, threads):
             self.progress.log(warning)
+        if converting_backends(config.backends) and (problem := cache_problem()):  # plan refused a missing one
+            self.progress.log(f"warning: {problem}: conversions it holds are read, a conversion it lacks fails")
         if config.accuracy and (warning := unpublishable_accuracy(plan.variant.name, environment)):
             self.progress.log(warning)
         if warning := orientation_warning(plan.dataset.orientations):

@@ -129,8 +129,12 @@ def _performance(c: Comparison) -> list[RenderableType]:
         means.append(f"images/s ×{g['ips']:.3f}" + (f" over {n['ips']}" if n["ips"] != n["p50"] else ""))
     if means:
         out.append(Text("geometric mean of B/A: " + ", ".join(means)))
-    reasons = sorted({cell.significance.reason for cell in c.cells if cell.significance.reason})
-    out += [Text(printable(f"verdict: {r}"), style="yellow") for r in reasons]
+    cells_of: dict[str, list[str]] = {}  # a reason shared by several cells is said once, naming them
+    for cell in c.cells:
+        if cell.significance.reason:
+            cells_of.setdefault(cell.significance.reason, []).append(cell.label)
+    out += [Text(printable(f"verdict {', '.join(labels)}: {reason}"), style="yellow")
+            for reason, labels in sorted(cells_of.items())]
     bases = {cell.significance.basis for cell in c.cells}
     if "batches" in bases:
         out.append(Text("verdicts weigh each run's own batch samples (Mann-Whitney U and a bootstrap CI of the "
@@ -138,8 +142,8 @@ def _performance(c: Comparison) -> list[RenderableType]:
                         style="dim"))
     if "batch means" in bases:
         out.append(Text("verdicts marked (block means): those batch times drift together (lag-1 autocorrelation "
-                        "beyond chance), so the means of blocks of sqrt(n) batches were tested instead, and the "
-                        "ratio is of their medians", style="dim"))
+                        "beyond chance), so the means of blocks of sqrt(n) batches (n: the smaller side) were tested "
+                        "instead, and the ratio is of their medians", style="dim"))
     if "processes" in bases:
         out.append(Text("verdicts marked (N vs M processes) weigh the --repeats processes' medians (Mann-Whitney U "
                         "and a bootstrap CI of the ratio of medians), drift between processes included; p50 and "

@@ -28,9 +28,10 @@ def make_consoles() -> tuple[Console, Console]:
 
 def _terminal_width(stream: Any, default: int) -> int:
     try:
-        return max(os.get_terminal_size(stream.fileno()).columns, MIN_COLUMNS)
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, OSError, ValueError):
         return default
+    return columns if columns >= MIN_COLUMNS else default  # a terminal that says 0 (docker run -t at first)
 
 
 def print_json(console: Console, data: Any) -> None:
