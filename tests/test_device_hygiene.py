@@ -452,3 +452,230 @@ def test_a_process_start_reads_on_the_clock_it_is_compared_with():
                            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
     start, then = map(float, shown.stdout.split())
     assert before - 0.05 <= start <= then  # the start's clock ticks are 10 ms; psutil's own read ~0.8 s early here
+
+
+# nvml.h's nvmlClocksEventReason* bits (the names NVML gives them), written out by hand from the header
+NVML_EVENT_BITS = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
+                   "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40,
+                   "HwPowerBrakeSlowdown": 0x80, "DisplayClockSetting": 0x100}
+NVML_SLOWDOWNS = {"SwPowerCap": "sw_power_cap", "HwSlowdown": "hw_slowdown", "SwThermalSlowdown": "sw_thermal_slowdown",
+                  "HwThermalSlowdown": "hw_thermal_slowdown", "HwPowerBrakeSlowdown": "hw_power_brake_slowdown"}
+
+
+def _one_pass(reader, root=None):
+    sampler = _sampler(reader, root)
+    sampler.begin_window("cell")
+    sampler._sample()
+    return sampler.end_window()
+
+
+def test_the_nvml_bit_table_is_nvml_h_s():
+    pynvml = pytest.importorskip("pynvml")
+    assert {name: getattr(pynvml, f"nvmlClocksEventReason{name}") for name in NVML_EVENT_BITS} == NVML_EVENT_BITS
+
+
+def test_every_nvml_slowdown_bit_throttles_under_its_own_name_and_the_benign_ones_do_not():
+    """Each power/thermal slowdown bit, alone beside the idle bit, marks the pass with its own name; the bits that
+    only say why clocks are where they are (idle, application clocks, sync boost, display clock) never do."""
+    for nvml_name, name in NVML_SLOWDOWNS.items():
+        state = _one_pass(NvmlReader(FakeNvml(reasons=[NVML_EVENT_BITS["GpuIdle"] | NVML_EVENT_BITS[nvml_name]]), 0))
+        assert state["throttled"] is True and state["throttle_reasons"] == [name], (nvml_name, state)
+        assert state["gpu"]["clock_event_reasons"] == sorted(["gpu_idle", name])
+    benign = sum(NVML_EVENT_BITS[n] for n in ("GpuIdle", "ApplicationsClocksSetting", "SyncBoost",
+                                              "DisplayClockSetting"))
+    state = _one_pass(NvmlReader(FakeNvml(reasons=[benign]), 0))
+    assert state["throttled"] is False and state["throttle_reasons"] == []
+    assert state["gpu"]["clock_event_reasons"] == ["applications_clocks_setting", "display_clock_setting", "gpu_idle",
+                                                   "sync_boost"]
+    both = NVML_EVENT_BITS["SwPowerCap"] | NVML_EVENT_BITS["HwThermalSlowdown"]  # two at once: both named
+    assert _one_pass(NvmlReader(FakeNvml(reasons=[both]), 0))["throttle_reasons"] == ["hw_thermal_slowdown",
+                                                                                       "sw_power_cap"]
+
+
+def test_a_driver_before_535_reports_reasons_under_the_throttle_name():
+    class OldDriver(FakeNvml):
+        nvmlDeviceGetCurrentClocksEventReasons = None  # absent in bindings for drivers before 535
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+            return NVML_EVENT_BITS["HwSlowdown"]
+    state = _one_pass(NvmlReader(OldDriver(), 0))
+    assert state["throttled"] is True and state["throttle_reasons"] == ["hw_slowdown"]
+
+
+def test_nvml_clocks_temperature_and_power_are_each_read_from_their_own_figure():
+    """SM clock below its maximum, a memory clock of its own, a temperature that peaks mid-pass: each recorded as
+    read (power from milliwatts)."""
+    class Boosting(FakeNvml):
+        temps = [55, 70, 62]
+
+        def nvmlDeviceGetClockInfo(self, handle, kind):
+            return {self.NVML_CLOCK_SM: 1410, self.NVML_CLOCK_MEM: 1593}[kind]
+
+        def nvmlDeviceGetTemperature(self, handle, kind):
+            return self.temps.pop(0)
+
+        def nvmlDeviceGetPowerUsage(self, handle):
+            return 245_500
+    gpu = _one_pass(NvmlReader(Boosting(), 0))["gpu"]
+    assert gpu["sm_clock_mhz"] == [1410, 1410] and gpu["max_sm_clock_mhz"] == 1980
+    assert gpu["mem_clock_mhz"] == [1593, 1593]
+    assert gpu["temperature_c_max"] == 70 and gpu["power_w_max"] == 245.5
+
+
+def test_a_repeat_run_s_parent_is_ours_only_when_named(tmp_path, monkeypatch):
+    """An extra process of --repeats names its parent in VA_BENCH_REPEAT_OF: the parent's host PID (its NSpid, as
+    NVML lists it) is not another process; with the variable naming another pid it is."""
+    parent = os.getppid()
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nNSpid:\t91234\t{os.getpid()}\n",
+                            f"proc/{parent}/status": f"Name:\tva-bench\nNSpid:\t91200\t{parent}\n"})
+    nvml = FakeNvml(processes=[(91200, 700)])
+    monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent))
+    assert gpu_processes(0, False, nvml, root)["other_processes"] == []
+    monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent + 1))
+    with pytest.raises(UsageError, match="pid 91200 "):
+        gpu_processes(0, False, nvml, root)
+    monkeypatch.delenv("VA_BENCH_REPEAT_OF")
+    assert hygiene.own_pids(root) == {os.getpid(), 91234}
+
+
+# `vcgencmd get_throttled`, as the Raspberry Pi documentation lists its bits
+RPI_DOC_BITS = {0: "under_voltage", 1: "arm_frequency_capped", 2: "throttled", 3: "soft_temperature_limit",
+                16: "under_voltage_occurred", 17: "arm_frequency_capped_occurred", 18: "throttling_occurred",
+                19: "soft_temperature_limit_occurred"}
+
+
+def test_each_raspberry_pi_throttled_bit_is_read_by_its_documented_meaning():
+    for bit, name in RPI_DOC_BITS.items():
+        out = f"throttled={hex(1 << bit)}\n"
+        record = hygiene.rpi_throttled(run=lambda *a, out=out, **k: SimpleNamespace(stdout=out))
+        assert record == {"value": hex(1 << bit), "flags": [name]}, bit
+        sampler = _sampler(run=lambda *a, out=out, **k: SimpleNamespace(stdout=out))
+        sampler.begin_window("cell")
+        state = sampler.end_window()
+        now = bit < 16  # bits 16-19: since boot, not this pass
+        assert state["throttled"] is now and state["throttle_reasons"] == ([f"raspberry pi: {name}"] if now else [])
+
+
+def test_a_thermal_zone_at_its_trip_point_counts_and_only_throttling_trips_do(tmp_path):
+    """sysfs thermal: millidegrees Celsius; a zone at (not only above) a passive, hot or critical trip is a trip; an
+    active trip (a fan's) is not a slowdown."""
+    zones = {"0": ("gpu-thermal", "95000", "95000", "passive"), "1": ("soc-thermal", "104500", "104000", "critical"),
+             "2": ("cpu-thermal", "90000", "89000", "hot"), "3": ("fan-zone", "60000", "50000", "active")}
+    files = {}
+    for n, (kind, temp, trip, trip_type) in zones.items():
+        files |= {f"sys/class/thermal/thermal_zone{n}/type": kind, f"sys/class/thermal/thermal_zone{n}/temp": temp,
+                  f"sys/class/thermal/thermal_zone{n}/trip_point_0_temp": trip,
+                  f"sys/class/thermal/thermal_zone{n}/trip_point_0_type": trip_type}
+    assert sorted(hygiene.thermal_trips(_tree(tmp_path, files))) == [
+        "cpu-thermal 90C >= hot 89C", "gpu-thermal 95C >= passive 95C", "soc-thermal 104C >= critical 104C"]
+
+
+def test_devfreq_hz_and_cpufreq_khz_both_read_as_mhz(tmp_path):
+    """devfreq gives Hz (a Jetson Nano's GPU idles at 76.8 MHz), cpufreq kHz (a 600 MHz little core)."""
+    root = _tree(tmp_path, {"sys/class/devfreq/57000000.gpu/cur_freq": "76800000",
+                            "sys/class/devfreq/57000000.gpu/max_freq": "921600000",
+                            "sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq": "600000",
+                            "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq": "1479000"})
+    reader = JetsonReader(root)
+    assert reader.sample()["sm_mhz"] == 76.8 and reader.max_sm_mhz == 921.6
+    assert hygiene.cpu_sample(hygiene.CpuFiles.find(root))["freq_mhz"] == 600.0
+
+
+def test_a_jetson_gpu_that_reached_its_maximum_during_the_pass_is_not_warned_about(tmp_path):
+    folder = "sys/class/devfreq/17000000.ga10b"
+    root = _tree(tmp_path, {f"{folder}/cur_freq": "1300500000", f"{folder}/max_freq": "1300500000",
+                            f"{folder}/min_freq": "306000000"})
+    sampler = _sampler(JetsonReader(root), root)
+    sampler.begin_window("cell")  # at its maximum, then idle between batches
+    (root / folder / "cur_freq").write_text("306000000")
+    state = sampler.end_window()
+    assert state["gpu"]["sm_clock_mhz"] == [306.0, 1300.5]
+    assert not any("GPU clock at most" in w for w in state["warnings"]) and state["throttled"] is False
+
+
+def test_a_cpu_below_its_maximum_is_a_warning_only_under_the_performance_governor(tmp_path):
+    """powersave (or schedutil) lowers the clock by choice: the frequency is recorded, not warned about."""
+    for governor, warned in (("powersave", False), ("schedutil", False), ("performance", True)):
+        root = _tree(tmp_path / governor, {"sys/devices/system/cpu/cpu0/cpufreq/scaling_governor": governor,
+                                           "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq": "2400000",
+                                           "sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq": "1200000"})
+        sampler = _sampler(root=root)
+        sampler.begin_window("cell")
+        state = sampler.end_window()
+        assert state["cpu"]["freq_share_of_max_min"] == 0.5
+        assert any("fell to 50%" in w for w in state["warnings"]) is warned, governor
+
+
+def test_every_core_s_governor_maximum_and_the_hottest_zone_are_recorded(tmp_path):
+    root = _tree(tmp_path, {"sys/devices/system/cpu/cpu0/cpufreq/scaling_governor": "performance",
+                            "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq": "2400000",
+                            "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor": "powersave",
+                            "sys/devices/system/cpu/cpu1/cpufreq/cpuinfo_max_freq": "3600000",
+                            "sys/class/thermal/thermal_zone0/temp": "81000",
+                            "sys/class/thermal/thermal_zone1/temp": "45000"})
+    assert hygiene.cpu_static(root) == {"governors": ["performance", "powersave"], "max_freq_mhz": 3600.0}
+    assert hygiene.cpu_sample(hygiene.CpuFiles.find(root))["temp_c"] == 81.0
+
+
+def test_half_a_core_is_busy_and_a_reused_pid_is_judged_as_a_newcomer():
+    """BUSY_PROCESS_PERCENT is "at least": 1 CPU second over a 2 s window is 50 %, named. A pid reused during the
+    window (its start differs) is a new process: its CPU seconds over its own time (1.2 s over 1.5 s: 80 %), not
+    the difference with the old process's seconds (0.7 s over 2 s)."""
+    start = {10: (0.0, 4.0), 11: (50.0, 0.5)}
+    end = {10: ("half", 0.0, 5.0), 11: ("reused", 100.5, 1.2)}
+    assert hygiene.busy_processes(start, 100.0, end, 102.0, me=1) == [
+        {"pid": 11, "name": "reused", "cpu_percent": 80}, {"pid": 10, "name": "half", "cpu_percent": 50}]
+
+
+def test_the_hardware_block_gives_memory_in_gib_and_counts_logical_cores(monkeypatch):
+    """On a (faked) A100 machine with 96 logical CPUs on 48 cores and 64 GiB of RAM: memory in GiB (2^30 bytes),
+    the driver as NVML gives it, cores logical (the site's a100 rows: 96); a CPU-only machine's derived id counts
+    logical CPUs; an id given is kept and said to be given."""
+    import psutil
+
+    from harness.measure import env
+    from harness.measure.device import Device, parse_device
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=80 * 2**30))
+    monkeypatch.setattr(env, "_nvidia_driver", lambda: "550.54.15")
+    monkeypatch.setattr(env, "board_model", lambda: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 96 if logical else 48)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(total=64 * 2**30))
+    block = env.hardware_block(Device("cuda", 0), None)
+    assert (block["id"], block["id_source"], block["gpu_memory_gb"], block["driver_version"]) == (
+        "a100", "derived", 80.0, "550.54.15")
+    assert (block["cpu_cores"], block["cpu_physical_cores"], block["ram_gb"]) == (96, 48, 64.0)
+
+    class NoNvml(FakeNvml):
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    cpu = env.hardware_block(parse_device("cpu"), None, nvml=NoNvml())
+    assert cpu["id"].startswith("cpu_") and cpu["id"].endswith("_96c") and cpu["gpu_memory_gb"] is None
+    given = env.hardware_block(parse_device("cpu"), "my_box", nvml=NoNvml())
+    assert (given["id"], given["id_source"]) == ("my_box", "--hardware-id")
+
+
+def test_nvml_without_a_gpu_names_no_gpu(monkeypatch):
+    from harness.measure import env
+    from harness.measure.device import parse_device
+
+    class NoGpus(FakeNvml):  # NVML loads (a driver is installed) but lists no device
+        def nvmlDeviceGetCount(self):
+            return 0
+    monkeypatch.setattr(env, "board_model", lambda: None)
+    block = env.hardware_block(parse_device("cpu"), None, nvml=NoGpus())
+    assert block["gpu"] == "none" and block["gpu_memory_gb"] is None and block["id"].startswith("cpu_")
+
+
+def test_the_thread_record_names_each_pool_as_set(monkeypatch):
+    from harness.measure import env
+    from harness.measure.device import parse_device
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    intra = torch.get_num_interop_threads() + 7  # never the inter-op count
+    record = env.collect_environment(parse_device("cpu"), "default", ["run"], intra)
+    assert record["threads"] == {"torch_intra_op": intra, "torch_inter_op": torch.get_num_interop_threads(),
+                                 "OMP_NUM_THREADS": "5"}

@@ -173,6 +173,51 @@ def test_peak_rss_sees_a_buffer_allocated_inside_the_window():
     assert any(tag == "alloc" for _, tag, _, _ in monitor.samples)
 
 
+
+def test_vmhwm_is_read_in_kib_and_given_in_mib(monkeypatch, tmp_path):
+    """proc(5): /proc/[pid]/status gives VmHWM in kB (KiB); 524288 kB is 512 MiB."""
+    from harness.measure import memory
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmPeak:\t 9999999 kB\nVmHWM:\t  524288 kB\nVmRSS:\t  400000 kB\n")
+    monkeypatch.setattr(memory, "Path", lambda p: status if str(p) == "/proc/self/status" else Path(p))
+    assert memory._vm_hwm_mb() == 512.0
+
+
+def test_each_window_s_peaks_are_its_own_in_mib(monkeypatch):
+    """A CUDA run's window (fake torch.cuda): RSS and device memory in MiB (2^20 bytes), the allocated peak as
+    peak_vram_mb and the reserved one apart, the CUDA peak counters reset at each window's start; a later, smaller
+    window reads its own peak, not the earlier one's; a VmHWM above every sample (a spike between them) is the
+    peak."""
+    from types import SimpleNamespace
+
+    from harness.measure import memory
+
+    resets = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: 2**30)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: resets.append(index))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: 3 * 2**30 + 512 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda index: 4 * 2**30)
+    monkeypatch.setattr(memory, "_reset_vm_hwm", lambda: False)  # no VmHWM here: the samples alone
+    rss = [2 * 2**30]
+    monitor = MemoryMonitor(Device("cuda", 1))
+    monitor.process = SimpleNamespace(memory_info=lambda: SimpleNamespace(rss=rss[0]))
+    monitor.begin_window("large")
+    first = monitor.end_window()
+    assert (first["peak_ram_mb"], first["peak_vram_mb"], first["peak_vram_reserved_mb"]) == (2048.0, 3584.0, 4096.0)
+    assert first["ram_method"].startswith("psutil RSS sampling")
+    rss[0] = 2**30
+    monitor.begin_window("small")
+    assert monitor.end_window()["peak_ram_mb"] == 1024.0
+    assert resets == [1, 1]
+    monkeypatch.setattr(memory, "_reset_vm_hwm", lambda: True)
+    for hwm, peak in ((1500.0, 1500.0), (900.0, 1024.0)):  # the larger of VmHWM and the samples
+        monkeypatch.setattr(memory, "_vm_hwm_mb", lambda hwm=hwm: hwm)
+        monitor.begin_window("spike")
+        window = monitor.end_window()
+        assert window["peak_ram_mb"] == peak and window["ram_method"].startswith("VmHWM")
+
+
 def test_layer_hooks_are_removed_after_the_pass():
     nested = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1))
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), nested)

@@ -931,3 +931,218 @@ def test_the_size_order_table_names_provider_and_precision_whole(corpus_reports)
         assert f["hardware"] in lines
         assert any(line.startswith(f"{f['format']}/{f['provider']}") and f" {f['precision']} " in line
                    and f["smaller"]["model"] in line and f["larger"]["model"] in line for line in lines), f
+
+
+# --- rules that refuse a bad file and keep a good one (each against a hand-made case) ----------------------------
+
+
+def _rules(report, severity="error"):
+    return sorted({(f.rule, f.path) for f in report.findings if f.severity == severity})
+
+
+def test_a_zero_latency_an_accuracy_in_percent_and_a_zero_batch_sample_are_no_measurements(tmp_path, base_doc):
+    total = base_doc["timing"]["total_ms"]
+    docs = [_variant(base_doc, timing__total_ms={**total, "p50": 0.0}),
+            _variant(base_doc, accuracy__mAP_50_95=44.27, accuracy__mAP_50=62.99),  # percent, not a fraction
+            _variant(base_doc, timing__batch_samples_ms=[20.1, 0.0, 19.8])]
+    zero_p50, percent, zero_sample = _write(tmp_path / "unmeasured", docs)
+    assert ("degenerate", "timing.total_ms.p50") in _rules(zero_p50)
+    assert {("degenerate", "accuracy.mAP_50_95"), ("degenerate", "accuracy.mAP_50")} <= set(_rules(percent))
+    assert ("timing", "timing.batch_samples_ms") in _rules(zero_sample)
+    (real,) = _write(tmp_path / "real", [_variant(base_doc, timing__batch_samples_ms=[20.1, 19.9, 19.8])])
+    assert not [f for f in real.errors if f.rule == "timing" or f.path.startswith(("timing.total_ms", "accuracy"))]
+
+
+def test_figures_given_twice_agree_to_rounding_and_no_further(tmp_path, base_doc):
+    """fps = 1000 / per-image ms within 1 % (a rate 0.9 % off is rounding, 5 % off is another measurement);
+    p50 <= p95 <= p99; the stage split within 2 % of the mean it splits (1 % over is rounding, 10 % is not)."""
+    total = base_doc["timing"]["total_ms"]
+    mean = total["mean"]
+    ok = [_variant(base_doc, throughput__fps_mean=1000 / mean * 1.009),
+          _variant(base_doc, timing__total_ms={**total, "inference_ms": total["inference_ms"] + 0.01 * mean})]
+    bad = [_variant(base_doc, throughput__fps_mean=1000 / mean * 1.05),
+           _variant(base_doc, timing__total_ms={**total, "p99": total["p95"] - 1.0}),  # p95 above p99
+           _variant(base_doc, timing__total_ms={**total, "inference_ms": total["inference_ms"] + 0.1 * mean})]
+    reports = _write(tmp_path / "twice", ok + bad)
+    found = [[f.path for f in r.errors if f.rule == "inconsistent"] for r in reports]
+    assert found == [[], [], ["throughput.fps_mean"], ["timing.total_ms"], ["timing.total_ms"]]
+    order, split = (next(f.message for f in r.errors if f.rule == "inconsistent") for r in reports[3:])
+    assert order.startswith("percentiles out of order") and "more than the mean" in split
+
+
+def test_a_dataset_variant_s_image_count_and_image_set_agree(tmp_path, base_doc):
+    """mini500 is 500 images and COCO val2017 5000: a file that says otherwise (a declared variant, or the image
+    set's fingerprint) is refused, as is an eval.numImages that disagrees with dataset.num_images."""
+    from harness.data.variants import KNOWN_FINGERPRINTS
+
+    def counted(doc, n, **dataset):
+        doc = _variant(doc, dataset__num_images=n, eval__numImages=n, timing__num_images=n)
+        doc["dataset"].update(dataset)
+        return doc
+    docs = [counted(base_doc, 400, variant="mini500"), counted(base_doc, 4999, variant="full"),
+            counted(base_doc, 400, image_id_sha256=KNOWN_FINGERPRINTS["mini500"][1]),  # the mini500 ids, 400 of them
+            _variant(base_doc, eval__numImages=5000),
+            counted(base_doc, 500, variant="mini500", image_id_sha256=KNOWN_FINGERPRINTS["mini500"][1])]
+    reports = _write(tmp_path / "counts", docs)
+    found = [[f.message for f in r.errors if f.rule == "dataset_fingerprint"] for r in reports]
+    assert found == [["variant mini500 has 500 images, file says 400"],
+                     ["variant full has 5000 images, file says 4999"],
+                     ["image ids are the mini500 set but num_images is 400"],
+                     ["eval.numImages 5000 disagrees with dataset.num_images 500"], []]
+
+
+def test_an_int8_row_publishes_only_with_a_passing_fp32_comparison(tmp_path, base_doc):
+    """MLPerf's rule: int8 keeps >= 99 % of the fp32 mAP. A verdict that does not say it passed (kept 0.984, passed
+    unset) is a failing row; a missing comparison is a warning; a passing one is clean."""
+    int8 = _variant(base_doc, runtime__precision="int8")
+    m = base_doc["accuracy"]["mAP_50_95"]
+    verdicts = [{"mAP_50_95": m / 0.984, "int8_mAP_50_95": m, "kept": 0.984, "passed": None},
+                {"mAP_50_95": m / 0.984, "int8_mAP_50_95": m, "kept": 0.984, "passed": False},
+                {"mAP_50_95": m / 0.995, "int8_mAP_50_95": m, "kept": 0.995, "passed": True}, None]
+    docs = [_variant(int8, eval__int8_vs_fp32=v) if v else int8 for v in verdicts]
+    reports = _write(tmp_path / "int8", docs)
+    found = [[f.severity for f in r.findings if f.rule == "int8-accuracy"] for r in reports]
+    assert found == [["error"], ["error"], [], ["warning"]]
+
+
+def test_invisible_format_characters_in_a_name_are_found(tmp_path, base_doc):
+    """Unicode format characters (category Cf: a right-to-left override, a zero-width space) reorder or hide text
+    as control characters do: an error in a coordinate, a warning in a description."""
+    doc = _variant(base_doc, model__id="yolox\u202e-s", model__name="yolox\u200b-s")
+    (report,) = _write(tmp_path / "cf", [doc])
+    found = {(f.path, f.severity) for f in report.findings if f.rule == "identifier"}
+    assert found == {("model.id", "error"), ("model.name", "warning")}
+
+
+def test_a_detection_with_a_negative_height_or_a_boolean_id_is_unusable(tmp_path):
+    from harness.results.validate import detections_findings
+
+    good = {"image_id": 139, "category_id": 1, "bbox": [1.0, 2.0, 30.5, 40.0], "score": 0.9}
+    for bad, problem in (({**good, "bbox": [1.0, 2.0, 30.5, -4.0]}, "negative width or height"),
+                         ({**good, "image_id": True}, "image_id True is not an integer"),
+                         ({**good, "category_id": False}, "category_id False is not an integer")):
+        path = tmp_path / "d.json"
+        path.write_text(json.dumps([good, bad]))
+        (finding,) = detections_findings(path)
+        assert finding.severity == "error" and "1 of 2 detections are unusable" in finding.message
+        assert problem in finding.message, finding.message
+    path.write_text(json.dumps([good, {**good, "bbox": [0.0, 0.0, 0.0, 0.0]}]))  # a zero-size box is a box
+    assert detections_findings(path) == []
+
+
+def test_an_rf100vl_row_that_claims_validity_under_another_protocol_is_refused(tmp_path):
+    if not SUBMISSIONS.is_dir():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    doc = json.loads(next(SUBMISSIONS.glob("yolov9t__*rtx_5060_ti__*.json")).read_text())
+    assert doc["rf100vl"]["valid_submission"] is True
+    doc["rf100vl"]["protocol"]["nms_iou"] = 0.7
+    claimed = copy.deepcopy(doc)
+    doc["rf100vl"]["valid_submission"] = False
+    reports = _write(tmp_path / "rf", [claimed, doc])
+    found = [[f.severity for f in r.findings if f.path == "rf100vl.protocol.nms_iou"] for r in reports]
+    assert found == [["error"], ["warning"]]
+
+
+def test_two_files_with_one_submission_id_are_refused_and_kept_out(tmp_path, base_doc):
+    folder = tmp_path / "dup"
+    folder.mkdir()
+    for name, hw in (("a.json", "box_a"), ("b.json", "box_b")):
+        (folder / name).write_text(json.dumps(_variant(base_doc, hardware__id=hw)))  # one id, two machines
+    reports = validate_paths([folder], None).reports
+    assert [[f.rule for f in r.errors if f.rule == "site.unique_id"] for r in reports] == [[], ["site.unique_id"]]
+    assert [r["hardware"] for r in aggregate(reports)["cube"]] == ["box_a"]
+
+
+def test_site_rules_on_signs_types_and_the_support_matrix(tmp_path, base_doc):
+    """The site's rules: a negative figure in a block it reads, a boolean or null where it reads a number, a
+    runtime the support matrix does not allow (provider, precision), a model-library commit it does not pin."""
+    if not SUPPORT.is_file():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    support = json.loads(SUPPORT.read_text())
+    total = base_doc["timing"]["total_ms"]
+    docs = {"negative_std": _variant(base_doc, timing__total_ms={**total, "std": -0.5}),
+            "negative_gflops": _variant(base_doc, model_stats__gflops=-13.46),
+            "bool_batch": _variant(base_doc, config__batch_size=True),
+            "null_p50": _variant(base_doc, timing__total_ms={**total, "p50": None}),
+            "fp16_pytorch": _variant(base_doc, runtime__precision="fp16"),  # the matrix: pytorch is fp32 only
+            "rocm": _variant(base_doc, runtime__provider="rocm"),
+            "commit": _variant(base_doc, benchmark__libreyolo_commit="f" * 40),
+            "unknown_commit": _variant(base_doc, benchmark__libreyolo_commit="unknown")}
+    folder = tmp_path / "site"
+    folder.mkdir()
+    for name, doc in docs.items():
+        doc["submission_id"] = name
+        (folder / f"{name}.json").write_text(json.dumps(doc))
+    reports = {r.path.stem: r for r in validate_paths([folder], support).reports}
+    site = {name: {(f.rule, f.path) for f in r.errors if f.rule.startswith(("site.", "type"))}
+            for name, r in reports.items()}
+    assert ("site.non_negative", "timing.total_ms.std") in site["negative_std"]
+    assert ("site.non_negative", "model_stats.gflops") in site["negative_gflops"]
+    assert ("type.number", "config.batch_size") in site["bool_batch"]
+    assert ("type.number", "timing.total_ms.p50") in site["null_p50"]
+    assert site["fp16_pytorch"] == {("site.support_matrix", "runtime.precision")}
+    assert site["rocm"] == {("site.support_matrix", "runtime.provider")}
+    assert site["commit"] == {("site.support_matrix", "benchmark.libreyolo_commit")}
+    assert site["unknown_commit"] == set()
+    board = aggregate(list(reports.values()))
+    assert [Path(r["file"]).stem for r in board["cube"]] == ["unknown_commit"]
+
+
+def test_ap_read_at_fewer_detections_than_coco_s_100_is_another_protocol(tmp_path, base_doc):
+    (report,) = _write(tmp_path / "cap50", [_variant(base_doc, eval__maxDets=[1, 10, 50])])
+    (finding,) = [f for f in report.findings if f.rule == "nonstandard-protocol"]
+    assert "eval.maxDets [1, 10, 50]" in finding.message and finding.severity == "warning"
+
+
+def test_the_agreement_gate_flags_drift_either_way_beyond_the_tolerance(tmp_path, base_doc):
+    """Canonical 0.450 on the reference a100; the same accuracy identity elsewhere at 0.455 (+0.5 points) and at
+    0.448 (-0.2 points): only the first is past 0.3 points; at a tolerance of 0.6 neither is."""
+    docs = [_full_val(base_doc, 0.450), _full_val(base_doc, 0.455, hardware="nvidia_geforce_rtx_5070_ti"),
+            _full_val(base_doc, 0.448, hardware="jetson_orin")]
+    reports = _write(tmp_path / "gate", docs)
+    (g,) = aggregate(reports)["agreement_gate"]
+    assert (g["canonical_hardware"], g["other_hardware"]) == ("a100", "nvidia_geforce_rtx_5070_ti")
+    assert g["delta_points"] == pytest.approx(0.5)
+    assert aggregate(reports, tolerance_points=0.6)["agreement_gate"] == []
+
+
+def test_size_order_compares_one_dataset_variant_and_distinct_sizes_only(tmp_path, base_doc):
+    """yolox-m 20 % faster than yolox-s, but timed on another image set: no finding; two ids of one size (an alias)
+    are not a smaller and a larger model."""
+    m_elsewhere = _variant(_timed(base_doc, 0.8), model__id="yolox-m", model__variant="m", dataset__variant="sample")
+    board = aggregate(_write(tmp_path / "variants", [base_doc, m_elsewhere]), size_ranks=size_ranks())
+    assert board["size_order"] == []
+    alias = _variant(_timed(base_doc, 0.8), model__id="yolox-s-alias")
+    ranks = {"yolox-s": ("yolox", 2), "yolox-s-alias": ("yolox", 2)}
+    assert aggregate(_write(tmp_path / "alias", [base_doc, alias]), size_ranks=ranks)["size_order"] == []
+
+
+def test_the_newest_run_wins_whatever_its_file_name_or_time_zone(tmp_path, base_doc):
+    """s0 at 02:00 UTC is newer than s1 stamped 10:00+09:00 (01:00 UTC): s0 wins, s1 is superseded."""
+    new = _timed(base_doc, 1.0)
+    new["created_at"] = "2026-01-01T02:00:00Z"
+    old = _timed(base_doc, 2.0)
+    old["created_at"] = "2026-01-01T10:00:00+09:00"
+    board = aggregate(_write(tmp_path / "zones", [new, old]))
+    (row,) = board["cube"]
+    assert Path(row["file"]).name == "s0.json" and row["superseded"] == [str(tmp_path / "zones" / "s1.json")]
+
+
+def test_a_memory_figure_of_zero_is_shown_as_unmeasured(tmp_path, base_doc):
+    doc = copy.deepcopy(base_doc)
+    doc["memory"] = {"peak_ram_mb": 0.0, "peak_vram_mb": 86.6}
+    (row,) = aggregate(_write(tmp_path / "zero", [doc]))["cube"]
+    assert (row["peak_ram_mb"], row["peak_vram_mb"]) == (None, 86.6)
+
+
+def test_a_file_on_another_dataset_is_told_the_site_would_list_it_as_coco(tmp_path, base_doc):
+    """The site puts every file that is not RF100-VL on its COCO board: a run on one's own data is refused for
+    publication (kept for one's own comparisons); COCO val2017 and RF100-VL files are not."""
+    other = _variant(base_doc, dataset__id="my-data", dataset__split="valid")
+    reports = _write(tmp_path / "datasets", [base_doc, other])
+    assert [[(f.path, f.severity) for f in r.findings if f.rule == "dataset"] for r in reports] == [
+        [], [("dataset.id", "error")]]
+    if SUBMISSIONS.is_dir():
+        rf = json.loads(next(SUBMISSIONS.glob("yolov9t__*rtx_5060_ti__*.json")).read_text())
+        (rf_report,) = _write(tmp_path / "rf", [rf])
+        assert not [f for f in rf_report.findings if f.rule == "dataset"]
