@@ -127,6 +127,17 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     assert str(image) in result.stderr  # names the file
 
 
+def _normalised_by_image(data):
+    """Every box divided by its image's width and height (a YOLO-style export written as COCO), one of them the
+    whole image, [0, 0, 1, 1]: values up to 1 inclusive."""
+    sizes = {i["id"]: (i["width"], i["height"]) for i in data["images"]}
+    for a in data["annotations"]:
+        w, h = sizes[a["image_id"]]
+        x, y, bw, bh = a["bbox"]
+        a["bbox"] = [x / w, y / h, bw / w, bh / h]
+    next(a for a in data["annotations"] if not a["iscrowd"])["bbox"] = [0.0, 0.0, 1.0, 1.0]
+
+
 @requires_coco
 @pytest.mark.parametrize("change, expected", [
     (lambda x: x["images"][0].update(file_name="../../etc/passwd"), "is not a plain file name"),
@@ -140,6 +151,7 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     (lambda x: [a.update(bbox=[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]])
                 for a in x["annotations"] if a["bbox"][0] + 2 * a["bbox"][2] > 1], "are the boxes [x1, y1, x2, y2]?"),
     (lambda x: [a.update(bbox=[v / 1000 for v in a["bbox"]]) for a in x["annotations"]], "normalised coordinates?"),
+    (_normalised_by_image, "normalised coordinates?"),
     (lambda x: x["annotations"][0].update(category_id=999), "999 is not in categories"),
     (lambda x: x["annotations"][0].update(image_id=1), "1 is not in images"),
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
@@ -149,9 +161,9 @@ def test_bad_images_are_one_line_exit_2_nothing_written(tmp_path, sample, row):
     (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
     (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
 ], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "zero width", "left of its image",
-        "past its image", "corners, not sizes", "normalised", "unknown category", "unknown image",
-        "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id", "duplicate category id",
-        "negative category id"])
+        "past its image", "corners, not sizes", "normalised", "normalised by image, one a full-image box",
+        "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id",
+        "duplicate category id", "negative category id"])
 def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(_edit(sample, change)))  # json writes NaN as the NaN literal, as a bad tool would

@@ -98,6 +98,54 @@ def test_torchvision_labels_without_a_class_are_not_scored():
     assert names[0] is None and names[12] is None and names[1] == "person" and names[90] == "toothbrush"
 
 
+def test_class_names_given_by_index_keep_every_index_up_to_the_last():
+    """Ultralytics-style `{index: name}`: label i is names[i] up to the largest index, None where an index is
+    missing (no class)."""
+    class Named:
+        class_names = {0: "dog", 2: "car", 1: "person"}
+
+    class Gapped:
+        class_names = {0: "dog", 3: "car"}
+    assert model_class_names(Named()) == ("dog", "person", "car")
+    assert model_class_names(Gapped()) == ("dog", None, None, "car")
+
+
+@pytest.mark.parametrize("annotated", [False, True])
+def test_a_none_supercategory_with_boxes_of_its_own_is_a_class(tmp_path, annotated):
+    """A Roboflow export's workspace category (supercategory "none", every other category's supercategory) is no
+    class only while it has no box: one with boxes is a class like any other, its ground truth scored."""
+    from harness.data.coco import CocoDataset
+
+    categories = [{"id": 0, "name": "animals", "supercategory": "none"},
+                  {"id": 1, "name": "dog", "supercategory": "animals"},
+                  {"id": 2, "name": "cat", "supercategory": "animals"}]
+    annotations = [{"id": i + 1, "image_id": 1, "category_id": c, "bbox": [10.0 * i, 5.0, 8.0, 8.0], "area": 64.0,
+                    "iscrowd": 0} for i, c in enumerate([1, 2] + ([0] if annotated else []))]
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+                                "annotations": annotations, "categories": categories}))
+    dataset = CocoDataset.from_path(str(path))
+    assert dataset.categories == ({0: "animals", 1: "dog", 2: "cat"} if annotated else {1: "dog", 2: "cat"})
+
+
+@pytest.mark.parametrize("splits, chosen", [(("train", "test", "valid"), "valid"), (("train", "test"), "test"),
+                                            (("train",), "train")])
+def test_an_export_root_without_split_scores_its_validation_split_first(tmp_path, splits, chosen):
+    """`--dataset EXPORT_ROOT` without --split: valid, else test, else train (never the training split while a
+    held-out one is there), its annotation file and images that split's own."""
+    from harness.data.coco import CocoDataset
+
+    root = tmp_path / "my-export"
+    for split in splits:
+        (root / split).mkdir(parents=True)
+        (root / split / "_annotations.coco.json").write_text(json.dumps(
+            {"images": [], "annotations": [], "categories": [{"id": 1, "name": split}]}))
+    dataset = CocoDataset.from_path(str(root))
+    assert dataset.identity == ("my-export", chosen)
+    assert dataset.annotation_file == (root / chosen / "_annotations.coco.json").resolve()
+    assert dataset.image_dir == (root / chosen).resolve() and dataset.categories == {1: chosen}
+
+
 @requires_coco
 @requires_yolox
 def test_renumbered_coco_classes_score_as_pycocotools_says(tmp_path):

@@ -103,6 +103,32 @@ def test_cap_500_reads_ap_at_the_cap(sample, evaluator, tmp_path):
 
 
 @requires_coco
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_the_evaluator_named_is_the_one_that_runs(sample, evaluator, tmp_path, monkeypatch):
+    """A submission records its evaluator by name: the figures must come from that library (faster-coco-eval's
+    COCOeval_faster, or pycocotools' COCOeval), whichever path the detections take (a list or a results file)."""
+    import faster_coco_eval
+    import pycocotools.cocoeval
+
+    calls = []
+    for module, name in ((faster_coco_eval, "COCOeval_faster"), (pycocotools.cocoeval, "COCOeval")):
+        cls = getattr(module, name)
+        original = cls.accumulate
+
+        def accumulate(self, *args, _original=original, _library=module.__name__.split(".")[0], **kwargs):
+            calls.append(_library)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "accumulate", accumulate)
+    coco, ids, dets = sample
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(dets))
+    evaluate_bbox(coco, dets, ids, evaluator)
+    evaluate_bbox_file_per_class(coco, path, ids, evaluator)
+    library = {"pycocotools": "pycocotools", "faster-coco-eval": "faster_coco_eval"}[evaluator]
+    assert calls and set(calls) == {library}, calls
+
+
+@requires_coco
 def test_no_detections_is_zero_only_where_there_is_something_to_find(sample):
     coco, ids, _ = sample
     assert set(evaluate_bbox(coco, [], ids).values()) == {0.0}

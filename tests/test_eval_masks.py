@@ -46,14 +46,18 @@ def _results(coco, image_ids, erode: int = 0) -> list[dict]:
     return out
 
 
-def _plain_pycocotools(coco, results, image_ids, iou_type) -> float:
+def _plain_pycocotools_eval(coco, results, image_ids, iou_type) -> COCOeval:
     with contextlib.redirect_stdout(io.StringIO()):
         evaluator = COCOeval(coco, coco.loadRes(copy.deepcopy(results)), iou_type)
         evaluator.params.imgIds = sorted(image_ids)
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return float(evaluator.stats[0])
+    return evaluator
+
+
+def _plain_pycocotools(coco, results, image_ids, iou_type) -> float:
+    return float(_plain_pycocotools_eval(coco, results, image_ids, iou_type).stats[0])
 
 
 @requires_coco
@@ -103,3 +107,34 @@ def test_masks_are_evaluated_a_group_of_categories_at_a_time_with_the_same_numbe
     grouped, grouped_per_class = evaluate_masks_file_per_class(coco, path, image_ids, pairs_per_chunk=2 * IMAGES)
     assert grouped == whole and grouped_per_class == per_class and len(per_class) == 80
     assert whole["segm"]["mAP_50_95"] == pytest.approx(_plain_pycocotools(coco, results, image_ids, "segm"), abs=1e-12)
+
+
+@requires_coco
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_a_segmentation_cells_figures_are_the_masks_its_bbox_keys_the_boxes(coco, tmp_path, evaluator):
+    """evaluate_cell_file(task "segment"): the plain keys are pycocotools' segm figures, bbox_<key> its bbox figures
+    of the same results, per-class AP the masks' own (pycocotools' precision array, category by category). Masks
+    eroded and boxes shrunk by different amounts, so the two evaluations differ everywhere."""
+    from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES, evaluate_cell_file
+
+    image_ids = sorted(coco.getImgIds())[:IMAGES]
+    results = _results(coco, image_ids, erode=2)
+    for r in results:  # each box shrunk to 92 % about its centre: box IoU 0.846, a match up to 0.8
+        x, y, w, h = r["bbox"]
+        r["bbox"] = [x + 0.04 * w, y + 0.04 * h, 0.92 * w, 0.92 * h]
+    path = tmp_path / "cell.json"
+    path.write_text(json.dumps(results))
+    stats, per_class, iou_types = evaluate_cell_file(coco, path, image_ids, evaluator, 100, task="segment")
+    assert iou_types == ["segm", "bbox"]
+    segm, bbox = (_plain_pycocotools_eval(coco, results, image_ids, t) for t in ("segm", "bbox"))
+    assert [stats[k] for k in STAT_NAMES] == pytest.approx(list(segm.stats), abs=1e-12)
+    assert [stats[f"bbox_{k}"] for k in SITE_BBOX_KEYS] == pytest.approx(list(bbox.stats[:6]), abs=1e-12)
+    assert abs(stats["mAP_50_95"] - stats["bbox_mAP_50_95"]) > 0.05  # two different evaluations
+    for k, category in enumerate(segm.params.catIds):
+        p = segm.eval["precision"][:, :, k, 0, 2]
+        want = float(np.mean(p[p > -1])) if (p > -1).any() else -1.0
+        assert per_class[category]["AP"] == pytest.approx(want, abs=1e-12), category
+        at50 = p[0]
+        assert per_class[category]["AP50"] == pytest.approx(
+            float(np.mean(at50[at50 > -1])) if (at50 > -1).any() else -1.0, abs=1e-12), category
+    assert sum(v["AP"] >= 0 for v in per_class.values()) >= 10

@@ -9,7 +9,7 @@ from torchvision.ops import batched_nms, clip_boxes_to_image, remove_small_boxes
 
 from harness.detector.ops import top_k_per_group
 from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSpec, ProtocolDefaults, postprocess_spec
-from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select
+from harness.pipeline.postprocess import BatchCandidates, drop_small, gather_candidates, select
 from harness.pipeline.preprocess import ImageTransform
 
 B, K, C = 3, 400, 12
@@ -193,3 +193,33 @@ def test_the_benchs_one_call_nms_equals_torchvision_per_image():
         np.testing.assert_array_equal(got_scores, s[keep].numpy())
         np.testing.assert_array_equal(got_labels, c[keep].numpy())
         np.testing.assert_array_equal(got_boxes, boxes[keep].numpy())
+
+
+def test_boxes_exactly_min_size_wide_or_high_are_kept_as_torchvision_keeps_them():
+    """remove_small_boxes keeps w >= min_size and h >= min_size: boxes of exactly the minimum size stay."""
+    boxes = torch.tensor([[10.0, 10.0, 14.0, 30.0], [10.0, 10.0, 30.0, 14.0], [0.0, 0.0, 4.0, 4.0],
+                          [5.0, 5.0, 8.5, 20.0], [5.0, 5.0, 20.0, 8.75], [1.0, 2.0, 40.0, 50.0]])
+    n = len(boxes)
+    cands = BatchCandidates(boxes, torch.linspace(0.9, 0.4, n), torch.zeros(n, dtype=torch.long),
+                            torch.zeros(n, dtype=torch.long), [n])
+    kept = drop_small(cands, 4.0)
+    assert torch.equal(kept.boxes, boxes[remove_small_boxes(boxes, 4.0)])
+    assert kept.counts == [4]  # the three of exactly 4 px and the large one
+
+
+@pytest.mark.parametrize("spec", [PostprocessSpec("topk", conf=0.25, max_det=10),
+                                  PostprocessSpec("nms", conf=0.25, iou=0.5, max_det=10),
+                                  PostprocessSpec("nms", conf=0.25, iou=0.5, max_det=10, multi_label=True)],
+                         ids=["topk", "nms", "nms-multi-label"])
+@pytest.mark.parametrize("resolved", [False, True], ids=["dense", "resolved"])
+def test_a_score_equal_to_conf_is_kept_by_every_kind(spec, resolved):
+    """The threshold is score >= conf (PostprocessSpec): 0.25 exactly (a float32 value) stays, 0.2499999 goes, for
+    dense scores and for a decoder's resolved candidates alike. Disjoint boxes: nothing else removes any."""
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 0.0, 30.0, 10.0], [40.0, 0.0, 50.0, 10.0]])
+    scores = torch.tensor([0.5, 0.25, np.nextafter(np.float32(0.25), np.float32(0))])
+    if resolved:
+        decoded = [Candidates(boxes, scores, torch.zeros(3, dtype=torch.long))]
+    else:
+        decoded = DenseCandidates(boxes=boxes[None], scores=scores[None, :, None])
+    (kept_boxes, kept_scores, _), = _run(decoded, spec, _transforms()[:1])
+    assert kept_scores.tolist() == [0.5, 0.25] and np.array_equal(kept_boxes, boxes[:2].numpy())

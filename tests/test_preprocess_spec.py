@@ -194,3 +194,27 @@ def test_scale_by_a_reciprocal_divides_bit_for_bit():
     chw = image[:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255.0
     want = (chw - np.float32(MEAN).reshape(3, 1, 1)) / np.float32(STD).reshape(3, 1, 1)
     assert np.array_equal(got[0].numpy(), want)
+
+
+@pytest.mark.parametrize("shape", [(525, 300, 3), (300, 525, 3)])
+def test_a_size_that_rounds_up_past_the_input_is_the_input_size(shape):
+    """Ultralytics' long-side resize rounds up (ceil) and clamps to the input: 525 x (640 / 525) is a hair over
+    640 in floating point, so ceil gives 641 unclamped. The image must fill the long side exactly (640, centre
+    padded along the other), as Ultralytics' own `min(ceil(w0 * r), 640)` puts it."""
+    import math
+
+    import cv2
+
+    spec = PreprocessSpec(input_size=(640, 640), resize="letterbox", pad_position="center", channel_order="RGB",
+                          size_rounding="ceil")
+    image = np.random.default_rng(3).integers(0, 256, shape, dtype=np.uint8)
+    (got,), (t,) = preprocess_batch([image], spec)
+    h, w = shape[:2]
+    r = 640 / max(h, w)
+    assert math.ceil(max(h, w) * r) == 641  # the float hair this case is about
+    nh, nw = min(math.ceil(h * r), 640), min(math.ceil(w * r), 640)
+    top, left = (640 - nh) // 2, (640 - nw) // 2
+    want = np.full((640, 640, 3), 114, np.uint8)
+    want[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)[:, :, ::-1]
+    assert t.resized == (nh, nw) and t.pad == (float(left), float(top)) and t.ratio == (r, r)
+    assert np.array_equal(got.permute(1, 2, 0).numpy(), want.astype(np.float32))

@@ -154,6 +154,27 @@ def test_detections_encoded_directly_read_back_as_to_coco():
         coco_json_texts(det, class_map)
 
 
+def test_a_category_id_0_is_written_and_a_box_is_its_corner_and_size():
+    """Dataset category ids are 0 or more (a dataset of one's own may number its classes from 0): a class mapped
+    to category 0 is written, one mapped to a negative id is not, by both writers, masks or none; each box
+    [x1, y1, x2, y2] is written [x1, y1, x2 - x1, y2 - y1] (by hand below)."""
+    from dataclasses import replace
+
+    from harness.records import ImageDetections, coco_json_texts
+
+    det = ImageDetections(3, np.array([[10.0, 20.0, 50.5, 80.25], [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 105.0, 56.0]],
+                                      np.float32), np.array([0.5, 0.25, 0.125], np.float32), np.array([0, 1, 2]))
+    class_map = (0, -1, 4)
+    want = [{"image_id": 3, "category_id": 0, "bbox": [10.0, 20.0, 40.5, 60.25], "score": 0.5},
+            {"image_id": 3, "category_id": 4, "bbox": [5.0, 6.0, 100.0, 50.0], "score": 0.125}]
+    assert [json.loads(t) for t in coco_json_texts(det, class_map)] == want
+    assert det.to_coco(class_map) == want
+    masks = [{"size": [90, 120], "counts": f"{k}"} for k in range(3)]
+    with_masks = [{**want[0], "segmentation": masks[0]}, {**want[1], "segmentation": masks[2]}]
+    assert [json.loads(t) for t in coco_json_texts(replace(det, masks=masks), class_map)] == with_masks
+    assert replace(det, masks=masks).to_coco(class_map) == with_masks
+
+
 def test_detections_digest_changes_with_anything_the_file_would_hold():
     """A cell whose detections have an earlier cell's digest copies that cell's file: equal digests must mean equal
     encodings, and any change to what the file holds (id, a box, a score, a label, a dtype, a mask) a new digest."""
