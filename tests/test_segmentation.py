@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import COCO_DIR, CORPUS, requires_coco, requires_corpus
 from pycocotools import mask as mask_utils
+from reference_resize import bilinear
 
 from harness.config import RunConfig
 from harness.errors import UsageError
@@ -119,19 +120,6 @@ def test_compare_shows_mask_and_box_metrics_and_refuses_mixing_them(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the mask work against numpy
-
-def _bilinear(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """[n, h, w] -> [n, H, W] in float64: bilinear with half-pixel centres, edges clamped, no antialiasing."""
-    def axis(n_in: int, n_out: int):
-        src = np.maximum((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0)
-        low = np.minimum(np.floor(src).astype(int), n_in - 1)
-        return low, np.minimum(low + 1, n_in - 1), src - low
-
-    (y0, y1, fy), (x0, x1, fx) = axis(values.shape[1], size[0]), axis(values.shape[2], size[1])
-    rows = values[:, y0] * (1 - fy)[None, :, None] + values[:, y1] * fy[None, :, None]
-    return rows[:, :, x0] * (1 - fx)[None, None, :] + rows[:, :, x1] * fx[None, None, :]
-
-
 def _box_pixels(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """[n, h, w] bool: pixel (x, y) in its row's xyxy box, x1 <= x < x2 and y1 <= y < y2, by a plain loop."""
     h, w = size
@@ -209,7 +197,7 @@ def test_masks_of_a_non_square_input_are_numpys_at_each_source_size(case):
     counts, rows_per_image, head = [5, 40, 3], 50, (24, 32)
     # smooth maps (a coarse grid upsampled), so that a mask is a few blobs: logits around 0, or probabilities
     coarse = rng.normal(0, 2, (len(SOURCES), rows_per_image if spec.kind == "query" else 6, 6, 8))
-    maps = _bilinear(coarse.reshape(-1, 6, 8), head).reshape(*coarse.shape[:2], *head)
+    maps = bilinear(coarse.reshape(-1, 6, 8), head).reshape(*coarse.shape[:2], *head)
     coefficients = rng.normal(0, 1, (len(SOURCES), rows_per_image, 6)) if spec.kind == "prototypes" else None
     if spec.kind == "query" and spec.values == "probabilities":
         maps = 1 / (1 + np.exp(-maps))
@@ -235,11 +223,11 @@ def test_masks_of_a_non_square_input_are_numpys_at_each_source_size(case):
         else:
             values = maps[k, rows[mine]]
         if spec.resize == "via_input" or spec.crop_to_box == "input" or (top, left, nh, nw) != (0, 0, *INPUT):
-            values = _bilinear(values, INPUT)
+            values = bilinear(values, INPUT)
             if spec.crop_to_box == "input":
                 values = values * _box_pixels(input_boxes[mine], INPUT)
             values = values[:, top:top + nh, left:left + nw]
-        values = _bilinear(values, (h, w))
+        values = bilinear(values, (h, w))
         want = values > 0 if spec.values == "logits" else values >= 0.5
         if spec.crop_to_box == "source":
             want &= _box_pixels(source_boxes[mine], (h, w))

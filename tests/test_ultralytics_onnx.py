@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import COCO_DIR, load_core_of, requires_coco, run_in_process
+from reference_resize import bilinear
 from torch import nn
 from torchvision.ops import batched_nms
 
@@ -286,18 +287,6 @@ class TinySeg(TinyDense):
         return torch.cat((super().forward(x), coefficients), dim=1), torch.tanh(self.prototypes(x - 0.5) * 4)
 
 
-def _bilinear(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """[n, h, w] -> [n, H, W]: bilinear with half-pixel centres, edges clamped, no antialiasing, written out."""
-    def axis(n_in: int, n_out: int):
-        src = np.maximum((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0)
-        low = np.minimum(np.floor(src).astype(int), n_in - 1)
-        return low, np.minimum(low + 1, n_in - 1), src - low
-
-    (y0, y1, fy), (x0, x1, fx) = axis(values.shape[1], size[0]), axis(values.shape[2], size[1])
-    rows = values[:, y0] * (1 - fy)[None, :, None] + values[:, y1] * fy[None, :, None]
-    return rows[:, :, x0] * (1 - fx)[None, None, :] + rows[:, :, x1] * fx[None, None, :]
-
-
 def _reference_masks(path, image) -> tuple[tuple, np.ndarray]:
     """The validator-style detections of the export (ONNX Runtime, batch 1) and each one's mask, in numpy:
     sigmoid(coefficients @ prototypes), to the input size, zero outside its box, the padding cropped, to the
@@ -314,13 +303,13 @@ def _reference_masks(path, image) -> tuple[tuple, np.ndarray]:
     coefficients = pred[i[keep], 84:].numpy().astype(np.float64)
     protos = prototypes[0].astype(np.float64)
     masks = 1 / (1 + np.exp(-(coefficients @ protos.reshape(PROTOTYPES, -1)))).reshape(-1, *protos.shape[1:])
-    masks = _bilinear(masks, (SIZE, SIZE))
+    masks = bilinear(masks, (SIZE, SIZE))
     ys, xs = np.arange(SIZE)[None, :, None], np.arange(SIZE)[None, None, :]
     b = input_boxes[:, :, None, None]
     masks *= (xs >= b[:, 0]) & (xs < b[:, 2]) & (ys >= b[:, 1]) & (ys < b[:, 3])
     h0, w0 = image.shape[:2]
     h, w = min(int(np.ceil(h0 * r)), SIZE), min(int(np.ceil(w0 * r)), SIZE)  # the image as placed (ceil, as above)
-    masks = _bilinear(masks[:, top:top + h, left:left + w], (h0, w0)) >= 0.5
+    masks = bilinear(masks[:, top:top + h, left:left + w], (h0, w0)) >= 0.5
     source = (input_boxes - [left, top, left, top]) / r
     source = np.clip(source, 0, [w0, h0, w0, h0])
     return (source, scores[keep].numpy(), labels[keep].numpy()), masks
