@@ -120,6 +120,7 @@ def test_compare_shows_mask_and_box_metrics_and_refuses_mixing_them(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the mask work against numpy
+
 def _box_pixels(boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """[n, h, w] bool: pixel (x, y) in its row's xyxy box, x1 <= x < x2 and y1 <= y < y2, by a plain loop."""
     h, w = size
