@@ -11,7 +11,7 @@ from harness.records import Summary
 
 MIN_SAMPLES = 10
 MIN_CI_SAMPLES = 6  # below 6 values no pair of order statistics covers the median 95 % of the time
-TREND_Z, TREND_SHIFT = 3.0, 0.05  # a timed series still falling: rank trend z < -3 and first third >= 5 % slower
+TREND_Z, TREND_SHIFT = 3.0, 0.05  # a timed series still falling: rank trend z < -3, first third >= 5 % slower
 CV_WARN = 0.10
 FIRST_SAMPLE_WARN = 2.0
 BOOTSTRAP_RESAMPLES = 2000
@@ -76,8 +76,9 @@ def median_ci(x: np.ndarray, *, seed: int = 0, confidence: float = 0.95,
 def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) -> float | None:
     """How far the median's 95 % bootstrap CI reaches from the median, in % of it: the farther of its two ends
     (--target-ci: both within +-PCT %; a skewed interval's half-width would understate its long side). Of the block
-    means where the samples are autocorrelated (a bootstrap of drifting batches said "met" while the median was
-    off by more than the target in 44 % of simulated runs). None below MIN_CI_SAMPLES samples (or blocks)."""
+    means where the samples are autocorrelated (a bootstrap of the drifting batches themselves said "met" while the
+    median was off by more than the target in 22 of 100 simulated runs). None below MIN_CI_SAMPLES samples (or
+    blocks)."""
     x = np.asarray(samples, dtype=np.float64)
     if autocorrelated(x):  # drifting batches: the interval of independent draws would be too narrow
         x = block_means(x)
@@ -112,8 +113,9 @@ def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_
 
 def still_falling(x: np.ndarray) -> float | None:
     """How much slower the first third of a series is than its last third (a fraction), when the series falls
-    steadily: Spearman's rank correlation with its order below -TREND_Z / sqrt(n - 1) (its null distribution's
-    normal approximation) and the first third's median at least TREND_SHIFT above the last third's; else None.
+    steadily: Spearman's rank correlation with its order, as a z (its null distribution's normal approximation,
+    widened for drifting batches below), under -TREND_Z, and the first third's median at least TREND_SHIFT above the
+    last third's; else None.
     A warm-up that stopped on three flat batches during a slow ramp (clocks, an allocator growing) leaves this."""
     n = x.size
     if n < MIN_SAMPLES or np.ptp(x) == 0:
