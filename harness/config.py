@@ -104,6 +104,10 @@ class RunConfig(BaseModel):
                                      "95 % confidence interval of the median batch time is within +-PCT % of it",
                                      gt=0, lt=100)
     max_seconds: float = option(300.0, "--max-seconds", "--target-ci: the longest one cell's timed pass may run", gt=0)
+    min_seconds: float | None = option(None, "--min-seconds",
+                                       "time each cell for at least this long (the variant's batches cycled past one "
+                                       "pass, unscored): sustained load, under which devices throttle and clocks drop "
+                                       "(MLPerf times 600 s)", gt=0)
     stage_sync: bool = option(True, "--stage-sync/--no-stage-sync",
                               "sync the device at every stage boundary (latency) or once per batch")
     overlap: bool = option(False, "--overlap/--no-overlap",

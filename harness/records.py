@@ -278,6 +278,7 @@ class TimingRecord:
     warnings: list[str] = field(default_factory=list)
     throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
     target_ci: dict[str, Any] | None = None  # --target-ci: how far the median's CI reached, and why timing stopped
+    timed_seconds: float | None = None  # the timed pass's wall time, first batch's start to last batch's end
 
 
 @dataclass

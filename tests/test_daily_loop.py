@@ -144,6 +144,47 @@ def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_
     assert short.timing.timed_batches > 16 and any("--target-ci 0.001" in w for w in short.timing.warnings)
 
 
+@requires_coco
+@requires_yolox
+def test_min_seconds_times_each_cell_for_that_long_and_scores_each_image_once(tmp_path_factory):
+    """--min-seconds: latency mode times batches until that long has passed (the variant cycled past one pass); an
+    overlapped stream plans its batch count from the warm-up's completion rate and says so when it came out
+    shorter; either way the detections file holds each of the 8 images once."""
+    from conftest import run_benchmark
+
+    quiet = dict(limit=8, batch_sizes=[1], min_timed_batches=2, energy=False, memory=False, draw_images=0)
+    plan, (latency,) = run_benchmark(tmp_path_factory, "min-seconds", min_seconds=1.5, **quiet)
+    overlapped_plan, (overlapped,) = run_benchmark(tmp_path_factory, "min-seconds-overlap", min_seconds=1.5,
+                                                   overlap=True, **quiet)
+    assert latency.timing.timed_seconds >= 1.5 and latency.timing.timed_batches > 8
+    # the timed batches' own times add up to no more than the pass's wall time
+    assert sum(latency.timing.batch_samples_ms) / 1000 <= latency.timing.timed_seconds + 1e-3
+    assert not any("--min-seconds" in w for w in latency.timing.warnings)
+    assert overlapped.timing.timed_batches > 8
+    assert overlapped.timing.timed_seconds >= 1.5 or any("--min-seconds 1.5" in w for w in overlapped.timing.warnings)
+    for run_plan, record in ((plan, latency), (overlapped_plan, overlapped)):
+        detections = json.loads((run_plan.run_dir / record.artifacts["detections"]).read_text())
+        # scored once: a second pass over an image would repeat each of its detections exactly
+        keys = [(d["image_id"], d["category_id"], tuple(d["bbox"]), d["score"]) for d in detections]
+        assert len(set(keys)) == len(keys) and len({k[0] for k in keys}) <= 8
+        assert record.timing.timed_images > 8
+
+
+def test_min_seconds_refuses_a_batch_cap_and_a_longer_minimum_than_the_target_cis_maximum():
+    import pytest
+
+    from harness.config import RunConfig
+    from harness.errors import UsageError
+    from harness.run.plan import check_runtimes
+
+    for options, why in ((dict(max_timed_batches=5), "give one of them"),
+                         (dict(target_ci=2.0, max_seconds=10), "longer than --max-seconds 10")):
+        with pytest.raises(UsageError, match=why):
+            check_runtimes(RunConfig(min_seconds=20, **options))
+    refused = run_in_process("run", "--min-seconds", "0")
+    assert refused.returncode == 2 and "--min-seconds" in refused.stderr
+
+
 def test_scenario_names_the_modes_and_target_ci_refuses_a_batch_cap():
     from harness.config import RunConfig
     from harness.errors import UsageError

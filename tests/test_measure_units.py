@@ -188,6 +188,56 @@ def test_a_warm_up_that_stopped_during_a_slow_ramp_is_flagged():
     assert np.mean(drifting) <= 0.05
 
 
+def test_a_pass_that_slowed_down_is_flagged():
+    """The mirror of the warm-up's ramp: batch times that rise over the pass (a device throttling under sustained
+    load, another process arriving) are flagged with how much; steady and drifting batches rarely are, and a falling
+    series is said to fall, not to rise."""
+    from harness.measure.stats import slowing_down
+
+    rng = np.random.default_rng(11)
+    n = 90
+    for slowdown in (0.10, 0.25):  # throttled from a third of the way in, to `slowdown` slower by the end
+        runs = []
+        for _ in range(100):
+            ramp = np.clip((np.arange(n) - n / 3) / (n / 3), 0, 1) * slowdown
+            runs.append(20 * (1 + ramp) * rng.lognormal(0, 0.03, n))
+        flagged = [next((w for w in summarize(x).warnings if "timed samples rising" in w), None) for x in runs]
+        assert np.mean([w is not None for w in flagged]) >= 0.95, slowdown
+        truth = np.median([np.median(x[-n // 3:]) / np.median(x[:n // 3]) - 1 for x in runs])
+        assert np.median([slowing_down(x) for x in runs]) == pytest.approx(truth, rel=1e-9)
+    steady = [summarize(rng.lognormal(math.log(20), 0.03, m)).warnings for m in (15, 62, 300) for _ in range(100)]
+    assert not any("rising" in w for ws in steady for w in ws)
+    drifting = []
+    for _ in range(200):
+        noise = rng.normal(0, 0.05 * math.sqrt(1 - 0.81), 100)
+        x = np.empty(100)
+        x[0] = rng.normal(0, 0.05)
+        for i in range(1, 100):
+            x[i] = 0.9 * x[i - 1] + noise[i]
+        drifting.append(slowing_down(20 * np.exp(x)) is not None)
+    assert np.mean(drifting) <= 0.05
+    falling = 20 * (1 + np.linspace(0.5, 0, 40)) * rng.lognormal(0, 0.01, 40)
+    assert slowing_down(falling) is None and still_falling(falling) is not None
+    rising = falling[::-1]  # thirds of 13 values
+    assert slowing_down(rising) == pytest.approx(np.median(rising[-13:]) / np.median(rising[:13]) - 1, rel=1e-12)
+
+
+def test_an_overlapped_stream_is_planned_from_its_warm_ups_completion_rate():
+    """batches_for_seconds: the intervals between completions within a chunk (its filling left out), the median of
+    the last three chunks'; nothing to plan from without two completions in one chunk."""
+    from harness.pipeline.stage_timer import BatchTiming, batches_for_seconds
+
+    def chunk(start_ms: float, fill_ms: float, every_ms: float, size: int) -> list[BatchTiming]:
+        return [BatchTiming(size=1, end_ns=int(1e6 * (start_ms + fill_ms + k * every_ms))) for k in range(size)]
+
+    slow_start = chunk(0, 900, 50, 3)  # an old chunk at another rate: only the last three count
+    warmup = slow_start + chunk(5000, 300, 20, 3) + chunk(6000, 300, 20, 3) + chunk(7000, 300, 20, 3)
+    assert batches_for_seconds(warmup, 3, 2.0) == 100  # 2 s at 20 ms a batch; the 300 ms fills ignored
+    assert batches_for_seconds(warmup, 3, 2.01) == 101
+    assert batches_for_seconds(chunk(0, 5, 10, 1), 1, 2.0) == 0  # one batch a chunk: no interval
+    assert batches_for_seconds([], 2, 2.0) == 0
+
+
 def test_ties_share_their_average_rank():
     from scipy.stats import rankdata
 

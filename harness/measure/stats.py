@@ -1,5 +1,5 @@
 """Summary statistics of timing samples, with stability warnings (high CV, a slow first sample, a series still
-falling, few samples)."""
+falling or rising, few samples)."""
 
 from __future__ import annotations
 
@@ -111,12 +111,10 @@ def warmup_end(batches_ms: list[float], elapsed_s: float, min_batches: int, cap_
     return "cap" if elapsed_s >= cap_s else None
 
 
-def still_falling(x: np.ndarray) -> float | None:
-    """How much slower the first third of a series is than its last third (a fraction), when the series falls
-    steadily: Spearman's rank correlation with its order, as a z (its null distribution's normal approximation,
-    widened for drifting batches below), under -TREND_Z, and the first third's median at least TREND_SHIFT above the
-    last third's; else None.
-    A warm-up that stopped on three flat batches during a slow ramp (clocks, an allocator growing) leaves this."""
+def _trend(x: np.ndarray) -> tuple[float, float, float] | None:
+    """Spearman's rank correlation of a series with its order, as a z (its null distribution's normal approximation,
+    widened for drifting batches below), and the medians of its first and last thirds; None below MIN_SAMPLES values
+    or with no spread."""
     n = x.size
     if n < MIN_SAMPLES or np.ptp(x) == 0:
         return None
@@ -129,10 +127,30 @@ def still_falling(x: np.ndarray) -> float | None:
     r = min(max(lag1_autocorrelation(residuals), 0.0), 0.99)
     z = rho * math.sqrt(n - 1) * math.sqrt((1 - r) / (1 + r))
     third = n // 3
-    first, last = float(np.median(x[:third])), float(np.median(x[-third:]))
-    if z < -TREND_Z and last > 0 and first >= (1 + TREND_SHIFT) * last:
-        return first / last - 1
-    return None
+    return z, float(np.median(x[:third])), float(np.median(x[-third:]))
+
+
+def still_falling(x: np.ndarray) -> float | None:
+    """How much slower the first third of a series is than its last third (a fraction), when the series falls
+    steadily: the rank trend's z (`_trend`) under -TREND_Z, and the first third's median at least TREND_SHIFT above
+    the last third's; else None.
+    A warm-up that stopped on three flat batches during a slow ramp (clocks, an allocator growing) leaves this."""
+    trend = _trend(x)
+    if trend is None:
+        return None
+    z, first, last = trend
+    return first / last - 1 if z < -TREND_Z and last > 0 and first >= (1 + TREND_SHIFT) * last else None
+
+
+def slowing_down(x: np.ndarray) -> float | None:
+    """How much slower the last third of a series is than its first third (a fraction), when the series rises
+    steadily (the mirror of `still_falling`); else None.
+    A device that throttles under sustained load, or a machine that another process starts to share, leaves this."""
+    trend = _trend(x)
+    if trend is None:
+        return None
+    z, first, last = trend
+    return last / first - 1 if z > TREND_Z and first > 0 and last >= (1 + TREND_SHIFT) * first else None
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -145,8 +163,8 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
-    """Describe samples; flags CV > 10 %, a first sample > 2x the median (else a series still falling), and < 10
-    samples. No median CI from fewer than MIN_CI_SAMPLES."""
+    """Describe samples; flags CV > 10 %, a first sample > 2x the median (else a series still falling, else one
+    rising), and < 10 samples. No median CI from fewer than MIN_CI_SAMPLES."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size == 0:
         raise ValueError("no samples to summarize")
@@ -168,5 +186,8 @@ def summarize(samples: list[float] | np.ndarray, *, seed: int = 0) -> Summary:
     elif (falling := still_falling(x)) is not None:
         warnings.append(f"timed samples still falling (the first third's median {percent(falling, 0, 'down')} above "
                         "the last third's): a slow warm-up not over; raise --warmup-batches")
+    elif (slowing := slowing_down(x)) is not None:
+        warnings.append(f"timed samples rising (the last third's median {percent(slowing, 0, 'down')} above the first "
+                        "third's): the machine slowed during the pass (throttling, or another process)")
     return Summary(int(x.size), mean, std, float(x.min()), float(p50), float(p90), float(p95), float(p99),
                    float(x.max()), ci, warnings)

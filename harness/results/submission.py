@@ -120,6 +120,7 @@ def build_submission(record: CellRecord) -> dict:
             "batch_samples_ms": t.batch_samples_ms,
             **({"interval_samples_ms": t.interval_samples_ms} if t.interval_samples_ms is not None else {}),
             "timed_batches": t.timed_batches,
+            **({"timed_seconds": t.timed_seconds} if t.timed_seconds is not None else {}),
             "warmup": {"batches": t.warmup_batches, "seconds": t.warmup_seconds, "ended": t.warmup_ended},
             "stage_sync": t.stage_sync,
             "mode": t.mode,

@@ -53,7 +53,7 @@ from harness.measure.server import RealClock, ServerResult, find_max_qps, poisso
 from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_ci_extent_pct, summarize, warmup_end
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
-from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
+from harness.pipeline.stage_timer import StageTimer, batches_for_seconds, completion_intervals_ms
 from harness.records import (
     AccuracyRecord,
     Cell,
@@ -371,6 +371,8 @@ class GroupExecutor:
         n_timed = max(len(batches), config.min_timed_batches, MIN_TIMED_BATCHES)
         if config.max_timed_batches:
             n_timed = min(n_timed, config.max_timed_batches)
+        if config.min_seconds is not None and config.overlap:
+            n_timed = max(n_timed, batches_for_seconds(scratch.batches, chunk, config.min_seconds))
         timer = StageTimer(ctx.device, config.stage_sync)
         detections: list[ImageDetections] = []
         energy_window: dict = {}
@@ -381,10 +383,21 @@ class GroupExecutor:
             if ctx.sampler is not None:
                 ctx.sampler.begin_window(cell.label)
             energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
-            timed = [batches[i % len(batches)] for i in range(n_timed)]
             pipeline.reset_forward_thread()  # the record's account covers the timed batches only
             stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
-            with ctx.progress.task(f"timing {cell.label}", None if config.target_ci else n_timed) as advance, energy:
+
+            def timed_batches():
+                """The timed batches: n_timed, then (latency mode, --min-seconds) more until that long has passed."""
+                i = 0
+                while i < n_timed or (config.min_seconds is not None and not config.overlap
+                                      and time.perf_counter() - stream_start < config.min_seconds):
+                    yield batches[i % len(batches)]
+                    i += 1
+
+            # the overlapped stream indexes its batches: a list of the count planned from the warm-up's rate
+            timed = list(timed_batches()) if config.overlap else timed_batches()
+            open_ended = config.target_ci is not None or (config.min_seconds is not None and not config.overlap)
+            with ctx.progress.task(f"timing {cell.label}", None if open_ended else n_timed) as advance, energy:
                 for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
                     if i < len(batches):  # the first pass over the data is the scored one
                         detections += out
@@ -445,7 +458,7 @@ class GroupExecutor:
             interval_samples_ms=[round(t, 4) for t in intervals] if config.overlap else None,
             warnings=list(stability) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
-            target_ci=target,
+            target_ci=target, timed_seconds=round(stream_seconds, 3),
         )
         if target is not None and not target["met"]:
             extent = target["extent_pct"]
@@ -453,6 +466,11 @@ class GroupExecutor:
             record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
                                    f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
                                    "it, or accept a wider interval)")
+        if config.min_seconds is not None and stream_seconds < config.min_seconds:
+            record.warnings.append(f"--min-seconds {config.min_seconds:g}: the timed pass lasted "
+                                   f"{stream_seconds:.1f} s (an overlapped stream's batch count is planned from the "
+                                   "warm-up's completion rate, and these batches came faster); raise --min-seconds, "
+                                   "or --warmup-batches")
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")

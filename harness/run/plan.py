@@ -93,6 +93,7 @@ class RunPlan:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "device": str(self.device),
                 "dataset": {**self.dataset.describe(), **self.variant.describe()},
                 "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
+                "timing": {"min_seconds": config.min_seconds, "target_ci": config.target_ci},
                 "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
                 "num_cells": len(self.cells)}
 
@@ -277,6 +278,12 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
         raise UsageError("--target-ci checks the interval between chunks of batches, which would stop the overlapped "
                          "stream whose wall time is its throughput; use it in latency mode (drop "
                          f"{'--scenario offline' if config.scenario == 'offline' else '--overlap'})")
+    if config.min_seconds is not None and config.max_timed_batches is not None:
+        raise UsageError("--min-seconds times for at least that long and --max-timed-batches caps the timed batches; "
+                         "give one of them")
+    if config.min_seconds is not None and config.target_ci is not None and config.min_seconds > config.max_seconds:
+        raise UsageError(f"--min-seconds {config.min_seconds:g} is longer than --max-seconds {config.max_seconds:g}, "
+                         "the longest a --target-ci pass may run; raise --max-seconds")
     _check_models(config)
     _check_segment_backends(config)
     converting = converting_backends(config.backends)

@@ -247,6 +247,11 @@ def print_plan(console: Console, plan: dict) -> None:
              f"each cell's warm-up: >= {plan['warmup']['batches']} batches, then until the batch times settle",
              f"  or {plan['warmup']['seconds']} s since it began; evaluation: {plan['evaluation'] or 'off'}",
              f"nothing written (a run writes {escape(plan['run_dir'])})"]
+    timing = plan.get("timing") or {}
+    if timing.get("min_seconds") is not None:  # the batch counts below are then the least a cell times
+        lines.insert(3, f"each cell's timed pass: >= {timing['min_seconds']:g} s (timed below: at least)")
+    if timing.get("target_ci") is not None:
+        lines.insert(3, f"each cell's timing goes on until the median's 95 % CI is within +-{timing['target_ci']:g} %")
     for line in lines:  # short lines: the plan reads in 80 columns (a long run folder path may still wrap)
         console.print(line, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
