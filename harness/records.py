@@ -279,6 +279,9 @@ class TimingRecord:
     throttled: bool | None = None  # the device throttled during the pass (None: not sampled)
     target_ci: dict[str, Any] | None = None  # --target-ci: how far the median's CI reached, and why timing stopped
     timed_seconds: float | None = None  # the timed pass's wall time, first batch's start to last batch's end
+    # each warm-up batch's time, in order (overlapped: its end-to-end latency): the first is the cell's cold batch,
+    # the group's first inference for its first cell (lazy initialisation, allocation, autotuning included)
+    warmup_samples_ms: list[float] = field(default_factory=list)
 
 
 @dataclass

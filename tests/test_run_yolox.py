@@ -187,6 +187,9 @@ def test_submissions_pass_the_site_schema_and_rules(ort_run, torch_run):
             assert doc["memory"]["peak_ram_mb"] != 0
             warmup = doc["timing"]["warmup"]  # --warmup-seconds 0: the minimum, unless it settled by then
             assert warmup["batches"] == 2 and warmup["ended"].startswith(("stable", "cap"))
+            # each warm-up batch's time, the cold one first: parts of the warm-up's own wall time
+            assert len(warmup["samples_ms"]) == 2 and min(warmup["samples_ms"]) > 0
+            assert sum(warmup["samples_ms"]) / 1000 <= warmup["seconds"] + 1e-3
 
 
 def test_site_rules_catch_a_broken_submission(ort_run):

@@ -459,6 +459,7 @@ class GroupExecutor:
             warnings=list(stability) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
             target_ci=target, timed_seconds=round(stream_seconds, 3),
+            warmup_samples_ms=[round(b.ms("total"), 4) for b in scratch.batches],
         )
         if target is not None and not target["met"]:
             extent = target["extent_pct"]
