@@ -29,17 +29,23 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# the storage takes no more bytes: no space left, the quota used up, or the process's file-size limit (ulimit -f)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class DiskFullError(VaBenchError):
-    """No space left on the device (or the quota is used up) while writing `path`: exit 1. Nothing was written
-    under the final name; a sweep stops here, since every later cell would fail the same way."""
+    """No space left on the device (the quota used up, a file-size limit reached) while writing `path`: exit 1.
+    Nothing was written under the final name; a sweep stops here, since every later cell would fail the same way."""
 
     def __init__(self, path: Path | str | None, cause: BaseException | None = None, fix: str | None = None):
         self.path = path
         reason = cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror else "no space left on device"
         super().__init__((f"{reason} writing {path}" if path else reason) + (f"; {fix}" if fix else ""))
+
+
+def file_size_limit(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, is the process's file-size limit (EFBIG: `ulimit -f`)."""
+    return any(isinstance(link, OSError) and link.errno == errno.EFBIG for link in _chain(exc))
 
 
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -58,9 +64,11 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
     """A full disk anywhere, or a permission or read-only error on a path in `folder` (made read-only, or
     remounted, mid-run); None for any other failure (an unreadable model file is that model's problem)."""
     if is_disk_full(exc):
+        limit = file_size_limit(exc)
+        reason = "file too large (the file-size limit)" if limit else "no space left on device"
         message = (str(exc) if isinstance(exc, DiskFullError)
-                   else f"no space left on device ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
-        return StorageProblem(message, "no space left on device", "free some space")
+                   else f"{reason} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+        return StorageProblem(message, reason, "raise the file-size limit (ulimit -f)" if limit else "free some space")
     for link in _chain(exc):
         if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS and link.filename is not None
                 and Path(os.path.abspath(link.filename)).is_relative_to(os.path.abspath(folder))):
@@ -77,6 +85,69 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+LOW_SPACE_BYTES = 1 << 20
+
+
+def storage_exhausted(path: Path, size: int = 0) -> OSError | None:
+    """Why a library that stops writing without an error (ONNX Runtime's profiler, torch's trace exporter,
+    OpenVINO's serializer) most likely stopped short writing `path`: the process's file-size limit, when the file
+    had reached it at `size` bytes, or the file system holding `path` with under 1 MiB left for this process; as the
+    OSError the write itself would have raised. None when neither holds: the failure is something else."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and size >= soft:
+            return OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path))
+    except (ImportError, OSError, ValueError):  # no such limit on this platform
+        pass
+    folder = Path(path)
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except (AttributeError, OSError):
+        return None
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize  # root may use the reserved blocks
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if free < LOW_SPACE_BYTES else None
+
+
+CACHE_FULL_FIX = "free space there, or set $VA_BENCH_WEIGHTS to a folder on another disk"
+
+
+def storage_failure(exc: BaseException, folder: Path) -> OSError | None:
+    """The storage's refusal behind `exc`, raised while writing under `folder`: the OSError in its chain (ENOSPC,
+    EDQUOT, EFBIG), or, for a library that reports a failed write in its own words (OpenVINO's "iostream error", a
+    converter's exit status), what `storage_exhausted` finds there (the largest file under `folder` against the
+    file-size limit, the space left); None when the storage is not why."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS:
+            return link
+    if is_disk_full(exc):  # said in words only
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
+    try:
+        largest = max((p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()), default=0)
+    except OSError:
+        largest = 0
+    return storage_exhausted(folder, largest)
+
+
+@contextlib.contextmanager
+def cache_writes(folder: Path) -> Iterator[None]:
+    """Around a converter writing a cache entry into `folder` (a temp folder of the weights cache): a failure the
+    storage is why of (`storage_failure`) is a DiskFullError naming the folder with the fix, which stops the sweep
+    (every later conversion would fail the same way), never a cell's failure in a library's own words."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as exc:
+        cause = storage_failure(exc, folder)
+        if cause is None:
+            raise
+        raise DiskFullError(Path(folder).parent, cause, CACHE_FULL_FIX) from exc
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
@@ -150,8 +221,9 @@ def output_file_problem(path: Path) -> str | None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write `data` to `path` atomically. A full disk is a DiskFullError naming `path`; the temp file is
-    removed whatever happens, so a failed write leaves the previous version (or nothing) in place."""
-    path = Path(path)
+    removed whatever happens, so a failed write leaves the previous version (or nothing) in place. A symlink at
+    `path` is followed: the file it points to is replaced, the link kept."""
+    path = _followed(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -175,6 +247,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _followed(path: Path) -> Path:
+    """`path`, or the file a symlink there points to (a user's output linked into, say, a web root: replacing the
+    link with a file would leave that file stale while the command says it wrote it)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:
@@ -232,11 +310,32 @@ class JsonArrayWriter:
 
     def __enter__(self) -> JsonArrayWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        with self._storage():
+            fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         os.chmod(self._tmp, 0o666 & ~_UMASK)
         self._fh = os.fdopen(fd, "w", encoding="utf-8")
-        self._fh.write("[")
+        try:
+            with self._storage():
+                self._fh.write("[")
+        except BaseException:
+            self._discard()
+            raise
         return self
+
+    @contextlib.contextmanager
+    def _storage(self) -> Iterator[None]:
+        """A full disk (or file-size limit) while writing this file: a DiskFullError naming it."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(self.path, exc) from exc
+            raise
+
+    def _discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self._fh.close()  # its buffered bytes may not fit either
+        Path(self._tmp).unlink(missing_ok=True)
 
     def extend(self, items: list) -> None:
         """Append `items` to the array."""
@@ -253,21 +352,22 @@ class JsonArrayWriter:
         """Append items already encoded as JSON texts (`count` items in all; default one per text)."""
         if not texts:
             return
-        self._fh.write(("," if self.count else "") + ",".join(texts))
+        with self._storage():
+            self._fh.write(("," if self.count else "") + ",".join(texts))
         self.count += len(texts) if count is None else count
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
             if exc_type is None:
-                self._fh.write("]\n")
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-            self._fh.close()
-            if exc_type is None:
+                with self._storage():
+                    self._fh.write("]\n")
+                    self._fh.flush()
+                    os.fsync(self._fh.fileno())
+                    self._fh.close()
                 os.replace(self._tmp, self.path)
         finally:
-            Path(self._tmp).unlink(missing_ok=True)  # gone already after a successful rename
+            self._discard()  # the temp file is gone already after a successful rename
 
 
 @contextlib.contextmanager
@@ -318,7 +418,7 @@ def write_cache_file(path: Path, data: bytes) -> bool:
     next run a recount. Returns whether it was written."""
     try:
         atomic_write_bytes(path, data)
-    except OSError:
+    except (OSError, DiskFullError):  # a full cache disk too: the run's own folder may have room
         return False
     return True
 
@@ -350,6 +450,8 @@ def download(url: str, dest: Path, timeout: float = 60.0,
                     raise DownloadError(f"{url} answered with a web page, not the file; {fix}")
                 shutil.copyfileobj(response, out)
                 announced, got = response.headers.get("Content-Length"), out.tell()
+                out.flush()
+                os.fsync(out.fileno())  # a full disk may answer only here (delayed allocation)
             if announced is not None and announced.isdigit() and got != int(announced):
                 raise DownloadError(f"the download of {url} stopped after {got} of {announced} bytes; run the same "
                                     "command again")
@@ -357,5 +459,8 @@ def download(url: str, dest: Path, timeout: float = 60.0,
             if problem:
                 raise DownloadError(f"{url} gave a file that {problem}; {fix}")
     except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:  # the disk, not the network: nothing was left under dest
+            raise DiskFullError(dest, exc, f"free space in {dest.parent}, or set $VA_BENCH_WEIGHTS to another "
+                                "disk") from exc
         raise DownloadError(f"could not download {url} ({exc}); {fix}") from exc
     return dest

@@ -21,7 +21,7 @@ import torch
 from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_file
+from harness.files import DiskFullError, atomic_file, cache_writes
 
 OPSET = 17
 EXPORT_BATCH = 2
@@ -62,13 +62,15 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
     n_out = len(module_outputs(module, example))
     names = [f"out{i}" for i in range(n_out)]
     try:
-        with atomic_file(path) as tmp:
+        with atomic_file(path) as tmp, cache_writes(path.parent):  # a full cache is not the model's fault
             with warnings.catch_warnings():  # the tracer warns about every Python-side shape computation
                 warnings.simplefilter("ignore")
                 torch.onnx.export(module, (example,), tmp, input_names=["images"], output_names=names,
                                   dynamic_axes={n: {0: "batch"} for n in ["images", *names]},
                                   opset_version=OPSET, dynamo=False)
             model = onnx.load(tmp)
+    except DiskFullError:
+        raise
     except Exception as exc:
         raise UsageError(f"{name}: ONNX export failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                          "use --backend pytorch") from exc

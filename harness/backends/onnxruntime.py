@@ -18,7 +18,7 @@ from harness.backends.pytorch import device_name
 from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, ort_provider_for
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
-from harness.files import move_into_place
+from harness.files import DiskFullError, move_into_place, storage_exhausted
 from harness.measure.device import Device
 
 ORT_PROVIDER_NAMES = {
@@ -145,9 +145,13 @@ class OnnxRuntimeCore:
         try:  # read where ORT wrote it: a trace it cut short (it does not say when the disk is full) never lands
             calls = ort_profile_calls(written)
         except ValueError as exc:
+            size = written.stat().st_size if written.exists() else 0
             written.unlink(missing_ok=True)
-            raise ValueError(f"ONNX Runtime's profile is not complete JSON ({str(exc)[:80]}): it stopped writing it, "
-                             "a full disk?") from exc
+            cause = storage_exhausted(trace_path, size)  # a full disk is the run's to stop for, not the probe's
+            if cause is not None:
+                raise DiskFullError(written, cause) from exc
+            raise ValueError(f"ONNX Runtime's profile is not complete JSON ({str(exc)[:80]}): it stopped writing it "
+                             "with room left on the disk") from exc
         move_into_place(written, trace_path)
         return calls, "ONNX Runtime per-node profiler (SessionOptions.enable_profiling)"
 

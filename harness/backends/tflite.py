@@ -43,7 +43,7 @@ from harness.backends.onnx_graph import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import move_into_place
+from harness.files import cache_writes, move_into_place
 from harness.measure.device import Device
 
 CONVERT_TIMEOUT_S = 1200
@@ -94,27 +94,28 @@ def convert_with_onnx2tf(name: str, graph: onnx.ModelProto, input_size: tuple[in
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
-        (tmp / "model.onnx").write_bytes(data)
-        np.save(tmp / ONNX2TF_SAMPLE, np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32))
-        args = [model.graph.input[0].name]
-        if calibration is not None:
-            np.save(tmp / "calibration.npy", calibration)
-            args.append("calibration.npy")
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-        done = subprocess.run([sys.executable, "-c", CONVERT, *args], cwd=tmp, capture_output=True, text=True,
-                              timeout=CONVERT_TIMEOUT_S, env=env)
-        produced = {p.name: p for p in (tmp / "out").glob("*.tflite")} if (tmp / "out").is_dir() else {}
-        wanted = {MODEL_FILES[k] for k in (("int8",) if calibration is not None else ("fp32", "fp16"))}
-        if done.returncode != 0 or not wanted <= set(produced):
-            text = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr + done.stdout)  # onnx2tf colours its errors
-            tail = [line.strip() for line in text.splitlines() if line.strip()
-                    and not line.startswith(("I0000", "W0000", "WARNING: All log"))][-2:]
-            raise UsageError(f"{name}: onnx2tf cannot convert this graph to TFLite (exit {done.returncode}: "
-                             f"{' / '.join(tail)[:300]}); use --backend onnxruntime")
-        folder.mkdir(parents=True, exist_ok=True)
-        for file, path in produced.items():  # onnx2tf names them after model.onnx: model_float32.tflite ...
-            if file in MODEL_FILES.values():
-                move_into_place(path, folder / file)
+        with cache_writes(tmp):  # onnx2tf fails in its own words when the cache's disk is full: named as such
+            (tmp / "model.onnx").write_bytes(data)
+            np.save(tmp / ONNX2TF_SAMPLE, np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32))
+            args = [model.graph.input[0].name]
+            if calibration is not None:
+                np.save(tmp / "calibration.npy", calibration)
+                args.append("calibration.npy")
+            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+            done = subprocess.run([sys.executable, "-c", CONVERT, *args], cwd=tmp, capture_output=True, text=True,
+                                  timeout=CONVERT_TIMEOUT_S, env=env)
+            produced = {p.name: p for p in (tmp / "out").glob("*.tflite")} if (tmp / "out").is_dir() else {}
+            wanted = {MODEL_FILES[k] for k in (("int8",) if calibration is not None else ("fp32", "fp16"))}
+            if done.returncode != 0 or not wanted <= set(produced):
+                text = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr + done.stdout)  # onnx2tf colours its errors
+                tail = [line.strip() for line in text.splitlines() if line.strip()
+                        and not line.startswith(("I0000", "W0000", "WARNING: All log"))][-2:]
+                raise UsageError(f"{name}: onnx2tf cannot convert this graph to TFLite (exit {done.returncode}: "
+                                 f"{' / '.join(tail)[:300]}); use --backend onnxruntime")
+            folder.mkdir(parents=True, exist_ok=True)
+            for file, path in produced.items():  # onnx2tf names them after model.onnx: model_float32.tflite ...
+                if file in MODEL_FILES.values():
+                    move_into_place(path, folder / file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder / MODEL_FILES[precision], {**info, "cached": False, "seconds": round(time.perf_counter() - clock, 3)}

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.files import atomic_file
+from harness.files import DiskFullError, atomic_file, storage_exhausted
 from harness.measure.device import Device
 
 
@@ -21,9 +21,20 @@ def torch_profile(device: Device):
 
 
 def export_trace(prof, path: Path) -> Path:
-    """Write the Chrome trace atomically (the profiler writes to a temp file we then rename)."""
+    """Write the Chrome trace atomically (the profiler writes to a temp file we then rename). torch writes it to
+    `tmp + ".tmp"` and renames that, saying nothing when the write fails (a full disk, a file-size limit): its
+    leftover, or an empty trace, is an error (DiskFullError where the storage is why), never a trace."""
     with atomic_file(path, suffix=".tmp") as tmp:
         prof.export_chrome_trace(tmp)
+        unfinished = Path(tmp + ".tmp")
+        if unfinished.exists() or Path(tmp).stat().st_size == 0:
+            size = unfinished.stat().st_size if unfinished.exists() else 0
+            unfinished.unlink(missing_ok=True)
+            cause = storage_exhausted(path, size)
+            if cause is not None:
+                raise DiskFullError(path, cause) from cause
+            raise RuntimeError(f"torch's profiler did not finish writing its trace {path} (it stopped at {size} "
+                               "bytes)")
     return path
 
 

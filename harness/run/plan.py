@@ -185,6 +185,11 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     if dry_run:
         return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
                        detectors, groups, label_categories, gpu_hygiene, backend_options, calibration=calibration)
+    if output_dir.is_symlink() and not output_dir.exists():
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"a link to {os.readlink(output_dir)}, which "
+                                      "does not exist") + "; create that folder, or pick another")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(path_problem("--output-dir", config.output_dir, "a file, not a folder") + "; pick a folder")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

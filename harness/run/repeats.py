@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.files import atomic_write_bytes, atomic_write_json
+from harness.files import DISK_FULL_ERRNOS, DiskFullError, atomic_write_bytes, atomic_write_json
 from harness.results.reader import read_json_object, read_run_json
 
 REPEATS_DIR = "repeats"
@@ -70,6 +70,15 @@ def _failure(done: subprocess.CompletedProcess) -> str:
     return (errors or [f"exit {done.returncode}"])[-1][:200]
 
 
+def _storage_errno(why: str) -> int | None:
+    """The errno of an extra process's error line that says its storage took no more bytes, else None."""
+    text = why.lower()
+    for number in DISK_FULL_ERRNOS:
+        if os.strerror(number).lower() in text:
+            return number
+    return None
+
+
 def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str], progress) -> dict[str, dict]:
     """Time the run's cells in `config.repeats - 1` more processes; add `timing.repeats` to each ok cell's
     submission (`submissions`: cell label -> path relative to the run folder, every ok cell of the run, those an
@@ -89,6 +98,11 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
                                   env={**os.environ, REPEAT_OF: str(os.getpid())})
         if done.returncode != 0:
             why = _failure(done)
+            storage = _storage_errno(why)
+            if storage is not None:  # every later process would fail too: the run stops, --resume repeats them
+                shutil.rmtree(folder / run_id, ignore_errors=True)
+                raise DiskFullError(folder / run_id, OSError(storage, os.strerror(storage)),
+                                    f"free some space, then resume (the extra process said: {why})")
             failures.append(f"process {k}: {why}")
             progress.log(f"warning: repeat {k} failed ({why}); its samples are missing")
             continue

@@ -309,6 +309,7 @@ class Scheduler:
                     self._optional_passes(ctx, executor, cell, record, state)  # the cell is ok once they are done
                 with protected():  # the submission and its ok status together: a signal waits for both
                     state.check_folder()  # the folder gone: no submission in a new one under its name
+                    self._write_memory(ctx)  # before the submission that names it: a cell is ok with its samples
                     path = self._write_submission(ctx, record)
                     self._mark_ok(ctx, cell, record, path, state)
             except Exception as exc:  # the error boundary of one cell
@@ -325,7 +326,6 @@ class Scheduler:
                     state.save()
                 ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
                 continue
-            self._write_memory(ctx)
             outcome.records.append(record)
 
     def _optional_passes(self, ctx: RunContext, executor: GroupExecutor, cell: Cell, record: CellRecord,
@@ -338,8 +338,11 @@ class Scheduler:
                 raise  # a full disk is not a probe's failure: the sweep stops, the cell is not ok
             state.log_error(f"{cell.label} (layer/profiler pass)", traceback.format_exc())
             failure = {"status": "failed", "reason": one_line(exc)}
+            layers_failed = ctx.config.layers and record.layers is None  # the profiler pass, after it, never ran
             record.layers = record.layers or (failure if ctx.config.layers else None)
-            record.profiler = record.profiler or (failure if ctx.config.profile else None)
+            if ctx.config.profile and record.profiler is None:
+                record.profiler = ({"status": "unavailable", "reason": "not run: the layer pass before it failed"}
+                                   if layers_failed else failure)
             record.timing.warnings.append(f"layer/profiler pass failed: {one_line(exc)} (see errors.log)")
 
     @staticmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import errno
 import fcntl
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -55,6 +56,23 @@ def remove_leftovers(run_dir: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
         removed.append(path)
+    return removed
+
+
+def remove_unowned_traces(run_dir: Path, submissions: list[Path]) -> list[Path]:
+    """Profiler traces (`trace*.json`, a runtime's `*_profile__*.json`) that none of the ok cells' `submissions`
+    names: a pass a stopped process left, whose cell runs again (the next trace would otherwise take another name
+    beside it). Nothing is removed when a submission cannot be read (what it names is not known)."""
+    named = set()
+    for path in submissions:
+        try:
+            artifacts = json.loads(path.read_text(encoding="utf-8")).get("artifacts")
+        except (OSError, ValueError, AttributeError):
+            return []
+        named |= {v for v in artifacts.values() if isinstance(v, str)} if isinstance(artifacts, dict) else set()
+    removed = [p for p in [*run_dir.glob("trace*.json"), *run_dir.glob("*_profile__*.json")] if p.name not in named]
+    for path in removed:
+        path.unlink(missing_ok=True)
     return removed
 
 
@@ -129,10 +147,15 @@ class RunState:
         for path in submission_files(run_dir):  # written by a process killed before "ok"
             if str(path.relative_to(run_dir)) not in owned:
                 path.unlink()
+        remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
         drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
         state = cls(run_dir, run_id, header, statuses)
         state._lock_fd = fd
-        state.save()
+        try:
+            state.save()
+        except DiskFullError as exc:
+            state.close()
+            raise DiskFullError(exc.path, exc.__cause__, "free some space, then resume again") from exc
         return state
 
     def save(self) -> None:

@@ -37,8 +37,23 @@ def _terminal_width(stream: Any, default: int) -> int:
 def print_json(console: Console, data: Any) -> None:
     """`--json`: the document on stdout, and nothing else there (one meaning in every command): written as it is,
     never through rich (which would colour it on a terminal or with FORCE_COLOR, and re-encode its text)."""
-    console.file.write(json_text(data, "stdout", indent=2) + "\n")
-    console.file.flush()
+    text = json_text(data, "stdout", indent=2) + "\n"  # ASCII: json escapes the rest
+    stream = console.file
+    binary = getattr(stream, "buffer", None)
+    if binary is None:
+        stream.write(text)
+        stream.flush()
+        return
+    # Through the binary layer, every byte accounted for: unbuffered (PYTHONUNBUFFERED, -u), it is the raw file,
+    # whose write may take part of the bytes, and the text layer above it drops the rest without a word
+    stream.flush()
+    rest = memoryview(text.encode("ascii"))
+    while rest:
+        written = binary.write(rest)
+        if not written:
+            raise OSError(f"stdout took none of the last {len(rest)} bytes of the JSON document")
+        rest = rest[written:]
+    binary.flush()
 
 
 def progress_for(err_console: Console):
