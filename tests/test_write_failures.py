@@ -379,3 +379,27 @@ def test_a_resume_onto_a_full_disk_says_how_to_go_on(tmp_path, monkeypatch):
     monkeypatch.setattr(RunState, "save", real)
     assert result.returncode == 1 and "free some space, then resume again" in result.stderr, result.stderr
     assert run_in_process("run", "--resume", "f", "--output-dir", str(out), env=ENV).returncode == 0  # lock released
+
+
+def test_a_fleet_campaign_stops_when_a_datasets_run_folder_does_not_fit_here(tmp_path, monkeypatch):
+    """A node's run folder sent back to a full disk: every later dataset's would not fit either, so the campaign
+    stops naming the folder (it was each dataset 'skipped' in turn, the same reason every time); nothing is left."""
+    pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from harness.fleet import campaign
+
+    monkeypatch.setattr(campaign.ray, "get", lambda ref: {"node": {"host": "n1", "address": "10.0.0.2"},
+                                                          "files": {"run.json": b"{}", "submissions/a.json": b"{}"}})
+    real = Path.write_bytes
+
+    def write_bytes(self, data):
+        if self.name == "a.json":
+            raise _enospc(str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    entry = SimpleNamespace(name="cells-abc", version=1, weights="w.pt")
+    fleet = campaign.CampaignFleet.__new__(campaign.CampaignFleet)
+    with pytest.raises(DiskFullError) as err:
+        fleet._result(entry, object(), tmp_path)
+    assert str(tmp_path) in str(err.value) and "run the campaign again" in str(err.value)
+    assert list(tmp_path.iterdir()) == []

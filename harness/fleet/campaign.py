@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from harness.errors import RunInterrupted, UsageError
-from harness.files import file_sha256
+from harness.files import DiskFullError, file_sha256, is_disk_full
 from harness.fleet.driver import LIVENESS_EVERY_S, FleetNode, choose_targets, connect, node_info, survey, task_cause
 from harness.fleet.fingerprint import build_fingerprint
 from harness.fleet.gather import inside_folder
@@ -125,6 +125,9 @@ class CampaignFleet:
                 incoming.rename(run_dir)
         except (ValueError, TypeError, OSError) as exc:
             shutil.rmtree(incoming, ignore_errors=True)
+            if is_disk_full(exc):  # every later dataset's folder would not fit either: the campaign stops here
+                raise DiskFullError(datasets_dir, exc, "free some space, then run the campaign again (finished "
+                                    "datasets are kept)") from exc
             return _skipped(entry, f"its run folder could not be written here ({exc}){where}")
         submission = finished_submission(run_dir)
         if submission is None:
