@@ -167,6 +167,19 @@ def _percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def test_layer_rows_of_a_cell_that_did_not_finish_are_not_plotted(run_a, tmp_path):
+    """A report on a run stopped during a layer pass: layer_types.csv may hold the unfinished cell's rows (a resume
+    drops them; a report before it must not plot them as if the cell had finished)."""
+    run = _copy(run_a, tmp_path)
+    with (run / "layer_types.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    stray = {**rows[0], "batch_size": "64", "layer_type": "StrayConv", "total_ms": "99.0"}
+    with (run / "layer_types.csv").open("a", newline="") as fh:
+        csv.DictWriter(fh, fieldnames=list(rows[0])).writerow(stray)
+    layers = {p.name: p for p in make_report_plots(run)}["layer_types.png"].data
+    assert len(layers) == 1 and "StrayConv" not in dict(next(iter(layers.values())))
+
+
 def test_energy_is_plotted_where_measured(run_a, tmp_path):
     """This box has no energy counter, so the measured path is fed a submission carrying a measurement."""
     run = _copy(run_a, tmp_path)

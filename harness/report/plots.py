@@ -215,18 +215,19 @@ def layer_types(run: RunFolder) -> Plot:
     rows = run.csv_rows("layer_types.csv")
     if not rows:
         return _unavailable(name, title, "no layer pass in this run (layer_types.csv absent; run with --layers)")
+    finished = {f"{k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c for c in run.cells
+                for k in [c.key]}
     groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for r in rows:
         value = _float(r.get("total_ms"))
-        if value is None or not r.get("layer_type"):
-            continue
         label = f"{r.get('model')} {r.get('backend')} {r.get('precision')} {r.get('input_size')} b{r.get('batch_size')}"
+        if value is None or not r.get("layer_type") or label not in finished:  # a cell still running, or stopped
+            continue
         groups[label].append((str(r["layer_type"]), value))
     if not groups:
-        return _unavailable(name, title, "layer_types.csv has no rows with layer_type and total_ms")
+        return _unavailable(name, title, "layer_types.csv has no rows with layer_type and total_ms of a finished cell")
     data = {label: sorted(types, key=lambda t: -t[1]) for label, types in groups.items()}
-    methods = {f"{k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c.get("layers.method")
-               for c in run.cells for k in [c.key] if c.get("layers.method")}
+    methods = {label: c.get("layers.method") for label, c in finished.items() if c.get("layers.method")}
     fig = Figure(figsize=(12, 0.32 * TOP_LAYER_TYPES * len(data) + 1.2 * len(data)))
     axes = np.atleast_1d(fig.subplots(len(data), 1, squeeze=False)[:, 0])
     notes = []
