@@ -282,6 +282,8 @@ class TimingRecord:
     # each warm-up batch's time, in order (overlapped: its end-to-end latency): the first is the cell's cold batch,
     # the group's first inference for its first cell (lazy initialisation, allocation, autotuning included)
     warmup_samples_ms: list[float] = field(default_factory=list)
+    # per image (what total_ms summarises): p90/p95/p99 beside a distribution-free 95 % upper bound of each
+    tail: dict[str, Any] | None = None
 
 
 @dataclass

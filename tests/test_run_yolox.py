@@ -142,6 +142,17 @@ def test_submission_latency_figures_are_numpys_of_its_batch_samples(ort_run):
             assert total[f"p{q}"] == pytest.approx(np.percentile(per_image, q), abs=2e-4), (path.name, q)
         assert doc["throughput"]["fps_mean"] == pytest.approx(1000 / per_image.mean(), abs=2e-3), path.name
         assert doc["throughput"]["fps_p50"] == pytest.approx(1000 / np.median(per_image), abs=2e-3), path.name
+        # the tail's upper bounds: the order statistic scipy's binomial quantile names, null where too few batches
+        from scipy.stats import binom
+
+        for q in (90, 95, 99):
+            tail = timing["tail"][f"p{q}"]
+            k = int(binom.ppf(0.95, len(per_image), q / 100))
+            assert tail["samples"] == len(per_image) and tail["value"] == total.get(f"p{q}", tail["value"])
+            if 1 - (q / 100) ** len(per_image) < 0.95:
+                assert tail["upper95"] is None and tail["samples_needed"] > len(per_image)
+            else:
+                assert tail["upper95"] == pytest.approx(np.sort(per_image)[k], abs=2e-4), (path.name, q)
 
 
 def test_steps_timer_csv_is_seconds_and_percent_of_the_batch_time(ort_run):

@@ -91,6 +91,48 @@ def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) ->
     return 100 * max(median - low, high - median) / median
 
 
+TAIL_QUANTILES = (90, 95, 99)
+
+
+def samples_for_upper_bound(q: float, confidence: float = 0.95) -> int:
+    """The fewest samples whose largest is a `confidence` upper bound of the q-quantile (q in (0, 1)): n with
+    1 - q**n >= confidence (299 for the 99th percentile at 95 %)."""
+    return math.ceil(math.log(1 - confidence) / math.log(q) - 1e-9)
+
+
+def quantile_upper_bound(samples: list[float] | np.ndarray, q: float, confidence: float = 0.95) -> float | None:
+    """A distribution-free `confidence` upper bound of the q-quantile of what `samples` were drawn from
+    (independent draws): their k-th smallest, k the least with P(Binomial(n, q) <= k - 1) >= confidence, i.e. at
+    least k of n draws fall below the true quantile no more often than 1 - confidence. None with fewer than
+    `samples_for_upper_bound(q)` samples: then even their largest is no such bound. The binomial sums are taken in
+    log space (the terms of (1 - q)**n underflow for the tail quantiles)."""
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = x.size
+    if n < samples_for_upper_bound(q, confidence):
+        return None
+    log_q, log_not_q, log_n = math.log(q), math.log1p(-q), math.lgamma(n + 1)
+    cdf = 0.0
+    for k in range(n + 1):  # cdf = P(Binomial(n, q) <= k)
+        cdf += math.exp(log_n - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_q + (n - k) * log_not_q)
+        if cdf >= confidence:
+            return float(x[k])  # the (k + 1)-th smallest: P(at most k draws below the quantile) >= confidence
+    return float(x[-1])
+
+
+def tail_bounds(samples: list[float] | np.ndarray, confidence: float = 0.95) -> dict[str, dict]:
+    """Each tail percentile of `samples` (numpy's, as Summary gives it) beside its distribution-free upper bound
+    (`quantile_upper_bound`, null below the samples it needs, which are said). The bound assumes independent draws:
+    `autocorrelated` says when the samples drift together beyond white noise, which makes it too low."""
+    x = np.asarray(samples, dtype=np.float64)
+    out: dict = {"autocorrelated": autocorrelated(x)}
+    for pct in TAIL_QUANTILES:
+        bound = quantile_upper_bound(x, pct / 100, confidence)
+        out[f"p{pct}"] = {"value": round(float(np.percentile(x, pct)), 4),
+                          f"upper{round(100 * confidence)}": None if bound is None else round(bound, 4),
+                          "samples": int(x.size), "samples_needed": samples_for_upper_bound(pct / 100, confidence)}
+    return out
+
+
 def percent(fraction: float, digits: int = 1, toward: str = "nearest") -> str:
     """`fraction` as a percentage with `digits` decimals, rounded `toward` "up", "down" or "nearest": a figure said
     to be past a threshold is rounded away from it, so the text never reads "10% > 10%" or "99.00% < 99%"."""

@@ -115,6 +115,7 @@ def build_submission(record: CellRecord) -> dict:
                          "p50": round(image.p50, 4), "p95": round(image.p95, 4), "p99": round(image.p99, 4),
                          **site_split(record)},
             "per_image_ms": image.to_dict(),
+            **({"tail": t.tail} if t.tail is not None else {}),
             "batch_ms": t.batch_ms.to_dict(),
             "stages_ms": {name: s.to_dict() for name, s in t.stages_ms.items()},
             "batch_samples_ms": t.batch_samples_ms,

@@ -50,7 +50,14 @@ from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.server import SEED as SERVER_SEED
 from harness.measure.server import RealClock, ServerResult, find_max_qps, poisson_arrivals, serve
-from harness.measure.stats import WARMUP_SPREAD, WARMUP_WINDOW, median_ci_extent_pct, summarize, warmup_end
+from harness.measure.stats import (
+    WARMUP_SPREAD,
+    WARMUP_WINDOW,
+    median_ci_extent_pct,
+    summarize,
+    tail_bounds,
+    warmup_end,
+)
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, batches_for_seconds, completion_intervals_ms
@@ -444,6 +451,7 @@ class GroupExecutor:
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.
         intervals = completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap else []
+        image_samples = intervals if config.overlap else [t / size for t in totals]
         ended_why = (WARMUP_ENDS_OVERLAPPED if config.overlap else WARMUP_ENDS)[ended]
         record = TimingRecord(
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
@@ -452,7 +460,7 @@ class GroupExecutor:
             mode="overlapped" if config.overlap else "latency",
             batch_ms=batch_ms, stages_ms=stages,
             # overlapped: per-image *interval* (1000 / it is the throughput), not end-to-end latency / size
-            image_ms=summarize(intervals if config.overlap else [t / size for t in totals]),
+            image_ms=summarize(image_samples),
             images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
             interval_samples_ms=[round(t, 4) for t in intervals] if config.overlap else None,
@@ -460,6 +468,7 @@ class GroupExecutor:
             throttled=device_state["throttled"] if device_state else None,
             target_ci=target, timed_seconds=round(stream_seconds, 3),
             warmup_samples_ms=[round(b.ms("total"), 4) for b in scratch.batches],
+            tail=tail_bounds(image_samples),
         )
         if target is not None and not target["met"]:
             extent = target["extent_pct"]
