@@ -173,3 +173,57 @@ def test_no_detections_are_scored_as_cocoeval_scores_an_empty_result_set(tmp_pat
     assert stats["mAP_small"] == -1 and stats["mAP_50_95"] == 0
     assert per_class[1]["AP"] == 0 and per_class[2]["AP"] == 0 and per_class[7]["AP"] == -1
     assert evaluate_bbox(gt, [], [1, 2, 3], evaluator) == {name: stats[name] for name in STAT_NAMES}
+
+
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_many_classes_grouped_on_their_own_images_score_as_one_cocoeval(tmp_path, evaluator):
+    """A dataset of many classes evaluated a group of categories at a time, each group on the images holding its
+    categories (ground truth or detections), scores exactly as one pycocotools COCOeval over every image and class:
+    crowd boxes, classes with ground truth and no detection, detections of a class with no ground truth, a class with
+    neither, and images outside the evaluated ones included."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from harness.eval.coco_eval import STAT_NAMES, _category_groups, _read_results, per_class_ap
+
+    rng = np.random.default_rng(7)
+    n_images, n_classes = 120, 40
+    images = [{"id": i, "file_name": f"{i}.jpg", "width": 640, "height": 480} for i in range(1, n_images + 1)]
+    annotations, results = [], []
+    for image in range(1, n_images + 1):
+        for _ in range(int(rng.integers(0, 5))):
+            xy, wh = rng.uniform(0, 400, 2), rng.uniform(4, 200, 2)
+            category = int(rng.integers(1, n_classes - 4))  # the last classes: no ground truth
+            annotations.append({"id": len(annotations) + 1, "image_id": image, "category_id": category,
+                                "bbox": [*xy.tolist(), *wh.tolist()], "area": float(wh.prod()),
+                                "iscrowd": int(rng.random() < 0.05)})
+            if rng.random() < 0.8:  # found, a little off
+                results.append({"image_id": image, "category_id": category, "score": float(rng.uniform(0.3, 1)),
+                                "bbox": (np.r_[xy, wh] + rng.normal(0, 3, 4)).tolist()})
+        for _ in range(int(rng.integers(0, 4))):  # false positives, some of a class with no ground truth
+            category = int(rng.integers(1, n_classes)) if rng.random() < 0.7 else n_classes - 2
+            results.append({"image_id": image, "category_id": category, "score": float(rng.uniform(0.01, 0.6)),
+                            "bbox": [*rng.uniform(0, 400, 2).tolist(), *rng.uniform(4, 200, 2).tolist()]})
+    gt = COCO()
+    gt.dataset = {"images": images, "annotations": annotations,
+                  "categories": [{"id": c, "name": f"c{c}"} for c in range(1, n_classes + 1)]}  # n_classes: none
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(results))
+    evaluated = list(range(1, n_images + 1, 2)) + [2, 4]  # images outside these hold ground truth and detections
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        whole = COCOeval(gt, gt.loadRes(str(path)), "bbox")
+        whole.params.imgIds = sorted(evaluated)
+        whole.evaluate()
+        whole.accumulate()
+        whole.summarize()
+    groups = _category_groups(sorted(gt.getCatIds()), _read_results(path), gt, sorted(evaluated), 200)
+    assert len(groups) > 5 and max(len(images) for _, images in groups) < len(evaluated)  # grouped, on fewer images
+    stats, per_class = evaluate_bbox_file_per_class(gt, path, evaluated, evaluator, pairs_per_chunk=200)
+    assert [stats[k] for k in STAT_NAMES] == pytest.approx(list(whole.stats), abs=1e-12)
+    reference = per_class_ap(whole)
+    assert per_class.keys() == reference.keys()
+    for category, aps in reference.items():
+        assert per_class[category] == pytest.approx(aps, abs=1e-12), category
