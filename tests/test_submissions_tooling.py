@@ -669,6 +669,16 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     assert sorted(r["accuracy_trusted"] for r in board["cube"]) == [False, True]
     result = va_bench("validate", tmp_path / "outputs" / "r2")
     assert result.returncode == 1 and "run folder" in result.stdout and "unusable" in result.stdout
+    # a folder of many run folders: every run folder's submissions, and one note for them all
+    for k in range(3, 7):
+        copy_of = _variant(base_doc, hardware__id=f"box{k}")
+        copy_of["submission_id"] = f"run-{k}"
+        _run_folder(tmp_path / "outputs" / f"r{k}", copy_of, DETS)
+    validation = validate_paths([tmp_path / "outputs"], None)
+    assert len(validation.reports) == 6 and all(r.path.parent.name == "submissions" for r in validation.reports)
+    (note,) = validation.notes
+    assert note.startswith("6 run folders: validating their submissions/*.json only (6 files; ")
+    assert "skipped: detections/, repeats/, run.json, trace.json" in note
 
 
 def test_a_campaign_or_fleet_folder_s_own_record_is_no_submission(tmp_path, base_doc):

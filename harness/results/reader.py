@@ -134,6 +134,25 @@ def _plan_record(path: Path) -> bool:
     return problem is None and isinstance(doc, dict) and "schema_version" not in doc
 
 
+def _first_parent_in(path: Path, folders) -> Path | None:
+    """The nearest of `path`'s parents that is one of `folders` (a set or a dict's keys), or None."""
+    return next((parent for parent in path.parents if parent in folders), None)
+
+
+RUN_NOTES_EACH = 3  # up to this many run folders are each named in a note; more are summed up in one
+
+
+def _run_folder_notes(runs: list[tuple[Path, int, int, list[str]]]) -> list[str]:
+    """The notes on run folders (folder, submissions kept, other JSON files skipped, what those are)."""
+    if len(runs) <= RUN_NOTES_EACH:
+        return [f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only ({kept} files; {skipped} "
+                f"other JSON files skipped" + (f": {', '.join(where)})" if where else ")")
+                for run_dir, kept, skipped, where in runs]
+    kinds = sorted({w for *_, where in runs for w in where})
+    return [f"{len(runs)} run folders: validating their {SUBMISSIONS_DIR}/*.json only ({sum(r[1] for r in runs)} "
+            f"files; {sum(r[2] for r in runs)} other JSON files skipped" + (f": {', '.join(kinds)})" if kinds else ")")]
+
+
 def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     """Files named, plus *.json under folders named (sorted), and notes. Inside a run folder (one with
     run.json) only submissions/*.json are submissions: run.json, detections and traces are skipped, and
@@ -146,25 +165,32 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
             found = sorted(x for x in p.rglob("*.json") if x.is_file())
             # a campaign's dataset runs are parts of its row (submissions/ beside campaign.json), each under the
             # campaign's protocol, not a COCO submission of its own
-            campaigns = [x.parent / "datasets" for x in found if x.name == CAMPAIGN_FILE and _plan_record(x)]
-            parts = {x for x in found if any(d in x.parents for d in campaigns)}
+            campaigns = {x.parent / "datasets" for x in found if x.name == CAMPAIGN_FILE and _plan_record(x)}
+            parts = {x for x in found if _first_parent_in(x, campaigns) is not None} if campaigns else set()
             if parts:
                 found = [x for x in found if x not in parts]
                 notes.append(f"skipped {len(parts)} JSON files of the campaign's dataset runs (datasets/): its row is "
                              "its submissions/*.json; validate a dataset's run folder by itself to check it")
-            run_dirs = sorted({x.parent for x in found if x.name == RUN_FILE})
+            # each file's run folder found by walking its own parents against a set (a folder of hundreds of run
+            # folders would otherwise test every file against every run folder)
+            every_run = {x.parent for x in found if x.name == RUN_FILE}
             # a run folder inside another (a --repeats process's, under repeats/) is part of it, skipped with it
-            run_dirs = [d for d in run_dirs if not any(other in d.parents for other in run_dirs)]
+            run_dirs = sorted(d for d in every_run if _first_parent_in(d, every_run) is None)
+            inside: dict[Path, list[Path]] = {d: [] for d in run_dirs}
+            loose = []
+            for x in found:
+                owner = _first_parent_in(x, inside.keys())
+                (inside[owner] if owner is not None else loose).append(x)
+            run_notes = []
             for run_dir in run_dirs:
-                inside = [x for x in found if run_dir in x.parents]
-                keep = [x for x in inside if x.parent == run_dir / SUBMISSIONS_DIR]
-                skipped = set(inside) - set(keep)
-                found = [x for x in found if x not in skipped]
+                keep = [x for x in inside[run_dir] if x.parent == run_dir / SUBMISSIONS_DIR]
+                skipped = [x for x in inside[run_dir] if x.parent != run_dir / SUBMISSIONS_DIR]
+                loose += keep
                 where = sorted({"/".join(x.relative_to(run_dir).parts[:1]) + ("/" if x.parent != run_dir else "")
                                 for x in skipped})
-                notes.append(f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only "
-                             f"({len(keep)} files; {len(skipped)} other JSON files skipped"
-                             + (f": {', '.join(where)})" if where else ")"))
+                run_notes.append((run_dir, len(keep), len(skipped), where))
+            found = sorted(loose)
+            notes += _run_folder_notes(run_notes)
             records = [x for x in found if _plan_record(x)]
             if records:
                 found = [x for x in found if x not in records]
