@@ -615,8 +615,9 @@ def test_a_side_without_per_class_files_says_the_classes_were_not_compared(real_
 
 
 def test_real_ort_vs_pytorch_shows_the_measured_deltas(real_runs):
+    from coco_results import detections_from_coco
+
     from harness.eval.matching import match_detections
-    from harness.records import detections_from_coco
 
     ort, pt = real_runs
     c = compare_paths(ort, [pt], conf=0.001)[0]

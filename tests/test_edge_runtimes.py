@@ -92,8 +92,9 @@ def first_106(tmp_path_factory):
 def _fp32_agrees(cells) -> None:
     """fp32 on OpenVINO, ncnn, LiteRT and TorchScript: mAP within 0.002 of ONNX Runtime's, detections >= 99 %
     matched, the runtime's own vocabulary and compute precision in the record."""
+    from coco_results import detections_from_coco
+
     from harness.eval.matching import match_detections
-    from harness.records import detections_from_coco
 
     plan, reference = cells[("onnxruntime", "fp32", 1)]
     want = json.loads((plan.run_dir / reference.accuracy.detections_file).read_text())

@@ -184,7 +184,7 @@ def test_many_classes_grouped_on_their_own_images_score_as_one_cocoeval(tmp_path
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from harness.eval.coco_eval import STAT_NAMES, _category_groups, _read_results, per_class_ap
+    from harness.eval.coco_eval import STAT_NAMES, _category_groups, per_class_ap, read_results
 
     rng = np.random.default_rng(7)
     n_images, n_classes = 120, 40
@@ -219,7 +219,7 @@ def test_many_classes_grouped_on_their_own_images_score_as_one_cocoeval(tmp_path
         whole.evaluate()
         whole.accumulate()
         whole.summarize()
-    groups = _category_groups(sorted(gt.getCatIds()), _read_results(path), gt, sorted(evaluated), 200)
+    groups = _category_groups(sorted(gt.getCatIds()), read_results(path), gt, sorted(evaluated), 200)
     assert len(groups) > 5 and max(len(images) for _, images in groups) < len(evaluated)  # grouped, on fewer images
     stats, per_class = evaluate_bbox_file_per_class(gt, path, evaluated, evaluator, pairs_per_chunk=200)
     assert [stats[k] for k in STAT_NAMES] == pytest.approx(list(whole.stats), abs=1e-12)
@@ -227,3 +227,26 @@ def test_many_classes_grouped_on_their_own_images_score_as_one_cocoeval(tmp_path
     assert per_class.keys() == reference.keys()
     for category, aps in reference.items():
         assert per_class[category] == pytest.approx(aps, abs=1e-12), category
+
+
+@requires_coco
+def test_a_results_file_read_per_image_is_its_plain_reading(sample, tmp_path):
+    """ResultColumns.per_image (one sort of the columns) gives each image's results as json.loads and a dict per
+    result do: same images, boxes (xyxy), scores, category ids, in file order within an image."""
+    from coco_results import detections_from_coco
+
+    from harness.eval.coco_eval import read_results
+
+    rng = np.random.default_rng(1)
+    ids = sample[1][:40]
+    results = [{"image_id": int(rng.choice(ids)), "category_id": int(rng.integers(1, 91)),
+                "bbox": [round(float(v), 2) for v in rng.uniform(1, 300, 4)], "score": round(float(rng.random()), 5)}
+               for _ in range(500)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results))
+    plain = {d.image_id: d for d in detections_from_coco(json.loads(path.read_text()))}
+    mine = {d.image_id: d for d in read_results(path).per_image()}
+    assert mine.keys() == plain.keys()
+    for image_id, d in plain.items():
+        assert np.array_equal(mine[image_id].boxes, d.boxes) and np.array_equal(mine[image_id].scores, d.scores)
+        assert np.array_equal(mine[image_id].labels, d.labels) and mine[image_id].masks is None

@@ -5,13 +5,13 @@ import json
 
 import numpy as np
 import pytest
+from coco_results import detections_from_coco
 from conftest import CORPUS, YOLOX_NANO, requires_corpus
 from reference_yolox import coco_detections
 
 from harness.data.categories import COCO80_TO_91
 from harness.eval.coco_eval import evaluate_bbox
 from harness.eval.matching import match_detections
-from harness.records import detections_from_coco
 from harness.results.site_rules import schema_findings, site_findings
 
 

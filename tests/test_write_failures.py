@@ -177,6 +177,11 @@ def test_resume_after_a_full_disk_in_the_profile_pass_leaves_one_trace(tmp_path,
              for v in json.loads((out / "p" / c["submission"]).read_text())["artifacts"].values()}
     traces = {p.name for p in (out / "p").glob("trace*.json")}
     assert traces <= named, f"traces no submission names: {traces - named}"
+    # the resumed b2 is measured against b1's detections, read back from b1's file
+    assert "batch invariance not measured" not in resumed.stderr, resumed.stderr
+    b2 = next(json.loads((out / "p" / c["submission"]).read_text()) for c in _cells(out / "p")
+              if c["cell"].endswith(" b2"))
+    assert b2["batch_invariance"]["reference_batch_size"] == 1 and b2["batch_invariance"]["match_rate"] == 1.0
 
 
 @requires_coco

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
-from harness.records import COCO_MAX_DETS
+from harness.records import COCO_MAX_DETS, ImageDetections
 
 EVALUATORS = ("pycocotools", "faster-coco-eval")
 # COCOeval.stats order -> the site's accuracy field names
@@ -105,11 +105,11 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     categories (`_category_groups`), i.e. a single group up to mini500; the file is parsed into arrays one object
     at a time. faster-coco-eval is evaluated the same way (its C++ core behind the same COCOeval interface): the
     same numbers, in the same bounded memory."""
-    columns = _read_results(Path(path))
+    columns = read_results(Path(path))
     return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")
 
 
-def _evaluate_grouped(coco_gt: COCO, columns: _Results, image_ids: list[int], evaluator: str,
+def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str,
                       pairs_per_chunk: int | None, cap: int,
                       iou_type: str) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
@@ -158,7 +158,7 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
     Each result keeps its predicted box (loadRes takes its bbox branch when a box is there, as with libreyolo's
     results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
     masks: exactly what a detection file of the same boxes is scored on."""
-    columns = _read_results(Path(path), masks=True)
+    columns = read_results(Path(path), masks=True)
     segm, per_class = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm")
     bbox = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")[0]
     return {"segm": segm, "bbox": bbox}, per_class
@@ -185,7 +185,7 @@ CHUNK_PAIRS = 500 * 80
 CHUNK_DETECTIONS = 100_000
 
 
-def _category_groups(categories: list[int], columns: _Results, coco_gt: COCO, image_ids: list[int],
+def _category_groups(categories: list[int], columns: ResultColumns, coco_gt: COCO, image_ids: list[int],
                      max_pairs: int) -> list[tuple[list[int], list[int]]]:
     """Consecutive categories, greedily grouped under max_pairs (image, category) pairs and CHUNK_DETECTIONS
     detections, each with the images it is scored on: those of `image_ids` (sorted) holding a ground-truth
@@ -219,7 +219,7 @@ def _category_groups(categories: list[int], columns: _Results, coco_gt: COCO, im
 
 
 @dataclass
-class _Results:
+class ResultColumns:
     """A COCO results file as columns, in file order."""
 
     image_id: np.ndarray  # [N] int64
@@ -228,8 +228,23 @@ class _Results:
     score: np.ndarray  # [N] float64
     segmentation: list[dict] | None = None  # [N] COCO RLEs, for a segmentation file
 
+    def per_image(self) -> list[ImageDetections]:
+        """Each image's results, in file order within it, boxes as xyxy; labels are the COCO category ids (the
+        masks too, for a segmentation file). One sort of the columns, no object per result."""
+        order = np.argsort(self.image_id, kind="stable")
+        ids = self.image_id[order]
+        image_ids, starts = np.unique(ids, return_index=True)
+        xyxy = np.concatenate([self.bbox[:, :2], self.bbox[:, :2] + self.bbox[:, 2:]], axis=1)[order]
+        out = []
+        for image_id, rows, boxes, scores, labels in zip(
+                image_ids.tolist(), np.split(order, starts[1:]), np.split(xyxy, starts[1:]),
+                np.split(self.score[order], starts[1:]), np.split(self.category_id[order], starts[1:]), strict=True):
+            masks = None if self.segmentation is None else [self.segmentation[i] for i in rows.tolist()]
+            out.append(ImageDetections(image_id, boxes, scores, labels, masks))
+        return out
 
-def _read_results(path: Path, masks: bool = False) -> _Results:
+
+def read_results(path: Path, masks: bool = False) -> ResultColumns:
     """Parse a COCO results array one object at a time (json.loads would build every dict at once); an empty
     array is no detections, evaluated as such (a statistic without ground truth stays undefined). Raises
     ValueError for anything but an array of result objects (with `masks`, each with a COCO RLE segmentation)."""
@@ -264,7 +279,7 @@ def _read_results(path: Path, masks: bool = False) -> _Results:
         pos = _SEPARATOR.match(text, pos).end()
         if pos >= len(text):
             raise ValueError(f"{path}: the results array is not closed")
-    return _Results(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
+    return ResultColumns(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
                     np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
                     rles if masks else None)
 
@@ -273,7 +288,7 @@ _SPACE = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*,?\s*")
 
 
-def _results_of(coco_gt: COCO, columns: _Results, categories: list[int], iou_type: str = "bbox") -> COCO:
+def _results_of(coco_gt: COCO, columns: ResultColumns, categories: list[int], iou_type: str = "bbox") -> COCO:
     """pycocotools' results object (loadRes) of the detections of `categories`, in file order: within an
     (image, category) pair the order is the file's, which is what breaks pycocotools' score ties. For "segm" each
     result carries its mask beside its box."""
@@ -318,7 +333,7 @@ def _library(coco_gt: COCO, evaluator: str):
 def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evaluator: str,
               cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     if not detections:  # loadRes rejects an empty list: the empty set through the grouped evaluation
-        empty = _Results(*(np.zeros(0, dtype=np.int64),) * 2, np.zeros((0, 4)), np.zeros(0), [])
+        empty = ResultColumns(*(np.zeros(0, dtype=np.int64),) * 2, np.zeros((0, 4)), np.zeros(0), [])
         return _evaluate_grouped(coco_gt, empty, image_ids, evaluator, None, cap, iou_type)
     COCOeval, gt = _library(coco_gt, evaluator)
     with contextlib.redirect_stdout(io.StringIO()):

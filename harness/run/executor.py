@@ -39,6 +39,7 @@ from harness.eval.coco_eval import (
     evaluate_cell_file,
     evaluator_version,
     max_dets_for,
+    read_results,
 )
 from harness.eval.matching import match_detections
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
@@ -72,12 +73,10 @@ from harness.records import (
     ProfilePassRecord,
     TimingRecord,
     detections_digest,
-    detections_from_coco,
     utc_now_iso,
 )
 from harness.report.draw import draw_detections
 from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug, write_coco_detections
-from harness.results.reader import read_detections
 from harness.run.state import LAYER_PROFILE_PREFIX
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
@@ -229,20 +228,27 @@ class GroupExecutor:
         return [d.select(keep[d.labels] if len(d.labels) else np.zeros(0, bool)) for d in detections]
 
     def use_reference(self, batch_size: int, detections_file: Path) -> None:
-        """On --resume: the group's reference detections come from a cell finished earlier (its COCO file)."""
-        found, problem = read_detections(detections_file)
-        if problem is not None or not isinstance(found, list):  # the caller goes on without a reference
-            raise ValueError(problem or "not a list of COCO detections")
-        by_image = {d.image_id: d for d in detections_from_coco(found)}
-        contiguous = {category: i for i, category in enumerate(self.label_categories) if category >= 0}
+        """On --resume: the group's reference detections come from a cell finished earlier (its COCO file), read
+        into columns (a dict per detection, ~0.5 KB each, would stay in the process's heap through the group's later
+        cells and their peak memory). A file that does not read is a ValueError: the caller goes on without it."""
+        columns = read_results(detections_file, masks=self.task == "segment")
+        by_image = {d.image_id: d for d in columns.per_image()}
+        contiguous = np.full(max(self.label_categories, default=0) + 1, -1, dtype=int)
+        for i, category in enumerate(self.label_categories):
+            if category >= 0:
+                contiguous[category] = i
         reference = []
         for record in self.ctx.records:
             d = by_image.get(record.image_id)
             if d is None:  # an image without detections has no line in the COCO file
                 reference.append(ImageDetections(record.image_id, np.zeros((0, 4)), np.zeros(0), np.zeros(0, int)))
-            else:
-                labels = np.array([contiguous[int(c)] for c in d.labels], dtype=int)
-                reference.append(ImageDetections(record.image_id, d.boxes, d.scores, labels, d.masks))
+                continue
+            known = (d.labels >= 0) & (d.labels < len(contiguous))
+            labels = np.where(known, contiguous[np.clip(d.labels, 0, len(contiguous) - 1)], -1)
+            if (labels < 0).any():
+                raise ValueError(f"{detections_file.name}: category {int(d.labels[labels < 0][0])} is not one of the "
+                                 "model's")
+            reference.append(ImageDetections(record.image_id, d.boxes, d.scores, labels, d.masks))
         self.reference = (batch_size, reference)
 
     # ------------------------------------------------------------------------------------ one cell
