@@ -407,6 +407,30 @@ def atomic_folder(folder: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def same_file_as(source: Path, dest: Path) -> Path:
+    """`dest` holding `source`'s bytes, atomically: a hard link where the file system has them (a second name for
+    the same bytes, no copy in memory or on disk; files here are never written in place, only replaced), else a
+    streamed copy."""
+    dest = Path(dest)
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.link.tmp"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:  # no hard links here (another file system, FAT, some network mounts)
+        try:
+            shutil.copyfile(source, tmp)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(dest, exc) from exc
+            raise
+    try:
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
 def move_into_place(source: Path | str, dest: Path) -> Path:
     """Rename a finished file or folder (written by a library or an extraction) to its final name."""
     os.replace(source, dest)

@@ -57,6 +57,9 @@ def test_a_cell_with_an_earlier_cells_detections_takes_its_evaluation(ort_run):
         if acc.same_detections_as:  # a cell scored anew is checked against pycocotools by the test above
             assert evaluate_bbox(plan.dataset.coco, json.loads(raw), ids) == pytest.approx(acc.stats, abs=1e-12)
     assert len(seen) < len(records)  # ONNX Runtime on the CPU: batch 8 gives batch 1's detections, byte for byte
+    # the same detections are one file under two names (a hard link here), not a second copy
+    files = [plan.run_dir / r.accuracy.detections_file for r in records]
+    assert len({f.stat().st_ino for f in files}) == len(seen) and all(f.stat().st_nlink >= 1 for f in files)
 
 
 def test_faster_coco_eval_is_bit_identical_to_pycocotools(ort_run):

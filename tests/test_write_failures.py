@@ -408,3 +408,25 @@ def test_a_fleet_campaign_stops_when_a_datasets_run_folder_does_not_fit_here(tmp
         fleet._result(entry, object(), tmp_path)
     assert str(tmp_path) in str(err.value) and "run the campaign again" in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_name_for_the_same_detections_is_a_link_or_a_copy_never_half_a_file(tmp_path, monkeypatch):
+    """same_file_as: a hard link where the file system has them; else a copy; a copy onto a full disk is a
+    DiskFullError naming the file, with nothing left under its name or beside it."""
+    import shutil
+
+    from harness.files import same_file_as
+
+    source = tmp_path / "a.json"
+    source.write_bytes(b"[1, 2]\n")
+    same_file_as(source, tmp_path / "b.json")
+    assert (tmp_path / "b.json").stat().st_ino == source.stat().st_ino
+    monkeypatch.setattr(os, "link", lambda a, b: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
+    same_file_as(source, tmp_path / "c.json")
+    assert (tmp_path / "c.json").read_bytes() == source.read_bytes()
+    assert (tmp_path / "c.json").stat().st_ino != source.stat().st_ino
+    monkeypatch.setattr(shutil, "copyfile", lambda a, b: (Path(b).write_bytes(b"[1"), (_ for _ in ()).throw(
+        _enospc(str(b))))[1])
+    with pytest.raises(DiskFullError, match="d.json"):
+        same_file_as(source, tmp_path / "d.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "c.json"]

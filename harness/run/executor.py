@@ -42,7 +42,7 @@ from harness.eval.coco_eval import (
     read_results,
 )
 from harness.eval.matching import match_detections
-from harness.files import atomic_write_bytes, atomic_write_json, file_sha256
+from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, same_file_as
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler, process_start_time
@@ -574,8 +574,8 @@ class GroupExecutor:
         rel = f"detections/{cell_slug(cell)}.json"
         digest = detections_digest(detections)
         earlier = self.saved_detections.get(digest)
-        if earlier is not None:  # an earlier batch size's very detections (a batch-invariant runtime): its bytes
-            atomic_write_bytes(self.ctx.run_dir / rel, (self.ctx.run_dir / earlier[0]).read_bytes())
+        if earlier is not None:  # an earlier batch size's very detections (a batch-invariant runtime): its file
+            same_file_as(self.ctx.run_dir / earlier[0], self.ctx.run_dir / rel)
             return rel, earlier[1]
         count = write_coco_detections(self.ctx.run_dir / rel, detections, self.label_categories)
         self.saved_detections[digest] = rel, count
