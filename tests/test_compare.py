@@ -534,6 +534,57 @@ def test_a_detections_file_python_cannot_parse_is_named(tmp_path):
         load_coco_detections(nan)
 
 
+@pytest.mark.parametrize("text", [
+    "[]", " [ ]\n", '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5}]',
+    '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5} ,\n'
+    ' {"image_id": 2, "category_id": 3, "bbox": [1.5, 2, 3, 4], "score": 0.25}]\n',
+    '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5},]', "[,]", "[1]", '{"a": 1}', "",
+    '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5}] x',
+    '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5}',
+    '[{"image_id": 1, "category_id": 2, "bbox": [1, 2, 3, 4], "score": 0.5}\x0b]'])
+def test_a_detections_file_read_a_result_at_a_time_is_what_json_loads_reads(tmp_path, text):
+    """load_coco_detections parses one result at a time: what json.loads and the same checks accept, it accepts with
+    the same columns; what they refuse (a trailing comma, extra data, an unclosed array, a non-JSON space), it
+    refuses."""
+    from harness.eval.detection_diff import load_coco_detections
+
+    path = tmp_path / "d.json"
+    path.write_text(text)
+    try:
+        expected = parse_coco_detections(json.loads(text))
+    except (ValueError, DetectionFileError):
+        with pytest.raises(DetectionFileError):
+            load_coco_detections(path)
+        return
+    got = load_coco_detections(path)
+    for column in ("image_ids", "category_ids", "boxes", "scores"):
+        assert np.array_equal(getattr(got, column), getattr(expected, column)), column
+
+
+def test_identical_detection_files_are_read_and_diffed_once_and_let_go(tmp_path, monkeypatch):
+    """Cells whose detections are one file under two names (a batch-invariant sweep) are read once a side and
+    diffed once; each file is let go after the last diff that reads it."""
+    from harness.results import compare
+
+    loads = []
+    real = compare.load_coco_detections
+    monkeypatch.setattr(compare, "load_coco_detections", lambda path: loads.append(path.name) or real(path))
+    for side in ("a", "b"):
+        run = tmp_path / side
+        (run / "detections").mkdir(parents=True)
+        (run / "detections" / "b1.json").write_text(json.dumps(_dets([(1, 1, (0, 0, 10, 10), 0.9)])))
+        os.link(run / "detections" / "b1.json", run / "detections" / "b4.json")
+        for batch in (1, 4):
+            write_submission(run, lognormal(1, 50), batch=batch, name=f"b{batch}.json",
+                             detections=f"detections/b{batch}.json")
+    c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
+    assert len(c.cells) == 2 and all(r.diff is not None and r.diff.matched == 1 for r in c.detections)
+    assert sorted(loads) in (["b1.json", "b1.json"], ["b1.json", "b4.json"], ["b4.json", "b4.json"])
+    cache = compare._DetectionCache([tmp_path / "a/detections/b1.json", tmp_path / "b/detections/b1.json"])
+    cache.diff(tmp_path / "a/detections/b1.json", tmp_path / "b/detections/b1.json", 0.5, 0.4)
+    assert cache._sets == {}
+
+
 def test_detection_files_relative_absolute_moved_and_missing(tmp_path):
     dets = _dets([(1, 1, (0, 0, 10, 10), 0.9)])
     run = tmp_path / "run"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,30 +54,45 @@ def parse_coco_detections(results) -> DetectionSet:
     """COCO results (list of {image_id, category_id, bbox [x,y,w,h], score}) -> columns; strict."""
     if not isinstance(results, list):
         raise DetectionFileError(f"expected a JSON list of COCO detections, found {type(results).__name__}")
-    ids, cats, boxes, scores, masks = [], [], [], [], []
+    columns = _Columns()
     for i, r in enumerate(results):
+        columns.add(r, i)
+    return columns.finish()
+
+
+class _Columns:
+    """Checked COCO results gathered into columns, one result at a time."""
+
+    def __init__(self):
+        self.ids, self.cats, self.boxes, self.scores, self.masks = [], [], [], [], []
+        self.count = 0
+
+    def add(self, r, i: int) -> None:
         if not isinstance(r, dict):
             raise DetectionFileError(f"detection {i} is {type(r).__name__}, not an object")
         missing = [k for k in ("image_id", "category_id", "bbox", "score") if k not in r]
         if missing:
             raise DetectionFileError(f"detection {i} has no {', '.join(missing)}")
-        for key, bucket in (("image_id", ids), ("category_id", cats)):
+        for key, bucket in (("image_id", self.ids), ("category_id", self.cats)):
             if isinstance(r[key], bool) or not isinstance(r[key], int):
                 raise DetectionFileError(f"detection {i}: {key} is {r[key]!r}, not an integer")
             bucket.append(r[key])
         bbox = r["bbox"]
         if not isinstance(bbox, list) or len(bbox) != 4:
             raise DetectionFileError(f"detection {i}: bbox is not a list [x, y, w, h]")
-        boxes.append([_number(v, "a bbox value", i) for v in bbox])
-        scores.append(_number(r["score"], "score", i))
+        self.boxes.extend(_number(v, "a bbox value", i) for v in bbox)
+        self.scores.append(_number(r["score"], "score", i))
         if "segmentation" in r:
-            masks.append(_rle(r["segmentation"], i))
-    if masks and len(masks) != len(results):
-        raise DetectionFileError(f"{len(masks)} of {len(results)} detections have a segmentation; a results file has "
-                                 "masks for every detection or for none")
-    return DetectionSet(np.asarray(ids, dtype=np.int64), np.asarray(cats, dtype=np.int64),
-                        np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(scores, dtype=np.float64),
-                        masks or None)
+            self.masks.append(_rle(r["segmentation"], i))
+        self.count += 1
+
+    def finish(self) -> DetectionSet:
+        if self.masks and len(self.masks) != self.count:
+            raise DetectionFileError(f"{len(self.masks)} of {self.count} detections have a segmentation; a results "
+                                     "file has masks for every detection or for none")
+        return DetectionSet(np.asarray(self.ids, dtype=np.int64), np.asarray(self.cats, dtype=np.int64),
+                            np.asarray(self.boxes, dtype=np.float64).reshape(-1, 4),
+                            np.asarray(self.scores, dtype=np.float64), self.masks or None)
 
 
 def _rle(value, index: int) -> dict:
@@ -93,16 +109,40 @@ def _reject_constant(name: str):
 
 
 def load_coco_detections(path: Path) -> DetectionSet:
-    """Read and check a COCO detections JSON file; DetectionFileError says what is wrong."""
+    """Read and check a COCO detections JSON file; DetectionFileError says what is wrong. Parsed one result at a
+    time into columns (json.loads of a full-val file would hold a dict per detection, ~0.6 KB each, at once)."""
     try:
-        results = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise DetectionFileError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    try:
+        pos = _SPACE.match(text, 0).end()
+        if text[pos:pos + 1] != "[":  # not an array: whatever it is, said as the whole-document reading says it
+            return parse_coco_detections(decoder.decode(text))
+        pos = _SPACE.match(text, pos + 1).end()
+        columns = _Columns()
+        while text[pos:pos + 1] != "]" or columns.count:  # after a comma a value must follow, never "]"
+            item, pos = decoder.raw_decode(text, pos)
+            columns.add(item, columns.count)
+            pos = _SPACE.match(text, pos).end()
+            if text[pos:pos + 1] == "]":
+                break
+            if text[pos:pos + 1] != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+            pos = _SPACE.match(text, pos + 1).end()
+        if text[_SPACE.match(text, pos + 1).end():]:
+            raise json.JSONDecodeError("Extra data", text, pos + 1)
     except DetectionFileError:
         raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's limit
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an integer past Python's limit
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
-    return parse_coco_detections(results)
+    return columns.finish()
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -420,27 +421,46 @@ def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> Ce
 
 
 class _DetectionCache:
-    """Each detections file is read once per compare."""
+    """Each detections file read once per compare, a file under two names (the hard link of a cell whose detections
+    were an earlier cell's) once, and let go after the last diff that reads it: a sweep's files held together
+    would be ~100 MB each at full val. The diffs are kept by the files' identities: two pairs of the same files
+    are one diff."""
 
-    def __init__(self):
-        self._sets: dict[Path, Any] = {}
+    def __init__(self, paths: list[Path] | None = None):
+        self._sets: dict[object, Any] = {}
+        self._diffs: dict[tuple, tuple[DetectionDiff | None, str | None]] = {}
+        self._uses = Counter(self.identity(p) for p in paths or [])
+
+    @staticmethod
+    def identity(path: Path) -> object:
+        """The file a path names: its device and inode where it can be read, else the path."""
+        try:
+            st = path.stat()
+        except OSError:
+            return path
+        return st.st_dev, st.st_ino
 
     def get(self, path: Path):
-        if path not in self._sets:
+        key = self.identity(path)
+        if key not in self._sets:
             try:
-                self._sets[path] = load_coco_detections(path)
+                self._sets[key] = load_coco_detections(path)
             except DetectionFileError as exc:
-                self._sets[path] = str(exc)
-        return self._sets[path]
+                self._sets[key] = str(exc)
+        return self._sets[key]
 
-
-def _diff_files(pa: Path, pb: Path, cache: _DetectionCache, iou: float, conf: float
-                ) -> tuple[DetectionDiff | None, str | None]:
-    da, db = cache.get(pa), cache.get(pb)
-    for d, side in ((da, "A"), (db, "B")):
-        if isinstance(d, str):
-            return None, f"{side}: {d}"
-    return diff_detections(da, db, iou=iou, conf=conf), None
+    def diff(self, pa: Path, pb: Path, iou: float, conf: float) -> tuple[DetectionDiff | None, str | None]:
+        """The diff of two files, and each let go once no later diff reads it."""
+        ids = (self.identity(pa), self.identity(pb))
+        if ids not in self._diffs:
+            da, db = self.get(pa), self.get(pb)
+            problem = next((f"{side}: {d}" for d, side in ((da, "A"), (db, "B")) if isinstance(d, str)), None)
+            self._diffs[ids] = (None, problem) if problem else (diff_detections(da, db, iou=iou, conf=conf), None)
+        for key in ids:
+            self._uses[key] -= 1
+            if self._uses[key] <= 0:
+                self._sets.pop(key, None)
+        return self._diffs[ids]
 
 
 def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) -> list[AccuracyDelta]:
@@ -509,8 +529,8 @@ def _other_images(ea: Entry, eb: Entry) -> bool:
             or bool(ea.fingerprint and eb.fingerprint and ea.fingerprint != eb.fingerprint))
 
 
-def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], cache: _DetectionCache,
-                    iou: float, conf: float) -> tuple[list[DetectionRow], list[str]]:
+def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], iou: float,
+                    conf: float) -> tuple[list[DetectionRow], list[str]]:
     """One diff per distinct pair of detection files; notes on files found in a moved run folder."""
     groups: dict[tuple, list[tuple[dict, Entry, Entry]]] = {}
     notes: list[str] = []
@@ -526,11 +546,12 @@ def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], cac
             notes += [f"{side}: {n}" for side, n in (("A", note_a), ("B", note_b)) if n]
         groups.setdefault((pa, pb, why), []).append((key, ea, eb))
     rows = []
+    cache = _DetectionCache([p for pa, pb, why in groups if why is None for p in (pa, pb)])
     for (pa, pb, why), members in groups.items():
         label = " ".join(filter(None, [_label(members[0][0], [k for k in vary if k not in ACCURACY_FREE]),
                                        _cells_label(members, vary)]))
         if why is None:
-            diff, why = _diff_files(pa, pb, cache, iou, conf)
+            diff, why = cache.diff(pa, pb, iou, conf)
             rows.append(DetectionRow(label, diff, why))
         else:
             rows.append(DetectionRow(label, None, why))
@@ -571,12 +592,11 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
     out = Comparison(a.label, b.label)
-    cache = _DetectionCache()
     if a.detections or b.detections:
         if not (a.detections and b.detections):
             raise UsageError("compare a COCO detections file with another detections file, not with a run "
                              f"({a.label} vs {b.label})")
-        det, why = _diff_files(a.detections, b.detections, cache, iou, conf)
+        det, why = _DetectionCache([a.detections, b.detections]).diff(a.detections, b.detections, iou, conf)
         out.detections.append(DetectionRow("detection files", det, why))
         out.notes.append("detection files carry no COCO metrics, timings or image list: compared the detections "
                          "on the images either file has")
@@ -599,7 +619,7 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     treatment = "b{} vs b{}".format(*out.differ["batch_size"]) if "batch_size" in out.differ else ""
     out.cells = [_cell_delta(_label(key, label_keys) or treatment, key, ea, eb, alpha) for key, ea, eb in pairs]
     out.accuracy = _accuracy_deltas(pairs, vary)
-    out.detections, notes = _detection_rows(pairs, vary, cache, iou, conf)
+    out.detections, notes = _detection_rows(pairs, vary, iou, conf)
     out.notes += notes
     if any(_other_images(ea, eb) for _, ea, eb in pairs):
         out.notes.append("A and B scored different image sets: accuracy deltas mix model and data differences")
