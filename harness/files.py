@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -288,6 +289,33 @@ def json_text(obj, destination: object, indent: int | None = 2) -> str:
             "value must be None, and a computed one finite); nothing was written") from exc
 
 
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def iter_json_array(text: str, decoder: json.JSONDecoder | None = None) -> Iterator:
+    """The items of the JSON array `text` is, decoded one at a time (json.loads would build every item at once: a
+    dict per detection of a full-val file); exactly what json.loads accepts (a trailing comma, extra data or an
+    unclosed array is a json.JSONDecodeError). A document that is not an array: ValueError("not a JSON array")."""
+    decoder = decoder or json.JSONDecoder()
+    pos = _JSON_SPACE.match(text, 0).end()
+    if text[pos:pos + 1] != "[":
+        raise ValueError("not a JSON array")
+    pos = _JSON_SPACE.match(text, pos + 1).end()
+    if text[pos:pos + 1] != "]":
+        while True:
+            item, pos = decoder.raw_decode(text, pos)  # after a comma a value must follow, never "]"
+            yield item
+            pos = _JSON_SPACE.match(text, pos).end()
+            if text[pos:pos + 1] == "]":
+                break
+            if text[pos:pos + 1] != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+            pos = _JSON_SPACE.match(text, pos + 1).end()
+    end = _JSON_SPACE.match(text, pos + 1).end()
+    if end < len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+
+
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:
     """Write `obj` as JSON atomically (`json_text`: NaN/inf refused)."""
     return atomic_write_bytes(path, (json_text(obj, path, indent) + "\n").encode("utf-8"))
@@ -445,6 +473,16 @@ def write_cache_file(path: Path, data: bytes) -> bool:
     except (OSError, DiskFullError):  # a full cache disk too: the run's own folder may have room
         return False
     return True
+
+
+def file_identity(path: Path) -> object:
+    """The file a path names: its (device, inode) where it can be read, else the path; two names of one file (a
+    hard link) are one identity."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return path
+    return st.st_dev, st.st_ino
 
 
 def file_sha256(path: Path) -> str:

@@ -1156,3 +1156,28 @@ def test_a_file_on_another_dataset_is_told_the_site_would_list_it_as_coco(tmp_pa
         rf = json.loads(next(SUBMISSIONS.glob("yolov9t__*rtx_5060_ti__*.json")).read_text())
         (rf_report,) = _write(tmp_path / "rf", [rf])
         assert not [f for f in rf_report.findings if f.rule == "dataset"]
+
+
+def test_a_detections_file_is_checked_a_result_at_a_time_and_once_per_file(tmp_path, base_doc, monkeypatch):
+    """validate reads a detections file one result at a time, with json's own strictness (a trailing comma is not
+    JSON), and checks a file once however many names it has (the hard link of a cell whose detections were an
+    earlier cell's)."""
+    import os
+
+    from harness.results import validate as validate_module
+
+    run = _run_folder(tmp_path / "r", base_doc, DETS)
+    second = copy.deepcopy(base_doc)
+    second["submission_id"], second["artifacts"] = "b2", {"detections": "detections/m2.json"}
+    second["config"]["batch_size"] = second["timing"]["batch_size"] = 2
+    os.link(run / "detections" / "m.json", run / "detections" / "m2.json")
+    (run / "submissions" / "s2.json").write_text(json.dumps(second))
+    checked = []
+    real = validate_module.detections_findings
+    monkeypatch.setattr(validate_module, "detections_findings", lambda f: checked.append(f.name) or real(f))
+    validation = validate_paths([run], None)
+    assert len(validation.reports) == 2 and len(checked) == 1 and not _findings(validation.reports, "detections")
+    (run / "detections" / "m.json").unlink()
+    (run / "detections" / "m.json").write_text(json.dumps(DETS)[:-1] + ",]")
+    ((_, finding), *_) = _findings(validate_paths([run], None).reports, "detections")
+    assert finding.severity == "error" and "m.json is not valid JSON" in finding.message

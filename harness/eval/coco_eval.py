@@ -7,7 +7,6 @@ import contextlib
 import copy
 import io
 import json
-import re
 import weakref
 from array import array
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
+from harness.files import iter_json_array
 from harness.records import COCO_MAX_DETS, ImageDetections
 
 EVALUATORS = ("pycocotools", "faster-coco-eval")
@@ -249,43 +249,38 @@ def read_results(path: Path, masks: bool = False) -> ResultColumns:
     array is no detections, evaluated as such (a statistic without ground truth stays undefined). Raises
     ValueError for anything but an array of result objects (with `masks`, each with a COCO RLE segmentation)."""
     text = path.read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    pos = _SPACE.match(text, 0).end()
-    if text[pos:pos + 1] != "[":
-        raise ValueError(f"{path} is not a COCO results array")
-    pos = _SPACE.match(text, pos + 1).end()
     # typed arrays: 8 bytes a number, where lists of Python floats would take ~4x that
     ids, cats, boxes, scores = array("q"), array("q"), array("d"), array("d")
     rles: list[dict] = []
-    while text[pos:pos + 1] != "]":
-        item, pos = decoder.raw_decode(text, pos)
-        k = len(ids)  # the result's index, for the messages
-        if masks:
-            rle = item.get("segmentation") if isinstance(item, dict) else None
-            if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list))
-                    and len(rle.get("size", ())) == 2):
-                raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
-            rles.append({"size": rle["size"], "counts": rle["counts"]})
-        try:
-            ids.append(int(item["image_id"]))
-            cats.append(int(item["category_id"]))
-            scores.append(float(item["score"]))
-            box = [float(v) for v in item["bbox"]]
-            if len(box) != 4:
-                raise ValueError(f"bbox has {len(box)} numbers")
-            boxes.extend(box)
-        except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{path}: result {k} is not a bbox result ({exc})") from exc
-        pos = _SEPARATOR.match(text, pos).end()
-        if pos >= len(text):
-            raise ValueError(f"{path}: the results array is not closed")
+    try:
+        for k, item in enumerate(iter_json_array(text)):  # k: the result's index, for the messages
+            if masks:
+                rle = item.get("segmentation") if isinstance(item, dict) else None
+                if not (isinstance(rle, dict) and isinstance(rle.get("counts"), (str, list))
+                        and len(rle.get("size", ())) == 2):
+                    raise ValueError(f"{path}: result {k} has no COCO RLE segmentation (size [h, w], counts)")
+                rles.append({"size": rle["size"], "counts": rle["counts"]})
+            try:
+                ids.append(int(item["image_id"]))
+                cats.append(int(item["category_id"]))
+                scores.append(float(item["score"]))
+                box = [float(v) for v in item["bbox"]]
+                if len(box) != 4:
+                    raise ValueError(f"bbox has {len(box)} numbers")
+                boxes.extend(box)
+            except (TypeError, KeyError, ValueError) as exc:
+                raise ValueError(f"{path}: result {k} is not a bbox result ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+    except ValueError as exc:
+        if str(exc) == "not a JSON array":
+            raise ValueError(f"{path} is not a COCO results array") from exc
+        raise
     return ResultColumns(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
                     np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
                     rles if masks else None)
 
 
-_SPACE = re.compile(r"\s*")
-_SEPARATOR = re.compile(r"\s*,?\s*")
 
 
 def _results_of(coco_gt: COCO, columns: ResultColumns, categories: list[int], iou_type: str = "bbox") -> COCO:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from pycocotools import mask as mask_utils
+
+from harness.files import iter_json_array
 
 
 class DetectionFileError(ValueError):
@@ -118,31 +119,26 @@ def load_coco_detections(path: Path) -> DetectionSet:
     except UnicodeDecodeError as exc:
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
     decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    columns = _Columns()
     try:
-        pos = _SPACE.match(text, 0).end()
-        if text[pos:pos + 1] != "[":  # not an array: whatever it is, said as the whole-document reading says it
-            return parse_coco_detections(decoder.decode(text))
-        pos = _SPACE.match(text, pos + 1).end()
-        columns = _Columns()
-        while text[pos:pos + 1] != "]" or columns.count:  # after a comma a value must follow, never "]"
-            item, pos = decoder.raw_decode(text, pos)
+        for item in iter_json_array(text, decoder):
             columns.add(item, columns.count)
-            pos = _SPACE.match(text, pos).end()
-            if text[pos:pos + 1] == "]":
-                break
-            if text[pos:pos + 1] != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
-            pos = _SPACE.match(text, pos + 1).end()
-        if text[_SPACE.match(text, pos + 1).end():]:
-            raise json.JSONDecodeError("Extra data", text, pos + 1)
     except DetectionFileError:
         raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an integer past Python's limit
+    except ValueError as exc:
+        if str(exc) == "not a JSON array":  # whatever it is, said as the whole-document reading says it
+            return parse_coco_detections(_whole(text, path, decoder))
+        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+    except RecursionError as exc:
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
     return columns.finish()
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+def _whole(text: str, path: Path, decoder: json.JSONDecoder):
+    try:
+        return decoder.decode(text)
+    except (ValueError, RecursionError) as exc:
+        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from scipy import stats as scipy_stats
 from harness.errors import UsageError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
+from harness.files import file_identity
 from harness.measure.stats import autocorrelated, block_means, block_size, bootstrap_ci, lag1_autocorrelation
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
@@ -429,19 +430,10 @@ class _DetectionCache:
     def __init__(self, paths: list[Path] | None = None):
         self._sets: dict[object, Any] = {}
         self._diffs: dict[tuple, tuple[DetectionDiff | None, str | None]] = {}
-        self._uses = Counter(self.identity(p) for p in paths or [])
-
-    @staticmethod
-    def identity(path: Path) -> object:
-        """The file a path names: its device and inode where it can be read, else the path."""
-        try:
-            st = path.stat()
-        except OSError:
-            return path
-        return st.st_dev, st.st_ino
+        self._uses = Counter(file_identity(p) for p in paths or [])
 
     def get(self, path: Path):
-        key = self.identity(path)
+        key = file_identity(path)
         if key not in self._sets:
             try:
                 self._sets[key] = load_coco_detections(path)
@@ -451,7 +443,7 @@ class _DetectionCache:
 
     def diff(self, pa: Path, pb: Path, iou: float, conf: float) -> tuple[DetectionDiff | None, str | None]:
         """The diff of two files, and each let go once no later diff reads it."""
-        ids = (self.identity(pa), self.identity(pb))
+        ids = (file_identity(pa), file_identity(pb))
         if ids not in self._diffs:
             da, db = self.get(pa), self.get(pb)
             problem = next((f"{side}: {d}" for d, side in ((da, "A"), (db, "B")) if isinstance(d, str)), None)

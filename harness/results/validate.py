@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
+from harness.files import file_identity
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
 from harness.results.model import Submission
 from harness.results.reader import collect_files, detections_file, other_document, read_detections, read_json
@@ -338,23 +339,30 @@ def detections_findings(file: Path) -> list[Finding]:
     where = "artifacts.detections"
     if not file.is_file():
         return [Finding(where, f"the detections file {file.name} is not in {file.parent}", "detections", "warning")]
-    dets, problem = read_detections(file)
+    results, problem = read_detections(file)
     if problem is not None:
         severity = "warning" if "not checked" in problem else "error"
         return [Finding(where, problem, "detections", severity)]
-    if not isinstance(dets, list):
-        return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
-    bad = [(i, problem) for i, d in enumerate(dets) if (problem := _detection_problem(d)) is not None]
-    if not bad:
+    total, bad, first = 0, 0, None
+    try:
+        for i, d in enumerate(results):  # one result at a time: a full-val file never held as dicts
+            total += 1
+            if (why := _detection_problem(d)) is not None:
+                bad, first = bad + 1, first or (i, why)
+    except (ValueError, RecursionError) as exc:
+        if str(exc) == "not a JSON array":
+            return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
+        return [Finding(where, f"{file.name} is not valid JSON: {str(exc)[:120]}", "detections")]
+    if first is None:
         return []
-    i, problem = bad[0]
-    return [Finding(where, f"{file.name}: {len(bad)} of {len(dets)} detections are unusable (first: [{i}] "
-                    f"{problem}); the model produced NaN/Inf or the file was edited: its accuracy is not "
+    i, why = first
+    return [Finding(where, f"{file.name}: {bad} of {total} detections are unusable (first: [{i}] "
+                    f"{why}); the model produced NaN/Inf or the file was edited: its accuracy is not "
                     "trustworthy", "detections")]
 
 
 def validate_file(path: Path, support: dict | None, schema: dict,
-                  checked_detections: dict[Path, list[Finding]] | None = None,
+                  checked_detections: dict[object, list[Finding]] | None = None,
                   pending_models: frozenset[str] = frozenset()) -> FileReport:
     """Every rule on one file. `checked_detections` caches detections checks: a run's batch sizes share
     one detections file. `pending_models`: ids the harness builds that the site's support matrix does not
@@ -391,9 +399,10 @@ def validate_file(path: Path, support: dict | None, schema: dict,
     detections = detections_file(path, doc)
     if detections is not None:
         cache = {} if checked_detections is None else checked_detections
-        if detections not in cache:
-            cache[detections] = detections_findings(detections)
-        report.findings += cache[detections]
+        key = file_identity(detections)  # a run's cells share one file, under one name or (hard links) several
+        if key not in cache:
+            cache[key] = detections_findings(detections)
+        report.findings += cache[key]
     # one finding per (path, rule): the schema and the site rules often see the same problem
     unique, seen = [], set()
     for f in report.findings:
