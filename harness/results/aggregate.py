@@ -192,8 +192,11 @@ def dedup(rows: list[PerfRow]) -> list[PerfRow]:
     """Latest timestamp wins within a leaderboard row's identity (the reader's rule); the losers are listed on the
     winner, newest first."""
     winners, losers = latest_wins(rows, key=lambda r: r.perf_key, when=_created, name=lambda r: r.file)
+    beaten: dict[int, list[str]] = {}  # by the winner's identity: one pass over the losers
+    for old, new in reversed(losers):
+        beaten.setdefault(id(new), []).append(old.file)
     for row in winners:
-        row.superseded = [old.file for old, new in reversed(losers) if new is row]
+        row.superseded = beaten.get(id(row), [])
     return sorted(winners, key=lambda r: str(r.perf_key))
 
 
