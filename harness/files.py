@@ -111,7 +111,8 @@ def storage_exhausted(path: Path, size: int = 0) -> OSError | None:
         st = os.statvfs(folder)
     except (AttributeError, OSError):
         return None
-    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize  # root may use the reserved blocks
+    root = hasattr(os, "geteuid") and os.geteuid() == 0  # root may use the reserved blocks
+    free = (st.f_bfree if root else st.f_bavail) * st.f_frsize
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if free < LOW_SPACE_BYTES else None
 
 
