@@ -222,22 +222,6 @@ def test_a_pass_that_slowed_down_is_flagged():
     assert slowing_down(rising) == pytest.approx(np.median(rising[-13:]) / np.median(rising[:13]) - 1, rel=1e-12)
 
 
-def test_an_overlapped_stream_is_planned_from_its_warm_ups_completion_rate():
-    """batches_for_seconds: the intervals between completions within a chunk (its filling left out), the median of
-    the last three chunks'; nothing to plan from without two completions in one chunk."""
-    from harness.pipeline.stage_timer import BatchTiming, batches_for_seconds
-
-    def chunk(start_ms: float, fill_ms: float, every_ms: float, size: int) -> list[BatchTiming]:
-        return [BatchTiming(size=1, end_ns=int(1e6 * (start_ms + fill_ms + k * every_ms))) for k in range(size)]
-
-    slow_start = chunk(0, 900, 50, 3)  # an old chunk at another rate: only the last three count
-    warmup = slow_start + chunk(5000, 300, 20, 3) + chunk(6000, 300, 20, 3) + chunk(7000, 300, 20, 3)
-    assert batches_for_seconds(warmup, 3, 2.0) == 100  # 2 s at 20 ms a batch; the 300 ms fills ignored
-    assert batches_for_seconds(warmup, 3, 2.01) == 101
-    assert batches_for_seconds(chunk(0, 5, 10, 1), 1, 2.0) == 0  # one batch a chunk: no interval
-    assert batches_for_seconds([], 2, 2.0) == 0
-
-
 def test_a_tail_percentiles_upper_bound_covers_the_true_one_95_percent_of_the_time():
     """quantile_upper_bound: the order statistic scipy's binomial quantile names; none below 299 samples for the
     p99 (59 for p95, 29 for p90); in simulation (lognormal batch times, the true quantile known), the bound is at or

@@ -73,6 +73,25 @@ def test_batch_nms_equals_torchvision_batched_nms_per_image(pipeline, records):
     assert crowded >= 3  # the sample's crowded scenes are in the first 40 images
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_stream_ends_at_the_first_batch_it_is_told_not_to_start(pipeline, records, overlap):
+    """run_stream's goes_on: over the variant's batches cycled a thousand times (made as asked for), the stream runs
+    exactly the batches before the first one refused, each prepared once, and gives their detections in order."""
+    from harness.run.executor import CycledBatches
+
+    batches = [records[i:i + 4] for i in range(0, 16, 4)]
+    asked: list[int] = []
+
+    def goes_on(k: int) -> bool:
+        asked.append(k)
+        return k < 6
+
+    timer = StageTimer(pipeline.device)
+    out = list(pipeline.run_stream(CycledBatches(batches, 4000), timer, overlap, goes_on))
+    assert [[d.image_id for d in dets] for dets in out] == [[r.image_id for r in batches[k % 4]] for k in range(6)]
+    assert len(timer.batches) == 6 and max(asked) == 6 and sorted(set(asked)) == asked
+
+
 def test_batch_rescale_equals_clip_boxes_to_image_per_image(pipeline, records):
     images = [decode_image(r.path) for r in records[:8]]
     batch, transforms = preprocess_batch(images, pipeline.spec)

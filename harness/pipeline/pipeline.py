@@ -13,6 +13,7 @@ Two ways to run batches:
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -296,20 +297,25 @@ class DetectorPipeline:
         batch, _ = self._collate(records, timer, None)
         return batch
 
-    def run_stream(self, batches: Sequence[list[ImageRecord]], timer: StageTimer,
-                   overlap: bool = False) -> Iterator[list[ImageDetections]]:
+    def run_stream(self, batches: Sequence[list[ImageRecord]], timer: StageTimer, overlap: bool = False,
+                   goes_on: Callable[[int], bool] | None = None) -> Iterator[list[ImageDetections]]:
         """Run batches in latency mode (`run_batch`) or overlapped (`run_overlapped`); either way
-        each batch's timing lands in `timer.batches` and its detections are yielded in order."""
+        each batch's timing lands in `timer.batches` and its detections are yielded in order. `goes_on(k)`, asked
+        before batch k starts (is prepared, overlapped), ends the stream at the first k it refuses: for `batches`
+        longer than will be run (the variant's, cycled), a stream timed until a deadline."""
         if not overlap:
-            for records in batches:
+            for k, records in enumerate(batches):
+                if goes_on is not None and not goes_on(k):
+                    return
                 yield self.run_batch(records, timer)
             return
-        for detections, timing in self.run_overlapped(batches):
+        for detections, timing in self.run_overlapped(batches, goes_on=goes_on):
             timer.batches.append(timing)
             yield detections
 
     def run_overlapped(self, batches: Sequence[list[ImageRecord]],
                        images: Sequence[list[np.ndarray]] | None = None,
+                       goes_on: Callable[[int], bool] | None = None,
                        ) -> Iterator[tuple[list[ImageDetections], BatchTiming]]:
         """Overlapped mode (see the module docstring): yields each batch's detections and timing, in order.
 
@@ -317,8 +323,16 @@ class DetectorPipeline:
         many ahead of the forward; finishing (decode, NMS, boxes) runs on the same workers, at most
         `finishes_in_flight` batches at once, handed out in order. With one worker it is one thread doing
         finish(k-1) then prepare(k+1) while the forward runs batch k. Where the forward's thread spent the
-        stream is added to `forward_thread` (see reset_forward_thread)."""
+        stream is added to `forward_thread` (see reset_forward_thread). `goes_on`: see run_stream."""
         workers = _stream_workers(self.stream_workers)
+        limit = len(batches)  # the batches the stream runs: fewer once `goes_on` refuses one
+
+        def admitted(k: int) -> bool:
+            nonlocal limit
+            if k < limit and goes_on is not None and not goes_on(k):
+                limit = k
+            return k < limit
+
         taken = 0  # batches the forward has taken from the queue
         count_lock = threading.Lock()
         self.max_ahead = 0
@@ -375,9 +389,14 @@ class DetectorPipeline:
         in_flight: deque = deque()
         ahead: deque = deque()
         try:
-            ahead.extend(workers.submit(prepare, k) for k in range(min(self.stream_workers, len(batches))))
-            for k in range(len(batches) + slots - 1):
-                if k < len(batches):
+            for k in range(self.stream_workers):
+                if not admitted(k):
+                    break
+                ahead.append(workers.submit(prepare, k))
+            for k in itertools.count():
+                if k >= limit + slots - 1:
+                    break
+                if k < limit:
                     waited = clock()
                     timer, batch, transforms = ahead.popleft().result()
                     if k:
@@ -387,7 +406,7 @@ class DetectorPipeline:
                     account.batches += 1
                     with count_lock:
                         taken = k + 1
-                    if k + self.stream_workers < len(batches):
+                    if admitted(k + self.stream_workers):
                         ahead.append(workers.submit(prepare, k + self.stream_workers))
                     if self.device.is_cuda and batch.is_cuda:  # made on a worker's stream, read on this one
                         batch.record_stream(torch.cuda.current_stream(self.device.torch_device))
@@ -400,7 +419,7 @@ class DetectorPipeline:
                         continue
                     in_flight.append((k, timer, transforms, self.core.start(batch)))
                     account.forward_ns += clock() - forward_start
-                if in_flight and (len(in_flight) == slots or k >= len(batches)):
+                if in_flight and (len(in_flight) == slots or k >= limit):
                     done, timer, transforms, ticket = in_flight.popleft()
                     collect_start = clock()
                     raw, forward_ns = self.core.collect(ticket)

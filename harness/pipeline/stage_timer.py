@@ -8,8 +8,6 @@ forward's GPU time (CUDA events, `device_time`) is recorded beside the stages as
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -190,14 +188,3 @@ def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[f
         out.append((b.end_ns - previous) / 1e6 / b.size)
         previous = b.end_ns
     return out
-
-
-def batches_for_seconds(warmup: list[BatchTiming], chunk: int, seconds: float) -> int:
-    """How many batches an overlapped stream needs to last `seconds`, at the rate the warm-up's last three chunks of
-    `chunk` batches completed them (the intervals between completions within a chunk: each chunk's filling left out);
-    0 when the warm-up completed no two batches of one chunk."""
-    chunks = [warmup[i:i + chunk] for i in range(0, len(warmup), chunk)][-3:]
-    intervals = [b.end_ns - a.end_ns for group in chunks for a, b in zip(group[:-1], group[1:], strict=True)]
-    if not intervals or (per_batch_ns := statistics.median(intervals)) <= 0:
-        return 0
-    return math.ceil(seconds * 1e9 / per_batch_ns)

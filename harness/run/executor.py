@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,7 +61,7 @@ from harness.measure.stats import (
 )
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
-from harness.pipeline.stage_timer import StageTimer, batches_for_seconds, completion_intervals_ms
+from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
 from harness.records import (
     AccuracyRecord,
     Cell,
@@ -153,6 +153,27 @@ def stream_warnings(latencies_ms: list[float], depth: int) -> list[str]:
         return every
     steady = summarize(latencies_ms[depth:]).warnings
     return [w for w in every if w.startswith("only")] + [w for w in steady if not w.startswith("only")]
+
+
+MAX_CYCLED_BATCHES = 10**9  # an open-ended stream's batches: more than any --min-seconds will run
+
+
+class CycledBatches(Sequence):
+    """The variant's batches over and over, `length` of them, made as they are asked for: the batches of a timed
+    stream that ends when `goes_on` says (run_stream), whose count is not known when it starts."""
+
+    def __init__(self, batches: list[list[ImageRecord]], length: int):
+        self.batches, self.length = batches, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self.length))]
+        if not 0 <= k < self.length:
+            raise IndexError(k)
+        return self.batches[k % len(self.batches)]
 
 
 class GroupExecutor:
@@ -384,8 +405,6 @@ class GroupExecutor:
         n_timed = max(len(batches), config.min_timed_batches, MIN_TIMED_BATCHES)
         if config.max_timed_batches:
             n_timed = min(n_timed, config.max_timed_batches)
-        if config.min_seconds is not None and config.overlap:
-            n_timed = max(n_timed, batches_for_seconds(scratch.batches, chunk, config.min_seconds))
         timer = StageTimer(ctx.device, config.stage_sync)
         detections: list[ImageDetections] = []
         energy_window: dict = {}
@@ -399,19 +418,17 @@ class GroupExecutor:
             pipeline.reset_forward_thread()  # the record's account covers the timed batches only
             stream_start, stream_start_ns = time.perf_counter(), time.perf_counter_ns()
 
-            def timed_batches():
-                """The timed batches: n_timed, then (latency mode, --min-seconds) more until that long has passed."""
-                i = 0
-                while i < n_timed or (config.min_seconds is not None and not config.overlap
-                                      and time.perf_counter() - stream_start < config.min_seconds):
-                    yield batches[i % len(batches)]
-                    i += 1
+            minimum_seconds = config.min_seconds
 
-            # the overlapped stream indexes its batches: a list of the count planned from the warm-up's rate
-            timed = list(timed_batches()) if config.overlap else timed_batches()
-            open_ended = config.target_ci is not None or (config.min_seconds is not None and not config.overlap)
+            def goes_on(k: int) -> bool:
+                """n_timed batches, then (--min-seconds) more until that long has passed since the stream began."""
+                return k < n_timed or (minimum_seconds is not None
+                                       and time.perf_counter() - stream_start < minimum_seconds)
+
+            timed = CycledBatches(batches, n_timed if minimum_seconds is None else MAX_CYCLED_BATCHES)
+            open_ended = config.target_ci is not None or minimum_seconds is not None
             with ctx.progress.task(f"timing {cell.label}", None if open_ended else n_timed) as advance, energy:
-                for i, out in enumerate(pipeline.run_stream(timed, timer, overlap=config.overlap)):
+                for i, out in enumerate(pipeline.run_stream(timed, timer, config.overlap, goes_on)):
                     if i < len(batches):  # the first pass over the data is the scored one
                         detections += out
                     advance()
@@ -482,11 +499,6 @@ class GroupExecutor:
             record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
                                    f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
                                    "it, or accept a wider interval)")
-        if config.min_seconds is not None and stream_seconds < config.min_seconds:
-            record.warnings.append(f"--min-seconds {config.min_seconds:g}: the timed pass lasted "
-                                   f"{stream_seconds:.1f} s (an overlapped stream's batch count is planned from the "
-                                   "warm-up's completion rate, and these batches came faster); raise --min-seconds, "
-                                   "or --warmup-batches")
         if n_timed < len(batches):
             record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
                                    "but not timed")
