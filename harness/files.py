@@ -13,7 +13,6 @@ import io
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import urllib.request
@@ -46,7 +45,7 @@ class DiskFullError(VaBenchError):
 
 def file_size_limit(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from, is the process's file-size limit (EFBIG: `ulimit -f`)."""
-    return any(isinstance(link, OSError) and link.errno == errno.EFBIG for link in _chain(exc))
+    return any(isinstance(link, OSError) and link.errno == errno.EFBIG for link in exception_chain(exc))
 
 
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -70,7 +69,7 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
         message = (str(exc) if isinstance(exc, DiskFullError)
                    else f"{reason} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
         return StorageProblem(message, reason, "raise the file-size limit (ulimit -f)" if limit else "free some space")
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS and link.filename is not None
                 and Path(os.path.abspath(link.filename)).is_relative_to(os.path.abspath(folder))):
             why = link.strerror.lower() if link.strerror else "not permitted"
@@ -79,7 +78,7 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
     return None
 
 
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
     """`exc` and the exceptions it was raised from or while handling, once each."""
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -88,74 +87,10 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
-LOW_SPACE_BYTES = 1 << 20
-
-
-def storage_exhausted(path: Path, size: int = 0) -> OSError | None:
-    """Why a library that stops writing without an error (ONNX Runtime's profiler, torch's trace exporter,
-    OpenVINO's serializer) most likely stopped short writing `path`: the process's file-size limit, when the file
-    had reached it at `size` bytes, or the file system holding `path` with under 1 MiB left for this process; as the
-    OSError the write itself would have raised. None when neither holds: the failure is something else."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if soft != resource.RLIM_INFINITY and size >= soft:
-            return OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path))
-    except (ImportError, OSError, ValueError):  # no such limit on this platform
-        pass
-    folder = Path(path)
-    while not folder.is_dir() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        st = os.statvfs(folder)
-    except (AttributeError, OSError):
-        return None
-    root = hasattr(os, "geteuid") and os.geteuid() == 0  # root may use the reserved blocks
-    free = (st.f_bfree if root else st.f_bavail) * st.f_frsize
-    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if free < LOW_SPACE_BYTES else None
-
-
-CACHE_FULL_FIX = "free space there, or set $VA_BENCH_WEIGHTS to a folder on another disk"
-
-
-def storage_failure(exc: BaseException, folder: Path) -> OSError | None:
-    """The storage's refusal behind `exc`, raised while writing under `folder`: the OSError in its chain (ENOSPC,
-    EDQUOT, EFBIG), or, for a library that reports a failed write in its own words (OpenVINO's "iostream error", a
-    converter's exit status), what `storage_exhausted` finds there (the largest file under `folder` against the
-    file-size limit, the space left); None when the storage is not why."""
-    for link in _chain(exc):
-        if isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS:
-            return link
-    if is_disk_full(exc):  # said in words only
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
-    try:
-        largest = max((p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()), default=0)
-    except OSError:
-        largest = 0
-    return storage_exhausted(folder, largest)
-
-
-@contextlib.contextmanager
-def cache_writes(folder: Path) -> Iterator[None]:
-    """Around a converter writing a cache entry into `folder` (a temp folder of the weights cache): a failure the
-    storage is why of (`storage_failure`) is a DiskFullError naming the folder with the fix, which stops the sweep
-    (every later conversion would fail the same way), never a cell's failure in a library's own words."""
-    try:
-        yield
-    except DiskFullError:
-        raise
-    except Exception as exc:
-        cause = storage_failure(exc, folder)
-        if cause is None:
-            raise
-        raise DiskFullError(Path(folder).parent, cause, CACHE_FULL_FIX) from exc
-
-
 def is_disk_full(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from, is a full disk (ENOSPC/EDQUOT). Libraries that write
     files (the profiler, cv2, pycocotools) may wrap the OSError or only keep its text."""
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if isinstance(link, DiskFullError) or (isinstance(link, OSError) and link.errno in DISK_FULL_ERRNOS):
             return True
         if "no space left on device" in str(link).lower() or "disk quota exceeded" in str(link).lower():
@@ -288,33 +223,6 @@ def json_text(obj, destination: object, indent: int | None = 2) -> str:
         raise NonFiniteNumberError(
             f"refusing to write {destination}: {where} is {value}, not a number (a bug upstream: an unmeasured "
             "value must be None, and a computed one finite); nothing was written") from exc
-
-
-_JSON_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-def iter_json_array(text: str, decoder: json.JSONDecoder | None = None) -> Iterator:
-    """The items of the JSON array `text` is, decoded one at a time (json.loads would build every item at once: a
-    dict per detection of a full-val file); exactly what json.loads accepts (a trailing comma, extra data or an
-    unclosed array is a json.JSONDecodeError). A document that is not an array: ValueError("not a JSON array")."""
-    decoder = decoder or json.JSONDecoder()
-    pos = _JSON_SPACE.match(text, 0).end()
-    if text[pos:pos + 1] != "[":
-        raise ValueError("not a JSON array")
-    pos = _JSON_SPACE.match(text, pos + 1).end()
-    if text[pos:pos + 1] != "]":
-        while True:
-            item, pos = decoder.raw_decode(text, pos)  # after a comma a value must follow, never "]"
-            yield item
-            pos = _JSON_SPACE.match(text, pos).end()
-            if text[pos:pos + 1] == "]":
-                break
-            if text[pos:pos + 1] != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
-            pos = _JSON_SPACE.match(text, pos + 1).end()
-    end = _JSON_SPACE.match(text, pos + 1).end()
-    if end < len(text):
-        raise json.JSONDecodeError("Extra data", text, end)
 
 
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:

@@ -250,3 +250,8 @@ def test_a_results_file_read_per_image_is_its_plain_reading(sample, tmp_path):
     for image_id, d in plain.items():
         assert np.array_equal(mine[image_id].boxes, d.boxes) and np.array_equal(mine[image_id].scores, d.scores)
         assert np.array_equal(mine[image_id].labels, d.labels) and mine[image_id].masks is None
+    (tmp_path / "none.json").write_text("[]")  # a model that found nothing: no image, and no error
+    assert read_results(tmp_path / "none.json").per_image() == []
+    for encoding, bom in (("utf-8", "\ufeff"), ("utf-16", ""), ("utf-32-le", "")):  # what json.loads reads, read
+        path.write_bytes((bom + json.dumps(results[:5])).encode(encoding))
+        assert read_results(path).score.tolist() == [r["score"] for r in results[:5]], encoding

@@ -59,7 +59,8 @@ def test_a_cell_with_an_earlier_cells_detections_takes_its_evaluation(ort_run):
     assert len(seen) < len(records)  # ONNX Runtime on the CPU: batch 8 gives batch 1's detections, byte for byte
     # the same detections are one file under two names (a hard link here), not a second copy
     files = [plan.run_dir / r.accuracy.detections_file for r in records]
-    assert len({f.stat().st_ino for f in files}) == len(seen) and all(f.stat().st_nlink >= 1 for f in files)
+    assert len({f.stat().st_ino for f in files}) == len(seen)
+    assert all(f.stat().st_nlink >= 2 for r, f in zip(records, files, strict=True) if r.accuracy.same_detections_as)
 
 
 def test_faster_coco_eval_is_bit_identical_to_pycocotools(ort_run):
@@ -151,7 +152,8 @@ def test_submission_latency_figures_are_numpys_of_its_batch_samples(ort_run):
         for q in (90, 95, 99):
             tail = timing["tail"][f"p{q}"]
             k = int(binom.ppf(0.95, len(per_image), q / 100))
-            assert tail["samples"] == len(per_image) and tail["value"] == total.get(f"p{q}", tail["value"])
+            assert tail["samples"] == len(per_image)
+            assert tail["value"] == pytest.approx(np.percentile(per_image, q), abs=2e-4), (path.name, q)
             if 1 - (q / 100) ** len(per_image) < 0.95:
                 assert tail["upper95"] is None and tail["samples_needed"] > len(per_image)
             else:

@@ -24,11 +24,14 @@ def _enospc(filename: str | None = None) -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *([filename] if filename else []))
 
 
-def _full_statvfs(real=os.statvfs):
-    """os.statvfs of a file system with no block left (what a full disk answers)."""
+def _full_while(*patterns: str, under: Path, real=os.statvfs):
+    """os.statvfs of a file system with no block left while a file matching one of `patterns` (globs) exists under
+    `under`, as a real small disk answers while a cut write's leftover still fills it; the real answer after."""
 
     def statvfs(path):
         s = real(path)
+        if not any(next(under.rglob(pattern), None) for pattern in patterns):
+            return s
         return os.statvfs_result((s.f_bsize, s.f_frsize, s.f_blocks, 0, 0, s.f_files, s.f_ffree, s.f_favail,
                                   s.f_flag, s.f_namemax))
 
@@ -81,11 +84,11 @@ def test_an_openvino_ir_that_does_not_fit_the_cache_is_a_full_disk(tmp_path, mon
         raise RuntimeError("basic_ios::clear: iostream error")
 
     monkeypatch.setattr(openvino, "save_model", save_model)
-    monkeypatch.setattr(os, "statvfs", _full_statvfs())
+    monkeypatch.setattr(os, "statvfs", _full_while("model.xml", under=tmp_path))
     target = tmp_path / "openvino" / "m__abc__fp32" / "model.xml"
-    with pytest.raises(Exception) as err:
+    with pytest.raises(DiskFullError) as err:
         OpenVinoCore._save_ir(object(), target, compress_to_fp16=False)
-    assert is_disk_full(err.value) and str(tmp_path) in str(err.value), repr(err.value)
+    assert str(target.parent) in str(err.value) and "VA_BENCH_WEIGHTS" in str(err.value), repr(err.value)
     assert not target.parent.exists() and [p.name for p in (tmp_path / "openvino").iterdir()] == []
 
 
@@ -126,10 +129,15 @@ def test_a_torch_trace_the_profiler_could_not_write_never_lands_empty(tmp_path):
         Path(path + ".tmp").write_bytes(b'{"traceEvents": [{"ph": "X", "na')  # cut short, never renamed
 
     trace = tmp_path / "trace.json"
-    with pytest.raises(Exception):  # noqa: B017 (which error is the fix's choice; not a silent success)
-        export_trace(SimpleNamespace(export_chrome_trace=export_chrome_trace), trace)
-    assert not trace.exists()
-    assert not list(tmp_path.glob(".*")), list(tmp_path.iterdir())
+    profiler = SimpleNamespace(export_chrome_trace=export_chrome_trace)
+    with pytest.raises(RuntimeError, match="did not finish writing its trace"):  # room left: not the disk
+        export_trace(profiler, trace)
+    assert not trace.exists() and not list(tmp_path.glob(".*")), list(tmp_path.iterdir())
+    with pytest.MonkeyPatch.context() as full:  # the disk full while the cut trace fills it
+        full.setattr(os, "statvfs", _full_while("*.tmp.tmp", under=tmp_path))
+        with pytest.raises(DiskFullError, match="trace.json"):
+            export_trace(profiler, trace)
+    assert not trace.exists() and not list(tmp_path.glob(".*")), list(tmp_path.iterdir())
 
 
 def test_an_onnx_runtime_profile_cut_short_by_a_full_disk_is_a_full_disk(tmp_path, monkeypatch):
@@ -144,8 +152,8 @@ def test_an_onnx_runtime_profile_cut_short_by_a_full_disk_is_a_full_disk(tmp_pat
     written.write_text('[{"cat": "Session", "name": "model_run", "ts": 1}, {"cat": "No')
     core = OnnxRuntimeCore.__new__(OnnxRuntimeCore)
     core.session = SimpleNamespace(end_profiling=lambda: str(written))
-    monkeypatch.setattr(os, "statvfs", _full_statvfs())
-    with pytest.raises(Exception) as err:
+    monkeypatch.setattr(os, "statvfs", _full_while("profile_1.json", under=tmp_path))
+    with pytest.raises(DiskFullError) as err:
         core.finish_profile(tmp_path / "ort_profile__m.json")
     assert storage_problem(err.value, tmp_path) is not None, repr(err.value)
     assert not written.exists() and not (tmp_path / "ort_profile__m.json").exists()
@@ -430,3 +438,25 @@ def test_a_second_name_for_the_same_detections_is_a_link_or_a_copy_never_half_a_
     with pytest.raises(DiskFullError, match="d.json"):
         same_file_as(source, tmp_path / "d.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json", "c.json"]
+
+
+def test_a_converter_failure_is_blamed_on_the_storage_only_for_what_it_wrote(tmp_path, monkeypatch):
+    """cache_writes judges the file-size limit on the temp file or folder being written, never on older cache
+    entries beside it (a 3 MB export under a 2 MB `ulimit -f` made an unsupported operator read "file too large"),
+    and says how to lift a file-size limit rather than to free space."""
+    import resource
+
+    from harness.storage import cache_writes
+
+    (tmp_path / "old.onnx").write_bytes(b"x" * 3_000_000)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2_000_000, resource.RLIM_INFINITY))
+    written = tmp_path / ".new.onnx.part"
+    written.write_bytes(b"abc")
+    with pytest.raises(RuntimeError, match="not supported"):
+        with cache_writes(tmp_path / "new.onnx", written):
+            raise RuntimeError("Exporting the operator 'aten::foo' to ONNX opset version 17 is not supported")
+    written.write_bytes(b"x" * 2_000_000)  # the write itself reached the limit
+    with pytest.raises(DiskFullError, match="ulimit -f") as err:
+        with cache_writes(tmp_path / "new.onnx", written):
+            raise RuntimeError("stream error")
+    assert "new.onnx" in str(err.value)

@@ -21,7 +21,8 @@ import torch
 from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import DiskFullError, atomic_file, cache_writes
+from harness.files import DiskFullError, atomic_file
+from harness.storage import cache_writes
 
 OPSET = 17
 EXPORT_BATCH = 2
@@ -62,7 +63,7 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
     n_out = len(module_outputs(module, example))
     names = [f"out{i}" for i in range(n_out)]
     try:
-        with atomic_file(path) as tmp, cache_writes(path.parent):  # a full cache is not the model's fault
+        with atomic_file(path) as tmp, cache_writes(path, Path(tmp)):  # a full cache is not the model's fault
             with warnings.catch_warnings():  # the tracer warns about every Python-side shape computation
                 warnings.simplefilter("ignore")
                 torch.onnx.export(module, (example,), tmp, input_names=["images"], output_names=names,

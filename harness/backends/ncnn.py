@@ -48,8 +48,9 @@ from harness.backends.onnx_graph import check_against_source, has_onnx_graph, lo
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_folder, cache_writes
+from harness.files import atomic_folder
 from harness.measure.device import Device
+from harness.storage import cache_writes
 
 CONVERT_TIMEOUT_S = 600
 # A converted model is first run in a child process: ncnn crashes (SIGSEGV) on some graphs pnnx writes, and a
@@ -105,7 +106,7 @@ def convert_with_pnnx(name: str, graph_bytes: bytes, input_size: tuple[int, int]
             pass
     shutil.rmtree(folder, ignore_errors=True)  # a damaged or partial entry goes before the new one takes its place
     clock = time.perf_counter()
-    with atomic_folder(folder) as tmp, cache_writes(tmp):
+    with atomic_folder(folder) as tmp, cache_writes(folder, tmp):
         model, focus = rewrite_focus(onnx.ModelProto.FromString(graph_bytes))
         model.ir_version = min(model.ir_version, 8)  # pnnx's own ONNX reader refuses newer IR versions
         info["rewrites"] = {"focus_to_space_to_depth": focus}

@@ -18,8 +18,9 @@ from harness.backends.pytorch import device_name
 from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, ort_provider_for
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
-from harness.files import DiskFullError, move_into_place, storage_exhausted
+from harness.files import DiskFullError, move_into_place
 from harness.measure.device import Device
+from harness.storage import storage_exhausted
 
 ORT_PROVIDER_NAMES = {
     "CPUExecutionProvider": "cpu",
@@ -146,8 +147,8 @@ class OnnxRuntimeCore:
             calls = ort_profile_calls(written)
         except ValueError as exc:
             size = written.stat().st_size if written.exists() else 0
+            cause = storage_exhausted(written, size)  # asked before the cut profile goes: it holds the space
             written.unlink(missing_ok=True)
-            cause = storage_exhausted(trace_path, size)  # a full disk is the run's to stop for, not the probe's
             if cause is not None:
                 raise DiskFullError(written, cause) from exc
             raise ValueError(f"ONNX Runtime's profile is not complete JSON ({str(exc)[:80]}): it stopped writing it "

@@ -45,9 +45,10 @@ from harness.backends.onnx_graph import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_folder, atomic_write_json, cache_writes
+from harness.files import atomic_folder, atomic_write_json
 from harness.measure.device import Device
 from harness.records import LayerCall
+from harness.storage import cache_writes
 
 # compiled-model precision type name -> the record's vocabulary
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
@@ -153,7 +154,7 @@ class OpenVinoCore:
         """Written into a temporary folder, then renamed: a crash never leaves half an IR in the cache."""
         import openvino as ov
 
-        with atomic_folder(path.parent) as tmp, cache_writes(tmp):  # a full disk reads "iostream error" there
+        with atomic_folder(path.parent) as tmp, cache_writes(path.parent, tmp):  # full: "iostream error"
             ov.save_model(model, str(tmp / path.name), compress_to_fp16=compress_to_fp16)
 
     # -------------------------------------------------------------------------------- int8

@@ -43,8 +43,9 @@ from harness.backends.onnx_graph import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import cache_writes, move_into_place
+from harness.files import move_into_place
 from harness.measure.device import Device
+from harness.storage import cache_writes
 
 CONVERT_TIMEOUT_S = 1200
 # onnx2tf's own sample data (for its internal checks), read from the working folder when present
@@ -94,7 +95,7 @@ def convert_with_onnx2tf(name: str, graph: onnx.ModelProto, input_size: tuple[in
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
-        with cache_writes(tmp):  # onnx2tf fails in its own words when the cache's disk is full: named as such
+        with cache_writes(folder, tmp):  # onnx2tf fails in its own words when the cache's disk is full: named as such
             (tmp / "model.onnx").write_bytes(data)
             np.save(tmp / ONNX2TF_SAMPLE, np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32))
             args = [model.graph.input[0].name]

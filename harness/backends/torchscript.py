@@ -28,8 +28,9 @@ from harness.detector.graph import check_batch_rows, onnx_to_torch
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_file, cache_writes
+from harness.files import atomic_file
 from harness.measure.device import Device
+from harness.storage import cache_writes
 
 
 def _trace_path(name: str, identity_sha: str, place: str, precision: str, input_size: tuple[int, int]) -> Path:
@@ -143,7 +144,7 @@ class TorchScriptBackend:
         except Exception as exc:
             raise UsageError(f"{name}: torch.jit.trace cannot trace this core ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0][:200]}); use --backend pytorch") from exc
-        with atomic_file(path) as tmp, cache_writes(Path(tmp).parent):
+        with atomic_file(path) as tmp, cache_writes(path, Path(tmp)):
             torch.jit.save(scripted, tmp)
         return scripted
 

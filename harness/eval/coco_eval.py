@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
-from harness.files import iter_json_array
+from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 from harness.records import COCO_MAX_DETS, ImageDetections
 
 EVALUATORS = ("pycocotools", "faster-coco-eval")
@@ -231,6 +231,8 @@ class ResultColumns:
     def per_image(self) -> list[ImageDetections]:
         """Each image's results, in file order within it, boxes as xyxy; labels are the COCO category ids (the
         masks too, for a segmentation file). One sort of the columns, no object per result."""
+        if not self.image_id.size:
+            return []
         order = np.argsort(self.image_id, kind="stable")
         ids = self.image_id[order]
         image_ids, starts = np.unique(ids, return_index=True)
@@ -248,7 +250,7 @@ def read_results(path: Path, masks: bool = False) -> ResultColumns:
     """Parse a COCO results array one object at a time (json.loads would build every dict at once); an empty
     array is no detections, evaluated as such (a statistic without ground truth stays undefined). Raises
     ValueError for anything but an array of result objects (with `masks`, each with a COCO RLE segmentation)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_json_text(path)
     # typed arrays: 8 bytes a number, where lists of Python floats would take ~4x that
     ids, cats, boxes, scores = array("q"), array("q"), array("d"), array("d")
     rles: list[dict] = []
@@ -270,12 +272,10 @@ def read_results(path: Path, masks: bool = False) -> ResultColumns:
                 boxes.extend(box)
             except (TypeError, KeyError, ValueError) as exc:
                 raise ValueError(f"{path}: result {k} is not a bbox result ({exc})") from exc
+    except NotAJsonArray as exc:
+        raise ValueError(f"{path} is not a COCO results array") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
-    except ValueError as exc:
-        if str(exc) == "not a JSON array":
-            raise ValueError(f"{path} is not a COCO results array") from exc
-        raise
     return ResultColumns(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
                     np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
                     rles if masks else None)

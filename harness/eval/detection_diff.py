@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from harness.files import iter_json_array
+from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 
 
 class DetectionFileError(ValueError):
@@ -69,6 +69,7 @@ class _Columns:
         self.count = 0
 
     def add(self, r, i: int) -> None:
+        """Result `i`, checked (DetectionFileError names what is wrong with it), appended to the columns."""
         if not isinstance(r, dict):
             raise DetectionFileError(f"detection {i} is {type(r).__name__}, not an object")
         missing = [k for k in ("image_id", "category_id", "bbox", "score") if k not in r]
@@ -88,6 +89,7 @@ class _Columns:
         self.count += 1
 
     def finish(self) -> DetectionSet:
+        """The columns gathered, as a DetectionSet: masks for every result or for none."""
         if self.masks and len(self.masks) != self.count:
             raise DetectionFileError(f"{len(self.masks)} of {self.count} detections have a segmentation; a results "
                                      "file has masks for every detection or for none")
@@ -113,7 +115,7 @@ def load_coco_detections(path: Path) -> DetectionSet:
     """Read and check a COCO detections JSON file; DetectionFileError says what is wrong. Parsed one result at a
     time into columns (json.loads of a full-val file would hold a dict per detection, ~0.6 KB each, at once)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_json_text(path)
     except OSError as exc:
         raise DetectionFileError(f"cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -125,9 +127,9 @@ def load_coco_detections(path: Path) -> DetectionSet:
             columns.add(item, columns.count)
     except DetectionFileError:
         raise
+    except NotAJsonArray:  # whatever it is, said as the whole-document reading says it
+        return parse_coco_detections(_whole(text, path, decoder))
     except ValueError as exc:
-        if str(exc) == "not a JSON array":  # whatever it is, said as the whole-document reading says it
-            return parse_coco_detections(_whole(text, path, decoder))
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
     except RecursionError as exc:
         raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
@@ -135,6 +137,7 @@ def load_coco_detections(path: Path) -> DetectionSet:
 
 
 def _whole(text: str, path: Path, decoder: json.JSONDecoder):
+    """The whole document, decoded at once (one that is not an array: only to say what it is)."""
     try:
         return decoder.decode(text)
     except (ValueError, RecursionError) as exc:

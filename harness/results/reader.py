@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.errors import UsageError, path_problem
-from harness.files import iter_json_array
+from harness.json_stream import iter_json_array, read_json_text
 from harness.results.model import Submission
 from harness.results.site_rules import Finding
 
@@ -242,12 +242,12 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, Finding
 def read_detections(file: Path) -> tuple[Iterator[Any] | None, str | None]:
     """A run's COCO detections file (strict numbers, 1 GiB cap): (its results, decoded one at a time as the
     iterator is read, None) or (None, what is wrong); the iterator raises ValueError where the file stops being
-    a JSON array of them ("not a JSON array" when it is none)."""
+    a JSON array of them (NotAJsonArray when it is none)."""
     size = file.stat().st_size
     if size > MAX_DETECTIONS_BYTES:
         return None, f"{file.name} is {size / 2**30:.1f} GiB; not checked (limit {MAX_DETECTIONS_BYTES // 2**30} GiB)"
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_json_text(file)
     except UnicodeDecodeError as exc:
         return None, f"{file.name} is not valid JSON: {str(exc)[:120]}"
     return iter_json_array(text, json.JSONDecoder(parse_constant=_reject_constant)), None

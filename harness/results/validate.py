@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError
 from harness.files import file_identity
+from harness.json_stream import NotAJsonArray
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
 from harness.results.model import Submission
 from harness.results.reader import collect_files, detections_file, other_document, read_detections, read_json
@@ -349,9 +350,9 @@ def detections_findings(file: Path) -> list[Finding]:
             total += 1
             if (why := _detection_problem(d)) is not None:
                 bad, first = bad + 1, first or (i, why)
+    except NotAJsonArray:
+        return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
     except (ValueError, RecursionError) as exc:
-        if str(exc) == "not a JSON array":
-            return [Finding(where, f"{file.name} is not a list of COCO detections", "detections")]
         return [Finding(where, f"{file.name} is not valid JSON: {str(exc)[:120]}", "detections")]
     if first is None:
         return []
