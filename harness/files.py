@@ -188,8 +188,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
 
 def _followed(path: Path) -> Path:
     """`path`, or the file a symlink there points to (a user's output linked into, say, a web root: replacing the
-    link with a file would leave that file stale while the command says it wrote it)."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    link with a file would leave that file stale while the command says it wrote it). A link to nothing is replaced
+    itself: nothing is created where it points."""
+    return Path(os.path.realpath(path)) if path.is_symlink() and path.is_file() else path
 
 
 def _first_non_finite(obj, path: str = "$") -> tuple[str, float] | None:
@@ -270,6 +271,7 @@ class JsonArrayWriter:
             raise
 
     def _discard(self) -> None:
+        """The temp file closed and removed (after a failure, or after the rename, when it is gone already)."""
         with contextlib.suppress(OSError):
             self._fh.close()  # its buffered bytes may not fit either
         Path(self._tmp).unlink(missing_ok=True)
@@ -356,6 +358,8 @@ def same_file_as(source: Path, dest: Path) -> Path:
     except OSError:  # no hard links here (another file system, FAT, some network mounts)
         try:
             shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())  # a full disk may answer only here (delayed allocation)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if exc.errno in DISK_FULL_ERRNOS:
@@ -391,7 +395,8 @@ def file_identity(path: Path) -> object:
         st = Path(path).stat()
     except OSError:
         return path
-    return st.st_dev, st.st_ino
+    # a file system without stable file ids (some network and FAT mounts) says 0 for every file
+    return (st.st_dev, st.st_ino) if st.st_ino else os.path.normcase(os.path.abspath(path))
 
 
 def file_sha256(path: Path) -> str:

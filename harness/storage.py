@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.files import DISK_FULL_ERRNOS, DiskFullError, exception_chain, is_disk_full
+from harness.files import DISK_FULL_ERRNOS, DiskFullError, exception_chain, file_size_limit, is_disk_full
 
 LOW_SPACE_BYTES = 1 << 20
 CACHE_FULL_FIX = "free space there, or set $VA_BENCH_WEIGHTS to a folder on another disk"
@@ -74,9 +74,9 @@ def storage_failure(exc: BaseException, written: Path) -> OSError | None:
     return storage_exhausted(written, largest)
 
 
-def storage_fix(cause: OSError, fix: str) -> str:
-    """`fix` for a full disk; for a file-size limit, how to lift it."""
-    return FILE_SIZE_FIX if cause.errno == errno.EFBIG else fix
+def storage_fix(cause: BaseException | None, fix: str) -> str:
+    """`fix` for a full disk; for a file-size limit (EFBIG in `cause`'s chain), how to lift it."""
+    return FILE_SIZE_FIX if file_size_limit(cause) else fix
 
 
 @contextlib.contextmanager

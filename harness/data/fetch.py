@@ -25,6 +25,7 @@ from pathlib import Path
 from harness.data.variants import VAL2017_NUM_IMAGES
 from harness.errors import UsageError, VaBenchError
 from harness.files import atomic_write_json, is_disk_full, move_into_place
+from harness.storage import storage_fix
 
 COCO_BASE_URL = "http://images.cocodataset.org"
 CHUNK = 1 << 20
@@ -108,9 +109,9 @@ def download_resumable(url: str, part: Path, progress: Callable[[int, int | None
             if is_disk_full(exc):  # the disk, not the connection: what the part holds is kept for the next try
                 kept = part.stat().st_size if part.exists() else 0
                 raise FetchError(f"{str(exc.strerror or exc).lower()} writing {part} ({kept} bytes of "
-                                 f"{total if total is not None else '?'} kept); free space in {part.parent} (or "
-                                 "give --dest on another disk), then run the same command again: it continues "
-                                 "where it stopped") from exc
+                                 f"{total if total is not None else '?'} kept); "
+                                 + storage_fix(exc, f"free space in {part.parent} (or give --dest on another disk)")
+                                 + ", then run the same command again: it continues where it stopped") from exc
             raise FetchError(f"the download of {url} stopped after {done} bytes ({exc or type(exc).__name__}); "
                              "run the same command again: it continues where it stopped") from exc
         except http.client.HTTPException as exc:  # the connection dropped mid-file
@@ -142,8 +143,9 @@ def _extract(path: Path, archive: Archive, dest: Path) -> None:
             if is_disk_full(exc):
                 need = sum(m.file_size for m in members)
                 raise FetchError(f"{str(exc.strerror or exc).lower()} extracting {path.name} into {dest} (it "
-                                 f"needs {need / 2**20:.0f} MiB); free space there (or give --dest on another "
-                                 "disk), then run the same command again") from exc
+                                 f"needs {need / 2**20:.0f} MiB); "
+                                 + storage_fix(exc, "free space there (or give --dest on another disk)")
+                                 + ", then run the same command again") from exc
             raise FetchError(f"could not extract {path.name} into {dest} ({exc}); nothing of it was kept") from exc
     tree = staging / provides
     if not tree.is_dir():

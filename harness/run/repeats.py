@@ -22,6 +22,7 @@ import yaml
 
 from harness.files import DISK_FULL_ERRNOS, DiskFullError, atomic_write_bytes, atomic_write_json
 from harness.results.reader import read_json_object, read_run_json
+from harness.storage import storage_fix
 
 REPEATS_DIR = "repeats"
 CHILD_OFF = {"repeats": 1, "accuracy": False, "draw_images": 0, "layers": False, "profile": False,
@@ -101,8 +102,9 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
             storage = _storage_errno(why)
             if storage is not None:  # every later process would fail too: the run stops, --resume repeats them
                 shutil.rmtree(folder / run_id, ignore_errors=True)
-                raise DiskFullError(folder / run_id, OSError(storage, os.strerror(storage)),
-                                    f"free some space, then resume (the extra process said: {why})")
+                cause = OSError(storage, os.strerror(storage))
+                raise DiskFullError(folder / run_id, cause, f"{storage_fix(cause, 'free some space')}, then resume "
+                                    f"(the extra process said: {why})")
             failures.append(f"process {k}: {why}")
             progress.log(f"warning: repeat {k} failed ({why}); its samples are missing")
             continue

@@ -17,6 +17,7 @@ from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json, is_disk_full
 from harness.records import CELL_STATES, Cell, CellStatus
 from harness.results.reader import RUN_FILE, read_run_json, submission_files
+from harness.storage import storage_fix
 
 LOCK_FILE = ".lock"
 ERROR_LOG = "errors.log"
@@ -111,7 +112,8 @@ class RunState:
             shutil.rmtree(run_dir, ignore_errors=True)
             if is_disk_full(exc):
                 path = exc.path if isinstance(exc, DiskFullError) else run_dir
-                raise DiskFullError(path, None, "free some space and run the command again") from exc
+                raise DiskFullError(path, exc if isinstance(exc, OSError) else exc.__cause__,
+                                    storage_fix(exc, "free some space") + " and run the command again") from exc
             if isinstance(exc, OSError):
                 raise UsageError(path_problem("--output-dir", run_dir.parent, f"cannot write the run folder {run_id} "
                                               f"({(exc.strerror or str(exc)).lower()})")
@@ -155,7 +157,8 @@ class RunState:
             state.save()
         except DiskFullError as exc:
             state.close()
-            raise DiskFullError(exc.path, exc.__cause__, "free some space, then resume again") from exc
+            raise DiskFullError(exc.path, exc.__cause__, storage_fix(exc, "free some space") + ", then resume "
+                                "again") from exc
         return state
 
     def save(self) -> None:
