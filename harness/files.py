@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -215,7 +216,7 @@ def json_text(obj, destination: object, indent: int | None = 2) -> str:
     never turned into null: null means "not measured" and is written only where the caller put None; and JSON has
     no NaN (Python writes one that other parsers refuse)."""
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False)
+        text = json.dumps(obj, indent=indent, allow_nan=False)
     except ValueError as exc:
         found = _first_non_finite(obj)
         if found is None:
@@ -224,6 +225,16 @@ def json_text(obj, destination: object, indent: int | None = 2) -> str:
         raise NonFiniteNumberError(
             f"refusing to write {destination}: {where} is {value}, not a number (a bug upstream: an unmeasured "
             "value must be None, and a computed one finite); nothing was written") from exc
+    # an array of numbers on one line, not one line a number: a sustained run's batch times stay a few MB
+    return text if indent is None else _NUMBER_ARRAY.sub(_one_line, text)
+
+
+_SCALAR = r"(?:-?\d[\d.eE+-]*|null|true|false)"
+_NUMBER_ARRAY = re.compile(rf"\[\n(?:[ ]*{_SCALAR},\n)*[ ]*{_SCALAR}\n[ ]*\]")
+
+
+def _one_line(match: re.Match) -> str:
+    return "[" + ", ".join(line.strip().rstrip(",") for line in match.group(0)[1:-1].split("\n") if line.strip()) + "]"
 
 
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> Path:

@@ -460,3 +460,34 @@ def test_a_converter_failure_is_blamed_on_the_storage_only_for_what_it_wrote(tmp
         with cache_writes(tmp_path / "new.onnx", written):
             raise RuntimeError("stream error")
     assert "new.onnx" in str(err.value)
+
+
+def test_json_files_hold_arrays_of_numbers_on_one_line_and_read_back_the_same():
+    """A submission's batch times (hundreds of thousands in a sustained run of fast batches) are one line, not one
+    line a number, so a ten-minute run of 1 ms batches stays within what the readers take; every document reads back
+    as what was written, strings that look like arrays included."""
+    import random
+
+    from harness.files import json_text
+    from harness.results.reader import MAX_FILE_BYTES
+
+    rng = random.Random(4)
+
+    def value(depth: int):
+        kind = rng.choice(["num", "str", "list", "dict", "none", "bool"] if depth < 4 else ["num", "str"])
+        if kind == "num":
+            return rng.choice([rng.randint(-5, 5), round(rng.uniform(-1e6, 1e6), rng.randint(0, 6)), 1e-07])
+        if kind == "str":
+            return rng.choice(["x", "[1,\n2]", "a]b", "{", ""])
+        if kind == "list":
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        if kind == "dict":
+            return {f"k{i}": value(depth + 1) for i in range(rng.randint(0, 4))}
+        return None if kind == "none" else rng.random() < 0.5
+
+    for _ in range(300):
+        doc = {"root": value(0)}
+        assert json.loads(json_text(doc, "test")) == doc
+    samples = [round(rng.uniform(0.5, 3.0), 4) for _ in range(600_000)]  # 600 s of 1 ms batches
+    text = json_text({"timing": {"batch_samples_ms": samples, "interval_samples_ms": samples}}, "test")
+    assert text.count("\n") == 5 and len(text) < MAX_FILE_BYTES

@@ -29,7 +29,9 @@ FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, bes
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
 SUBMISSION_SCHEMA_VERSION = "va.submission.v1"
 SUBMISSION_BLOCKS = ("model", "runtime", "config", "timing", "hardware")  # any of them: a submission, maybe broken
-MAX_FILE_BYTES = 5 * 2**20  # real submissions are a few KB; anything this big is not one
+# a submission is a few KB to a few MB (every timed batch's time: a sustained run of fast batches at ~9 bytes each);
+# anything this big is not one
+MAX_FILE_BYTES = 32 * 2**20
 MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
 
