@@ -7,6 +7,7 @@ flags. The CLI builds `va-bench run`'s options from these fields (harness/cli.py
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +20,15 @@ from harness.files import load_user_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # installed with the package
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
-SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+# a file or folder name on every platform: no separator, no trailing dot (Windows drops it); see also reserved_name
+SAFE_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,98}[A-Za-z0-9_-])?$"
+_WINDOWS_DEVICES = re.compile(r"(?i)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:\..*)?")
+
+
+def reserved_name(value: str) -> bool:
+    """Whether a name is one of Windows' device names (CON, NUL, COM1, ..., with any extension): a folder of that
+    name cannot be made there."""
+    return _WINDOWS_DEVICES.fullmatch(value) is not None
 
 
 def option(default: Any, flags: str | list[str], help: str, **constraints: Any) -> Any:
@@ -209,6 +218,13 @@ class RunConfig(BaseModel):
         if not values:
             raise ValueError("needs at least one value")
         return list(dict.fromkeys(values))  # a value given twice is one cell, as the plan shows it
+
+    @field_validator("run_id", "hardware_id")
+    @classmethod
+    def _portable_name(cls, value: str | None) -> str | None:
+        if value is not None and reserved_name(value):
+            raise ValueError(f"{value} is a device name on Windows, not a folder name there; pick another")
+        return value
 
     @field_validator("weights", "calibration", "output_dir", "coco_dir", "dataset", "class_map", "trt_cache_dir")
     @classmethod

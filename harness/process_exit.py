@@ -18,6 +18,11 @@ import sys
 import threading
 from collections.abc import Callable
 
+# the signals that stop a command: SIGHUP (the terminal closed) does not exist on Windows, where SIGBREAK
+# (Ctrl-Break) does
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
+                     if hasattr(signal, name))
+
 _BEFORE_LEAVE: list[Callable[[], None]] = []
 
 
@@ -40,7 +45,7 @@ def leave(code: int | str | None) -> None:
         print(code, file=sys.stderr)
         code = 1
     if threading.current_thread() is threading.main_thread():
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for number in STOP_SIGNALS:
             signal.signal(number, signal.SIG_IGN)
     atexit._run_exitfuncs()  # the handlers the interpreter would run; only its module teardown is skipped
     for stream in (sys.stdout, sys.stderr):

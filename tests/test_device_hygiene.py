@@ -227,7 +227,8 @@ def test_cpu_sysfs_frequency_drop_and_busy_processes_warn(tmp_path):
     root = _tree(tmp_path, files | {"sys/class/thermal/thermal_zone0/temp": "81000"})
     clock = iter([1000.0, 1002.0])  # the window: 2 s since boot's 1000th
     procs = [Proc(os.getpid(), "va-bench", [10.0, 14.0]), Proc(777, "stress", [50.0, 51.94]),
-             Proc(778, "idle", [3.0, 3.02])]
+             Proc(778, "idle", [3.0, 3.02]),
+             Proc(0, "System Idle Process", [900.0, 903.9])]  # Windows' pid 0: its CPU time is the idle time
     sampler = _sampler(root=root, processes=lambda: procs, uptime=lambda: next(clock))
     sampler.begin_window("cell")
     state = sampler.end_window()

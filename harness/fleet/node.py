@@ -311,7 +311,7 @@ def run_campaign_dataset(job: CampaignJob) -> dict:
         run_dir = scratch / run_folder_name(entry)
         if result.submission is None:
             return {"reason": result.reason or "its run finished without a submission"}
-        return {"files": {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+        return {"files": {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*"))
                           if p.is_file() and p.name != LOCK_FILE}}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-import shlex
+import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from harness import __version__
+from harness import __version__, shell
 from harness.build_info import harness_commit
 from harness.hardware import derive_hardware_id
 from harness.measure.device import Device
@@ -27,13 +27,22 @@ PACKAGES = (*CORE_PACKAGES, "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-lite
 
 
 def cpu_model() -> str:
-    """The CPU's marketing name (/proc/cpuinfo on Linux, platform otherwise)."""
+    """The CPU's marketing name (/proc/cpuinfo on Linux, sysctl's brand string on macOS, where platform says only
+    "arm" for every Apple chip; platform otherwise: Windows' "AMD64 Family 25 Model 97 ..." as the site's rows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.lower().startswith(("model name", "hardware", "cpu model")):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    if sys.platform == "darwin":
+        try:
+            brand = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                   timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            brand = ""
+        if brand:
+            return brand
     return platform.processor() or "unknown"
 
 
@@ -81,6 +90,8 @@ def allocator(maps: Path = Path("/proc/self/maps")) -> dict[str, str | None]:
     libraries mapped into the process (an LD_PRELOAD the loader could not load is ignored by it, and here)."""
     preload = os.environ.get("LD_PRELOAD")
     tunables = os.environ.get("GLIBC_TUNABLES")
+    if not sys.platform.startswith("linux"):  # no glibc: the platform's own malloc, with nothing to tune here
+        return {"allocator": f"{sys.platform} default", "GLIBC_TUNABLES": tunables, "LD_PRELOAD": preload}
     mapped = re.search(r"lib(tcmalloc|jemalloc)[\w.-]*\.so", _mapped_libraries(maps))
     if mapped:
         kind = mapped.group(1)
@@ -186,7 +197,7 @@ def collect_environment(device: Device, tf32_mode: str, argv: list[str], threads
         "harness_commit": commit,
         "harness_dirty": dirty,
         "argv": list(argv),
-        "command": "va-bench " + shlex.join(argv),
+        "command": "va-bench " + shell.join(argv),
         "python_executable": sys.executable,
         "platform": platform.platform(),
         "software": package_versions(),

@@ -39,6 +39,16 @@ MIN_BUSY_WINDOW_S = 0.2  # a process seen for less time than this has no share o
 FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
 
 
+def load_average() -> tuple[float, float, float]:
+    """The 1, 5 and 15 minute load averages: the kernel's, or psutil's emulation where there is none (Windows: it
+    samples from its first call on, and reads 0 for the first few seconds)."""
+    if hasattr(os, "getloadavg"):
+        return os.getloadavg()
+    import psutil
+
+    return psutil.getloadavg()
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8").strip()
@@ -421,6 +431,8 @@ class DeviceSampler:
             self.boot_time = psutil.boot_time()
         out = {}
         for proc in self._process_iter():
+            if proc.pid == 0:  # Windows' "System Idle Process": its CPU time is the idle time
+                continue
             try:
                 times = proc.cpu_times()
                 out[proc.pid] = (proc.info.get("name"), proc.create_time() - self.boot_time, times.user + times.system)
@@ -431,7 +443,7 @@ class DeviceSampler:
     def begin_window(self, tag: str) -> None:
         started = self.uptime()
         cpu = {pid: (created, seconds) for pid, (_, created, seconds) in self._cpu_seconds().items()}
-        window = _Window(tag, started, load_start=os.getloadavg(), rpi_start=rpi_throttled(self.run), cpu_start=cpu)
+        window = _Window(tag, started, load_start=load_average(), rpi_start=rpi_throttled(self.run), cpu_start=cpu)
         with self._lock:
             self._window = window
         self._sample()
@@ -443,7 +455,7 @@ class DeviceSampler:
         if window is None:
             return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
         busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(), os.getpid())
-        state = summarize_window(window, self.gpu, self.static, busiest[:3], os.getloadavg(), rpi_throttled(self.run),
+        state = summarize_window(window, self.gpu, self.static, busiest[:3], load_average(), rpi_throttled(self.run),
                                  self.cpu_files.unavailable())
         if self.board is not None:
             state["jetson_power"] = self.board

@@ -17,7 +17,11 @@ MASK_OPACITY = 0.45
 def draw_detections(path: Path, detections: ImageDetections, class_names: tuple[str | None, ...]) -> bytes:
     """JPEG bytes of the image with boxes scoring >= 0.3 and their class names (the label where unnamed); a
     segmentation model's masks are shaded under their boxes, one colour per detection."""
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    # read as bytes, then decoded: cv2.imread cannot open a non-ASCII path on Windows (C:\Users\José\...)
+    try:
+        image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_COLOR)
+    except OSError:
+        image = None
     if image is None:
         raise ValueError(f"{path} could not be decoded for drawing")
     if detections.masks is not None:

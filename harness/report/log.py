@@ -4,7 +4,6 @@ and the artefact list. The file is opened in append mode only, so earlier sectio
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 from collections import defaultdict
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.files import DiskFullError, is_disk_full, output_file_problem
+from harness.locks import lock_file
 from harness.report.gates import NOT_MET, GateResult, gate_table
 from harness.report.sections import (
     Table,
@@ -145,9 +145,9 @@ def append_section(path: Path, text: str, run_id: str) -> None:
     except OSError as exc:
         raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
-        existing = os.pread(fd, size, 0)
+        lock_file(fd, wait=True)
+        existing = _read_from_start(fd)
+        size = len(existing)
         if _logged(existing.decode("utf-8", errors="replace"), run_id):
             raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
         prefix = LOG_HEADER + "\n" if not size else "\n" if existing.endswith(b"\n") else "\n\n"
@@ -163,3 +163,12 @@ def append_section(path: Path, text: str, run_id: str) -> None:
             raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
     finally:
         os.close(fd)
+
+
+def _read_from_start(fd: int) -> bytes:
+    """The whole file, read from its start (its appends still go to the end: it is open with O_APPEND)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)

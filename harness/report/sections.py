@@ -256,7 +256,7 @@ def artefacts(run: RunFolder, report_files: Sequence[str] = ()) -> list[tuple[st
     depend on whether the run was reported before."""
     files = sorted(p for p in run.path.rglob("*") if p.is_file() and not p.name.startswith(".")
                    and not (p.parent == run.path and p.name in report_files))
-    return [(str(p.relative_to(run.path)), p.stat().st_size) for p in files]
+    return [(p.relative_to(run.path).as_posix(), p.stat().st_size) for p in files]
 
 
 def repro_commands(run: RunFolder) -> list[str]:

@@ -72,7 +72,7 @@ class ProbeArtifacts:
         if not path.is_file():
             return [], []
         self.files[key] = name
-        with open(path, newline="") as fh:
+        with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
         return (rows[0], rows[1:]) if rows else ([], [])
 

@@ -43,5 +43,5 @@ def existing_rows(path: Path) -> list[list]:
     """Rows an earlier process of this run wrote (kept as they are on --resume)."""
     if not path.is_file():
         return []
-    with open(path, newline="") as fh:
+    with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.reader(fh))[1:]

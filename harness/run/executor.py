@@ -45,7 +45,7 @@ from harness.eval.matching import match_detections
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, same_file_as
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
-from harness.measure.hygiene import DeviceSampler, process_start_time
+from harness.measure.hygiene import DeviceSampler, load_average, process_start_time
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
@@ -277,7 +277,7 @@ class GroupExecutor:
     def run_cell(self, cell: Cell) -> CellRecord:
         """The scored timing pass of one batch size: timings, detections file, accuracy, batch invariance."""
         ctx = self.ctx
-        load_start = os.getloadavg()
+        load_start = load_average()
         timing, detections, probes = self._timing_pass(cell)
         detections_file, count = self._save_detections(cell, detections)
         accuracy, accuracy_reason = self._evaluate(cell, detections_file, count, len(detections))
@@ -296,7 +296,7 @@ class GroupExecutor:
             invariance = Invariance(ref_size, match_detections(
                 ref, self._scored(detections), INVARIANCE_IOU, INVARIANCE_SCORE_TOL,
                 mask_iou_threshold=INVARIANCE_MASK_IOU if self.pipeline.masks else None))
-        load_end = os.getloadavg()
+        load_end = load_average()
         record = CellRecord(
             run_id=ctx.run_id,
             created_at=utc_now_iso(),
@@ -351,7 +351,7 @@ class GroupExecutor:
                 layers = layer_pass(self.pipeline, batches, ctx.run_dir,
                                     ctx.run_dir / f"{runtime}_profile__{load_slug(self.key)}.json")
             if layers.ort_trace:
-                layers.ort_trace = str(Path(layers.ort_trace).relative_to(ctx.run_dir))
+                layers.ort_trace = Path(layers.ort_trace).relative_to(ctx.run_dir).as_posix()
             if layers.calls:
                 ctx.artifacts.add_layers(cell, layers)
                 record.layers = layers.summary()
@@ -363,7 +363,7 @@ class GroupExecutor:
             batches = [full[i % len(full)] for i in range(config.profile_batches)]
             with ctx.progress.task(f"profiler {cell.label}", None):
                 profile = profile_pass(self.pipeline, batches, ctx.artifacts.trace_path(cell.load))
-            profile.trace_file = str(Path(profile.trace_file).relative_to(ctx.run_dir))
+            profile.trace_file = Path(profile.trace_file).relative_to(ctx.run_dir).as_posix()
             ctx.artifacts.add_profile(cell, profile)
             record.profiler = profile.summary()
 

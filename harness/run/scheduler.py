@@ -15,7 +15,6 @@ when an ok cell lacks them.
 from __future__ import annotations
 
 import os
-import shlex
 import traceback
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from harness import shell
 from harness.backends.support import converting_backends
 from harness.config import RunConfig
 from harness.data.images import find_corrupt_images, orientation_warning
@@ -204,7 +204,7 @@ class Scheduler:
             raise RunInterrupted(
                 f"{exc} after {done} of {len(state.cells)} cells{still}; finished cells are kept in {plan.run_dir}; "
                 f"resume with: va-bench run --resume {plan.run_id} --output-dir "
-                f"{shlex.quote(str(plan.run_dir.parent))}",
+                f"{shell.quote(str(plan.run_dir.parent))}",
                 exc.exit_code) from None
         except Exception as exc:
             problem = None if state is None else stopping_problem(exc, state)
@@ -232,7 +232,7 @@ class Scheduler:
         return VaBenchError(
             f"{problem.message}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells "
             f"(finished cells are kept in {plan.run_dir}{kept}); {problem.fix}, then resume with: va-bench run "
-            f"--resume {plan.run_id} --output-dir {shlex.quote(str(plan.run_dir.parent))}")
+            f"--resume {plan.run_id} --output-dir {shell.quote(str(plan.run_dir.parent))}")
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan
@@ -350,7 +350,7 @@ class Scheduler:
         """The cell's submission file, with the probes' files and summaries (a cell whose status never became ok has
         its file removed on resume)."""
         path = ctx.run_dir / "submissions" / submission_filename(record)
-        record.artifacts = {"submission": str(path.relative_to(ctx.run_dir)), "steps_timer": "steps_timer.csv",
+        record.artifacts = {"submission": path.relative_to(ctx.run_dir).as_posix(), "steps_timer": "steps_timer.csv",
                             **ctx.artifacts.files}
         if ctx.monitor is not None:  # written once the cell is ok, with this cell's samples in it
             record.artifacts["memory"] = "memory.csv"
@@ -365,7 +365,7 @@ class Scheduler:
         with protected():
             self._steps += steps_rows(record)
             write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
-            state.set(cell, "ok", None, submission=str(path.relative_to(ctx.run_dir)), finished_at=utc_now_iso())
+            state.set(cell, "ok", None, submission=path.relative_to(ctx.run_dir).as_posix(), finished_at=utc_now_iso())
             state.save()
 
     @staticmethod

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from harness.process_exit import STOP_SIGNALS
+
 
 class Interrupted(BaseException):
     """The run was asked to stop by a signal."""
@@ -23,9 +25,6 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _State:

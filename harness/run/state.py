@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 
 from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json, is_disk_full
+from harness.locks import lock_file
 from harness.records import CELL_STATES, Cell, CellStatus
 from harness.results.reader import RUN_FILE, read_run_json, submission_files
 from harness.storage import storage_fix
@@ -34,11 +34,9 @@ def lock_folder(folder: Path, busy: str) -> int:
     """An exclusive lock on `folder` (its .lock file) held by this process until it closes the descriptor or exits
     (even on kill -9); `busy` is the one-line refusal when another process holds it."""
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides (a group-shared run folder)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not lock_file(fd, wait=False):
         os.close(fd)
-        raise UsageError(busy) from None
+        raise UsageError(busy)
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -147,7 +145,7 @@ class RunState:
             statuses[cell.label] = status
         owned = {s.submission for s in statuses.values() if s.state == "ok"}
         for path in submission_files(run_dir):  # written by a process killed before "ok"
-            if str(path.relative_to(run_dir)) not in owned:
+            if path.relative_to(run_dir).as_posix() not in owned:
                 path.unlink()
         remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
         drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})

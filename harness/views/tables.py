@@ -6,13 +6,13 @@ cell of the run listed with its status; the reasons of cells that did not finish
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness import shell
 from harness.measure.stats import percent
 from harness.records import CellRecord, LoadKey
 from harness.views.text import escape
@@ -181,7 +181,7 @@ def print_summary(console: Console, outcome) -> None:
     console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
-                      f"--resume {escape(state.run_id)} --output-dir {escape(shlex.quote(str(state.run_dir.parent)))} "
+                      f"--resume {escape(state.run_id)} --output-dir {escape(shell.quote(str(state.run_dir.parent)))} "
                       "--retry-failed", highlight=False)
 
 
