@@ -856,7 +856,7 @@ def entry() -> None:
 def _run_app(argv: list[str]) -> int:
     """The typer app on `argv`, its exit code. Click's own usage errors (an unknown option, a value out of range)
     become one UsageError line like every other refusal, instead of click's usage block."""
-    # click's exceptions where this typer keeps them (typer vendors its own click since 0.24)
+    # click's exceptions where this typer keeps them (typer vendors its own click since 0.26)
     clicks = sys.modules[typer.BadParameter.__module__]
     no_args = getattr(clicks, "NoArgsIsHelpError", ())
     command = typer.main.get_command(app)

@@ -195,14 +195,19 @@ def test_a_key_given_twice_in_a_users_yaml_is_refused(tmp_path, command, text, l
     (["inspect", "yolox-nano", "--top", "-1"], "Invalid value for '--top'"),
     (["run", "--batch-sizes", "abc"], "Invalid value for '--batch-sizes'"),
     (["run", "--no-such-flag"], "No such option: --no-such-flag"),
-    (["compare"], "Missing argument 'runs'"),
+    (["compare"], "Missing argument runs"),
 ])
 def test_clicks_own_usage_errors_are_one_line_too(args, expected):
-    # click's usage block (Usage:, Try ..., Error: ...) is four lines; every other refusal is one
+    # click's usage block (Usage:, Try ..., Error: ...) is four lines; every other refusal is one (click's own
+    # wording, its quotes and case, moves between versions: compared without them)
     result = run_in_process(*args)
     assert result.returncode == 2
     line = result.stderr.strip()
-    assert len(line.splitlines()) == 1 and expected in line and "--help`" in line, line
+    assert len(line.splitlines()) == 1 and "--help`" in line, line
+    def plain(text: str) -> str:
+        return text.replace("'", "").replace("...", "").lower()
+
+    assert plain(expected) in plain(line), line
 
 
 def test_no_command_shows_the_help():

@@ -20,6 +20,9 @@ import numpy as np
 
 from harness.measure.hygiene import nvml_handle
 
+# np.trapezoid is numpy >= 2.0; np.trapz, its name before, is gone from numpy 2.4
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz
+
 RAPL_HOW_TO = ("RAPL energy counters are root-only since Linux 5.10: run as root or "
                "`sudo chmod a+r /sys/class/powercap/intel-rapl*/**/energy_uj`")
 JETSON_GLOB = "/sys/bus/i2c/drivers/ina3221/*/hwmon/hwmon*"
@@ -181,7 +184,7 @@ class JetsonRailsSource:
 
     def integrate(self) -> SourceReading:
         t = np.array([s[0] for s in self.samples])
-        joules = {name: float(np.trapezoid([s[1][name] for s in self.samples], t)) for name in self.rails}
+        joules = {name: float(_trapezoid([s[1][name] for s in self.samples], t)) for name in self.rails}
         return SourceReading(self.method, joules, self.total_domains)
 
 

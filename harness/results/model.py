@@ -15,7 +15,8 @@ from harness.results.site_rules import as_stated_by_site, parse_iso8601
 
 
 class Block(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # protected_namespaces: pydantic < 2.10 warns of the `model_stats` field (a `model_` prefix) on every import
+    model_config = ConfigDict(extra="allow", populate_by_name=True, protected_namespaces=())
 
 
 SEGMENT_TASKS = ("segment", "segmentation")  # the site's model.task values of its segmentation board
