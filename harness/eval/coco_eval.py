@@ -277,10 +277,8 @@ def read_results(path: Path, masks: bool = False) -> ResultColumns:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from exc
     return ResultColumns(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
-                    np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4), np.frombuffer(scores, dtype=np.float64),
-                    rles if masks else None)
-
-
+                         np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4),
+                         np.frombuffer(scores, dtype=np.float64), rles if masks else None)
 
 
 def _results_of(coco_gt: COCO, columns: ResultColumns, categories: list[int], iou_type: str = "bbox") -> COCO:
