@@ -94,3 +94,12 @@ def cache_writes(entry: Path, written: Path) -> Iterator[None]:
         if cause is None:
             raise
         raise DiskFullError(entry, cause, storage_fix(cause, CACHE_FULL_FIX)) from exc
+
+
+def discard_cut_write(written: Path, named: Path) -> DiskFullError | None:
+    """Remove what a write that stopped short left at `written`; the DiskFullError naming `named` when the storage is
+    why (judged before the removal: the leftover holds the very space that ran out), else None."""
+    size = written.stat().st_size if written.exists() else 0
+    cause = storage_exhausted(written, size)
+    written.unlink(missing_ok=True)
+    return None if cause is None else DiskFullError(named, cause)

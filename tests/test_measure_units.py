@@ -177,15 +177,18 @@ def test_a_warm_up_that_stopped_during_a_slow_ramp_is_flagged():
     assert not any("still falling" in w for ws in steady for w in ws)
     # steady batches that drift together (AR(1), phi 0.9) fall over a window by chance: flagged 13-23 % of the time
     # by the plain rank test, rarely once it allows for the drift
-    drifting = []
-    for _ in range(200):
-        noise = rng.normal(0, 0.05 * math.sqrt(1 - 0.81), 100)
-        x = np.empty(100)
-        x[0] = rng.normal(0, 0.05)
-        for i in range(1, 100):
-            x[i] = 0.9 * x[i - 1] + noise[i]
-        drifting.append(still_falling(20 * np.exp(x)) is not None)
+    drifting = [still_falling(20 * np.exp(_ar1(rng, 0.9, 0.05, 100))) is not None for _ in range(200)]
     assert np.mean(drifting) <= 0.05
+
+
+def _ar1(rng, phi: float, spread: float, n: int) -> np.ndarray:
+    """A stationary AR(1) series of standard deviation `spread`: batches that drift together."""
+    noise = rng.normal(0, spread * math.sqrt(1 - phi**2), n)
+    x = np.empty(n)
+    x[0] = rng.normal(0, spread)
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + noise[i]
+    return x
 
 
 def test_a_pass_that_slowed_down_is_flagged():
@@ -207,14 +210,7 @@ def test_a_pass_that_slowed_down_is_flagged():
         assert np.median([slowing_down(x) for x in runs]) == pytest.approx(truth, rel=1e-9)
     steady = [summarize(rng.lognormal(math.log(20), 0.03, m)).warnings for m in (15, 62, 300) for _ in range(100)]
     assert not any("rising" in w for ws in steady for w in ws)
-    drifting = []
-    for _ in range(200):
-        noise = rng.normal(0, 0.05 * math.sqrt(1 - 0.81), 100)
-        x = np.empty(100)
-        x[0] = rng.normal(0, 0.05)
-        for i in range(1, 100):
-            x[i] = 0.9 * x[i - 1] + noise[i]
-        drifting.append(slowing_down(20 * np.exp(x)) is not None)
+    drifting = [slowing_down(20 * np.exp(_ar1(rng, 0.9, 0.05, 100))) is not None for _ in range(200)]
     assert np.mean(drifting) <= 0.05
     falling = 20 * (1 + np.linspace(0.5, 0, 40)) * rng.lognormal(0, 0.01, 40)
     assert slowing_down(falling) is None and still_falling(falling) is not None

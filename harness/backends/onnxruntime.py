@@ -18,9 +18,9 @@ from harness.backends.pytorch import device_name
 from harness.backends.support import GPU_EXTRA, ORT_PROVIDERS, ort_provider_for
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
-from harness.files import DiskFullError, move_into_place
+from harness.files import move_into_place
 from harness.measure.device import Device
-from harness.storage import storage_exhausted
+from harness.storage import discard_cut_write
 
 ORT_PROVIDER_NAMES = {
     "CPUExecutionProvider": "cpu",
@@ -146,11 +146,9 @@ class OnnxRuntimeCore:
         try:  # read where ORT wrote it: a trace it cut short (it does not say when the disk is full) never lands
             calls = ort_profile_calls(written)
         except ValueError as exc:
-            size = written.stat().st_size if written.exists() else 0
-            cause = storage_exhausted(written, size)  # asked before the cut profile goes: it holds the space
-            written.unlink(missing_ok=True)
-            if cause is not None:
-                raise DiskFullError(written, cause) from exc
+            full = discard_cut_write(written, written)
+            if full is not None:
+                raise full from exc
             raise ValueError(f"ONNX Runtime's profile is not complete JSON ({str(exc)[:80]}): it stopped writing it "
                              "with room left on the disk") from exc
         move_into_place(written, trace_path)

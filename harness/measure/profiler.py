@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.files import DiskFullError, atomic_file
+from harness.files import atomic_file
 from harness.measure.device import Device
-from harness.storage import storage_exhausted
+from harness.storage import discard_cut_write
 
 
 @contextmanager
@@ -29,13 +29,10 @@ def export_trace(prof, path: Path) -> Path:
         prof.export_chrome_trace(tmp)
         unfinished = Path(tmp + ".tmp")
         if unfinished.exists() or Path(tmp).stat().st_size == 0:
-            size = unfinished.stat().st_size if unfinished.exists() else 0
-            cause = storage_exhausted(path, size)  # asked before the cut trace goes: it holds the space
-            unfinished.unlink(missing_ok=True)
-            if cause is not None:
-                raise DiskFullError(path, cause) from cause
-            raise RuntimeError(f"torch's profiler did not finish writing its trace {path} (it stopped at {size} "
-                               "bytes)")
+            full = discard_cut_write(unfinished, path)
+            if full is not None:
+                raise full
+            raise RuntimeError(f"torch's profiler did not finish writing its trace {path}")
     return path
 
 
