@@ -321,6 +321,30 @@ class JsonArrayWriter:
 
 
 @contextlib.contextmanager
+def atomic_text(path: Path) -> Iterator[io.TextIOBase]:
+    """`with atomic_text(path) as fh:` write UTF-8 text a piece at a time (never the whole file held as one string);
+    `path` appears only when the block ends without an exception, fsynced, as `atomic_write_bytes` writes it; a full
+    disk is a DiskFullError naming `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.chmod(tmp, 0o666 & ~_UMASK)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(path, exc) from exc
+        raise
+
+
+@contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".part") -> Iterator[str]:
     """`with atomic_file(path) as tmp:` a library writes `tmp` (a path string in the same folder); it becomes
     `path` only when the block ends without an exception, and is removed otherwise."""

@@ -170,7 +170,7 @@ def test_peak_rss_sees_a_buffer_allocated_inside_the_window():
         peak = monitor.end_window()
     assert peak["peak_ram_mb"] - baseline >= size_mb * 0.95
     assert peak["peak_vram_mb"] is None and "CPU" in peak["vram_reason"]
-    assert any(tag == "alloc" for _, tag, _, _ in monitor.samples)
+    assert any(tag == "alloc" for _, tag, _, _ in monitor.rows())
 
 
 
@@ -347,3 +347,26 @@ def test_a_layer_pass_that_timed_no_layer_says_so_rather_than_zero(tmp_path):
     assert done.returncode == 0, done.stderr
     layers = json.loads(next(tmp_path.glob("*/submissions/*.json")).read_text())["layers"]
     assert layers["status"] == "unavailable" and "no layer was timed" in layers["reason"]
+
+
+def test_the_memory_timeline_is_kept_as_columns_and_read_back_as_sampled():
+    """MemoryMonitor keeps its samples as typed columns (a long sustained run's timeline must not add to the RSS it
+    measures at ~120 bytes a sample as tuples of floats): rows() gives each sample back, tags and missing CUDA figures
+    included, in order."""
+    from harness.measure.device import Device
+    from harness.measure.memory import MemoryMonitor
+
+    monitor = MemoryMonitor(Device("cpu"))
+    expected = []
+    for tag in ("start", "start", "timing a b1", "between", "timing a b1"):
+        monitor.tag = tag
+        before = len(list(monitor.rows()))
+        monitor._sample()
+        (sample,) = list(monitor.rows())[before:]
+        expected.append((tag, sample[2]))
+        assert sample[3] is None and sample[2] > 0
+    rows = list(monitor.rows())
+    assert [(tag, rss) for _, tag, rss, _ in rows] == expected
+    assert [t for t, *_ in rows] == sorted(t for t, *_ in rows)
+    assert monitor._times.itemsize == monitor._rss.itemsize == 8 and monitor._tag_names == ["start", "timing a b1",
+                                                                                           "between"]

@@ -16,9 +16,9 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from harness.files import atomic_write_bytes, atomic_write_csv
+from harness.files import atomic_text, atomic_write_bytes, atomic_write_csv
 from harness.records import Cell
-from harness.results.artifacts import cell_slug, mprofile
+from harness.results.artifacts import cell_slug, write_mprofile
 from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.signals import protected
 from harness.run.state import ERROR_LOG, LOCK_FILE, RunState
@@ -129,8 +129,10 @@ class HardwareFolder:
                     atomic_write_bytes(target, data)
             memory = self.run_dir / MEMORY_CSV
             if str(MEMORY_CSV) in update.files and memory.is_file():  # the same timeline as memory.csv, as a run's
-                with memory.open(newline="", encoding="utf-8") as fh:
-                    atomic_write_bytes(self.run_dir / MPROF_FILE, mprofile(list(csv.reader(fh))[1:]))
+                with memory.open(newline="", encoding="utf-8") as fh, atomic_text(self.run_dir / MPROF_FILE) as out:
+                    rows = csv.reader(fh)
+                    next(rows, None)  # the header
+                    write_mprofile(out, rows)
             if update.errors_log:
                 with open(self.run_dir / ERROR_LOG, "a", encoding="utf-8") as fh:
                     fh.write(update.errors_log)

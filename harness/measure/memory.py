@@ -3,8 +3,11 @@ psutil sampling thread for the timeline) and CUDA peak allocated/reserved memory
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -43,7 +46,11 @@ class MemoryMonitor:
         self.device = device
         self.interval_s = interval_s
         self.process = psutil.Process()
-        self.samples: list[tuple[float, str, float, float | None]] = []  # (time, tag, rss MiB, cuda MiB)
+        # the timeline as columns (8 bytes a number, a tag's index): a long sustained run holds hundreds of thousands
+        # of samples, which as tuples of floats would add ~120 bytes each to the very RSS being measured
+        self._times, self._tags, self._rss, self._cuda = array("d"), array("H"), array("d"), array("d")
+        self._tag_names: list[str] = []
+        self._tag_ids: dict[str, int] = {}
         self.tag = "start"
         self._window_peak = 0.0
         self._stop = threading.Event()
@@ -57,7 +64,20 @@ class MemoryMonitor:
         rss = self._rss_mb()
         cuda = torch.cuda.memory_allocated(self.device.index) / MIB if self.device.is_cuda else None
         self._window_peak = max(self._window_peak, rss)
-        self.samples.append((time.time(), self.tag, round(rss, 2), None if cuda is None else round(cuda, 2)))
+        tag = self._tag_ids.get(self.tag)
+        if tag is None:  # the name goes in before any sample refers to it
+            self._tag_names.append(self.tag)
+            tag = self._tag_ids[self.tag] = len(self._tag_names) - 1
+        self._times.append(time.time())
+        self._tags.append(tag)
+        self._rss.append(round(rss, 2))
+        self._cuda.append(math.nan if cuda is None else round(cuda, 2))  # appended last: the count of whole samples
+
+    def rows(self) -> Iterator[tuple[float, str, float, float | None]]:
+        """The samples so far, oldest first: (time, tag, rss MiB, cuda MiB or None), made one at a time."""
+        for i in range(len(self._cuda)):
+            cuda = self._cuda[i]
+            yield self._times[i], self._tag_names[self._tags[i]], self._rss[i], None if math.isnan(cuda) else cuda
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

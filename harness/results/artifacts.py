@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from harness.files import JsonArrayWriter, atomic_write_bytes, atomic_write_csv
+from harness.files import JsonArrayWriter, atomic_text, atomic_write_csv
 from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord, coco_json_texts
 
 
@@ -124,29 +124,43 @@ class ProbeArtifacts:
         atomic_write_csv(self.run_dir / "energy.csv", header, [[r.get(h) for h in header] for r in self._energy_rows])
         self.files["energy"] = "energy.csv"
 
-    def write_memory(self, samples: list[tuple]) -> None:
-        """memory.csv: the rows of earlier processes of this run, then this process's samples; the same timeline
-        in memory-profiler's mprofile format (memory.mprof.dat: `mprof plot memory.mprof.dat` draws it, each
-        tagged window as a bracket)."""
-        rows = self._memory_rows + [list(s) for s in samples]
-        atomic_write_csv(self.run_dir / "memory.csv", MEMORY_HEADER, rows)
-        atomic_write_bytes(self.run_dir / "memory.mprof.dat", mprofile(rows))
+    def write_memory(self, samples: Callable[[], Iterable[tuple]]) -> None:
+        """memory.csv: the rows of earlier processes of this run, then this process's samples (`samples()` gives them
+        anew for each file: both are written a row at a time); the same timeline in memory-profiler's mprofile format
+        (memory.mprof.dat: `mprof plot memory.mprof.dat` draws it, each tagged window as a bracket)."""
+        def rows() -> Iterator[list]:
+            yield from self._memory_rows
+            yield from (["" if v is None else v for v in sample] for sample in samples())
+
+        with atomic_text(self.run_dir / "memory.csv") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(MEMORY_HEADER)
+            writer.writerows(rows())
+        with atomic_text(self.run_dir / "memory.mprof.dat") as fh:
+            write_mprofile(fh, rows())
         self.files["memory"] = "memory.csv"
 
 
-def mprofile(rows: list[list]) -> bytes:
-    """memory.csv rows (timestamp, tag, rss MiB, ...) as an mprofile: MEM lines, and a FUNC line per run of
-    samples with one tag (its name with spaces as '_')."""
-    lines = ["CMDLINE va-bench run"]
-    lines += [f"MEM {float(r[2]):.4f} {float(r[0]):.4f}" for r in rows]
-    start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i][1] != rows[start][1]:
-            tag = re.sub(r"\s+", "_", str(rows[start][1]))
-            lines.append(f"FUNC {tag} {float(rows[start][2]):.4f} {float(rows[start][0]):.4f} "
-                         f"{float(rows[i - 1][2]):.4f} {float(rows[i - 1][0]):.4f}")
-            start = i
-    return ("\n".join(lines) + "\n").encode()
+def write_mprofile(fh, rows: Iterable[list]) -> None:
+    """memory.csv rows (timestamp, tag, rss MiB, ...) as an mprofile, a row at a time: MEM lines, then a FUNC line per
+    run of samples with one tag (its name with spaces as '_')."""
+    fh.write("CMDLINE va-bench run\n")
+    runs: list[str] = []
+    first = last = None
+    for row in rows:
+        fh.write(f"MEM {float(row[2]):.4f} {float(row[0]):.4f}\n")
+        if first is not None and row[1] != first[1]:
+            runs.append(_func_line(first, last))
+            first = None
+        first, last = first or row, row
+    if first is not None:
+        runs.append(_func_line(first, last))
+    fh.writelines(runs)
+
+
+def _func_line(first: list, last: list) -> str:
+    tag = re.sub(r"\s+", "_", str(first[1]))
+    return f"FUNC {tag} {float(first[2]):.4f} {float(first[0]):.4f} {float(last[2]):.4f} {float(last[0]):.4f}\n"
 
 
 def write_coco_detections(path: Path, detections: Iterable, label_categories) -> int:

@@ -371,7 +371,7 @@ class Scheduler:
     @staticmethod
     def _write_memory(ctx: RunContext) -> None:
         if ctx.monitor is not None:
-            ctx.artifacts.write_memory(list(ctx.monitor.samples))
+            ctx.artifacts.write_memory(ctx.monitor.rows)
 
 
 def run_with_interrupts(plan: RunPlan, argv: list[str], progress=None) -> RunOutcome:
