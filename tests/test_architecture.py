@@ -28,7 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("measure",),
     ("data", "config", "eval"),
-    ("records", "hardware", "catalogue", "files", "process_exit", "collector", "build_info", "figures", ""),
+    ("storage",),
+    ("records", "hardware", "catalogue", "files", "process_exit", "collector", "build_info", "figures", "json_stream",
+     "locks", "shell", ""),
     ("errors",),
 )
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
