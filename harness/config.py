@@ -13,22 +13,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from harness.errors import UsageError, brief, path_problem
 from harness.files import load_user_yaml, yaml_problem
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # installed with the package
 # A run id / hardware id names a folder and file-name parts: a safe slug, never a path.
-# a file or folder name on every platform: no separator, no trailing dot (Windows drops it); see also reserved_name
-SAFE_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,98}[A-Za-z0-9_-])?$"
+SAFE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"  # a file or folder name: no separator (see also reserved_name)
 _WINDOWS_DEVICES = re.compile(r"(?i)(?:con|prn|aux|nul|com[1-9]|lpt[1-9])(?:\..*)?")
 
 
-def reserved_name(value: str) -> bool:
-    """Whether a name is one of Windows' device names (CON, NUL, COM1, ..., with any extension): a folder of that
-    name cannot be made there."""
-    return _WINDOWS_DEVICES.fullmatch(value) is not None
+def reserved_name(value: str) -> str | None:
+    """Why a new run or hardware id cannot name a folder on every platform: one of Windows' device names (CON, NUL,
+    COM1, ..., with any extension), or a trailing dot, which Windows drops; None when it can."""
+    if _WINDOWS_DEVICES.fullmatch(value):
+        return "is a device name on Windows, not a folder name there"
+    if value.endswith("."):
+        return "ends in '.', which Windows drops from a folder name"
+    return None
 
 
 def option(default: Any, flags: str | list[str], help: str, **constraints: Any) -> Any:
@@ -221,9 +224,11 @@ class RunConfig(BaseModel):
 
     @field_validator("run_id", "hardware_id")
     @classmethod
-    def _portable_name(cls, value: str | None) -> str | None:
-        if value is not None and reserved_name(value):
-            raise ValueError(f"{value} is a device name on Windows, not a folder name there; pick another")
+    def _portable_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """New ids only: a run recorded before this rule (`build_config(..., recorded=True)`) resumes as it is."""
+        recorded = bool(info.context and info.context.get("recorded"))
+        if value is not None and not recorded and (problem := reserved_name(value)):
+            raise ValueError(f"{value} {problem}; pick another")
         return value
 
     @field_validator("weights", "calibration", "output_dir", "coco_dir", "dataset", "class_map", "trt_cache_dir")
@@ -317,10 +322,11 @@ def device_spec(spec: str) -> tuple[str, int]:
     raise UsageError(f"unknown --device {spec!r}; use cpu, cuda or cuda:N")
 
 
-def build_config(data: dict) -> RunConfig:
-    """RunConfig from plain data; a validation error becomes one UsageError line naming the option."""
+def build_config(data: dict, recorded: bool = False) -> RunConfig:
+    """RunConfig from plain data; a validation error becomes one UsageError line naming the option. `recorded`: the
+    configuration of an existing run (resumed): the rules for new names do not apply to its ids."""
     try:
-        return RunConfig(**data)
+        return RunConfig.model_validate(data, context={"recorded": recorded})
     except ValidationError as exc:
         raise UsageError(_validation_message(exc)) from exc
 

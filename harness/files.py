@@ -325,13 +325,13 @@ def atomic_text(path: Path) -> Iterator[io.TextIOBase]:
     """`with atomic_text(path) as fh:` write UTF-8 text a piece at a time (never the whole file held as one string);
     `path` appears only when the block ends without an exception, fsynced, as `atomic_write_bytes` writes it; a full
     disk is a DiskFullError naming `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _followed(Path(path))
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            os.chmod(tmp, 0o666 & ~_UMASK)
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                os.chmod(tmp, 0o666 & ~_UMASK)
                 yield fh
                 fh.flush()
                 os.fsync(fh.fileno())

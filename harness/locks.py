@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -35,7 +36,9 @@ def lock_file(fd: int, wait: bool) -> bool:
             try:
                 msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
                 return True
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EDEADLK):  # not another holder: a real failure
+                    raise
                 if not wait:
                     return False
                 time.sleep(WAIT_STEP_S)

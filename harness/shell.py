@@ -7,12 +7,24 @@ import shlex
 import subprocess
 import sys
 
+CMD_SPECIAL = set('&|<>^()%!')  # cmd.exe acts on these outside double quotes; list2cmdline quotes only spaces
+
 
 def quote(arg: str) -> str:
     """One argument, quoted for this platform's shell where it needs it."""
-    return subprocess.list2cmdline([arg]) if sys.platform == "win32" else shlex.quote(arg)
+    return _cmd_quote(arg) if sys.platform == "win32" else shlex.quote(arg)
 
 
 def join(args: list[str]) -> str:
     """Arguments as one command line for this platform's shell."""
-    return subprocess.list2cmdline(args) if sys.platform == "win32" else shlex.join(args)
+    return " ".join(map(_cmd_quote, args)) if sys.platform == "win32" else shlex.join(args)
+
+
+def _cmd_quote(arg: str) -> str:
+    """An argument for cmd.exe: the C runtime's quoting (list2cmdline), in double quotes also where cmd.exe would
+    act on a character (`&`, `|`, ...; `%VAR%` is still expanded inside them: va-bench's paths seldom hold one)."""
+    text = subprocess.list2cmdline([arg])
+    if text.startswith('"') or '"' in arg or not CMD_SPECIAL & set(arg):
+        return text
+    trailing = len(arg) - len(arg.rstrip("\\"))  # backslashes before the closing quote are doubled
+    return f'"{arg}{chr(92) * trailing}"'

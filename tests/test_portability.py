@@ -15,7 +15,7 @@ from conftest import COCO_DIR, REPO, requires_coco
 PLUGIN = REPO / "tests" / "plugins" / "synthetic_detector.py"
 
 WINDOWS_LIKE = r'''
-import os, signal, sys, threading, time, types
+import errno, os, signal, sys, threading, time, types
 import torch, numpy, cv2, onnxruntime, psutil, scipy, pycocotools.coco  # what a Windows wheel provides
 for module in ("fcntl", "resource", "pwd", "grp", "termios"):
     sys.modules[module] = None
@@ -25,7 +25,7 @@ def locking(fd, mode, nbytes):  # msvcrt's byte-range lock, one process's view o
     key = os.fstat(fd).st_ino
     with lock:
         if held.get(key, fd) != fd:
-            raise OSError(36, "Resource deadlock avoided")
+            raise OSError(errno.EDEADLK, "Resource deadlock avoided")
         held[key] = fd
 msvcrt = types.ModuleType("msvcrt")
 msvcrt.LK_NBLCK, msvcrt.locking = 2, locking
@@ -73,6 +73,7 @@ def test_the_main_commands_run_without_posix_only_calls(tmp_path):
                     ["compare", str(out / "w"), str(out / "w")], ["--version"]):
         done = _va_bench_windows_like(*command, cwd=tmp_path)
         assert done.returncode in (0, 1) and "Traceback" not in done.stderr, (command, done.stderr[-2000:])
+        assert "rerun with --debug" not in done.stderr, (command, done.stderr[-2000:])  # no internal error
 
 
 def test_names_commands_and_machine_facts_as_each_platform_has_them(monkeypatch):
@@ -90,6 +91,10 @@ def test_names_commands_and_machine_facts_as_each_platform_has_them(monkeypatch)
     with pytest.raises(ValueError):
         RunConfig(hardware_id="box.")  # Windows drops a trailing dot
     assert RunConfig(run_id="console").run_id == "console"
+    from harness.config import build_config
+
+    # a run recorded before the rule resumes under its own names
+    assert build_config({"run_id": "nul", "hardware_id": "box."}, recorded=True).hardware_id == "box."
     monkeypatch.setattr(sys, "platform", "win32")
     assert shell.quote(r"C:\My Runs") == '"C:\\My Runs"' and shell.join(["run", "a b"]) == 'run "a b"'
     assert env.allocator()["allocator"] == "win32 default"

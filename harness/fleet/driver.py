@@ -35,7 +35,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.catalogue import segment_ids
-from harness.config import SAFE_ID, RunConfig
+from harness.config import SAFE_ID, RunConfig, reserved_name
 from harness.errors import RunInterrupted, UsageError
 from harness.eval.coco_eval import defined_stats, evaluate_cell_file, evaluator_version, max_dets_for
 from harness.files import atomic_write_bytes, atomic_write_json
@@ -171,7 +171,7 @@ def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:
         hardware = sorted(k.split(":", 1)[1] for k in n.get("Resources", {}) if k.startswith("hw:"))
         if n.get("Alive") and hardware:
             node = FleetNode(n["NodeID"], n.get("NodeManagerAddress", "?"), hardware)
-            bad = [h for h in hardware if not re.fullmatch(SAFE_ID, h) or h in RESERVED_IDS]
+            bad = [h for h in hardware if not re.fullmatch(SAFE_ID, h) or h in RESERVED_IDS or reserved_name(h)]
             if bad:
                 node.refused = (f"hardware id {bad[0]!r} cannot name a results folder (letters, digits, '_', '.', "
                                 "'-'; not 'accuracy')")

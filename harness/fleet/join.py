@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import SAFE_ID
+from harness.config import SAFE_ID, reserved_name
 from harness.errors import UsageError
 
 SLOT = "va-bench-slot"  # one per node: a benchmark or an accuracy shard holds the node's only one
@@ -70,9 +70,10 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
     if head == (address is not None):
         raise UsageError("give either --head (start the cluster here) or --address HEAD:PORT (join one)")
     hw = hardware_id or derived_hardware_id()
-    if not re.fullmatch(SAFE_ID, hw) or hw in RESERVED_IDS:
+    if not re.fullmatch(SAFE_ID, hw) or hw in RESERVED_IDS or reserved_name(hw):
         raise UsageError(f"hardware id {hw!r} cannot name a results folder: use letters, digits, '_', '.' and '-' "
-                         f"(not {', '.join(RESERVED_IDS)}); pass --hardware-id")
+                         f"(not {', '.join(RESERVED_IDS)}, nor a Windows device name, nor a trailing '.'); pass "
+                         "--hardware-id")
     resources = json.dumps(node_resources(hw), separators=(",", ":"))
     argv = [ray_executable(), "start"]
     if head:

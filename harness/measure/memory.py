@@ -49,8 +49,9 @@ class MemoryMonitor:
         # the timeline as columns (8 bytes a number, a tag's index): a long sustained run holds hundreds of thousands
         # of samples, which as tuples of floats would add ~120 bytes each to the very RSS being measured
         self._times, self._tags, self._rss, self._cuda = array("d"), array("H"), array("d"), array("d")
-        self._tag_names: list[str] = []
+        self._tag_names: list[str] = []  # a tag's index is an array("H"): up to 65,535 tags, one or two a cell
         self._tag_ids: dict[str, int] = {}
+        self._append = threading.Lock()  # the sampler thread and end_window() both sample: whole rows, one at a time
         self.tag = "start"
         self._window_peak = 0.0
         self._stop = threading.Event()
@@ -63,19 +64,26 @@ class MemoryMonitor:
     def _sample(self) -> None:
         rss = self._rss_mb()
         cuda = torch.cuda.memory_allocated(self.device.index) / MIB if self.device.is_cuda else None
-        self._window_peak = max(self._window_peak, rss)
-        tag = self._tag_ids.get(self.tag)
-        if tag is None:  # the name goes in before any sample refers to it
-            self._tag_names.append(self.tag)
-            tag = self._tag_ids[self.tag] = len(self._tag_names) - 1
-        self._times.append(time.time())
-        self._tags.append(tag)
-        self._rss.append(round(rss, 2))
-        self._cuda.append(math.nan if cuda is None else round(cuda, 2))  # appended last: the count of whole samples
+        name = self.tag
+        with self._append:
+            self._window_peak = max(self._window_peak, rss)
+            tag = self._tag_ids.get(name)
+            if tag is None:  # the name goes in before any sample refers to it
+                self._tag_names.append(name)
+                tag = self._tag_ids[name] = len(self._tag_names) - 1
+            self._times.append(time.time())
+            self._tags.append(tag)
+            self._rss.append(round(rss, 2))
+            self._cuda.append(math.nan if cuda is None else round(cuda, 2))  # appended last: whole samples' count
 
-    def rows(self) -> Iterator[tuple[float, str, float, float | None]]:
-        """The samples so far, oldest first: (time, tag, rss MiB, cuda MiB or None), made one at a time."""
-        for i in range(len(self._cuda)):
+    def count(self) -> int:
+        """How many samples were taken so far."""
+        return len(self._cuda)
+
+    def rows(self, count: int | None = None) -> Iterator[tuple[float, str, float, float | None]]:
+        """The first `count` samples (default: those taken so far), oldest first: (time, tag, rss MiB, cuda MiB or
+        None), made one at a time."""
+        for i in range(self.count() if count is None else count):
             cuda = self._cuda[i]
             yield self._times[i], self._tag_names[self._tags[i]], self._rss[i], None if math.isnan(cuda) else cuda
 

@@ -141,7 +141,8 @@ def append_section(path: Path, text: str, run_id: str) -> None:
     size the log had, so a retry is not refused by half a section."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides
+        # the umask decides the mode; O_BINARY: Windows would otherwise write each "\n" as "\r\n"
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as exc:
         raise UsageError(f"--log {path}: cannot append ({exc.strerror}); choose a writable path") from None
     try:

@@ -32,7 +32,7 @@ SUBMISSION_BLOCKS = ("model", "runtime", "config", "timing", "hardware")  # any 
 # a submission is a few KB to a few MB (every timed batch's time: a sustained run of fast batches at ~9 bytes each);
 # anything this big is not one
 MAX_FILE_BYTES = 32 * 2**20
-MAX_RUN_JSON_BYTES = 20 * 2**20  # run.json of a long sweep; submissions read for a report
+MAX_RUN_JSON_BYTES = MAX_FILE_BYTES  # run.json of a long sweep; submissions read for a report
 MAX_DETECTIONS_BYTES = 2**30  # full val2017 at max_det 300 is ~150 MB
 
 T = TypeVar("T")
@@ -363,7 +363,7 @@ class SubmissionFile:
 
 
 def read_submission(path: Path, schema_version: str = SUBMISSION_SCHEMA_VERSION) -> SubmissionFile:
-    """A va.submission.v1 file, strictly (5 MiB, strict numbers, the schema version, the fields' types); a
+    """A va.submission.v1 file, strictly (32 MiB, strict numbers, the schema version, the fields' types); a
     one-line UsageError naming the problem otherwise."""
     from pydantic import ValidationError
 

@@ -24,8 +24,8 @@ def resumed_config(recorded: dict, overrides: dict, output_dir: Path,
                    run_id: str | None) -> tuple[RunConfig, list[str]]:
     """The configuration a resumed run (local or fleet) runs with: the recorded one with the options given now,
     and what those options change (each a reason to refuse unless --force)."""
-    original = build_config(recorded)
-    config = build_config({**recorded, **overrides, "run_id": run_id, "output_dir": str(output_dir)})
+    original = build_config(recorded, recorded=True)
+    config = build_config({**recorded, **overrides, "run_id": run_id, "output_dir": str(output_dir)}, recorded=True)
     refuse_given_options(config, overrides)  # as a new run's command line would be
     problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
                 if original.identity()[k] != v]

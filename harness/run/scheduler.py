@@ -371,7 +371,8 @@ class Scheduler:
     @staticmethod
     def _write_memory(ctx: RunContext) -> None:
         if ctx.monitor is not None:
-            ctx.artifacts.write_memory(ctx.monitor.rows)
+            taken = ctx.monitor.count()  # both files hold the same samples, however many come meanwhile
+            ctx.artifacts.write_memory(lambda: ctx.monitor.rows(taken))
 
 
 def run_with_interrupts(plan: RunPlan, argv: list[str], progress=None) -> RunOutcome:

@@ -33,7 +33,8 @@ def _lock(run_dir: Path, run_id: str) -> int:
 def lock_folder(folder: Path, busy: str) -> int:
     """An exclusive lock on `folder` (its .lock file) held by this process until it closes the descriptor or exits
     (even on kill -9); `busy` is the one-line refusal when another process holds it."""
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides (a group-shared run folder)
+    # the umask decides the mode (a group-shared run folder); O_BINARY: no newline translation on Windows
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
     if not lock_file(fd, wait=False):
         os.close(fd)
         raise UsageError(busy)
