@@ -755,14 +755,13 @@ def fleet_join(
                                              help="more `ray start` options (TLS, ports), after --"),
 ) -> None:
     """Start Ray on this device with its hardware id as a resource (`ray start`, wrapped); stop with `ray stop`."""
-    import shlex
-
+    from harness import shell
     from harness.fleet.join import join_command, start
 
     command = join_command(address, head, port, node_ip_address, hardware_id, extra or [])
     env = " ".join(f"{k}={v}" for k, v in command.env_added.items())
     console.print(f"hardware id [bold]{escape(command.hardware_id)}[/]: {escape((env + ' ') if env else '')}"
-                  f"{escape(shlex.join(command.argv))}", highlight=False, soft_wrap=True)
+                  f"{escape(shell.join(command.argv))}", highlight=False, soft_wrap=True)
     if dry_run:
         return
     status = start(command)

@@ -3,12 +3,11 @@ its status and headline numbers, the sharded accuracy per group, and a dict for 
 
 from __future__ import annotations
 
-import shlex
-
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness import shell
 from harness.results.reader import submission_of_cell
 from harness.views.text import escape
 
@@ -72,7 +71,7 @@ def print_fleet_summary(console: Console, outcome) -> None:
                   f"{escape(str(outcome.fleet_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"continue with: va-bench fleet run --resume {escape(outcome.run_id)} --output-dir "
-                      f"{escape(shlex.quote(str(outcome.fleet_dir.parent)))} (add --retry-failed for failed cells)",
+                      f"{escape(shell.quote(str(outcome.fleet_dir.parent)))} (add --retry-failed for failed cells)",
                       highlight=False)
 
 
