@@ -61,7 +61,10 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     assert combined["preprocess"]["implementation"] == "cv2"  # auto on a CPU: the family's own library
     holders = checks["overhead.b2.lock_holders"]
     if holders["status"] == "ok":  # py-spy is in the dev extra; a box that forbids ptrace says "not run"
-        assert "MainThread" in holders["data"]["by_thread"], holders
+        # which threads py-spy caught holding the lock in a two-image stream is chance (on a loaded box it once
+        # caught only a worker): the plumbing gives some, each a thread of the stream
+        threads = holders["data"]["by_thread"]
+        assert threads and all(t == "MainThread" or t.startswith("va-stream") for t in threads), holders
     else:
         assert holders["status"] == "not run" and holders["reason"], holders
 
