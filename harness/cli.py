@@ -382,8 +382,12 @@ def campaign(
             raise UsageError(path_problem("campaign file", file, "no such file") + "; give a campaign YAML")
         plan = read_campaign_file(file, options)
     campaign_id = campaign_id or f"{plan.model}-{rf100vl.name if rf100vl else file.stem}"
-    if not _re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", campaign_id):
+    from harness.config import SAFE_ID, reserved_name
+
+    if not _re.fullmatch(SAFE_ID, campaign_id):
         raise UsageError(f"--campaign-id {campaign_id!r} is not a plain name: use letters, digits, '_', '.' and '-'")
+    if not (output_dir / campaign_id).exists() and (problem := reserved_name(campaign_id)):  # a new campaign's
+        raise UsageError(f"--campaign-id {campaign_id} {problem}; pick another")
     runner = run_here
     if on_fleet:
         runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)

@@ -221,6 +221,8 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
         assert result.returncode == 2 and "is being run by another va-bench process" in result.stderr, result.stderr
     finally:
         os.close(held)
+    device = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "o8"), "--campaign-id", "nul")
+    assert device.returncode == 2 and "device name on Windows" in device.stderr and not (tmp_path / "o8").exists()
     (tmp_path / "a-file").write_text("")
     result = run_in_process("campaign", str(good), "--output-dir", str(tmp_path / "a-file"))
     assert result.returncode == 2 and "not a folder" in result.stderr, result.stderr
