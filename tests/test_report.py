@@ -205,6 +205,20 @@ def test_performance_table_matches_submissions(run_a):
         assert float(row[col["img/s"]]) == pytest.approx(sub["throughput"]["images_per_s"], abs=half_unit)
         assert float(row[col["p50 ms/batch"]]) == pytest.approx(sub["timing"]["batch_ms"]["p50"], abs=half_unit)
         assert row[col["J/img"]] == ("unavailable" if sub["energy"].get("status") != "ok" else row[col["J/img"]])
+        assert float(row[col["timed s"]]) == pytest.approx(sub["timing"]["timed_seconds"], abs=0.05 + 1e-9)
+        # the p99 per image and its bound: numpy's percentile and scipy's binomial order statistic of the samples
+        from scipy.stats import binom
+
+        per_image = np.asarray(sub["timing"]["batch_samples_ms"]) / sub["timing"]["batch_size"]
+        shown = row[col["p99 ms/img (95 % bound)"]]
+        figure, _, rest = shown.partition(" (")
+        # 2 decimals of a figure the submission rounds to 4 (and its samples too): half a unit, and the rounding's
+        assert float(figure) == pytest.approx(np.percentile(per_image, 99), abs=half_unit + 2e-4)
+        if len(per_image) >= 299:
+            bound = np.sort(per_image)[int(binom.ppf(0.95, len(per_image), 0.99))]
+            assert rest.startswith("<= ") and float(rest[3:-1]) == pytest.approx(bound, abs=half_unit + 2e-4)
+        else:
+            assert rest == f"no bound: {len(per_image)} of 299 samples)", shown
         # the split as the run's summary gives it: the transfer to the device is the forward's
         stages, total = sub["timing"]["stages_ms"], sub["timing"]["batch_ms"]["mean"]
         assert "transfer" in stages

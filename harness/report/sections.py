@@ -161,21 +161,34 @@ def _energy(cell) -> str:
     return "unavailable"
 
 
+def _p99(cell) -> str:
+    """A cell's p99 per image beside its distribution-free 95 % upper bound (timing.tail), or why it has none."""
+    tail = cell.get("timing.tail.p99")
+    if not isinstance(tail, dict):  # a cell recorded before timing.tail, or the site's own file
+        return fmt(cell.first_number("timing.per_image_ms.p99", "timing.total_ms.p99"))
+    if tail.get("upper95") is None:
+        return f"{fmt(tail.get('value'))} (no bound: {tail.get('samples')} of {tail.get('samples_needed')} samples)"
+    return f"{fmt(tail.get('value'))} (<= {fmt(tail.get('upper95'))})"
+
+
 def performance_table(run: RunFolder) -> Table:
-    """One row per cell: throughput, latency percentiles, stage split, peak memory, energy."""
-    header = ["model", "backend", "precision", "size", "batch", "mode", "timed batches", "img/s", "p50 ms/batch",
-              "p95 ms/batch", "p50 ms/img", "stage split", "peak RAM MB", "peak VRAM MB", "J/img"]
+    """One row per cell: throughput, latency percentiles (the p99 with its 95 % upper bound), how long it was timed,
+    stage split, peak memory, energy."""
+    header = ["model", "backend", "precision", "size", "batch", "mode", "timed batches", "timed s", "img/s",
+              "p50 ms/batch", "p95 ms/batch", "p50 ms/img", "p99 ms/img (95 % bound)", "stage split", "peak RAM MB",
+              "peak VRAM MB", "J/img"]
     rows = []
     for c in run.cells:
         k = c.key
         rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size), k.mode,
-                     fmt(c.get("timing.timed_batches"), 0),
+                     fmt(c.get("timing.timed_batches"), 0), fmt(c.get("timing.timed_seconds"), 1),
                      fmt(c.first_number("throughput.images_per_s", "throughput.fps_mean")),
                      fmt(c.get("timing.batch_ms.p50")), fmt(c.get("timing.batch_ms.p95")),
-                     fmt(c.first_number("timing.per_image_ms.p50", "timing.total_ms.p50")), _split(c),
+                     fmt(c.first_number("timing.per_image_ms.p50", "timing.total_ms.p50")), _p99(c), _split(c),
                      fmt(c.get("memory.peak_ram_mb"), 1),
                      fmt(c.get("memory.peak_vram_mb"), 1), _energy(c)])
-    numeric = [False, False, False, True, True, False, True, True, True, True, True, False, True, True, True]
+    numeric = [False, False, False, True, True, False, True, True, True, True, True, True, False, False, True, True,
+               True]
     return Table(header, rows, numeric)
 
 
