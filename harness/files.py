@@ -44,6 +44,9 @@ class DiskFullError(VaBenchError):
         super().__init__((f"{reason} writing {path}" if path else reason) + (f"; {fix}" if fix else ""))
 
 
+FILE_SIZE_FIX = "raise the file-size limit (ulimit -f), or write to a file system that takes larger files"
+
+
 def file_size_limit(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from, is the process's file-size limit (EFBIG: `ulimit -f`)."""
     return any(isinstance(link, OSError) and link.errno == errno.EFBIG for link in exception_chain(exc))
@@ -69,7 +72,7 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
         reason = "file too large (the file-size limit)" if limit else "no space left on device"
         message = (str(exc) if isinstance(exc, DiskFullError)
                    else f"{reason} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
-        return StorageProblem(message, reason, "raise the file-size limit (ulimit -f)" if limit else "free some space")
+        return StorageProblem(message, reason, FILE_SIZE_FIX if limit else "free some space")
     for link in exception_chain(exc):
         if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS and link.filename is not None
                 and Path(os.path.abspath(link.filename)).is_relative_to(os.path.abspath(folder))):

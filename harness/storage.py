@@ -11,11 +11,17 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.files import DISK_FULL_ERRNOS, DiskFullError, exception_chain, file_size_limit, is_disk_full
+from harness.files import (
+    DISK_FULL_ERRNOS,
+    FILE_SIZE_FIX,
+    DiskFullError,
+    exception_chain,
+    file_size_limit,
+    is_disk_full,
+)
 
 LOW_SPACE_BYTES = 1 << 20
 CACHE_FULL_FIX = "free space there, or set $VA_BENCH_WEIGHTS to a folder on another disk"
-FILE_SIZE_FIX = "raise the file-size limit (ulimit -f), or write to a file system that takes larger files"
 
 
 def free_bytes(path: Path) -> int | None:
