@@ -234,6 +234,7 @@ class AccuracyRecord:
     per_class_file: str | None = None  # per-category AP, relative to the run folder
     iou_types: list[str] = field(default_factory=lambda: ["bbox"])  # segmentation: ["segm", "bbox"], same detections
     reference: dict[str, Any] | None = None  # int8: the same model's fp32 mAP on the same images, and the verdict
+    operating_point: dict[str, Any] | None = None  # the best-mean-F1 confidence and P/R/F1 there, or unavailable
     detections_sha256: str | None = None
     same_detections_as: str | None = None  # the statistics are this earlier cell's: its detections file is identical
 

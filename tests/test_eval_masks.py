@@ -124,8 +124,9 @@ def test_a_segmentation_cells_figures_are_the_masks_its_bbox_keys_the_boxes(coco
         r["bbox"] = [x + 0.04 * w, y + 0.04 * h, 0.92 * w, 0.92 * h]
     path = tmp_path / "cell.json"
     path.write_text(json.dumps(results))
-    stats, per_class, iou_types = evaluate_cell_file(coco, path, image_ids, evaluator, 100, task="segment")
-    assert iou_types == ["segm", "bbox"]
+    evaluation = evaluate_cell_file(coco, path, image_ids, evaluator, 100, task="segment")
+    stats, per_class = evaluation.stats, evaluation.primary.per_class
+    assert evaluation.iou_types == ["segm", "bbox"]
     segm, bbox = (_plain_pycocotools_eval(coco, results, image_ids, t) for t in ("segm", "bbox"))
     assert [stats[k] for k in STAT_NAMES] == pytest.approx(list(segm.stats), abs=1e-12)
     assert [stats[f"bbox_{k}"] for k in SITE_BBOX_KEYS] == pytest.approx(list(bbox.stats[:6]), abs=1e-12)

@@ -275,8 +275,40 @@ def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
     assert [row[0] for row in table.rows] == [str(c["id"]) for c in written] and len(table.rows) == 80
     for row, c in zip(table.rows, written, strict=True):
         assert row[2] == ("-" if c["AP"] is None else f"{c['AP']:.4f}")
+        assert row[4:7] == ["-" if c[k] is None else f"{c[k]:.4f}" for k in ("precision", "recall", "F1")]
+    assert any(row[6] != "-" for row in table.rows)
     html = make_report(_copy(run_a, tmp_path)).html.read_text()
-    assert "per-category AP of" in html
+    assert "per-category AP, and P/R/F1 at the operating point, of" in html
+
+
+def test_operating_points_and_curves_are_the_runs_own(run_a, tmp_path):
+    """The operating-point table is each submission's eval.operating_point; the precision-recall plot draws the
+    per_class files' curves and points, once per distinct detections file, under Accuracy."""
+    from harness.report.plots import precision_recall
+    from harness.report.sections import operating_point_table
+
+    run = load_run(run_a)
+    table = operating_point_table(run)
+    col = {h: i for i, h in enumerate(table.header)}
+    subs = _submissions(run_a)
+    assert len(table.rows) == len(subs)
+    for row in table.rows:
+        sub = next(s for s in subs if str(s["config"]["batch_size"]) == row[col["batch"]])
+        point = sub["eval"]["operating_point"]
+        assert 0 < point["confidence"] < 1 and point["classes"] > 0
+        assert [row[col[k]] for k in ("confidence", "P", "R", "F1")] == \
+            [f"{point[k]:.4f}" for k in ("confidence", "precision", "recall", "F1")]
+    plot = precision_recall(run)
+    assert plot.png.startswith(PNG_SIGNATURE)
+    assert len(plot.data) == len({s["eval"]["detections_sha256"] for s in subs})
+    for label, data in plot.data.items():
+        sub = next(s for s in subs if label.endswith(f"b{s['config']['batch_size']}"))
+        written = json.loads((run_a / sub["eval"]["per_class"]).read_text())
+        assert data["0.50"] == written["pr_curve"]["precision"]["0.50"]
+        assert data["point"] == (written["operating_point"]["recall"], written["operating_point"]["precision"])
+    html = make_report(_copy(run_a, tmp_path)).html.read_text()
+    accuracy = html.split("<h2 id='accuracy'>", 1)[1].split("<h2 id='gates'>", 1)[0]
+    assert "<h3>Operating point</h3>" in accuracy and "Precision-recall" in accuracy
 
 
 def _artefact_list(html: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
+from harness.eval.precision_recall import MatchCollector, OperatingPoint, operating_point, pr_curves
 from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 from harness.records import COCO_MAX_DETS, ImageDetections
 
@@ -105,19 +106,33 @@ def evaluate_bbox_file_per_class(coco_gt: COCO, path: str | Path, image_ids: lis
     categories (`_category_groups`), i.e. a single group up to mini500; the file is parsed into arrays one object
     at a time. faster-coco-eval is evaluated the same way (its C++ core behind the same COCOeval interface): the
     same numbers, in the same bounded memory."""
-    columns = read_results(Path(path))
-    return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")
+    evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, pairs_per_chunk, cap,
+                                   "bbox")
+    return evaluation.stats, evaluation.per_class
+
+
+@dataclass
+class Evaluation:
+    """One COCOeval of a results file: the statistics, each category's AP, the averaged precision-recall curves and
+    the best-F1 operating point (`precision_recall`)."""
+
+    stats: dict[str, float]
+    per_class: dict[int, dict[str, float]]
+    pr_curve: dict
+    operating_point: OperatingPoint | None  # None: no ground truth (`operating_point_unavailable` says so)
+    operating_point_unavailable: str | None = None
 
 
 def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str,
-                      pairs_per_chunk: int | None, cap: int,
-                      iou_type: str) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+                      pairs_per_chunk: int | None, cap: int, iou_type: str) -> Evaluation:
     """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
-    accumulated arrays joined into one evaluation."""
+    accumulated arrays joined into one evaluation, each group's matches at IoU 0.50 kept for the operating point."""
     COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
+    matches = MatchCollector()
+    ground_truths = _ground_truth_counts(coco_gt, image_ids)
     with contextlib.redirect_stdout(io.StringIO()):
         for chunk, chunk_images in _category_groups(categories, columns, coco_gt, image_ids,
                                                     pairs_per_chunk or CHUNK_PAIRS):
@@ -127,6 +142,8 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
+            matches.add(coco_eval, _detection_pairs(columns, chunk, chunk_images),
+                        {c: ground_truths.get(c, 0) for c in chunk}, cap)
             del coco_eval  # this group's per-image records go before the next group's are built
         coco_eval = COCOeval(gt, _results_of(gt, columns, [], iou_type), iou_type)
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
@@ -136,7 +153,10 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
                           "precision": np.concatenate([e["precision"] for e in parts], axis=2),
                           "recall": np.concatenate([e["recall"] for e in parts], axis=1),
                           "scores": np.concatenate([e["scores"] for e in parts], axis=2)}
-    return summarize(coco_eval, cap), per_class_ap(coco_eval, cap)
+    point = operating_point(matches)
+    unavailable = "no ground-truth object among the evaluated images" if point is None else None
+    return Evaluation(summarize(coco_eval, cap), per_class_ap(coco_eval, cap),
+                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable)
 
 
 def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
@@ -158,26 +178,65 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
     Each result keeps its predicted box (loadRes takes its bbox branch when a box is there, as with libreyolo's
     results: a detection's area, for the area ranges, is its box's). The box pass reads the results without their
     masks: exactly what a detection file of the same boxes is scored on."""
-    columns = read_results(Path(path), masks=True)
-    segm, per_class = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm")
-    bbox = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox")[0]
-    return {"segm": segm, "bbox": bbox}, per_class
+    segm, bbox = _evaluate_masks(coco_gt, read_results(Path(path), masks=True), image_ids, evaluator, cap,
+                                 pairs_per_chunk)
+    return {"segm": segm.stats, "bbox": bbox.stats}, segm.per_class
+
+
+def _evaluate_masks(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str, cap: int,
+                    pairs_per_chunk: int | None = None) -> tuple[Evaluation, Evaluation]:
+    """The segm and the bbox evaluation of one segmentation results file's columns."""
+    return (_evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm"),
+            _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox"))
 
 
 # The box statistics a segmentation submission carries beside its mask ones, as bbox_<key> (the site's shape)
 SITE_BBOX_KEYS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large")
 
 
+@dataclass
+class CellEvaluation:
+    """What a cell's detections file is scored as: the task's primary evaluation (`Evaluation`: segm for masks) with
+    the statistics as a submission carries them (a segmentation cell's box ones beside, as bbox_<key>) and the
+    iouTypes evaluated."""
+
+    stats: dict[str, float]
+    primary: Evaluation
+    iou_types: list[str]
+
+
 def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
-                       task: str = "detect") -> tuple[dict[str, float], dict[int, dict[str, float]], list[str]]:
-    """The evaluation a cell's detections file gets: (statistics, per-category AP, iouTypes). "detect": bbox;
-    "segment": segm and bbox on the same detections, the mask statistics under the plain keys and the box ones
-    as bbox_mAP_50_95 ... (SITE_BBOX_KEYS), per-category AP of the masks."""
+                       task: str = "detect") -> CellEvaluation:
+    """The evaluation a cell's detections file gets. "detect": bbox; "segment": segm and bbox on the same
+    detections, the mask statistics under the plain keys and the box ones as bbox_mAP_50_95 ... (SITE_BBOX_KEYS),
+    per-category AP, curves and operating point of the masks."""
     if task == "segment":
-        both, per_class = evaluate_masks_file_per_class(coco_gt, path, image_ids, evaluator, cap)
-        return {**both["segm"], **{f"bbox_{k}": both["bbox"][k] for k in SITE_BBOX_KEYS}}, per_class, ["segm", "bbox"]
-    stats, per_class = evaluate_bbox_file_per_class(coco_gt, path, image_ids, evaluator, cap=cap)
-    return stats, per_class, ["bbox"]
+        segm, bbox = _evaluate_masks(coco_gt, read_results(Path(path), masks=True), image_ids, evaluator, cap)
+        return CellEvaluation({**segm.stats, **{f"bbox_{k}": bbox.stats[k] for k in SITE_BBOX_KEYS}}, segm,
+                              ["segm", "bbox"])
+    evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox")
+    return CellEvaluation(evaluation.stats, evaluation, ["bbox"])
+
+
+def operating_point_summary(evaluation: Evaluation) -> dict:
+    """The operating point as a submission's `eval.operating_point` carries it: the confidence and the classes' mean
+    precision, recall and F1 there, or unavailable with the reason."""
+    if evaluation.operating_point is None:
+        return {"status": "unavailable", "reason": evaluation.operating_point_unavailable}
+    return evaluation.operating_point.to_dict()
+
+
+def per_class_document(evaluation: CellEvaluation, names: dict[int, str], cap: int) -> dict:
+    """A cell's per_class file: each category's AP 50:95 and AP 50 (null where it has no ground truth) and its
+    precision, recall and F1 at the operating point (null where it is not averaged), the operating point itself and
+    the averaged precision-recall curves."""
+    primary = evaluation.primary
+    at_point = primary.operating_point.per_class if primary.operating_point is not None else {}
+    return {"eval_max_det": cap, "iou_type": evaluation.iou_types[0], "categories": [
+        {"id": c, "name": names.get(c), **{k: (None if v < 0 else round(v, 6)) for k, v in ap.items()},
+         **{k: (round(at_point[c][k], 6) if c in at_point else None) for k in ("precision", "recall", "F1")}}
+        for c, ap in sorted(primary.per_class.items())],
+        "operating_point": operating_point_summary(primary), "pr_curve": primary.pr_curve}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections
@@ -216,6 +275,26 @@ def _category_groups(categories: list[int], columns: ResultColumns, coco_gt: COC
         detections = hi - lo
         groups.append(([category], covered))
     return [(chunk, wanted[mask].tolist() if mask.any() else wanted[:1].tolist()) for chunk, mask in groups]
+
+
+def _ground_truth_counts(coco_gt: COCO, image_ids: list[int]) -> dict[int, int]:
+    """Category id -> its non-crowd ground truths on `image_ids` (what recall divides by)."""
+    counts: dict[int, int] = {}
+    for image_id in image_ids:
+        for ann in coco_gt.imgToAnns.get(image_id, ()):
+            if not ann.get("iscrowd", 0):
+                counts[ann["category_id"]] = counts.get(ann["category_id"], 0) + 1
+    return counts
+
+
+def _detection_pairs(columns: ResultColumns, categories: list[int], image_ids: list[int]) -> list[tuple[int, int]]:
+    """The (image, category) pairs of `categories` on `image_ids` holding a detection, in image then category
+    order."""
+    rows = np.isin(columns.category_id, categories) & np.isin(columns.image_id, image_ids)
+    if not rows.any():
+        return []
+    pairs = np.unique(np.stack([columns.image_id[rows], columns.category_id[rows]], axis=1), axis=0)
+    return [(int(i), int(c)) for i, c in pairs.tolist()]
 
 
 @dataclass
@@ -327,7 +406,8 @@ def _evaluate(coco_gt: COCO, detections: list[dict], image_ids: list[int], evalu
               cap: int = COCO_MAX_DETS, iou_type: str = "bbox") -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     if not detections:  # loadRes rejects an empty list: the empty set through the grouped evaluation
         empty = ResultColumns(*(np.zeros(0, dtype=np.int64),) * 2, np.zeros((0, 4)), np.zeros(0), [])
-        return _evaluate_grouped(coco_gt, empty, image_ids, evaluator, None, cap, iou_type)
+        evaluation = _evaluate_grouped(coco_gt, empty, image_ids, evaluator, None, cap, iou_type)
+        return evaluation.stats, evaluation.per_class
     COCOeval, gt = _library(coco_gt, evaluator)
     with contextlib.redirect_stdout(io.StringIO()):
         coco_eval = COCOeval(gt, gt.loadRes(detections), iou_type)

@@ -37,7 +37,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from harness.catalogue import segment_ids
 from harness.config import SAFE_ID, RunConfig, reserved_name
 from harness.errors import RunInterrupted, UsageError
-from harness.eval.coco_eval import defined_stats, evaluate_cell_file, evaluator_version, max_dets_for
+from harness.eval.coco_eval import (
+    defined_stats,
+    evaluate_cell_file,
+    evaluator_version,
+    max_dets_for,
+    operating_point_summary,
+)
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import HardwareFolder
@@ -643,13 +649,14 @@ class FleetDriver:
             atomic_write_bytes(self.fplan.fleet_dir / rel_dets, merged)
             # the evaluation a cell's detections get (executor.py), on the merged file
             task = "segment" if config.masks and key.model in segment_ids() else "detect"
-            stats, _, iou_types = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
-                                                     list(plan.variant.image_ids), config.evaluator,
-                                                     config.eval_max_det, task)
+            evaluation = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
+                                            list(plan.variant.image_ids), config.evaluator, config.eval_max_det, task)
+            stats, iou_types = evaluation.stats, evaluation.iou_types
             record = {"run_id": plan.run_id, "created_at": utc_now_iso(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": defined_stats(stats),
+                      "operating_point": operating_point_summary(evaluation.primary),
                       "maxDets": max_dets_for(config.eval_max_det), "iouType": iou_types,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,

@@ -21,6 +21,7 @@ from harness.report.sections import (
     artefacts,
     human_size,
     notes,
+    operating_point_table,
     per_class_table,
     performance_table,
     repro_commands,
@@ -29,6 +30,7 @@ from harness.report.sections import (
 )
 from harness.results.reader import RunFolder
 
+ACCURACY_PLOTS = ("precision_recall.png",)  # shown under Accuracy, not with the timing plots
 MAX_SAMPLE_IMAGES = 4
 MAX_IMAGE_BYTES = 2 * 1024 * 1024
 IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
@@ -156,14 +158,23 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
     parts.append("<p class='note'>img/s: images over the summed batch times (latency mode) or over the stream's "
                  "wall time (overlapped); ms/batch percentiles over the timed batches; J/img over the timing "
                  "window.</p>")
-    parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots))
+    accuracy_plots = [p for p in plots if p.name in ACCURACY_PLOTS]
+    parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots if p.name not in ACCURACY_PLOTS))
     acc = accuracy_table(run)
     parts.append("<h2 id='accuracy'>Accuracy (COCO statistics: bbox; segm for a segmentation cell)</h2>"
                  + (_table(acc) if acc else f"<p class='unavailable'>{escape(accuracy_unavailable(run))}</p>"))
+    point = operating_point_table(run)
+    if point is not None:
+        parts.append("<h3>Operating point</h3>" + _table(point)
+                     + "<p class='note'>the detection score with the highest mean F1 over the classes (IoU 0.50, "
+                       "COCO's matching, the lowest such score at a tie), and the classes' mean precision, recall "
+                       "and F1 there: what running the detector at that confidence gives on these images.</p>")
+    parts.append("".join(_plot(p) for p in accuracy_plots if acc))
     per_class = per_class_table(run)
     if per_class is not None:
         label, table = per_class
-        parts.append(f"<details><summary>per-category AP of {escape(label)}</summary>{_table(table)}</details>")
+        parts.append(f"<details><summary>per-category AP, and P/R/F1 at the operating point, of {escape(label)}"
+                     f"</summary>{_table(table)}</details>")
     parts.append(f"<h2 id='gates'>Gates</h2><p class='note'>targets from {escape(gate_source)}</p>")
     if gates is not None:
         parts.append(_table(gate_table(gates), status_col=4, wrap=True) if gates else "<p>no gates in the file</p>")

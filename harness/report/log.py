@@ -22,6 +22,7 @@ from harness.report.sections import (
     harness_commits,
     human_size,
     notes,
+    operating_point_table,
     performance_table,
     repro_commands,
     run_date,
@@ -88,6 +89,10 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     out += [f"### Accuracy ({_inline(first.dataset_variant or '?')}, {_inline(first.get('dataset.num_images') or '?')} "
             "images)",
             "", markdown_table(acc) if acc else accuracy_unavailable(run), ""]
+    point = operating_point_table(run)
+    if point is not None:
+        out += ["Operating point (the confidence with the highest mean F1 over the classes, IoU 0.50):", "",
+                markdown_table(point), ""]
     out += ["### Performance", "", markdown_table(performance_table(run)), ""]
     out += [f"### Gates ({gate_source})", ""]
     if gates is None:

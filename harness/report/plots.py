@@ -320,6 +320,53 @@ def energy_per_image(run: RunFolder) -> Plot:
     return Plot(name, title, _png(fig), {m[0]: m[1] for m in measured}, notes)
 
 
+PR_IOUS = (("0.50", "-"), ("0.50:0.95", "--"))
+
+
+def precision_recall(run: RunFolder) -> Plot:
+    """COCO's precision-recall curves averaged over the classes (IoU 0.50 solid, 0.50:0.95 dashed) of each scored
+    cell with distinct detections, from its per_class file, with its operating point (the best mean F1: the
+    classes' mean recall and precision there, not interpolated, so it can sit below the curve)."""
+    from harness.report.sections import per_class_file
+
+    name, title = "precision_recall.png", "Precision-recall (COCO, mean over classes)"
+    curves, seen = {}, set()
+    for c in run.cells:
+        document = per_class_file(run, c)
+        curve = document.get("pr_curve") if document else None
+        if not (isinstance(curve, dict) and isinstance(curve.get("precision"), dict) and curve.get("recall")):
+            continue
+        same = c.get("eval.detections_sha256")
+        if same is not None and same in seen:  # the same detections draw the same curve: once
+            continue
+        seen.add(same)
+        point = document.get("operating_point") or {}
+        curves[c.key.label] = {"recall": curve["recall"], **{iou: curve["precision"].get(iou) for iou, _ in PR_IOUS},
+                               "point": ((point["recall"], point["precision"]) if "F1" in point else None)}
+    if not curves:
+        return _unavailable(name, title, "no scored cell has a per_class file with precision-recall curves")
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.subplots()
+    for index, (label, data) in enumerate(curves.items()):
+        color = f"C{index % 10}"
+        for iou, style in PR_IOUS:
+            if data[iou]:
+                ax.plot(data["recall"], data[iou], style, color=color, label=f"{label} IoU {iou}")
+        if data["point"]:
+            ax.plot(*data["point"], "o", color=color, markersize=6)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title)
+    notes = ["COCO's interpolated precision at 101 recall points, averaged over the classes with ground truth (a "
+             "curve's mean is that mAP); dot: the operating point (the confidence with the highest mean F1 at IoU "
+             "0.50: the classes' mean recall and precision there)"]
+    return Plot(name, title, _png(fig), curves, notes)
+
+
 def _float(value: Any) -> float | None:
     try:
         return float(value) if value not in (None, "") else None
@@ -327,8 +374,9 @@ def _float(value: Any) -> float | None:
         return None
 
 
-ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image)
-PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png", "energy.png")
+ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image, precision_recall)
+PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png", "energy.png",
+              "precision_recall.png")
 
 
 def all_plots(run: RunFolder) -> list[Plot]:

@@ -215,19 +215,53 @@ def accuracy_table(run: RunFolder) -> Table | None:
     return Table(header, rows, numeric)
 
 
-def per_class_table(run: RunFolder) -> tuple[str, Table] | None:
-    """Each category's AP 50:95 and AP 50 (at the evaluation cap) of the first scored cell that has them
-    (`eval.per_class`, written by the run): (the cell's label, table); None when no cell has them."""
+def operating_point_table(run: RunFolder) -> Table | None:
+    """Per scored cell, the operating point (`eval.operating_point`): the confidence with the highest mean F1 over
+    the classes and the mean precision, recall and F1 there, or why there is none; None when no cell has one
+    (a run recorded before operating points, the site's own files)."""
+    rows = []
     for c in run.cells:
-        relative = c.get("eval.per_class")
-        path = inside_run_folder(run.path, relative) if isinstance(relative, str) else None
-        if path is None or not path.is_file():
+        point = c.get("eval.operating_point")
+        if not isinstance(point, dict):
             continue
-        entries = [e for e in read_json_object(path).get("categories") or [] if isinstance(e, dict)]
-        rows = [[str(e.get("id")), str(e.get("name") or "-"), fmt(e.get("AP"), 4), fmt(e.get("AP50"), 4)]
-                for e in entries]
+        k = c.key
+        row = [k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size),
+               "masks" if c.get("model.task") == "segment" else "boxes"]
+        if point.get("status") == "unavailable":
+            rows.append(row + ["-", "-", "-", "-", "-", f"unavailable: {point.get('reason')}"])
+        else:
+            rows.append(row + [fmt(point.get("confidence"), 4), fmt(point.get("precision"), 4),
+                               fmt(point.get("recall"), 4), fmt(point.get("F1"), 4), fmt(point.get("classes"), 0),
+                               ""])
+    if not rows:
+        return None
+    return Table(["model", "backend", "precision", "size", "batch", "scored", "confidence", "P", "R", "F1", "classes",
+                  "note"], rows, [False, False, False, True, True, False, True, True, True, True, True, False])
+
+
+def per_class_file(run: RunFolder, cell) -> dict | None:
+    """A cell's per_class file (`eval.per_class`, inside its run folder), or None where it has none to read."""
+    relative = cell.get("eval.per_class")
+    path = inside_run_folder(run.path, relative) if isinstance(relative, str) else None
+    if path is None or not path.is_file():
+        return None
+    return read_json_object(path)
+
+
+def per_class_table(run: RunFolder) -> tuple[str, Table] | None:
+    """Each category's AP 50:95 and AP 50 (at the evaluation cap), and its precision, recall and F1 at the
+    operating point, of the first scored cell that has them (`eval.per_class`, written by the run): (the cell's
+    label, table); None when no cell has them."""
+    for c in run.cells:
+        document = per_class_file(run, c)
+        if document is None:
+            continue
+        entries = [e for e in document.get("categories") or [] if isinstance(e, dict)]
+        rows = [[str(e.get("id")), str(e.get("name") or "-"), fmt(e.get("AP"), 4), fmt(e.get("AP50"), 4),
+                 fmt(e.get("precision"), 4), fmt(e.get("recall"), 4), fmt(e.get("F1"), 4)] for e in entries]
         if rows:
-            return c.key.label, Table(["id", "category", "AP 50:95", "AP 50"], rows, [True, False, True, True])
+            return c.key.label, Table(["id", "category", "AP 50:95", "AP 50", "P", "R", "F1"], rows,
+                                      [True, False, True, True, True, True, True])
     return None
 
 

@@ -147,6 +147,8 @@ def build_submission(record: CellRecord) -> dict:
                  "maxDets": record.accuracy.max_dets if record.accuracy else None,
                  "iouType": record.accuracy.iou_types if record.accuracy else None,
                  "per_class": record.accuracy.per_class_file if record.accuracy else None,
+                 **({"operating_point": record.accuracy.operating_point}
+                    if record.accuracy and record.accuracy.operating_point else {}),
                  "detections": record.accuracy.detections_file if record.accuracy else None,
                  "detections_sha256": record.accuracy.detections_sha256 if record.accuracy else None,
                  **({"same_detections_as": record.accuracy.same_detections_as}

@@ -39,6 +39,8 @@ from harness.eval.coco_eval import (
     evaluate_cell_file,
     evaluator_version,
     max_dets_for,
+    operating_point_summary,
+    per_class_document,
     read_results,
 )
 from harness.eval.matching import match_detections
@@ -609,24 +611,21 @@ class GroupExecutor:
         # (a batch-invariant runtime across a sweep) takes that evaluation and says so
         key = (digest, ctx.config.evaluator, cap, self.task)
         if key in ctx.scored:
-            stats, per_class, iou_types, same_as = ctx.scored[key]
+            evaluation, same_as = ctx.scored[key]
         else:
             with ctx.progress.task(f"COCO eval {cell.label}", None):
-                stats, per_class, iou_types = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
-                                                                 list(ctx.variant.image_ids), ctx.config.evaluator,
-                                                                 cap, self.task)
-            ctx.scored[key] = stats, per_class, iou_types, cell.label
+                evaluation = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
+                                                list(ctx.variant.image_ids), ctx.config.evaluator, cap, self.task)
+            ctx.scored[key] = evaluation, cell.label
             same_as = None
         per_class_file = f"per_class/{cell_slug(cell)}.json"
-        names = ctx.dataset.categories
-        atomic_write_json(ctx.run_dir / per_class_file, {"eval_max_det": cap, "categories": [
-            {"id": c, "name": names.get(c), **{k: (None if v < 0 else round(v, 6)) for k, v in ap.items()}}
-            for c, ap in sorted(per_class.items())]})
+        atomic_write_json(ctx.run_dir / per_class_file, per_class_document(evaluation, ctx.dataset.categories, cap))
         # pycocotools' -1 means "no ground truth in this area range" (small subsets): not a score
-        return AccuracyRecord(stats=defined_stats(stats), evaluator=evaluator_version(ctx.config.evaluator),
+        return AccuracyRecord(stats=defined_stats(evaluation.stats), evaluator=evaluator_version(ctx.config.evaluator),
                               num_images=num_images, num_detections=num_detections, batch_size=cell.batch_size,
                               detections_file=detections_file, max_dets=max_dets_for(cap),
-                              per_class_file=per_class_file, iou_types=iou_types,
+                              per_class_file=per_class_file, iou_types=evaluation.iou_types,
+                              operating_point=operating_point_summary(evaluation.primary),
                               detections_sha256=digest, same_detections_as=same_as), None
 
     def _int8_verdict(self, cell: Cell, accuracy: AccuracyRecord) -> dict:
