@@ -371,6 +371,35 @@ def test_accuracy_and_per_class_deltas_are_b_minus_a(tmp_path):
     assert [r["delta"] for r in acc.per_class] == pytest.approx([-0.05, 0.03, 0.0], abs=1e-12)
 
 
+def test_operating_points_are_compared_beside_the_statistics(tmp_path):
+    """eval.operating_point's confidence, precision, recall and F1 are rows of the accuracy table (B − A); a side
+    whose point is unavailable shows none for it, and a side without one (a site file) adds no rows."""
+    points = {"a": {"confidence": 0.25, "precision": 0.6, "recall": 0.5, "F1": 0.52, "classes": 80},
+              "b": {"status": "unavailable", "reason": "no ground-truth object among the evaluated images"}}
+    paths = {}
+    for side in ("a", "b", "c"):
+        paths[side] = write_submission(tmp_path / side, lognormal(1, 50), accuracy=dict.fromkeys(STAT_NAMES, 0.5))
+        doc = json.loads(paths[side].read_text())
+        if side in points:
+            doc["eval"] = {"operating_point": points[side]}
+        paths[side].write_text(json.dumps(doc))
+    (acc,) = compare_paths(paths["a"], [paths["b"]])[0].accuracy
+    assert acc.names[-4:] == ("op_confidence", "op_precision", "op_recall", "op_F1")
+    assert acc.a["op_F1"] == 0.52 and "op_F1" not in acc.b and acc.delta("op_F1") is None
+    points["b"] = {**points["a"], "F1": 0.55, "recall": 0.56}
+    doc = json.loads(paths["b"].read_text())
+    doc["eval"] = {"operating_point": points["b"]}
+    paths["b"].write_text(json.dumps(doc))
+    (acc,) = compare_paths(paths["a"], [paths["b"]])[0].accuracy
+    assert acc.delta("op_F1") == pytest.approx(0.03) and acc.delta("op_recall") == pytest.approx(0.06)
+    assert acc.to_dict()["metrics"]["op_precision"] == {"a": 0.6, "b": 0.6, "delta": 0.0}
+    console = Console(record=True, width=80)
+    console.print(render_comparison(compare_paths(paths["a"], [paths["b"]])[0]))
+    assert "op_F1" in console.export_text()
+    (plain,) = compare_paths(paths["c"], [paths["c"]])[0].accuracy
+    assert plain.names == tuple(STAT_NAMES)
+
+
 def test_relative_gates_are_the_change_over_a(tmp_path):
     """latency:+10% is crossed by 50 -> 55.5 ms (+11.0 % of A, though only 9.9 % of B); map:-10% by 0.30 -> 0.20
     (-33.3 % of A)."""

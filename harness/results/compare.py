@@ -292,8 +292,10 @@ class AccuracyDelta:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The metrics shown: the 12 COCO statistics (of masks, for segmentation files), then their bbox_* ones."""
-        return (*STAT_NAMES, *(f"bbox_{k}" for k in SITE_BBOX_KEYS if f"bbox_{k}" in self.a or f"bbox_{k}" in self.b))
+        """The metrics shown: the 12 COCO statistics (of masks, for segmentation files), their bbox_* ones, then the
+        operating point's confidence, precision, recall and F1 (eval.operating_point) where a side has one."""
+        return (*STAT_NAMES, *(f"bbox_{k}" for k in SITE_BBOX_KEYS if f"bbox_{k}" in self.a or f"bbox_{k}" in self.b),
+                *(name for name, _ in OPERATING_POINT_KEYS if name in self.a or name in self.b))
 
     @property
     def of(self) -> str:
@@ -390,7 +392,16 @@ def _accuracy_of(entry: Entry) -> tuple[dict[str, float | None] | None, str | No
         reason = acc.get("reason") if isinstance(acc, dict) and isinstance(acc.get("reason"), str) else "no accuracy"
         return None, f"{entry.path.name}: {reason}"
     boxes = {f"bbox_{k}": _num(acc.get(f"bbox_{k}")) for k in SITE_BBOX_KEYS} if _segmentation(entry) else {}
-    return {**{n: _num(acc.get(n)) for n in STAT_NAMES}, **boxes}, None
+    evaluation = entry.doc.get("eval") if isinstance(entry.doc.get("eval"), dict) else {}
+    point = evaluation.get("operating_point")
+    at_point = ({name: _num(point.get(key)) for name, key in OPERATING_POINT_KEYS}
+                if isinstance(point, dict) and "F1" in point else {})
+    return {**{n: _num(acc.get(n)) for n in STAT_NAMES}, **boxes, **at_point}, None
+
+
+# eval.operating_point's figures, as compare names them beside the COCO statistics
+OPERATING_POINT_KEYS = (("op_confidence", "confidence"), ("op_precision", "precision"), ("op_recall", "recall"),
+                        ("op_F1", "F1"))
 
 
 def _segmentation(entry: Entry) -> bool:
