@@ -68,11 +68,13 @@ def _iou(box, gt, crowd: bool) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def _reference(coco, detections: list[dict], image_ids: list[int]) -> tuple[float, dict[int, tuple[float, float]]]:
+def _reference(coco, detections: list[dict], image_ids: list[int]):
     """The operating point by a plain loop: each image and class's detections, highest score first (file order at a
     tie), take the unmatched non-crowd ground truth of highest IoU >= 0.5, else a crowd region of IoU >= 0.5
     (ignored: neither true nor false), else count as a false positive; then every distinct score as a threshold,
-    each class's precision and recall there, the first threshold (ascending) of the highest mean F1."""
+    each class's precision and recall there, the first threshold (ascending) of the highest mean F1. Returns (that
+    threshold, each class's precision and recall there, the function giving every class's P, R, F1 at a
+    threshold)."""
     marks: dict[int, list[tuple[float, bool]]] = {}  # class -> (score, true positive) of counted detections
     ground_truths: dict[int, int] = {}
     for image_id in image_ids:
@@ -112,7 +114,7 @@ def _reference(coco, detections: list[dict], image_ids: list[int]) -> tuple[floa
     scores = sorted({s for rows in marks.values() for s, _ in rows})
     f1 = [np.mean([v[2] for v in at(t).values()]) for t in scores]
     best = scores[int(np.argmax(f1))]
-    return best, {c: v[:2] for c, v in at(best).items()}
+    return best, {c: v[:2] for c, v in at(best).items()}, at
 
 
 @requires_coco
@@ -127,8 +129,14 @@ def test_operating_point_matches_a_plain_loop_with_crowds_and_duplicates(subset,
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(detections))
     point = _evaluate_grouped(coco, read_results(path), image_ids, "pycocotools", groups, 100, "bbox").operating_point
-    confidence, per_class = _reference(coco, detections, image_ids)
+    confidence, per_class, at = _reference(coco, detections, image_ids)
     assert point.confidence == pytest.approx(confidence, abs=1e-12)
+    curve = point.confidence_curve
+    for k in (0, 30, 50, 77, 100):  # the classes' means at the curve's confidences
+        values = np.asarray(list(at(curve["confidence"][k]).values()))
+        assert [curve[name][k] for name in ("precision", "recall", "F1")] == \
+            pytest.approx(values.mean(axis=0).tolist(), abs=1e-6), k
+    assert max(curve["F1"]) <= point.f1 + 1e-6  # no confidence of the grid beats the operating point
     assert set(point.per_class) == set(per_class) and point.classes == len(per_class)
     for c, (p, r) in per_class.items():
         assert (point.per_class[c]["precision"], point.per_class[c]["recall"]) == pytest.approx((p, r), abs=1e-12), c

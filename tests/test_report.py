@@ -284,7 +284,7 @@ def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
 def test_operating_points_and_curves_are_the_runs_own(run_a, tmp_path):
     """The operating-point table is each submission's eval.operating_point; the precision-recall plot draws the
     per_class files' curves and points, once per distinct detections file, under Accuracy."""
-    from harness.report.plots import precision_recall
+    from harness.report.plots import confidence_curves, precision_recall
     from harness.report.sections import operating_point_table
 
     run = load_run(run_a)
@@ -306,9 +306,13 @@ def test_operating_points_and_curves_are_the_runs_own(run_a, tmp_path):
         written = json.loads((run_a / sub["eval"]["per_class"]).read_text())
         assert data["0.50"] == written["pr_curve"]["precision"]["0.50"]
         assert data["point"] == (written["operating_point"]["recall"], written["operating_point"]["precision"])
+        drawn = confidence_curves(run).data[label]
+        assert drawn["F1"] == written["confidence_curve"]["F1"] and len(drawn["confidence"]) == 101
+        assert drawn["point"] == (written["operating_point"]["confidence"], written["operating_point"]["F1"])
     html = make_report(_copy(run_a, tmp_path)).html.read_text()
     accuracy = html.split("<h2 id='accuracy'>", 1)[1].split("<h2 id='gates'>", 1)[0]
     assert "<h3>Operating point</h3>" in accuracy and "Precision-recall" in accuracy
+    assert "Precision, recall and F1 against confidence" in accuracy
 
 
 def _artefact_list(html: str) -> list[str]:

@@ -228,15 +228,16 @@ def operating_point_summary(evaluation: Evaluation) -> dict:
 
 def per_class_document(evaluation: CellEvaluation, names: dict[int, str], cap: int) -> dict:
     """A cell's per_class file: each category's AP 50:95 and AP 50 (null where it has no ground truth) and its
-    precision, recall and F1 at the operating point (null where it is not averaged), the operating point itself and
-    the averaged precision-recall curves."""
+    precision, recall and F1 at the operating point (null where it is not averaged), the operating point itself,
+    the averaged precision-recall curves and the classes' mean precision, recall and F1 against the confidence."""
     primary = evaluation.primary
     at_point = primary.operating_point.per_class if primary.operating_point is not None else {}
     return {"eval_max_det": cap, "iou_type": evaluation.iou_types[0], "categories": [
         {"id": c, "name": names.get(c), **{k: (None if v < 0 else round(v, 6)) for k, v in ap.items()},
          **{k: (round(at_point[c][k], 6) if c in at_point else None) for k in ("precision", "recall", "F1")}}
         for c, ap in sorted(primary.per_class.items())],
-        "operating_point": operating_point_summary(primary), "pr_curve": primary.pr_curve}
+        "operating_point": operating_point_summary(primary), "pr_curve": primary.pr_curve,
+        "confidence_curve": primary.operating_point.confidence_curve if primary.operating_point else {}}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 IOU = 0.5  # the operating point's IoU threshold (COCO's AP50 matches)
-CURVE_IOUS = ("0.50", "0.75", "0.50:0.95")
+CONFIDENCE_GRID = tuple(round(0.01 * k, 2) for k in range(101))  # the confidence curve's thresholds
 
 
 @dataclass
@@ -118,8 +118,11 @@ class OperatingPoint:
     f1: float
     classes: int  # the classes averaged: those with a non-crowd ground truth among the evaluated images
     per_class: dict[int, dict[str, float]]  # category id -> precision, recall, F1 at that confidence
+    # the classes' mean precision, recall and F1 keeping the detections >= each of CONFIDENCE_GRID
+    confidence_curve: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """The point as a submission carries it (the curve stays in the per_class file)."""
         return {"confidence": None if self.confidence is None else round(self.confidence, 6),
                 "precision": round(self.precision, 6), "recall": round(self.recall, 6), "F1": round(self.f1, 6),
                 "classes": self.classes, "iou": IOU, "area": "all",
@@ -147,9 +150,16 @@ def operating_point(collector: MatchCollector) -> OperatingPoint | None:
         return None
     sorted_classes = {c: _sorted_class(m) for c, m in classes.items()}
     thresholds = np.unique(np.concatenate([s for s, _ in sorted_classes.values()] + [np.zeros(0)]))  # ascending
+    grid = np.asarray(CONFIDENCE_GRID)
+    sums = np.zeros((3, grid.size))
+    for c, (scores, cum_tp) in sorted_classes.items():
+        sums += np.stack(_at(scores, cum_tp, classes[c].ground_truths, grid))
+    curve = {"confidence": list(CONFIDENCE_GRID),
+             **{k: [round(float(v), 6) for v in row / len(classes)] for k, row in zip(("precision", "recall", "F1"),
+                                                                                       sums, strict=True)}}
     if thresholds.size == 0:
         return OperatingPoint(None, 0.0, 0.0, 0.0, len(classes),
-                              {c: {"precision": 0.0, "recall": 0.0, "F1": 0.0} for c in classes})
+                              {c: {"precision": 0.0, "recall": 0.0, "F1": 0.0} for c in classes}, curve)
     f1_sum = np.zeros(thresholds.size)
     for c, (scores, cum_tp) in sorted_classes.items():
         f1_sum += _at(scores, cum_tp, classes[c].ground_truths, thresholds)[2]
@@ -161,7 +171,7 @@ def operating_point(collector: MatchCollector) -> OperatingPoint | None:
         precision, recall, f1 = (float(v[0]) for v in _at(scores, cum_tp, classes[c].ground_truths, at))
         per_class[c] = {"precision": precision, "recall": recall, "F1": f1}
     mean = {k: float(np.mean([v[k] for v in per_class.values()])) for k in ("precision", "recall", "F1")}
-    return OperatingPoint(float(at[0]), mean["precision"], mean["recall"], mean["F1"], len(classes), per_class)
+    return OperatingPoint(float(at[0]), mean["precision"], mean["recall"], mean["F1"], len(classes), per_class, curve)
 
 
 def _at(scores: np.ndarray, cum_tp: np.ndarray, ground_truths: int,

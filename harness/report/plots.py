@@ -323,26 +323,42 @@ def energy_per_image(run: RunFolder) -> Plot:
 PR_IOUS = (("0.50", "-"), ("0.50:0.95", "--"))
 
 
+def _evaluations(run: RunFolder) -> dict[str, dict]:
+    """Cell label -> its per_class file, for the scored cells with distinct detections (the same detections draw
+    the same curves: once)."""
+    from harness.report.sections import per_class_file
+
+    out, seen = {}, set()
+    for c in run.cells:
+        document = per_class_file(run, c)
+        if not document:
+            continue
+        same = c.get("eval.detections_sha256")
+        if same is not None and same in seen:
+            continue
+        seen.add(same)
+        out[c.key.label] = document
+    return out
+
+
+def _point(document: dict) -> dict | None:
+    point = document.get("operating_point")
+    return point if isinstance(point, dict) and "F1" in point else None
+
+
 def precision_recall(run: RunFolder) -> Plot:
     """COCO's precision-recall curves averaged over the classes (IoU 0.50 solid, 0.50:0.95 dashed) of each scored
     cell with distinct detections, from its per_class file, with its operating point (the best mean F1: the
-    classes' mean recall and precision there, not interpolated, so it can sit below the curve)."""
-    from harness.report.sections import per_class_file
-
+    classes' mean recall and precision there, not interpolated, so it can sit off the curve)."""
     name, title = "precision_recall.png", "Precision-recall (COCO, mean over classes)"
-    curves, seen = {}, set()
-    for c in run.cells:
-        document = per_class_file(run, c)
-        curve = document.get("pr_curve") if document else None
+    curves = {}
+    for label, document in _evaluations(run).items():
+        curve = document.get("pr_curve")
         if not (isinstance(curve, dict) and isinstance(curve.get("precision"), dict) and curve.get("recall")):
             continue
-        same = c.get("eval.detections_sha256")
-        if same is not None and same in seen:  # the same detections draw the same curve: once
-            continue
-        seen.add(same)
-        point = document.get("operating_point") or {}
-        curves[c.key.label] = {"recall": curve["recall"], **{iou: curve["precision"].get(iou) for iou, _ in PR_IOUS},
-                               "point": ((point["recall"], point["precision"]) if "F1" in point else None)}
+        point = _point(document)
+        curves[label] = {"recall": curve["recall"], **{iou: curve["precision"].get(iou) for iou, _ in PR_IOUS},
+                         "point": (point["recall"], point["precision"]) if point else None}
     if not curves:
         return _unavailable(name, title, "no scored cell has a per_class file with precision-recall curves")
     fig = Figure(figsize=(6.4, 4.8))
@@ -354,17 +370,50 @@ def precision_recall(run: RunFolder) -> Plot:
                 ax.plot(data["recall"], data[iou], style, color=color, label=f"{label} IoU {iou}")
         if data["point"]:
             ax.plot(*data["point"], "o", color=color, markersize=6)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
+    _unit_axes(ax, "recall", "precision", title)
+    notes = ["COCO's interpolated precision at 101 recall points, averaged over the classes with ground truth (a "
+             "curve's mean is that mAP); dot: the operating point (the confidence with the highest mean F1 at IoU "
+             "0.50: the classes' mean recall and precision there)"]
+    return Plot(name, title, _png(fig), curves, notes)
+
+
+def confidence_curves(run: RunFolder) -> Plot:
+    """The classes' mean F1 (solid), precision (dashed) and recall (dotted) keeping the detections at or above each
+    confidence (IoU 0.50, not interpolated), per scored cell with distinct detections, the operating point marked:
+    where to set a deployment's threshold."""
+    name, title = "confidence.png", "Precision, recall and F1 against confidence (IoU 0.50)"
+    curves = {}
+    for label, document in _evaluations(run).items():
+        curve = document.get("confidence_curve")
+        if isinstance(curve, dict) and curve.get("confidence"):
+            point = _point(document)
+            curves[label] = {**{k: curve.get(k) for k in ("confidence", "precision", "recall", "F1")},
+                             "point": (point["confidence"], point["F1"]) if point else None}
+    if not curves:
+        return _unavailable(name, title, "no scored cell has a per_class file with a confidence curve")
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.subplots()
+    for index, (label, data) in enumerate(curves.items()):
+        color = f"C{index % 10}"
+        for key, style in (("F1", "-"), ("precision", "--"), ("recall", ":")):
+            if data[key]:
+                ax.plot(data["confidence"], data[key], style, color=color, label=f"{label} {key}")
+        if data["point"]:
+            ax.plot(*data["point"], "o", color=color, markersize=6)
+    _unit_axes(ax, "confidence (detections kept at or above it)", "mean over classes", title)
+    notes = ["each class's precision, recall and F1 keeping its detections at or above the confidence, averaged over "
+             "the classes with ground truth (a class keeping none: precision 0); dot: the operating point"]
+    return Plot(name, title, _png(fig), curves, notes)
+
+
+def _unit_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title(title)
-    notes = ["COCO's interpolated precision at 101 recall points, averaged over the classes with ground truth (a "
-             "curve's mean is that mAP); dot: the operating point (the confidence with the highest mean F1 at IoU "
-             "0.50: the classes' mean recall and precision there)"]
-    return Plot(name, title, _png(fig), curves, notes)
 
 
 def _float(value: Any) -> float | None:
@@ -374,9 +423,10 @@ def _float(value: Any) -> float | None:
         return None
 
 
-ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image, precision_recall)
+ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image, precision_recall,
+             confidence_curves)
 PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png", "energy.png",
-              "precision_recall.png")
+              "precision_recall.png", "confidence.png")
 
 
 def all_plots(run: RunFolder) -> list[Plot]:
