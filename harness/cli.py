@@ -14,7 +14,14 @@ import typer
 from harness.collector import imports_done, quiet_start
 from harness.errors import UsageError, VaBenchError, path_problem
 from harness.report import EXAMPLE_GATES
-from harness.views.output import make_consoles, print_json, progress_for
+from harness.views.output import (
+    StdoutGone,
+    make_consoles,
+    print_json,
+    progress_for,
+    tolerant_streams,
+    write_stdout,
+)
 from harness.views.text import escape
 
 # torch.profiler's C++ backend (kineto) logs every start/stop and a CUDA probe failure on CPU boxes
@@ -406,7 +413,7 @@ def schema() -> None:
     """Print the extended va.submission.v1 JSON Schema (a superset of the site's)."""
     from harness.results.validate import EXTENDED_SCHEMA
 
-    sys.stdout.write(EXTENDED_SCHEMA.read_text(encoding="utf-8"))
+    write_stdout(EXTENDED_SCHEMA.read_text(encoding="utf-8"))
 
 
 @app.command()
@@ -844,6 +851,18 @@ def parity_preprocess(
     raise typer.Exit(report.exit_code)
 
 
+STDOUT_GONE_EXIT = 128 + 13  # 128 + SIGPIPE, what a shell reports for a writer its reader left (POSIX numbering)
+
+
+def _stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null, so that the flushes at exit find somewhere to write (no 'Exception ignored')."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def entry() -> None:
     """The process's entry point (`va-bench`, `python -m harness`): `main`, then the process ends without the
     interpreter's teardown of torch (harness.process_exit)."""
@@ -884,11 +903,7 @@ def main() -> None:
     from harness.run.signals import Interrupted, interrupt_handling
 
     global ORIGINAL_ARGV, console, err_console
-    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show Δ or · gets an escape, not an error
-        try:
-            stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError, OSError):  # replaced by a non-text stream, or closed
-            pass
+    tolerant_streams()  # a terminal that cannot show Δ or · gets a stand-in, not an error
     console, err_console = make_consoles()
     ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
     debug = "--debug" in sys.argv[1:]
@@ -903,6 +918,9 @@ def main() -> None:
         prefix = getattr(exc, "prefix", None) or "[red]error[/]"
         err_console.print(f"{prefix}: " + escape(str(exc)), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    except StdoutGone:  # `| head`: what was asked is done or moot; the shell's status for a reader gone
+        _stdout_to_devnull()
+        sys.exit(STDOUT_GONE_EXIT)
     except Interrupted as exc:  # outside a run's cells (a run stopped mid-sweep says more: RunInterrupted)
         err_console.print(f"interrupted ({exc}); run the same command again to continue (a dataset download "
                           "resumes where it stopped)", highlight=False, soft_wrap=True)

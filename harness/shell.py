@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -18,6 +19,16 @@ def quote(arg: str) -> str:
 def join(args: list[str]) -> str:
     """Arguments as one command line for this platform's shell."""
     return " ".join(map(_cmd_quote, args)) if sys.platform == "win32" else shlex.join(args)
+
+
+def recordable(arg: str) -> str:
+    """An argument as a record can hold it: the bytes of a name that is not UTF-8 (Python's surrogate escapes, which
+    no UTF-8 file can store) as backslash escapes (`r\\xe9sultats`); every other text as it is."""
+    try:
+        arg.encode("utf-8")
+        return arg
+    except UnicodeEncodeError:
+        return os.fsencode(arg).decode("utf-8", "backslashreplace")
 
 
 def _cmd_quote(arg: str) -> str:

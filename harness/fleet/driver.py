@@ -58,6 +58,7 @@ from harness.run.progress import SilentProgress
 from harness.run.resume import refuse_differences, resumed_config, runnable
 from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
+from harness.shell import recordable
 
 PROBE_TIMEOUT_S = 120.0
 LIVENESS_EVERY_S = 5.0
@@ -388,13 +389,14 @@ class FleetDriver:
                 self.folders[hw] = HardwareFolder.create(fp.fleet_dir, fp.run_id, hw, self._header(hw), plan.cells)
             self.doc = {"run_id": fp.run_id, "created_at": utc_now_iso(), "config": self.config.model_dump(),
                         "targets": fp.targets, "accuracy_shards": fp.shards, "build": fp.build,
-                        "driver": {"host": socket.gethostname(), "argv": self.argv}, "nodes": nodes, "accuracy": {}}
+                        "driver": {"host": socket.gethostname(), "argv": [recordable(a) for a in self.argv]},
+                        "nodes": nodes, "accuracy": {}}
         else:
             for hw in fp.targets:  # each folder's lock also keeps a second driver of this run out
                 self.folders[hw] = HardwareFolder.reopen(fp.fleet_dir, fp.run_id, hw, plan.cells)
             old = fp.fleet_doc
             resumed = list(old.get("resumed", [])) + [{
-                "at": utc_now_iso(), "argv": self.argv, "nodes": nodes,
+                "at": utc_now_iso(), "argv": [recordable(a) for a in self.argv], "nodes": nodes,
                 "forced_differences": old.get("forced_differences", [])}]
             self.doc = {k: v for k, v in old.items() if k != "forced_differences"} | {"resumed": resumed}
         self._save()

@@ -157,7 +157,7 @@ def append_section(path: Path, text: str, run_id: str) -> None:
         if _logged(existing.decode("utf-8", errors="replace"), run_id):
             raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
         prefix = LOG_HEADER + "\n" if not size else "\n" if existing.endswith(b"\n") else "\n\n"
-        data = (prefix + text).encode("utf-8")
+        data = (prefix + text).encode("utf-8", "backslashreplace")
         try:
             written = 0
             while written < len(data):

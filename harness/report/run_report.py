@@ -63,7 +63,8 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
 
     with _readable(run.path):  # drawn and rendered before the first file is written
         plots = all_plots(run)
-        page = render_html(run, plots, results, source, notes).encode("utf-8")
+        # a run recorded before names were made recordable can hold a lone surrogate: an escape on the page
+        page = render_html(run, plots, results, source, notes).encode("utf-8", "backslashreplace")
     pngs = [atomic_write_bytes(run.path / plot.name, plot.png) for plot in plots if plot.png is not None]
     for stale in set(PLOT_NAMES) - {p.name for p in pngs}:
         (run.path / stale).unlink(missing_ok=True)  # a plot from an earlier report that has nothing to show now

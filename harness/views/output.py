@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 from typing import Any
@@ -13,16 +14,61 @@ from harness.files import json_text
 MIN_COLUMNS = 20  # a $COLUMNS below this (0 from a broken terminal) would blank every line: not taken
 
 
+# What a terminal that cannot show the symbols the tables use gets instead: the width rich laid a table out for is
+# kept where the symbol is one column (Δ, ·, −, ×), and the rest are readable; anything else is an escape (\xe9)
+ASCII_SYMBOLS = {"Δ": "d", "·": ".", "−": "-", "×": "x", "≥": ">=", "≤": "<=", "±": "+/-", "→": "->", "…": "...",
+                 "—": "-", "°": "o", "μ": "u"}
+TERMINAL_ERRORS = "va-bench-symbols"
+
+
+def _symbols_or_escapes(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    text = error.object[error.start:error.end]
+    return "".join(ASCII_SYMBOLS.get(ch) or ch.encode("ascii", "backslashreplace").decode("ascii")
+                   for ch in text), error.end
+
+
+codecs.register_error(TERMINAL_ERRORS, _symbols_or_escapes)
+
+
+def tolerant_streams() -> None:
+    """stdout and stderr write what their encoding cannot (an ASCII or Latin-1 terminal) as ASCII stand-ins or
+    escapes instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors=TERMINAL_ERRORS)
+        except (AttributeError, ValueError, OSError):  # replaced by a non-text stream, or closed
+            pass
+
+
+class StdoutGone(BaseException):
+    """stdout's reader went away (`va-bench ... | head -1`). A BaseException: click turns an EPIPE OSError into exit
+    1, which here means a problem found (a failed cell, validation errors, a gate); `main` exits with the shell's
+    SIGPIPE status instead."""
+
+
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:  # rich's own sends stdout to /dev/null and exits 1
+        raise StdoutGone
+
+
+class _Stderr(Console):
+    def on_broken_pipe(self) -> None:
+        # nobody reads the messages any more; stdout (a --json document) and the exit code stay what they are
+        self.quiet = True
+
+
 def make_consoles() -> tuple[Console, Console]:
     """(stdout, stderr) consoles for this process's streams and $COLUMNS, read when a command starts."""
     columns = os.environ.get("COLUMNS", "")
     given = int(columns) if columns.isdigit() and int(columns) >= MIN_COLUMNS else None
     # rich reads $COLUMNS itself: an unusable one is replaced by the terminal's width, else a default
     unusable = bool(columns) and given is None
-    out = Console(emoji=False, width=_terminal_width(sys.stdout, 80) if unusable else None)  # "cuda:x:" is text
+    out = _Stdout(emoji=False, width=_terminal_width(sys.stdout, 80) if unusable else None)  # "cuda:x:" is text
     if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
-        out = Console(width=given or 160, emoji=False)
-    err = Console(stderr=True, emoji=False, width=_terminal_width(sys.stderr, 80) if unusable else None)
+        out = _Stdout(width=given or 160, emoji=False)
+    err = _Stderr(stderr=True, emoji=False, width=_terminal_width(sys.stderr, 80) if unusable else None)
     return out, err
 
 
@@ -38,7 +84,24 @@ def print_json(console: Console, data: Any) -> None:
     """`--json`: the document on stdout, and nothing else there (one meaning in every command): written as it is,
     never through rich (which would colour it on a terminal or with FORCE_COLOR, and re-encode its text)."""
     text = json_text(data, "stdout", indent=2) + "\n"  # ASCII: json escapes the rest
-    stream = console.file
+    try:
+        _write_all(console.file, text)
+    except BrokenPipeError:
+        raise StdoutGone from None
+
+
+def write_stdout(text: str) -> None:
+    """Plain text on stdout as it is (`schema`): nothing where stdout is closed, StdoutGone where its reader left."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutGone from None
+
+
+def _write_all(stream: Any, text: str) -> None:
     binary = getattr(stream, "buffer", None)
     if binary is None:
         stream.write(text)
@@ -60,4 +123,5 @@ def progress_for(err_console: Console):
     """Live bars on a terminal, plain progress lines when stderr is piped."""
     from harness.views.progress import PlainProgress, RichProgress
 
-    return RichProgress(err_console) if err_console.is_terminal else PlainProgress(sys.stderr)
+    # a dumb terminal (TERM=dumb: an editor's shell, some CI ptys) draws no live bars: plain lines there too
+    return RichProgress(err_console) if err_console.is_interactive else PlainProgress(sys.stderr)

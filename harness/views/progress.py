@@ -70,7 +70,7 @@ def download_progress(console: Console):
     """A byte bar per file on a terminal (`update(name, done, total)`); None when stderr is piped."""
     from rich.progress import DownloadColumn, TransferSpeedColumn
 
-    if not console.is_terminal:
+    if not console.is_interactive:
         yield None
         return
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
