@@ -174,29 +174,35 @@ def _stream(plan, argv: list[str], node: dict) -> Iterator[NodeUpdate]:
     sent = _listing(run_dir)  # what the folder held before the run is the driver's already
     failure: list[BaseException] = []
 
+    stop = threading.Event()
+
     def work() -> None:
         try:
-            Scheduler(plan, argv).run()
+            Scheduler(plan, argv, stop=stop).run()
         except BaseException as exc:  # re-raised below, in the task's own thread
             failure.append(exc)
 
     thread = threading.Thread(target=work, name="va-bench-fleet-group", daemon=True)
     thread.start()
     last_stamp, header_sent, errors_at = None, False, 0
-    while True:
-        thread.join(POLL_SECONDS)
-        done = not thread.is_alive()
-        stamp = _stamp(run_dir / RUN_FILE)
-        if stamp != last_stamp or done:
-            last_stamp = stamp
-            doc = read_run_json(run_dir, run_dir.name)
-            files = _changed_files(run_dir, sent)
-            errors, errors_at = _read_from(run_dir / ERROR_LOG, errors_at)
-            header = {} if header_sent else {k: v for k, v in doc.items() if k not in ("run_id", "cells")}
-            header_sent = True
-            yield NodeUpdate(node=node, header=header, cells=doc["cells"], files=files, errors_log=errors)
-        if done:
-            break
+    try:
+        while True:
+            thread.join(POLL_SECONDS)
+            done = not thread.is_alive()
+            stamp = _stamp(run_dir / RUN_FILE)
+            if stamp != last_stamp or done:
+                last_stamp = stamp
+                doc = read_run_json(run_dir, run_dir.name)
+                files = _changed_files(run_dir, sent)
+                errors, errors_at = _read_from(run_dir / ERROR_LOG, errors_at)
+                header = {} if header_sent else {k: v for k, v in doc.items() if k not in ("run_id", "cells")}
+                header_sent = True
+                yield NodeUpdate(node=node, header=header, cells=doc["cells"], files=files, errors_log=errors)
+            if done:
+                break
+    finally:  # closed early or failed: the scheduler stops after its running cell, before run_group removes scratch
+        stop.set()
+        thread.join()
     if failure:
         raise failure[0]
 

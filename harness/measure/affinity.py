@@ -42,11 +42,12 @@ def _set(tid: int, cores: set[int]) -> None:
 @contextmanager
 def pinned(cores: list[int]) -> Iterator[None]:
     """Every thread of this process on `cores` inside the block (nothing when empty); each thread's own mask
-    back afterwards (threads started inside keep the pinned one: they belong to the run)."""
+    back afterwards, and the process's mask on the threads started inside that outlive it."""
     if not cores:
         yield
         return
     before = {tid: mask for tid in _threads() if (mask := _mask(tid)) is not None}
+    process_mask = os.sched_getaffinity(0)
     for tid in before:
         _set(tid, set(cores))
     try:
@@ -54,6 +55,11 @@ def pinned(cores: list[int]) -> Iterator[None]:
     finally:
         for tid, mask in before.items():
             _set(tid, mask)
+        # threads started inside that outlive the run (the pipeline's @cache'd pools, torch's OpenMP team) are the
+        # process's from now on: pinned, they would hold the process's later runs to these cores
+        for tid in _threads():
+            if tid not in before:
+                _set(tid, process_mask)
 
 
 def affinity_record(cores: list[int]) -> dict:

@@ -15,6 +15,7 @@ when an ok cell lacks them.
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -115,8 +116,9 @@ def one_line(exc: BaseException) -> str:
 class Scheduler:
     """Runs a prepared plan cell by cell; `progress` shows bars or lines; results go to disk as they finish."""
 
-    def __init__(self, plan: RunPlan, argv: list[str], progress=None):
+    def __init__(self, plan: RunPlan, argv: list[str], progress=None, stop=None):
         self.plan = plan
+        self.stop = stop  # a threading.Event: set, the run stops before its next cell as on SIGTERM (fleet nodes)
         self.config = plan.config
         self.progress = progress or SilentProgress()
         self.argv = argv
@@ -295,6 +297,8 @@ class Scheduler:
                                  f"({one_line(exc)})")
         oom_at: int | None = None
         for cell in todo:
+            if self.stop is not None and self.stop.is_set():
+                raise Interrupted(signal.SIGTERM)
             if oom_at is not None:
                 with protected():
                     state.set(cell, "skipped", f"batch size {oom_at} ran out of memory")

@@ -133,31 +133,34 @@ class RunState:
             raise UsageError(f"{run_dir / 'run.json'}: cell {label} has status {str(state)[:30]!r}, not one of "
                              f"{', '.join(CELL_STATES)}; the run cannot be resumed: start a new one")
         fd = _lock(run_dir, run_id)
-        remove_leftovers(run_dir)
-        statuses = {}
-        for cell in cells:
-            old = recorded.get(cell.label, {})
-            state = old.get("status", "pending")
-
-            status = CellStatus(cell, "interrupted" if state == "running" else state, old.get("reason"),
-                                old.get("submission"), old.get("started_at"), old.get("finished_at"))
-            if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
-                status.state, status.reason = "pending", "its submission file is missing"
-            statuses[cell.label] = status
-        owned = {s.submission for s in statuses.values() if s.state == "ok"}
-        for path in submission_files(run_dir):  # written by a process killed before "ok"
-            if path.relative_to(run_dir).as_posix() not in owned:
-                path.unlink()
-        remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
-        drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
-        state = cls(run_dir, run_id, header, statuses)
-        state._lock_fd = fd
         try:
-            state.save()
-        except DiskFullError as exc:
-            state.close()
-            raise DiskFullError(exc.path, exc.__cause__, storage_fix(exc, "free some space") + ", then resume "
-                                "again") from exc
+            remove_leftovers(run_dir)
+            statuses = {}
+            for cell in cells:
+                old = recorded.get(cell.label, {})
+                state = old.get("status", "pending")
+
+                status = CellStatus(cell, "interrupted" if state == "running" else state, old.get("reason"),
+                                    old.get("submission"), old.get("started_at"), old.get("finished_at"))
+                if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
+                    status.state, status.reason = "pending", "its submission file is missing"
+                statuses[cell.label] = status
+            owned = {s.submission for s in statuses.values() if s.state == "ok"}
+            for path in submission_files(run_dir):  # written by a process killed before "ok"
+                if path.relative_to(run_dir).as_posix() not in owned:
+                    path.unlink()
+            remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
+            drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
+            state = cls(run_dir, run_id, header, statuses)
+            state._lock_fd = fd
+            try:
+                state.save()
+            except DiskFullError as exc:
+                raise DiskFullError(exc.path, exc.__cause__, storage_fix(exc, "free some space") + ", then resume "
+                                    "again") from exc
+        except BaseException:  # the lock is this attempt's: a failed resume leaves the folder resumable
+            os.close(fd)
+            raise
         return state
 
     def save(self) -> None:
