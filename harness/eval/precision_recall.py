@@ -3,13 +3,13 @@ operating point a deployment would pick (the confidence at which the classes' me
 precision, recall and F1 there.
 
 mAP summarises a detector over every confidence; someone shipping it runs it at one. The operating point follows
-the definition Ultralytics' validator and faster-coco-eval's `extended_metrics` use (the mean over classes of F1,
-maximised over the detections' own scores; precision and recall not interpolated), on COCO's matching: IoU 0.50,
-area "all", each image's top detections up to the evaluation cap, a detection matched to a crowd region neither a
-true nor a false positive (COCOeval's ignore). Written by hand because no library computes it over a subset of a
-dataset's images with COCO's crowd and cap rules: faster-coco-eval's counts every ground truth of the annotation
-file and every detection matched at any IoU threshold (several per object: recall above 1 with duplicate
-detections), and is quadratic in the number of distinct scores."""
+faster-coco-eval's `extended_metrics` definition (the mean over classes of F1, maximised over the detections' own
+scores; precision and recall not interpolated; Ultralytics' validator smooths an interpolated F1 curve instead), on
+COCO's matching: IoU 0.50, area "all", each image's top detections up to the evaluation cap, a detection matched to
+a crowd region neither a true nor a false positive (COCOeval's ignore). Written by hand because no library computes
+it over a subset of a dataset's images with COCO's crowd and cap rules: faster-coco-eval's counts every ground truth
+of the annotation file and every detection matched at any IoU threshold (several per object: recall above 1 with
+duplicate detections), and is quadratic in the number of distinct scores."""
 
 from __future__ import annotations
 

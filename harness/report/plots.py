@@ -323,15 +323,15 @@ def energy_per_image(run: RunFolder) -> Plot:
 PR_IOUS = (("0.50", "-"), ("0.50:0.95", "--"))
 
 
-def _evaluations(run: RunFolder) -> dict[str, dict]:
-    """Cell label -> its per_class file, for the scored cells with distinct detections (the same detections draw
-    the same curves: once)."""
+def _evaluations(run: RunFolder, key: str) -> dict[str, dict]:
+    """Cell label -> its per_class file, for the scored cells whose file has `key` (one written before the curves
+    has not) with distinct detections (the same detections draw the same curves: once)."""
     from harness.report.sections import per_class_file
 
     out, seen = {}, set()
     for c in run.cells:
         document = per_class_file(run, c)
-        if not document:
+        if not document or not document.get(key):
             continue
         same = c.get("eval.detections_sha256")
         if same is not None and same in seen:
@@ -352,7 +352,7 @@ def precision_recall(run: RunFolder) -> Plot:
     classes' mean recall and precision there, not interpolated, so it can sit off the curve)."""
     name, title = "precision_recall.png", "Precision-recall (COCO, mean over classes)"
     curves = {}
-    for label, document in _evaluations(run).items():
+    for label, document in _evaluations(run, "pr_curve").items():
         curve = document.get("pr_curve")
         if not (isinstance(curve, dict) and isinstance(curve.get("precision"), dict) and curve.get("recall")):
             continue
@@ -383,12 +383,13 @@ def confidence_curves(run: RunFolder) -> Plot:
     where to set a deployment's threshold."""
     name, title = "confidence.png", "Precision, recall and F1 against confidence (IoU 0.50)"
     curves = {}
-    for label, document in _evaluations(run).items():
+    for label, document in _evaluations(run, "confidence_curve").items():
         curve = document.get("confidence_curve")
         if isinstance(curve, dict) and curve.get("confidence"):
             point = _point(document)
             curves[label] = {**{k: curve.get(k) for k in ("confidence", "precision", "recall", "F1")},
-                             "point": (point["confidence"], point["F1"]) if point else None}
+                             "point": (point["confidence"], point["F1"])
+                             if point and point.get("confidence") is not None else None}
     if not curves:
         return _unavailable(name, title, "no scored cell has a per_class file with a confidence curve")
     fig = Figure(figsize=(6.4, 4.8))

@@ -252,10 +252,9 @@ def per_class_table(run: RunFolder) -> tuple[str, Table] | None:
     """Each category's AP 50:95 and AP 50 (at the evaluation cap), and its precision, recall and F1 at the
     operating point, of the first scored cell that has them (`eval.per_class`, written by the run): (the cell's
     label, table); None when no cell has them."""
-    for c in run.cells:
-        document = per_class_file(run, c)
-        if document is None:
-            continue
+    documents = [(c, d) for c in run.cells if (d := per_class_file(run, c)) is not None]
+    # a cell scored with its operating point first (a resumed run can hold files written before them)
+    for c, document in sorted(documents, key=lambda cd: "operating_point" not in cd[1]):
         entries = [e for e in document.get("categories") or [] if isinstance(e, dict)]
         rows = [[str(e.get("id")), str(e.get("name") or "-"), fmt(e.get("AP"), 4), fmt(e.get("AP50"), 4),
                  fmt(e.get("precision"), 4), fmt(e.get("recall"), 4), fmt(e.get("F1"), 4)] for e in entries]
