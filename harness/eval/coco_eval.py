@@ -133,7 +133,7 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
     parts = []
     matches = MatchCollector()
     ground_truths = _ground_truth_counts(coco_gt, image_ids)
-    pairs = _detection_pairs(columns, image_ids)
+    evaluated = _evaluated_detections(columns, image_ids)
     with contextlib.redirect_stdout(io.StringIO()):
         for chunk, chunk_images in _category_groups(categories, columns, coco_gt, image_ids,
                                                     pairs_per_chunk or CHUNK_PAIRS):
@@ -143,7 +143,7 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
-            matches.add(coco_eval, _pairs_of(pairs, chunk), {c: ground_truths.get(c, 0) for c in chunk}, cap)
+            matches.add(coco_eval, _detections_of(evaluated, chunk), {c: ground_truths.get(c, 0) for c in chunk}, cap)
             del coco_eval  # this group's per-image records go before the next group's are built
         coco_eval = COCOeval(gt, _results_of(gt, columns, [], iou_type), iou_type)
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
@@ -288,18 +288,19 @@ def _ground_truth_counts(coco_gt: COCO, image_ids: list[int]) -> dict[int, int]:
     return counts
 
 
-def _detection_pairs(columns: ResultColumns, image_ids: list[int]) -> np.ndarray:
-    """[P, 2] (category, image) pairs on `image_ids` holding a detection, sorted by category then image: a group
-    of consecutive categories is a slice (`_pairs_of`)."""
+def _evaluated_detections(columns: ResultColumns, image_ids: list[int]) -> tuple[np.ndarray, ...]:
+    """(category, image, score) of the detections on `image_ids`, sorted by category: a group of consecutive
+    categories is a slice (`_detections_of`)."""
     rows = np.isin(columns.image_id, image_ids)
-    return np.unique(np.stack([columns.category_id[rows], columns.image_id[rows]], axis=1).reshape(-1, 2), axis=0)
+    order = np.argsort(columns.category_id[rows], kind="stable")
+    return columns.category_id[rows][order], columns.image_id[rows][order], columns.score[rows][order]
 
 
-def _pairs_of(pairs: np.ndarray, categories: list[int]) -> list[tuple[int, int]]:
-    """The (image, category) pairs of a group of consecutive categories, from `_detection_pairs`."""
-    lo = np.searchsorted(pairs[:, 0], categories[0], side="left")
-    hi = np.searchsorted(pairs[:, 0], categories[-1], side="right")
-    return [(image, category) for category, image in pairs[lo:hi].tolist()]
+def _detections_of(detections: tuple[np.ndarray, ...], categories: list[int]) -> tuple[np.ndarray, ...]:
+    """The part of `_evaluated_detections` of a group of consecutive categories."""
+    lo = np.searchsorted(detections[0], categories[0], side="left")
+    hi = np.searchsorted(detections[0], categories[-1], side="right")
+    return tuple(a[lo:hi] for a in detections)
 
 
 @dataclass

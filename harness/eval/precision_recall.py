@@ -40,46 +40,52 @@ class MatchCollector:
     def __init__(self) -> None:
         self.classes: dict[int, ClassMatches] = {}
 
-    def add(self, coco_eval, pairs: list[tuple[int, int]], ground_truths: dict[int, int], cap: int) -> None:
-        """The matches of one evaluated COCOeval: `pairs`, the (image, category) pairs holding a detection, in image
-        order; `ground_truths`, each of its categories' non-crowd ground truths among its images."""
-        instances = _instances(coco_eval)
+    def add(self, coco_eval, detections: tuple[np.ndarray, np.ndarray, np.ndarray], ground_truths: dict[int, int],
+            cap: int) -> None:
+        """The matches of one evaluated COCOeval: `detections`, (category, image, score) of its categories on its
+        images; `ground_truths`, each of its categories' non-crowd ground truths among its images.
+
+        Within an (image, category) pair the evaluator's IoU rows are its detections highest score first, so the
+        k-th row is the pair's k-th highest score whatever the order of equal scores: the scores come from the
+        results file, and only pairs holding a ground truth are matched (the rest are false positives, in bulk)."""
+        category, image, score = detections
+        order = np.lexsort((-score, image, category))
+        category, image, score = category[order], image[order], score[order]
+        first = np.ones(len(score), dtype=bool)
+        first[1:] = (category[1:] != category[:-1]) | (image[1:] != image[:-1])
+        starts = np.flatnonzero(first)
+        ends = np.append(starts[1:], len(score))
         keep = min(cap, max(coco_eval.params.maxDets))
-        per_class: dict[int, tuple[list, list, list]] = {}
-        for image, category in pairs:
-            gts, dts = instances(image, category)
-            if not dts:
+        kept = np.arange(len(score)) - np.repeat(starts, ends - starts) < keep  # each pair's top detections
+        true_positive = np.zeros(len(score), dtype=bool)
+        ignored = np.zeros(len(score), dtype=bool)
+        ground_truths_of = _ground_truths_of(coco_eval)
+        pairs = zip(image[starts].tolist(), category[starts].tolist(), strict=True)
+        for start, end, pair in zip(starts.tolist(), np.minimum(ends, starts + keep).tolist(), pairs, strict=True):
+            ious = coco_eval.ious.get(pair, [])
+            if len(ious) == 0:  # no ground truth of the category on the image: every detection a false positive
                 continue
-            order = np.argsort([-d["score"] for d in dts], kind="mergesort")[:keep]  # the IoUs' row order
-            scores = np.asarray([dts[i]["score"] for i in order], dtype=np.float64)
-            ious = coco_eval.ious.get((image, category), [])
-            if len(ious) == 0:  # no ground truth of the category on the image: every detection is a false positive
-                true_positive, ignored = np.zeros(len(scores), dtype=bool), np.zeros(len(scores), dtype=bool)
-            else:
-                crowd = np.asarray([bool(g.get("iscrowd", 0)) for g in gts])
-                true_positive, ignored = _match(np.asarray(ious)[:len(scores)], crowd)
-            lists = per_class.setdefault(int(category), ([], [], []))
-            lists[0].append(scores)
-            lists[1].append(true_positive)
-            lists[2].append(~ignored)
-        for category, count in ground_truths.items():
-            matches = self.classes.setdefault(int(category), ClassMatches())
+            crowd = np.asarray([bool(g.get("iscrowd", 0)) for g in ground_truths_of(*pair)])
+            true_positive[start:end], ignored[start:end] = _match(np.asarray(ious)[:end - start], crowd)
+        columns = [a[kept] for a in (category, score, true_positive, ignored)]
+        bounds = np.flatnonzero(np.diff(columns[0])) + 1
+        by_category = {int(c[0]): (s, t, ~i) for c, s, t, i in zip(*(np.split(a, bounds) for a in columns),
+                                                                      strict=True) if len(c)}
+        for c, count in ground_truths.items():
+            matches = self.classes.setdefault(int(c), ClassMatches())
             matches.ground_truths += count
-            if category in per_class:  # one array per category and group: a dataset of small arrays costs more
-                scores, true_positive, counted = per_class[category]
-                matches.scores.append(np.concatenate(scores))
-                matches.true_positive.append(np.concatenate(true_positive))
-                matches.counted.append(np.concatenate(counted))
+            if c in by_category:  # one array per category and group: a dataset of small arrays costs more
+                scores, tp, counted = by_category[c]
+                matches.scores.append(scores)
+                matches.true_positive.append(tp)
+                matches.counted.append(counted)
 
 
-def _instances(coco_eval):
-    """(ground truths, detections) of an (image, category) pair as the evaluator listed them for its IoUs."""
+def _ground_truths_of(coco_eval):
+    """An (image, category) pair's ground truths in the order of the evaluator's IoU columns."""
     if hasattr(coco_eval, "gt_dataset"):  # faster-coco-eval
-        def instances(image: int, category: int):
-            return (coco_eval.gt_dataset.get_instances([image], [category], True)[0][0],
-                    coco_eval.dt_dataset.get_instances([image], [category], True)[0][0])
-        return instances
-    return lambda image, category: (coco_eval._gts[image, category], coco_eval._dts[image, category])
+        return lambda image, category: coco_eval.gt_dataset.get_instances([image], [category], True)[0][0]
+    return lambda image, category: coco_eval._gts[image, category]
 
 
 def _match(ious: np.ndarray, crowd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,9 +166,7 @@ def operating_point(collector: MatchCollector) -> OperatingPoint | None:
     if thresholds.size == 0:
         return OperatingPoint(None, 0.0, 0.0, 0.0, len(classes),
                               {c: {"precision": 0.0, "recall": 0.0, "F1": 0.0} for c in classes}, curve)
-    f1_sum = np.zeros(thresholds.size)
-    for c, (scores, cum_tp) in sorted_classes.items():
-        f1_sum += _at(scores, cum_tp, classes[c].ground_truths, thresholds)[2]
+    f1_sum = _f1_sum(sorted_classes, {c: m.ground_truths for c, m in classes.items()}, thresholds)
     # the first maximum: the lowest score, the most recall at that F1 (equal F1s differ in their last bits)
     best = int(np.argmax(f1_sum >= f1_sum.max() - 1e-12 * len(classes)))
     at = thresholds[best:best + 1]
@@ -172,6 +176,27 @@ def operating_point(collector: MatchCollector) -> OperatingPoint | None:
         per_class[c] = {"precision": precision, "recall": recall, "F1": f1}
     mean = {k: float(np.mean([v[k] for v in per_class.values()])) for k in ("precision", "recall", "F1")}
     return OperatingPoint(float(at[0]), mean["precision"], mean["recall"], mean["F1"], len(classes), per_class, curve)
+
+
+def _f1_sum(sorted_classes: dict[int, tuple[np.ndarray, np.ndarray]], ground_truths: dict[int, int],
+            thresholds: np.ndarray) -> np.ndarray:
+    """The classes' F1 summed at each of `thresholds` (ascending, every class's scores among them). A class's F1
+    only changes at its own scores, so each class adds its steps there and one cumulative sum over all thresholds
+    gives the totals: the detections' count times log, where each class at every threshold would be classes times
+    thresholds (minutes for hundreds of classes)."""
+    positions, steps = [], []
+    for c, (scores, cum_tp) in sorted_classes.items():
+        if not scores.size:
+            continue
+        distinct = np.flatnonzero(np.append(scores[1:] != scores[:-1], True))  # the last of each equal score
+        f1 = _at(scores, cum_tp, ground_truths[c], scores[distinct])[2]  # keeping each score and those above
+        positions.append(np.searchsorted(thresholds, scores[distinct]))
+        steps.append(np.diff(f1, prepend=0.0))  # from the highest score down: what the class adds at each
+    if not positions:
+        return np.zeros(thresholds.size)
+    added = np.zeros(thresholds.size)
+    np.add.at(added, np.concatenate(positions), np.concatenate(steps))
+    return np.cumsum(added[::-1])[::-1]  # at a threshold: every step at it or above it
 
 
 def _at(scores: np.ndarray, cum_tp: np.ndarray, ground_truths: int,
