@@ -577,10 +577,10 @@ def compare(
     B is compared with A (B - A, B/A). Exit 0; 1 when a --fail-on gate fails; 2 on bad usage.
 
     --fail-on METRIC:THRESHOLD (repeatable) fails when B - A crosses THRESHOLD in any paired cell. \
-METRIC: map (mAP_50_95), map50, any accuracy name (AR100, mAP_small, ...), latency (p50 per image), \
-latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall larger than it, '+' on a \
-rise larger than it; a trailing % makes it relative to A. Latency and throughput gates skip changes the \
-significance test calls noise; a gate with nothing to check fails.
+METRIC: map (mAP_50_95), map50, f1 (the operating point's), any accuracy name (AR100, mAP_small, op_recall, \
+...), latency (p50 per image), latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall \
+larger than it, '+' on a rise larger than it; a trailing % makes it relative to A. Latency and throughput \
+gates skip changes the significance test calls noise; a gate with nothing to check fails.
     """
     from harness.results.compare import check_gate, compare_paths, parse_gate
     from harness.views.compare_view import comparisons_json, print_comparisons

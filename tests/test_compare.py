@@ -22,6 +22,7 @@ from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
 from harness.measure.stats import autocorrelated, block_means
 from harness.results.compare import (
+    check_gate,
     compare_paths,
     compare_sides,
     latency_significance,
@@ -398,6 +399,10 @@ def test_operating_points_are_compared_beside_the_statistics(tmp_path):
     assert "op_F1" in console.export_text()
     (plain,) = compare_paths(paths["c"], [paths["c"]])[0].accuracy
     assert plain.names == tuple(STAT_NAMES)
+    comparison = compare_paths(paths["a"], [paths["b"]])[0]
+    assert check_gate(parse_gate("f1:+0.02"), comparison).status == "failed"  # a rise of 0.03 crosses +0.02
+    assert check_gate(parse_gate("op_recall:-0.01"), comparison).status == "ok"
+    assert check_gate(parse_gate("f1:-0.01"), compare_paths(paths["c"], [paths["c"]])[0]).status == "unchecked"
 
 
 def test_relative_gates_are_the_change_over_a(tmp_path):

@@ -54,7 +54,7 @@ COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), 
           ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
 ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
 ALPHA = 0.05
-GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75"}
+GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75", "f1": "op_F1"}
 PERF_GATES = {"latency": ("p50_a", "p50_b"), "latency_p95": ("p95_a", "p95_b"),
               "throughput": ("ips_a", "ips_b")}
 
@@ -654,11 +654,12 @@ def parse_gate(spec: str) -> DeltaGate:
         raise UsageError(f"--fail-on {spec!r}: want METRIC:+X or METRIC:-X (optionally X%), "
                          "e.g. map:-0.005 or latency:+10%")
     name = m["metric"]
-    metric = GATE_ALIASES.get(name.lower()) or next((s for s in STAT_NAMES if s.lower() == name.lower()), None)
+    accuracy = (*STAT_NAMES, *(n for n, _ in OPERATING_POINT_KEYS))
+    metric = GATE_ALIASES.get(name.lower()) or next((s for s in accuracy if s.lower() == name.lower()), None)
     metric = metric or (name.lower() if name.lower() in PERF_GATES else None)
     if metric is None:
-        raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use map, map50, "
-                         f"{', '.join(STAT_NAMES)}, {', '.join(PERF_GATES)}")
+        raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use map, map50, f1, "
+                         f"{', '.join(accuracy)}, {', '.join(PERF_GATES)}")
     value = float(m["value"])
     relative = m["pct"] == "%"
     if value == 0:
