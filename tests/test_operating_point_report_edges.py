@@ -87,3 +87,17 @@ def test_curves_of_a_resumed_run_come_from_the_cell_that_has_them(tmp_path):
     for plot in (precision_recall(run), confidence_curves(run)):
         assert plot.png is not None, plot.notes
         assert len(plot.data) == 1
+
+
+def test_a_plot_of_many_cells_draws_ten_and_names_the_rest(monkeypatch):
+    """Twelve cells with distinct detections: ten curves drawn (colours would repeat past them), the other two
+    named in the caption, every cell's figures still in the plot's data."""
+    from harness.report import plots
+
+    curve = {"recall": [0.0, 0.5, 1.0], "0.50": [1.0, 0.5, 0.0], "0.50:0.95": [0.5, 0.2, 0.0], "point": (0.4, 0.6)}
+    cells = {f"cell {k}": dict(curve) for k in range(12)}
+    drawn = plots._drawn(cells)
+    assert [label for label, _ in drawn] == [f"cell {k}" for k in range(10)]
+    (note,) = plots._left_out(cells)
+    assert "2 more cells" in note and "cell 10, cell 11" in note
+    assert plots._left_out(dict(list(cells.items())[:10])) == []

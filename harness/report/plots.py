@@ -363,17 +363,17 @@ def precision_recall(run: RunFolder) -> Plot:
         return _unavailable(name, title, "no scored cell has a per_class file with precision-recall curves")
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.subplots()
-    for index, (label, data) in enumerate(curves.items()):
+    for index, (label, data) in enumerate(_drawn(curves)):
         color = f"C{index % 10}"
         for iou, style in PR_IOUS:
             if data[iou]:
-                ax.plot(data["recall"], data[iou], style, color=color, label=f"{label} IoU {iou}")
+                ax.plot(data["recall"], data[iou], style, color=color, label=label if style == "-" else None)
         if data["point"]:
             ax.plot(*data["point"], "o", color=color, markersize=6)
     _unit_axes(ax, "recall", "precision", title)
     notes = ["COCO's interpolated precision at 101 recall points, averaged over the classes with ground truth (a "
-             "curve's mean is that mAP); dot: the operating point (the confidence with the highest mean F1 at IoU "
-             "0.50: the classes' mean recall and precision there)"]
+             "curve's mean is that mAP): solid IoU 0.50, dashed 0.50:0.95; dot: the operating point (the confidence "
+             "with the highest mean F1 at IoU 0.50: the classes' mean recall and precision there)", *_left_out(curves)]
     return Plot(name, title, _png(fig), curves, notes)
 
 
@@ -394,17 +394,31 @@ def confidence_curves(run: RunFolder) -> Plot:
         return _unavailable(name, title, "no scored cell has a per_class file with a confidence curve")
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.subplots()
-    for index, (label, data) in enumerate(curves.items()):
+    for index, (label, data) in enumerate(_drawn(curves)):
         color = f"C{index % 10}"
         for key, style in (("F1", "-"), ("precision", "--"), ("recall", ":")):
             if data[key]:
-                ax.plot(data["confidence"], data[key], style, color=color, label=f"{label} {key}")
+                ax.plot(data["confidence"], data[key], style, color=color, label=label if key == "F1" else None)
         if data["point"]:
             ax.plot(*data["point"], "o", color=color, markersize=6)
     _unit_axes(ax, "confidence (detections kept at or above it)", "mean over classes", title)
-    notes = ["each class's precision, recall and F1 keeping its detections at or above the confidence, averaged over "
-             "the classes with ground truth (a class keeping none: precision 0); dot: the operating point"]
+    notes = ["F1 solid, precision dashed, recall dotted: each class's keeping its detections at or above the "
+             "confidence, averaged over the classes with ground truth (a class keeping none: precision 0); dot: the "
+             "operating point", *_left_out(curves)]
     return Plot(name, title, _png(fig), curves, notes)
+
+
+MAX_CURVES = 10  # cells drawn in one accuracy plot: more repeat colours and bury the legend
+
+
+def _drawn(curves: dict) -> list:
+    return list(curves.items())[:MAX_CURVES]
+
+
+def _left_out(curves: dict) -> list[str]:
+    rest = list(curves)[MAX_CURVES:]
+    return [f"not drawn ({len(rest)} more cells; their curves are in their per_class files): " + ", ".join(rest)] \
+        if rest else []
 
 
 def _unit_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
@@ -413,7 +427,7 @@ def _unit_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper right", ncol=1 if len(ax.get_legend_handles_labels()[1]) <= 8 else 2)
     ax.set_title(title)
 
 
