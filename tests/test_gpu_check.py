@@ -113,3 +113,18 @@ def test_overhead_rows_the_budget_has_no_room_for_are_not_run_not_failed(tmp_pat
     assert [c.name for c in rows[:4]] == ["overhead.b8", "overhead.b32", "overhead.b8.combined",
                                           "overhead.b32.combined"]  # the judged rows first
     assert all(c.status == "not run" and c.reason.startswith("time budget") for c in rows), rows
+
+
+def test_the_checks_run_folders_go_when_the_call_ends(tmp_path, monkeypatch):
+    """Each call's run folders live in a temporary folder of its own, removed at the end (120 of them had piled up
+    in this box's /tmp); `fakes` names pytest's absence from its stderr where its stdout says nothing."""
+    import subprocess
+
+    from harness.bench import gpu_check
+
+    monkeypatch.setattr(gpu_check.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(gpu_check.Runner, "command", lambda self, args, timeout: subprocess.CompletedProcess(
+        args, 1, "", "/usr/bin/python3: No module named pytest\n"))
+    (fakes,) = gpu_check.run_checks("cpu", tmp_path / "out", 60, 8, ("fakes",))
+    assert fakes.figure == "/usr/bin/python3: No module named pytest" and fakes.status == "failed"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,7 +141,8 @@ def check_env(r: Runner, state: dict) -> Check:
 def check_fakes(r: Runner, state: dict) -> Check:
     done = r.command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu_paths_fakes.py"],
                      300)
-    last = (done.stdout.strip().splitlines() or ["no output"])[-1]
+    # pytest's summary line; where pytest itself is missing, Python's line saying so
+    last = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["no output"])[-1]
     return Check("fakes", last, "the CUDA-path tests pass here too", done.returncode == 0)
 
 
@@ -488,6 +490,15 @@ MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "over
 def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:
     out.mkdir(parents=True, exist_ok=True)
     runner, state, results = Runner(device, out, budget_s, limit), {}, []
+    try:
+        _run_each(runner, state, results, names, device, out)
+    finally:  # the checks' run folders (their figures are in the results and the log)
+        shutil.rmtree(runner.work, ignore_errors=True)
+    return results
+
+
+def _run_each(runner: Runner, state: dict, results: list[Check], names: tuple[str, ...], device: str,
+              out: Path) -> None:
     for name in names:
         start = time.monotonic()
         if name in CUDA_ONLY and not device.startswith("cuda"):
@@ -506,7 +517,6 @@ def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names
                 check.status = "failed"
         results.extend(found)
         write_reports(out, results, device)  # after every check: a call cut short still brings its figures back
-    return results
 
 
 def markdown(results: list[Check], env: dict) -> str:
