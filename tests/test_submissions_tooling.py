@@ -1181,3 +1181,63 @@ def test_a_detections_file_is_checked_a_result_at_a_time_and_once_per_file(tmp_p
     (run / "detections" / "m.json").write_text(json.dumps(DETS)[:-1] + ",]")
     ((_, finding), *_) = _findings(validate_paths([run], None).reports, "detections")
     assert finding.severity == "error" and "m.json is not valid JSON" in finding.message
+
+
+def _dominated(point, others) -> bool:
+    """Brute force: another point at least as fast and as accurate, and better in one."""
+    latency, accuracy = point
+    return any(ol <= latency and oa >= accuracy and (ol < latency or oa > accuracy) for ol, oa in others)
+
+
+def test_speed_accuracy_fronts_are_the_undominated_rows_of_each_runtime():
+    """Random latencies and accuracies on a coarse grid (ties in either figure and whole points repeated), two
+    runtimes on one hardware: the front is exactly the rows no other row of their runtime dominates (brute force);
+    a row without accuracy is off the comparison."""
+    import random
+    from dataclasses import replace
+
+    from harness.results.aggregate import PerfRow, fronts, mark_speed_accuracy_fronts
+
+    rng = random.Random(3)
+    fields = {f: None for f in PerfRow.__dataclass_fields__ if f not in ("superseded", "flags")}
+    rows = []
+    for k in range(400):
+        fields.update(model=f"m{k}", hardware="box", format=rng.choice(["onnx", "pytorch"]), provider="cpu",
+                      precision="fp32", tf32="off", latency_ms_p50=float(rng.randint(1, 30)),
+                      accuracy_shown=None if k % 37 == 0 else rng.randint(20, 50) / 100)
+        rows.append(PerfRow(**fields))
+    scored = [r for r in rows if r.accuracy_shown is not None and r.format == "onnx"]
+    fastest = min(scored, key=lambda r: (r.latency_ms_p50, -r.accuracy_shown))  # always on the front
+    rows.append(replace(fastest, model="the same point again"))  # neither dominates the other: both on it
+    mark_speed_accuracy_fronts(rows)
+    assert fastest.speed_accuracy_front and rows[-1].speed_accuracy_front
+    for row in rows:
+        if row.accuracy_shown is None:
+            assert row.speed_accuracy_front is None
+            continue
+        others = [(o.latency_ms_p50, o.accuracy_shown) for o in rows
+                  if o is not row and o.format == row.format and o.accuracy_shown is not None]
+        assert row.speed_accuracy_front == (not _dominated((row.latency_ms_p50, row.accuracy_shown), others)), \
+            row.model
+    listed = fronts(rows)
+    assert sorted(g["format"] for g in listed) == ["onnx", "pytorch"]
+    assert sum(len(g["front"]) for g in listed) == sum(r.speed_accuracy_front is True for r in rows)
+    assert all(g["front"] == sorted(g["front"], key=lambda f: f["latency_ms_p50"]) for g in listed)
+
+
+def test_speed_accuracy_fronts_on_the_real_corpus(corpus_reports):
+    """Every detection leaderboard row placed on or off its runtime's front agrees with a brute-force dominance check
+    over the rows of its hardware, format, provider and precision."""
+    board = aggregate(corpus_reports)
+    rows = board["leaderboard"]
+    placed = [r for r in rows if r["speed_accuracy_front"] is not None]
+    assert len(placed) == sum(r["accuracy_shown"] is not None and r["latency_ms_p50"] is not None for r in rows)
+    key = ("hardware", "format", "provider", "precision", "tf32")
+    for row in placed:
+        others = [(o["latency_ms_p50"], o["accuracy_shown"]) for o in placed
+                  if o is not row and all(o[k] == row[k] for k in key)]
+        assert row["speed_accuracy_front"] == (not _dominated((row["latency_ms_p50"], row["accuracy_shown"]),
+                                                              others))
+    on_front = sum(r["speed_accuracy_front"] for r in placed)
+    assert 0 < on_front < len(placed)
+    assert on_front == sum(len(g["front"]) for g in board["speed_accuracy_fronts"]["detection"])

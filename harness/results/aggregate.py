@@ -106,6 +106,9 @@ class PerfRow:
     section: str = "coco"  # "rf100vl": the site's RF100-VL section; "other": another dataset; both off the COCO boards
     dataset: str = "coco2017"  # dataset id and split
     board: str = "detection"  # the site's COCO board: "detection", or "segmentation" (model.task segment; mask mAP)
+    # on a board: no other row of its runtime on its hardware (format, provider, precision, tf32) is at least as fast
+    # and as accurate, and better in one; None: not on a board, or no latency or accuracy to place it by
+    speed_accuracy_front: bool | None = None
 
     @property
     def coordinate(self) -> tuple:
@@ -291,6 +294,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         for row in rows_shown:  # pinned: the leaderboard variant's canonical number or nothing
             show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
         rows_shown.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
+        mark_speed_accuracy_fronts(rows_shown)
         boards[board] = rows_shown
     leaderboard = boards["detection"]
     return {
@@ -310,6 +314,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                    "size_order_findings": len(size_order), "rf100vl_rows": sum(r.section == "rf100vl" for r in cube),
                    "other_dataset_rows": sum(r.section == "other" for r in cube),
                    "segmentation_rows": sum(r.board == "segmentation" for r in coco_cube)},
+        "speed_accuracy_fronts": {board: fronts(rows) for board, rows in boards.items()},
         "leaderboard": [asdict(r) for r in leaderboard],
         "segmentation_leaderboard": [asdict(r) for r in boards["segmentation"]],
         "canonical_accuracy": list(canonical.values()),
@@ -337,6 +342,45 @@ def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
             if current is None or rank(r) > rank(current):
                 best[r.coordinate] = r
     return list(best.values())
+
+
+def runtime_on_hardware(row: PerfRow) -> tuple:
+    """What a speed-accuracy front is drawn within: one runtime at one precision on one device."""
+    return row.hardware, row.format, row.provider, row.precision, row.tf32
+
+
+def mark_speed_accuracy_fronts(rows: list[PerfRow]) -> None:
+    """Set `speed_accuracy_front` on a board's rows: within each runtime on each hardware, a row is on the front when
+    no other row is at least as fast (latency p50) and as accurate (the accuracy shown), and better in one; rows
+    without either figure are off the comparison (None). One sweep by latency: a row is on the front when it is
+    more accurate than every faster row (or the very point of the last one that was)."""
+    groups: dict[tuple, list[PerfRow]] = {}
+    for row in rows:
+        row.speed_accuracy_front = None
+        if row.latency_ms_p50 is not None and row.accuracy_shown is not None:
+            groups.setdefault(runtime_on_hardware(row), []).append(row)
+    for group in groups.values():
+        best: tuple[float, float] | None = None  # (accuracy, latency) of the most accurate row so far
+        for row in sorted(group, key=lambda r: (r.latency_ms_p50, -r.accuracy_shown)):
+            point = (row.accuracy_shown, row.latency_ms_p50)
+            row.speed_accuracy_front = best is None or point[0] > best[0] or point == best
+            if row.speed_accuracy_front:
+                best = point
+
+
+def fronts(rows: list[PerfRow]) -> list[dict]:
+    """Each runtime on each hardware with a front: its rows on the front, fastest first (latency p50 ms per image,
+    the accuracy shown), and how many rows were compared."""
+    groups: dict[tuple, list[PerfRow]] = {}
+    for row in rows:
+        if row.speed_accuracy_front is not None:
+            groups.setdefault(runtime_on_hardware(row), []).append(row)
+    return [{"hardware": key[0], "format": key[1], "provider": key[2], "precision": key[3], "tf32": key[4],
+             "rows_compared": len(group),
+             "front": [{"model": r.model, "weights": r.weights, "latency_ms_p50": r.latency_ms_p50,
+                        "accuracy_shown": r.accuracy_shown, "file": r.file}
+                       for r in sorted(group, key=lambda r: r.latency_ms_p50) if r.speed_accuracy_front]}
+            for key, group in sorted(groups.items(), key=lambda kv: str(kv[0]))]
 
 
 def _default_input_sizes(rows: list[PerfRow]) -> dict[str, int | None]:

@@ -24,8 +24,8 @@ def _model_label(row: dict, several_weights: set[str]) -> str:
     return f"{row['model']} [{value[:8] if kind == 'sha256' else value or kind}]"
 
 
-LEADERBOARD_COLUMNS = ("model", "runtime", "prec.", "size", "mAP", "p50 ms", "fps", "timed", "!")
-NUMERIC = {"size", "mAP", "p50 ms", "fps", "!"}
+LEADERBOARD_COLUMNS = ("model", "runtime", "prec.", "size", "mAP", "F", "p50 ms", "fps", "timed", "!")
+NUMERIC = {"size", "mAP", "F", "p50 ms", "fps", "!"}
 WIDTH = 80  # the terminal summary's width
 
 
@@ -69,7 +69,8 @@ def leaderboard_table(board: dict, max_rows: int = MAX_ROWS, which: str = "detec
             table.add_row(*row)
         parts.append(table)
         first = False
-    notes = ["timed: the images timed; ! = flags (see -o)"]
+    notes = ["F +: on the speed-accuracy front of its runtime on its hardware (no row there both as fast and as "
+             "accurate, and better in one)", "timed: the images timed; ! = flags (see -o)"]
     if any(r["accuracy_shown"] is not None and r["subset"] for r in shown_rows):
         notes.append(f"* mAP of the {variant} subset, not full-val")
     parts.append(Text("; ".join(notes), style="dim"))
@@ -80,7 +81,8 @@ def _cells(r: dict, several: set[str]) -> tuple:
     shown = "-" if r["accuracy_shown"] is None else f"{r['accuracy_shown']:.4f}" + ("*" if r["subset"] else "")
     timed_on = r["dataset_variant"] + (f" ({r['timing_mode']})" if r["timing_mode"] != "latency" else "")
     precision = r["precision"] + ("+tf32" if r["tf32"] == "on" else "")
-    return (_model_label(r, several), f"{r['format']}/{r['provider']}", precision, r["input_size"], shown,
+    front = {True: "+", False: "", None: ""}[r.get("speed_accuracy_front")]
+    return (_model_label(r, several), f"{r['format']}/{r['provider']}", precision, r["input_size"], shown, front,
             _figure(r["latency_ms_p50"]), _figure(r["fps_mean"]), timed_on, len(r["flags"]) or "")
 
 
