@@ -306,10 +306,12 @@ def aggregate(
     leaderboard_variant: str = typer.Option("full", "--leaderboard-variant",
                                             help="the leaderboard shows this variant's canonical accuracy only"),
     as_json: bool = typer.Option(False, "--json", help="print the leaderboard JSON on stdout"),
+    plot: Path | None = typer.Option(None, "--plot", help="draw the speed-accuracy fronts of the detection board "
+                                                          "into this PNG (one panel per hardware id)"),
 ) -> None:
     """Many submissions -> one leaderboard: full-coordinate identity, canonical accuracy, agreement gate."""
     from harness.catalogue import pending_site_ids, size_ranks
-    from harness.files import atomic_write_json
+    from harness.files import atomic_write_bytes, atomic_write_json
     from harness.results.aggregate import aggregate as build
     from harness.results.validate import load_support_matrix, validate_paths
     from harness.views.commands import print_leaderboard
@@ -317,6 +319,7 @@ def aggregate(
     if not math.isfinite(tolerance) or tolerance < 0:  # NaN compares false with everything: no gate at all
         raise UsageError(f"--tolerance {tolerance}: must be a number >= 0 (mAP points)")
     _check_output("--output", output)
+    _check_output("--plot", plot)
     support = load_support_matrix(support_matrix)
     validation = validate_paths(paths, support, _progress(), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
@@ -326,13 +329,31 @@ def aggregate(
         first = board["excluded"][0]
         raise UsageError(f"none of the {board['counts']['files']} files is a va.submission.v1 (first: {first['file']}: "
                          f"{(first['errors'] or ['unreadable'])[0]}); give submission files or run folders")
+    figure = _speed_accuracy_figure(board, plot) if plot is not None else None  # refused before any file is written
     if output is not None:
         atomic_write_json(output, board)
+    if figure is not None:
+        atomic_write_bytes(plot, figure.png)
     if as_json:
         print_json(console, board)
     else:
         print_leaderboard(console, board, board["notes"], output)
+    if figure is not None:
+        err_console.print(f"speed-accuracy fronts: {plot}" + "".join(f"; {n}" for n in figure.notes[1:]),
+                          highlight=False, soft_wrap=True)
     raise typer.Exit(1 if strict and board["agreement_gate"] else 0)
+
+
+def _speed_accuracy_figure(board: dict, path: Path):
+    """The detection board's speed-accuracy fronts (report.plots.Plot); a UsageError where there is nothing to
+    draw, since the figure asked for cannot be made."""
+    from harness.report.plots import speed_accuracy
+
+    drawn = speed_accuracy(board)
+    if drawn.png is None:
+        raise UsageError(f"--plot {path}: nothing to draw: {drawn.unavailable}; aggregate runs that have it, or "
+                         "pick another --leaderboard-variant")
+    return drawn
 
 
 @app.command()

@@ -1241,3 +1241,25 @@ def test_speed_accuracy_fronts_on_the_real_corpus(corpus_reports):
     on_front = sum(r["speed_accuracy_front"] for r in placed)
     assert 0 < on_front < len(placed)
     assert on_front == sum(len(g["front"]) for g in board["speed_accuracy_fronts"]["detection"])
+
+
+def test_the_speed_accuracy_plot_draws_the_boards_fronts(corpus_reports, tmp_path, base_doc):
+    """`aggregate --plot`: one panel per hardware id, each runtime's front line the board's own front (models,
+    latencies, accuracies); a board with nothing to place is refused (exit 2) before any file is written."""
+    from harness.report.plots import speed_accuracy
+
+    board = aggregate(corpus_reports)
+    plot = speed_accuracy(board)
+    assert plot.png.startswith(b"\x89PNG")
+    for group in board["speed_accuracy_fronts"]["detection"]:
+        runtime = f"{group['format']}/{group['provider']} {group['precision']}" + \
+            ("+tf32" if group["tf32"] == "on" else "")
+        assert plot.data[group["hardware"]][runtime] == [(f["model"], f["latency_ms_p50"], f["accuracy_shown"])
+                                                         for f in group["front"]]
+    out = va_bench("aggregate", SUBMISSIONS, "--plot", tmp_path / "fronts.png", "-o", tmp_path / "board.json")
+    assert out.returncode == 0 and (tmp_path / "fronts.png").read_bytes().startswith(b"\x89PNG")
+    # the test's own files have no canonical full-val accuracy: nothing to place
+    _write(tmp_path / "few", [base_doc])
+    empty = va_bench("aggregate", tmp_path / "few", "--plot", tmp_path / "none.png", "-o", tmp_path / "none.json")
+    assert empty.returncode == 2 and "--plot" in empty.stderr and "nothing to draw" in empty.stderr
+    assert not (tmp_path / "none.png").exists() and not (tmp_path / "none.json").exists()

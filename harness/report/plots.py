@@ -18,6 +18,7 @@ matplotlib.rcParams["text.parse_math"] = False  # labels are names from files ("
 
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from harness.results.reader import FinishedCell, RunFolder, number, short_labels  # noqa: E402
 
@@ -447,6 +448,71 @@ PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory
 def all_plots(run: RunFolder) -> list[Plot]:
     """Every plot of the report, in the order the report shows them."""
     return [make(run) for make in ALL_PLOTS]
+
+
+MAX_FRONT_PANELS = 9  # hardware ids drawn in one speed-accuracy figure (3 x 3)
+
+
+def speed_accuracy(board: dict, which: str = "detection") -> Plot:
+    """An aggregated board's speed-accuracy fronts: one panel per hardware id (the most rows first), each runtime's
+    rows as points (latency p50 per image, log scale, against the accuracy shown) and its front as a line through
+    them, fastest first: the figure detector papers publish, from the leaderboard's own rows."""
+    name, title = "speed_accuracy.png", f"Speed and accuracy ({which} board, batch 1)"
+    rows = board["leaderboard"] if which == "detection" else board.get("segmentation_leaderboard", [])
+    placed = [r for r in rows if r.get("speed_accuracy_front") is not None]
+    if not placed:
+        return _unavailable(name, title, "no board row has both a latency and a shown accuracy (a canonical "
+                                         f"{board['policy'].get('leaderboard_variant', 'full')} mAP)")
+    by_hardware: dict[str, list[dict]] = defaultdict(list)
+    for r in placed:
+        by_hardware[r["hardware"]].append(r)
+    hardware = sorted(by_hardware, key=lambda h: (-len(by_hardware[h]), h))
+    drawn, left_out = hardware[:MAX_FRONT_PANELS], hardware[MAX_FRONT_PANELS:]
+    columns = min(3, len(drawn))
+    panel_rows = -(-len(drawn) // columns)
+    fig = Figure(figsize=(5.0 * columns, 4.0 * panel_rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(panel_rows, columns, squeeze=False).ravel())
+    data = {}
+    for ax, hw in zip(axes, drawn, strict=False):
+        runtimes: dict[str, list[dict]] = defaultdict(list)
+        for r in by_hardware[hw]:
+            runtimes[f"{r['format']}/{r['provider']} {r['precision']}" + ("+tf32" if r["tf32"] == "on" else "")] \
+                .append(r)
+        data[hw] = {}
+        for index, (runtime, group) in enumerate(sorted(runtimes.items())):
+            color = f"C{index % 10}"
+            ax.scatter([r["latency_ms_p50"] for r in group], [r["accuracy_shown"] for r in group], s=14,
+                       color=color, alpha=0.6)
+            front = sorted((r for r in group if r["speed_accuracy_front"]), key=lambda r: r["latency_ms_p50"])
+            ax.plot([r["latency_ms_p50"] for r in front], [r["accuracy_shown"] for r in front], "-o", color=color,
+                    markersize=4, label=runtime)
+            for r in front:
+                ax.annotate(r["model"], (r["latency_ms_p50"], r["accuracy_shown"]), fontsize=6,
+                            xytext=(3, -8), textcoords="offset points")
+            data[hw][runtime] = [(r["model"], r["latency_ms_p50"], r["accuracy_shown"]) for r in front]
+        ax.set_xscale("log")
+        # plain numbers: the log axis's own labels are TeX, which this module draws as text (names are not TeX)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _, ax=ax: _minor_label(v, ax.get_xlim())))
+        ax.set_xlabel("latency p50, ms per image (log)")
+        ax.set_ylabel("mAP 50:95" + (" (masks)" if which == "segmentation" else ""))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+        ax.set_title(hw, fontsize=9)
+    for ax in axes[len(drawn):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    notes = ["points: a runtime's rows on the board; line: its front (no row both as fast and as accurate, and "
+             "better in one); accuracy as the board shows it"]
+    if left_out:
+        notes.append(f"not drawn ({len(left_out)} more hardware ids): " + ", ".join(left_out))
+    return Plot(name, title, _png(fig), data, notes)
+
+
+def _minor_label(value: float, limits: tuple[float, float]) -> str:
+    """A log axis's minor tick: every one labelled within a decade (no major tick to read by), else 2s and 5s."""
+    lo, hi = sorted(limits)
+    return f"{value:g}" if lo > 0 and hi / lo < 10 or f"{value:e}"[0] in "25" else ""
 
 
 def campaign_datasets(rows: list[tuple[str, float | None, str | None]], mean: float | None) -> Plot:
