@@ -47,6 +47,7 @@ def option(default: Any, flags: str | list[str], help: str, **constraints: Any) 
 # A cell times at least this many batches whatever the options say: one sample has no spread (its standard
 # deviation is undefined, and the site's submissions need a number there)
 MIN_TIMED_BATCHES = 2
+MIN_RESAMPLES = 100  # --map-ci: fewer leave a 2.5 % tail to two or three draws
 
 
 class RunConfig(BaseModel):
@@ -143,6 +144,9 @@ class RunConfig(BaseModel):
     eval_max_det: int = option(100, "--eval-max-det",
                                "COCOeval's detection cap per image (maxDets 1, 10, 100 and this; AP and AR_max_det "
                                "read at it; RF100-VL: 500); not the NMS --max-det", ge=1)
+    map_ci: int = option(0, "--map-ci", "a 95 % bootstrap interval of each cell's mAP over the scored images, from "
+                         "this many resamples (1000 is usual; 0: none): how much the figure owes to which images "
+                         "were drawn", ge=0)
     evaluator: Literal["pycocotools", "faster-coco-eval"] = option(
         "faster-coco-eval", "--evaluator", "faster-coco-eval (pycocotools' 12 statistics to 1e-12: tested for bbox, "
         "segm and an evaluation cap of 500) or pycocotools")
@@ -186,6 +190,14 @@ class RunConfig(BaseModel):
     nms_on: Literal["device", "host"] = option(
         "device", "--nms-on", "on CUDA, where the selection (NMS or top-k) and the boxes run: device (one CUDA NMS "
         "call per image), or host (the candidates copied once, NMS on a thread per core); the same on a CPU")
+
+    @field_validator("map_ci")
+    @classmethod
+    def _resamples(cls, value: int) -> int:
+        if 0 < value < MIN_RESAMPLES:
+            raise ValueError(f"{value} resamples cannot place a 95 % interval's 2.5 % tails; give at least "
+                             f"{MIN_RESAMPLES} (1000 is usual) or 0 for none")
+        return value
 
     @field_validator("cpu_affinity")
     @classmethod

@@ -235,6 +235,7 @@ class AccuracyRecord:
     iou_types: list[str] = field(default_factory=lambda: ["bbox"])  # segmentation: ["segm", "bbox"], same detections
     reference: dict[str, Any] | None = None  # int8: the same model's fp32 mAP on the same images, and the verdict
     operating_point: dict[str, Any] | None = None  # the best-mean-F1 confidence and P/R/F1 there, or unavailable
+    map_interval: dict[str, Any] | None = None  # --map-ci: the bootstrap interval of mAP over the scored images
     detections_sha256: str | None = None
     same_detections_as: str | None = None  # the statistics are this earlier cell's: its detections file is identical
 

@@ -243,11 +243,11 @@ def _from_pycocotools_matches(coco, path, image_ids: list[int], iou_type: str = 
         for entry in ref.evalImgs[k * 4 * images:k * 4 * images + images]:  # area "all" is the first range
             if entry is None:
                 continue
-            matches.ground_truths += int(np.count_nonzero(np.asarray(entry["gtIgnore"]) == 0))
+            matches.by_image[entry["image_id"]] = int(np.count_nonzero(np.asarray(entry["gtIgnore"]) == 0))
             if entry["dtScores"]:
-                ignored = entry["dtIgnore"][0].astype(bool)
+                ignored = entry["dtIgnore"][:1].astype(bool)
                 matches.scores.append(np.asarray(entry["dtScores"]))
-                matches.true_positive.append((entry["dtMatches"][0] > 0) & ~ignored)
+                matches.true_positive.append((entry["dtMatches"][:1] > 0) & ~ignored)
                 matches.counted.append(~ignored)
     return operating_point(collector)
 
@@ -285,13 +285,13 @@ def test_a_tie_takes_the_lowest_score_and_no_detection_is_no_threshold():
     from harness.eval.precision_recall import ClassMatches, MatchCollector, operating_point
 
     collector = MatchCollector()
-    collector.classes[1] = ClassMatches([np.array([0.9, 0.8, 0.7]), np.array([0.6, 0.5])],
-                                        [np.array([True, True, False]), np.array([False, True])],
-                                        [np.ones(3, dtype=bool), np.ones(2, dtype=bool)], ground_truths=4)
+    collector.classes[1] = ClassMatches([np.array([0.9, 0.8, 0.7]), np.array([0.6, 0.5])], [],
+                                        [np.array([[True, True, False]]), np.array([[False, True]])],
+                                        [np.ones((1, 3), dtype=bool), np.ones((1, 2), dtype=bool)], by_image={7: 4})
     point = operating_point(collector)
     assert point.confidence == 0.5
     assert (point.precision, point.recall, point.f1) == pytest.approx((0.6, 0.75, 2 / 3))
     empty = MatchCollector()
-    empty.classes[2] = ClassMatches(ground_truths=3)
+    empty.classes[2] = ClassMatches(by_image={7: 3})
     none = operating_point(empty)
     assert none.confidence is None and (none.precision, none.recall, none.f1, none.classes) == (0.0, 0.0, 0.0, 1)

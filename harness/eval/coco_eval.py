@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
-from harness.eval.precision_recall import MatchCollector, OperatingPoint, operating_point, pr_curves
+from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
+from harness.eval.precision_recall import IOU, MatchCollector, OperatingPoint, operating_point, pr_curves
 from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 from harness.records import COCO_MAX_DETS, ImageDetections
 
@@ -121,17 +122,19 @@ class Evaluation:
     pr_curve: dict
     operating_point: OperatingPoint | None  # None: no ground truth (`operating_point_unavailable` says so)
     operating_point_unavailable: str | None = None
+    map_interval: dict | None = None  # the bootstrap interval over the images (`bootstrap.ImageBootstrap`), if asked
 
 
 def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str,
-                      pairs_per_chunk: int | None, cap: int, iou_type: str) -> Evaluation:
+                      pairs_per_chunk: int | None, cap: int, iou_type: str, resamples: int = 0) -> Evaluation:
     """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
-    accumulated arrays joined into one evaluation, each group's matches at IoU 0.50 kept for the operating point."""
+    accumulated arrays joined into one evaluation, each group's matches at IoU 0.50 kept for the operating point
+    (at COCO's ten thresholds with `resamples`, for the bootstrap interval of mAP)."""
     COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
-    matches = MatchCollector()
+    matches = MatchCollector(COCO_IOUS if resamples else (IOU,))
     ground_truths = _ground_truth_counts(coco_gt, image_ids)
     evaluated = _evaluated_detections(columns, image_ids)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -143,7 +146,8 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
             coco_eval.evaluate()
             coco_eval.accumulate()
             parts.append(coco_eval.eval)
-            matches.add(coco_eval, _detections_of(evaluated, chunk), {c: ground_truths.get(c, 0) for c in chunk}, cap)
+            matches.add(coco_eval, _detections_of(evaluated, chunk), {c: ground_truths.get(c, {}) for c in chunk},
+                        cap)
             del coco_eval  # this group's per-image records go before the next group's are built
         coco_eval = COCOeval(gt, _results_of(gt, columns, [], iou_type), iou_type)
         coco_eval.params.imgIds, coco_eval.params.catIds = image_ids, categories
@@ -155,8 +159,9 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
                           "scores": np.concatenate([e["scores"] for e in parts], axis=2)}
     point = operating_point(matches)
     unavailable = "no ground-truth object among the evaluated images" if point is None else None
+    interval = ImageBootstrap(matches, image_ids).interval(resamples) if resamples else None
     return Evaluation(summarize(coco_eval, cap), per_class_ap(coco_eval, cap),
-                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable)
+                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable, interval)
 
 
 def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
@@ -184,9 +189,9 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
 
 
 def _evaluate_masks(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str, cap: int,
-                    pairs_per_chunk: int | None = None) -> tuple[Evaluation, Evaluation]:
-    """The segm and the bbox evaluation of one segmentation results file's columns."""
-    return (_evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm"),
+                    pairs_per_chunk: int | None = None, resamples: int = 0) -> tuple[Evaluation, Evaluation]:
+    """The segm and the bbox evaluation of one segmentation results file's columns (the interval of the masks')."""
+    return (_evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm", resamples),
             _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox"))
 
 
@@ -206,15 +211,18 @@ class CellEvaluation:
 
 
 def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
-                       task: str = "detect") -> CellEvaluation:
+                       task: str = "detect", resamples: int = 0) -> CellEvaluation:
     """The evaluation a cell's detections file gets. "detect": bbox; "segment": segm and bbox on the same
     detections, the mask statistics under the plain keys and the box ones as bbox_mAP_50_95 ... (SITE_BBOX_KEYS),
-    per-category AP, curves and operating point of the masks."""
+    per-category AP, curves and operating point of the masks. `resamples`: the bootstrap interval of the primary
+    mAP over the images (0: none)."""
     if task == "segment":
-        segm, bbox = _evaluate_masks(coco_gt, read_results(Path(path), masks=True), image_ids, evaluator, cap)
+        segm, bbox = _evaluate_masks(coco_gt, read_results(Path(path), masks=True), image_ids, evaluator, cap,
+                                     resamples=resamples)
         return CellEvaluation({**segm.stats, **{f"bbox_{k}": bbox.stats[k] for k in SITE_BBOX_KEYS}}, segm,
                               ["segm", "bbox"])
-    evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox")
+    evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
+                                   resamples)
     return CellEvaluation(evaluation.stats, evaluation, ["bbox"])
 
 
@@ -278,13 +286,14 @@ def _category_groups(categories: list[int], columns: ResultColumns, coco_gt: COC
     return [(chunk, wanted[mask].tolist() if mask.any() else wanted[:1].tolist()) for chunk, mask in groups]
 
 
-def _ground_truth_counts(coco_gt: COCO, image_ids: list[int]) -> dict[int, int]:
-    """Category id -> its non-crowd ground truths on `image_ids` (what recall divides by)."""
-    counts: dict[int, int] = {}
+def _ground_truth_counts(coco_gt: COCO, image_ids: list[int]) -> dict[int, dict[int, int]]:
+    """Category id -> image id -> its non-crowd ground truths there, on `image_ids` (what recall divides by)."""
+    counts: dict[int, dict[int, int]] = {}
     for image_id in image_ids:
         for ann in coco_gt.imgToAnns.get(image_id, ()):
             if not ann.get("iscrowd", 0):
-                counts[ann["category_id"]] = counts.get(ann["category_id"], 0) + 1
+                per_image = counts.setdefault(ann["category_id"], {})
+                per_image[image_id] = per_image.get(image_id, 0) + 1
     return counts
 
 

@@ -23,27 +23,40 @@ CONFIDENCE_GRID = tuple(round(0.01 * k, 2) for k in range(101))  # the confidenc
 
 @dataclass
 class ClassMatches:
-    """One category's detections over the evaluated images, as COCO's matching at IoU 0.50 takes them."""
+    """One category's detections over the evaluated images, as COCO's matching at each IoU threshold collected
+    takes them."""
 
     scores: list[np.ndarray] = field(default_factory=list)  # in image order, each image's highest first, to the cap
-    true_positive: list[np.ndarray] = field(default_factory=list)  # matched to a ground truth that counts
-    counted: list[np.ndarray] = field(default_factory=list)  # not matched to a crowd region
-    ground_truths: int = 0  # the non-crowd ground truths of the category among the evaluated images
+    images: list[np.ndarray] = field(default_factory=list)  # each detection's image id
+    true_positive: list[np.ndarray] = field(default_factory=list)  # [T, n]: matched to a ground truth that counts
+    counted: list[np.ndarray] = field(default_factory=list)  # [T, n]: not matched to a crowd region
+    by_image: dict[int, int] = field(default_factory=dict)  # image id -> its non-crowd ground truths of the category
+
+    @property
+    def ground_truths(self) -> int:
+        """The non-crowd ground truths of the category among the evaluated images."""
+        return sum(self.by_image.values())
 
 
 class MatchCollector:
-    """Each category's matches at IoU 0.50, gathered from evaluated COCOevals (one per group of categories) so that
-    the operating point is found over every category at once. The IoUs are the evaluator's own (`coco_eval.ious`,
-    which pycocotools and faster-coco-eval both keep after `evaluate()`, detections highest score first); the
-    matching is COCOeval's evaluateImg at one threshold, which faster-coco-eval runs in C++ out of Python's reach."""
+    """Each category's matches at the IoU thresholds asked (the operating point's 0.50; COCO's ten for the
+    bootstrap of mAP), gathered from evaluated COCOevals (one per group of categories) so that the classes are
+    summarised together. The IoUs are the evaluator's own (`coco_eval.ious`, which pycocotools and faster-coco-eval
+    both keep after `evaluate()`, detections highest score first); the matching is COCOeval's evaluateImg, which
+    faster-coco-eval runs in C++ out of Python's reach."""
 
-    def __init__(self) -> None:
+    def __init__(self, thresholds: tuple[float, ...] = (IOU,)) -> None:
+        self.thresholds = thresholds
         self.classes: dict[int, ClassMatches] = {}
 
-    def add(self, coco_eval, detections: tuple[np.ndarray, np.ndarray, np.ndarray], ground_truths: dict[int, int],
-            cap: int) -> None:
+    def row(self, threshold: float) -> int:
+        """The index of an IoU threshold in the collected [T, n] arrays."""
+        return int(np.flatnonzero(np.isclose(self.thresholds, threshold))[0])
+
+    def add(self, coco_eval, detections: tuple[np.ndarray, np.ndarray, np.ndarray],
+            ground_truths: dict[int, dict[int, int]], cap: int) -> None:
         """The matches of one evaluated COCOeval: `detections`, (category, image, score) of its categories on its
-        images; `ground_truths`, each of its categories' non-crowd ground truths among its images.
+        images; `ground_truths`, each of its categories' non-crowd ground truths per image.
 
         Within an (image, category) pair the evaluator's IoU rows are its detections highest score first, so the
         k-th row is the pair's k-th highest score whatever the order of equal scores: the scores come from the
@@ -57,8 +70,8 @@ class MatchCollector:
         ends = np.append(starts[1:], len(score))
         keep = min(cap, max(coco_eval.params.maxDets))
         kept = np.arange(len(score)) - np.repeat(starts, ends - starts) < keep  # each pair's top detections
-        true_positive = np.zeros(len(score), dtype=bool)
-        ignored = np.zeros(len(score), dtype=bool)
+        true_positive = np.zeros((len(self.thresholds), len(score)), dtype=bool)
+        ignored = np.zeros((len(self.thresholds), len(score)), dtype=bool)
         ground_truths_of = _ground_truths_of(coco_eval)
         pairs = zip(image[starts].tolist(), category[starts].tolist(), strict=True)
         for start, end, pair in zip(starts.tolist(), np.minimum(ends, starts + keep).tolist(), pairs, strict=True):
@@ -66,17 +79,22 @@ class MatchCollector:
             if len(ious) == 0:  # no ground truth of the category on the image: every detection a false positive
                 continue
             crowd = np.asarray([bool(g.get("iscrowd", 0)) for g in ground_truths_of(*pair)])
-            true_positive[start:end], ignored[start:end] = _match(np.asarray(ious)[:end - start], crowd)
-        columns = [a[kept] for a in (category, score, true_positive, ignored)]
-        bounds = np.flatnonzero(np.diff(columns[0])) + 1
-        by_category = {int(c[0]): (s, t, ~i) for c, s, t, i in zip(*(np.split(a, bounds) for a in columns),
-                                                                      strict=True) if len(c)}
-        for c, count in ground_truths.items():
+            for t, threshold in enumerate(self.thresholds):
+                true_positive[t, start:end], ignored[t, start:end] = _match(np.asarray(ious)[:end - start], crowd,
+                                                                            threshold)
+        category, score, image = category[kept], score[kept], image[kept]
+        true_positive, ignored = true_positive[:, kept], ignored[:, kept]
+        bounds = np.flatnonzero(np.diff(category)) + 1
+        by_category = {int(c[0]): (s, i, t, ~g) for c, s, i, t, g in zip(
+            np.split(category, bounds), np.split(score, bounds), np.split(image, bounds),
+            np.split(true_positive, bounds, axis=1), np.split(ignored, bounds, axis=1), strict=True) if len(c)}
+        for c, counts in ground_truths.items():
             matches = self.classes.setdefault(int(c), ClassMatches())
-            matches.ground_truths += count
+            matches.by_image.update(counts)
             if c in by_category:  # one array per category and group: a dataset of small arrays costs more
-                scores, tp, counted = by_category[c]
+                scores, images, tp, counted = by_category[c]
                 matches.scores.append(scores)
+                matches.images.append(images)
                 matches.true_positive.append(tp)
                 matches.counted.append(counted)
 
@@ -88,18 +106,18 @@ def _ground_truths_of(coco_eval):
     return lambda image, category: coco_eval._gts[image, category]
 
 
-def _match(ious: np.ndarray, crowd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """COCOeval.evaluateImg's greedy matching at IoU 0.50 of detections (rows, highest score first) to ground
-    truths (columns, the pair's order): each takes the still unmatched ground truth of highest IoU >= 0.50, a
-    non-crowd one before any crowd region (crowd regions match any number of times). Returns (true positive,
-    ignored: matched to a crowd region)."""
+def _match(ious: np.ndarray, crowd: np.ndarray, threshold: float = IOU) -> tuple[np.ndarray, np.ndarray]:
+    """COCOeval.evaluateImg's greedy matching at one IoU threshold of detections (rows, highest score first) to
+    ground truths (columns, the pair's order): each takes the still unmatched ground truth of highest IoU >= the
+    threshold, a non-crowd one before any crowd region (crowd regions match any number of times). Returns (true
+    positive, ignored: matched to a crowd region)."""
     columns = np.argsort(crowd, kind="mergesort")  # non-crowd ground truths first, as evaluateImg sorts them
     ious, crowd = ious[:, columns], crowd[columns]
     taken = np.zeros(len(crowd), dtype=bool)
     true_positive = np.zeros(len(ious), dtype=bool)
     ignored = np.zeros(len(ious), dtype=bool)
     for d, row in enumerate(ious):
-        best_iou, m = min(IOU, 1 - 1e-10), -1
+        best_iou, m = min(threshold, 1 - 1e-10), -1
         for g in range(len(crowd)):
             if taken[g] and not crowd[g]:
                 continue
@@ -136,14 +154,14 @@ class OperatingPoint:
                         "tie); precision and recall are the classes' means there, not interpolated"}
 
 
-def _sorted_class(matches: ClassMatches) -> tuple[np.ndarray, np.ndarray]:
-    """(scores highest first, cumulative true positives) of a category's counted detections, ordered as
-    COCOeval's accumulate orders them (a stable sort of the images' lists in image order)."""
+def _sorted_class(matches: ClassMatches, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores highest first, cumulative true positives) of a category's counted detections at the t-th threshold
+    collected, ordered as COCOeval's accumulate orders them (a stable sort of the images' lists in image order)."""
     if not matches.scores:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
     scores = np.concatenate(matches.scores)
-    true_positive = np.concatenate(matches.true_positive)
-    counted = np.concatenate(matches.counted)
+    true_positive = np.concatenate([a[t] for a in matches.true_positive])
+    counted = np.concatenate([a[t] for a in matches.counted])
     order = np.argsort(-scores, kind="mergesort")
     keep = order[counted[order]]
     return scores[keep], np.cumsum(true_positive[keep])
@@ -154,7 +172,8 @@ def operating_point(collector: MatchCollector) -> OperatingPoint | None:
     classes = {c: m for c, m in sorted(collector.classes.items()) if m.ground_truths > 0}
     if not classes:
         return None
-    sorted_classes = {c: _sorted_class(m) for c, m in classes.items()}
+    t = collector.row(IOU)
+    sorted_classes = {c: _sorted_class(m, t) for c, m in classes.items()}
     thresholds = np.unique(np.concatenate([s for s, _ in sorted_classes.values()] + [np.zeros(0)]))  # ascending
     grid = np.asarray(CONFIDENCE_GRID)
     sums = np.zeros((3, grid.size))

@@ -652,13 +652,15 @@ class FleetDriver:
             # the evaluation a cell's detections get (executor.py), on the merged file
             task = "segment" if config.masks and key.model in segment_ids() else "detect"
             evaluation = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
-                                            list(plan.variant.image_ids), config.evaluator, config.eval_max_det, task)
+                                            list(plan.variant.image_ids), config.evaluator, config.eval_max_det, task,
+                                            config.map_ci)
             stats, iou_types = evaluation.stats, evaluation.iou_types
             record = {"run_id": plan.run_id, "created_at": utc_now_iso(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
                       "evaluator": evaluator_version(config.evaluator), "stats": defined_stats(stats),
                       "operating_point": operating_point_summary(evaluation.primary),
+                      **({"map_ci": evaluation.primary.map_interval} if evaluation.primary.map_interval else {}),
                       "maxDets": max_dets_for(config.eval_max_det), "iouType": iou_types,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
                       "detections_file": rel_dets,

@@ -199,6 +199,7 @@ def accuracy_table(run: RunFolder) -> Table | None:
     if not scored:
         return None
     segment = any(c.get("model.task") == "segment" for c in scored)
+    intervals = any(isinstance(c.get("eval.map_ci"), dict) for c in scored)
     rows = []
     for c in scored:
         acc, k = c.get("accuracy"), c.key
@@ -207,11 +208,13 @@ def accuracy_table(run: RunFolder) -> Table | None:
         if segment:
             row.append("masks" if c.get("model.task") == "segment" else "boxes")
         rows.append(row + [fmt(acc.get(m), 4) for m in COCO_METRICS]
-                    + ([fmt(acc.get("bbox_mAP_50_95"), 4)] if segment else []))
+                    + ([fmt(acc.get("bbox_mAP_50_95"), 4)] if segment else [])
+                    + ([_interval(c.get("eval.map_ci"))] if intervals else []))
     header = ["model", "backend", "precision", "size", "batch", "images", *(["scored"] if segment else []),
-              *COCO_METRICS, *(["bbox_mAP_50_95"] if segment else [])]
+              *COCO_METRICS, *(["bbox_mAP_50_95"] if segment else []),
+              *(["mAP_50_95 95 % CI (images)"] if intervals else [])]
     numeric = [False, False, False, True, True, True, *([False] if segment else []), *[True] * len(COCO_METRICS),
-               *([True] if segment else [])]
+               *([True] if segment else []), *([False] if intervals else [])]
     return Table(header, rows, numeric)
 
 
@@ -246,6 +249,14 @@ def per_class_file(run: RunFolder, cell) -> dict | None:
     if path is None or not path.is_file():
         return None
     return read_json_object(path)
+
+
+def _interval(ci) -> str:
+    """A cell's bootstrap interval of mAP 50:95 (`eval.map_ci`), or '-' where it has none."""
+    bounds = ci.get("mAP_50_95") if isinstance(ci, dict) else None
+    if not (isinstance(bounds, list) and len(bounds) == 2):
+        return "-"
+    return f"{fmt(bounds[0], 4)}-{fmt(bounds[1], 4)} ({ci.get('resamples')} resamples)"
 
 
 def per_class_table(run: RunFolder) -> tuple[str, Table] | None:

@@ -149,6 +149,8 @@ def build_submission(record: CellRecord) -> dict:
                  "per_class": record.accuracy.per_class_file if record.accuracy else None,
                  **({"operating_point": record.accuracy.operating_point}
                     if record.accuracy and record.accuracy.operating_point else {}),
+                 **({"map_ci": record.accuracy.map_interval}
+                    if record.accuracy and record.accuracy.map_interval else {}),
                  "detections": record.accuracy.detections_file if record.accuracy else None,
                  "detections_sha256": record.accuracy.detections_sha256 if record.accuracy else None,
                  **({"same_detections_as": record.accuracy.same_detections_as}

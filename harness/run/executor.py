@@ -609,13 +609,14 @@ class GroupExecutor:
         digest = file_sha256(ctx.run_dir / detections_file)
         # The same detections file scores the same: a cell whose detections are byte for byte an earlier cell's
         # (a batch-invariant runtime across a sweep) takes that evaluation and says so
-        key = (digest, ctx.config.evaluator, cap, self.task)
+        key = (digest, ctx.config.evaluator, cap, self.task, ctx.config.map_ci)
         if key in ctx.scored:
             evaluation, same_as = ctx.scored[key]
         else:
             with ctx.progress.task(f"COCO eval {cell.label}", None):
                 evaluation = evaluate_cell_file(ctx.dataset.coco, ctx.run_dir / detections_file,
-                                                list(ctx.variant.image_ids), ctx.config.evaluator, cap, self.task)
+                                                list(ctx.variant.image_ids), ctx.config.evaluator, cap, self.task,
+                                                ctx.config.map_ci)
             ctx.scored[key] = evaluation, cell.label
             same_as = None
         per_class_file = f"per_class/{cell_slug(cell)}.json"
@@ -626,6 +627,7 @@ class GroupExecutor:
                               detections_file=detections_file, max_dets=max_dets_for(cap),
                               per_class_file=per_class_file, iou_types=evaluation.iou_types,
                               operating_point=operating_point_summary(evaluation.primary),
+                              map_interval=evaluation.primary.map_interval,
                               detections_sha256=digest, same_detections_as=same_as), None
 
     def _int8_verdict(self, cell: Cell, accuracy: AccuracyRecord) -> dict:

@@ -1,0 +1,182 @@
+"""The bootstrap interval of mAP over the evaluated images: each resample's mAP against pycocotools on a dataset that
+holds each drawn image as many times as it was drawn (built image by image, re-keyed), the evaluation's own figures
+when every image is drawn once, and a run's record of the interval."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+from conftest import SUBSET_ANNOTATIONS, requires_coco
+
+from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
+from harness.eval.coco_eval import _evaluate_grouped, evaluate_cell_file, read_results
+
+
+@pytest.fixture(scope="module")
+def subset() -> dict:
+    if not SUBSET_ANNOTATIONS.is_file():
+        pytest.skip("COCO sample missing")
+    return json.loads(SUBSET_ANNOTATIONS.read_text())
+
+
+def _coco(dataset: dict):
+    from pycocotools.coco import COCO
+
+    coco = COCO()
+    coco.dataset = dataset
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def _detections(coco, image_ids: list[int], seed: int, grid: float | None = None) -> list[dict]:
+    """Two jittered copies of most objects and a few boxes of the image's classes; continuous scores (no two
+    equal) unless `grid` rounds them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for image_id in image_ids:
+        info = coco.imgs[image_id]
+        for ann in coco.imgToAnns[image_id]:
+            x, y, w, h = ann["bbox"]
+            for _ in range(2):
+                if rng.uniform() < 0.7:
+                    out.append({"image_id": image_id, "category_id": ann["category_id"],
+                                "score": float(rng.uniform(0.1, 1.0)),
+                                "bbox": [x + rng.normal(0, 3), y + rng.normal(0, 3), w * rng.uniform(0.8, 1.2),
+                                         h * rng.uniform(0.8, 1.2)]})
+        present = sorted({a["category_id"] for a in coco.imgToAnns[image_id]}) or [1]
+        for _ in range(6):
+            w, h = rng.uniform(5, info["width"] / 3), rng.uniform(5, info["height"] / 3)
+            out.append({"image_id": image_id, "category_id": int(rng.choice(present)),
+                        "score": float(rng.uniform(0.0, 0.9)),
+                        "bbox": [rng.uniform(0, info["width"] - w), rng.uniform(0, info["height"] - h), w, h]})
+    if grid:
+        for d in out:
+            d["score"] = round(round(d["score"] / grid) * grid, 6)
+    return out
+
+
+def _pycocotools(coco, detections: list[dict], image_ids: list[int]) -> tuple[float, float]:
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = COCOeval(coco, coco.loadRes(json.loads(json.dumps(detections))), "bbox")
+        ev.params.imgIds = image_ids
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+    return ev.stats[0], ev.stats[1]
+
+
+def _repeated(dataset: dict, detections: list[dict], image_ids: list[int], times: np.ndarray):
+    """The dataset and detections with image k held times[k] times, each copy under an id of its own (ids ascending
+    with k, so COCOeval meets the copies in the bootstrap's order)."""
+    images, annotations, results = [], [], []
+    by_id = {i["id"]: i for i in dataset["images"]}
+    anns = {}
+    for a in dataset["annotations"]:
+        anns.setdefault(a["image_id"], []).append(a)
+    dets = {}
+    for d in detections:
+        dets.setdefault(d["image_id"], []).append(d)
+    for k, image_id in enumerate(image_ids):
+        for copy in range(int(times[k])):
+            new = 1 + k * 100 + copy
+            images.append({**by_id[image_id], "id": new})
+            for a in anns.get(image_id, []):
+                annotations.append({**a, "id": len(annotations) + 1, "image_id": new})
+            results += [{**d, "image_id": new} for d in dets.get(image_id, [])]
+    return _coco({**dataset, "images": images, "annotations": annotations}), results, [i["id"] for i in images]
+
+
+def _bootstrap(coco, detections, image_ids, tmp_path, evaluator: str = "pycocotools") -> ImageBootstrap:
+    from harness.eval.precision_recall import MatchCollector
+
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(detections))
+    captured = {}
+    original = MatchCollector.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        captured["collector"] = self
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MatchCollector, "__init__", keep)
+        _evaluate_grouped(coco, read_results(path), image_ids, evaluator, None, 100, "bbox", resamples=1)
+    return ImageBootstrap(captured["collector"], sorted(image_ids))
+
+
+@requires_coco
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_every_image_once_is_the_evaluations_own_map(subset, tmp_path, evaluator):
+    """All images drawn once: pycocotools' mAP 50:95 and mAP 50, crowd regions and tied scores included."""
+    coco = _coco(subset)
+    image_ids = sorted(coco.imgs)[:60]
+    detections = _detections(coco, image_ids, seed=1, grid=0.05)
+    boot = _bootstrap(coco, detections, image_ids, tmp_path, evaluator)
+    assert boot.of(np.ones(len(image_ids), dtype=np.int64)) == pytest.approx(_pycocotools(coco, detections, image_ids),
+                                                                            abs=1e-12)
+
+
+@requires_coco
+def test_each_resample_is_pycocotools_on_the_images_drawn(subset, tmp_path):
+    """Three draws with replacement (images absent, once, several times): each resample's mAP is pycocotools' on a
+    dataset holding every drawn image as many times as it was drawn."""
+    coco = _coco(subset)
+    image_ids = sorted(coco.imgs)[:40]
+    detections = _detections(coco, image_ids, seed=2)
+    boot = _bootstrap(coco, detections, image_ids, tmp_path)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        times = np.bincount(rng.integers(0, len(image_ids), len(image_ids)), minlength=len(image_ids))
+        assert times.max() > 1 and (times == 0).any()
+        repeated, results, ids = _repeated(subset, detections, image_ids, times)
+        assert boot.of(times) == pytest.approx(_pycocotools(repeated, results, ids), abs=1e-12)
+
+
+@requires_coco
+def test_a_cells_interval_is_recorded_and_reproducible(subset, tmp_path):
+    """evaluate_cell_file(resamples=N): the interval holds the cell's mAP, is the same on a second scoring (seeded)
+    and under either evaluator, and says what it is."""
+    coco = _coco(subset)
+    image_ids = sorted(coco.imgs)[:50]
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(_detections(coco, image_ids, seed=3)))
+    first = evaluate_cell_file(coco, path, image_ids, "pycocotools", 100, resamples=200)
+    again = evaluate_cell_file(coco, path, image_ids, "faster-coco-eval", 100, resamples=200)
+    interval = first.primary.map_interval
+    assert interval == again.primary.map_interval
+    assert interval["resamples"] == interval["resamples_defined"] == 200 and interval["images"] == 50
+    for key in ("mAP_50_95", "mAP_50"):
+        lo, hi = interval[key]
+        assert lo < first.stats[key] < hi and hi - lo < 0.2
+    assert evaluate_cell_file(coco, path, image_ids, "pycocotools", 100).primary.map_interval is None
+    assert len(COCO_IOUS) == 10
+
+
+@requires_coco
+def test_a_run_with_map_ci_records_the_interval_the_schema_accepts(tmp_path):
+    """`run --map-ci 100` on 12 sample images: each cell's eval.map_ci holds its mAP, validate finds nothing wrong
+    with it; fewer than 100 resamples is refused (exit 2, no folder)."""
+    from conftest import YOLOX_NANO, run_in_process
+
+    from harness.results.validate import validate_paths
+
+    if not YOLOX_NANO.is_file():
+        pytest.skip("yolox_nano.onnx missing")
+    out = tmp_path / "runs"
+    done = run_in_process("run", "--model", "yolox-nano", "--backend", "onnxruntime", "--subset", "sample",
+                          "--limit", "12", "--batch-sizes", "1", "--map-ci", "100", "--no-energy",
+                          "--output-dir", str(out), "--run-id", "ci")
+    assert done.returncode == 0, done.stderr
+    (path,) = (out / "ci" / "submissions").glob("*.json")
+    doc = json.loads(path.read_text())
+    lo, hi = doc["eval"]["map_ci"]["mAP_50_95"]
+    assert lo <= doc["accuracy"]["mAP_50_95"] <= hi and doc["eval"]["map_ci"]["images"] == 12
+    (report,) = validate_paths([path], None).reports
+    assert not [f for f in report.findings if "map_ci" in f.path or f.rule == "schema"], report.findings
+    refused = run_in_process("run", "--subset", "sample", "--limit", "12", "--map-ci", "50",
+                             "--output-dir", str(tmp_path / "no"))
+    assert refused.returncode == 2 and "at least 100" in refused.stderr and not (tmp_path / "no").exists()
