@@ -128,3 +128,34 @@ def test_the_checks_run_folders_go_when_the_call_ends(tmp_path, monkeypatch):
     (fakes,) = gpu_check.run_checks("cpu", tmp_path / "out", 60, 8, ("fakes",))
     assert fakes.figure == "/usr/bin/python3: No module named pytest" and fakes.status == "failed"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_the_run_folder_goes_when_the_call_is_terminated(tmp_path):
+    """SIGTERM (a device call's timeout, a Ctrl-C'd wrapper) mid-check: the call's run folder goes too (Python's
+    default SIGTERM ends the process without running `finally`)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ("import time\nfrom pathlib import Path\nfrom harness.bench import gpu_check\n"
+            "gpu_check.Runner.command = lambda self, args, timeout: time.sleep(60)\n"
+            f"gpu_check.run_checks('cpu', Path({str(tmp_path / 'out')!r}), 60, 8, ('fakes',))\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(temp)},
+                               cwd=Path(__file__).resolve().parents[1])
+    try:
+        for _ in range(300):  # until the call has made its folder (or ended)
+            if any(temp.iterdir()) or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert any(temp.iterdir()), "the call made no run folder"
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert list(temp.iterdir()) == []

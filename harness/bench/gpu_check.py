@@ -32,6 +32,7 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.pipeline.stage_timer import DEVICE_TIMES
+from harness.run.signals import Interrupted, interrupt_handling
 
 DEFAULT_NMS_ON = RunConfig.model_fields["nms_on"].default
 
@@ -82,6 +83,10 @@ class Runner:
                 os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
             code, stderr = 124, stderr + f"\ntimed out after {timeout:.0f} s".encode()
+        except BaseException:  # the call itself stopped (a signal): what this check started goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
         done = subprocess.CompletedProcess(args, code, stdout.decode("utf-8", "replace"),
                                            stderr.decode("utf-8", "replace"))
         with self.log.open("a") as log:
@@ -489,11 +494,13 @@ MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "over
 
 def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:
     out.mkdir(parents=True, exist_ok=True)
-    runner, state, results = Runner(device, out, budget_s, limit), {}, []
-    try:
-        _run_each(runner, state, results, names, device, out)
-    finally:  # the checks' run folders (their figures are in the results and the log)
-        shutil.rmtree(runner.work, ignore_errors=True)
+    # a signal (the device call's own time limit: SIGTERM) raises, so that the finally below still runs
+    with interrupt_handling():
+        runner, state, results = Runner(device, out, budget_s, limit), {}, []
+        try:
+            _run_each(runner, state, results, names, device, out)
+        finally:  # the checks' run folders (their figures are in the results and the log)
+            shutil.rmtree(runner.work, ignore_errors=True)
     return results
 
 
@@ -550,7 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in STEPS]
     if unknown:
         parser.error(f"unknown checks {unknown}; use some of {', '.join(CHECKS)}")
-    results = run_checks(args.device, Path(args.out), args.budget, args.limit, names)
+    try:
+        results = run_checks(args.device, Path(args.out), args.budget, args.limit, names)
+    except Interrupted as exc:  # the figures so far are already in gpu_check.json / .md under --out
+        print(f"gpu_check: stopped by {exc} after the checks written to {args.out}", file=sys.stderr)
+        return exc.exit_code
     print((Path(args.out) / "gpu_check.md").read_text(encoding="utf-8"))
     return 1 if any(c.status == "failed" for c in results) else 0
 
