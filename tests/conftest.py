@@ -142,3 +142,17 @@ def load_source(source, backend, device, precision, input_size, threads=None, **
 
     return load_core(source, backend, device, precision, input_size, options=backend_options(**fields),
                      threads=threads)
+
+
+def coco_from(dataset: dict):
+    """A pycocotools COCO index of a dataset dict (quietly: COCO prints its progress)."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+
+    coco = COCO()
+    coco.dataset = dataset
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco

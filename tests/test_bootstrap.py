@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SUBSET_ANNOTATIONS, requires_coco
+from conftest import SUBSET_ANNOTATIONS, coco_from, requires_coco
 
 from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
 from harness.eval.coco_eval import _evaluate_grouped, evaluate_cell_file, read_results
@@ -21,16 +21,6 @@ def subset() -> dict:
     if not SUBSET_ANNOTATIONS.is_file():
         pytest.skip("COCO sample missing")
     return json.loads(SUBSET_ANNOTATIONS.read_text())
-
-
-def _coco(dataset: dict):
-    from pycocotools.coco import COCO
-
-    coco = COCO()
-    coco.dataset = dataset
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
 
 
 def _detections(coco, image_ids: list[int], seed: int, grid: float | None = None) -> list[dict]:
@@ -88,7 +78,7 @@ def _repeated(dataset: dict, detections: list[dict], image_ids: list[int], times
             for a in anns.get(image_id, []):
                 annotations.append({**a, "id": len(annotations) + 1, "image_id": new})
             results += [{**d, "image_id": new} for d in dets.get(image_id, [])]
-    return _coco({**dataset, "images": images, "annotations": annotations}), results, [i["id"] for i in images]
+    return coco_from({**dataset, "images": images, "annotations": annotations}), results, [i["id"] for i in images]
 
 
 def _bootstrap(coco, detections, image_ids, tmp_path, evaluator: str = "pycocotools") -> ImageBootstrap:
@@ -112,7 +102,7 @@ def _bootstrap(coco, detections, image_ids, tmp_path, evaluator: str = "pycocoto
 @pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
 def test_every_image_once_is_the_evaluations_own_map(subset, tmp_path, evaluator):
     """All images drawn once: pycocotools' mAP 50:95 and mAP 50, crowd regions and tied scores included."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:60]
     detections = _detections(coco, image_ids, seed=1, grid=0.05)
     boot = _bootstrap(coco, detections, image_ids, tmp_path, evaluator)
@@ -124,7 +114,7 @@ def test_every_image_once_is_the_evaluations_own_map(subset, tmp_path, evaluator
 def test_each_resample_is_pycocotools_on_the_images_drawn(subset, tmp_path):
     """Three draws with replacement (images absent, once, several times): each resample's mAP is pycocotools' on a
     dataset holding every drawn image as many times as it was drawn."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:40]
     detections = _detections(coco, image_ids, seed=2)
     boot = _bootstrap(coco, detections, image_ids, tmp_path)
@@ -140,7 +130,7 @@ def test_each_resample_is_pycocotools_on_the_images_drawn(subset, tmp_path):
 def test_a_cells_interval_is_recorded_and_reproducible(subset, tmp_path):
     """evaluate_cell_file(resamples=N): the interval holds the cell's mAP, is the same on a second scoring (seeded)
     and under either evaluator, and says what it is."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:50]
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(_detections(coco, image_ids, seed=3)))
@@ -188,7 +178,7 @@ def test_each_resample_is_pycocotools_when_an_images_scores_tie(subset, tmp_path
     """Scores on a 0.05 grid (ties within an image's class, as fp16 and int8 outputs give): pycocotools meets a
     drawn-twice image's tied detections copy by copy (d1 d2 d1 d2), not each detection twice (d1 d1 d2 d2), so
     weighting each detection by its image's draws is not enough where scores tie within an image."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:40]
     detections = _detections(coco, image_ids, seed=2, grid=0.05)
     boot = _bootstrap(coco, detections, image_ids, tmp_path)
@@ -205,7 +195,7 @@ def test_the_interval_holds_the_cells_own_map_on_a_dense_cell(subset, tmp_path):
     resampled mAP is biased upward (classes on one or two images drop out of a draw's mean; duplicated images lift
     the precision envelope), and a plain percentile interval then missed the evaluation's own mAP. Where the bias is
     that large no interval is given, and the record says why; otherwise the (BCa) interval holds the figure."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)
     rng = np.random.default_rng(0)
     categories = sorted(coco.cats)

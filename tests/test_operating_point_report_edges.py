@@ -3,26 +3,14 @@ no confidence) and a resumed run whose earlier cell's per_class file predates th
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
-from conftest import CORPUS, requires_corpus
+from conftest import CORPUS, coco_from, requires_corpus
 
 from harness.eval.coco_eval import evaluate_cell_file, operating_point_summary, per_class_document
 
 SHA = "ab" * 32
-
-
-def _coco(dataset: dict):
-    from pycocotools.coco import COCO
-
-    coco = COCO()
-    coco.dataset = dataset
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
 
 
 def _evaluation(tmp_path: Path, detections: list[dict]):
@@ -33,7 +21,7 @@ def _evaluation(tmp_path: Path, detections: list[dict]):
                "categories": [{"id": 3, "name": "car"}]}
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(detections))
-    return evaluate_cell_file(_coco(dataset), path, [1, 2], "pycocotools", 100)
+    return evaluate_cell_file(coco_from(dataset), path, [1, 2], "pycocotools", 100)
 
 
 def _run_folder(tmp_path: Path, cells: list[tuple[int, dict | None, dict]]) -> Path:

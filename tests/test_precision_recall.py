@@ -11,19 +11,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SUBSET_ANNOTATIONS, requires_coco
+from conftest import SUBSET_ANNOTATIONS, coco_from, requires_coco
 
 from harness.eval.coco_eval import _evaluate_grouped, evaluate_cell_file, per_class_document, read_results
-
-
-def _coco(dataset: dict):
-    from pycocotools.coco import COCO
-
-    coco = COCO()
-    coco.dataset = dataset
-    with contextlib.redirect_stdout(io.StringIO()):
-        coco.createIndex()
-    return coco
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +112,7 @@ def _reference(coco, detections: list[dict], image_ids: list[int]):
 def test_operating_point_matches_a_plain_loop_with_crowds_and_duplicates(subset, tmp_path, groups):
     """Crowd regions, three candidates per object and classes scored a group at a time (300 (image, class) pairs a
     group): the confidence and each class's precision and recall equal the plain loop's."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:50]
     assert any(a["iscrowd"] for i in image_ids for a in coco.imgToAnns[i])  # the crowd rule is exercised
     detections = [d for d in _detections(coco, seed=3, jitters=3, random_boxes=12) if d["image_id"] in image_ids]
@@ -156,7 +146,7 @@ def test_operating_point_equals_faster_coco_eval_extended_metrics(subset, tmp_pa
     images = [i for i in subset["images"] if i["id"] not in crowded][:80]
     kept = {i["id"] for i in images}
     dataset = {**subset, "images": images, "annotations": [a for a in subset["annotations"] if a["image_id"] in kept]}
-    coco = _coco(dataset)
+    coco = coco_from(dataset)
     detections = _detections(coco, seed=5, jitters=1, random_boxes=10)
     (tmp_path / "gt.json").write_text(json.dumps(dataset))
     path = tmp_path / "dets.json"
@@ -183,7 +173,7 @@ def test_curves_average_to_pycocotools_summarize(subset, tmp_path, evaluator):
     from either evaluator's precision array."""
     from pycocotools.cocoeval import COCOeval
 
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:60]
     detections = [d for d in _detections(coco, seed=7, jitters=2, random_boxes=15) if d["image_id"] in image_ids]
     path = tmp_path / "dets.json"
@@ -205,7 +195,7 @@ def test_per_class_document_and_no_ground_truth(subset, tmp_path):
     """The per_class file: AP and the operating point's precision/recall/F1 per category (null for a category that
     has no ground truth among the images), the point and the curves; with no ground truth at all the point is
     unavailable, with the reason."""
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:20]
     detections = [d for d in _detections(coco, seed=9, jitters=1, random_boxes=5) if d["image_id"] in image_ids]
     path = tmp_path / "dets.json"
@@ -221,7 +211,7 @@ def test_per_class_document_and_no_ground_truth(subset, tmp_path):
     assert 0 < point["F1"] <= 1 and point["classes"] == len(with_gt)
     assert point["F1"] == pytest.approx(np.mean([rows[c]["F1"] for c in with_gt]), abs=1e-5)
     empty = {**subset, "annotations": []}
-    none = evaluate_cell_file(_coco(empty), path, image_ids, "pycocotools", 100).primary
+    none = evaluate_cell_file(coco_from(empty), path, image_ids, "pycocotools", 100).primary
     assert none.operating_point is None and "no ground-truth" in none.operating_point_unavailable
     assert none.pr_curve == {}
 
@@ -259,7 +249,7 @@ def test_matching_is_pycocotools_own_with_ties_crowds_and_masks(subset, tmp_path
     evaluator's operating point equals the one from pycocotools' own per-image matches, for boxes and for masks."""
     from pycocotools import mask as mask_utils
 
-    coco = _coco(subset)
+    coco = coco_from(subset)
     image_ids = sorted(coco.imgs)[:40]
     detections = [{**d, "score": round(d["score"], 1)} for d in _detections(coco, seed=11, jitters=3, random_boxes=8)
                   if d["image_id"] in image_ids]

@@ -362,16 +362,7 @@ def precision_recall(run: RunFolder) -> Plot:
                          "point": (point["recall"], point["precision"]) if point else None}
     if not curves:
         return _unavailable(name, title, "no scored cell has a per_class file with precision-recall curves")
-    fig = Figure(figsize=(6.4, 4.8))
-    ax = fig.subplots()
-    for index, (label, data) in enumerate(_drawn(curves)):
-        color = f"C{index % 10}"
-        for iou, style in PR_IOUS:
-            if data[iou]:
-                ax.plot(data["recall"], data[iou], style, color=color, label=label if style == "-" else None)
-        if data["point"]:
-            ax.plot(*data["point"], "o", color=color, markersize=6)
-    _unit_axes(ax, "recall", "precision", title)
+    fig = _curves_figure(curves, "recall", PR_IOUS, ("recall", "precision", title))
     notes = ["COCO's interpolated precision at 101 recall points, averaged over the classes with ground truth (a "
              "curve's mean is that mAP): solid IoU 0.50, dashed 0.50:0.95; dot: the operating point (the confidence "
              "with the highest mean F1 at IoU 0.50: the classes' mean recall and precision there)", *_left_out(curves)]
@@ -393,20 +384,28 @@ def confidence_curves(run: RunFolder) -> Plot:
                              if point and point.get("confidence") is not None else None}
     if not curves:
         return _unavailable(name, title, "no scored cell has a per_class file with a confidence curve")
-    fig = Figure(figsize=(6.4, 4.8))
-    ax = fig.subplots()
-    for index, (label, data) in enumerate(_drawn(curves)):
-        color = f"C{index % 10}"
-        for key, style in (("F1", "-"), ("precision", "--"), ("recall", ":")):
-            if data[key]:
-                ax.plot(data["confidence"], data[key], style, color=color, label=label if key == "F1" else None)
-        if data["point"]:
-            ax.plot(*data["point"], "o", color=color, markersize=6)
-    _unit_axes(ax, "confidence (detections kept at or above it)", "mean over classes", title)
+    fig = _curves_figure(curves, "confidence", (("F1", "-"), ("precision", "--"), ("recall", ":")),
+                         ("confidence (detections kept at or above it)", "mean over classes", title))
     notes = ["F1 solid, precision dashed, recall dotted: each class's keeping its detections at or above the "
              "confidence, averaged over the classes with ground truth (a class keeping none: precision 0); dot: the "
              "operating point", *_left_out(curves)]
     return Plot(name, title, _png(fig), curves, notes)
+
+
+def _curves_figure(curves: dict, x: str, lines: tuple[tuple[str, str], ...], labels: tuple[str, str, str]) -> Figure:
+    """One colour per cell (at most MAX_CURVES): each of its `lines` (key, style) against its `x` values, the
+    first one named in the legend, its operating point as a dot; unit axes labelled (x, y, title)."""
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.subplots()
+    for index, (label, data) in enumerate(_drawn(curves)):
+        color = f"C{index % 10}"
+        for key, style in lines:
+            if data[key]:
+                ax.plot(data[x], data[key], style, color=color, label=label if key == lines[0][0] else None)
+        if data["point"]:
+            ax.plot(*data["point"], "o", color=color, markersize=6)
+    _unit_axes(ax, *labels)
+    return fig
 
 
 MAX_CURVES = 10  # cells drawn in one accuracy plot: more repeat colours and bury the legend
