@@ -226,3 +226,129 @@ def test_the_interval_holds_the_cells_own_map_on_a_dense_cell(subset, tmp_path):
             lo, hi = interval[key]
             assert lo <= cell.stats[key] <= hi, (key, cell.stats[key], lo, hi)
     assert interval["mAP_50_95_bias"] > 0
+
+
+@requires_coco
+@pytest.mark.parametrize("grid", [0.1, 1 / 256])
+def test_tied_copies_are_met_as_pycocotools_meets_them(subset, tmp_path, grid):
+    """Scores on a 0.1 grid (runs of equal scores spanning images) and on a 1/256 grid (few ties: most classes on
+    the untied path): an image drawn 3 and 4 times, images drawn 0 times, against pycocotools on the re-keyed
+    repeated dataset; with 0.1, weighting each detection by its draws (d1 d1 d2 d2) would not be pycocotools."""
+    coco = coco_from(subset)
+    image_ids = sorted(coco.imgs)[:24]
+    detections = _detections(coco, image_ids, seed=4, grid=grid)
+    boot = _bootstrap(coco, detections, image_ids, tmp_path)
+    assert any(c.tie_run is None for c in boot.classes) and any(c.tie_run is not None for c in boot.classes)
+    times = np.ones(len(image_ids), dtype=np.int64)
+    times[:6] = [3, 0, 4, 0, 2, 0]
+    repeated, results, ids = _repeated(subset, detections, image_ids, times)
+    expected = _pycocotools(repeated, results, ids)
+    assert boot.of(times) == pytest.approx(expected, abs=1e-12)
+    if grid == 0.1:
+        for c in boot.classes:
+            c.tie_run = None  # each detection's copies consecutive: not COCOeval's order where an image's scores tie
+        assert abs(boot.of(times)[0] - expected[0]) > 1e-6
+
+
+class _Shaped(ImageBootstrap):
+    """An ImageBootstrap whose figure over a multiset of images is given: `shift(times)` from (0.5, 0.6)."""
+
+    def __init__(self, images: int, shift):
+        self.images, self.shift = images, shift
+
+    def of(self, times):
+        d = self.shift(np.asarray(times))
+        return 0.5 + d, 0.6 + d
+
+
+def _reason_of(interval: dict, key: str) -> str:
+    return next(part for part in interval.get("reason", "").split("; ") if part.startswith(f"{key}:"))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_draws_all_on_one_side_say_so_not_too_few_images(sign):
+    """Every draw above (or below) the figure: BCa's bias correction is infinite and its bounds NaN. The record must
+    give the one-sided draws as the reason, not 'all equal, or a draw without ground truth: too few images'."""
+    weights = np.linspace(1e-3, 2e-3, 40)
+    boot = _Shaped(40, lambda t: sign * float(weights @ (t - 1.0) ** 2))
+    interval = boot.interval(100)
+    for key in ("mAP_50_95", "mAP_50"):
+        assert interval[key] is None
+        assert interval[f"{key}_draws_above"] == (1.0 if sign > 0 else 0.0)
+        assert "too few images" not in _reason_of(interval, key), interval["reason"]
+        assert "draws are above" in _reason_of(interval, key)
+
+
+def test_every_draw_equal_gives_no_interval_and_a_reason():
+    """A detector without a true positive: mAP 0 on every draw. Null bounds, no draw above, no bias, a reason."""
+    interval = _Shaped(12, lambda t: 0.0).interval(100)
+    for key in ("mAP_50_95", "mAP_50"):
+        assert interval[key] is None and interval[f"{key}_draws_above"] == 0.0 and interval[f"{key}_bias"] == 0.0
+        assert _reason_of(interval, key)
+
+
+@requires_coco
+def test_a_single_scored_image_is_no_error(subset, tmp_path):
+    """--limit 1 --map-ci: one image cannot be resampled (scipy's bootstrap refuses a sample of one), but the
+    cell is scored: its interval is null with a reason, or the degenerate one holding the figure."""
+    coco = coco_from(subset)
+    image_ids = sorted(coco.imgs)[:1]
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(_detections(coco, image_ids, seed=3)))
+    cell = evaluate_cell_file(coco, path, image_ids, "pycocotools", 100, resamples=100)
+    interval = cell.primary.map_interval
+    for key in ("mAP_50_95", "mAP_50"):
+        if interval[key] is None:
+            assert interval.get("reason")
+        else:
+            assert interval[key][0] <= cell.stats[key] <= interval[key][1]
+
+
+def test_the_interval_works_with_the_oldest_scipy_allowed(monkeypatch):
+    """pyproject allows scipy >= 1.11.2; `bootstrap(rng=...)` exists only from 1.15 (before: random_state). A
+    bootstrap taking random_state alone (as 1.11-1.14) gives the same, seeded interval."""
+    import re
+    from pathlib import Path
+
+    import scipy.stats
+
+    pin = re.search(r'"scipy>=([0-9.]+)"', (Path(__file__).parents[1] / "pyproject.toml").read_text())
+    if pin and tuple(int(p) for p in pin.group(1).split(".")[:2]) >= (1, 15):
+        pytest.skip("scipy >= 1.15 required: rng= is there")
+    weights = np.random.default_rng(0).normal(0, 1e-3, 30)
+    boot = _Shaped(30, lambda t: float(weights @ (t - 1.0)))
+    real = scipy.stats.bootstrap
+
+    def before_1_15(*args, random_state=None, **kwargs):
+        if "rng" in kwargs:
+            raise TypeError("bootstrap() got an unexpected keyword argument 'rng'")
+        return real(*args, random_state=random_state, **kwargs)
+
+    monkeypatch.setattr(scipy.stats, "bootstrap", before_1_15)
+    first = boot.interval(100)
+    assert first == boot.interval(100) and first["mAP_50_95"] is not None
+
+
+def test_the_schema_declares_the_intervals_fields():
+    """eval.map_ci as written (bounds or null, the share of draws above, the bias, the reason) is valid, and a
+    malformed one is not."""
+    import jsonschema
+
+    from harness.results.validate import EXTENDED_SCHEMA
+
+    schema = json.loads(EXTENDED_SCHEMA.read_text())["properties"]["eval"]["properties"]["map_ci"]
+    written = {"level": 0.95, "resamples": 100, "seed": 0, "images": 206, "method": "BCa bootstrap",
+               "mAP_50_95_draws_above": 0.99, "mAP_50_95_bias": 0.019, "mAP_50_95": None,
+               "mAP_50_draws_above": None, "mAP_50_bias": None, "mAP_50": [0.4, 0.5], "reason": "mAP_50_95: ..."}
+    jsonschema.validate(written, schema)
+    for bad in ({"mAP_50_95_draws_above": "most"}, {"mAP_50_95_draws_above": 1.5}, {"mAP_50_bias": [0.1]},
+                {"reason": 5}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**written, **bad}, schema)
+
+
+def test_the_report_shows_a_null_interval_as_a_dash():
+    from harness.report.sections import _interval
+
+    assert _interval({"mAP_50_95": None, "reason": "mAP_50_95: ..."}).startswith("-")
+    assert _interval({"mAP_50_95": [0.25, 0.3], "resamples": 100}) == "0.2500-0.3000 (100 resamples)"

@@ -108,27 +108,38 @@ class ImageBootstrap:
         estimate = np.asarray(self.of(np.ones(self.images, dtype=np.int64)))
         out = {"level": level, "resamples": resamples, "seed": seed, "images": self.images,
                "method": "BCa bootstrap over the evaluated images (scipy.stats.bootstrap)"}
+        names = ("mAP_50_95", "mAP_50")
+        if self.images < 2:  # one image has no other to draw (and scipy refuses a sample of one)
+            out.update({f"{name}{part}": None for name in names for part in ("", "_draws_above", "_bias")})
+            out["reason"] = "one scored image: nothing to resample"
+            return out
         with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a degenerate or undefined draw: said below as a null interval
+            # random_state: scipy 1.11-1.14 (allowed by pyproject) have no rng= yet
             result = bootstrap((np.arange(self.images),), self._of_sample, n_resamples=resamples, method="BCa",
-                               vectorized=False, confidence_level=level, rng=np.random.default_rng(seed))
+                               vectorized=False, confidence_level=level, random_state=np.random.default_rng(seed))
         draws = np.asarray(result.bootstrap_distribution)  # [2, resamples]
+        tail = (1 - level) / 2
         reasons = []
-        for k, name in enumerate(("mAP_50_95", "mAP_50")):
+        for k, name in enumerate(names):
             bounds = (result.confidence_interval.low[k], result.confidence_interval.high[k])
-            defined = draws[k][np.isfinite(draws[k])]
-            above = float(np.mean(defined > estimate[k])) if defined.size else float("nan")
-            out[f"{name}_draws_above"] = round(above, 4) if defined.size else None
-            out[f"{name}_bias"] = round(float(defined.mean() - estimate[k]), 6) if defined.size else None
-            out[name] = [round(float(v), 6) for v in bounds] if np.all(np.isfinite(bounds)) else None
-            if out[name] is not None and not (1 - level) / 2 <= above <= (1 + level) / 2:
-                out[name] = None
+            finite = bool(np.isfinite(draws[k]).all())
+            above = float(np.mean(draws[k] > estimate[k])) if finite else None
+            below = float(np.mean(draws[k] < estimate[k])) if finite else None
+            out[f"{name}_draws_above"] = None if above is None else round(above, 4)
+            out[f"{name}_bias"] = round(float(draws[k].mean() - estimate[k]), 6) if finite else None
+            out[name] = None
+            if not finite or np.ptp(draws[k]) == 0:
+                reasons.append(f"{name}: the draws give no interval (every draw the same figure, or a draw without "
+                               "ground truth: too few images)")
+            elif above < tail or below < tail:
                 reasons.append(f"{name}: {100 * above:.1f} % of the draws are above the cell's own figure (their mean "
                                f"{out[f'{name}_bias']:+.4f} from it): resampling these images biases it past the "
                                "figure, and no interval is drawn from them")
-            elif out[name] is None:
-                reasons.append(f"{name}: the draws give no interval (all equal, or a draw without ground truth: too "
-                               "few images)")
+            elif not np.all(np.isfinite(bounds)):
+                reasons.append(f"{name}: the bias-corrected percentiles are undefined for these draws")
+            else:
+                out[name] = [round(float(v), 6) for v in bounds]
         if reasons:
             out["reason"] = "; ".join(reasons)
         return out

@@ -255,7 +255,7 @@ def _interval(ci) -> str:
     """A cell's bootstrap interval of mAP 50:95 (`eval.map_ci`), or '-' where it has none."""
     bounds = ci.get("mAP_50_95") if isinstance(ci, dict) else None
     if not (isinstance(bounds, list) and len(bounds) == 2):
-        return "-"
+        return "- (withheld: eval.map_ci.reason says why)" if isinstance(ci, dict) and ci.get("reason") else "-"
     return f"{fmt(bounds[0], 4)}-{fmt(bounds[1], 4)} ({ci.get('resamples')} resamples)"
 
 
