@@ -592,6 +592,13 @@ def compare(
     fail_on: list[str] | None = typer.Option(None, "--fail-on", help="METRIC:THRESHOLD gate, e.g. map:-0.005, "
                                                   "latency:+10%, throughput:-5% (see above)"),
     as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
+    map_ci: int = typer.Option(0, "--map-ci", help="a 95 % paired bootstrap interval of each mAP delta over the "
+                                                   "images both cells scored, from this many resamples (1000 is "
+                                                   "usual; 0: none); needs the dataset the run used"),
+    coco_dir: Path | None = typer.Option(None, "--coco-dir", help="with --map-ci: COCO val2017's folder (as run "
+                                                                  "takes it; default: the run's default)"),
+    dataset: str | None = typer.Option(None, "--dataset", help="with --map-ci: the annotation file of another "
+                                                               "dataset (as run --dataset takes it)"),
 ) -> None:
     """Compare runs: mAP deltas, detection diff, latency deltas with a significance verdict.
 
@@ -603,15 +610,21 @@ METRIC: map (mAP_50_95), map50, f1 (the operating point's), any accuracy name (A
 larger than it, '+' on a rise larger than it; a trailing % makes it relative to A. Latency and throughput \
 gates skip changes the significance test calls noise; a gate with nothing to check fails.
     """
-    from harness.results.compare import check_gate, compare_paths, parse_gate
+    from harness.config import MIN_RESAMPLES
+    from harness.results.compare import ImageSets, check_gate, compare_paths, parse_gate
     from harness.views.compare_view import comparisons_json, print_comparisons
 
     gates = [parse_gate(spec) for spec in fail_on or []]
+    if map_ci < 0 or 0 < map_ci < MIN_RESAMPLES:
+        raise UsageError(f"--map-ci {map_ci}: give at least {MIN_RESAMPLES} resamples (1000 is usual), or 0 for none")
+    if (coco_dir is not None or dataset is not None) and not map_ci:
+        raise UsageError("--coco-dir and --dataset say where the images are for --map-ci; add --map-ci N")
     if baseline is None and len(runs) != 2:
         raise UsageError(f"compare takes two runs A B (got {len(runs)}), or --baseline A and one or more runs")
     base, others = (baseline, runs) if baseline is not None else (runs[0], runs[1:])
     pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
-    comparisons = compare_paths(base, others, iou=pair_iou, conf=diff_conf, alpha=alpha)
+    intervals = ImageSets(map_ci, coco_dir, dataset) if map_ci else None
+    comparisons = compare_paths(base, others, iou=pair_iou, conf=diff_conf, alpha=alpha, intervals=intervals)
     results = [[check_gate(g, c) for g in gates] for c in comparisons]
     failed = any(r.status != "ok" for rs in results for r in rs)
     if as_json:

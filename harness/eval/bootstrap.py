@@ -100,53 +100,68 @@ class ImageBootstrap:
         (a class on one or two images drops out of a draw's mean; a repeated image lifts the precision envelope), so
         a plain percentile interval can miss the evaluation's own figure: BCa corrects for the bias and the skew.
         Its acceleration takes one leave-one-image-out evaluation per image. Null bounds, with the reason, where the
-        draws give no interval: every draw the same figure, a draw without ground truth, or draws biased past the
-        figure itself (fewer than 2.5 % of them on one side of it: BCa's corrected percentiles then sit at the
-        extreme draws, a narrow interval that means nothing)."""
-        from scipy.stats import bootstrap
+        draws give no interval (`_bca`)."""
+        return _bca(lambda times: np.asarray(self.of(times)), self.images, resamples, level, seed,
+                    "BCa bootstrap over the evaluated images (scipy.stats.bootstrap)")
 
-        estimate = np.asarray(self.of(np.ones(self.images, dtype=np.int64)))
-        out = {"level": level, "resamples": resamples, "seed": seed, "images": self.images,
-               "method": "BCa bootstrap over the evaluated images (scipy.stats.bootstrap)"}
-        names = ("mAP_50_95", "mAP_50")
-        if self.images < 2:  # one image has no other to draw (and scipy refuses a sample of one)
-            out.update({f"{name}{part}": None for name in names for part in ("", "_draws_above", "_bias")})
-            out["reason"] = "one scored image: nothing to resample"
-            return out
-        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a degenerate or undefined draw: said below as a null interval
-            # random_state: scipy 1.11-1.14 (allowed by pyproject) have no rng= yet
-            result = bootstrap((np.arange(self.images),), self._of_sample, n_resamples=resamples, method="BCa",
-                               vectorized=False, confidence_level=level, random_state=np.random.default_rng(seed))
-        draws = np.asarray(result.bootstrap_distribution)  # [2, resamples]
-        tail = (1 - level) / 2
-        reasons = []
-        for k, name in enumerate(names):
-            bounds = (result.confidence_interval.low[k], result.confidence_interval.high[k])
-            finite = bool(np.isfinite(draws[k]).all())
-            above = float(np.mean(draws[k] > estimate[k])) if finite else None
-            below = float(np.mean(draws[k] < estimate[k])) if finite else None
-            out[f"{name}_draws_above"] = None if above is None else round(above, 4)
-            out[f"{name}_bias"] = round(float(draws[k].mean() - estimate[k]), 6) if finite else None
-            out[name] = None
-            if not finite or np.ptp(draws[k]) == 0:
-                reasons.append(f"{name}: the draws give no interval (every draw the same figure, or a draw without "
-                               "ground truth: too few images)")
-            elif above < tail or below < tail:
-                reasons.append(f"{name}: {100 * above:.1f} % of the draws are above the cell's own figure (their mean "
-                               f"{out[f'{name}_bias']:+.4f} from it): resampling these images biases it past the "
-                               "figure, and no interval is drawn from them")
-            elif not np.all(np.isfinite(bounds)):
-                reasons.append(f"{name}: the bias-corrected percentiles are undefined for these draws")
-            else:
-                out[name] = [round(float(v), 6) for v in bounds]
-        if reasons:
-            out["reason"] = "; ".join(reasons)
+
+def paired_interval(a: ImageBootstrap, b: ImageBootstrap, resamples: int, level: float = LEVEL,
+                    seed: int = SEED) -> dict:
+    """The BCa interval of B's mAP 50:95 and mAP 50 minus A's over the same draws of the images both scored (a
+    paired bootstrap: each draw scores both sides on the same images, so what the images share cancels). Where it
+    excludes 0, the difference is not an accident of the images drawn."""
+    if a.images != b.images:
+        raise ValueError("a paired bootstrap needs the same scored images on both sides")
+    return _bca(lambda times: np.asarray(b.of(times)) - np.asarray(a.of(times)), a.images, resamples, level, seed,
+                "paired BCa bootstrap over the images both sides scored (scipy.stats.bootstrap): B - A")
+
+
+def _bca(statistic, images: int, resamples: int, level: float, seed: int, method: str) -> dict:
+    """scipy's BCa interval of the two-valued `statistic` (mAP 50:95, mAP 50 of a draw, given as each image's count),
+    with each value's bias and share of draws above the figure. Null bounds, with the reason, where the draws give no
+    interval: one image, every draw the same figure, a draw without ground truth, or draws biased past the figure
+    (fewer than 2.5 % of them on one side of it: BCa's corrected percentiles then sit at the extreme draws, a narrow
+    interval that means nothing)."""
+    from scipy.stats import bootstrap
+
+    names = ("mAP_50_95", "mAP_50")
+    estimate = statistic(np.ones(images, dtype=np.int64))
+    out = {"level": level, "resamples": resamples, "seed": seed, "images": images, "method": method}
+    if images < 2:  # one image has no other to draw (and scipy refuses a sample of one)
+        out.update({f"{name}{part}": None for name in names for part in ("", "_draws_above", "_bias")})
+        out["reason"] = "one scored image: nothing to resample"
         return out
-
-    def _of_sample(self, sample: np.ndarray) -> np.ndarray:
-        """The statistic scipy resamples: (mAP 50:95, mAP 50) of a draw given as image positions."""
-        return np.asarray(self.of(np.bincount(sample, minlength=self.images)))
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a degenerate or undefined draw: said below as a null interval
+        # random_state: scipy 1.11-1.14 (allowed by pyproject) have no rng= yet
+        result = bootstrap((np.arange(images),), lambda sample: statistic(np.bincount(sample, minlength=images)),
+                           n_resamples=resamples, method="BCa", vectorized=False, confidence_level=level,
+                           random_state=np.random.default_rng(seed))
+    draws = np.asarray(result.bootstrap_distribution)  # [2, resamples]
+    tail = (1 - level) / 2
+    reasons = []
+    for k, name in enumerate(names):
+        bounds = (result.confidence_interval.low[k], result.confidence_interval.high[k])
+        finite = bool(np.isfinite(draws[k]).all())
+        above = float(np.mean(draws[k] > estimate[k])) if finite else None
+        below = float(np.mean(draws[k] < estimate[k])) if finite else None
+        out[f"{name}_draws_above"] = None if above is None else round(above, 4)
+        out[f"{name}_bias"] = round(float(draws[k].mean() - estimate[k]), 6) if finite else None
+        out[name] = None
+        if not finite or np.ptp(draws[k]) == 0:
+            reasons.append(f"{name}: the draws give no interval (every draw the same figure, or a draw without "
+                           "ground truth: too few images)")
+        elif above < tail or below < tail:
+            reasons.append(f"{name}: {100 * above:.1f} % of the draws are above the cell's own figure (their mean "
+                           f"{out[f'{name}_bias']:+.4f} from it): resampling these images biases it past the "
+                           "figure, and no interval is drawn from them")
+        elif not np.all(np.isfinite(bounds)):
+            reasons.append(f"{name}: the bias-corrected percentiles are undefined for these draws")
+        else:
+            out[name] = [round(float(v), 6) for v in bounds]
+    if reasons:
+        out["reason"] = "; ".join(reasons)
+    return out
 
 
 def _average_precision(tp: np.ndarray, fp: np.ndarray, objects: int) -> np.ndarray:

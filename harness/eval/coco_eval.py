@@ -9,7 +9,7 @@ import io
 import json
 import weakref
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -123,18 +123,20 @@ class Evaluation:
     operating_point: OperatingPoint | None  # None: no ground truth (`operating_point_unavailable` says so)
     operating_point_unavailable: str | None = None
     map_interval: dict | None = None  # the bootstrap interval over the images (`bootstrap.ImageBootstrap`), if asked
+    bootstrap: ImageBootstrap | None = field(default=None, repr=False)  # its per-image matches, where collected
 
 
 def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str,
-                      pairs_per_chunk: int | None, cap: int, iou_type: str, resamples: int = 0) -> Evaluation:
+                      pairs_per_chunk: int | None, cap: int, iou_type: str, resamples: int | None = 0) -> Evaluation:
     """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
     accumulated arrays joined into one evaluation, each group's matches at IoU 0.50 kept for the operating point
-    (at COCO's ten thresholds with `resamples`, for the bootstrap interval of mAP)."""
+    (at COCO's ten thresholds with `resamples`, for the bootstrap interval of mAP: None keeps them, the `bootstrap`,
+    without drawing an interval)."""
     COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
-    matches = MatchCollector(COCO_IOUS if resamples else (IOU,))
+    matches = MatchCollector(COCO_IOUS if resamples or resamples is None else (IOU,))
     ground_truths = _ground_truth_counts(coco_gt, image_ids)
     evaluated = _evaluated_detections(columns, image_ids)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -159,9 +161,10 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
                           "scores": np.concatenate([e["scores"] for e in parts], axis=2)}
     point = operating_point(matches)
     unavailable = "no ground-truth object among the evaluated images" if point is None else None
-    interval = ImageBootstrap(matches, image_ids).interval(resamples) if resamples else None
+    boot = ImageBootstrap(matches, image_ids) if resamples or resamples is None else None
+    interval = boot.interval(resamples) if resamples else None
     return Evaluation(summarize(coco_eval, cap), per_class_ap(coco_eval, cap),
-                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable, interval)
+                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable, interval, boot)
 
 
 def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
@@ -224,6 +227,17 @@ def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
     evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
                                    resamples)
     return CellEvaluation(evaluation.stats, evaluation, ["bbox"])
+
+
+def cell_bootstrap(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
+                   task: str = "detect") -> ImageBootstrap:
+    """A cell's detections file evaluated as its cell was (segm for a segmentation file), its per-image matches
+    kept for resampling (`bootstrap.paired_interval` of two cells)."""
+    if task == "segment":
+        columns = read_results(Path(path), masks=True)
+        return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, None, cap, "segm", None).bootstrap
+    return _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
+                             None).bootstrap
 
 
 def operating_point_summary(evaluation: Evaluation) -> dict:

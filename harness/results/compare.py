@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from harness.errors import UsageError, brief, path_problem
+from harness.errors import UsageError, VaBenchError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
 from harness.files import file_identity
 from harness.measure.stats import autocorrelated, block_means, block_size, bootstrap_ci, lag1_autocorrelation
+from harness.records import COCO_MAX_DETS
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
     CellIdentity,
@@ -285,6 +286,9 @@ class AccuracyDelta:
     unavailable: str | None = None
     per_class: list[dict] = field(default_factory=list)  # {id, name, a, b, delta} of AP 50:95, largest |delta| first
     per_class_unavailable: str | None = None  # why the classes were not compared (a side has no readable file)
+    # --map-ci: the paired bootstrap interval of B - A over the images both scored, or why there is none
+    delta_interval: dict | None = None
+    delta_interval_unavailable: str | None = None
 
     def delta(self, name: str) -> float | None:
         a, b = self.a.get(name), self.b.get(name)
@@ -307,7 +311,10 @@ class AccuracyDelta:
             return {"label": self.label, "status": "unavailable", "reason": self.unavailable}
         return {"label": self.label, "status": "ok", "scored": self.of,
                 "metrics": {n: {"a": self.a.get(n), "b": self.b.get(n), "delta": self.delta(n)} for n in self.names},
-                "per_class": self.per_class, "per_class_unavailable": self.per_class_unavailable}
+                "per_class": self.per_class, "per_class_unavailable": self.per_class_unavailable,
+                **({"delta_interval": self.delta_interval, "delta_interval_unavailable":
+                    self.delta_interval_unavailable}
+                   if self.delta_interval or self.delta_interval_unavailable else {})}
 
 
 @dataclass(frozen=True)
@@ -466,8 +473,10 @@ class _DetectionCache:
         return self._diffs[ids]
 
 
-def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) -> list[AccuracyDelta]:
-    """One table per accuracy identity; cells of one identity share it when their accuracy agrees."""
+def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str],
+                     intervals: ImageSets | None = None) -> list[AccuracyDelta]:
+    """One table per accuracy identity; cells of one identity share it when their accuracy agrees; with
+    `intervals`, each table's paired bootstrap interval of B - A (from its first pair of cells)."""
     groups: dict[tuple, list[tuple[dict, Entry, Entry]]] = {}
     for key, ea, eb in pairs:
         ident = (tuple(key[k] for k in vary if k not in ACCURACY_FREE),
@@ -484,8 +493,73 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str]) ->
             unavailable = ("one side scores masks (segmentation board), the other boxes: their mAPs are not "
                            "comparable; compare runs of the same task")
         per_class, missing = _per_class_deltas(ea, eb)
-        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, per_class, missing))
+        interval, why = (None, None) if intervals is None or unavailable else intervals.paired(ea, eb)
+        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, per_class, missing, interval, why))
     return out
+
+
+class ImageSets:
+    """What a paired bootstrap of two cells needs besides their files: the dataset's annotations (COCO val2017
+    under `coco_dir`, or `dataset`, an annotation file as `run --dataset` takes it) and the very images the cells
+    scored, found again by the variant they name and checked against their image_id_sha256."""
+
+    def __init__(self, resamples: int, coco_dir: str | Path | None = None, dataset: str | None = None):
+        self.resamples, self.coco_dir, self.dataset = resamples, coco_dir, dataset
+        self._loaded: dict[tuple, tuple[Any, list[int]] | str] = {}
+
+    def paired(self, ea: Entry, eb: Entry) -> tuple[dict | None, str | None]:
+        """(the interval of B - A, None) or (None, why not)."""
+        from harness.eval.bootstrap import paired_interval
+        from harness.eval.coco_eval import cell_bootstrap
+
+        files = [e.detections_file() for e in (ea, eb)]
+        missing = next((f"{side}: {note}" for (path, note), side in zip(files, "AB", strict=True) if path is None),
+                       None)
+        if missing:
+            return None, f"needs both cells' detections ({missing})"
+        if _other_images(ea, eb) or not (ea.fingerprint and eb.fingerprint):
+            return None, "needs two cells scored on the same recorded images (image_id_sha256 on both sides)"
+        found = self._images(ea)
+        if isinstance(found, str):
+            return None, found
+        coco, image_ids = found
+        task = "segment" if _segmentation(ea) else "detect"
+        caps = [(e.doc.get("eval") or {}).get("maxDets") or [COCO_MAX_DETS] for e in (ea, eb)]
+        if caps[0][-1] != caps[1][-1]:
+            return None, f"the cells were scored at different evaluation caps ({caps[0][-1]} and {caps[1][-1]})"
+        a, b = (cell_bootstrap(coco, path, image_ids, "faster-coco-eval", caps[0][-1], task) for path, _ in files)
+        return paired_interval(a, b, self.resamples), None
+
+    def _images(self, entry: Entry) -> tuple[Any, list[int]] | str:
+        """(the dataset's COCO index, the scored image ids) of a cell, or why they cannot be found."""
+        block = entry.doc.get("dataset") if isinstance(entry.doc.get("dataset"), dict) else {}
+        key = (block.get("id"), block.get("variant"), entry.fingerprint)
+        if key not in self._loaded:
+            self._loaded[key] = self._load(block, entry.fingerprint)
+        return self._loaded[key]
+
+    def _load(self, block: dict, fingerprint: str) -> tuple[Any, list[int]] | str:
+        from harness.data.coco import CocoDataset
+
+        name, base = block.get("variant"), block.get("base_variant") or block.get("variant")
+        if block.get("id") == "coco2017" and self.dataset is None:
+            source, opened = f"COCO under {self.coco_dir or 'the default COCO folder'}", \
+                (lambda: CocoDataset(self.coco_dir))
+        elif self.dataset is not None:
+            source, opened = f"--dataset {self.dataset}", (lambda: CocoDataset.from_path(self.dataset))
+        else:
+            return (f"the cells were scored on dataset {block.get('id')!r}: give its annotation file with "
+                    "--dataset PATH")
+        try:
+            dataset = opened()
+            limit = block.get("num_images") if name != base else None
+            variant = dataset.variant(str(base), limit)
+        except (VaBenchError, OSError, ValueError) as exc:
+            return f"the scored images could not be found in {source} ({exc})"
+        if variant.image_id_sha256 != fingerprint:
+            return (f"the {name} images of {source} are not the ones the cells scored (image_id_sha256 differs): "
+                    "point --coco-dir or --dataset at the dataset the run used")
+        return dataset.coco, list(variant.image_ids)
 
 
 def _per_class(entry: Entry) -> tuple[dict[int, dict] | None, str | None]:
@@ -586,8 +660,10 @@ def _pair_cells(a: list[Entry], b: list[Entry]
     return treatment, pairs, only_a, only_b
 
 
-def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: float = ALPHA) -> Comparison:
-    """Pair the cells of A and B and compute every delta."""
+def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: float = ALPHA,
+                  intervals: ImageSets | None = None) -> Comparison:
+    """Pair the cells of A and B and compute every delta (with `intervals`, the paired bootstrap interval of each
+    accuracy delta over the images)."""
     if not 0 < iou <= 1:
         raise UsageError(f"--pair-iou {iou}: must be in (0, 1]")
     if not 0 <= conf <= 1:
@@ -621,7 +697,7 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     label_keys = vary if "batch_size" in vary else [*vary, "batch_size"]
     treatment = "b{} vs b{}".format(*out.differ["batch_size"]) if "batch_size" in out.differ else ""
     out.cells = [_cell_delta(_label(key, label_keys) or treatment, key, ea, eb, alpha) for key, ea, eb in pairs]
-    out.accuracy = _accuracy_deltas(pairs, vary)
+    out.accuracy = _accuracy_deltas(pairs, vary, intervals)
     out.detections, notes = _detection_rows(pairs, vary, iou, conf)
     out.notes += notes
     if any(_other_images(ea, eb) for _, ea, eb in pairs):
@@ -714,7 +790,7 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
 
 
 def compare_paths(baseline: str | Path, others: list[str | Path], iou: float = 0.5, conf: float = 0.4,
-                  alpha: float = ALPHA) -> list[Comparison]:
+                  alpha: float = ALPHA, intervals: ImageSets | None = None) -> list[Comparison]:
     """The baseline against each other path."""
     base = load_side(baseline)
-    return [compare_sides(base, load_side(p), iou, conf, alpha) for p in others]
+    return [compare_sides(base, load_side(p), iou, conf, alpha, intervals) for p in others]

@@ -62,6 +62,7 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
             table.add_row(name, "-" if a is None else f"{a:.4f}", "-" if b is None else f"{b:.4f}",
                           "-" if d is None else f"{d:+.4f}")
         out.append(table)
+        out.extend(_delta_interval(acc))
         # a class with AP on one side only changed too; one with AP on neither has nothing to show
         changed = [row for row in acc.per_class if row["delta"] != 0 and (row["a"], row["b"]) != (None, None)]
         if acc.per_class_unavailable:
@@ -82,6 +83,30 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
                               "-" if row["delta"] is None else f"{row['delta']:+.4f}")
             out.append(moved)
     return out
+
+
+def _delta_interval(acc) -> list[RenderableType]:
+    """The paired bootstrap interval of the mAP deltas (compare --map-ci), or why there is none: "not chance" where
+    it excludes 0 (the difference is not an accident of the images drawn), "may be chance" where it holds 0."""
+    if acc.delta_interval_unavailable:
+        return [Text(printable(f"mAP delta interval {acc.label}: unavailable ({acc.delta_interval_unavailable})"))]
+    ci = acc.delta_interval
+    if not ci:
+        return []
+    lines = []
+    for name in ("mAP_50_95", "mAP_50"):
+        bounds, delta = ci.get(name), acc.delta(name)
+        if bounds is None:
+            why = next((p for p in str(ci.get("reason", "")).split("; ") if p.startswith(f"{name}:")), name)
+            lines.append(Text(printable(f"Δ{name} {'' if delta is None else f'{delta:+.4f} '}interval: none "
+                                        f"({why.split(': ', 1)[-1]})")))
+            continue
+        lo, hi = bounds
+        verdict = "not chance" if lo > 0 or hi < 0 else "may be chance"  # of the images drawn
+        lines.append(Text(printable(f"Δ{name} {'' if delta is None else f'{delta:+.4f}, '}"
+                                    f"{100 * ci['level']:.0f} % [{lo:+.4f}, {hi:+.4f}] over {ci['images']} images: "
+                                    f"{verdict}")))
+    return lines
 
 
 PER_CLASS_ROWS = 10
