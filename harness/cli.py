@@ -619,6 +619,8 @@ gates skip changes the significance test calls noise; a gate with nothing to che
         raise UsageError(f"--map-ci {map_ci}: give at least {MIN_RESAMPLES} resamples (1000 is usual), or 0 for none")
     if (coco_dir is not None or dataset is not None) and not map_ci:
         raise UsageError("--coco-dir and --dataset say where the images are for --map-ci; add --map-ci N")
+    if coco_dir is not None and dataset is not None:
+        raise UsageError("--coco-dir (COCO val2017) and --dataset (another dataset) name two datasets; give one")
     if baseline is None and len(runs) != 2:
         raise UsageError(f"compare takes two runs A B (got {len(runs)}), or --baseline A and one or more runs")
     base, others = (baseline, runs) if baseline is not None else (runs[0], runs[1:])

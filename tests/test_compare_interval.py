@@ -1,11 +1,18 @@
 """compare --map-ci: the paired bootstrap interval of each mAP delta over the images both cells scored. Each
 draw's figures are COCO's on the drawn images (tests/test_bootstrap.py holds them against pycocotools); here: the
-interval of two real runs holds their delta, the reasons where there is none, and the command's refusals."""
+interval of two real runs holds their delta, the reasons where there is none, and the command's refusals; the
+interval is of the detections the table's accuracy was scored from, a broken detections file costs the interval
+(not the comparison), identical detections are said to be identical, a run's own COCO folder is found again, and a
+baseline's file is evaluated once for many runs."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
-from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
+from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
 
 from harness.results.compare import ImageSets, compare_paths
 
@@ -64,3 +71,122 @@ def test_the_command_prints_the_interval_and_refuses_what_it_cannot_do(runs):
     assert few.returncode == 2 and "at least 100" in few.stderr
     stray = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--coco-dir", str(COCO_DIR))
     assert stray.returncode == 2 and "add --map-ci" in stray.stderr
+
+
+IMAGES = 20
+
+
+def _interval_text(acc) -> str:
+    return json.dumps({"interval": acc.delta_interval, "unavailable": acc.delta_interval_unavailable})
+
+
+def _bounds(acc) -> list:
+    ci = acc.delta_interval or {}
+    return [ci.get(name) for name in ("mAP_50_95", "mAP_50") if ci.get(name) is not None]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A COCO-layout folder of the sample's last 20 images (not the first 20 any --limit takes), and yolox-nano
+    on it at 416 (a) and 320 (b), run with --coco-dir; a2: a copy of a (identical detections)."""
+    root = tmp_path_factory.mktemp("tiny")
+    coco = root / "coco"
+    (coco / "annotations").mkdir(parents=True)
+    (coco / "val2017").mkdir()
+    full = json.loads(SUBSET_ANNOTATIONS.read_text())
+    images = sorted(full["images"], key=lambda i: i["id"])[-IMAGES:]
+    ids = {i["id"] for i in images}
+    kept = {**full, "images": images, "annotations": [a for a in full["annotations"] if a["image_id"] in ids]}
+    (coco / "annotations" / SUBSET_ANNOTATIONS.name).write_text(json.dumps(kept))
+    for info in images:
+        shutil.copyfile(SUBSET_ANNOTATIONS.parent.parent / "val2017" / info["file_name"],
+                        coco / "val2017" / info["file_name"])
+    runs = root / "runs"
+    for run_id, extra in (("a", []), ("b", ["--input-size", "320"])):
+        done = run_in_process("run", "--model", "yolox-nano", "--backend", "onnxruntime", "--subset", "sample",
+                              "--coco-dir", str(coco), "--batch-sizes", "1", "--no-energy", "--draw-images", "0",
+                              "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
+                              "--output-dir", str(runs), "--run-id", run_id, *extra)
+        assert done.returncode == 0, done.stderr
+    shutil.copytree(runs / "a", runs / "a2")
+    return coco, runs
+
+
+def _copy_with_detections(runs: Path, source: str, name: str, text: str) -> Path:
+    target = runs / name
+    if not target.exists():
+        shutil.copytree(runs / source, target)
+        (detections,) = (target / "detections").glob("*.json")
+        detections.write_text(text)
+    return target
+
+
+@requires_coco
+@requires_yolox
+def test_no_interval_from_detections_that_are_not_the_ones_scored(tiny):
+    """B's detections file emptied after its accuracy was scored: the table still prints B's mAP, so an interval
+    drawn from the empty file (around -0.3, beside a printed delta near -0.04) must not be shown as its interval."""
+    coco, runs = tiny
+    (normal,) = compare_paths(runs / "a", [runs / "b"], intervals=ImageSets(100, coco))[0].accuracy
+    assert normal.delta_interval_unavailable is None, normal.delta_interval_unavailable
+    emptied = _copy_with_detections(runs, "b", "b_empty", "[]")
+    (acc,) = compare_paths(runs / "a", [emptied], intervals=ImageSets(100, coco))[0].accuracy
+    assert not _bounds(acc), (acc.delta("mAP_50_95"), acc.delta_interval)
+    assert acc.delta_interval_unavailable or (acc.delta_interval or {}).get("reason")
+
+
+@requires_coco
+@requires_yolox
+def test_a_broken_detections_file_costs_the_interval_not_the_comparison(tiny):
+    coco, runs = tiny
+    (detections,) = (runs / "b" / "detections").glob("*.json")
+    broken = _copy_with_detections(runs, "b", "b_broken", detections.read_text()[:2000])
+    (acc,) = compare_paths(runs / "a", [broken], intervals=ImageSets(100, coco))[0].accuracy
+    assert acc.delta_interval is None and "JSON" in acc.delta_interval_unavailable
+    done = run_in_process("compare", str(runs / "a"), str(broken), "--map-ci", "100", "--coco-dir", str(coco))
+    assert done.returncode == 0, done.stderr
+    assert "mAP delta interval" in done.stdout
+
+
+@requires_coco
+@requires_yolox
+def test_identical_detections_are_not_called_too_few_images(tiny):
+    coco, runs = tiny
+    (acc,) = compare_paths(runs / "a", [runs / "a2"], intervals=ImageSets(100, coco))[0].accuracy
+    assert acc.delta("mAP_50_95") == 0 and not _bounds(acc)
+    assert "too few images" not in _interval_text(acc)
+
+
+@requires_coco
+@requires_yolox
+def test_the_runs_own_coco_folder_is_found_again(tiny, monkeypatch, tmp_path):
+    """docs/compare-and-inspect.md: COCO val2017 is found again with --coco-dir, "default the run's": the run
+    recorded its --coco-dir in run.json; without --coco-dir (and no $VA_BENCH_COCO), compare looks there."""
+    _, runs = tiny
+    monkeypatch.delenv("VA_BENCH_COCO", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (acc,) = compare_paths(runs / "a", [runs / "b"], intervals=ImageSets(100))[0].accuracy
+    assert acc.delta_interval_unavailable is None, acc.delta_interval_unavailable
+    assert acc.delta_interval["images"] == IMAGES
+
+
+@requires_coco
+@requires_yolox
+def test_a_baseline_file_is_evaluated_once_for_many_runs(tiny, monkeypatch):
+    import harness.eval.coco_eval as coco_eval
+
+    coco, runs = tiny
+    calls: list[str] = []
+    real = coco_eval.cell_bootstrap
+
+    def counted(coco_gt, path, *args, **kwargs):
+        calls.append(str(Path(path).resolve()))
+        return real(coco_gt, path, *args, **kwargs)
+
+    monkeypatch.setattr(coco_eval, "cell_bootstrap", counted)
+    comparisons = compare_paths(runs / "a", [runs / "b", runs / "b", runs / "a2"], intervals=ImageSets(100, coco))
+    assert all(c.accuracy[0].delta_interval is not None or c.accuracy[0].delta_interval_unavailable
+               for c in comparisons)
+    (baseline,) = (runs / "a" / "detections").glob("*.json")
+    assert calls.count(str(baseline.resolve())) <= 1, calls
+    assert max(calls.count(p) for p in set(calls)) <= 1, calls

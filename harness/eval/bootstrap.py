@@ -102,7 +102,7 @@ class ImageBootstrap:
         Its acceleration takes one leave-one-image-out evaluation per image. Null bounds, with the reason, where the
         draws give no interval (`_bca`)."""
         return _bca(lambda times: np.asarray(self.of(times)), self.images, resamples, level, seed,
-                    "BCa bootstrap over the evaluated images (scipy.stats.bootstrap)")
+                    "BCa bootstrap over the evaluated images (scipy.stats.bootstrap)", "the cell's own figure")
 
 
 def paired_interval(a: ImageBootstrap, b: ImageBootstrap, resamples: int, level: float = LEVEL,
@@ -113,10 +113,11 @@ def paired_interval(a: ImageBootstrap, b: ImageBootstrap, resamples: int, level:
     if a.images != b.images:
         raise ValueError("a paired bootstrap needs the same scored images on both sides")
     return _bca(lambda times: np.asarray(b.of(times)) - np.asarray(a.of(times)), a.images, resamples, level, seed,
-                "paired BCa bootstrap over the images both sides scored (scipy.stats.bootstrap): B - A")
+                "paired BCa bootstrap over the images both sides scored (scipy.stats.bootstrap): B - A",
+                "the delta itself")
 
 
-def _bca(statistic, images: int, resamples: int, level: float, seed: int, method: str) -> dict:
+def _bca(statistic, images: int, resamples: int, level: float, seed: int, method: str, figure: str) -> dict:
     """scipy's BCa interval of the two-valued `statistic` (mAP 50:95, mAP 50 of a draw, given as each image's count),
     with each value's bias and share of draws above the figure. Null bounds, with the reason, where the draws give no
     interval: one image, every draw the same figure, a draw without ground truth, or draws biased past the figure
@@ -152,7 +153,7 @@ def _bca(statistic, images: int, resamples: int, level: float, seed: int, method
             reasons.append(f"{name}: the draws give no interval (every draw the same figure, or a draw without "
                            "ground truth: too few images)")
         elif above < tail or below < tail:
-            reasons.append(f"{name}: {100 * above:.1f} % of the draws are above the cell's own figure (their mean "
+            reasons.append(f"{name}: {100 * above:.1f} % of the draws are above {figure} (their mean "
                            f"{out[f'{name}_bias']:+.4f} from it): resampling these images biases it past the "
                            "figure, and no interval is drawn from them")
         elif not np.all(np.isfinite(bounds)):

@@ -500,12 +500,14 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str],
 
 class ImageSets:
     """What a paired bootstrap of two cells needs besides their files: the dataset's annotations (COCO val2017
-    under `coco_dir`, or `dataset`, an annotation file as `run --dataset` takes it) and the very images the cells
-    scored, found again by the variant they name and checked against their image_id_sha256."""
+    under `coco_dir`, or `dataset`, an annotation file as `run --dataset` takes it; else the ones the run recorded
+    in its run.json) and the very images the cells scored, found again by the variant they name and checked
+    against their image_id_sha256. Each detections file is evaluated once (a baseline against several runs too)."""
 
     def __init__(self, resamples: int, coco_dir: str | Path | None = None, dataset: str | None = None):
         self.resamples, self.coco_dir, self.dataset = resamples, coco_dir, dataset
         self._loaded: dict[tuple, tuple[Any, list[int]] | str] = {}
+        self._evaluated: dict[tuple, Any] = {}  # (file, images, cap, task) -> ImageBootstrap, or why not
 
     def paired(self, ea: Entry, eb: Entry) -> tuple[dict | None, str | None]:
         """(the interval of B - A, None) or (None, why not)."""
@@ -527,26 +529,49 @@ class ImageSets:
         caps = [(e.doc.get("eval") or {}).get("maxDets") or [COCO_MAX_DETS] for e in (ea, eb)]
         if caps[0][-1] != caps[1][-1]:
             return None, f"the cells were scored at different evaluation caps ({caps[0][-1]} and {caps[1][-1]})"
-        a, b = (cell_bootstrap(coco, path, image_ids, "faster-coco-eval", caps[0][-1], task) for path, _ in files)
-        return paired_interval(a, b, self.resamples), None
+        digests = [(e.doc.get("eval") or {}).get("detections_sha256") for e in (ea, eb)]
+        if digests[0] and digests[0] == digests[1]:
+            return None, "A and B have the same detections (detections_sha256): the delta is 0 on every image"
+        sides = []
+        for (path, _), entry, side in zip(files, (ea, eb), "AB", strict=True):
+            key = (file_identity(path), entry.fingerprint, caps[0][-1], task)
+            if key not in self._evaluated:
+                try:
+                    self._evaluated[key] = cell_bootstrap(coco, path, image_ids, "faster-coco-eval", caps[0][-1],
+                                                          task)
+                except (DetectionFileError, ValueError, OSError) as exc:
+                    self._evaluated[key] = f"{side}'s detections could not be scored ({exc})"
+            found = self._evaluated[key]
+            if isinstance(found, str):
+                return None, found
+            # the file must be the one the cell was scored from: its figures are the submission's
+            own = found.of(np.ones(found.images, dtype=np.int64))
+            recorded = [_num((entry.doc.get("accuracy") or {}).get(n)) for n in ("mAP_50_95", "mAP_50")]
+            if any(r is None or abs(o - r) > 1e-6 for o, r in zip(own, recorded, strict=True)):
+                return None, (f"{side}'s detections file scores mAP {own[0]:.4f}, its submission records "
+                              f"{recorded[0]}: not the file the cell was scored from")
+            sides.append(found)
+        return paired_interval(sides[0], sides[1], self.resamples), None
 
     def _images(self, entry: Entry) -> tuple[Any, list[int]] | str:
         """(the dataset's COCO index, the scored image ids) of a cell, or why they cannot be found."""
         block = entry.doc.get("dataset") if isinstance(entry.doc.get("dataset"), dict) else {}
         key = (block.get("id"), block.get("variant"), entry.fingerprint)
         if key not in self._loaded:
-            self._loaded[key] = self._load(block, entry.fingerprint)
+            self._loaded[key] = self._load(block, entry.fingerprint, _recorded_config(entry.run_dir))
         return self._loaded[key]
 
-    def _load(self, block: dict, fingerprint: str) -> tuple[Any, list[int]] | str:
+    def _load(self, block: dict, fingerprint: str, recorded: dict) -> tuple[Any, list[int]] | str:
         from harness.data.coco import CocoDataset
 
         name, base = block.get("variant"), block.get("base_variant") or block.get("variant")
-        if block.get("id") == "coco2017" and self.dataset is None:
-            source, opened = f"COCO under {self.coco_dir or 'the default COCO folder'}", \
-                (lambda: CocoDataset(self.coco_dir))
-        elif self.dataset is not None:
-            source, opened = f"--dataset {self.dataset}", (lambda: CocoDataset.from_path(self.dataset))
+        dataset = self.dataset or (recorded.get("dataset") if self.coco_dir is None else None)
+        coco_dir = self.coco_dir or recorded.get("coco_dir")
+        if dataset is not None:
+            named = "--dataset" if self.dataset else "the run's --dataset"
+            source, opened = f"{named} {dataset}", (lambda: CocoDataset.from_path(dataset, recorded.get("split")))
+        elif block.get("id") == "coco2017":
+            source, opened = f"COCO under {coco_dir or 'the default COCO folder'}", (lambda: CocoDataset(coco_dir))
         else:
             return (f"the cells were scored on dataset {block.get('id')!r}: give its annotation file with "
                     "--dataset PATH")
@@ -560,6 +585,13 @@ class ImageSets:
             return (f"the {name} images of {source} are not the ones the cells scored (image_id_sha256 differs): "
                     "point --coco-dir or --dataset at the dataset the run used")
         return dataset.coco, list(variant.image_ids)
+
+
+def _recorded_config(run_dir: Path) -> dict:
+    """The run's own configuration (run.json's config), where the folder has one: where its dataset was."""
+    doc, problem = read_json(run_dir / "run.json") if (run_dir / "run.json").is_file() else (None, None)
+    config = doc.get("config") if isinstance(doc, dict) and problem is None else None
+    return config if isinstance(config, dict) else {}
 
 
 def _per_class(entry: Entry) -> tuple[dict[int, dict] | None, str | None]:
