@@ -190,3 +190,12 @@ def test_a_baseline_file_is_evaluated_once_for_many_runs(tiny, monkeypatch):
     (baseline,) = (runs / "a" / "detections").glob("*.json")
     assert calls.count(str(baseline.resolve())) <= 1, calls
     assert max(calls.count(p) for p in set(calls)) <= 1, calls
+
+
+@requires_coco
+@requires_yolox
+def test_bare_detections_files_say_there_is_no_interval(runs):
+    """Two detections files carry no image list or mAP to resample: a note says so instead of silence."""
+    (a,), (b,) = ((runs / run / "detections").glob("*.json") for run in ("a", "b"))
+    (comparison,) = compare_paths(a, [b], intervals=ImageSets(200, COCO_DIR))
+    assert any("--map-ci needs run folders" in note for note in comparison.notes)

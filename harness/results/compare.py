@@ -711,6 +711,9 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
         out.detections.append(DetectionRow("detection files", det, why))
         out.notes.append("detection files carry no COCO metrics, timings or image list: compared the detections "
                          "on the images either file has")
+        if intervals is not None:
+            out.notes.append("--map-ci needs run folders or submission files (their images and mAP): no interval "
+                             "for bare detections files")
         return out
     for side in (a, b):
         if side.superseded:
