@@ -1,4 +1,5 @@
-"""How much a cell's mAP owes to which images were scored: a percentile bootstrap over the evaluated images.
+"""How much a cell's mAP owes to which images were scored: a bootstrap over the evaluated images (scipy's BCa
+interval), and the paired one of two cells' difference.
 
 mini500 and the sample are subsets: a model's mAP on them moves with the images drawn, and two models 0.005 apart on
 500 images may not be apart on 5000. Each resample draws as many images as were scored, with replacement, and
@@ -7,7 +8,7 @@ many times as it was drawn (tested against pycocotools on such a dataset, built 
 the evaluation's own (`precision_recall.MatchCollector` at COCO's ten IoU thresholds), so a resample costs a
 re-accumulation, not a re-evaluation: each class's detections are sorted once, and a drawn image's detections count
 as many times as it was drawn. Written by hand: no COCO evaluator resamples images (pycocotools evaluates each image
-id once), and resampling whole evaluations would cost a COCOeval per resample.
+id once), and resampling whole evaluations would cost a COCOeval per resample; the interval itself is scipy's.
 """
 
 from __future__ import annotations
