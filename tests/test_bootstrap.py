@@ -13,7 +13,7 @@ import pytest
 from conftest import SUBSET_ANNOTATIONS, coco_from, requires_coco
 
 from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
-from harness.eval.coco_eval import _evaluate_grouped, evaluate_cell_file, read_results
+from harness.eval.coco_eval import cell_bootstrap, evaluate_cell_file
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +82,10 @@ def _repeated(dataset: dict, detections: list[dict], image_ids: list[int], times
 
 
 def _bootstrap(coco, detections, image_ids, tmp_path, evaluator: str = "pycocotools") -> ImageBootstrap:
-    from harness.eval.precision_recall import MatchCollector
-
+    """The per-image matches of `detections` as a cell's evaluation keeps them for resampling."""
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(detections))
-    captured = {}
-    original = MatchCollector.__init__
-
-    def keep(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        captured["collector"] = self
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(MatchCollector, "__init__", keep)
-        _evaluate_grouped(coco, read_results(path), image_ids, evaluator, None, 100, "bbox", resamples=1)
-    return ImageBootstrap(captured["collector"], sorted(image_ids))
+    return cell_bootstrap(coco, path, image_ids, evaluator, 100)
 
 
 @requires_coco

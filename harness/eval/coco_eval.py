@@ -127,16 +127,15 @@ class Evaluation:
 
 
 def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str,
-                      pairs_per_chunk: int | None, cap: int, iou_type: str, resamples: int | None = 0) -> Evaluation:
+                      pairs_per_chunk: int | None, cap: int, iou_type: str, resampled: bool = False) -> Evaluation:
     """COCOeval of `iou_type` a group of categories at a time (see evaluate_bbox_file_per_class), the groups'
     accumulated arrays joined into one evaluation, each group's matches at IoU 0.50 kept for the operating point
-    (at COCO's ten thresholds with `resamples`, for the bootstrap interval of mAP: None keeps them, the `bootstrap`,
-    without drawing an interval)."""
+    (`resampled`: at COCO's ten thresholds, for resampling the images: the evaluation's `bootstrap`)."""
     COCOeval, gt = _library(coco_gt, evaluator)
     image_ids = sorted(image_ids)
     categories = sorted(coco_gt.getCatIds())
     parts = []
-    matches = MatchCollector(COCO_IOUS if resamples or resamples is None else (IOU,))
+    matches = MatchCollector(COCO_IOUS if resampled else (IOU,))
     ground_truths = _ground_truth_counts(coco_gt, image_ids)
     evaluated = _evaluated_detections(columns, image_ids)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -161,10 +160,9 @@ def _evaluate_grouped(coco_gt: COCO, columns: ResultColumns, image_ids: list[int
                           "scores": np.concatenate([e["scores"] for e in parts], axis=2)}
     point = operating_point(matches)
     unavailable = "no ground-truth object among the evaluated images" if point is None else None
-    boot = ImageBootstrap(matches, image_ids) if resamples or resamples is None else None
-    interval = boot.interval(resamples) if resamples else None
     return Evaluation(summarize(coco_eval, cap), per_class_ap(coco_eval, cap),
-                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable, interval, boot)
+                      pr_curves(coco_eval.eval, coco_eval.params, cap), point, unavailable,
+                      bootstrap=ImageBootstrap(matches, image_ids) if resampled else None)
 
 
 def evaluate_masks_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str = "pycocotools",
@@ -192,9 +190,9 @@ def evaluate_masks_file_per_class(coco_gt: COCO, path: str | Path, image_ids: li
 
 
 def _evaluate_masks(coco_gt: COCO, columns: ResultColumns, image_ids: list[int], evaluator: str, cap: int,
-                    pairs_per_chunk: int | None = None, resamples: int = 0) -> tuple[Evaluation, Evaluation]:
-    """The segm and the bbox evaluation of one segmentation results file's columns (the interval of the masks')."""
-    return (_evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm", resamples),
+                    pairs_per_chunk: int | None = None, resampled: bool = False) -> tuple[Evaluation, Evaluation]:
+    """The segm and the bbox evaluation of one segmentation results file's columns (`resampled`: the masks')."""
+    return (_evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "segm", resampled),
             _evaluate_grouped(coco_gt, columns, image_ids, evaluator, pairs_per_chunk, cap, "bbox"))
 
 
@@ -221,23 +219,26 @@ def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
     mAP over the images (0: none)."""
     if task == "segment":
         segm, bbox = _evaluate_masks(coco_gt, read_results(Path(path), masks=True), image_ids, evaluator, cap,
-                                     resamples=resamples)
-        return CellEvaluation({**segm.stats, **{f"bbox_{k}": bbox.stats[k] for k in SITE_BBOX_KEYS}}, segm,
+                                     resampled=resamples > 0)
+        cell = CellEvaluation({**segm.stats, **{f"bbox_{k}": bbox.stats[k] for k in SITE_BBOX_KEYS}}, segm,
                               ["segm", "bbox"])
-    evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
-                                   resamples)
-    return CellEvaluation(evaluation.stats, evaluation, ["bbox"])
+    else:
+        evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
+                                       resampled=resamples > 0)
+        cell = CellEvaluation(evaluation.stats, evaluation, ["bbox"])
+    if resamples:
+        cell.primary.map_interval = cell.primary.bootstrap.interval(resamples)
+    return cell
 
 
 def cell_bootstrap(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
                    task: str = "detect") -> ImageBootstrap:
     """A cell's detections file evaluated as its cell was (segm for a segmentation file), its per-image matches
     kept for resampling (`bootstrap.paired_interval` of two cells)."""
-    if task == "segment":
-        columns = read_results(Path(path), masks=True)
-        return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, None, cap, "segm", None).bootstrap
-    return _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
-                             None).bootstrap
+    segment = task == "segment"
+    columns = read_results(Path(path), masks=segment)
+    return _evaluate_grouped(coco_gt, columns, image_ids, evaluator, None, cap, "segm" if segment else "bbox",
+                             resampled=True).bootstrap
 
 
 def operating_point_summary(evaluation: Evaluation) -> dict:
