@@ -55,6 +55,9 @@ COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), 
           ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
 ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
 ALPHA = 0.05
+# eval.operating_point's figures, as compare names them beside the COCO statistics
+OPERATING_POINT_KEYS = (("op_confidence", "confidence"), ("op_precision", "precision"), ("op_recall", "recall"),
+                        ("op_F1", "F1"))
 GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75", "f1": "op_F1"}
 PERF_GATES = {"latency": ("p50_a", "p50_b"), "latency_p95": ("p95_a", "p95_b"),
               "throughput": ("ips_a", "ips_b")}
@@ -405,10 +408,6 @@ def _accuracy_of(entry: Entry) -> tuple[dict[str, float | None] | None, str | No
                 if isinstance(point, dict) and "F1" in point else {})
     return {**{n: _num(acc.get(n)) for n in STAT_NAMES}, **boxes, **at_point}, None
 
-
-# eval.operating_point's figures, as compare names them beside the COCO statistics
-OPERATING_POINT_KEYS = (("op_confidence", "confidence"), ("op_precision", "precision"), ("op_recall", "recall"),
-                        ("op_F1", "F1"))
 
 
 def _segmentation(entry: Entry) -> bool:
