@@ -213,7 +213,8 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
 
     Exit 0 when every cell is ok, 1 when a cell failed (the others still run) or an int8 row kept < 99 % of its
     fp32 mAP, 2 for bad input,
-    130/143/129 when interrupted (SIGINT/SIGTERM/SIGHUP) (finished cells are kept: continue with --resume RUN_ID)."""
+    130/143/129 when interrupted (SIGINT/SIGTERM/SIGHUP) (finished cells are kept: continue with --resume RUN_ID),
+    141 when stdout's reader went away (| head)."""
     from harness.config import given, load_config
     from harness.run.plan import prepare  # light: its checks refuse bad options before torch is imported
 
@@ -602,7 +603,8 @@ def compare(
 ) -> None:
     """Compare runs: mAP deltas, detection diff, latency deltas with a significance verdict.
 
-    B is compared with A (B - A, B/A). Exit 0; 1 when a --fail-on gate fails; 2 on bad usage.
+    B is compared with A (B - A, B/A). Exit 0; 1 when a --fail-on gate fails; 2 on bad usage; 141 when stdout's
+    reader went away (| head).
 
     --fail-on METRIC:THRESHOLD (repeatable) fails when B - A crosses THRESHOLD in any paired cell. \
 METRIC: map (mAP_50_95), map50, f1 (the operating point's), any accuracy name (AR100, mAP_small, op_recall, \

@@ -120,7 +120,7 @@ def _detections(c: Comparison) -> list[RenderableType]:
         images = {r.diff.images for r in rows}
         where = f" ({images.pop()} images)" if len(images) == 1 else ""
         iou = "mask IoU" if d0.iou_type == "segm" else "IoU"
-        table = Table(title=f"detections{where}: score ≥ {d0.conf:g}, same class, {iou} ≥ {d0.iou:g}, greedy",
+        table = Table(title=f"detections{where}: score >= {d0.conf:g}, same class, {iou} >= {d0.iou:g}, greedy",
                       box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
         for col in ("cells", "A", "B", "matched", "only A", "only B", "Δconf mean", "p95", "max"):
             table.add_column(col, justify="left" if col == "cells" else "right")
