@@ -199,3 +199,59 @@ def test_bare_detections_files_say_there_is_no_interval(runs):
     (a,), (b,) = ((runs / run / "detections").glob("*.json") for run in ("a", "b"))
     (comparison,) = compare_paths(a, [b], intervals=ImageSets(200, COCO_DIR))
     assert any("--map-ci needs run folders" in note for note in comparison.notes)
+
+
+def _edit_submissions(run: Path, change, write: bool = True) -> None:
+    """Apply `change` to the eval block of each submission in a run folder (not its detections); `write`: save it."""
+    edited = 0
+    for path in run.rglob("*.json"):
+        if "detections" in path.relative_to(run).parts:
+            continue
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("eval"), dict) and "accuracy" in doc:
+            change(doc["eval"])
+            if write:
+                path.write_text(json.dumps(doc))
+            edited += 1
+    assert edited, run
+
+
+@requires_coco
+@requires_yolox
+def test_cells_scored_at_other_caps_have_no_interval(tiny):
+    """B recorded as scored at a 300-detection cap (maxDets [1, 10, 100, 300]), A at 100: no interval, and why
+    (the caps are the lists' last entries, not their first)."""
+    coco, runs = tiny
+    target = runs / "b_cap300"
+    if not target.exists():
+        shutil.copytree(runs / "b", target)
+        _edit_submissions(target, lambda block: block.update(maxDets=[1, 10, 100, 300]))
+    (acc,) = compare_paths(runs / "a", [target], intervals=ImageSets(100, coco))[0].accuracy
+    assert acc.delta_interval is None
+    assert "different evaluation caps (100 and 300)" in (acc.delta_interval_unavailable or "")
+
+
+@requires_coco
+@requires_yolox
+def test_one_detections_file_of_two_image_sets_is_evaluated_on_each(runs):
+    """One detections file (a's, 40 images) behind a cell scored on 40 images and, hard-linked, behind one scored on
+    the first 30 (c's images, where a's detections are c's): with one ImageSets, the second is evaluated on its own
+    30 images, not served the first's 40-image evaluation of the same file."""
+    import os
+
+    target = runs / "c_link"
+    if not target.exists():
+        shutil.copytree(runs / "c", target)
+        (mine,) = (target / "detections").glob("*.json")
+        (theirs,) = (runs / "a" / "detections").glob("*.json")
+        mine.unlink()
+        os.link(theirs, mine)
+        digest = {}
+        _edit_submissions(runs / "a", lambda block: digest.update(sha=block.get("detections_sha256")), write=False)
+        _edit_submissions(target, lambda block: block.update(detections_sha256=digest["sha"]))
+    intervals = ImageSets(100, COCO_DIR)
+    (first,) = compare_paths(runs / "a", [runs / "b"], intervals=intervals)[0].accuracy
+    assert first.delta_interval_unavailable is None, first.delta_interval_unavailable
+    (second,) = compare_paths(target, [runs / "c"], intervals=intervals)[0].accuracy
+    assert second.delta_interval_unavailable is None, second.delta_interval_unavailable
+    assert second.delta_interval["images"] == 30

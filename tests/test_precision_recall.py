@@ -285,3 +285,74 @@ def test_a_tie_takes_the_lowest_score_and_no_detection_is_no_threshold():
     empty.classes[2] = ClassMatches(by_image={7: 3})
     none = operating_point(empty)
     assert none.confidence is None and (none.precision, none.recall, none.f1, none.classes) == (0.0, 0.0, 0.0, 1)
+
+
+def _tiny(tmp_path, detections: list[dict], gts: list[list[float]]):
+    """One 200x200 image, one category, `gts` boxes: the COCO index and the detections file."""
+    dataset = {"images": [{"id": 1, "width": 200, "height": 200, "file_name": "1.jpg"}],
+               "categories": [{"id": 1, "name": "thing"}],
+               "annotations": [{"id": k + 1, "image_id": 1, "category_id": 1, "bbox": box, "area": box[2] * box[3],
+                                "iscrowd": 0} for k, box in enumerate(gts)]}
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps([{"image_id": 1, "category_id": 1, **d} for d in detections]))
+    return coco_from(dataset), path
+
+
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+def test_an_iou_of_exactly_one_half_and_equal_ious_match_as_pycocotools_matches(tmp_path, evaluator):
+    """IoU exactly 0.50 is a match (COCO's `< iou: continue`), and of two ground truths at equal IoU the later one is
+    taken (so the next detection finds the earlier one free): per-class figures equal pycocotools' own matches."""
+    gts = [[0, 0, 10, 10], [0, 10, 10, 10], [100, 100, 20, 20]]
+    detections = [{"bbox": [0, 5, 10, 10], "score": 0.9},  # IoU 1/3 with both of the first two: no match
+                  {"bbox": [0, 0, 10, 20], "score": 0.8},  # IoU exactly 0.5 with the first two: takes the second
+                  {"bbox": [0, 0, 10, 11], "score": 0.7},  # IoU 10/11 with the first only: free under COCO's rule
+                  {"bbox": [100, 100, 20, 40], "score": 0.6}]  # IoU exactly 0.5 with the third
+    coco, path = _tiny(tmp_path, detections, gts)
+    ours = evaluate_cell_file(coco, path, [1], evaluator, 100).primary.operating_point
+    theirs = _from_pycocotools_matches(coco, path, [1])
+    assert ours.per_class == {int(c): v for c, v in theirs.per_class.items()}
+    assert ours.per_class[1]["recall"] == 1.0 and ours.confidence == theirs.confidence == 0.6
+
+
+@pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
+@pytest.mark.parametrize("cap", [10, 100])
+def test_detections_past_the_cap_are_not_matched(tmp_path, evaluator, cap):
+    """`cap` false positives above the one detection on the object: that detection is cut by the cap (10: below
+    COCOeval's largest maxDets) as pycocotools' accumulate cuts it at that maxDets, so the class recalls nothing."""
+    from pycocotools.cocoeval import COCOeval
+
+    detections = [{"bbox": [150, 150, 10, 10], "score": round(0.99 - 0.001 * k, 4)} for k in range(cap)]
+    detections.append({"bbox": [0, 0, 10, 10], "score": 0.5})
+    coco, path = _tiny(tmp_path, detections, [[0, 0, 10, 10]])
+    ours = evaluate_cell_file(coco, path, [1], evaluator, cap).primary.operating_point
+    with contextlib.redirect_stdout(io.StringIO()):
+        ref = COCOeval(coco, coco.loadRes(str(path)), "bbox")
+        ref.params.imgIds = [1]
+        ref.evaluate(), ref.accumulate()
+    assert ref.eval["recall"][0, 0, 0, list(ref.params.maxDets).index(cap)] == 0  # IoU 0.50, class 1, area all
+    assert ours.per_class[1]["recall"] == 0.0 and ours.per_class[1]["F1"] == 0.0
+
+
+@requires_coco
+def test_curves_are_pycocotools_precision_point_by_point(subset, tmp_path):
+    """Each averaged curve at each recall point is pycocotools' own precision array (area all, 100 detections)
+    averaged over the classes with ground truth (and over the ten IoUs for 0.50:0.95), not only on average."""
+    from pycocotools.cocoeval import COCOeval
+
+    coco = coco_from(subset)
+    image_ids = sorted(coco.imgs)[:30]
+    detections = [d for d in _detections(coco, seed=13, jitters=2, random_boxes=10) if d["image_id"] in image_ids]
+    path = tmp_path / "dets.json"
+    path.write_text(json.dumps(detections))
+    curve = evaluate_cell_file(coco, path, image_ids, "pycocotools", 100).primary.pr_curve
+    with contextlib.redirect_stdout(io.StringIO()):
+        ref = COCOeval(coco, coco.loadRes(str(path)), "bbox")
+        ref.params.imgIds = image_ids
+        ref.evaluate(), ref.accumulate()
+    precision = ref.eval["precision"][:, :, :, 0, 2]  # [T, R, K]
+    valid = (precision > -1).all(axis=(0, 1))
+    expected = {"0.50": precision[0][:, valid].mean(axis=1), "0.75": precision[5][:, valid].mean(axis=1),
+                "0.50:0.95": precision[:, :, valid].mean(axis=(0, 2))}
+    assert curve["classes"] == int(valid.sum())
+    for key, values in expected.items():
+        assert curve["precision"][key] == pytest.approx(values.tolist(), abs=1e-6), key
