@@ -81,10 +81,12 @@ class RunConfig(BaseModel):
     coco_dir: str | None = option(None, "--coco-dir",
                                   "COCO root (annotations/ + val2017/); else $VA_BENCH_COCO, ./datasets/coco")
     dataset: str | None = option(None, "--dataset",
-                                 "any COCO-format dataset instead of COCO val2017: an annotation JSON (images "
-                                 "beside it), a folder with _annotations.coco.json, or a Roboflow export root")
-    split: str | None = option(None, "--split", "--dataset: the Roboflow export's split (valid, test, train; "
-                               "default: the first present)")
+                                 "your own dataset instead of COCO val2017: a COCO annotation JSON (images beside "
+                                 "it), a folder with _annotations.coco.json, a Roboflow export root, or a YOLO "
+                                 "dataset (its data.yaml, or the folder holding it)")
+    split: str | None = option(None, "--split", "--dataset: the split of a Roboflow export (valid, test, train; "
+                               "default: the first present) or of a YOLO dataset (val, test, train; default: val, "
+                               "else test)")
     class_map: str | None = option(None, "--class-map",
                                    "YAML file of `dataset category name: model class name or index` lines, for "
                                    "datasets whose class names differ from the model's")

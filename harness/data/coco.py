@@ -22,7 +22,9 @@ from harness.data.categories import COCO_NAMES_BY_ID
 from harness.data.classes import ClassMap, match_classes
 from harness.data.images import check_image_files, check_image_sizes
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
+from harness.data.yolo import YoloSplit, dataset_yaml, locate_split, read_split
 from harness.errors import UsageError, path_problem
+from harness.files import file_sha256
 
 ENV_COCO_DIR = "VA_BENCH_COCO"
 # The official full file first; a subset file holds the official records of the images present.
@@ -174,7 +176,12 @@ def load_instances(path: Path, name: str | None = None, how_to_fix: str = HOW_TO
     # annotations from 0, so ids below 1 are renumbered 1..N in file order; nothing else reads them.
     if any(a["id"] < 1 for a in data["annotations"]):
         data["annotations"] = [{**a, "id": n} for n, a in enumerate(data["annotations"], 1)]
-    coco = COCO()  # built from the checked dict, so the file is read once
+    return _index(data)
+
+
+def _index(data: dict) -> COCO:
+    """pycocotools' index of checked instances (built from the dict, so a file is read once)."""
+    coco = COCO()
     coco.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress unconditionally
         coco.createIndex()
@@ -264,16 +271,40 @@ class CocoDataset:
     @classmethod
     def from_path(cls, given: str, split: str | None = None) -> CocoDataset:
         """`--dataset PATH`: an annotation JSON (images beside it, or in images/ beside it), a folder holding
-        `_annotations.coco.json` (a Roboflow export split), or a Roboflow export root (`--split`)."""
-        annotation_file, image_dir, name, split_name = _custom_layout(given, split)
+        `_annotations.coco.json` (a Roboflow export split), a Roboflow export root (`--split`), or a YOLO dataset:
+        its YAML, or a folder holding data.yaml (`--split`; harness/data/yolo.py)."""
         self = cls.__new__(cls)
-        self.root, self.annotation_file, self.image_dir, self.layout = annotation_file.parent, annotation_file, \
-            image_dir, "custom"
         self._named_root = f"--dataset {given}"
         self._shown_root = given if str(Path(given).resolve()) == given else f"{given} ({Path(given).resolve()})"
+        self.layout = "custom"
+        yaml_path = dataset_yaml(given)
+        if yaml_path is not None:
+            found = read_split(yaml_path, split, given)
+            self.root, self.annotation_file, self.image_dir = found.root, yaml_path.absolute(), found.image_dir
+            self._yolo = found
+            self._custom_identity = (_slug(found.dataset_id), found.split)
+            self._fix = "fix the dataset's label files"
+            return self
+        annotation_file, image_dir, name, split_name = _custom_layout(given, split)
+        self.root, self.annotation_file, self.image_dir = annotation_file.parent, annotation_file, image_dir
         self._custom_identity = (name, split_name)
         self._fix = "fix the annotation file (COCO format: images, annotations, categories)"
         return self
+
+    _yolo: YoloSplit | None = None  # a YOLO dataset's split, read into COCO instances
+
+    @property
+    def annotation_format(self) -> str:
+        """What the ground truth was read from: "coco" (an instances JSON) or "yolo" (a YAML and label files)."""
+        return "yolo" if self._yolo is not None else "coco"
+
+    def annotations_sha256(self) -> str:
+        """SHA-256 of the ground truth as read: the annotation file's bytes, or a YOLO split's COCO instances (every
+        label, class name and image size) as canonical JSON. Two machines with the same value score alike."""
+        if self._yolo is None:
+            return file_sha256(self.annotation_file)
+        text = json.dumps(self._yolo.instances, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @cached_property
     def categories(self) -> dict[int, str]:
@@ -324,6 +355,8 @@ class CocoDataset:
 
     @cached_property
     def coco(self) -> COCO:
+        if self._yolo is not None:  # built by the reader, which checked every row
+            return _index(json.loads(json.dumps(self._yolo.instances)))
         name = None
         if self._named_root is not None:
             name = f"{self._named_root}: {self.annotation_file.relative_to(self.root)}"
@@ -419,9 +452,11 @@ class CocoDataset:
                     missing += 1
                     first = first or ann
         if missing:
+            where = (f"{self._yolo.rows[first['id'] - 1]}, a box" if self._yolo is not None else
+                     f"annotations[{self.coco.dataset['annotations'].index(first)}] in the file, segmentation "
+                     f"{str(first.get('segmentation', 'absent'))[:30]}")
             raise UsageError(f"{self._shown_root}: {missing} annotations of the images to score have no mask (the "
-                             f"first: annotations[{self.coco.dataset['annotations'].index(first)}] in the file, "
-                             f"segmentation {str(first.get('segmentation', 'absent'))[:30]}); "
+                             f"first: {where}); "
                              "a segmentation model's masks need ground-truth masks: use a dataset exported with "
                              "them, or score boxes only with --no-masks")
 
@@ -457,15 +492,20 @@ def categories_sha256(categories: dict[int, str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def is_export_root(given: str) -> bool:
-    """Whether a `--dataset` path is a Roboflow export's root (split folders under it), where `--split` chooses."""
+def takes_split(given: str) -> bool:
+    """Whether a `--dataset` path holds splits for `--split` to choose from: a Roboflow export's root (split folders
+    under it) or a YOLO dataset."""
     path = Path(given).expanduser()
-    return path.is_dir() and not (path / ROBOFLOW_ANNOTATIONS).is_file()
+    return dataset_yaml(given) is not None or (path.is_dir() and not (path / ROBOFLOW_ANNOTATIONS).is_file())
 
 
 def check_custom_layout(given: str, split: str | None) -> None:
     """One UsageError line when a `--dataset` path (with `--split`) is none of the layouts a run reads."""
-    _custom_layout(given, split)
+    yaml_path = dataset_yaml(given)
+    if yaml_path is None:
+        _custom_layout(given, split)
+    else:
+        locate_split(yaml_path, split, given)
 
 
 def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]:

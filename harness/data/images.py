@@ -67,15 +67,17 @@ QUARTER_TURNS = (5, 6, 7, 8)
 EXIF_ORIENTATION = 0x0112
 
 
-def orientation_warning(orientations: dict[int, int]) -> str | None:
+def orientation_warning(orientations: dict[int, int], sizes_annotated: bool = True) -> str | None:
     """A warning for images whose EXIF orientation turns them half a turn or mirrors them (2, 3, 4): decoded as cv2
-    shows them, like the quarter turns, but their size cannot confirm that their annotations are of that view."""
-    unconfirmed = sorted((i, o) for i, o in orientations.items() if o not in QUARTER_TURNS)
+    shows them, like the quarter turns, but their size cannot confirm that their annotations are of that view.
+    Without annotated sizes (a YOLO dataset's labels are fractions of the image read), no turn is confirmed."""
+    unconfirmed = sorted((i, o) for i, o in orientations.items() if o not in QUARTER_TURNS or not sizes_annotated)
     if not unconfirmed:
         return None
     first, tag = unconfirmed[0]
-    return (f"warning: {len(unconfirmed)} image(s) carry an EXIF orientation that turns them half a turn or mirrors "
-            f"them (image {first}: orientation {tag}); they are decoded upright, as cv2 shows them, and their size "
+    turns = "turns or mirrors them" if not sizes_annotated else "turns them half a turn or mirrors them"
+    return (f"warning: {len(unconfirmed)} image(s) carry an EXIF orientation that {turns} "
+            f"(image {first}: orientation {tag}); they are decoded upright, as cv2 shows them, and their size "
             "cannot tell whether the annotations are of that view: if they were drawn on the stored pixels, set the "
             "tag to 1 (exiftool -Orientation=1 -n FILE)")
 

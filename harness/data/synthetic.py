@@ -31,6 +31,7 @@ class SyntheticDataset:
     class_map = None
     root = None
     annotation_file = None
+    annotation_format = None
     categories: dict[int, str] = {}
     orientations: dict[int, int] = {}  # generated images have no EXIF
 

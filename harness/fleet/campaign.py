@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from harness.errors import RunInterrupted, UsageError
-from harness.files import DiskFullError, file_sha256, is_disk_full
+from harness.files import DiskFullError, is_disk_full
 from harness.fleet.driver import LIVENESS_EVERY_S, FleetNode, choose_targets, connect, node_info, survey, task_cause
 from harness.fleet.fingerprint import build_fingerprint
 from harness.fleet.gather import inside_folder
@@ -96,12 +96,12 @@ class CampaignFleet:
         from harness.data.coco import CocoDataset
         from harness.run.campaign import entry_split
 
-        annotation = CocoDataset.from_path(entry.dataset, entry_split(campaign, entry)).annotation_file
+        ground_truth = CocoDataset.from_path(entry.dataset, entry_split(campaign, entry)).annotations_sha256()
         # the nodes read the paths as the driver resolves them (a relative path would be their own working dir's)
         absolute = replace(entry, dataset=str(Path(entry.dataset).expanduser().absolute()),
                            weights=str(Path(entry.weights).expanduser().absolute()))
         return CampaignJob(campaign, absolute, self.hardware_id, argv, self.build,
-                           campaign.weights_sha256[entry.name], file_sha256(annotation))
+                           campaign.weights_sha256[entry.name], ground_truth)
 
     def _result(self, entry: CampaignEntry, ref, datasets_dir: Path) -> DatasetResult:
         try:

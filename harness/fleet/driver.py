@@ -371,7 +371,8 @@ class FleetDriver:
         plan = self.plan
         return {"config": {**self.config.model_dump(), "hardware_id": hardware_id},
                 "dataset": {**plan.dataset.describe(), **plan.variant.describe(), "root": str(plan.dataset.root),
-                            "annotation_file": str(plan.dataset.annotation_file)},
+                            "annotation_file": str(plan.dataset.annotation_file),
+                            "annotation_format": plan.dataset.annotation_format},
                 "device": self.config.device, "hardware": {"id": hardware_id}, "environment": {},
                 "fleet": {"run_id": plan.run_id, "hardware_id": hardware_id, "fleet_file": f"../{FLEET_FILE}",
                           "nodes": []}}

@@ -288,8 +288,8 @@ def detect_shard(job: ShardJob) -> dict:
 def run_campaign_dataset(job: CampaignJob) -> dict:
     """One dataset's run on this node, under the node's hardware id, in a scratch folder: {"files": {relative
     path: bytes}} of its run folder (run.json, submission, detections, ...), or {"reason": ...} when it was
-    skipped before or during the run. Its weights and annotation file are this node's copies at the campaign's
-    paths, refused when their SHA-256 differs from the driver's."""
+    skipped before or during the run. Its weights and ground truth (annotation file, or a YOLO dataset's labels)
+    are this node's copies at the campaign's paths, refused when their SHA-256 differs from the driver's."""
     from harness.data.coco import CocoDataset
     from harness.files import file_sha256
     from harness.run.campaign import entry_split, run_dataset, run_folder_name
@@ -299,15 +299,17 @@ def run_campaign_dataset(job: CampaignJob) -> dict:
     check_build(job.build)
     entry = job.entry
     try:
-        annotation = CocoDataset.from_path(entry.dataset, entry_split(job.campaign, entry)).annotation_file
+        dataset = CocoDataset.from_path(entry.dataset, entry_split(job.campaign, entry))
     except UsageError as exc:
         return {"reason": f"on this node: {str(exc).splitlines()[0]}"}
-    for what, path, expected in (("weights", Path(entry.weights), job.weights_sha256),
-                                 ("annotation file", annotation, job.annotation_sha256)):
-        if not path.is_file():
-            return {"reason": f"this node has no {what} {path}; give every node the campaign's files at the same paths"}
-        if file_sha256(path) != expected:
-            return {"reason": f"this node's {what} {path} differs from the driver's (SHA-256); give every node "
+    weights = Path(entry.weights)
+    if not weights.is_file():
+        return {"reason": f"this node has no weights {weights}; give every node the campaign's files at the same paths"}
+    for what, sha256, expected in (("weights", lambda: file_sha256(weights), job.weights_sha256),
+                                   ("ground truth", dataset.annotations_sha256, job.annotation_sha256)):
+        if sha256() != expected:
+            where = weights if what == "weights" else dataset.annotation_file
+            return {"reason": f"this node's {what} ({where}) differs from the driver's (SHA-256); give every node "
                               "the same copy"}
     scratch = scratch_folder("campaign")
     try:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import yaml
 
 from harness.config import RunConfig, build_config
-from harness.data.coco import check_custom_layout, is_export_root
+from harness.data.coco import check_custom_layout, takes_split
 from harness.errors import RunInterrupted, UsageError, VaBenchError, brief, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
@@ -161,7 +161,7 @@ def entry_split(campaign: Campaign, entry: CampaignEntry) -> str | None:
     root; none for an annotation file or a split's folder (they are one split already)."""
     if entry.split is not None:
         return entry.split
-    return campaign.split if is_export_root(entry.dataset) else None
+    return campaign.split if takes_split(entry.dataset) else None
 
 
 def dataset_config(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, **overrides):

@@ -111,7 +111,8 @@ def open_dataset(config: RunConfig) -> CocoDataset:
             raise UsageError("--dataset and --coco-dir name two datasets; give one")
         return CocoDataset.from_path(config.dataset, config.split)
     if config.split is not None:
-        raise UsageError("--split selects a split of a --dataset Roboflow export; give --dataset PATH or drop it")
+        raise UsageError("--split selects a split of a --dataset (a Roboflow export or a YOLO dataset); give "
+                         "--dataset PATH or drop it")
     return CocoDataset(config.coco_dir)
 
 

@@ -158,7 +158,7 @@ class Scheduler:
             self.progress.log(f"warning: {problem}: conversions it holds are read, a conversion it lacks fails")
         if config.accuracy and (warning := unpublishable_accuracy(plan.variant.name, environment)):
             self.progress.log(warning)
-        if warning := orientation_warning(plan.dataset.orientations):
+        if warning := orientation_warning(plan.dataset.orientations, plan.dataset.annotation_format != "yolo"):
             self.progress.log(warning)
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
@@ -250,6 +250,7 @@ class Scheduler:
                               "root": None if plan.dataset.root is None else str(plan.dataset.root),
                               "annotation_file": None if plan.dataset.annotation_file is None
                               else str(plan.dataset.annotation_file),
+                              "annotation_format": plan.dataset.annotation_format,
                               "corrupt_images": corrupt},
                   "device": str(plan.device), "hardware": hardware, "environment": environment}
         if plan.resume is None:

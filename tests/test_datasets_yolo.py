@@ -1,0 +1,311 @@
+"""YOLO-format datasets (`data.yaml` + `labels/*.txt`): read as LibreYOLO's own COCO view of them reads them, scored
+like any COCO-format dataset, and refused in one line when a label row is not what the format says."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import COCO_DIR, SUBSET_ANNOTATIONS, coco_from, requires_coco, requires_yolox, run_in_process
+
+from harness.data.coco import CocoDataset
+from harness.data.images import orientation_warning
+from harness.data.yolo import label_path, read_split
+from harness.errors import UsageError
+
+IMAGES = 24
+
+
+def _sample(images: int = IMAGES):
+    """The first `images` sample images (by id) with their non-crowd annotations, and COCO's categories by id."""
+    source = json.loads(SUBSET_ANNOTATIONS.read_text())
+    keep = sorted(source["images"], key=lambda i: i["id"])[:images]
+    ids = {i["id"] for i in keep}
+    annotations = [a for a in source["annotations"] if a["image_id"] in ids and not a["iscrowd"]]
+    return keep, annotations, sorted(source["categories"], key=lambda c: c["id"])
+
+
+def _yolo_dataset(folder: Path, images: int = IMAGES, polygons: bool = False, split_folder: str = "images/val",
+                  yaml_text: str | None = None) -> Path:
+    """The sample's first images as a YOLO dataset written by hand: boxes as `class cx cy w h`, or with `polygons`
+    the single-polygon annotations as `class x1 y1 ...`, normalised with Python's exact float repr; class index =
+    position in COCO's category list; images symlinked; returns the YAML."""
+    keep, annotations, categories = _sample(images)
+    index = {c["id"]: i for i, c in enumerate(categories)}
+    image_dir = folder / split_folder
+    image_dir.mkdir(parents=True)
+    by_image: dict[int, list[str]] = {}
+    for a in annotations:
+        img = next(i for i in keep if i["id"] == a["image_id"])
+        w, h = img["width"], img["height"]
+        if polygons:
+            if not isinstance(a["segmentation"], list) or len(a["segmentation"]) != 1:
+                continue
+            points = a["segmentation"][0]
+            values = [v / (w if k % 2 == 0 else h) for k, v in enumerate(points)]
+        else:
+            x, y, bw, bh = a["bbox"]
+            values = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h]
+        by_image.setdefault(a["image_id"], []).append(" ".join([str(index[a["category_id"]]), *map(repr, values)]))
+    for img in keep:
+        os.symlink(COCO_DIR / "val2017" / img["file_name"], image_dir / img["file_name"])
+        if img["id"] in by_image:
+            labels = label_path(image_dir / img["file_name"])
+            labels.parent.mkdir(parents=True, exist_ok=True)
+            labels.write_text("\n".join(by_image[img["id"]]) + "\n")
+    names = "".join(f"  {i}: {c['name']}\n" for i, c in enumerate(categories))
+    path = folder / "data.yaml"
+    path.write_text(yaml_text if yaml_text is not None else f"path: .\nval: {split_folder}\nnames:\n{names}")
+    return path
+
+
+def _libreyolo_view(yaml_path: Path, split: str = "val", segments: bool = False):
+    api = pytest.importorskip("libreyolo.data.yolo_coco_api")
+    return api.create_yolo_coco_api(str(yaml_path), split=split, load_segments=segments)
+
+
+@requires_coco
+@pytest.mark.parametrize("polygons", [False, True])
+def test_the_split_is_read_as_libreyolo_reads_it(tmp_path, polygons):
+    """Independent truth: LibreYOLO's COCO view of a YOLO dataset (RF-DETR's YOLOCocoAPI): the same images, sizes,
+    classes and, image by image, the same boxes (clipped to the image alike) and polygons; areas are COCO's own."""
+    yaml_path = _yolo_dataset(tmp_path, polygons=polygons)
+    ours = CocoDataset.from_path(str(yaml_path))
+    theirs = _libreyolo_view(yaml_path, segments=polygons)
+    assert ours.identity == (tmp_path.name.lower(), "val") and ours.annotation_format == "yolo"
+    assert ours.categories == {c["id"]: c["name"] for c in theirs.cats.values()}
+    assert len(ours.categories) == 80 and ours.categories[0] == "person"
+    by_name = {img["file_name"]: img for img in theirs.imgs.values()}
+    assert sorted(by_name) == sorted(img["file_name"] for img in ours.coco.imgs.values())
+    compared = 0
+    for image_id, img in ours.coco.imgs.items():
+        other = by_name[img["file_name"]]
+        assert (img["width"], img["height"]) == (other["width"], other["height"])
+        mine = ours.coco.imgToAnns.get(image_id, [])
+        their = theirs.imgToAnns[other["id"]]
+        assert [a["category_id"] for a in mine] == [a["category_id"] for a in their]
+        for a, b in zip(mine, their, strict=True):
+            assert a["bbox"] == pytest.approx(b["bbox"], abs=1e-9)
+            if polygons:
+                assert a["segmentation"][0] == pytest.approx(b["segmentation"][0], abs=1e-9)
+            compared += 1
+    assert compared > 100
+    if polygons:  # COCO's area of a polygon annotation is its shoelace area: the official file's values come back
+        _, annotations, _ = _sample()
+        official = sorted(a["area"] for a in annotations if isinstance(a["segmentation"], list)
+                          and len(a["segmentation"]) == 1)
+        assert sorted(a["area"] for a in ours.coco.dataset["annotations"]) == pytest.approx(official, rel=1e-9)
+
+
+@requires_coco
+@requires_yolox
+def test_a_run_scores_as_pycocotools_on_libreyolos_view(tmp_path):
+    """A real run on a YOLO dataset: its mAP is pycocotools' on the run's own detections against LibreYOLO's COCO view
+    of the same dataset (its image ids are its own: matched by file name)."""
+    from pycocotools.cocoeval import COCOeval
+
+    yaml_path = _yolo_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    result = run_in_process("run", "--dataset", str(yaml_path.parent), "--model", "yolox-nano", "--batch-sizes", "4",
+                            "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
+                            "--no-energy", "--draw-images", "0", "--output-dir", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    (path,) = list(out.glob("*/submissions/*.json"))
+    sub = json.loads(path.read_text())
+    assert (sub["dataset"]["id"], sub["dataset"]["split"], sub["dataset"]["num_images"]) == ("data", "val", IMAGES)
+    run = json.loads(next(out.glob("*/run.json")).read_text())
+    assert run["dataset"]["annotation_format"] == "yolo" and run["dataset"]["annotation_file"] == str(yaml_path)
+    ours = CocoDataset.from_path(str(yaml_path))
+    theirs = _libreyolo_view(yaml_path)
+    to_theirs = {ours.coco.imgs[i]["file_name"]: i for i in ours.coco.imgs}
+    to_theirs = {to_theirs[img["file_name"]]: img["id"] for img in theirs.imgs.values()}
+    detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
+    assert {d["category_id"] for d in detections} <= set(range(80)) and any(d["category_id"] == 0 for d in detections)
+    gt = coco_from({"images": list(theirs.imgs.values()), "annotations": list(theirs.anns.values()),
+                    "categories": list(theirs.cats.values())})
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_eval = COCOeval(gt, gt.loadRes([dict(d, image_id=to_theirs[d["image_id"]]) for d in detections]), "bbox")
+        coco_eval.evaluate(), coco_eval.accumulate(), coco_eval.summarize()
+    assert sub["accuracy"]["mAP_50_95"] == pytest.approx(coco_eval.stats[0], abs=1e-12)
+    assert sub["accuracy"]["mAP_50_95"] > 0.2
+
+
+@requires_coco
+def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
+    """A Roboflow YOLO export (`val: ../valid/images` beside its data.yaml, `--split valid` for its folder's name),
+    a split given as a text file of image paths, and one given as a list of folders: the same images."""
+    names = "names: ['person']\n"
+    rf = tmp_path / "rf"
+    _yolo_dataset(rf, split_folder="valid/images",
+                  yaml_text=f"train: ../train/images\nval: ../valid/images\ntest: ../test/images\nnc: 1\n{names}")
+    # Roboflow's person-only rows: every row's class must be a class the YAML names, so keep class 0 only
+    for labels in (rf / "valid" / "labels").iterdir():
+        labels.write_text("".join(line + "\n" for line in labels.read_text().splitlines() if line.startswith("0 ")))
+    for split in (None, "valid", "val"):
+        dataset = CocoDataset.from_path(str(rf), split)
+        assert dataset.identity == ("rf", "val") and len(dataset.coco.imgs) == IMAGES
+    with pytest.raises(UsageError, match=r"test: ../test/images \(.*/rf/test/images\): no such file or folder"):
+        CocoDataset.from_path(str(rf), "test")
+    with pytest.raises(UsageError, match=r"has no 'minival' split; use --split val or test or train"):
+        CocoDataset.from_path(str(rf), "minival")
+    listing = rf / "val.txt"
+    files = sorted((rf / "valid" / "images").iterdir())
+    listing.write_text("# the first half\n" + "".join(f"./valid/images/{p.name}\n" for p in files[:12]))
+    (rf / "two.yaml").write_text(f"val: val.txt\n{names}")
+    assert len(CocoDataset.from_path(str(rf / "two.yaml")).coco.imgs) == 12
+    (rf / "valid" / "images" / "more").mkdir()
+    for p in files[12:]:
+        moved = p.parent / "more" / p.name
+        p.rename(moved)
+        label_path(moved).parent.mkdir(exist_ok=True)
+        if label_path(p).exists():
+            label_path(p).rename(label_path(moved))
+    (rf / "three.yaml").write_text(f"val: [valid/images/more, val.txt]\n{names}")
+    three = CocoDataset.from_path(str(rf / "three.yaml"))
+    assert len(three.coco.imgs) == IMAGES and three.image_dir == rf / "valid" / "images"
+    assert len(three.coco.anns) == len(CocoDataset.from_path(str(rf)).coco.anns)
+    assert any("/" in img["file_name"] for img in three.coco.imgs.values())
+
+
+def _one_image(tmp_path: Path, rows: str, yaml_text: str = "val: images\nnames: [person, car]\n") -> Path:
+    (tmp_path / "images").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "labels").mkdir(exist_ok=True)
+    keep, _, _ = _sample(1)
+    image = tmp_path / "images" / keep[0]["file_name"]
+    if not image.exists():
+        os.symlink(COCO_DIR / "val2017" / keep[0]["file_name"], image)
+    label_path(image).write_text(rows)
+    (tmp_path / "data.yaml").write_text(yaml_text)
+    return tmp_path / "data.yaml"
+
+
+@requires_coco
+@pytest.mark.parametrize("rows, yaml_text, message", [
+    ("0 0.5 0.5 0.2 0.2 0.93\n", None, r"line 1 \('0 0.5 0.5 0.2 0.2 0.93'\) has 6 values: a box with a confidence"),
+    ("0 320 240 64 48\n", None, r"holds a value outside \[0, 1\]: pixel coordinates\?"),
+    ("0 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.1 0.1\n", None, r"line 2 .* has the class 2, which the dataset YAML does not "
+                                                      r"name \(its classes: 0..1\)"),
+    ("0 0.5 0.5 0.2\n", None, r"has 4 values"),
+    ("0 0.1 0.1 0.5 0.5 0.9 0.1 0.2\n", None, r"has 8 values"),
+    ("person 0.5 0.5 0.2 0.2\n", None, r"holds a value that is not a number"),
+    ("0 0.5 0.5 nan 0.2\n", None, r"holds a value that is not finite"),
+    ("0 0.5 0.5 0 0.2\n", None, r"is a box of no area"),
+    ("1 0.1 0.5 0.5 0.5 0.9 0.5\n", None, r"is a polygon of no width or height"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnc: 3\nnames: [person, car]\n", r"nc is 3 but names holds 2 classes"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\n", r"has neither names nor nc"),
+    ("0 0.5 0.5 0.2 0.2\n", "train: images\nnames: [person]\n", r"names no val or test split; score the training "
+                                                                r"images with --split train"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: elsewhere\nnames: [person]\n", r"val: elsewhere .*: no such file or folder"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnames: [person]\nkpt_shape: [17, 3]\n", r"is a pose \(keypoint\) dataset"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: [images, images]\nnames: [person]\n", r"lists .* twice"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnames: {a: person}\n", r"names has the key 'a'"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnames: [person]\nval: again\n", r"is not a readable YAML file at line 3"),
+    ("0 0.5 0.5 0.2 0.2\n", "- val\n", r"is not a YOLO dataset YAML \(not a mapping\)"),
+])
+def test_what_the_format_does_not_say_is_refused_by_file_and_line(tmp_path, rows, yaml_text, message):
+    args = (rows,) if yaml_text is None else (rows, yaml_text)
+    yaml_path = _one_image(tmp_path, *args)
+    with pytest.raises(UsageError, match=message) as refused:
+        CocoDataset.from_path(str(yaml_path))
+    assert "\n" not in str(refused.value)
+
+
+@requires_coco
+def test_boxes_past_the_edge_are_clipped_as_libreyolo_clips_them(tmp_path):
+    """A box whose centre is on the image but whose edge is past it (annotation tools allow it; the format only
+    bounds the centre and size): clipped to the image like LibreYOLO's view, and like the model's boxes are."""
+    yaml_path = _one_image(tmp_path, "0 0.95 0.5 0.2 0.2\n1 0.02 0.99 0.1 0.1\n0 0.5 0.5 1.0 1.0\n")
+    ours = CocoDataset.from_path(str(yaml_path))
+    theirs = _libreyolo_view(yaml_path)
+    (image,) = ours.coco.imgs.values()
+    boxes = [a["bbox"] for a in ours.coco.dataset["annotations"]]
+    for mine, their in zip(boxes, [a["bbox"] for a in theirs.anns.values()], strict=True):
+        assert mine == pytest.approx(their, abs=1e-9)
+    assert boxes[0][0] + boxes[0][2] == image["width"] and boxes[1][0] == 0.0
+    assert boxes[1][1] + boxes[1][3] == image["height"]
+    assert boxes[2] == [0.0, 0.0, image["width"], image["height"]]
+
+
+@requires_coco
+def test_a_refusal_is_one_line_exit_2_and_leaves_no_run_folder(tmp_path):
+    yaml_path = _one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2 0.93\n")
+    out = tmp_path / "out"
+    result = run_in_process("run", "--dataset", str(yaml_path), "--model", "yolox-nano", "--output-dir", str(out))
+    assert result.returncode == 2 and "has 6 values" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+@requires_coco
+def test_labels_nowhere_are_refused_and_an_image_without_labels_is_background(tmp_path):
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    keep, _, _ = _sample(2)
+    os.symlink(COCO_DIR / "val2017" / keep[1]["file_name"], tmp_path / "images" / keep[1]["file_name"])
+    dataset = CocoDataset.from_path(str(yaml_path))
+    assert len(dataset.coco.imgs) == 2 and len(dataset.coco.anns) == 1  # the second image: no object
+    for labels in (tmp_path / "labels").iterdir():
+        labels.unlink()
+    with pytest.raises(UsageError, match=r"split 'val' has 2 images and no label file \(the first image's would be "
+                                         r".*/labels/.*\.txt\)"):
+        CocoDataset.from_path(str(yaml_path))
+
+
+@requires_coco
+def test_a_box_only_dataset_is_refused_for_masks_by_its_first_box_row(tmp_path):
+    yaml_path = _one_image(tmp_path, "1 0.1 0.1 0.5 0.1 0.5 0.5\n0 0.5 0.5 0.2 0.2\n")
+    dataset = CocoDataset.from_path(str(yaml_path))
+    variant = dataset.variant("sample")
+    with pytest.raises(UsageError, match=r"1 annotations of the images to score have no mask \(the first: label "
+                                         r"file .*\.txt line 2, a box\)"):
+        dataset.check_masks(variant)
+
+
+@requires_coco
+def test_the_ground_truth_fingerprint_follows_every_label(tmp_path):
+    """What a campaign's nodes compare: a YOLO split's SHA-256 changes with any label value, and only with what is
+    read (a comment in the YAML changes nothing)."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    first = CocoDataset.from_path(str(yaml_path)).annotations_sha256()
+    yaml_path.write_text("# mine\n" + yaml_path.read_text())
+    assert CocoDataset.from_path(str(yaml_path)).annotations_sha256() == first
+    label = next((tmp_path / "labels").iterdir())
+    label.write_text("0 0.5 0.5 0.2 0.21\n")
+    assert CocoDataset.from_path(str(yaml_path)).annotations_sha256() != first
+
+
+def test_quarter_turns_are_unconfirmed_without_annotated_sizes():
+    """A COCO file's width and height confirm a quarter turn; a YOLO label's fractions of the image read cannot."""
+    assert orientation_warning({7: 6}) is None
+    assert "1 image(s) carry an EXIF orientation that turns or mirrors them (image 7: orientation 6)" in \
+        orientation_warning({7: 6}, sizes_annotated=False)
+
+
+def test_label_paths_are_ultralytics_own():
+    """The last images/ folder becomes labels/ (Ultralytics' img2label_paths); without one, the label lies beside
+    the image."""
+    assert label_path(Path("/d/images/a/images/x.jpg")) == Path("/d/images/a/labels/x.txt")
+    assert label_path(Path("/d/pics/x.png")) == Path("/d/pics/x.txt")
+
+
+def test_read_split_names_the_yaml_as_given(tmp_path):
+    (tmp_path / "d.yaml").write_text("val: nope\nnames: [a]\n")
+    with pytest.raises(UsageError, match=r"^--dataset given/d.yaml: val: nope"):
+        read_split(tmp_path / "d.yaml", None, "given/d.yaml")
+
+
+@requires_coco
+def test_a_campaign_checks_a_yolo_datasets_layout_and_leaves_its_labels_to_its_run(tmp_path):
+    """A campaign file's datasets are checked up front for their layout; a broken label is that dataset's run's
+    refusal (the campaign skips it), not the whole file's. A YOLO dataset takes the campaign's split."""
+    from harness.data.coco import check_custom_layout, takes_split
+
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2 0.93\n", "val: images\ntest: images\nnames: [person]\n")
+    assert takes_split(str(yaml_path)) and takes_split(str(tmp_path))
+    check_custom_layout(str(tmp_path), "test")
+    with pytest.raises(UsageError, match="has no 'train' split"):
+        check_custom_layout(str(yaml_path), "train")
+    with pytest.raises(UsageError, match="has 6 values"):
+        CocoDataset.from_path(str(tmp_path), "test")
