@@ -309,3 +309,43 @@ def test_a_campaign_checks_a_yolo_datasets_layout_and_leaves_its_labels_to_its_r
         check_custom_layout(str(yaml_path), "train")
     with pytest.raises(UsageError, match="has 6 values"):
         CocoDataset.from_path(str(tmp_path), "test")
+
+
+@requires_coco
+def test_polygon_labels_score_masks_as_pycocotools_on_libreyolos_view(tmp_path):
+    """A YOLO segmentation split's polygons are the ground truth of COCO `segm`: the harness's mask evaluation of
+    jittered copies of the objects equals pycocotools' on LibreYOLO's view (load_segments) of the same split."""
+    import numpy as np
+    from pycocotools import mask as mask_utils
+    from pycocotools.cocoeval import COCOeval
+
+    from harness.eval.coco_eval import evaluate_masks_file
+
+    yaml_path = _yolo_dataset(tmp_path / "data", polygons=True)
+    ours = CocoDataset.from_path(str(yaml_path))
+    rng = np.random.default_rng(0)
+    detections = []
+    for ann in ours.coco.dataset["annotations"]:
+        img = ours.coco.imgs[ann["image_id"]]
+        h, w = img["height"], img["width"]
+        polygon = np.array(ann["segmentation"][0]).reshape(-1, 2)
+        moved = (polygon + rng.normal(0, 2, 2) + rng.normal(0, 1, polygon.shape)).clip(0, [w, h]).ravel().tolist()
+        rle = mask_utils.merge(mask_utils.frPyObjects([moved], h, w))
+        rle["counts"] = rle["counts"].decode()
+        detections.append({"image_id": ann["image_id"], "category_id": ann["category_id"], "score": rng.uniform(),
+                           "segmentation": rle, "bbox": mask_utils.toBbox(rle).tolist()})
+    path = tmp_path / "masks.json"
+    path.write_text(json.dumps(detections))
+    stats = evaluate_masks_file(ours.coco, path, sorted(ours.coco.imgs))["segm"]
+
+    theirs = _libreyolo_view(yaml_path, segments=True)
+    to_theirs = {ours.coco.imgs[i]["file_name"]: i for i in ours.coco.imgs}
+    to_theirs = {to_theirs[img["file_name"]]: img["id"] for img in theirs.imgs.values()}
+    gt = coco_from({"images": list(theirs.imgs.values()), "annotations": list(theirs.anns.values()),
+                    "categories": list(theirs.cats.values())})
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_eval = COCOeval(gt, gt.loadRes([dict(d, image_id=to_theirs[d["image_id"]]) for d in detections]), "segm")
+        coco_eval.evaluate(), coco_eval.accumulate(), coco_eval.summarize()
+    assert 0.2 < stats["mAP_50_95"] < 0.95
+    assert stats["mAP_50_95"] == pytest.approx(coco_eval.stats[0], abs=1e-12)
+    assert stats["mAP_50"] == pytest.approx(coco_eval.stats[1], abs=1e-12)
