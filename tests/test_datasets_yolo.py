@@ -349,3 +349,140 @@ def test_polygon_labels_score_masks_as_pycocotools_on_libreyolos_view(tmp_path):
     assert 0.2 < stats["mAP_50_95"] < 0.95
     assert stats["mAP_50_95"] == pytest.approx(coco_eval.stats[0], abs=1e-12)
     assert stats["mAP_50"] == pytest.approx(coco_eval.stats[1], abs=1e-12)
+
+
+@requires_coco
+def test_a_repeated_label_row_is_refused_not_scored_as_two_objects(tmp_path):
+    """Ultralytics drops a repeated row ('N duplicate labels removed'), LibreYOLO keeps it as a second object (a
+    perfect detector's mAP halved): the harness names it, whatever its spelling ("0.50" is 0.5)."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n0 0.50 0.5 0.2 2e-1\n")
+    with pytest.raises(UsageError, match=r"line 3 .* repeats line 1 \(the same object twice.*; remove the repeated"):
+        CocoDataset.from_path(str(yaml_path))
+
+
+@requires_coco
+def test_hidden_files_and_folders_are_not_images(tmp_path):
+    """Ultralytics lists a split folder with glob.glob('**/*.*', recursive=True), which skips dot files and dot
+    folders: a macOS AppleDouble `._x.jpg` (copied to exFAT/SMB) is not an image, nor a copy under `.thumbs/`."""
+    yaml_path = _yolo_dataset(tmp_path, images=3)
+    image_dir = tmp_path / "images" / "val"
+    first = sorted(image_dir.iterdir())[0]
+    (image_dir / f"._{first.name}").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64))
+    (image_dir / ".thumbs").mkdir()
+    os.symlink(first.resolve(), image_dir / ".thumbs" / first.name)
+    assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 3
+
+
+@requires_coco
+def test_images_under_a_symlinked_subfolder_are_read(tmp_path):
+    """glob (Ultralytics) follows a symlinked folder inside the split; Path.rglob does not, and its images are
+    silently left out of the split."""
+    yaml_path = _yolo_dataset(tmp_path / "d", images=4)
+    image_dir, labels_dir = tmp_path / "d" / "images" / "val", tmp_path / "d" / "labels" / "val"
+    elsewhere = tmp_path / "elsewhere" / "images" / "cam2"
+    elsewhere.mkdir(parents=True)
+    (labels_dir / "cam2").mkdir()
+    for image in sorted(image_dir.iterdir())[2:]:
+        image.rename(elsewhere / image.name)
+        if label_path(image).exists():
+            label_path(image).rename(labels_dir / "cam2" / label_path(image).name)
+    (image_dir / "cam2").symlink_to(elsewhere, target_is_directory=True)
+    assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 4
+
+
+@requires_coco
+def test_an_image_listed_twice_through_another_spelling_is_refused(tmp_path):
+    """`./images/x.jpg` and `../<root>/images/x.jpg` are one image: read twice, its boxes would count twice."""
+    yaml_path = _one_image(tmp_path / "root", "0 0.5 0.5 0.2 0.2\n")
+    name = next((tmp_path / "root" / "images").iterdir()).name
+    (tmp_path / "root" / "val.txt").write_text(f"./images/{name}\n../root/images/{name}\n")
+    yaml_path.write_text("val: val.txt\nnames: [person, car]\n")
+    with pytest.raises(UsageError, match=r"lists .*root/images/.* twice \(also as .*root/images/"):
+        CocoDataset.from_path(str(yaml_path))
+
+
+@requires_coco
+def test_a_validation_key_is_the_val_split(tmp_path):
+    """Ultralytics' check_det_dataset reads a YAML's `validation:` as `val:` (never 'score the training images')."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "train: elsewhere\nvalidation: images\nnames: [person]\n")
+    assert CocoDataset.from_path(str(yaml_path)).identity[1] == "val"
+
+
+@requires_coco
+def test_names_with_quoted_integer_keys_are_read_as_ultralytics_reads_them(tmp_path):
+    """Ultralytics' check_class_names: `{int(k): str(v)}`, so `'0': person` is class 0."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nnames:\n  '0': person\n  '1': car\n")
+    assert CocoDataset.from_path(str(yaml_path)).categories == {0: "person", 1: "car"}
+
+
+@requires_coco
+def test_coordinates_within_ultralytics_tolerance_are_read_and_clipped(tmp_path):
+    """Ultralytics reads coordinates in [-0.01, 1.01] ('coordinate points check with 1% tolerance'): rounding, clipped
+    to the image like any box past its edge (a polygon's points too); a box that does not reach the image is
+    refused, and past the tolerance the refusal asks about pixel coordinates only when they look like them."""
+    yaml_path = _one_image(tmp_path, "0 0.95 0.5 0.1000001 1.0000001\n1 0.5 -0.000001 0.2 0.2\n"
+                                     "1 -0.005 0.2 1.005 0.2 0.5 0.6\n")
+    dataset = CocoDataset.from_path(str(yaml_path))
+    (image,) = dataset.coco.imgs.values()
+    boxes = [a["bbox"] for a in dataset.coco.dataset["annotations"]]
+    assert boxes[0][1] == 0.0 and boxes[0][3] == image["height"] and boxes[1][1] == 0.0
+    assert boxes[2][0] == 0.0 and boxes[2][0] + boxes[2][2] == image["width"]
+    assert min(dataset.coco.dataset["annotations"][2]["segmentation"][0]) == 0.0
+    for rows, message in [("0 -0.008 0.5 0.004 0.2\n", r"is a box off its image"),
+                          ("0 0.5 0.5 0.2 1.02\n", r"holds a value outside \[0, 1\];"),
+                          ("0 320 240 64 48\n", r"holds a value outside \[0, 1\]: pixel coordinates\?")]:
+        _one_image(tmp_path, rows)
+        with pytest.raises(UsageError, match=message):
+            CocoDataset.from_path(str(yaml_path))
+
+
+@requires_coco
+def test_the_yaml_of_a_folder_and_a_missing_yaml(tmp_path):
+    """A folder holding one YAML not named data.yaml (coco8.yaml) is read through it, as Ultralytics'
+    find_dataset_yaml reads it; several are refused by name; a YAML path that does not exist, or a folder with
+    neither layout, is refused with the YOLO layout among the fixes."""
+    yaml_path = _one_image(tmp_path / "coco8", "0 0.5 0.5 0.2 0.2\n")
+    yaml_path.rename(yaml_path.parent / "coco8.yaml")
+    assert CocoDataset.from_path(str(tmp_path / "coco8")).identity == ("coco8", "val")
+    (tmp_path / "coco8" / "other.yml").write_text("a: 1\n")
+    with pytest.raises(UsageError, match=r"holds several YAML files and no data.yaml \(coco8.yaml, other.yml\); "
+                                         r"give the YOLO dataset's YAML itself"):
+        CocoDataset.from_path(str(tmp_path / "coco8"))
+    with pytest.raises(UsageError, match=r"nothere/data.yaml: no such file; give a YOLO dataset's YAML"):
+        CocoDataset.from_path(str(tmp_path / "nothere" / "data.yaml"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match=r"holds no COCO annotations.*or a YOLO dataset's data.yaml"):
+        CocoDataset.from_path(str(tmp_path / "empty"))
+
+
+@requires_coco
+def test_a_folder_with_coco_annotations_is_read_as_coco_whatever_yaml_lies_beside(tmp_path):
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    keep, _, _ = _sample(1)
+    image = keep[0]
+    (tmp_path / "_annotations.coco.json").write_text(json.dumps({
+        "images": [image], "annotations": [], "categories": [{"id": 1, "name": "person"}]}))
+    os.symlink(COCO_DIR / "val2017" / image["file_name"], tmp_path / image["file_name"])
+    dataset = CocoDataset.from_path(str(tmp_path))
+    assert dataset.annotation_format == "coco" and yaml_path.is_file()
+
+
+@requires_coco
+@requires_yolox
+def test_compare_finds_a_relative_yolo_dataset_again_from_anywhere(tmp_path):
+    """`compare --map-ci` re-reads the ground truth of the runs: a `--dataset data` given relative to the run's working
+    directory is found from another through the YAML's absolute path that run.json records, with its split."""
+    _yolo_dataset(tmp_path / "data")
+    (tmp_path / "data" / "data.yaml").write_text((tmp_path / "data" / "data.yaml").read_text().replace("val:", "test:"))
+    for name, size in (("a", "320"), ("b", "416")):
+        done = run_in_process("run", "--dataset", "data", "--model", "yolox-nano", "--batch-sizes", "8",
+                              "--input-size", size, "--warmup-batches", "1", "--warmup-seconds", "0",
+                              "--min-timed-batches", "1", "--no-energy", "--draw-images", "0", "--output-dir", name,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    (tmp_path / "elsewhere").mkdir()
+    (a,), (b,) = (list((tmp_path / name).iterdir()) for name in ("a", "b"))
+    done = run_in_process("compare", str(a), str(b), "--map-ci", "100", "--json", cwd=tmp_path / "elsewhere")
+    assert done.returncode == 0, done.stderr
+    (accuracy,) = json.loads(done.stdout)["comparisons"][0]["accuracy"]
+    assert accuracy["delta_interval"]["images"] == IMAGES, accuracy

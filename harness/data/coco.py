@@ -277,7 +277,7 @@ class CocoDataset:
         self._named_root = f"--dataset {given}"
         self._shown_root = given if str(Path(given).resolve()) == given else f"{given} ({Path(given).resolve()})"
         self.layout = "custom"
-        yaml_path = dataset_yaml(given)
+        yaml_path = _yolo_yaml(given)
         if yaml_path is not None:
             found = read_split(yaml_path, split, given)
             self.root, self.annotation_file, self.image_dir = found.root, yaml_path.absolute(), found.image_dir
@@ -492,16 +492,26 @@ def categories_sha256(categories: dict[int, str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _yolo_yaml(given: str) -> Path | None:
+    """The YOLO dataset YAML of a `--dataset` path that is no COCO layout (an annotation JSON, a folder with
+    `_annotations.coco.json`, or a Roboflow COCO export's root come first); None for those."""
+    path = Path(given).expanduser()
+    if path.suffix.lower() == ".json" or (path.is_dir() and any(
+            (path / s / ROBOFLOW_ANNOTATIONS).is_file() for s in ("", *ROBOFLOW_SPLITS))):
+        return None
+    return dataset_yaml(given)
+
+
 def takes_split(given: str) -> bool:
     """Whether a `--dataset` path holds splits for `--split` to choose from: a Roboflow export's root (split folders
     under it) or a YOLO dataset."""
     path = Path(given).expanduser()
-    return dataset_yaml(given) is not None or (path.is_dir() and not (path / ROBOFLOW_ANNOTATIONS).is_file())
+    return _yolo_yaml(given) is not None or (path.is_dir() and not (path / ROBOFLOW_ANNOTATIONS).is_file())
 
 
 def check_custom_layout(given: str, split: str | None) -> None:
     """One UsageError line when a `--dataset` path (with `--split`) is none of the layouts a run reads."""
-    yaml_path = dataset_yaml(given)
+    yaml_path = _yolo_yaml(given)
     if yaml_path is None:
         _custom_layout(given, split)
     else:
@@ -512,8 +522,8 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]
     """(annotation file, image folder, dataset id, split) of a `--dataset` path; one UsageError line when
     it is none of the layouts."""
     path = Path(given).expanduser()
-    layouts = (f"an annotation JSON, a folder with {ROBOFLOW_ANNOTATIONS}, or a Roboflow export with "
-               f"{'/'.join(ROBOFLOW_SPLITS)} folders")
+    layouts = (f"an annotation JSON, a folder with {ROBOFLOW_ANNOTATIONS}, a Roboflow export with "
+               f"{'/'.join(ROBOFLOW_SPLITS)} folders, or a YOLO dataset's data.yaml")
     if not path.exists():
         raise UsageError(path_problem("--dataset", given, "no such file or folder") + f"; give {layouts}")
     if path.is_file():

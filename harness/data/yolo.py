@@ -15,6 +15,7 @@ LibreYOLO's COCO view of a YOLO dataset clips them (the harness's tests check th
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ IMAGE_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".t
 SPLITS = ("val", "test", "train")
 SPLIT_ALIASES = {"valid": "val"}  # a Roboflow YOLO export's folder is "valid", its YAML's key "val"
 LABEL_FORMAT = "YOLO label rows are `class cx cy w h` or `class x1 y1 x2 y2 x3 y3 ...`, normalised to [0, 1]"
+# Ultralytics' "coordinate points check with 1% tolerance": values in [-0.01, 1.01] are rounding, clipped to the image
+TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,24 @@ class YoloSplit:
 
 
 def dataset_yaml(given: str) -> Path | None:
-    """The YOLO dataset YAML a `--dataset` path names: a .yaml/.yml file, or a folder holding data.yaml (and no COCO
-    annotations: a Roboflow COCO export is read as such); None for the COCO layouts."""
+    """The YOLO dataset YAML a `--dataset` path names: a .yaml/.yml path (existing or not: its refusal is the YAML's),
+    or a folder holding data.yaml, else its only YAML file (Ultralytics' `find_dataset_yaml`); None otherwise. The
+    caller asks only of paths that are no COCO layout. A folder with several YAML files and no data.yaml is refused
+    by name."""
     path = Path(given).expanduser()
-    if path.is_file():
-        return path if path.suffix.lower() in (".yaml", ".yml") else None
-    if path.is_dir():
-        for name in YAML_NAMES:
-            if (path / name).is_file():
-                return path / name
-    return None
+    if path.suffix.lower() in (".yaml", ".yml") and not path.is_dir():
+        return path
+    if not path.is_dir():
+        return None
+    for name in YAML_NAMES:
+        if (path / name).is_file():
+            return path / name
+    found = sorted(p for p in path.iterdir() if p.suffix.lower() in (".yaml", ".yml") and p.is_file())
+    if len(found) > 1:
+        raise UsageError(path_problem("--dataset", given, "holds several YAML files and no data.yaml ("
+                                      + ", ".join(p.name for p in found[:4]) + ")")
+                         + "; give the YOLO dataset's YAML itself")
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,9 @@ def label_path(image: Path) -> Path:
 
 
 def _read_yaml(yaml_path: Path, named: str) -> dict:
+    if not yaml_path.is_file():
+        raise UsageError(path_problem("--dataset", named, "no such file" if not yaml_path.exists() else "not a file")
+                         + "; give a YOLO dataset's YAML (path, val or test, names), or the folder holding it")
     try:
         config = load_user_yaml(yaml_path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
@@ -134,6 +148,8 @@ def _read_yaml(yaml_path: Path, named: str) -> dict:
     if config.get("kpt_shape") is not None:
         raise UsageError(path_problem("--dataset", named, "is a pose (keypoint) dataset (it sets kpt_shape)")
                          + "; va-bench scores detection and instance segmentation")
+    if "validation" in config and "val" not in config:  # Ultralytics' check_det_dataset renames it
+        config = {**config, "val": config["validation"]}
     return config
 
 
@@ -155,9 +171,11 @@ def _class_names(config: dict, named: str) -> dict[int, str]:
         names = dict(enumerate(names))
     if not isinstance(names, dict) or not names:
         raise refuse("names is neither a list nor a mapping of class names")
+    # Ultralytics' check_class_names reads each key as int(k): '0' is class 0
+    names = {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in names.items()}
     for index, name in names.items():
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise refuse(f"names has the key {index!r}: class indices are 0 or more")
+            raise refuse(f"names has the key {index!r}, not a class index (0, 1, ...)")
         if not isinstance(name, (str, int, float)) or isinstance(name, bool) or str(name) == "":
             raise refuse(f"names[{index}] is {name!r}, not a class name")
     if nc is not None and nc != len(names):
@@ -209,8 +227,9 @@ def _split_images(value, root: Path, key: str, named: str) -> list[Path]:
             path = root / entry
             if not path.exists() and entry.startswith("../"):  # Roboflow's exports: '../valid/images' beside the YAML
                 path = root / entry[3:]
-        if path.is_dir():
-            images += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if path.is_dir():  # as Ultralytics lists it: through symlinked folders, without hidden files and folders
+            found = glob.glob(os.path.join(glob.escape(str(path)), "**", "*.*"), recursive=True)
+            images += [p for p in map(Path, found) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
         elif path.is_file() and path.suffix.lower() == ".txt":
             images += _listed_images(path, named)
         elif path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
@@ -222,12 +241,14 @@ def _split_images(value, root: Path, key: str, named: str) -> list[Path]:
     if not images:
         raise UsageError(path_problem("--dataset", named, f"split {key!r} holds no image file")
                          + "; put its images (JPEG or PNG) in the folder it names")
-    seen: set[Path] = set()
-    for image in images:
-        if image in seen:
-            raise UsageError(path_problem("--dataset", named, f"split {key!r} lists {image} twice")
+    seen: dict[str, Path] = {}
+    for image in images:  # one file under two spellings (./x.jpg, ../root/x.jpg, a link) is one image
+        real = os.path.realpath(image)
+        if real in seen:
+            also = "" if seen[real] == image else f" (also as {seen[real]})"
+            raise UsageError(path_problem("--dataset", named, f"split {key!r} lists {image} twice{also}")
                              + "; list each image once (its labels would count twice)")
-        seen.add(image)
+        seen[real] = image
     return sorted(images, key=str)
 
 
@@ -256,8 +277,11 @@ class _Row:
 
 def _label_rows(path: Path, names: dict[int, str]) -> list[_Row]:
     """The rows of one label file, each checked: a class index the YAML names, 4 values (a box) or 6 or more in
-    pairs (a polygon), all finite and within [0, 1], and a box with an area. Blank lines are skipped."""
-    rows = []
+    pairs (a polygon), all finite and within [0, 1] (give or take Ultralytics' 1 %), a box with an area, and no row
+    given twice (Ultralytics drops a repeat, LibreYOLO scores it as a second object: either way a score the other
+    would not give). Blank lines are skipped."""
+    rows: list[_Row] = []
+    first_seen: dict[tuple, int] = {}
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -284,10 +308,14 @@ def _label_rows(path: Path, names: dict[int, str]) -> list[_Row]:
                          f"(its classes: {min(names)}..{max(names)})", "fix the row or the YAML's names")
         if not all(math.isfinite(v) for v in values):
             raise refuse("holds a value that is not finite")
-        if max(values) > 1 or min(values) < 0:
-            raise refuse("holds a value outside [0, 1]" + (": pixel coordinates?" if max(values) > 1 else ""))
-        if len(values) == 4 and (values[2] == 0 or values[3] == 0):
+        if max(values) > 1 + TOLERANCE or min(values) < -TOLERANCE:
+            raise refuse("holds a value outside [0, 1]" + (": pixel coordinates?" if max(values) > 2 else ""))
+        if len(values) == 4 and (values[2] <= 0 or values[3] <= 0):
             raise refuse("is a box of no area (width or height 0): it could never be found")
+        if (int(class_value), values) in first_seen:
+            raise refuse(f"repeats line {first_seen[int(class_value), values]} (the same object twice: one of them "
+                         "could never be found)", "remove the repeated row")
+        first_seen[int(class_value), values] = number
         rows.append(_Row(where, int(class_value), values))
     return rows
 
@@ -299,9 +327,11 @@ def _annotation(row: _Row, width: int, height: int) -> dict:
         cx, cy, w, h = row.values
         x1, y1 = max(0.0, (cx - w / 2) * width), max(0.0, (cy - h / 2) * height)
         x2, y2 = min(float(width), (cx + w / 2) * width), min(float(height), (cy + h / 2) * height)
+        if x2 <= x1 or y2 <= y1:  # a centre within the 1 % past an edge, and a box that does not reach back
+            raise UsageError(f"{row.where} is a box off its image; {LABEL_FORMAT}")
         return {"category_id": row.class_index, "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)}
-    xs = [x * width for x in row.values[0::2]]
-    ys = [y * height for y in row.values[1::2]]
+    xs = [min(max(x, 0.0), 1.0) * width for x in row.values[0::2]]  # within the image, as LibreYOLO clamps them
+    ys = [min(max(y, 0.0), 1.0) * height for y in row.values[1::2]]
     x1, y1, x2, y2 = min(xs), min(ys), max(xs), max(ys)
     if x2 <= x1 or y2 <= y1:
         raise UsageError(f"{row.where} is a polygon of no width or height (its points on one line); {LABEL_FORMAT}")

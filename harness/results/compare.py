@@ -566,9 +566,13 @@ class ImageSets:
         name, base = block.get("variant"), block.get("base_variant") or block.get("variant")
         dataset = self.dataset or (recorded.get("dataset") if self.coco_dir is None else None)
         coco_dir = self.coco_dir or recorded.get("coco_dir")
+        split = recorded.get("split")
+        if dataset is not None and not self.dataset and not Path(dataset).is_absolute():
+            # relative to the run's working directory: the ground truth's absolute path, as the run recorded it
+            dataset, split = recorded.get("annotation_file") or dataset, recorded.get("annotation_split", split)
         if dataset is not None:
             named = "--dataset" if self.dataset else "the run's --dataset"
-            source, opened = f"{named} {dataset}", (lambda: CocoDataset.from_path(dataset, recorded.get("split")))
+            source, opened = f"{named} {dataset}", (lambda: CocoDataset.from_path(dataset, split))
         elif block.get("id") == "coco2017":
             source, opened = f"COCO under {coco_dir or 'the default COCO folder'}", (lambda: CocoDataset(coco_dir))
         else:
@@ -587,10 +591,19 @@ class ImageSets:
 
 
 def _recorded_config(run_dir: Path) -> dict:
-    """The run's own configuration (run.json's config), where the folder has one: where its dataset was."""
+    """The run's own configuration (run.json's config), where the folder has one: where its dataset was. With it,
+    `annotation_file`, the absolute path of the ground truth the run read (a YOLO dataset's YAML, read with the
+    split it was: `annotation_split`; an annotation JSON, which is one split)."""
     doc, problem = read_json(run_dir / "run.json") if (run_dir / "run.json").is_file() else (None, None)
     config = doc.get("config") if isinstance(doc, dict) and problem is None else None
-    return config if isinstance(config, dict) else {}
+    if not isinstance(config, dict):
+        return {}
+    header = doc.get("dataset") if isinstance(doc.get("dataset"), dict) else {}
+    if isinstance(header.get("annotation_file"), str) and Path(header["annotation_file"]).is_absolute():
+        yolo = header.get("annotation_format") == "yolo"
+        config = {**config, "annotation_file": header["annotation_file"],
+                  "annotation_split": header.get("split") if yolo else None}
+    return config
 
 
 def _per_class(entry: Entry) -> tuple[dict[int, dict] | None, str | None]:
