@@ -486,3 +486,29 @@ def test_compare_finds_a_relative_yolo_dataset_again_from_anywhere(tmp_path):
     assert done.returncode == 0, done.stderr
     (accuracy,) = json.loads(done.stdout)["comparisons"][0]["accuracy"]
     assert accuracy["delta_interval"]["images"] == IMAGES, accuracy
+
+
+@requires_coco
+@requires_yolox
+def test_a_run_is_not_resumed_on_edited_labels(tmp_path):
+    """run.json and the submissions record the ground truth's SHA-256; `--resume` on labels edited since is refused
+    (its finished cells were scored on the others), accepted again with --force as a recorded difference."""
+    from harness.run.resume import prepare_resume
+
+    yaml_path = _one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2\n")
+    out = tmp_path / "out"
+    done = run_in_process("run", "--dataset", str(yaml_path), "--model", "yolox-nano", "--batch-sizes", "1",
+                          "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy",
+                          "--draw-images", "0", "--output-dir", str(out), "--run-id", "r1")
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads((out / "r1" / "run.json").read_text())["dataset"]["annotations_sha256"]
+    assert recorded == CocoDataset.from_path(str(yaml_path)).annotations_sha256()
+    (sub,) = (out / "r1" / "submissions").glob("*.json")
+    assert json.loads(sub.read_text())["repro"]["dataset"]["annotations_sha256"] == recorded
+    assert prepare_resume("r1", str(out), {}, force=False, retry_failed=False).resume.get("forced_differences") is None
+    next((tmp_path / "data" / "labels").iterdir()).write_text("0 0.5 0.5 0.2 0.3\n")
+    refused = run_in_process("run", "--resume", "r1", "--output-dir", str(out))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert f"ground truth {yaml_path} (SHA-256 {recorded[:12]} -> " in refused.stderr, refused.stderr
+    forced = prepare_resume("r1", str(out), {}, force=True, retry_failed=False)
+    assert any(p.startswith("ground truth") for p in forced.resume["forced_differences"])

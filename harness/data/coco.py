@@ -300,7 +300,12 @@ class CocoDataset:
 
     def annotations_sha256(self) -> str:
         """SHA-256 of the ground truth as read: the annotation file's bytes, or a YOLO split's COCO instances (every
-        label, class name and image size) as canonical JSON. Two machines with the same value score alike."""
+        label, class name and image size) as canonical JSON. Two machines with the same value score alike; a run
+        resumed on other ground truth is refused."""
+        return self._ground_truth_sha256
+
+    @cached_property
+    def _ground_truth_sha256(self) -> str:
         if self._yolo is None:
             return file_sha256(self.annotation_file)
         text = json.dumps(self._yolo.instances, sort_keys=True, separators=(",", ":"))
@@ -338,7 +343,7 @@ class CocoDataset:
         """The dataset block of run.json and submissions (images are the variant's)."""
         dataset_id, split = self.identity
         out = {"id": dataset_id, "split": split, "num_categories": len(self.categories),
-               "categories_sha256": categories_sha256(self.categories)}
+               "categories_sha256": categories_sha256(self.categories), "annotations_sha256": self.annotations_sha256()}
         if self.class_map is not None:
             out["class_map"] = self.class_map.record()
         return out

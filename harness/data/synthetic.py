@@ -42,6 +42,7 @@ class SyntheticDataset:
 
     def describe(self) -> dict:
         return {"id": SYNTHETIC_ID, "split": "generated", "num_categories": None, "categories_sha256": None,
+                "annotations_sha256": None,
                 "generator": {"kind": "uniform noise, uint8 BGR", "seed": SEED, "height": self.size[0],
                               "width": self.size[1], "distinct_images": self.distinct,
                               "when": "all at the first image asked for (in the warm-up), never inside a timed "

@@ -164,6 +164,8 @@ def build_submission(record: CellRecord) -> dict:
                   "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],
                               "num_images": dataset["num_images"], "categories_sha256": dataset["categories_sha256"],
+                              **({"annotations_sha256": dataset["annotations_sha256"]}
+                                 if dataset.get("annotations_sha256") else {}),
                               **({"class_map": dataset["class_map"]} if "class_map" in dataset else {})},
                   "weights": model["weights"],
                   # a converting runtime: which converter made the model it ran, its version, from which graph

@@ -66,6 +66,11 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     here = hardware_block(plan.device, config.hardware_id)["id"]
     if recorded != here:
         problems.append(f"hardware {recorded} -> {here}")
+    # the ground truth the finished cells were scored on (recorded since runs record it): edited labels would mix
+    # scores of two datasets under one
+    scored_on, now = doc.get("dataset", {}).get("annotations_sha256"), plan.dataset.describe()["annotations_sha256"]
+    if scored_on is not None and scored_on != now:
+        problems.append(f"ground truth {plan.dataset.annotation_file} (SHA-256 {scored_on[:12]} -> {str(now)[:12]})")
     refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
     plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
     plan.resume, plan.retry_failed = doc, retry_failed
