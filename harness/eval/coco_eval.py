@@ -16,6 +16,7 @@ import numpy as np
 from pycocotools.coco import COCO
 
 from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
+from harness.eval.confusion import ConfusionMatrix, confusion_matrix
 from harness.eval.precision_recall import IOU, MatchCollector, OperatingPoint, operating_point, pr_curves
 from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 from harness.records import COCO_MAX_DETS, ImageDetections
@@ -203,12 +204,13 @@ SITE_BBOX_KEYS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "m
 @dataclass
 class CellEvaluation:
     """What a cell's detections file is scored as: the task's primary evaluation (`Evaluation`: segm for masks) with
-    the statistics as a submission carries them (a segmentation cell's box ones beside, as bbox_<key>) and the
-    iouTypes evaluated."""
+    the statistics as a submission carries them (a segmentation cell's box ones beside, as bbox_<key>), the
+    iouTypes evaluated, and a detection cell's confusion matrix at its operating point."""
 
     stats: dict[str, float]
     primary: Evaluation
     iou_types: list[str]
+    confusion: ConfusionMatrix | None = None
 
 
 def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], evaluator: str, cap: int,
@@ -223,9 +225,14 @@ def evaluate_cell_file(coco_gt: COCO, path: str | Path, image_ids: list[int], ev
         cell = CellEvaluation({**segm.stats, **{f"bbox_{k}": bbox.stats[k] for k in SITE_BBOX_KEYS}}, segm,
                               ["segm", "bbox"])
     else:
-        evaluation = _evaluate_grouped(coco_gt, read_results(Path(path)), image_ids, evaluator, None, cap, "bbox",
+        columns = read_results(Path(path))
+        evaluation = _evaluate_grouped(coco_gt, columns, image_ids, evaluator, None, cap, "bbox",
                                        resampled=resamples > 0)
-        cell = CellEvaluation(evaluation.stats, evaluation, ["bbox"])
+        point = evaluation.operating_point
+        confusion = None if point is None or point.confidence is None else confusion_matrix(
+            coco_gt, columns.image_id, columns.category_id, columns.bbox, columns.score, image_ids, point.confidence,
+            cap)
+        cell = CellEvaluation(evaluation.stats, evaluation, ["bbox"], confusion)
     if resamples:
         cell.primary.map_interval = cell.primary.bootstrap.interval(resamples)
     return cell
@@ -260,7 +267,8 @@ def per_class_document(evaluation: CellEvaluation, names: dict[int, str], cap: i
          **{k: (round(at_point[c][k], 6) if c in at_point else None) for k in ("precision", "recall", "F1")}}
         for c, ap in sorted(primary.per_class.items())],
         "operating_point": operating_point_summary(primary), "pr_curve": primary.pr_curve,
-        "confidence_curve": primary.operating_point.confidence_curve if primary.operating_point else {}}
+        "confidence_curve": primary.operating_point.confidence_curve if primary.operating_point else {},
+        **({"confusion_matrix": evaluation.confusion.to_dict()} if evaluation.confusion is not None else {})}
 
 
 # What evaluate_bbox_file evaluates at once: mini500's (image, category) pairs and about its detections

@@ -80,8 +80,8 @@ class MatchCollector:
                 continue
             crowd = np.asarray([bool(g.get("iscrowd", 0)) for g in ground_truths_of(*pair)])
             for t, threshold in enumerate(self.thresholds):
-                true_positive[t, start:end], ignored[t, start:end] = _match(np.asarray(ious)[:end - start], crowd,
-                                                                            threshold)
+                true_positive[t, start:end], ignored[t, start:end], _ = coco_match(np.asarray(ious)[:end - start],
+                                                                                   crowd, threshold)
         category, score, image = category[kept], score[kept], image[kept]
         true_positive, ignored = true_positive[:, kept], ignored[:, kept]
         bounds = np.flatnonzero(np.diff(category)) + 1
@@ -106,16 +106,18 @@ def _ground_truths_of(coco_eval):
     return lambda image, category: coco_eval._gts[image, category]
 
 
-def _match(ious: np.ndarray, crowd: np.ndarray, threshold: float = IOU) -> tuple[np.ndarray, np.ndarray]:
+def coco_match(ious: np.ndarray, crowd: np.ndarray,
+               threshold: float = IOU) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """COCOeval.evaluateImg's greedy matching at one IoU threshold of detections (rows, highest score first) to
     ground truths (columns, the pair's order): each takes the still unmatched ground truth of highest IoU >= the
     threshold, a non-crowd one before any crowd region (crowd regions match any number of times). Returns (true
-    positive, ignored: matched to a crowd region)."""
+    positive, ignored: matched to a crowd region, the column each detection took or -1)."""
     columns = np.argsort(crowd, kind="mergesort")  # non-crowd ground truths first, as evaluateImg sorts them
     ious, crowd = ious[:, columns], crowd[columns]
     taken = np.zeros(len(crowd), dtype=bool)
     true_positive = np.zeros(len(ious), dtype=bool)
     ignored = np.zeros(len(ious), dtype=bool)
+    took = np.full(len(ious), -1, dtype=np.int64)
     for d, row in enumerate(ious):
         best_iou, m = min(threshold, 1 - 1e-10), -1
         for g in range(len(crowd)):
@@ -128,8 +130,8 @@ def _match(ious: np.ndarray, crowd: np.ndarray, threshold: float = IOU) -> tuple
             best_iou, m = row[g], g
         if m > -1:
             taken[m] = True
-            ignored[d], true_positive[d] = crowd[m], not crowd[m]
-    return true_positive, ignored
+            ignored[d], true_positive[d], took[d] = crowd[m], not crowd[m], columns[m]
+    return true_positive, ignored, took
 
 
 @dataclass

@@ -30,7 +30,8 @@ from harness.report.sections import (
 )
 from harness.results.reader import RunFolder
 
-ACCURACY_PLOTS = ("precision_recall.png", "confidence.png")  # shown under Accuracy, not with the timing plots
+# shown under Accuracy, not with the timing plots
+ACCURACY_PLOTS = ("precision_recall.png", "confidence.png", "confusion.png")
 MAX_SAMPLE_IMAGES = 4
 MAX_IMAGE_BYTES = 2 * 1024 * 1024
 IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}

@@ -392,6 +392,68 @@ def confidence_curves(run: RunFolder) -> Plot:
     return Plot(name, title, _png(fig), curves, notes)
 
 
+MAX_CONFUSION_CLASSES = 20  # classes drawn in the confusion matrix: those with the most errors past that
+
+
+def confusion(run: RunFolder) -> Plot:
+    """The confusion matrix of the first scored cell that has one (cells with the same detections have the same):
+    ground truth in rows, detections in columns, background last, each row's share of that class's objects as the
+    colour and the counts written in; at most MAX_CONFUSION_CLASSES classes, those with the most errors."""
+    name, title = "confusion.png", "Confusion at the operating point (boxes, IoU 0.50)"
+    found = _evaluations(run, "confusion_matrix")
+    if not found:
+        return _unavailable(name, title, "no scored detection cell has a confusion matrix in its per_class file")
+    label, document = next(iter(found.items()))
+    matrix = document["confusion_matrix"]
+    names = {c["id"]: c.get("name") or str(c["id"]) for c in document.get("categories", [])}
+    errors: dict = defaultdict(int)
+    for truth, detected, count in matrix["cells"]:
+        if truth != detected:
+            for c in (truth, detected):
+                if c is not None:
+                    errors[c] += count
+    shown = sorted(errors, key=lambda c: (-errors[c], c))[:MAX_CONFUSION_CLASSES]
+    shown = sorted(shown, key=lambda c: list(names).index(c) if c in names else c)
+    axis = [*shown, None]
+    at = {c: k for k, c in enumerate(axis)}
+    counts = np.zeros((len(axis), len(axis)), dtype=np.int64)
+    for truth, detected, count in matrix["cells"]:
+        if truth in at and detected in at:
+            counts[at[truth], at[detected]] += count
+    totals = {truth: 0 for truth in axis}
+    for truth, _, count in matrix["cells"]:
+        if truth in totals:
+            totals[truth] += count
+    shares = np.array([[counts[r, c] / totals[axis[r]] if totals[axis[r]] else 0.0 for c in range(len(axis))]
+                       for r in range(len(axis))])
+    ticks = [names.get(c, str(c)) if c is not None else "background" for c in axis]
+    size = max(4.8, 0.38 * len(axis) + 2.2)
+    fig = Figure(figsize=(size, size))
+    ax = fig.subplots()
+    ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    for r in range(len(axis)):
+        for c in range(len(axis)):
+            if counts[r, c]:
+                ax.text(c, r, str(counts[r, c]), ha="center", va="center", fontsize=6,
+                        color="white" if shares[r, c] > 0.6 else "black")
+    ax.set_xticks(range(len(axis)), ticks, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(axis)), ticks, fontsize=7)
+    ax.set_xlabel("detected as")
+    ax.set_ylabel("ground truth")
+    ax.set_title(f"{title}\n{label}, confidence >= {matrix['confidence']:.3f}", fontsize=9)
+    fig.tight_layout()
+    notes = [f"{label}: each row's objects by what they were detected as (colour: the row's share; background row: "
+             "detections on no object, by their class); the diagonal is COCO's true positives at the operating "
+             "point, confusions only what COCO scored as errors"]
+    if len(errors) > len(shown):
+        notes.append(f"{len(shown)} of the {len(errors)} classes with errors drawn (the most errors); the whole "
+                     "matrix is in the cell's per_class file")
+    if len(found) > 1:
+        notes.append(f"one cell of {len(found)} with distinct detections drawn; each one's matrix is in its "
+                     "per_class file")
+    return Plot(name, title, _png(fig), {"cell": label, "classes": shown, "counts": counts.tolist()}, notes)
+
+
 def _curves_figure(curves: dict, x: str, lines: tuple[tuple[str, str], ...], labels: tuple[str, str, str]) -> Figure:
     """One colour per cell (at most MAX_CURVES): each of its `lines` (key, style) against its `x` values, the
     first one named in the legend, its operating point as a dot; unit axes labelled (x, y, title)."""
@@ -439,9 +501,9 @@ def _float(value: Any) -> float | None:
 
 
 ALL_PLOTS = (latency_throughput, stage_breakdown, layer_types, memory_timeline, energy_per_image, precision_recall,
-             confidence_curves)
+             confidence_curves, confusion)
 PLOT_NAMES = ("latency_throughput.png", "stages.png", "layer_types.png", "memory.png", "energy.png",
-              "precision_recall.png", "confidence.png")
+              "precision_recall.png", "confidence.png", "confusion.png")
 
 
 def all_plots(run: RunFolder) -> list[Plot]:
