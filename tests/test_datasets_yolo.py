@@ -194,6 +194,8 @@ def _one_image(tmp_path: Path, rows: str, yaml_text: str = "val: images\nnames: 
     ("person 0.5 0.5 0.2 0.2\n", None, r"holds a value that is not a number"),
     ("0 0.5 0.5 nan 0.2\n", None, r"holds a value that is not finite"),
     ("0 0.5 0.5 0 0.2\n", None, r"is a box of no area"),
+    ("1.5 0.5 0.5 0.2 0.2\n", None, r"has the class 1.5, which the dataset YAML does not name"),
+    ("0 -0.005 0.5 0.01 0.2\n", None, r"is a box off its image"),
     ("1 0.1 0.5 0.5 0.5 0.9 0.5\n", None, r"is a polygon of no width or height"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\nnc: 3\nnames: [person, car]\n", r"nc is 3 but names holds 2 classes"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\n", r"has neither names nor nc"),
@@ -512,3 +514,93 @@ def test_a_run_is_not_resumed_on_edited_labels(tmp_path):
     assert f"ground truth {yaml_path} (SHA-256 {recorded[:12]} -> " in refused.stderr, refused.stderr
     forced = prepare_resume("r1", str(out), {}, force=True, retry_failed=False)
     assert any(p.startswith("ground truth") for p in forced.resume["forced_differences"])
+
+
+@requires_coco
+def test_image_ids_are_1_to_n_in_path_order(tmp_path):
+    """Image ids 1..N follow the sorted image paths, not the folder's listing order (which the file system chooses):
+    a `--limit N` run and the image_id_sha256 a campaign's nodes compare are the same on every machine."""
+    yaml_path = _yolo_dataset(tmp_path)
+    images = CocoDataset.from_path(str(yaml_path)).coco.imgs
+    assert sorted(images) == list(range(1, IMAGES + 1))
+    names = [images[i]["file_name"] for i in sorted(images)]
+    assert names == sorted(names)
+
+
+@requires_coco
+def test_images_only_in_subfolders_and_upper_case_suffixes_are_read(tmp_path):
+    """A split folder whose images all lie in subfolders (one per camera) is their common folder, file names
+    relative to it; `X.JPG` is an image as Ultralytics reads suffixes (lower-cased), not left out of the split."""
+    yaml_path = _yolo_dataset(tmp_path, images=4)
+    image_dir, labels_dir = tmp_path / "images" / "val", tmp_path / "labels" / "val"
+    for k, image in enumerate(sorted(image_dir.iterdir())):
+        camera = "cam1" if k < 2 else "cam2"
+        (image_dir / camera).mkdir(exist_ok=True)
+        (labels_dir / camera).mkdir(exist_ok=True)
+        moved = image_dir / camera / (image.stem + (".JPG" if k == 3 else image.suffix))
+        image.rename(moved)
+        if label_path(image).exists():
+            label_path(image).rename(label_path(moved))
+    dataset = CocoDataset.from_path(str(yaml_path))
+    assert dataset.image_dir == image_dir and len(dataset.coco.imgs) == 4
+    assert sorted(img["file_name"].split("/")[0] for img in dataset.coco.imgs.values()) == ["cam1"] * 2 + ["cam2"] * 2
+    assert any(img["file_name"].endswith(".JPG") for img in dataset.coco.imgs.values())
+
+
+@requires_coco
+def test_an_image_listed_twice_through_a_linked_folder_is_refused(tmp_path):
+    """A split listing a folder and a symlink to it holds each image twice: the link is resolved, not only `..`."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: [images, again]\nnames: [person, car]\n")
+    (tmp_path / "again").symlink_to(tmp_path / "images", target_is_directory=True)
+    with pytest.raises(UsageError, match=r"lists .* twice \(also as "):
+        CocoDataset.from_path(str(yaml_path))
+
+
+@requires_coco
+def test_validation_is_read_only_where_val_is_missing(tmp_path):
+    """Ultralytics renames `validation:` to `val:` only when the YAML has no `val:`; a YAML with both scores val."""
+    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nvalidation: elsewhere\nnames: [person]\n")
+    assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 1
+
+
+@requires_coco
+def test_polygon_points_past_the_top_and_bottom_are_clamped(tmp_path):
+    """A polygon's y values within the 1 % tolerance are clamped to the image like its x values."""
+    yaml_path = _one_image(tmp_path, "1 0.2 -0.005 0.5 1.005 0.8 0.5\n")
+    dataset = CocoDataset.from_path(str(yaml_path))
+    (image,) = dataset.coco.imgs.values()
+    (annotation,) = dataset.coco.dataset["annotations"]
+    ys = annotation["segmentation"][0][1::2]
+    assert (min(ys), max(ys)) == (0.0, image["height"])
+    assert annotation["bbox"][1] == 0.0 and annotation["bbox"][3] == image["height"]
+
+
+@requires_coco
+@requires_yolox
+def test_compare_finds_a_roboflow_split_again_with_or_without_a_relative_path(tmp_path):
+    """`compare --map-ci` re-reads a COCO export's split: a relative `--dataset rf --split test` through the split's
+    annotation JSON that run.json records (which takes no --split), an absolute one with the run's --split."""
+    keep, annotations, categories = _sample()
+    for split, images in (("valid", keep[:12]), ("test", keep[12:])):
+        folder = tmp_path / "rf" / split
+        folder.mkdir(parents=True)
+        ids = {i["id"] for i in images}
+        for img in images:
+            os.symlink(COCO_DIR / "val2017" / img["file_name"], folder / img["file_name"])
+        (folder / "_annotations.coco.json").write_text(json.dumps({
+            "images": images, "annotations": [a for a in annotations if a["image_id"] in ids],
+            "categories": categories}))
+    for name, size, dataset in (("a", "320", str(tmp_path / "rf")), ("b", "416", "rf")):
+        done = run_in_process("run", "--dataset", dataset, "--split", "test", "--model", "yolox-nano",
+                              "--batch-sizes", "4", "--input-size", size, "--warmup-batches", "1",
+                              "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0",
+                              "--output-dir", name, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    (tmp_path / "elsewhere").mkdir()
+    (a,), (b,) = (list((tmp_path / name).iterdir()) for name in ("a", "b"))
+    for first, second in ((a, b), (b, a)):
+        done = run_in_process("compare", str(first), str(second), "--map-ci", "100", "--json",
+                              cwd=tmp_path / "elsewhere")
+        assert done.returncode == 0, done.stderr
+        (accuracy,) = json.loads(done.stdout)["comparisons"][0]["accuracy"]
+        assert (accuracy["delta_interval"] or {}).get("images") == 12, accuracy
