@@ -55,9 +55,11 @@ def confusion_matrix(coco_gt, image_id: np.ndarray, category_id: np.ndarray, box
     background = len(categories)
     counts = np.zeros((background + 1, background + 1), dtype=np.int64)
     wanted = set(image_ids)
-    # per image, then category, highest score first; equal scores in file order (COCOeval's stable sort)
-    order = np.lexsort((-score, category_id, image_id))
-    order = order[np.isin(image_id[order], list(wanted))]
+    # the detections kept at the confidence, per image, then category, highest score first; equal scores in file
+    # order (COCOeval's stable sort). Those above the confidence are a prefix of each image and category's list, so
+    # its best `cap` among them are the ones COCOeval's cap keeps there.
+    candidates = np.flatnonzero((score >= confidence) & np.isin(image_id, image_ids))
+    order = candidates[np.lexsort((-score[candidates], category_id[candidates], image_id[candidates]))]
     per_image: dict[int, list[int]] = {}
     for row in order.tolist():
         per_image.setdefault(int(image_id[row]), []).append(row)
