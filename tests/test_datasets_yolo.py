@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -604,3 +605,41 @@ def test_compare_finds_a_roboflow_split_again_with_or_without_a_relative_path(tm
         assert done.returncode == 0, done.stderr
         (accuracy,) = json.loads(done.stdout)["comparisons"][0]["accuracy"]
         assert (accuracy["delta_interval"] or {}).get("images") == 12, accuracy
+
+
+@requires_coco
+@requires_yolox
+def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
+    """Two splits of one YOLO dataset hold as many images under the same ids (1..N): the split is part of the
+    dataset's coordinate, and labels edited between two runs of one split are named (annotations_sha256), so neither
+    is compared as the same images (no interval, no detection diff)."""
+    keep, _, _ = _sample(16)
+    for split, images in (("valid", keep[:8]), ("test", keep[8:])):
+        (tmp_path / split / "images").mkdir(parents=True)
+        (tmp_path / split / "labels").mkdir()
+        for img in images:
+            os.symlink(COCO_DIR / "val2017" / img["file_name"], tmp_path / split / "images" / img["file_name"])
+            label_path(tmp_path / split / "images" / img["file_name"]).write_text("0 0.5 0.5 0.5 0.5\n")
+    (tmp_path / "data.yaml").write_text("val: ../valid/images\ntest: ../test/images\nnames: [person]\n")
+
+    def run(name: str, split: str) -> Path:
+        done = run_in_process("run", "--dataset", str(tmp_path), "--split", split, "--model", "yolox-nano",
+                              "--batch-sizes", "8", "--warmup-batches", "1", "--warmup-seconds", "0",
+                              "--min-timed-batches", "1", "--no-energy", "--draw-images", "0", "--output-dir",
+                              str(tmp_path / "out"), "--run-id", name)
+        assert done.returncode == 0, done.stderr
+        return tmp_path / "out" / name
+
+    valid, test = run("valid", "valid"), run("test", "test")
+    label = next((tmp_path / "valid" / "labels").iterdir())
+    label.write_text("0 0.5 0.5 0.4 0.4\n")
+    edited = run("edited", "valid")
+    for other, reason in ((test, r"A and B scored different image sets \(\S+ val sample vs \S+ test sample"),
+                          (edited, r"A and B were scored on different ground truth \(annotations_sha256 ")):
+        done = run_in_process("compare", str(valid), str(other), "--map-ci", "100", "--json")
+        assert done.returncode == 0, done.stderr
+        comparison = json.loads(done.stdout)["comparisons"][0]
+        (accuracy,) = comparison["accuracy"]
+        assert accuracy["delta_interval"] is None
+        assert re.search(reason, accuracy["delta_interval_unavailable"]), accuracy
+        assert any("different image sets or ground truth" in note for note in comparison["notes"])

@@ -75,6 +75,7 @@ class Entry:
     identity: CellIdentity
     timestamp: datetime | None  # when it was made (latest wins)
     fingerprint: str | None  # dataset image_id_sha256
+    ground_truth: str | None = None  # repro.dataset.annotations_sha256, where recorded
 
     def detections_file(self) -> tuple[Path | None, str]:
         """(path, note) of artifacts.detections, or (None, why not)."""
@@ -97,14 +98,21 @@ def _coords(sub: Submission) -> dict[str, Any]:
     return {"model": sub.model.id or "unknown", "hardware": sub.hardware_id,
             "backend": f"{sub.runtime.format or '?'}/{sub.runtime.provider or '?'}",
             "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
-            "variant": f"{sub.dataset_id} {sub.dataset_variant or '?'}",
+            "variant": f"{sub.dataset_id}{_split(sub)} {sub.dataset_variant or '?'}",
             "mode": mode if isinstance(mode, str) else "latency"}
+
+
+def _split(sub: Submission) -> str:
+    """' test': the split of a dataset other than COCO val2017 (the splits of one dataset are other images)."""
+    split = sub.dataset.split if sub.dataset else None
+    return f" {split}" if sub.dataset_id != "coco2017" and isinstance(split, str) and split else ""
 
 
 def _entry(path: Path) -> Entry:
     file = read_submission(path)
     sub = file.submission
-    return Entry(path, file.doc, _coords(sub), file.run_dir, file.identity, sub.timestamp, sub.image_id_sha256)
+    return Entry(path, file.doc, _coords(sub), file.run_dir, file.identity, sub.timestamp, sub.image_id_sha256,
+                 sub.annotations_sha256)
 
 
 def _is_detections_file(path: Path) -> bool:
@@ -518,8 +526,8 @@ class ImageSets:
                        None)
         if missing:
             return None, f"needs both cells' detections ({missing})"
-        if _other_images(ea, eb) or not (ea.fingerprint and eb.fingerprint):
-            return None, "needs two cells scored on the same recorded images (image_id_sha256 on both sides)"
+        if (other := _other_images(ea, eb)) or not (ea.fingerprint and eb.fingerprint):
+            return None, other or "needs two cells scored on the same recorded images (image_id_sha256 on both sides)"
         found = self._images(ea)
         if isinstance(found, str):
             return None, found
@@ -643,11 +651,17 @@ def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> s
     return ", ".join(_label(key, keys) for key, _, _ in members)
 
 
-def _other_images(ea: Entry, eb: Entry) -> bool:
-    """Whether the two cells scored different image sets: another dataset or variant, or (both known) another
-    image_id_sha256 under the same names."""
-    return (ea.coords["variant"] != eb.coords["variant"]
-            or bool(ea.fingerprint and eb.fingerprint and ea.fingerprint != eb.fingerprint))
+def _other_images(ea: Entry, eb: Entry) -> str | None:
+    """Why the two cells' accuracy is not of the same images and ground truth: another dataset, split or variant, or
+    (both known) another image_id_sha256 or annotations_sha256 under the same names; None when it is."""
+    if ea.coords["variant"] != eb.coords["variant"] or (ea.fingerprint and eb.fingerprint
+                                                        and ea.fingerprint != eb.fingerprint):
+        return (f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']}, "
+                f"image_id_sha256 {(ea.fingerprint or '?')[:12]} vs {(eb.fingerprint or '?')[:12]})")
+    if ea.ground_truth and eb.ground_truth and ea.ground_truth != eb.ground_truth:
+        return (f"A and B were scored on different ground truth (annotations_sha256 {ea.ground_truth[:12]} vs "
+                f"{eb.ground_truth[:12]}: the labels changed between them)")
+    return None
 
 
 def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], iou: float,
@@ -657,9 +671,8 @@ def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], iou
     notes: list[str] = []
     for key, ea, eb in pairs:
         (pa, note_a), (pb, note_b) = ea.detections_file(), eb.detections_file()
-        if _other_images(ea, eb):
-            why = (f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']}, "
-                   f"image_id_sha256 {(ea.fingerprint or '?')[:12]} vs {(eb.fingerprint or '?')[:12]})")
+        if other := _other_images(ea, eb):
+            why = other
         elif pa is None or pb is None:
             why = "; ".join(f"{side}: {n}" for side, n, p in (("A", note_a, pa), ("B", note_b, pb)) if p is None)
         else:
@@ -748,7 +761,8 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     out.detections, notes = _detection_rows(pairs, vary, iou, conf)
     out.notes += notes
     if any(_other_images(ea, eb) for _, ea, eb in pairs):
-        out.notes.append("A and B scored different image sets: accuracy deltas mix model and data differences")
+        out.notes.append("A and B scored different image sets or ground truth: accuracy deltas mix model and data "
+                         "differences")
     return out
 
 

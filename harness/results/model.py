@@ -112,6 +112,13 @@ class Submission(Block):
         return dataset.get("image_id_sha256") if isinstance(dataset, dict) else None
 
     @property
+    def annotations_sha256(self) -> str | None:
+        """The ground truth the file was scored on (repro.dataset.annotations_sha256), where recorded."""
+        dataset = (self.repro or {}).get("dataset")
+        value = dataset.get("annotations_sha256") if isinstance(dataset, dict) else None
+        return value if isinstance(value, str) else None
+
+    @property
     def dataset_id(self) -> str:
         return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
 
