@@ -156,6 +156,13 @@ def test_a_run_with_map_ci_records_the_interval_the_schema_accepts(tmp_path):
     doc = json.loads(path.read_text())
     lo, hi = doc["eval"]["map_ci"]["mAP_50_95"]
     assert lo <= doc["accuracy"]["mAP_50_95"] <= hi and doc["eval"]["map_ci"]["images"] == 12
+    # the run's own summary shows it: a line under the table, and the cell's map_ci in --json
+    assert f"yolox-nano onnxruntime fp32 416 b1: mAP 95 % CI {lo:.4f}-{hi:.4f} (12 images)" in done.stdout
+    again = run_in_process("run", "--model", "yolox-nano", "--backend", "onnxruntime", "--subset", "sample",
+                           "--limit", "12", "--batch-sizes", "1", "--map-ci", "100", "--no-energy",
+                           "--output-dir", str(out), "--json")
+    (cell,) = json.loads(again.stdout)["cells"]
+    assert cell["map_ci"] == doc["eval"]["map_ci"]
     (report,) = validate_paths([path], None).reports
     assert not [f for f in report.findings if "map_ci" in f.path or f.rule == "schema"], report.findings
     refused = run_in_process("run", "--subset", "sample", "--limit", "12", "--map-ci", "50",

@@ -141,6 +141,23 @@ def probe_lines(records: list[CellRecord], top: int = 6) -> list[str]:
     return lines
 
 
+def interval_lines(records: list[CellRecord]) -> list[str]:
+    """--map-ci: each scored cell's interval of mAP 50:95 over its images (or why there is none)."""
+    lines = []
+    for r in records:
+        interval = r.accuracy.map_interval if r.accuracy else None
+        if not interval:
+            continue
+        bounds = interval.get("mAP_50_95")
+        level = f"{100 * interval['level']:g} %"
+        if bounds:  # a short line: the label is already half of 80 columns
+            lines.append(f"{r.cell.label}: mAP {level} CI {bounds[0]:.4f}-{bounds[1]:.4f} ({interval['images']} "
+                         "images)")
+        else:
+            lines.append(f"{r.cell.label}: no {level} interval of mAP: {interval.get('reason', 'not drawn')}")
+    return lines
+
+
 def run_warnings(records: list[CellRecord]) -> list[str]:
     """Timing warnings per cell, int8 cells failing their accuracy rule and batch invariance below 99 %."""
     out = []
@@ -167,7 +184,7 @@ def print_summary(console: Console, outcome) -> None:
         console.print("ok* finished by an earlier process of this run (see its submission)", highlight=False)
     for label, problem in outcome.problems.items():
         console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
-    for line in probe_lines(outcome.records):
+    for line in interval_lines(outcome.records) + probe_lines(outcome.records):
         console.print(escape(line), highlight=False)
     for line in server_lines(outcome.records):
         console.print(escape(line), highlight=False)
@@ -223,6 +240,7 @@ def summary_json(run_dir: Path, outcome) -> dict:
                 "image_ms_p50": round(t.image_ms.p50, 4),
                 "stages_ms_mean": {k: round(v.mean, 4) for k, v in t.stages_ms.items()},
                 "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
+                **({"map_ci": r.accuracy.map_interval} if r.accuracy and r.accuracy.map_interval else {}),
                 "batch_invariance": r.invariance.to_dict() if r.invariance else None,
                 "warnings": t.warnings,
                 "memory": r.memory,
