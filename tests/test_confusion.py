@@ -154,3 +154,39 @@ def test_a_run_writes_the_matrix_of_its_own_evaluation(ort_run):
                                         list(plan.variant.image_ids), plan.config.evaluator, written["eval_max_det"])
         again = per_class_document(evaluation, plan.dataset.categories, written["eval_max_det"])["confusion_matrix"]
         assert again == written["confusion_matrix"] and len(again["cells"]) > 100
+
+
+def _drawn(monkeypatch, cells: list, categories: list[dict]):
+    """The confusion plot of one cell whose per_class file holds `cells` (the run's files stubbed out)."""
+    from harness.report import plots
+
+    document = {"categories": categories, "confusion_matrix": {"confidence": 0.5, "cells": cells}}
+    monkeypatch.setattr(plots, "_evaluations", lambda run, key: {"cell b1": document})
+    return plots.confusion(None)
+
+
+def test_the_plot_of_a_cell_without_errors_still_draws_its_classes(monkeypatch):
+    """Every object found, no false positive: the diagonal is the whole matrix. The plot picks its classes by their
+    errors only, so it draws a lone empty 'background' square and none of the 7 true positives."""
+    plot = _drawn(monkeypatch, [[1, 1, 5], [2, 2, 2]], [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}])
+    assert plot.data["classes"] == [1, 2]
+    assert np.trace(np.asarray(plot.data["counts"])) == 7
+
+
+def test_the_plot_draws_a_class_without_errors_when_there_is_room(monkeypatch):
+    """Three classes, 'a' found perfectly, 'b' confused with 'c': far fewer than 20 classes, yet 'a' is left out."""
+    plot = _drawn(monkeypatch, [[1, 1, 5], [2, 3, 2], [3, 3, 4]],
+                  [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}])
+    assert 1 in plot.data["classes"]
+
+
+def test_a_detection_of_a_category_the_dataset_lacks_is_left_out_as_cocoeval_leaves_it():
+    """COCOeval scores only the ground truth's categories (evaluate_bbox_file takes such a file); the matrix raised
+    KeyError on the unknown category instead."""
+    gt = coco_from({"images": [{"id": 1, "width": 100, "height": 100}], "categories": [{"id": 1, "name": "a"}],
+                    "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "area": 400,
+                                     "iscrowd": 0}]})
+    matrix = confusion_matrix(gt, np.array([1, 1]), np.array([1, 7]), np.array([[10, 10, 20, 20], [50, 50, 20, 20]],
+                                                                               dtype=np.float64),
+                              np.array([0.9, 0.95]), [1], confidence=0.5, cap=100)
+    assert matrix.counts.tolist() == [[1, 0], [0, 0]]

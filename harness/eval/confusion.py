@@ -58,7 +58,8 @@ def confusion_matrix(coco_gt, image_id: np.ndarray, category_id: np.ndarray, box
     # the detections kept at the confidence, per image, then category, highest score first; equal scores in file
     # order (COCOeval's stable sort). Those above the confidence are a prefix of each image and category's list, so
     # its best `cap` among them are the ones COCOeval's cap keeps there.
-    candidates = np.flatnonzero((score >= confidence) & np.isin(image_id, image_ids))
+    # a detection of a category the dataset lacks is not scored (COCOeval evaluates the ground truth's categories)
+    candidates = np.flatnonzero((score >= confidence) & np.isin(image_id, image_ids) & np.isin(category_id, categories))
     order = candidates[np.lexsort((-score[candidates], category_id[candidates], image_id[candidates]))]
     per_image: dict[int, list[int]] = {}
     for row in order.tolist():

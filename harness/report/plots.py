@@ -392,13 +392,34 @@ def confidence_curves(run: RunFolder) -> Plot:
     return Plot(name, title, _png(fig), curves, notes)
 
 
-MAX_CONFUSION_CLASSES = 20  # classes drawn in the confusion matrix: those with the most errors past that
+MAX_CONFUSION_CLASSES = 20  # classes drawn in the confusion matrix (chosen by `_confusion_classes` past that)
+
+
+def _confusion_classes(cells: list) -> tuple[list, int]:
+    """The classes a confusion plot draws, and the confusions between classes it leaves out: those taking part in
+    confusions first (the most first), then those with the most misses and detections on no object, then the most
+    found, up to MAX_CONFUSION_CLASSES."""
+    confused, errors, found = defaultdict(int), defaultdict(int), defaultdict(int)
+    for truth, detected, count in cells:
+        if truth == detected:
+            found[truth] += count
+        elif truth is not None and detected is not None:
+            confused[truth] += count
+            confused[detected] += count
+        else:
+            errors[truth if truth is not None else detected] += count
+    every = set(confused) | set(errors) | set(found)
+    ranked = sorted(every, key=lambda c: (-confused[c], -errors[c], -found[c], c))[:MAX_CONFUSION_CLASSES]
+    drawn = set(ranked)
+    left_out = sum(count for truth, detected, count in cells if truth is not None and detected is not None
+                   and truth != detected and not (truth in drawn and detected in drawn))
+    return ranked, left_out
 
 
 def confusion(run: RunFolder) -> Plot:
     """The confusion matrix of the first scored cell that has one (cells with the same detections have the same):
     ground truth in rows, detections in columns, background last, each row's share of that class's objects as the
-    colour and the counts written in; at most MAX_CONFUSION_CLASSES classes, those with the most errors."""
+    colour and the counts written in; at most MAX_CONFUSION_CLASSES classes (`_confusion_classes`)."""
     name, title = "confusion.png", "Confusion at the operating point (boxes, IoU 0.50)"
     found = _evaluations(run, "confusion_matrix")
     if not found:
@@ -406,14 +427,9 @@ def confusion(run: RunFolder) -> Plot:
     label, document = next(iter(found.items()))
     matrix = document["confusion_matrix"]
     names = {c["id"]: c.get("name") or str(c["id"]) for c in document.get("categories", [])}
-    errors: dict = defaultdict(int)
-    for truth, detected, count in matrix["cells"]:
-        if truth != detected:
-            for c in (truth, detected):
-                if c is not None:
-                    errors[c] += count
-    shown = sorted(errors, key=lambda c: (-errors[c], c))[:MAX_CONFUSION_CLASSES]
-    shown = sorted(shown, key=lambda c: list(names).index(c) if c in names else c)
+    shown, left_out = _confusion_classes(matrix["cells"])
+    order = {c: k for k, c in enumerate(names)}
+    shown = sorted(shown, key=lambda c: (order.get(c, len(order)), c))
     axis = [*shown, None]
     at = {c: k for k, c in enumerate(axis)}
     counts = np.zeros((len(axis), len(axis)), dtype=np.int64)
@@ -440,14 +456,17 @@ def confusion(run: RunFolder) -> Plot:
     ax.set_yticks(range(len(axis)), ticks, fontsize=7)
     ax.set_xlabel("detected as")
     ax.set_ylabel("ground truth")
-    ax.set_title(f"{title}\n{label}, confidence >= {matrix['confidence']:.3f}", fontsize=9)
+    ax.set_title(f"{title}\n{label}, confidence >= {matrix['confidence']:g}", fontsize=9)
     fig.tight_layout()
-    notes = [f"{label}: each row's objects by what they were detected as (colour: the row's share; background row: "
-             "detections on no object, by their class); the diagonal is COCO's true positives at the operating "
-             "point, confusions only what COCO scored as errors"]
-    if len(errors) > len(shown):
-        notes.append(f"{len(shown)} of the {len(errors)} classes with errors drawn (the most errors); the whole "
-                     "matrix is in the cell's per_class file")
+    notes = [f"{label}: each row's objects by what they were detected as (colour: the row's share of all its "
+             "objects; background row: detections on no object, by their class); the diagonal is COCO's true "
+             "positives at the operating point, confusions only what COCO scored as errors"]
+    classes = len({c for cell in matrix["cells"] for c in cell[:2] if c is not None})
+    if classes > len(shown):
+        notes.append(f"{len(shown)} of {classes} classes drawn (those confused with another class first, then the "
+                     "most misses and false positives)"
+                     + (f"; {left_out} confusions with classes not drawn are not shown" if left_out else "")
+                     + "; the whole matrix is in the cell's per_class file")
     if len(found) > 1:
         notes.append(f"one cell of {len(found)} with distinct detections drawn; each one's matrix is in its "
                      "per_class file")
