@@ -441,3 +441,15 @@ def test_a_plugins_model_id_too_long_for_a_file_name_is_refused_before_it_runs(t
                       str(COCO_DIR), "--output-dir", str(tmp_path / "o"))
     assert result.returncode == 2 and "is not a name of 1 to 64 characters" in one_error_line(result)
     assert not (tmp_path / "o").exists()
+
+
+def test_missing_yolox_weights_name_every_way_to_give_them(monkeypatch, tmp_path):
+    """Where the weights were looked for, and the three ways to give them: fetch, --weights, the variable."""
+    from harness.models import yolox
+
+    monkeypatch.delenv("VA_BENCH_YOLOX_NANO", raising=False)
+    monkeypatch.setattr(yolox, "weight_candidates", lambda variant: [tmp_path / f"yolox_{variant}.onnx"])
+    with pytest.raises(UsageError, match=r"weights for yolox-nano not found \(looked in .*yolox_nano.onnx\); run "
+                                         r"`va-bench models fetch yolox-nano`, pass --weights PATH, or set "
+                                         r"VA_BENCH_YOLOX_NANO to the file$"):
+        yolox.YoloxDetector("nano")

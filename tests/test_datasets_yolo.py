@@ -643,3 +643,18 @@ def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
         assert accuracy["delta_interval"] is None
         assert re.search(reason, accuracy["delta_interval_unavailable"]), accuracy
         assert any("different image sets or ground truth" in note for note in comparison["notes"])
+
+
+@requires_coco
+@pytest.mark.parametrize("given, split", [("rf/valid", "valid"), ("rf/valid/images", "valid"),
+                                          ("rf/valid/labels", "valid"), ("ul/images/val", "val")])
+def test_a_split_folder_given_for_the_dataset_points_at_its_yaml(tmp_path, given, split):
+    """A YOLO split's folder given as --dataset (Roboflow's valid/, valid/images, Ultralytics' images/val): the
+    refusal names the dataset's YAML and the --split to give with it."""
+    _yolo_dataset(tmp_path / "rf", images=2, split_folder="valid/images",
+                  yaml_text="val: ../valid/images\nnames: [person]\n")
+    _yolo_dataset(tmp_path / "ul", images=2)
+    yaml_path = (tmp_path / given.split("/")[0] / "data.yaml").resolve()
+    with pytest.raises(UsageError, match=rf"holds no COCO annotations; this is a YOLO split's folder: give its "
+                                         rf"dataset's YAML, --dataset {re.escape(str(yaml_path))} --split {split}$"):
+        CocoDataset.from_path(str(tmp_path / given))

@@ -497,6 +497,24 @@ def categories_sha256(categories: dict[int, str]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _yolo_split_hint(path: Path) -> str | None:
+    """For a YOLO split's folder given as --dataset (`valid/`, `valid/images`, `images/val`): the YAML above it and
+    the --split to give with it; None when no YAML is found up to two folders above."""
+    folder = path.resolve()
+    split = folder.parent.name if folder.name in ("images", "labels") else folder.name
+    if folder.name not in ("images", "labels") and not (folder / "images").is_dir():
+        if folder.parent.name not in ("images", "labels"):
+            return None
+    for above in (folder.parent, folder.parent.parent, folder.parent.parent.parent):
+        try:
+            yaml_path = dataset_yaml(str(above))
+        except UsageError:
+            return None
+        if yaml_path is not None:
+            return f"this is a YOLO split's folder: give its dataset's YAML, --dataset {yaml_path} --split {split}"
+    return None
+
+
 def _yolo_yaml(given: str) -> Path | None:
     """The YOLO dataset YAML of a `--dataset` path that is no COCO layout (an annotation JSON, a folder with
     `_annotations.coco.json`, or a Roboflow COCO export's root come first); None for those."""
@@ -544,7 +562,9 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]
             _slug(path.name)
     present = [s for s in ROBOFLOW_SPLITS if (path / s / ROBOFLOW_ANNOTATIONS).is_file()]
     if not present:
-        raise UsageError(path_problem("--dataset", given, "holds no COCO annotations") + f"; give {layouts}")
+        hint = _yolo_split_hint(path)
+        raise UsageError(path_problem("--dataset", given, "holds no COCO annotations")
+                         + (f"; {hint}" if hint else f"; give {layouts}"))
     chosen = split or present[0]
     if chosen not in present:
         raise UsageError(path_problem("--dataset", given, f"has no {chosen!r} split")
