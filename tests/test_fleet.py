@@ -321,6 +321,10 @@ def test_sharded_accuracy_equals_the_unsharded_pass_to_the_last_digit(two_hardwa
             merged = (run_dir / sharded["detections_file"]).read_bytes()
             assert merged == (run_dir / hw / unsharded["artifacts"]["detections"]).read_bytes()
             assert sharded["num_detections"] == len(json.loads(merged))
+            # its per_class file is the cell's: per-class AP, operating point, curves, confusion matrix
+            classes = json.loads((run_dir / sharded["per_class_file"]).read_text())
+            cell_classes = json.loads((run_dir / hw / unsharded["eval"]["per_class"]).read_text())
+            assert classes == cell_classes
     assert sharded["stats"]["mAP_50_95"] < 0.01  # the synthetic plugin's one centred box scores ~0
     yolox = json.loads((run_dir / "accuracy" / "yolox-nano__pytorch__fp32__416.json").read_text())
     assert yolox["stats"]["mAP_50_95"] > 0.2  # a real detector on real images

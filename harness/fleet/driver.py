@@ -43,6 +43,7 @@ from harness.eval.coco_eval import (
     evaluator_version,
     max_dets_for,
     operating_point_summary,
+    per_class_document,
 )
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
@@ -656,6 +657,11 @@ class FleetDriver:
                                             list(plan.variant.image_ids), config.evaluator, config.eval_max_det, task,
                                             config.map_ci)
             stats, iou_types = evaluation.stats, evaluation.iou_types
+            # each category's AP, the operating point's per-class figures and curves, the confusion matrix: as a
+            # cell's per_class file
+            rel_classes = f"{ACCURACY_DIR}/{slug}__per_class.json"
+            atomic_write_json(self.fplan.fleet_dir / rel_classes,
+                              per_class_document(evaluation, plan.dataset.categories, config.eval_max_det))
             record = {"run_id": plan.run_id, "created_at": utc_now_iso(), **_coordinates(key),
                       "batch_size": entry["batch_size"],
                       "dataset": {**plan.dataset.describe(), **plan.variant.describe()},
@@ -664,7 +670,7 @@ class FleetDriver:
                       **({"map_ci": evaluation.primary.map_interval} if evaluation.primary.map_interval else {}),
                       "maxDets": max_dets_for(config.eval_max_det), "iouType": iou_types,
                       "num_images": plan.variant.num_images, "num_detections": sum(p["detections"] for p in parts),
-                      "detections_file": rel_dets,
+                      "detections_file": rel_dets, "per_class_file": rel_classes,
                       "shards": [{**s, **{k: p[k] for k in ("node", "images", "detections", "seconds", "threads")}}
                                  for s, p in zip(entry["shards"], parts, strict=True)],
                       "note": "detections of contiguous whole-batch shards, merged in image order and evaluated once"}
