@@ -257,3 +257,32 @@ def test_one_detections_file_of_two_image_sets_is_evaluated_on_each(runs):
     (second,) = compare_paths(target, [runs / "c"], intervals=intervals)[0].accuracy
     assert second.delta_interval_unavailable is None, second.delta_interval_unavailable
     assert second.delta_interval["images"] == 30
+
+
+def test_an_accuracy_gate_does_not_fail_on_a_fall_the_interval_calls_chance():
+    """With --map-ci, a mAP gate is crossed only by a fall whose paired interval excludes 0 (as the latency gates
+    ignore what the verdict calls noise); without an interval, or beyond it, the fall fails."""
+    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+
+    def comparison(interval: dict | None) -> Comparison:
+        return Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.30, "mAP_50": 0.45},
+                                                            {"mAP_50_95": 0.28, "mAP_50": 0.44},
+                                                            delta_interval=interval)])
+    chance = {"mAP_50_95": [-0.05, 0.01], "mAP_50": [-0.03, -0.002]}
+    result = check_gate(parse_gate("map:-0.01"), comparison(chance))
+    assert result.status == "ok" and "but by chance: b1 -0.02 (95 % interval -0.0500 to +0.0100: may be chance)" \
+        in result.detail
+    assert check_gate(parse_gate("map:-1%"), comparison(chance)).status == "ok"
+    not_chance = check_gate(parse_gate("map50:-0.005"), comparison(chance))  # its interval excludes 0
+    assert not_chance.status == "failed" and "(95 % interval -0.0300 to -0.0020)" in not_chance.detail
+    assert check_gate(parse_gate("map:-0.01"), comparison(None)).status == "failed"
+    assert check_gate(parse_gate("map:-0.03"), comparison(chance)).detail == "1 checked, none beyond -0.03"
+
+
+@requires_coco
+@requires_yolox
+def test_a_gate_on_a_real_fall_that_is_not_chance_fails(runs):
+    """yolox-nano at 320 against 416 on 40 images: mAP falls by more than its interval allows for chance."""
+    done = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--map-ci", "100", "--fail-on", "map:-0.01")
+    assert done.returncode == 1, done.stdout
+    assert "map:-0.01" in done.stdout and "95 % interval" in done.stdout

@@ -819,8 +819,9 @@ def _fmt_delta(value: float, relative: bool) -> str:
 
 
 def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
-    """Failed when any paired cell crosses the threshold (performance: unless the verdict says noise)."""
-    crossings, checked = [], 0
+    """Failed when any paired cell crosses the threshold (performance: unless the verdict says noise; mAP 50:95 and
+    mAP 50 with `--map-ci`: unless the paired interval of the delta holds 0, the images' chance)."""
+    crossings, checked, chance = [], 0, []
     if gate.metric in PERF_GATES:
         ka, kb = PERF_GATES[gate.metric]
         for c in comparison.cells:
@@ -841,13 +842,19 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
                 crossings.append(f"{acc.label}: A is 0, relative change undefined")
                 continue
             delta = (b - a) / a if gate.relative else b - a
-            if gate.crossed(delta):
-                crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}")
+            bounds = (acc.delta_interval or {}).get(gate.metric)
+            if gate.crossed(delta) and bounds and bounds[0] <= 0 <= bounds[1]:
+                chance.append(f"{acc.label} {_fmt_delta(delta, gate.relative)} (95 % interval {bounds[0]:+.4f} to "
+                              f"{bounds[1]:+.4f}: may be chance)")
+            elif gate.crossed(delta):
+                crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}"
+                                 + (f" (95 % interval {bounds[0]:+.4f} to {bounds[1]:+.4f})" if bounds else ""))
     if not checked:
         return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
     if crossings:
         return DeltaGateResult(gate, "failed", "; ".join(crossings))
-    return DeltaGateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}")
+    return DeltaGateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}"
+                           + (f" but by chance: {'; '.join(chance)}" if chance else ""))
 
 
 def compare_paths(baseline: str | Path, others: list[str | Path], iou: float = 0.5, conf: float = 0.4,
