@@ -31,7 +31,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark object detectors: latency, throughput, memory, energy and COCO mAP.")
 models_app = typer.Typer(no_args_is_help=True, help="List and fetch model weights.")
 app.add_typer(models_app, name="models")
-data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017).")
+data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017, RF100-VL) and check your own.")
 app.add_typer(data_app, name="data")
 
 
@@ -477,6 +477,53 @@ def data_fetch(
         lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
     for line in lines:
         console.print(escape(line), highlight=False)
+
+
+@data_app.command("check")
+def data_check(
+    dataset: str | None = typer.Option(None, "--dataset", help="your own dataset, as `run --dataset` takes it (COCO "
+                                                               "JSON, Roboflow export, YOLO data.yaml)"),
+    split: str | None = typer.Option(None, "--split", help="--dataset: the split, as `run --split`"),
+    coco_dir: str | None = typer.Option(None, "--coco-dir", help="COCO val2017 root (default: as `run` finds it)"),
+    subset: str = typer.Option("sample", "--subset", help="dataset variant: full, mini500 or sample"),
+    limit: int | None = typer.Option(None, "--limit", help="first N images of the variant"),
+    model: str | None = typer.Option(None, "--model", help="also match this model's classes to the categories, as "
+                                                           "a run would (refused the same way)"),
+    weights: str | None = typer.Option(None, "--weights", help="the model's weights (its class names: a fine-tuned "
+                                                               "checkpoint's own)"),
+    class_map: str | None = typer.Option(None, "--class-map", help="as `run --class-map`"),
+    as_json: bool = typer.Option(False, "--json", help="the whole summary as JSON on stdout"),
+) -> None:
+    """Read a dataset as a run would (every check a run makes before it starts) and say what it holds: images,
+    objects per category by COCO's area ranges, crowd regions, masks; with --model, which of its classes each
+    category scores as. Exit 2, one line, where a run would be refused."""
+    from harness.config import build_config
+    from harness.data.classes import ClassMap, model_class_names
+    from harness.data.summary import summarize
+    from harness.run.plan import open_dataset, prepare
+    from harness.views.commands import print_dataset_summary
+
+    fields = {"dataset": dataset, "split": split, "coco_dir": coco_dir, "subset": subset, "limit": limit,
+              "class_map": class_map, "weights": weights}
+    config = build_config({k: v for k, v in fields.items() if v is not None} | ({"models": [model]} if model else {}))
+    if model is not None:
+        plan = prepare(config, dry_run=True)
+        (detector,) = plan.detectors.values()
+        summary = summarize(plan.dataset, plan.variant, detector.model_id, model_class_names(detector),
+                            plan.label_categories[detector.model_id])
+    else:
+        if weights is not None:
+            raise UsageError("--weights goes with --model (the weights' class names are matched); add --model NAME")
+        data = open_dataset(config)
+        variant = data.variant(config.subset, config.limit)
+        data.check_ground_truth(variant)
+        data.class_map = ClassMap.read(class_map) if class_map else None
+        summary = summarize(data, variant)
+    imports_done()
+    if as_json:
+        print_json(console, summary.to_dict())
+    else:
+        print_dataset_summary(console, summary)
 
 
 @models_app.command("list")

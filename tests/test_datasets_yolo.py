@@ -11,62 +11,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, SUBSET_ANNOTATIONS, coco_from, requires_coco, requires_yolox, run_in_process
+from conftest import COCO_DIR, coco_from, requires_coco, requires_yolox, run_in_process
+from yolo_datasets import IMAGES, libreyolo_view, one_image, sample_annotations, yolo_dataset
 
 from harness.data.coco import CocoDataset
 from harness.data.images import orientation_warning
 from harness.data.yolo import label_path, read_split
 from harness.errors import UsageError
-
-IMAGES = 24
-
-
-def _sample(images: int = IMAGES):
-    """The first `images` sample images (by id) with their non-crowd annotations, and COCO's categories by id."""
-    source = json.loads(SUBSET_ANNOTATIONS.read_text())
-    keep = sorted(source["images"], key=lambda i: i["id"])[:images]
-    ids = {i["id"] for i in keep}
-    annotations = [a for a in source["annotations"] if a["image_id"] in ids and not a["iscrowd"]]
-    return keep, annotations, sorted(source["categories"], key=lambda c: c["id"])
-
-
-def _yolo_dataset(folder: Path, images: int = IMAGES, polygons: bool = False, split_folder: str = "images/val",
-                  yaml_text: str | None = None) -> Path:
-    """The sample's first images as a YOLO dataset written by hand: boxes as `class cx cy w h`, or with `polygons`
-    the single-polygon annotations as `class x1 y1 ...`, normalised with Python's exact float repr; class index =
-    position in COCO's category list; images symlinked; returns the YAML."""
-    keep, annotations, categories = _sample(images)
-    index = {c["id"]: i for i, c in enumerate(categories)}
-    image_dir = folder / split_folder
-    image_dir.mkdir(parents=True)
-    by_image: dict[int, list[str]] = {}
-    for a in annotations:
-        img = next(i for i in keep if i["id"] == a["image_id"])
-        w, h = img["width"], img["height"]
-        if polygons:
-            if not isinstance(a["segmentation"], list) or len(a["segmentation"]) != 1:
-                continue
-            points = a["segmentation"][0]
-            values = [v / (w if k % 2 == 0 else h) for k, v in enumerate(points)]
-        else:
-            x, y, bw, bh = a["bbox"]
-            values = [(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h]
-        by_image.setdefault(a["image_id"], []).append(" ".join([str(index[a["category_id"]]), *map(repr, values)]))
-    for img in keep:
-        os.symlink(COCO_DIR / "val2017" / img["file_name"], image_dir / img["file_name"])
-        if img["id"] in by_image:
-            labels = label_path(image_dir / img["file_name"])
-            labels.parent.mkdir(parents=True, exist_ok=True)
-            labels.write_text("\n".join(by_image[img["id"]]) + "\n")
-    names = "".join(f"  {i}: {c['name']}\n" for i, c in enumerate(categories))
-    path = folder / "data.yaml"
-    path.write_text(yaml_text if yaml_text is not None else f"path: .\nval: {split_folder}\nnames:\n{names}")
-    return path
-
-
-def _libreyolo_view(yaml_path: Path, split: str = "val", segments: bool = False):
-    api = pytest.importorskip("libreyolo.data.yolo_coco_api")
-    return api.create_yolo_coco_api(str(yaml_path), split=split, load_segments=segments)
 
 
 @requires_coco
@@ -74,9 +25,9 @@ def _libreyolo_view(yaml_path: Path, split: str = "val", segments: bool = False)
 def test_the_split_is_read_as_libreyolo_reads_it(tmp_path, polygons):
     """Independent truth: LibreYOLO's COCO view of a YOLO dataset (RF-DETR's YOLOCocoAPI): the same images, sizes,
     classes and, image by image, the same boxes (clipped to the image alike) and polygons; areas are COCO's own."""
-    yaml_path = _yolo_dataset(tmp_path, polygons=polygons)
+    yaml_path = yolo_dataset(tmp_path, polygons=polygons)
     ours = CocoDataset.from_path(str(yaml_path))
-    theirs = _libreyolo_view(yaml_path, segments=polygons)
+    theirs = libreyolo_view(yaml_path, segments=polygons)
     assert ours.identity == (tmp_path.name.lower(), "val") and ours.annotation_format == "yolo"
     assert ours.categories == {c["id"]: c["name"] for c in theirs.cats.values()}
     assert len(ours.categories) == 80 and ours.categories[0] == "person"
@@ -96,7 +47,7 @@ def test_the_split_is_read_as_libreyolo_reads_it(tmp_path, polygons):
             compared += 1
     assert compared > 100
     if polygons:  # COCO's area of a polygon annotation is its shoelace area: the official file's values come back
-        _, annotations, _ = _sample()
+        _, annotations, _ = sample_annotations()
         official = sorted(a["area"] for a in annotations if isinstance(a["segmentation"], list)
                           and len(a["segmentation"]) == 1)
         assert sorted(a["area"] for a in ours.coco.dataset["annotations"]) == pytest.approx(official, rel=1e-9)
@@ -109,7 +60,7 @@ def test_a_run_scores_as_pycocotools_on_libreyolos_view(tmp_path):
     of the same dataset (its image ids are its own: matched by file name)."""
     from pycocotools.cocoeval import COCOeval
 
-    yaml_path = _yolo_dataset(tmp_path / "data")
+    yaml_path = yolo_dataset(tmp_path / "data")
     out = tmp_path / "out"
     result = run_in_process("run", "--dataset", str(yaml_path.parent), "--model", "yolox-nano", "--batch-sizes", "4",
                             "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
@@ -121,7 +72,7 @@ def test_a_run_scores_as_pycocotools_on_libreyolos_view(tmp_path):
     run = json.loads(next(out.glob("*/run.json")).read_text())
     assert run["dataset"]["annotation_format"] == "yolo" and run["dataset"]["annotation_file"] == str(yaml_path)
     ours = CocoDataset.from_path(str(yaml_path))
-    theirs = _libreyolo_view(yaml_path)
+    theirs = libreyolo_view(yaml_path)
     to_theirs = {ours.coco.imgs[i]["file_name"]: i for i in ours.coco.imgs}
     to_theirs = {to_theirs[img["file_name"]]: img["id"] for img in theirs.imgs.values()}
     detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
@@ -141,7 +92,7 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     a split given as a text file of image paths, and one given as a list of folders: the same images."""
     names = "names: ['person']\n"
     rf = tmp_path / "rf"
-    _yolo_dataset(rf, split_folder="valid/images",
+    yolo_dataset(rf, split_folder="valid/images",
                   yaml_text=f"train: ../train/images\nval: ../valid/images\ntest: ../test/images\nnc: 1\n{names}")
     # Roboflow's person-only rows: every row's class must be a class the YAML names, so keep class 0 only
     for labels in (rf / "valid" / "labels").iterdir():
@@ -172,18 +123,6 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     assert any("/" in img["file_name"] for img in three.coco.imgs.values())
 
 
-def _one_image(tmp_path: Path, rows: str, yaml_text: str = "val: images\nnames: [person, car]\n") -> Path:
-    (tmp_path / "images").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "labels").mkdir(exist_ok=True)
-    keep, _, _ = _sample(1)
-    image = tmp_path / "images" / keep[0]["file_name"]
-    if not image.exists():
-        os.symlink(COCO_DIR / "val2017" / keep[0]["file_name"], image)
-    label_path(image).write_text(rows)
-    (tmp_path / "data.yaml").write_text(yaml_text)
-    return tmp_path / "data.yaml"
-
-
 @requires_coco
 @pytest.mark.parametrize("rows, yaml_text, message", [
     ("0 0.5 0.5 0.2 0.2 0.93\n", None, r"line 1 \('0 0.5 0.5 0.2 0.2 0.93'\) has 6 values: a box with a confidence"),
@@ -211,7 +150,7 @@ def _one_image(tmp_path: Path, rows: str, yaml_text: str = "val: images\nnames: 
 ])
 def test_what_the_format_does_not_say_is_refused_by_file_and_line(tmp_path, rows, yaml_text, message):
     args = (rows,) if yaml_text is None else (rows, yaml_text)
-    yaml_path = _one_image(tmp_path, *args)
+    yaml_path = one_image(tmp_path, *args)
     with pytest.raises(UsageError, match=message) as refused:
         CocoDataset.from_path(str(yaml_path))
     assert "\n" not in str(refused.value)
@@ -221,9 +160,9 @@ def test_what_the_format_does_not_say_is_refused_by_file_and_line(tmp_path, rows
 def test_boxes_past_the_edge_are_clipped_as_libreyolo_clips_them(tmp_path):
     """A box whose centre is on the image but whose edge is past it (annotation tools allow it; the format only
     bounds the centre and size): clipped to the image like LibreYOLO's view, and like the model's boxes are."""
-    yaml_path = _one_image(tmp_path, "0 0.95 0.5 0.2 0.2\n1 0.02 0.99 0.1 0.1\n0 0.5 0.5 1.0 1.0\n")
+    yaml_path = one_image(tmp_path, "0 0.95 0.5 0.2 0.2\n1 0.02 0.99 0.1 0.1\n0 0.5 0.5 1.0 1.0\n")
     ours = CocoDataset.from_path(str(yaml_path))
-    theirs = _libreyolo_view(yaml_path)
+    theirs = libreyolo_view(yaml_path)
     (image,) = ours.coco.imgs.values()
     boxes = [a["bbox"] for a in ours.coco.dataset["annotations"]]
     for mine, their in zip(boxes, [a["bbox"] for a in theirs.anns.values()], strict=True):
@@ -235,7 +174,7 @@ def test_boxes_past_the_edge_are_clipped_as_libreyolo_clips_them(tmp_path):
 
 @requires_coco
 def test_a_refusal_is_one_line_exit_2_and_leaves_no_run_folder(tmp_path):
-    yaml_path = _one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2 0.93\n")
+    yaml_path = one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2 0.93\n")
     out = tmp_path / "out"
     result = run_in_process("run", "--dataset", str(yaml_path), "--model", "yolox-nano", "--output-dir", str(out))
     assert result.returncode == 2 and "has 6 values" in result.stderr
@@ -244,8 +183,8 @@ def test_a_refusal_is_one_line_exit_2_and_leaves_no_run_folder(tmp_path):
 
 @requires_coco
 def test_labels_nowhere_are_refused_and_an_image_without_labels_is_background(tmp_path):
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
-    keep, _, _ = _sample(2)
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    keep, _, _ = sample_annotations(2)
     os.symlink(COCO_DIR / "val2017" / keep[1]["file_name"], tmp_path / "images" / keep[1]["file_name"])
     dataset = CocoDataset.from_path(str(yaml_path))
     assert len(dataset.coco.imgs) == 2 and len(dataset.coco.anns) == 1  # the second image: no object
@@ -258,7 +197,7 @@ def test_labels_nowhere_are_refused_and_an_image_without_labels_is_background(tm
 
 @requires_coco
 def test_a_box_only_dataset_is_refused_for_masks_by_its_first_box_row(tmp_path):
-    yaml_path = _one_image(tmp_path, "1 0.1 0.1 0.5 0.1 0.5 0.5\n0 0.5 0.5 0.2 0.2\n")
+    yaml_path = one_image(tmp_path, "1 0.1 0.1 0.5 0.1 0.5 0.5\n0 0.5 0.5 0.2 0.2\n")
     dataset = CocoDataset.from_path(str(yaml_path))
     variant = dataset.variant("sample")
     with pytest.raises(UsageError, match=r"1 annotations of the images to score have no mask \(the first: label "
@@ -270,7 +209,7 @@ def test_a_box_only_dataset_is_refused_for_masks_by_its_first_box_row(tmp_path):
 def test_the_ground_truth_fingerprint_follows_every_label(tmp_path):
     """What a campaign's nodes compare: a YOLO split's SHA-256 changes with any label value, and only with what is
     read (a comment in the YAML changes nothing)."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
     first = CocoDataset.from_path(str(yaml_path)).annotations_sha256()
     yaml_path.write_text("# mine\n" + yaml_path.read_text())
     assert CocoDataset.from_path(str(yaml_path)).annotations_sha256() == first
@@ -305,7 +244,7 @@ def test_a_campaign_checks_a_yolo_datasets_layout_and_leaves_its_labels_to_its_r
     refusal (the campaign skips it), not the whole file's. A YOLO dataset takes the campaign's split."""
     from harness.data.coco import check_custom_layout, takes_split
 
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2 0.93\n", "val: images\ntest: images\nnames: [person]\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2 0.93\n", "val: images\ntest: images\nnames: [person]\n")
     assert takes_split(str(yaml_path)) and takes_split(str(tmp_path))
     check_custom_layout(str(tmp_path), "test")
     with pytest.raises(UsageError, match="has no 'train' split"):
@@ -324,7 +263,7 @@ def test_polygon_labels_score_masks_as_pycocotools_on_libreyolos_view(tmp_path):
 
     from harness.eval.coco_eval import evaluate_masks_file
 
-    yaml_path = _yolo_dataset(tmp_path / "data", polygons=True)
+    yaml_path = yolo_dataset(tmp_path / "data", polygons=True)
     ours = CocoDataset.from_path(str(yaml_path))
     rng = np.random.default_rng(0)
     detections = []
@@ -341,7 +280,7 @@ def test_polygon_labels_score_masks_as_pycocotools_on_libreyolos_view(tmp_path):
     path.write_text(json.dumps(detections))
     stats = evaluate_masks_file(ours.coco, path, sorted(ours.coco.imgs))["segm"]
 
-    theirs = _libreyolo_view(yaml_path, segments=True)
+    theirs = libreyolo_view(yaml_path, segments=True)
     to_theirs = {ours.coco.imgs[i]["file_name"]: i for i in ours.coco.imgs}
     to_theirs = {to_theirs[img["file_name"]]: img["id"] for img in theirs.imgs.values()}
     gt = coco_from({"images": list(theirs.imgs.values()), "annotations": list(theirs.anns.values()),
@@ -358,7 +297,7 @@ def test_polygon_labels_score_masks_as_pycocotools_on_libreyolos_view(tmp_path):
 def test_a_repeated_label_row_is_refused_not_scored_as_two_objects(tmp_path):
     """Ultralytics drops a repeated row ('N duplicate labels removed'), LibreYOLO keeps it as a second object (a
     perfect detector's mAP halved): the harness names it, whatever its spelling ("0.50" is 0.5)."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n0 0.50 0.5 0.2 2e-1\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n0 0.50 0.5 0.2 2e-1\n")
     with pytest.raises(UsageError, match=r"line 3 .* repeats line 1 \(the same object twice.*; remove the repeated"):
         CocoDataset.from_path(str(yaml_path))
 
@@ -367,7 +306,7 @@ def test_a_repeated_label_row_is_refused_not_scored_as_two_objects(tmp_path):
 def test_hidden_files_and_folders_are_not_images(tmp_path):
     """Ultralytics lists a split folder with glob.glob('**/*.*', recursive=True), which skips dot files and dot
     folders: a macOS AppleDouble `._x.jpg` (copied to exFAT/SMB) is not an image, nor a copy under `.thumbs/`."""
-    yaml_path = _yolo_dataset(tmp_path, images=3)
+    yaml_path = yolo_dataset(tmp_path, images=3)
     image_dir = tmp_path / "images" / "val"
     first = sorted(image_dir.iterdir())[0]
     (image_dir / f"._{first.name}").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64))
@@ -380,7 +319,7 @@ def test_hidden_files_and_folders_are_not_images(tmp_path):
 def test_images_under_a_symlinked_subfolder_are_read(tmp_path):
     """glob (Ultralytics) follows a symlinked folder inside the split; Path.rglob does not, and its images are
     silently left out of the split."""
-    yaml_path = _yolo_dataset(tmp_path / "d", images=4)
+    yaml_path = yolo_dataset(tmp_path / "d", images=4)
     image_dir, labels_dir = tmp_path / "d" / "images" / "val", tmp_path / "d" / "labels" / "val"
     elsewhere = tmp_path / "elsewhere" / "images" / "cam2"
     elsewhere.mkdir(parents=True)
@@ -396,7 +335,7 @@ def test_images_under_a_symlinked_subfolder_are_read(tmp_path):
 @requires_coco
 def test_an_image_listed_twice_through_another_spelling_is_refused(tmp_path):
     """`./images/x.jpg` and `../<root>/images/x.jpg` are one image: read twice, its boxes would count twice."""
-    yaml_path = _one_image(tmp_path / "root", "0 0.5 0.5 0.2 0.2\n")
+    yaml_path = one_image(tmp_path / "root", "0 0.5 0.5 0.2 0.2\n")
     name = next((tmp_path / "root" / "images").iterdir()).name
     (tmp_path / "root" / "val.txt").write_text(f"./images/{name}\n../root/images/{name}\n")
     yaml_path.write_text("val: val.txt\nnames: [person, car]\n")
@@ -407,14 +346,14 @@ def test_an_image_listed_twice_through_another_spelling_is_refused(tmp_path):
 @requires_coco
 def test_a_validation_key_is_the_val_split(tmp_path):
     """Ultralytics' check_det_dataset reads a YAML's `validation:` as `val:` (never 'score the training images')."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "train: elsewhere\nvalidation: images\nnames: [person]\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "train: elsewhere\nvalidation: images\nnames: [person]\n")
     assert CocoDataset.from_path(str(yaml_path)).identity[1] == "val"
 
 
 @requires_coco
 def test_names_with_quoted_integer_keys_are_read_as_ultralytics_reads_them(tmp_path):
     """Ultralytics' check_class_names: `{int(k): str(v)}`, so `'0': person` is class 0."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nnames:\n  '0': person\n  '1': car\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nnames:\n  '0': person\n  '1': car\n")
     assert CocoDataset.from_path(str(yaml_path)).categories == {0: "person", 1: "car"}
 
 
@@ -423,7 +362,7 @@ def test_coordinates_within_ultralytics_tolerance_are_read_and_clipped(tmp_path)
     """Ultralytics reads coordinates in [-0.01, 1.01] ('coordinate points check with 1% tolerance'): rounding, clipped
     to the image like any box past its edge (a polygon's points too); a box that does not reach the image is
     refused, and past the tolerance the refusal asks about pixel coordinates only when they look like them."""
-    yaml_path = _one_image(tmp_path, "0 0.95 0.5 0.1000001 1.0000001\n1 0.5 -0.000001 0.2 0.2\n"
+    yaml_path = one_image(tmp_path, "0 0.95 0.5 0.1000001 1.0000001\n1 0.5 -0.000001 0.2 0.2\n"
                                      "1 -0.005 0.2 1.005 0.2 0.5 0.6\n")
     dataset = CocoDataset.from_path(str(yaml_path))
     (image,) = dataset.coco.imgs.values()
@@ -434,7 +373,7 @@ def test_coordinates_within_ultralytics_tolerance_are_read_and_clipped(tmp_path)
     for rows, message in [("0 -0.008 0.5 0.004 0.2\n", r"is a box off its image"),
                           ("0 0.5 0.5 0.2 1.02\n", r"holds a value outside \[0, 1\];"),
                           ("0 320 240 64 48\n", r"holds a value outside \[0, 1\]: pixel coordinates\?")]:
-        _one_image(tmp_path, rows)
+        one_image(tmp_path, rows)
         with pytest.raises(UsageError, match=message):
             CocoDataset.from_path(str(yaml_path))
 
@@ -444,7 +383,7 @@ def test_the_yaml_of_a_folder_and_a_missing_yaml(tmp_path):
     """A folder holding one YAML not named data.yaml (coco8.yaml) is read through it, as Ultralytics'
     find_dataset_yaml reads it; several are refused by name; a YAML path that does not exist, or a folder with
     neither layout, is refused with the YOLO layout among the fixes."""
-    yaml_path = _one_image(tmp_path / "coco8", "0 0.5 0.5 0.2 0.2\n")
+    yaml_path = one_image(tmp_path / "coco8", "0 0.5 0.5 0.2 0.2\n")
     yaml_path.rename(yaml_path.parent / "coco8.yaml")
     assert CocoDataset.from_path(str(tmp_path / "coco8")).identity == ("coco8", "val")
     (tmp_path / "coco8" / "other.yml").write_text("a: 1\n")
@@ -460,8 +399,8 @@ def test_the_yaml_of_a_folder_and_a_missing_yaml(tmp_path):
 
 @requires_coco
 def test_a_folder_with_coco_annotations_is_read_as_coco_whatever_yaml_lies_beside(tmp_path):
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
-    keep, _, _ = _sample(1)
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    keep, _, _ = sample_annotations(1)
     image = keep[0]
     (tmp_path / "_annotations.coco.json").write_text(json.dumps({
         "images": [image], "annotations": [], "categories": [{"id": 1, "name": "person"}]}))
@@ -475,7 +414,7 @@ def test_a_folder_with_coco_annotations_is_read_as_coco_whatever_yaml_lies_besid
 def test_compare_finds_a_relative_yolo_dataset_again_from_anywhere(tmp_path):
     """`compare --map-ci` re-reads the ground truth of the runs: a `--dataset data` given relative to the run's working
     directory is found from another through the YAML's absolute path that run.json records, with its split."""
-    _yolo_dataset(tmp_path / "data")
+    yolo_dataset(tmp_path / "data")
     (tmp_path / "data" / "data.yaml").write_text((tmp_path / "data" / "data.yaml").read_text().replace("val:", "test:"))
     for name, size in (("a", "320"), ("b", "416")):
         done = run_in_process("run", "--dataset", "data", "--model", "yolox-nano", "--batch-sizes", "8",
@@ -498,7 +437,7 @@ def test_a_run_is_not_resumed_on_edited_labels(tmp_path):
     (its finished cells were scored on the others), accepted again with --force as a recorded difference."""
     from harness.run.resume import prepare_resume
 
-    yaml_path = _one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2\n")
+    yaml_path = one_image(tmp_path / "data", "0 0.5 0.5 0.2 0.2\n")
     out = tmp_path / "out"
     done = run_in_process("run", "--dataset", str(yaml_path), "--model", "yolox-nano", "--batch-sizes", "1",
                           "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy",
@@ -521,7 +460,7 @@ def test_a_run_is_not_resumed_on_edited_labels(tmp_path):
 def test_image_ids_are_1_to_n_in_path_order(tmp_path):
     """Image ids 1..N follow the sorted image paths, not the folder's listing order (which the file system chooses):
     a `--limit N` run and the image_id_sha256 a campaign's nodes compare are the same on every machine."""
-    yaml_path = _yolo_dataset(tmp_path)
+    yaml_path = yolo_dataset(tmp_path)
     images = CocoDataset.from_path(str(yaml_path)).coco.imgs
     assert sorted(images) == list(range(1, IMAGES + 1))
     names = [images[i]["file_name"] for i in sorted(images)]
@@ -532,7 +471,7 @@ def test_image_ids_are_1_to_n_in_path_order(tmp_path):
 def test_images_only_in_subfolders_and_upper_case_suffixes_are_read(tmp_path):
     """A split folder whose images all lie in subfolders (one per camera) is their common folder, file names
     relative to it; `X.JPG` is an image as Ultralytics reads suffixes (lower-cased), not left out of the split."""
-    yaml_path = _yolo_dataset(tmp_path, images=4)
+    yaml_path = yolo_dataset(tmp_path, images=4)
     image_dir, labels_dir = tmp_path / "images" / "val", tmp_path / "labels" / "val"
     for k, image in enumerate(sorted(image_dir.iterdir())):
         camera = "cam1" if k < 2 else "cam2"
@@ -551,7 +490,7 @@ def test_images_only_in_subfolders_and_upper_case_suffixes_are_read(tmp_path):
 @requires_coco
 def test_an_image_listed_twice_through_a_linked_folder_is_refused(tmp_path):
     """A split listing a folder and a symlink to it holds each image twice: the link is resolved, not only `..`."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: [images, again]\nnames: [person, car]\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: [images, again]\nnames: [person, car]\n")
     (tmp_path / "again").symlink_to(tmp_path / "images", target_is_directory=True)
     with pytest.raises(UsageError, match=r"lists .* twice \(also as "):
         CocoDataset.from_path(str(yaml_path))
@@ -560,14 +499,14 @@ def test_an_image_listed_twice_through_a_linked_folder_is_refused(tmp_path):
 @requires_coco
 def test_validation_is_read_only_where_val_is_missing(tmp_path):
     """Ultralytics renames `validation:` to `val:` only when the YAML has no `val:`; a YAML with both scores val."""
-    yaml_path = _one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nvalidation: elsewhere\nnames: [person]\n")
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n", "val: images\nvalidation: elsewhere\nnames: [person]\n")
     assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 1
 
 
 @requires_coco
 def test_polygon_points_past_the_top_and_bottom_are_clamped(tmp_path):
     """A polygon's y values within the 1 % tolerance are clamped to the image like its x values."""
-    yaml_path = _one_image(tmp_path, "1 0.2 -0.005 0.5 1.005 0.8 0.5\n")
+    yaml_path = one_image(tmp_path, "1 0.2 -0.005 0.5 1.005 0.8 0.5\n")
     dataset = CocoDataset.from_path(str(yaml_path))
     (image,) = dataset.coco.imgs.values()
     (annotation,) = dataset.coco.dataset["annotations"]
@@ -581,7 +520,7 @@ def test_polygon_points_past_the_top_and_bottom_are_clamped(tmp_path):
 def test_compare_finds_a_roboflow_split_again_with_or_without_a_relative_path(tmp_path):
     """`compare --map-ci` re-reads a COCO export's split: a relative `--dataset rf --split test` through the split's
     annotation JSON that run.json records (which takes no --split), an absolute one with the run's --split."""
-    keep, annotations, categories = _sample()
+    keep, annotations, categories = sample_annotations()
     for split, images in (("valid", keep[:12]), ("test", keep[12:])):
         folder = tmp_path / "rf" / split
         folder.mkdir(parents=True)
@@ -613,7 +552,7 @@ def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
     """Two splits of one YOLO dataset hold as many images under the same ids (1..N): the split is part of the
     dataset's coordinate, and labels edited between two runs of one split are named (annotations_sha256), so neither
     is compared as the same images (no interval, no detection diff)."""
-    keep, _, _ = _sample(16)
+    keep, _, _ = sample_annotations(16)
     for split, images in (("valid", keep[:8]), ("test", keep[8:])):
         (tmp_path / split / "images").mkdir(parents=True)
         (tmp_path / split / "labels").mkdir()
@@ -651,9 +590,9 @@ def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
 def test_a_split_folder_given_for_the_dataset_points_at_its_yaml(tmp_path, given, split):
     """A YOLO split's folder given as --dataset (Roboflow's valid/, valid/images, Ultralytics' images/val): the
     refusal names the dataset's YAML and the --split to give with it."""
-    _yolo_dataset(tmp_path / "rf", images=2, split_folder="valid/images",
+    yolo_dataset(tmp_path / "rf", images=2, split_folder="valid/images",
                   yaml_text="val: ../valid/images\nnames: [person]\n")
-    _yolo_dataset(tmp_path / "ul", images=2)
+    yolo_dataset(tmp_path / "ul", images=2)
     yaml_path = (tmp_path / given.split("/")[0] / "data.yaml").resolve()
     with pytest.raises(UsageError, match=rf"holds no COCO annotations; this is a YOLO split's folder: give its "
                                          rf"dataset's YAML, --dataset {re.escape(str(yaml_path))} --split {split}$"):

@@ -453,7 +453,7 @@ class CocoDataset:
         missing, first = 0, None
         for image_id in variant.image_ids:
             for ann in self.coco.imgToAnns.get(image_id, ()):
-                if not _has_mask(ann.get("segmentation")):
+                if not has_mask(ann.get("segmentation")):
                     missing += 1
                     first = first or ann
         if missing:
@@ -473,7 +473,7 @@ class CocoDataset:
         return f"{HOW_TO_GET_COCO}" + (", or use --subset sample / --limit N" if name != "sample" else "")
 
 
-def _has_mask(segmentation) -> bool:
+def has_mask(segmentation) -> bool:
     """A COCO segmentation pycocotools can rasterise: polygons (flat x, y lists) or an RLE."""
     if isinstance(segmentation, dict):
         return "counts" in segmentation and "size" in segmentation

@@ -169,3 +169,42 @@ def print_report_outcome(console: Console, outcome, log) -> None:
                           f"{escape(r.gate.target_text)}, today {escape(r.today_text())}", highlight=False)
     if log is not None:
         console.print(f"log: appended run {escape(outcome.run_id)} to {escape(str(log))}", highlight=False)
+
+
+MAX_SUMMARY_CATEGORIES = 30  # categories listed on the terminal (--json has them all)
+
+
+def print_dataset_summary(console: Console, summary) -> None:
+    """`va-bench data check`: what the dataset variant holds, as a run reads it, and each category's ground truth
+    (and the model's classes scored as it); the categories with the most objects first, at most
+    MAX_SUMMARY_CATEGORIES."""
+    d = summary.dataset
+    lines = [f"{d['id']} {d['split']} {d['variant']}: {summary.images} images ({summary.images_with_objects} with "
+             f"objects, {summary.images - summary.images_with_objects} without), {summary.objects} objects, "
+             f"{summary.crowd} crowd regions, {len(summary.categories)} categories",
+             f"read from {summary.annotation_file} ({summary.annotation_format}; annotations_sha256 "
+             f"{(d.get('annotations_sha256') or '?')[:12]})",
+             f"masks: {summary.with_masks} of {summary.objects + summary.crowd} annotations"
+             + (f"; {summary.oriented_images} images turned upright by their EXIF orientation"
+                if summary.oriented_images else "")]
+    for line in lines:
+        console.print(escape(line), highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("id", "category", "objects", "images", "small", "medium", "large", "crowd"):
+        table.add_column(name, justify="left" if name == "category" else "right")
+    if summary.model is not None:
+        table.add_column(f"{summary.model} class", overflow="fold")
+    ranked = sorted(summary.categories, key=lambda c: (-c.objects, c.id))
+    for c in ranked[:MAX_SUMMARY_CATEGORIES]:
+        matched = [", ".join(c.model_classes) or "-"] if summary.model is not None else []
+        table.add_row(str(c.id), escape(c.name), str(c.objects), str(c.images), str(c.small), str(c.medium),
+                      str(c.large), str(c.crowd), *map(escape, matched))
+    console.print(table)
+    if len(ranked) > MAX_SUMMARY_CATEGORIES:
+        console.print(f"{len(ranked) - MAX_SUMMARY_CATEGORIES} more categories (fewest objects): --json lists them",
+                      highlight=False)
+    if summary.unscored_model_classes:
+        shown = ", ".join(summary.unscored_model_classes[:8]) + (", ..." if len(summary.unscored_model_classes) > 8
+                                                                 else "")
+        console.print(escape(f"{len(summary.unscored_model_classes)} classes of {summary.model} have no category "
+                             f"here (their detections are not scored): {shown}"), highlight=False)
