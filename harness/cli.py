@@ -492,6 +492,8 @@ def data_check(
     weights: str | None = typer.Option(None, "--weights", help="the model's weights (its class names: a fine-tuned "
                                                                "checkpoint's own)"),
     class_map: str | None = typer.Option(None, "--class-map", help="as `run --class-map`"),
+    masks: bool = typer.Option(True, "--masks/--no-masks", help="a segmentation model's masks are scored (its "
+                                                                  "ground truth needs masks), as `run --no-masks`"),
     as_json: bool = typer.Option(False, "--json", help="the whole summary as JSON on stdout"),
 ) -> None:
     """Read a dataset as a run would (every check a run makes before it starts) and say what it holds: images,
@@ -500,25 +502,27 @@ def data_check(
     from harness.config import build_config
     from harness.data.classes import ClassMap, model_class_names
     from harness.data.summary import summarize
-    from harness.run.plan import open_dataset, prepare
+    from harness.run.plan import open_dataset, scoring_checks
     from harness.views.commands import print_dataset_summary
 
+    if weights is not None and model is None:
+        raise UsageError("--weights goes with --model (the weights' class names are matched); add --model NAME")
     fields = {"dataset": dataset, "split": split, "coco_dir": coco_dir, "subset": subset, "limit": limit,
-              "class_map": class_map, "weights": weights}
-    config = build_config({k: v for k, v in fields.items() if v is not None} | ({"models": [model]} if model else {}))
-    if model is not None:
-        plan = prepare(config, dry_run=True)
-        (detector,) = plan.detectors.values()
-        summary = summarize(plan.dataset, plan.variant, detector.model_id, model_class_names(detector),
-                            plan.label_categories[detector.model_id])
-    else:
-        if weights is not None:
-            raise UsageError("--weights goes with --model (the weights' class names are matched); add --model NAME")
-        data = open_dataset(config)
-        variant = data.variant(config.subset, config.limit)
-        data.check_ground_truth(variant)
-        data.class_map = ClassMap.read(class_map) if class_map else None
+              "class_map": class_map, "weights": weights, "masks": masks}
+    config = build_config({k: v for k, v in fields.items() if v is not None})
+    data = open_dataset(config)  # the run's own checks, in its order: the dataset, its variant, then the model
+    variant = data.variant(config.subset, config.limit)
+    detectors = {}
+    if model is not None:  # its classes, whatever runtime would run it (no runtime is loaded)
+        from harness.models.registry import get_detector
+
+        detector = get_detector(model, weights)
+        detectors[detector.model_id] = detector
+    matched = scoring_checks(config, data, variant, detectors, ClassMap.read(class_map) if class_map else None)
+    if model is None:
         summary = summarize(data, variant)
+    else:
+        summary = summarize(data, variant, detector.model_id, model_class_names(detector), matched[detector.model_id])
     imports_done()
     if as_json:
         print_json(console, summary.to_dict())

@@ -270,11 +270,11 @@ def test_an_accuracy_gate_does_not_fail_on_a_fall_the_interval_calls_chance():
                                                             delta_interval=interval)])
     chance = {"mAP_50_95": [-0.05, 0.01], "mAP_50": [-0.03, -0.002]}
     result = check_gate(parse_gate("map:-0.01"), comparison(chance))
-    assert result.status == "ok" and "but by chance: b1 -0.02 (95 % interval -0.0500 to +0.0100: may be chance)" \
-        in result.detail
+    assert result.status == "ok"
+    assert "but by chance: b1 -0.02 (95 % interval of B - A -0.0500 to +0.0100: may be chance)" in result.detail
     assert check_gate(parse_gate("map:-1%"), comparison(chance)).status == "ok"
     not_chance = check_gate(parse_gate("map50:-0.005"), comparison(chance))  # its interval excludes 0
-    assert not_chance.status == "failed" and "(95 % interval -0.0300 to -0.0020)" in not_chance.detail
+    assert not_chance.status == "failed" and "(95 % interval of B - A -0.0300 to -0.0020)" in not_chance.detail
     assert check_gate(parse_gate("map:-0.01"), comparison(None)).status == "failed"
     assert check_gate(parse_gate("map:-0.03"), comparison(chance)).detail == "1 checked, none beyond -0.03"
 
@@ -286,3 +286,14 @@ def test_a_gate_on_a_real_fall_that_is_not_chance_fails(runs):
     done = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--map-ci", "100", "--fail-on", "map:-0.01")
     assert done.returncode == 1, done.stdout
     assert "map:-0.01" in done.stdout and "95 % interval" in done.stdout
+
+
+def test_the_chance_rule_is_for_falls_only():
+    """A '+' gate on a rise of mAP fails as without an interval: the rule lets a fall pass that may be chance."""
+    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+
+    comparison = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.28, "mAP_50": 0.44},
+                                                              {"mAP_50_95": 0.30, "mAP_50": 0.45},
+                                                              delta_interval={"mAP_50_95": [-0.01, 0.05],
+                                                                              "mAP_50": None})])
+    assert check_gate(parse_gate("map:+0.01"), comparison).status == "failed"

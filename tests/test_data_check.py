@@ -7,7 +7,7 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
-from conftest import SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
+from conftest import REPO, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
 from yolo_datasets import libreyolo_view, one_image, yolo_dataset
 
 
@@ -79,3 +79,42 @@ def test_with_a_model_each_category_shows_the_class_it_scores_as(tmp_path):
 def test_what_a_run_refuses_data_check_refuses(args, message):
     done = run_in_process("data", "check", *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@requires_coco
+def test_any_model_whatever_runtime_runs_it(tmp_path):
+    """The classes are the model's whatever runtime would run it: a PyTorch-only plugin is checked (no runtime is
+    loaded), and engine weights too (a family's classes need no weights read)."""
+    plugin = f"{REPO / 'tests' / 'plugins' / 'synthetic_detector.py'}:make_detector"
+    summary = _checked("--model", plugin, "--limit", "4")
+    assert summary["model"] == "synthetic-sleepy" and summary["images"] == 4
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"x")
+    assert _checked("--model", "yolox-nano", "--weights", str(engine), "--limit", "4")["model"] == "yolox-nano"
+
+
+@requires_coco
+def test_a_segmentation_model_on_boxes_only_is_refused_unless_no_masks(tmp_path):
+    """The run's refusal (its masks would all miss) and its way out: --no-masks scores the boxes, as `run` does."""
+    yaml_path = yolo_dataset(tmp_path / "d", images=4)
+    args = ("--dataset", str(yaml_path), "--model", "dfine-seg-n", "--weights", "random")
+    refused = run_in_process("data", "check", *args)
+    assert refused.returncode == 2 and "score boxes only with --no-masks" in refused.stderr
+    assert _checked(*args, "--no-masks")["model"] == "dfine-seg-n"
+
+
+def test_whole_category_names_at_80_columns():
+    """A long category name folds in its column; it is never cut."""
+    from rich.console import Console
+
+    from harness.data.summary import CategoryCount, DatasetSummary
+    from harness.views.commands import print_dataset_summary
+
+    summary = DatasetSummary({"id": "d", "split": "val", "variant": "sample"}, "coco", "a.json", 1, 1, 1, 0, 0, 0,
+                             [CategoryCount(82, "refrigerator with a very long name", 1, 1, 0, 1, 0, 0,
+                                            ["refrigerator"])], model="yolox-nano", unscored_model_classes=[])
+    console = Console(width=80, record=True, force_terminal=False)
+    print_dataset_summary(console, summary)
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    assert "refrigera" in text and "long name" in text  # folded over lines, every character kept

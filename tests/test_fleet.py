@@ -566,3 +566,49 @@ def test_a_cells_submission_path_from_a_node_stays_inside_the_run(tmp_path):
         assert folder.state.cells[cell.label].state == "running"  # refused before any status changed
     finally:
         folder.close()
+
+
+@requires_coco
+@requires_yolox
+def test_fleet_resume_refuses_ground_truth_edited_since_the_run_started(tmp_path, monkeypatch):
+    """As `run --resume`: labels edited since the fleet run started (fleet.json's annotations_sha256) are refused
+    before the cluster is reached."""
+    from conftest import SUBSET_ANNOTATIONS
+
+    from harness.config import build_config
+    from harness.errors import UsageError
+    from harness.fleet import driver
+    from harness.fleet.fingerprint import build_fingerprint
+    from harness.run.plan import prepare
+
+    source = json.loads(SUBSET_ANNOTATIONS.read_text())
+    images = sorted(source["images"], key=lambda i: i["id"])[:4]
+    ids = {i["id"] for i in images}
+    (tmp_path / "images").mkdir()
+    for i in images:
+        (tmp_path / "images" / i["file_name"]).symlink_to(SUBSET_ANNOTATIONS.parents[1] / "val2017" / i["file_name"])
+    ann = tmp_path / "annotations.json"
+    data = {"images": images, "annotations": [a for a in source["annotations"] if a["image_id"] in ids],
+            "categories": source["categories"]}
+    ann.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    config = build_config({"models": ["yolox-nano"], "dataset": str(ann), "output_dir": str(out), "run_id": "f1"})
+    plan = prepare(config, dry_run=True)
+    (out / "f1" / "hw1").mkdir(parents=True)
+    (out / "f1" / "fleet.json").write_text(json.dumps({"run_id": "f1", "config": config.model_dump(),
+                                                       "targets": ["hw1"], "accuracy_shards": 0,
+                                                       "build": build_fingerprint(),
+                                                       "annotations_sha256": plan.dataset.annotations_sha256()}))
+    (out / "f1" / "hw1" / "run.json").write_text(json.dumps({"run_id": "f1", "config": config.model_dump(),
+                                                              "dataset": plan.dataset.describe(), "cells": []}))
+    ann.write_text(json.dumps({**data, "annotations": data["annotations"][3:]}))  # labels edited
+
+    class Reached(Exception):
+        pass
+
+    def connect(address):
+        raise Reached
+
+    monkeypatch.setattr(driver, "connect", connect)
+    with pytest.raises(UsageError, match="ground truth"):
+        driver.prepare_fleet_resume("f1", str(out), {}, None, None, None, False, False)

@@ -306,6 +306,12 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
                        "rerun with the original options and build, or add --force")
     _check_options(config, doc.get("accuracy_shards", 0))
     plan = prepare(config)
+    # the ground truth the finished cells were scored on (recorded since fleet runs record it): as `run --resume`
+    scored_on, now = doc.get("annotations_sha256"), plan.dataset.describe()["annotations_sha256"]
+    if scored_on is not None and scored_on != now:
+        changed = [f"ground truth {plan.dataset.annotation_file} (SHA-256 {scored_on[:12]} -> {str(now)[:12]})"]
+        refuse_differences(f"fleet run {run_id}", changed, force, "rerun on the original ground truth, or add --force")
+        problems += changed
     plan.run_id, plan.run_dir = run_id, fleet_dir
     connect(address)
     nodes = survey(build)
@@ -391,6 +397,7 @@ class FleetDriver:
                 self.folders[hw] = HardwareFolder.create(fp.fleet_dir, fp.run_id, hw, self._header(hw), plan.cells)
             self.doc = {"run_id": fp.run_id, "created_at": utc_now_iso(), "config": self.config.model_dump(),
                         "targets": fp.targets, "accuracy_shards": fp.shards, "build": fp.build,
+                        "annotations_sha256": plan.dataset.describe()["annotations_sha256"],
                         "driver": {"host": socket.gethostname(), "argv": [recordable(a) for a in self.argv]},
                         "nodes": nodes, "accuracy": {}}
         else:

@@ -842,13 +842,13 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
                 crossings.append(f"{acc.label}: A is 0, relative change undefined")
                 continue
             delta = (b - a) / a if gate.relative else b - a
-            bounds = (acc.delta_interval or {}).get(gate.metric)
-            if gate.crossed(delta) and bounds and bounds[0] <= 0 <= bounds[1]:
-                chance.append(f"{acc.label} {_fmt_delta(delta, gate.relative)} (95 % interval {bounds[0]:+.4f} to "
-                              f"{bounds[1]:+.4f}: may be chance)")
+            bounds = (acc.delta_interval or {}).get(gate.metric)  # of B - A, absolute even where the gate is relative
+            interval = f"95 % interval of B - A {bounds[0]:+.4f} to {bounds[1]:+.4f}" if bounds else ""
+            if gate.crossed(delta) and gate.threshold < 0 and bounds and bounds[0] <= 0 <= bounds[1]:
+                chance.append(f"{acc.label} {_fmt_delta(delta, gate.relative)} ({interval}: may be chance)")
             elif gate.crossed(delta):
                 crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}"
-                                 + (f" (95 % interval {bounds[0]:+.4f} to {bounds[1]:+.4f})" if bounds else ""))
+                                 + (f" ({interval})" if bounds else ""))
     if not checked:
         return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
     if crossings:

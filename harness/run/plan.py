@@ -137,7 +137,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     even create --output-dir)."""
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     backend_options = check_runtimes(config)  # what the options alone decide: before torch or a model is imported
-    from harness.data.classes import ClassMap, model_class_names
+    from harness.data.classes import ClassMap
 
     synthetic = config.input_source == "synthetic"
     integrity = None
@@ -148,7 +148,6 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         if not dry_run:  # the images' strict decode overlaps the imports below (its threads release the GIL)
             integrity = find_corrupt_images_in_background(records)
     class_map = ClassMap.read(config.class_map) if config.class_map else None
-    from harness.detector.protocol import task_of
     from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
     from harness.models.registry import get_detector
 
@@ -169,13 +168,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         dataset = SyntheticDataset((config.input_sizes[0],) * 2 if config.input_sizes else first)
         variant = dataset.variant(config.subset, config.limit)
         records = dataset.records(variant)
-    dataset.class_map = class_map
-    if not synthetic and config.accuracy:  # what scoring needs of the dataset; a timing-only run needs neither
-        dataset.check_ground_truth(variant)
-        if config.masks and any(task_of(d) == "segment" for d in detectors.values()):
-            dataset.check_masks(variant)  # masks scored against boxes-only ground truth would all miss
-    label_categories = {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
-                        for model_id, d in detectors.items()}
+    label_categories = scoring_checks(config, dataset, variant, detectors, class_map)
     groups = plan_cells(config, detectors, variant.num_images)
     calibration = int8_calibration(config, dataset, records)
     output_dir = Path(config.output_dir)
@@ -201,6 +194,23 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     run_dir = Path(config.output_dir) / run_id
     return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
                    label_categories, gpu_hygiene, backend_options, calibration=calibration, integrity=integrity)
+
+
+def scoring_checks(config: RunConfig, dataset, variant: DatasetVariant, detectors: dict[str, Detector],
+                   class_map) -> dict[str, tuple[int, ...]]:
+    """What scoring needs of the dataset (a timing-only run, or generated images, needs none of it): ground truth
+    among the variant's images, masks for a segmentation model's, and a category for every annotated one among each
+    model's classes. Returns each model's label -> dataset category (`CocoDataset.label_categories`)."""
+    from harness.data.classes import model_class_names
+    from harness.detector.protocol import task_of
+
+    dataset.class_map = class_map
+    if config.input_source != "synthetic" and config.accuracy:
+        dataset.check_ground_truth(variant)
+        if config.masks and any(task_of(d) == "segment" for d in detectors.values()):
+            dataset.check_masks(variant)  # masks scored against boxes-only ground truth would all miss
+    return {model_id: dataset.label_categories(model_id, model_class_names(d), class_map)
+            for model_id, d in detectors.items()}
 
 
 def int8_calibration(config: RunConfig, dataset: CocoDataset, records: list[ImageRecord]) -> CalibrationSet | None:

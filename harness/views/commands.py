@@ -191,7 +191,8 @@ def print_dataset_summary(console: Console, summary) -> None:
         console.print(escape(line), highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for name in ("id", "category", "objects", "images", "small", "medium", "large", "crowd"):
-        table.add_column(name, justify="left" if name == "category" else "right")
+        table.add_column(name, justify="left" if name == "category" else "right",
+                         overflow="fold" if name == "category" else "ellipsis")
     if summary.model is not None:
         table.add_column(f"{summary.model} class", overflow="fold")
     ranked = sorted(summary.categories, key=lambda c: (-c.objects, c.id))
