@@ -300,3 +300,45 @@ def test_every_dataset_name_makes_a_run_id(name):
     from harness.run.campaign import _slug
 
     assert re.fullmatch(SAFE_ID, _slug(name))
+
+
+@requires_coco
+def test_a_campaign_of_yolo_datasets(tmp_path):
+    """A campaign file's datasets may be YOLO datasets (their YAML, or the folder holding it): each is run on the
+    campaign's split, its classes matched by name to its fine-tuned checkpoint's, and the row is the mean of the
+    datasets' own runs; a dataset whose labels are broken is skipped and named, the others go on."""
+    from yolo_datasets import one_image, yolo_dataset
+
+    libreyolo = pytest.importorskip("libreyolo")
+    entries = []
+    for k, (name, classes) in enumerate((("people", ["person"]), ("traffic", ["person", "car"]))):
+        names = "".join(f"  {i}: {c}\n" for i, c in enumerate(classes))
+        yaml_path = yolo_dataset(tmp_path / name, images=6, split_folder="test/images",
+                                 yaml_text=f"test: test/images\nnames:\n{names}")
+        index = {"0": "0", "2": "1"} if len(classes) == 2 else {"0": "0"}  # COCO's person 0 and car 2, renumbered
+        for labels in (tmp_path / name / "test" / "labels").iterdir():
+            rows = [line.split(" ", 1) for line in labels.read_text().splitlines()]
+            labels.write_text("".join(f"{index[c]} {rest}\n" for c, rest in rows if c in index))
+        wrapper = libreyolo.LibreYOLOX._from_scratch(size="n", nb_classes=len(classes), device="cpu", seed=k)
+        wrapper.names = dict(enumerate(classes))
+        wrapper.save(str(tmp_path / f"{name}.pt"))
+        entries.append((name, yaml_path.parent if k else yaml_path, tmp_path / f"{name}.pt"))
+    broken = one_image(tmp_path / "broken", "0 320 240 64 48\n", "test: images\nnames: [person]\n")
+    entries.append(("broken", broken, tmp_path / "people.pt"))
+    campaign = tmp_path / "c.yaml"
+    campaign.write_text("model: yolox-nano\nsplit: test\ndatasets:\n" + "".join(
+        f"  - {{name: {name}, dataset: {dataset}, weights: {weights}}}\n" for name, dataset, weights in entries))
+    result = run_in_process("campaign", str(campaign), "--output-dir", str(tmp_path / "out"), "--campaign-id", "y",
+                            "--json")
+    assert result.returncode == 1, result.stderr  # "broken" is skipped: the row is partial
+    printed = json.loads(result.stdout)
+    assert printed["skipped"][0]["name"] == "broken" and "pixel coordinates" in printed["skipped"][0]["reason"]
+    runs = {n: json.loads(next((tmp_path / "out" / "y" / "datasets" / n / "submissions").glob("*.json")).read_text())
+            for n in ("people", "traffic")}
+    assert {n: (r["dataset"]["id"], r["dataset"]["split"]) for n, r in runs.items()} == {
+        "people": ("people", "test"), "traffic": ("traffic", "test")}
+    (row,) = (tmp_path / "out" / "y" / "submissions").glob("*.json")
+    mean = sum(r["accuracy"]["mAP_50_95"] for r in runs.values()) / 2
+    assert json.loads(row.read_text())["accuracy"]["mAP_50_95"] == pytest.approx(mean, abs=1e-12)
+    assert {n: (r["dataset"]["num_images"], r["dataset"]["num_categories"]) for n, r in runs.items()} == {
+        "people": (6, 1), "traffic": (6, 2)}
