@@ -78,21 +78,23 @@ def dataset_yaml(given: str) -> Path | None:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class SplitLayout:
+    """A split as its YAML lays it out: the class names, the dataset's root, the split's key and its images."""
+
     names: dict[int, str]
     root: Path
     key: str
     images: list[Path]
 
 
-def locate_split(yaml_path: Path, split: str | None, named: str) -> _Layout:
+def locate_split(yaml_path: Path, split: str | None, named: str) -> SplitLayout:
     """The YAML read and the split's images found, no label read: what a campaign checks of each dataset up front
     (a broken label is that dataset's run's refusal, not the campaign file's)."""
     config = _read_yaml(yaml_path, named)
     names = _class_names(config, named)
     root = _root(config, yaml_path, named)
     key = _split_key(config, split, named)
-    return _Layout(names, root, key, _split_images(config[key], root, key, named))
+    return SplitLayout(names, root, key, _split_images(config[key], root, key, named))
 
 
 def read_split(yaml_path: Path, split: str | None, named: str) -> YoloSplit:
