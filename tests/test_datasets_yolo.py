@@ -597,3 +597,25 @@ def test_a_split_folder_given_for_the_dataset_points_at_its_yaml(tmp_path, given
     with pytest.raises(UsageError, match=rf"holds no COCO annotations; this is a YOLO split's folder: give its "
                                          rf"dataset's YAML, --dataset {re.escape(str(yaml_path))} --split {split}$"):
         CocoDataset.from_path(str(tmp_path / given))
+
+
+@requires_coco
+def test_oriented_images_are_recorded_from_the_headers_read_once(tmp_path, monkeypatch):
+    """A YOLO image's EXIF orientation is kept from the header its size was read from (the run warns of it, and a
+    decoder that ignores EXIF is not given it): the variant does not read every header a second time."""
+    from PIL import Image
+
+    from harness.data import coco
+
+    yaml_path = one_image(tmp_path, "0 0.5 0.5 0.2 0.2\n")
+    (image,) = (tmp_path / "images").iterdir()
+    pixels = Image.open(image.resolve())
+    image.unlink()
+    exif = Image.Exif()
+    exif[0x0112] = 3  # half a turn: the size stays
+    pixels.save(image, exif=exif.tobytes())
+    dataset = CocoDataset.from_path(str(yaml_path))
+    monkeypatch.setattr(coco, "check_image_sizes", lambda images: pytest.fail("headers read twice"))
+    dataset.variant("sample")
+    assert dataset.orientations == {1: 3}
+    assert "turns or mirrors them (image 1: orientation 3)" in orientation_warning(dataset.orientations, False)

@@ -360,7 +360,9 @@ class CocoDataset:
 
     @cached_property
     def coco(self) -> COCO:
-        if self._yolo is not None:  # built by the reader, which checked every row
+        if self._yolo is not None:
+            # built by the reader, which checked every row; a copy, since COCOeval marks the ground truth's dicts
+            # and the fingerprint (annotations_sha256) is of what was read
             return _index(json.loads(json.dumps(self._yolo.instances)))
         name = None
         if self._named_root is not None:
@@ -431,9 +433,13 @@ class CocoDataset:
             raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file.name} under "
                              f"{self._shown_root}: it lists no images; {self._fix}")
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
-        self.orientations = {**self.orientations, **check_image_sizes(
-            (i, self.image_dir / self.coco.imgs[i]["file_name"], self.coco.imgs[i]["width"],
-             self.coco.imgs[i]["height"]) for i in present)}
+        if self._yolo is not None:  # its sizes were read from these very headers, with their orientations
+            wanted = set(present)
+            found = {i: o for i, o in self._yolo.orientations.items() if i in wanted}
+        else:
+            found = check_image_sizes((i, self.image_dir / self.coco.imgs[i]["file_name"], self.coco.imgs[i]["width"],
+                                       self.coco.imgs[i]["height"]) for i in present)
+        self.orientations = {**self.orientations, **found}
         final_name = name if limit is None or limit >= expected else f"subset{len(present)}"
         return DatasetVariant(name=final_name, image_ids=tuple(present), base=name)
 

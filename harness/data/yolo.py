@@ -50,6 +50,7 @@ class YoloSplit:
     image_dir: Path  # the folder every image of the split lies under
     instances: dict
     rows: tuple[str, ...]  # where annotation id i + 1 was read: 'label file FILE line N'
+    orientations: dict[int, int]  # image id -> EXIF orientation other than 1, read with the sizes
 
     @property
     def dataset_id(self) -> str:
@@ -108,12 +109,14 @@ def read_split(yaml_path: Path, split: str | None, named: str) -> YoloSplit:
                                       f"(the first image's would be {label_files[0]})")
                          + "; YOLO labels lie at each image's path with its last images/ folder as labels/ and .txt")
     image_dir = Path(os.path.commonpath([str(p.parent) for p in images]))
-    records, annotations, rows = [], [], []
+    records, annotations, rows, orientations = [], [], [], {}
     for image_id, (image, labels) in enumerate(zip(images, label_files, strict=True), 1):
         try:
-            width, height, _ = decoded_size(image)
+            width, height, orientation = decoded_size(image)
         except (OSError, SyntaxError, ValueError) as exc:
             raise UsageError(f"image {image} cannot be read as an image ({str(exc)[:60]}); {HOW_TO_FIX}") from exc
+        if orientation != 1:
+            orientations[image_id] = orientation
         records.append({"id": image_id, "file_name": image.relative_to(image_dir).as_posix(), "width": width,
                         "height": height})
         if labels.is_file():
@@ -123,7 +126,8 @@ def read_split(yaml_path: Path, split: str | None, named: str) -> YoloSplit:
                 rows.append(row.where)
     categories = [{"id": index, "name": name} for index, name in sorted(names.items())]
     return YoloSplit(yaml_path, root, key, image_dir,
-                     {"images": records, "annotations": annotations, "categories": categories}, tuple(rows))
+                     {"images": records, "annotations": annotations, "categories": categories}, tuple(rows),
+                     orientations)
 
 
 def label_path(image: Path) -> Path:
