@@ -84,6 +84,10 @@ def test_a_run_scores_as_pycocotools_on_libreyolos_view(tmp_path):
         coco_eval.evaluate(), coco_eval.accumulate(), coco_eval.summarize()
     assert sub["accuracy"]["mAP_50_95"] == pytest.approx(coco_eval.stats[0], abs=1e-12)
     assert sub["accuracy"]["mAP_50_95"] > 0.2
+    # the report names the dataset and split it scored, beside the variant
+    (run_dir,) = out.iterdir()
+    assert run_in_process("report", str(run_dir)).returncode == 0
+    assert f"· data val sample ({IMAGES} images) ·" in (run_dir / "report.html").read_text()
 
 
 @requires_coco

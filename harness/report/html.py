@@ -149,7 +149,9 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
     """The whole page as a string."""
     title = f"va-bench report: {run.run_id}"
     first = run.cells[0]
-    subtitle = (f"{run_date(run)} · {first.get('hardware.id') or '?'} · {first.dataset_variant or '?'} "
+    dataset = first.get("dataset.id") or "coco2017"  # the site's rows without one are COCO's
+    named = "" if dataset == "coco2017" else f"{dataset} {first.get('dataset.split') or ''} ".replace("  ", " ")
+    subtitle = (f"{run_date(run)} · {first.get('hardware.id') or '?'} · {named}{first.dataset_variant or '?'} "
                 f"({first.get('dataset.num_images') or '?'} images) · {len(run.cells)} cells")
     parts = [f"<h1>{escape(title)}</h1><p class='sub'>{escape(subtitle)}</p>",
              "<nav><a href='#performance'>Performance</a><a href='#plots'>Plots</a><a href='#accuracy'>Accuracy</a>"
