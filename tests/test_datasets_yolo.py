@@ -69,6 +69,7 @@ def test_a_run_scores_as_pycocotools_on_libreyolos_view(tmp_path):
     (path,) = list(out.glob("*/submissions/*.json"))
     sub = json.loads(path.read_text())
     assert (sub["dataset"]["id"], sub["dataset"]["split"], sub["dataset"]["num_images"]) == ("data", "val", IMAGES)
+
     run = json.loads(next(out.glob("*/run.json")).read_text())
     assert run["dataset"]["annotation_format"] == "yolo" and run["dataset"]["annotation_file"] == str(yaml_path)
     ours = CocoDataset.from_path(str(yaml_path))
@@ -571,6 +572,8 @@ def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
                               "--min-timed-batches", "1", "--no-energy", "--draw-images", "0", "--output-dir",
                               str(tmp_path / "out"), "--run-id", name)
         assert done.returncode == 0, done.stderr
+        assert re.search(rf"^run {name}: \S+ {'test' if split == 'test' else 'val'} sample \(8 images\), 1 cells",
+                         done.stdout, re.M), done.stdout  # the run's first line names the dataset and split
         return tmp_path / "out" / name
 
     valid, test = run("valid", "valid"), run("test", "test")
