@@ -56,7 +56,7 @@ from harness.results.artifacts import load_slug
 from harness.results.reader import FLEET_FILE, read_fleet_json
 from harness.run.plan import RunPlan, prepare
 from harness.run.progress import SilentProgress
-from harness.run.resume import refuse_differences, resumed_config, runnable
+from harness.run.resume import ground_truth_change, refuse_differences, resumed_config, runnable
 from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 from harness.shell import recordable
@@ -306,12 +306,10 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
                        "rerun with the original options and build, or add --force")
     _check_options(config, doc.get("accuracy_shards", 0))
     plan = prepare(config)
-    # the ground truth the finished cells were scored on (recorded since fleet runs record it): as `run --resume`
-    scored_on, now = doc.get("annotations_sha256"), plan.dataset.describe()["annotations_sha256"]
-    if scored_on is not None and scored_on != now:
-        changed = [f"ground truth {plan.dataset.annotation_file} (SHA-256 {scored_on[:12]} -> {str(now)[:12]})"]
-        refuse_differences(f"fleet run {run_id}", changed, force, "rerun on the original ground truth, or add --force")
-        problems += changed
+    if changed := ground_truth_change(doc.get("annotations_sha256"), plan.dataset):  # known once the plan is made
+        refuse_differences(f"fleet run {run_id}", [changed], force,
+                           "rerun on the original ground truth, or add --force")
+        problems.append(changed)
     plan.run_id, plan.run_dir = run_id, fleet_dir
     connect(address)
     nodes = survey(build)

@@ -32,6 +32,16 @@ def resumed_config(recorded: dict, overrides: dict, output_dir: Path,
     return config, problems
 
 
+def ground_truth_change(scored_on: str | None, dataset) -> str | None:
+    """The difference to name when the ground truth a run's finished cells were scored on (its recorded
+    annotations_sha256; None for a run made before runs recorded it) is not the dataset's now: edited labels would mix
+    the scores of two datasets under one. None when it is the same, or unknown."""
+    now = dataset.describe()["annotations_sha256"]
+    if scored_on is None or scored_on == now:
+        return None
+    return f"ground truth {dataset.annotation_file} (SHA-256 {scored_on[:12]} -> {str(now)[:12]})"
+
+
 def refuse_differences(what: str, problems: list[str], force: bool, fix: str) -> None:
     """One line naming every difference from the original run, unless --force accepts them."""
     if problems and not force:
@@ -66,11 +76,8 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     here = hardware_block(plan.device, config.hardware_id)["id"]
     if recorded != here:
         problems.append(f"hardware {recorded} -> {here}")
-    # the ground truth the finished cells were scored on (recorded since runs record it): edited labels would mix
-    # scores of two datasets under one
-    scored_on, now = doc.get("dataset", {}).get("annotations_sha256"), plan.dataset.describe()["annotations_sha256"]
-    if scored_on is not None and scored_on != now:
-        problems.append(f"ground truth {plan.dataset.annotation_file} (SHA-256 {scored_on[:12]} -> {str(now)[:12]})")
+    if changed := ground_truth_change(doc.get("dataset", {}).get("annotations_sha256"), plan.dataset):
+        problems.append(changed)
     refuse_differences(f"run {run_id}", problems, force, "rerun with the original options or add --force")
     plan.run_id, plan.run_dir, plan.config = run_id, run_dir, config
     plan.resume, plan.retry_failed = doc, retry_failed

@@ -12,8 +12,8 @@ from harness.views.text import escape
 def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, prefix: str = "") -> None:
     """The line a run (or a fleet run) starts with: its id, dataset (a dataset other than COCO val2017 named with its
     split, as the plan names it), variant, cells and where they run."""
-    dataset_id, split = plan.dataset.describe()["id"], plan.dataset.describe()["split"]
-    named = "" if dataset_id in ("coco2017", "synthetic") else f"{dataset_id} {split} "  # synthetic: its variant says
+    described = plan.dataset.describe()
+    named = "" if described["id"] in ("coco2017", "synthetic") else f"{described['id']} {described['split']} "
     console.print(f"{prefix}{'resuming' if resuming else 'run'} [bold]{escape(run_id)}[/]: "
                   f"{escape(named + plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells "
                   f"on {escape(where)}", highlight=False)
