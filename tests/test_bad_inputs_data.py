@@ -84,7 +84,8 @@ IMAGE_ROWS = {
     "zero-byte JPEG": (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
     "image of another size": (_halve, "but its annotations say"),
     "truncated JPEG": (_truncate, "is truncated"),
-    "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(5000)), "is not a JPEG or PNG image"),
+    "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(5000)),
+                     "is not a JPEG, PNG, WebP, BMP or TIFF image"),
 }
 
 

@@ -19,7 +19,7 @@ from harness.data.variants import image_id_sha256
 from harness.errors import UsageError, path_problem
 from harness.files import file_sha256
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")  # the formats data/images.py reads
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,10 @@
 """Image files of a dataset variant: a cheap up-front check (before a run folder exists) and a strict
-decode that finds corrupt-but-decodable JPEGs (libjpeg warns, OpenCV decodes them anyway)."""
+decode that finds corrupt-but-decodable JPEGs (libjpeg warns, OpenCV decodes them anyway).
+
+The formats read are those every decode path of the harness reads with the same pixels: JPEG, PNG, WebP, BMP and
+TIFF (cv2 decodes all five; torchvision.io and nvJPEG the ones they can, the rest through cv2:
+pipeline/preprocess.py decode_tensor). Ultralytics' other suffixes (DNG, PFM, HEIC) have no such decoder and are
+refused by their first bytes."""
 
 from __future__ import annotations
 
@@ -20,24 +25,30 @@ JPEG_SOI = b"\xff\xd8\xff"
 JPEG_EOI = b"\xff\xd9"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_IEND = b"IEND\xaeB`\x82"
+TIFF_HEADERS = (b"II*\x00", b"MM\x00*")  # little- and big-endian classic TIFF
+TIFF_DATA_TAGS = ((273, 279), (324, 325))  # (offsets, byte counts) of the strips, of the tiles
+TIFF_WIDTH, TIFF_HEIGHT, NEW_SUBFILE_TYPE, PHOTOMETRIC = 256, 257, 254, 262
+RAW_PHOTOMETRIC = (32803, 34892)  # colour filter array, linear raw: sensor data, not an RGB picture
+HEAD_BYTES = 16
 # Encoders may pad after the end marker; a marker within this many trailing bytes counts as present.
 # In JPEG entropy-coded data 0xFF is always stuffed (FF 00), so FF D9 there can only be the EOI marker.
 TAIL_BYTES = 1024
-HOW_TO_FIX = "replace it with a whole JPEG or PNG file (a COCO image: fetch it again, `va-bench data fetch coco`)"
+FORMATS = "JPEG, PNG, WebP, BMP or TIFF"
+HOW_TO_FIX = (f"replace it with a whole {FORMATS} file (a COCO image: fetch it again, `va-bench data fetch coco`)")
 
 
 def image_file_problem(path: Path) -> str | None:
     """What is wrong with an image file, judged from its size, first and last bytes; None when it looks whole.
 
-    Cheap (two small reads): catches empty, truncated and non-image files before any decoding. COCO
-    images are JPEGs; PNG is accepted too. Corrupt data in the middle of a whole file needs a decode:
-    see `find_corrupt_images`."""
+    Cheap (two small reads; a TIFF's directory through Pillow's header read): catches empty, truncated and
+    non-image files before any decoding. COCO images are JPEGs; PNG, WebP, BMP and TIFF are accepted too.
+    Corrupt data in the middle of a whole file needs a decode: see `find_corrupt_images`."""
     try:
         size = path.stat().st_size
         if size == 0:
             return "is empty (0 bytes)"
         with open(path, "rb") as fh:
-            head = fh.read(len(PNG_SIGNATURE))
+            head = fh.read(HEAD_BYTES)
             fh.seek(max(0, size - TAIL_BYTES))
             tail = fh.read()
     except OSError as exc:
@@ -46,7 +57,42 @@ def image_file_problem(path: Path) -> str | None:
         return None if JPEG_EOI in tail else "is truncated (no JPEG end-of-image marker)"
     if head.startswith(PNG_SIGNATURE):
         return None if PNG_IEND in tail else "is truncated (no PNG IEND chunk)"
-    return f"is not a JPEG or PNG image (starts with {head[:4].hex(' ')})"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        # the RIFF header holds the size of what follows it: a file cut short is smaller
+        declared = int.from_bytes(head[4:8], "little") + 8
+        return None if size >= declared else f"is truncated ({size} of the {declared} bytes its WebP header gives)"
+    if head.startswith(b"BM") and len(head) >= 14:
+        declared, pixels = int.from_bytes(head[2:6], "little"), int.from_bytes(head[10:14], "little")
+        if size < declared or pixels >= size:  # some writers leave the file size 0: the pixels' offset still tells
+            return f"is truncated ({size} bytes; its BMP header gives {max(declared, pixels + 1)} or more)"
+        return None
+    if head[:4] in TIFF_HEADERS:
+        return _tiff_problem(path, size)
+    return f"is not a {FORMATS} image (starts with {head[:4].hex(' ')})"
+
+
+def _tiff_problem(path: Path, size: int) -> str | None:
+    """A TIFF has no end marker: its first directory (read by Pillow, pixels untouched) says where each strip or
+    tile lies, and a file cut short ends before the last of them (or before the directory itself)."""
+    raw = "is a camera raw (DNG) or a TIFF whose first image is a preview, not the picture; convert it"
+    if path.suffix.lower() == ".dng":  # a camera raw's first image is its preview: cv2 would decode that
+        return raw
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Pillow only warns of a directory cut short ("Truncated File Read")
+            image = Image.open(path)
+        with image:
+            tags = image.tag_v2
+            ends = [offset + count for offsets, counts in TIFF_DATA_TAGS if offsets in tags and counts in tags
+                    for offset, count in zip(tags[offsets], tags[counts], strict=False)]
+            preview = tags.get(NEW_SUBFILE_TYPE, 0) & 1 or tags.get(PHOTOMETRIC) in RAW_PHOTOMETRIC
+    except (OSError, SyntaxError, ValueError, Warning) as exc:
+        return f"is not a whole TIFF image ({str(exc)[:60]})"
+    if preview:
+        return raw
+    if not ends:
+        return "is not a TIFF image the harness reads (its first directory has no strips or tiles)"
+    return None if max(ends) <= size else f"is truncated ({size} of the {max(ends)} bytes its TIFF directory gives)"
 
 
 def check_image_files(paths: Iterable[Path]) -> None:
@@ -84,10 +130,10 @@ def orientation_warning(orientations: dict[int, int], sizes_annotated: bool = Tr
 
 def decoded_size(path: Path) -> tuple[int, int, int]:
     """(width, height, EXIF orientation) of an image as the decoders give it, from its header: the EXIF orientation
-    of a JPEG (a phone's multi-picture MPO too) or a PNG is applied by cv2's imread/imdecode (and by the harness's
-    other decoders), so a quarter turn swaps the stored width and height. Reads the header only (Pillow opens
-    lazily; ~0.1 ms a COCO image); an image of any pixel count is read (Pillow's bomb limit guards decoding,
-    and nothing is decoded here)."""
+    of a JPEG (a phone's multi-picture MPO too), a PNG, a WebP or a TIFF is applied by cv2's imread/imdecode (and by
+    the harness's other decoders), so a quarter turn swaps the stored width and height. Reads the header only
+    (Pillow opens lazily; ~0.1 ms a COCO image); an image of any pixel count is read (Pillow's bomb limit guards
+    decoding, and nothing is decoded here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -100,14 +146,17 @@ def decoded_size(path: Path) -> tuple[int, int, int]:
                 Image.MAX_IMAGE_PIXELS = limit
     with image:
         width, height = image.size
+        if image.format == "TIFF":  # Pillow reports a TIFF's size already turned by its orientation: the stored one
+            width, height = image.tag_v2.get(TIFF_WIDTH, width), image.tag_v2.get(TIFF_HEIGHT, height)
         orientation = _exif_orientation(image)
     return (height, width, orientation) if orientation in QUARTER_TURNS else (width, height, orientation)
 
 
 def _exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation tag (1 when absent or not a valid tag). A PNG's EXIF is read from the block Pillow
-    found while opening it: `getexif()` on a PNG decodes the whole image to look for one (~5 ms)."""
-    if image.format in ("JPEG", "MPO"):
+    """The EXIF orientation tag (1 when absent or not a valid tag; a BMP has none). A PNG's EXIF is read from the
+    block Pillow found while opening it: `getexif()` on a PNG decodes the whole image to look for one (~5 ms); a
+    WebP's EXIF chunk and a TIFF's own directory are read at opening."""
+    if image.format in ("JPEG", "MPO", "WEBP", "TIFF"):
         tag = image.getexif().get(EXIF_ORIENTATION, 1)
     elif image.format == "PNG" and image.info.get("exif"):
         exif = Image.Exif()

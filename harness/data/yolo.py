@@ -29,7 +29,7 @@ from harness.files import load_user_yaml, yaml_problem
 
 YAML_NAMES = ("data.yaml", "data.yml")
 # Ultralytics' IMG_FORMATS: every file it would take as an image is one here, so that one the harness cannot decode
-# (only JPEG and PNG) is refused by name instead of left out of the split
+# (DNG, PFM, HEIC: data/images.py) is refused by name instead of left out of the split
 IMAGE_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm",
                             ".heic"})
 SPLITS = ("val", "test", "train")
@@ -246,7 +246,7 @@ def _split_images(value, root: Path, key: str, named: str) -> list[Path]:
                              + "; give each split as a folder of images, a text file of image paths, or a list")
     if not images:
         raise UsageError(path_problem("--dataset", named, f"split {key!r} holds no image file")
-                         + "; put its images (JPEG or PNG) in the folder it names")
+                         + "; put its images (JPEG, PNG, WebP, BMP or TIFF) in the folder it names")
     seen: dict[str, Path] = {}
     for image in images:  # one file under two spellings (./x.jpg, ../root/x.jpg, a link) is one image
         real = os.path.realpath(image)

@@ -26,7 +26,7 @@ JPEG_MAGIC = b"\xff\xd8"
 
 # What each decoder is, for the record (runtime.preprocess.decode).
 DECODERS = {"nvjpeg": "nvJPEG: torchvision.io.decode_jpeg(list, device='cuda'), one batched call",
-            "torchvision": "torchvision.io.decode_image on the host (libjpeg-turbo), RGB",
+            "torchvision": "torchvision.io.decode_image on the host (libjpeg-turbo), RGB; WebP, BMP, TIFF by cv2",
             "cv2": "cv2.imdecode on the host (libjpeg-turbo), BGR"}
 
 
@@ -43,8 +43,8 @@ def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequen
                      oriented: Sequence[bool] | None = None) -> list[torch.Tensor]:
     """JPEG bytes -> 3xHxW uint8 RGB tensors on `device`, in one batched nvJPEG call. nvJPEG decodes JPEG
     only, and ignores EXIF orientation: any other format (none in COCO) and the JPEGs `oriented` marks (an EXIF
-    orientation other than 1, found when the dataset's images were checked) are decoded on the host and uploaded,
-    image by image."""
+    orientation other than 1, found when the dataset's images were checked) are decoded on the host as the torch
+    implementation does it there (decode_tensor) and uploaded, image by image."""
     oriented = oriented or [False] * len(datas)
     jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC and not oriented[i]]
     out: list[torch.Tensor | None] = [None] * len(datas)

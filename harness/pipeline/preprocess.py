@@ -46,10 +46,17 @@ def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
     return image
 
 
+# what torchvision.io decodes as cv2 does: JPEG and PNG (its WebP decoder ignores the EXIF orientation cv2 applies)
+TORCHVISION_MAGIC = (b"\xff\xd8", b"\x89PNG")
+
+
 def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
     """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB, the pixels
     cv2's IMREAD_COLOR gives (in RGB order): grey and CMYK JPEGs as RGB, the EXIF orientation applied, a 16-bit
-    PNG's high byte."""
+    PNG's high byte. WebP, BMP and TIFF, which torchvision.io cannot decode as cv2 does, are decoded by cv2 (the
+    same libraries' pixels: libwebp, and BMP and TIFF are lossless) and their channels put in RGB order."""
+    if not bytes(data[:4]).startswith(TORCHVISION_MAGIC):
+        return torch.from_numpy(np.ascontiguousarray(decode_bytes(data, path)[..., ::-1].transpose(2, 0, 1)))
     try:
         from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
 
