@@ -294,3 +294,40 @@ def test_coco_images_without_people_are_still_coco(tmp_path):
         {**source, "images": images, "annotations": [a for a in source["annotations"] if a["image_id"] in keep]}))
     dataset = CocoDataset(tmp_path)
     assert len(dataset.categories) == 80 and dataset.identity == ("coco2017", "val2017")
+
+
+@requires_coco
+@pytest.mark.parametrize("images", ["val2017", "images/val2017"])
+def test_an_annotation_file_in_cocos_layout_finds_its_images(tmp_path, images):
+    """COCO's own layout (detectron2's and YOLOX's too): root/annotations/instances_<split>.json with the images in
+    root/<split>/ or root/images/<split>/; the dataset is the root's, the split the file's."""
+    from harness.data.coco import CocoDataset
+
+    root = _three_class_dataset(tmp_path / "mine", layout="coco")
+    if images != "val2017":
+        (root / images).parent.mkdir()
+        (root / "val2017").rename(root / images)
+    dataset = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
+    variant = dataset.variant("sample")
+    assert variant.num_images == IMAGES and dataset.image_dir == (root / images).resolve()
+    assert dataset.identity == ("mine", "val2017")
+    assert all(r.path.is_file() for r in dataset.records(variant))
+    # an images/ folder beside the file that holds them comes first, under the file's own names
+    beside = root / "annotations" / "images"
+    beside.mkdir()
+    for image in dataset.coco.dataset["images"]:
+        os.symlink((root / images / image["file_name"]).resolve(), beside / image["file_name"])
+    dataset = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
+    assert dataset.image_dir == beside.resolve() and dataset.identity == ("annotations", "instances_val2017")
+
+
+@requires_coco
+def test_missing_images_name_every_folder_looked_in(tmp_path):
+    from harness.data.coco import CocoDataset
+
+    root = _three_class_dataset(tmp_path / "mine", layout="coco")
+    (root / "val2017").rename(root / "elsewhere")
+    dataset = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
+    with pytest.raises(UsageError, match=rf"put the image files in {root.resolve()}/annotations \(also looked in "
+                                         rf"{root.resolve()}/val2017, {root.resolve()}/images/val2017\)"):
+        dataset.variant("sample")

@@ -285,13 +285,28 @@ class CocoDataset:
             self._custom_identity = (_slug(found.dataset_id), found.split)
             self._fix = "fix the dataset's label files"
             return self
-        annotation_file, image_dir, name, split_name = _custom_layout(given, split)
-        self.root, self.annotation_file, self.image_dir = annotation_file.parent, annotation_file, image_dir
-        self._custom_identity = (name, split_name)
+        annotation_file, self._image_folders = _custom_layout(given, split)
+        self.root, self.annotation_file = annotation_file.parent, annotation_file
         self._fix = "fix the annotation file (COCO format: images, annotations, categories)"
         return self
 
     _yolo: YoloSplit | None = None  # a YOLO dataset's split, read into COCO instances
+    _custom_identity: tuple[str, str]
+    # an annotation file's possible image folders with the (dataset id, split) each gives it, in order of preference
+    _image_folders: tuple[tuple[Path, tuple[str, str]], ...] = ()
+
+    @cached_property
+    def image_dir(self) -> Path:
+        """The folder the file names of an annotation file given by `--dataset` are relative to: the first of its
+        possible folders (images/ beside it, beside it, COCO's layout: annotations/instances_<split>.json with
+        <split>/ or images/<split>/ beside annotations/) that holds the first image it lists; else the first (the
+        missing images' refusal names it). The other layouts set it when they are opened."""
+        first = next(iter(self.coco.dataset.get("images") or ()), None)
+        name = first.get("file_name") if isinstance(first, dict) else None
+        folder, self._custom_identity = next(
+            (f for f in self._image_folders if isinstance(name, str) and (f[0] / name).is_file()),
+            self._image_folders[0])
+        return folder
 
     @property
     def annotation_format(self) -> str:
@@ -333,6 +348,7 @@ class CocoDataset:
     def identity(self) -> tuple[str, str]:
         """(dataset id, split) as a submission's dataset block names them."""
         if self.layout == "custom":
+            self.image_dir  # noqa: B018 -- an annotation file's identity is that of the image folder it uses
             return self._custom_identity
         return ("coco2017", "val2017") if self.is_coco_val2017 else (_slug(self.root.name), "val2017")
 
@@ -474,7 +490,9 @@ class CocoDataset:
     def _missing_fix(self, name: str) -> str:
         """How to get the missing images: COCO's are fetched; a dataset of the user's own is theirs to complete."""
         if self.layout == "custom":
-            return (f"put the image files in {self.image_dir}, or remove their entries from "
+            others = [str(f) for f, _ in self._image_folders if f != self.image_dir]
+            looked = f" (also looked in {', '.join(others)})" if others and self._yolo is None else ""
+            return (f"put the image files in {self.image_dir}{looked}, or remove their entries from "
                     f"{self.annotation_file.name}")
         return f"{HOW_TO_GET_COCO}" + (", or use --subset sample / --limit N" if name != "sample" else "")
 
@@ -547,9 +565,9 @@ def check_custom_layout(given: str, split: str | None) -> None:
         locate_split(yaml_path, split, given)
 
 
-def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]:
-    """(annotation file, image folder, dataset id, split) of a `--dataset` path; one UsageError line when
-    it is none of the layouts."""
+def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Path, tuple[str, str]], ...]]:
+    """(annotation file, its possible image folders, each with the (dataset id, split) it gives) of a `--dataset`
+    path; one UsageError line when it is none of the layouts."""
     path = Path(given).expanduser()
     layouts = (f"an annotation JSON, a folder with {ROBOFLOW_ANNOTATIONS}, a Roboflow export with "
                f"{'/'.join(ROBOFLOW_SPLITS)} folders, or a YOLO dataset's data.yaml")
@@ -558,14 +576,20 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]
     if path.is_file():
         if split is not None:
             raise UsageError("--split applies to a Roboflow export folder, not to an annotation file; drop it")
-        images = path.parent / "images" if (path.parent / "images").is_dir() else path.parent
-        return path.resolve(), images.resolve(), _slug(path.parent.name), _slug(path.stem)
+        file, identity = path.resolve(), (_slug(path.parent.name), _slug(path.stem))
+        folders = [(file.parent / "images", identity)] if (file.parent / "images").is_dir() else []
+        folders.append((file.parent, identity))
+        # COCO's own layout (and detectron2's, YOLOX's): root/annotations/instances_<split>.json, root/<split>/
+        stem = file.stem.removeprefix("instances_")
+        root, coco_identity = file.parent.parent, (_slug(file.parent.parent.name), _slug(stem))
+        folders += [(root / stem, coco_identity), (root / "images" / stem, coco_identity)]
+        return file, tuple(folders)
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
             raise UsageError(path_problem("--dataset", given, f"is the {path.name!r} split already")
                              + f"; drop --split {split} or give the export's root folder")
-        return (path / ROBOFLOW_ANNOTATIONS).resolve(), path.resolve(), _slug(path.resolve().parent.name), \
-            _slug(path.name)
+        return (path / ROBOFLOW_ANNOTATIONS).resolve(), \
+            ((path.resolve(), (_slug(path.resolve().parent.name), _slug(path.name))),)
     present = [s for s in ROBOFLOW_SPLITS if (path / s / ROBOFLOW_ANNOTATIONS).is_file()]
     if not present:
         hint = _yolo_split_hint(path)
@@ -575,5 +599,5 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, Path, str, str]
     if chosen not in present:
         raise UsageError(path_problem("--dataset", given, f"has no {chosen!r} split")
                          + f"; use --split {' or '.join(present)}")
-    return (path / chosen / ROBOFLOW_ANNOTATIONS).resolve(), (path / chosen).resolve(), \
-        _slug(path.resolve().name), chosen
+    return (path / chosen / ROBOFLOW_ANNOTATIONS).resolve(), \
+        (((path / chosen).resolve(), (_slug(path.resolve().name), chosen)),)
