@@ -239,3 +239,67 @@ def test_narrow_terminals_show_what_matters_whole():
     assert "…" not in text
     assert "scaling_cur_freq" in "".join(line.split("│")[3].strip() for line in text.splitlines() if "│" in line)
     assert "glibc.malloc.mmap_threshold=4294967296:" * 3 in text.replace("\n", "")
+
+
+@requires_coco
+def test_each_stage_and_the_sites_split_are_the_known_costs_of_their_own_work(tmp_path_factory, monkeypatch):
+    """Known costs in all three stages, each measured by its own clock: every image's decode sleeps 3 ms on top of
+    the JPEG decode (preprocess, the wrapped decoder's clock), the core's forward sleeps 40 ms (the plugin's clock),
+    the detector's head decode sleeps 15 ms (postprocess, the plugin's clock). Each stage holds its own work: no
+    stage's median, and no part of the site's total_ms split (per image), is below its work's, and no batch is
+    shorter than the work done in it; work moved from one stage to another leaves the first short of its own. The
+    forward-clock test above cannot see such a move (the stage sum still adds up). Lower bounds only: how much more
+    a stage takes than its work is the machine's load."""
+    import statistics
+    import time
+
+    from conftest import run_benchmark
+
+    from harness.pipeline import pipeline as pipeline_module
+    from harness.results.submission import build_submission
+
+    read_ms, reads = 3.0, []
+    decode = pipeline_module.decode_bytes
+
+    def slow_decode(data, path):
+        start = time.perf_counter()
+        time.sleep(read_ms / 1000)
+        image = decode(data, path)
+        reads.append((time.perf_counter() - start) * 1000)  # the sleep and the real JPEG decode
+        return image
+
+    monkeypatch.setattr(pipeline_module, "decode_bytes", slow_decode)
+    plugin = tmp_path_factory.mktemp("plugin") / "costly_stages.py"
+    plugin.write_text(f"import sys\nimport time\nsys.path.insert(0, {str(Path(__file__).parent / 'plugins')!r})\n"
+                      "import synthetic_detector\nfrom synthetic_detector import SyntheticDetector\n\n"
+                      "HEAD_MS, HEAD_MEASURED = 15.0, []\n\n"
+                      "class Detector(SyntheticDetector):\n"
+                      "    def decode(self, raw, input_size, conf):\n"
+                      "        start = time.perf_counter()\n"
+                      "        time.sleep(HEAD_MS / 1000)\n"
+                      "        out = super().decode(raw, input_size, conf)\n"
+                      "        HEAD_MEASURED.append((time.perf_counter() - start) * 1000)\n"
+                      "        return out\n\n"
+                      "def make_detector():\n    return Detector()\n")
+    size = 4
+    _, (record,) = run_benchmark(tmp_path_factory, "stage-costs", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=24, batch_sizes=[size], warmup_batches=1,
+                                 min_timed_batches=8, energy=False, memory=False, accuracy=False, layers=False,
+                                 profile=False, draw_images=0)
+    module = sys.modules["va_bench_plugin_costly_stages"]
+    t = record.timing
+    n = t.timed_batches
+    assert t.short_batch is None and t.mode == "latency"  # 24 images in 4s: the timed batches are the last calls
+    # each timed batch's own work, by the work's own clocks (the last n forwards / head decodes, the last 4n reads)
+    forward = module.synthetic_detector.MEASURED_MS[-n:]
+    head = module.HEAD_MEASURED[-n:]
+    read = [sum(reads[-size * n:][size * k:size * (k + 1)]) for k in range(n)]
+    for stage, own in (("preprocess", read), ("forward", forward), ("postprocess", head)):
+        own_p50, stage_p50 = statistics.median(own), t.stages_ms[stage].p50
+        assert own_p50 <= stage_p50 + 0.05, (stage, own_p50, stage_p50)
+    for total, *parts in zip(t.batch_samples_ms, read, forward, head, strict=True):
+        assert total >= sum(parts) - 0.05, (total, parts)  # a batch holds its three stages' work
+    split = build_submission(record)["timing"]["total_ms"]
+    for key, own in (("preprocess_ms", read), ("inference_ms", forward), ("postprocess_ms", head)):
+        mean = statistics.fmean(own) / size
+        assert mean - 0.05 <= split[key], (key, mean, split[key])

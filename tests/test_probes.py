@@ -370,3 +370,54 @@ def test_the_memory_timeline_is_kept_as_columns_and_read_back_as_sampled():
     assert [t for t, *_ in rows] == sorted(t for t, *_ in rows)
     assert monitor._times.itemsize == monitor._rss.itemsize == 8 and monitor._tag_names == ["start", "timing a b1",
                                                                                            "between"]
+
+
+def test_a_runs_energy_per_image_is_the_windows_energy_over_the_images_the_core_ran_in_it(tmp_path_factory,
+                                                                                          monkeypatch):
+    """A real run with a constant-power source (50 W, its own clock for its window) in place of the machine's
+    counters: the submission's joules are 50 W x the source's window, and its images are those the core itself
+    forwarded inside that window (the synthetic core's own count: the timed batches, not the warm-up, not the short
+    batch), so joules/image and images/joule are the energy over the core's images; the average power is 50 W."""
+    import time
+
+    from conftest import COCO_DIR, run_benchmark
+
+    from harness.measure.energy import SourceReading
+    from harness.results.submission import build_submission
+
+    if not COCO_DIR.is_dir():
+        pytest.skip("COCO sample not found")
+    watts, size, seen = 50.0, 4, {}
+
+    def forwards() -> int:  # the plugin's own list: one entry per forward it ran
+        return len(sys.modules["va_bench_plugin_synthetic_detector"].MEASURED_MS)
+
+    class ConstantPower:
+        method = "constant-power (test)"
+
+        def start(self):
+            seen["start"], seen["forwards"] = time.perf_counter(), forwards()
+
+        def stop(self):
+            seen["window_s"] = time.perf_counter() - seen["start"]
+            seen["images"] = (forwards() - seen["forwards"]) * size
+            return SourceReading(self.method, {"package_0": watts * seen["window_s"]}, ["package_0"])
+
+    monkeypatch.setattr(EnergyProbe, "detect", classmethod(lambda cls, gpu_index=None: cls(sources=[ConstantPower()])))
+    plugin = REPO / "tests" / "plugins" / "synthetic_detector.py"
+    _, (record,) = run_benchmark(tmp_path_factory, "energy-known", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=14, batch_sizes=[size], warmup_batches=1,
+                                 min_timed_batches=6, memory=False, accuracy=False, layers=False, profile=False,
+                                 draw_images=0)
+    energy = build_submission(record)["energy"]
+    assert record.timing.short_batch["size"] == 2  # a short batch ran after the window, outside it
+    joules = watts * seen["window_s"]
+    assert energy["status"] == "ok" and energy["methods"] == ["constant-power (test)"]
+    assert energy["images"] == seen["images"] == record.timing.timed_images
+    assert energy["joules_total"] == pytest.approx(joules, abs=2e-6)
+    assert energy["joules_per_image"] == pytest.approx(joules / seen["images"], abs=2e-6)
+    assert energy["images_per_joule"] == pytest.approx(seen["images"] / joules, abs=2e-4)
+    # the run's window lies inside the source's (started before it, stopped after it): never longer, so never less
+    # than the source's power on average
+    assert 0 < energy["window_s"] <= seen["window_s"] + 5e-5
+    assert energy["domains"]["package_0"]["avg_w"] >= watts - 0.01

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+from conftest import COCO_DIR, YOLOX_NANO
 from rich.console import Console
 
 from harness.views.tables import group_table, int8_failing, run_warnings
@@ -86,3 +88,100 @@ def test_the_sites_split_of_total_ms_by_hand():
         "preprocess_ms": 3.75, "inference_ms": 3.0, "postprocess_ms": 1.25}  # host: 8 - 6 / 2 = 5 ms
     no_transfer = {k: v for k, v in per_batch.items() if k != "transfer"}
     assert site_split(record("latency", 9.0, **no_transfer))["inference_ms"] == 5.0
+
+
+def _run_figures_truth(run_dir):
+    """Each cell's figures from outside the harness's summary code: numpy on the submission's own batch samples, and
+    pycocotools' COCOeval (its summarize()) on the cell's detections file over the run's images (their id list
+    checked against the submission's image_id_sha256 by hashlib)."""
+    import contextlib
+    import hashlib
+    import io
+    import json
+
+    import numpy as np
+    from conftest import SUBSET_ANNOTATIONS
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from harness.data.coco import CocoDataset
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(SUBSET_ANNOTATIONS))
+    truth = {}
+    for path in sorted((run_dir / "submissions").glob("*.json")):
+        doc = json.loads(path.read_text())
+        size = doc["timing"]["batch_size"]
+        ids = sorted(CocoDataset(SUBSET_ANNOTATIONS.parents[1]).variant("sample", doc["dataset"]["num_images"])
+                     .image_ids)
+        assert hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest() == doc["dataset"]["image_id_sha256"]
+        with contextlib.redirect_stdout(io.StringIO()):
+            ev = COCOeval(gt, gt.loadRes(str(run_dir / doc["eval"]["detections"])), "bbox")
+            ev.params.imgIds = ids
+            ev.evaluate(), ev.accumulate(), ev.summarize()
+        samples = np.asarray(doc["timing"]["batch_samples_ms"])
+        truth[size] = {"images_per_s": size * 1000 / samples.mean(), "p50": np.percentile(samples, 50),
+                       "p95": np.percentile(samples, 95), "mean": samples.mean(),
+                       "image_p50": np.median(samples / size), "mAP": float(ev.stats[0]), "doc": doc}
+    return truth
+
+
+_SUMMARY_RUN = ("run", "--model", "yolox-nano", "--backend", "onnxruntime", "--limit", "8", "--batch-sizes", "1",
+                "2", "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "6", "--no-energy",
+                "--no-layers", "--no-profile", "--draw-images", "0")
+
+
+@pytest.mark.skipif(not (COCO_DIR.is_dir() and YOLOX_NANO.is_file()), reason="offline assets missing")
+def test_the_end_of_run_table_shows_each_cells_measured_figures(tmp_path):
+    """The table a person reads at the end of `va-bench run` (one row per batch size): img/s, p50/p95 ms per batch,
+    mAP and peak RAM equal numpy's figures of the submission's own batch samples and pycocotools' mAP on the cell's
+    detections file, to the digits shown."""
+    from conftest import run_in_process
+
+    done = run_in_process(*_SUMMARY_RUN, "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path),
+                          "--run-id", "table", env={"COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    truth = _run_figures_truth(tmp_path / "table")
+    header = ["batch", "status", "img/s", "p50 ms", "p95 ms", "split %", "mAP", "b-inv", "RAM MB"]
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:3] == ["batch", "status", "img/s"] for line in lines if line.strip()), done.stdout
+    rows = {int(cells[0]): dict(zip(header, cells, strict=True)) for cells in map(str.split, lines)
+            if len(cells) == len(header) and cells[0].isdigit() and cells[1] == "ok"}
+    assert set(rows) == {1, 2}, done.stdout
+    for size, row in rows.items():
+        t = truth[size]
+        assert float(row["img/s"]) == pytest.approx(t["images_per_s"], abs=0.05 + 1e-3), (size, row)
+        assert float(row["p50 ms"]) == pytest.approx(t["p50"], abs=0.005 + 2e-4), (size, row)
+        assert float(row["p95 ms"]) == pytest.approx(t["p95"], abs=0.005 + 2e-4), (size, row)
+        assert float(row["mAP"]) == pytest.approx(t["mAP"], abs=5e-5 + 1e-12), (size, row)
+        assert float(row["RAM MB"]) == pytest.approx(t["doc"]["memory"]["peak_ram_mb"], abs=0.5 + 1e-9)
+    assert rows[1]["b-inv"] == "ref"
+
+
+@pytest.mark.skipif(not (COCO_DIR.is_dir() and YOLOX_NANO.is_file()), reason="offline assets missing")
+def test_the_run_json_summary_gives_each_cells_measured_figures(tmp_path):
+    """`va-bench run --json` (what scripts read): each cell's images/s, batch latency, per-image p50, stage means and
+    mAP equal numpy's figures of the submission's own batch samples and pycocotools' mAP on its detections file."""
+    import json
+
+    from conftest import run_in_process
+
+    done = run_in_process(*_SUMMARY_RUN, "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path),
+                          "--run-id", "json", "--json")
+    assert done.returncode == 0, done.stderr
+    truth = _run_figures_truth(tmp_path / "json")
+    cells = {c["batch_size"]: c for c in json.loads(done.stdout)["cells"]}
+    assert set(cells) == {1, 2}
+    for size, cell in cells.items():
+        t = truth[size]
+        assert cell["status"] == "ok"
+        assert cell["images_per_s"] == pytest.approx(t["images_per_s"], rel=1e-5, abs=1e-3), size
+        assert cell["batch_ms"]["p50"] == pytest.approx(t["p50"], abs=2e-4), size
+        assert cell["batch_ms"]["p95"] == pytest.approx(t["p95"], abs=2e-4), size
+        assert cell["batch_ms"]["mean"] == pytest.approx(t["mean"], abs=2e-4), size
+        assert cell["batch_ms"]["count"] == len(t["doc"]["timing"]["batch_samples_ms"])
+        assert cell["image_ms_p50"] == pytest.approx(t["image_p50"], abs=2e-4), size
+        assert cell["mAP_50_95"] == pytest.approx(t["mAP"], abs=1e-12), size
+        stages = t["doc"]["timing"]["stages_ms"]
+        assert cell["stages_ms_mean"] == pytest.approx({k: v["mean"] for k, v in stages.items()}, abs=2e-4), size
+        assert cell["memory"] == t["doc"]["memory"]
