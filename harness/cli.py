@@ -302,7 +302,9 @@ def aggregate(
     fallback_hardware: list[str] | None = typer.Option(None, "--fallback-hardware",
                                                           help="order to try when the reference has no run"),
     tolerance: float = typer.Option(0.3, "--tolerance", help="agreement gate, in mAP points"),
-    support_matrix: Path | None = typer.Option(None, "--support-matrix"),
+    support_matrix: Path | None = typer.Option(None, "--support-matrix",
+                                                  help="the site's support-matrix.json the files are checked "
+                                                       "against (allow-lists)"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when the agreement gate finds drift"),
     leaderboard_variant: str = typer.Option("full", "--leaderboard-variant",
                                             help="the leaderboard shows this variant's canonical accuracy only"),
@@ -534,7 +536,7 @@ def data_check(
 def models_list(
     family: str | None = typer.Option(None, "--family", help="only this family (e.g. rtmdet)"),
     task: str | None = typer.Option(None, "--task", help="only this task: detect or segment"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="print the registry as JSON"),
 ) -> None:
     """Registered models, their task and whether their weights are present locally; the families the
     leaderboard names that cannot be built here are listed as not available, with why."""
