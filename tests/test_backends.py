@@ -217,6 +217,39 @@ def test_flop_count_is_cached_per_graph_and_input_size(monkeypatch, tmp_path):
     assert not list((tmp_path / "model-stats").glob(".*"))  # no temporary file left
 
 
+def _conv_gflops_by_hand(size: int) -> float:
+    """YOLOX-Nano's FLOPs (2 x MAC) at size x size counted from its ONNX graph alone: ONNX shape inference gives each
+    Conv's output shape, its weight's shape gives the MACs per output value (its other ops do no multiply-adds)."""
+    from onnx import shape_inference
+
+    model = onnx.load(str(YOLOX_NANO))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_value = dims[3].dim_value = size
+    del model.graph.value_info[:]
+    for output in model.graph.output:  # inferred again at this size
+        for dim in output.type.tensor_type.shape.dim:
+            dim.Clear()
+    model = shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    weights = {i.name: list(i.dims) for i in model.graph.initializer}
+    assert {n.op_type for n in model.graph.node} & {"MatMul", "Gemm", "ConvTranspose", "Einsum"} == set()
+    total = 0
+    for node in (n for n in model.graph.node if n.op_type == "Conv"):
+        n, c_out, h, w = shapes[node.output[0]]
+        _, c_in_per_group, kh, kw = weights[node.input[1]]
+        total += 2 * n * c_out * h * w * c_in_per_group * kh * kw
+    return total / 1e9
+
+
+@pytest.mark.skipif(not YOLOX_NANO.is_file(), reason="yolox_nano.onnx missing")
+@pytest.mark.parametrize("size", [320, 416, 640])
+def test_gflops_at_each_input_size_are_the_graphs_convolutions_counted_by_hand(monkeypatch, tmp_path, size):
+    from harness.detector.graph import onnx_model_stats
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    assert onnx_model_stats(onnx.load(str(YOLOX_NANO)), (size, size)).gflops == round(_conv_gflops_by_hand(size), 4)
+
+
 def test_batch_row_check_feeds_a_device_core_on_its_device_and_fails_in_one_line():
     """check_batch_rows (Ultralytics graphs on PyTorch) hands a core that takes device tensors its batch on
     that device (a CPU batch into CUDA weights is a crash on a GPU); a core that cannot run at all is one line."""

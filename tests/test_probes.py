@@ -421,3 +421,30 @@ def test_a_runs_energy_per_image_is_the_windows_energy_over_the_images_the_core_
     # than the source's power on average
     assert 0 < energy["window_s"] <= seen["window_s"] + 5e-5
     assert energy["domains"]["package_0"]["avg_w"] >= watts - 0.01
+
+
+def test_ort_layer_figures_are_onnx_runtimes_own_profile_summed(ort_run):
+    """The ONNX Runtime layer pass against the runtime's own profile, read here with json alone: each op type's total
+    and count in layer_types.csv are its kernel events summed, and each batch's layer_sum_over_forward (layer time
+    over the harness's forward wall time) is at most the layer time over ONNX Runtime's own model_run span of that
+    batch, which the harness's wall time encloses."""
+    plan, records = ort_run
+    (layered,) = [r for r in records if r.layers]
+    (profile,) = plan.run_dir.glob("ort_profile__*.json")
+    events = json.loads(profile.read_text())
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    totals, counts = {}, {}
+    for e in kernels:
+        op = e["args"]["op_name"]
+        totals[op] = totals.get(op, 0.0) + e["dur"] / 1000
+        counts[op] = counts.get(op, 0) + 1
+    rows = {r["layer_type"]: r for r in csv.DictReader(open(plan.run_dir / "layer_types.csv"))}
+    assert set(rows) == set(totals)
+    for op, row in rows.items():
+        assert float(row["total_ms"]) == pytest.approx(totals[op], abs=1e-3) and int(row["count"]) == counts[op], op
+    coverage = layered.layers["layer_sum_over_forward"]
+    assert len(coverage) == len(runs) == layered.layers["batches"]
+    for share, (start, duration) in zip(coverage, runs, strict=True):
+        inside = sum(e["dur"] for e in kernels if start <= e["ts"] <= start + duration)
+        assert 0 < share <= inside / duration + 1e-4, (share, inside, duration)
