@@ -303,3 +303,41 @@ def test_each_stage_and_the_sites_split_are_the_known_costs_of_their_own_work(tm
     for key, own in (("preprocess_ms", read), ("inference_ms", forward), ("postprocess_ms", head)):
         mean = statistics.fmean(own) / size
         assert mean - 0.05 <= split[key], (key, mean, split[key])
+
+
+@requires_coco
+def test_the_cold_batch_and_the_short_batch_hold_their_known_forwards(tmp_path_factory):
+    """A core whose first forward takes 200 ms more (a cold start) and which records each forward's batch size and
+    time by its own clock: the warm-up's samples, in order, each hold their forward (the first the cold one), and
+    the short final batch's time holds the forward of a batch of that size."""
+    from conftest import run_benchmark
+
+    plugin = tmp_path_factory.mktemp("plugin") / "cold_start.py"
+    plugin.write_text(f"import sys\nimport time\nsys.path.insert(0, {str(Path(__file__).parent / 'plugins')!r})\n"
+                      "from synthetic_detector import SleepyCore, SyntheticDetector\n\n"
+                      "COLD_MS, CALLS = 200.0, []\n\n"
+                      "class ColdCore(SleepyCore):\n"
+                      "    def __call__(self, batch):\n"
+                      "        start = time.perf_counter()\n"
+                      "        if not CALLS:\n"
+                      "            time.sleep(COLD_MS / 1000)\n"
+                      "        out = super().__call__(batch)\n"
+                      "        CALLS.append((batch.shape[0], (time.perf_counter() - start) * 1000))\n"
+                      "        return out\n\n"
+                      "class Detector(SyntheticDetector):\n"
+                      "    def load_core(self, backend, device, precision, input_size, threads=None):\n"
+                      "        return ColdCore()\n\n"
+                      "def make_detector():\n    return Detector()\n")
+    _, (record,) = run_benchmark(tmp_path_factory, "cold-start", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=14, batch_sizes=[4], warmup_batches=2,
+                                 min_timed_batches=2, energy=False, memory=False, accuracy=False, layers=False,
+                                 profile=False, draw_images=0)
+    calls = sys.modules["va_bench_plugin_cold_start"].CALLS
+    t = record.timing
+    warm = t.warmup_samples_ms
+    assert calls[0][1] >= 200 and warm[0] >= calls[0][1] - 0.05, (warm, calls[:2])  # the cold batch, first
+    for sample, (size, own) in zip(warm, calls, strict=False):
+        assert size == 4 and sample >= own - 0.05, (warm, calls)
+    assert t.short_batch["size"] == 2
+    (short_forward,) = [ms for size, ms in calls if size == 2]
+    assert t.short_batch["total_ms"] >= short_forward - 0.05, (t.short_batch, short_forward)

@@ -209,7 +209,12 @@ def test_performance_table_matches_submissions(run_a):
         # the p99 per image and its bound: numpy's percentile and scipy's binomial order statistic of the samples
         from scipy.stats import binom
 
-        per_image = np.asarray(sub["timing"]["batch_samples_ms"]) / sub["timing"]["batch_size"]
+        samples = np.asarray(sub["timing"]["batch_samples_ms"])
+        per_image = samples / sub["timing"]["batch_size"]
+        # the other latency columns are numpy's of the same samples (the submission rounds them to 4 decimals)
+        assert float(row[col["p95 ms/batch"]]) == pytest.approx(np.percentile(samples, 95), abs=half_unit + 2e-4)
+        assert float(row[col["p50 ms/img"]]) == pytest.approx(np.median(per_image), abs=half_unit + 2e-4)
+        assert float(row[col["peak RAM MB"]]) == pytest.approx(sub["memory"]["peak_ram_mb"], abs=0.05 + 1e-9)
         shown = row[col["p99 ms/img (95 % bound)"]]
         figure, _, rest = shown.partition(" (")
         # 2 decimals of a figure the submission rounds to 4 (and its samples too): half a unit, and the rounding's
