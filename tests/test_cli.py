@@ -341,3 +341,30 @@ def test_the_cold_batch_and_the_short_batch_hold_their_known_forwards(tmp_path_f
     assert t.short_batch["size"] == 2
     (short_forward,) = [ms for size, ms in calls if size == 2]
     assert t.short_batch["total_ms"] >= short_forward - 0.05, (t.short_batch, short_forward)
+
+
+@requires_coco
+def test_overlapped_throughput_is_bounded_by_the_forwards_it_waited_for(tmp_path_factory):
+    """Overlapped mode's images/s is the timed images over the stream's wall time. The synthetic core runs one
+    forward at a time (its own clock records each), so the stream lasted at least its timed batches' forwards:
+    images/s is at most their images over those forwards' summed time, and at least the images over a wall clock
+    taken around the whole run; the per-image intervals add up to the stream's time."""
+    import time
+
+    from conftest import run_benchmark
+
+    plugin = Path(__file__).parent / "plugins" / "synthetic_detector.py"
+    size = 4
+    start = time.perf_counter()
+    _, (record,) = run_benchmark(tmp_path_factory, "overlapped-bounds", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=32, batch_sizes=[size], warmup_batches=1,
+                                 min_timed_batches=5, overlap=True, workers="2", energy=False, memory=False,
+                                 accuracy=False, layers=False, profile=False, draw_images=0)
+    wall_s = time.perf_counter() - start
+    t = record.timing
+    assert t.mode == "overlapped" and t.short_batch is None and t.timed_images == size * t.timed_batches
+    forwards_ms = sys.modules["va_bench_plugin_synthetic_detector"].MEASURED_MS[-t.timed_batches:]
+    assert t.images_per_s <= t.timed_images / (sum(forwards_ms) / 1000) * (1 + 1e-6), (t.images_per_s, forwards_ms)
+    assert t.images_per_s >= t.timed_images / wall_s
+    assert t.timed_seconds >= sum(forwards_ms) / 1000 - 1e-3
+    assert sum(i * size for i in t.interval_samples_ms) / 1000 == pytest.approx(t.timed_seconds, abs=2e-3)

@@ -165,6 +165,22 @@ def test_openvino_int8_keeps_99_percent_calibrated_on_other_images(first_106):
     assert verdict["mAP_50_95"] == pytest.approx(fp32_map, abs=1e-6)  # the reference pass: the same fp32 core
     assert verdict["int8_mAP_50_95"] == record.accuracy.stats["mAP_50_95"]
     assert verdict["kept"] == pytest.approx(record.accuracy.stats["mAP_50_95"] / fp32_map, abs=1e-4)
+    # both figures of the verdict as pycocotools gives them from the detections files the run wrote
+    import contextlib
+    import io
+
+    from pycocotools.cocoeval import COCOeval
+
+    truth = {}
+    for name, rel in (("fp32", verdict["detections_file"]), ("int8", record.accuracy.detections_file)):
+        with contextlib.redirect_stdout(io.StringIO()):
+            coco_eval = COCOeval(plan.dataset.coco, plan.dataset.coco.loadRes(str(plan.run_dir / rel)), "bbox")
+            coco_eval.params.imgIds = sorted(plan.variant.image_ids)
+            coco_eval.evaluate(), coco_eval.accumulate(), coco_eval.summarize()
+        truth[name] = coco_eval.stats[0]
+    assert verdict["mAP_50_95"] == pytest.approx(truth["fp32"], abs=1e-6)
+    assert verdict["int8_mAP_50_95"] == pytest.approx(truth["int8"], abs=1e-6)
+    assert verdict["kept"] == pytest.approx(truth["int8"] / truth["fp32"], abs=1e-4)
     assert verdict["passed"] is (verdict["kept"] >= 0.99) and verdict["passed"]
     quantization = record.runtime["quantization"]
     assert quantization["calibration_images"] == 100 and quantization["calibration_disjoint_from_evaluated"]
