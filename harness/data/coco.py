@@ -297,15 +297,15 @@ class CocoDataset:
 
     @cached_property
     def image_dir(self) -> Path:
-        """The folder the file names of an annotation file given by `--dataset` are relative to: the first of its
-        possible folders (images/ beside it, beside it, COCO's layout: annotations/instances_<split>.json with
-        <split>/ or images/<split>/ beside annotations/) that holds the first image it lists; else the first (the
-        missing images' refusal names it). The other layouts set it when they are opened."""
-        first = next(iter(self.coco.dataset.get("images") or ()), None)
-        name = first.get("file_name") if isinstance(first, dict) else None
-        folder, self._custom_identity = next(
-            (f for f in self._image_folders if isinstance(name, str) and (f[0] / name).is_file()),
-            self._image_folders[0])
+        """The folder the file names of an annotation file given by `--dataset` are relative to: of its possible
+        folders (images/ beside it, beside it, COCO's layout: annotations/instances_<split>.json with <split>/ or
+        images/<split>/ beside annotations/), the one holding the most of up to IMAGE_DIR_PROBES images the file
+        lists, spread over it (the first in that order on a tie, the first of all when none holds any: the missing
+        images' refusal names it). The other layouts set it when they are opened."""
+        listed = [i.get("file_name") for i in self.coco.dataset.get("images") or () if isinstance(i, dict)]
+        names = [n for n in listed[::max(1, len(listed) // IMAGE_DIR_PROBES)] if isinstance(n, str)]
+        held = [sum((folder / n).is_file() for n in names) for folder, _ in self._image_folders]
+        folder, self._custom_identity = self._image_folders[held.index(max(held))]
         return folder
 
     @property
@@ -506,6 +506,7 @@ def has_mask(segmentation) -> bool:
 
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
+IMAGE_DIR_PROBES = 64  # listed images an annotation file's possible image folders are tried with
 ROBOFLOW_SPLITS = ("valid", "test", "train")
 
 
@@ -576,14 +577,17 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
     if path.is_file():
         if split is not None:
             raise UsageError("--split applies to a Roboflow export folder, not to an annotation file; drop it")
-        file, identity = path.resolve(), (_slug(path.parent.name), _slug(path.stem))
-        folders = [(file.parent / "images", identity)] if (file.parent / "images").is_dir() else []
-        folders.append((file.parent, identity))
+        # folders are looked for where the file was given, a link (git-annex, DVC's cache) where it lies, not where
+        # it points
+        here, identity = path.absolute().parent, (_slug(path.parent.name), _slug(path.stem))
+        folders = [((here / "images").resolve(), identity)] if (here / "images").is_dir() else []
+        folders.append((here.resolve(), identity))
         # COCO's own layout (and detectron2's, YOLOX's): root/annotations/instances_<split>.json, root/<split>/
-        stem = file.stem.removeprefix("instances_")
-        root, coco_identity = file.parent.parent, (_slug(file.parent.parent.name), _slug(stem))
-        folders += [(root / stem, coco_identity), (root / "images" / stem, coco_identity)]
-        return file, tuple(folders)
+        stem = path.stem.removeprefix("instances_")
+        root = here.parent
+        coco_identity = (_slug(root.resolve().name), _slug(stem))
+        folders += [((root / stem).resolve(), coco_identity), ((root / "images" / stem).resolve(), coco_identity)]
+        return path.resolve(), tuple(folders)
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
             raise UsageError(path_problem("--dataset", given, f"is the {path.name!r} split already")

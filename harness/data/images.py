@@ -25,10 +25,14 @@ JPEG_SOI = b"\xff\xd8\xff"
 JPEG_EOI = b"\xff\xd9"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_IEND = b"IEND\xaeB`\x82"
-TIFF_HEADERS = (b"II*\x00", b"MM\x00*")  # little- and big-endian classic TIFF
-TIFF_DATA_TAGS = ((273, 279), (324, 325))  # (offsets, byte counts) of the strips, of the tiles
+TIFF_HEADERS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
+TIFF_STRIPS, TIFF_TILES = (273, 279), (324, 325)  # (offsets, byte counts) of the strips, of the tiles
 TIFF_WIDTH, TIFF_HEIGHT, NEW_SUBFILE_TYPE, PHOTOMETRIC = 256, 257, 254, 262
+BITS_PER_SAMPLE, COMPRESSION, SAMPLE_FORMAT, CMYK = 258, 259, 339, 5
 RAW_PHOTOMETRIC = (32803, 34892)  # colour filter array, linear raw: sensor data, not an RGB picture
+# the compressions OpenCV's libtiff decodes: none, CCITT (2-4), LZW, JPEG (old and new), Deflate (both), PackBits;
+# ZSTD, LZMA, WebP, LERC and JPEG 2000 are not built in
+CV2_TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 32773, 32946})
 HEAD_BYTES = 16
 # Encoders may pad after the end marker; a marker within this many trailing bytes counts as present.
 # In JPEG entropy-coded data 0xFF is always stuffed (FF 00), so FF D9 there can only be the EOI marker.
@@ -73,26 +77,55 @@ def image_file_problem(path: Path) -> str | None:
 
 def _tiff_problem(path: Path, size: int) -> str | None:
     """A TIFF has no end marker: its first directory (read by Pillow, pixels untouched) says where each strip or
-    tile lies, and a file cut short ends before the last of them (or before the directory itself)."""
+    tile lies, and a file cut short ends before the last of them (or before the directory itself). The directory
+    also says what cv2 cannot decode as a picture (its samples, compression, a preview first), refused here rather
+    than in a run's first batch."""
     raw = "is a camera raw (DNG) or a TIFF whose first image is a preview, not the picture; convert it"
     if path.suffix.lower() == ".dng":  # a camera raw's first image is its preview: cv2 would decode that
         return raw
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # Pillow only warns of a directory cut short ("Truncated File Read")
-            image = Image.open(path)
+            image = _open_header(path)
         with image:
-            tags = image.tag_v2
-            ends = [offset + count for offsets, counts in TIFF_DATA_TAGS if offsets in tags and counts in tags
-                    for offset, count in zip(tags[offsets], tags[counts], strict=False)]
-            preview = tags.get(NEW_SUBFILE_TYPE, 0) & 1 or tags.get(PHOTOMETRIC) in RAW_PHOTOMETRIC
+            tags = dict(image.tag_v2)
     except (OSError, SyntaxError, ValueError, Warning) as exc:
         return f"is not a whole TIFF image ({str(exc)[:60]})"
-    if preview:
+    if tags.get(NEW_SUBFILE_TYPE, 0) & 1 or tags.get(PHOTOMETRIC) in RAW_PHOTOMETRIC:
         return raw
+    if problem := _tiff_undecodable(tags):
+        return problem
+    ends = [offset + count for offsets, counts in (TIFF_STRIPS, TIFF_TILES) if offsets in tags and counts in tags
+            for offset, count in zip(_values(tags[offsets]), _values(tags[counts]), strict=False)]
     if not ends:
         return "is not a TIFF image the harness reads (its first directory has no strips or tiles)"
     return None if max(ends) <= size else f"is truncated ({size} of the {max(ends)} bytes its TIFF directory gives)"
+
+
+def _values(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _tiff_undecodable(tags: dict) -> str | None:
+    """Why cv2 (OpenCV's libtiff) cannot decode this TIFF as the picture it is, from its first directory; None when
+    it can. Checked on files cv2 decodes or refuses (tests)."""
+    bits = max(_values(tags.get(BITS_PER_SAMPLE, 1)))
+    sample_format = set(_values(tags.get(SAMPLE_FORMAT, 1)))
+    compression = tags.get(COMPRESSION, 1)
+    orientation = tags.get(EXIF_ORIENTATION, 1)
+    if sample_format - {1} or bits > 16:
+        kind = "floating-point" if 3 in sample_format else "signed" if 2 in sample_format else f"{bits}-bit"
+        return f"holds {kind} samples (a depth or thermal frame?), not a picture cv2 decodes; convert it to 8-bit"
+    if tags.get(PHOTOMETRIC) == CMYK and bits > 8:
+        return "is a 16-bit CMYK TIFF, which cv2 does not decode; convert it to 8-bit RGB"
+    if compression not in CV2_TIFF_COMPRESSIONS:
+        return (f"uses TIFF compression {compression}, which OpenCV's libtiff does not decode; save it with LZW or "
+                "Deflate")
+    if TIFF_TILES[0] in tags and orientation != 1:
+        # OpenCV 5.0 mirrors a tiled TIFF's tile columns under orientations 2, 3, 6 and 7: a scrambled picture
+        return (f"is a tiled TIFF with EXIF orientation {orientation}, which OpenCV decodes scrambled; save it in "
+                "strips, or upright")
+    return None
 
 
 def check_image_files(paths: Iterable[Path]) -> None:
@@ -134,17 +167,7 @@ def decoded_size(path: Path) -> tuple[int, int, int]:
     the harness's other decoders), so a quarter turn swaps the stored width and height. Reads the header only
     (Pillow opens lazily; ~0.1 ms a COCO image); an image of any pixel count is read (Pillow's bomb limit guards
     decoding, and nothing is decoded here)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(path)
-        except Image.DecompressionBombError:  # above 2x Pillow's limit: read the header without it (rare)
-            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:
-                image = Image.open(path)
-            finally:
-                Image.MAX_IMAGE_PIXELS = limit
-    with image:
+    with _open_header(path) as image:
         width, height = image.size
         if image.format == "TIFF":  # Pillow reports a TIFF's size already turned by its orientation: the stored one
             width, height = image.tag_v2.get(TIFF_WIDTH, width), image.tag_v2.get(TIFF_HEIGHT, height)
@@ -152,15 +175,35 @@ def decoded_size(path: Path) -> tuple[int, int, int]:
     return (height, width, orientation) if orientation in QUARTER_TURNS else (width, height, orientation)
 
 
+def _open_header(path: Path) -> Image.Image:
+    """Pillow's lazy open (the header only) of an image of any pixel count: its bomb limit guards decoding, and
+    nothing is decoded here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return Image.open(path)
+        except Image.DecompressionBombError:  # above 2x Pillow's limit: read the header without it (rare)
+            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                return Image.open(path)
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
+
+
 def _exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation tag (1 when absent or not a valid tag; a BMP has none). A PNG's EXIF is read from the
-    block Pillow found while opening it: `getexif()` on a PNG decodes the whole image to look for one (~5 ms); a
-    WebP's EXIF chunk and a TIFF's own directory are read at opening."""
-    if image.format in ("JPEG", "MPO", "WEBP", "TIFF"):
-        tag = image.getexif().get(EXIF_ORIENTATION, 1)
-    elif image.format == "PNG" and image.info.get("exif"):
+    """The EXIF orientation tag as cv2 applies it (1 when absent, not a valid tag, or one cv2 does not read). From the
+    EXIF block alone: Pillow's `getexif()` falls back to an XMP orientation, which cv2 ignores (and on a PNG decodes
+    the whole image to look for EXIF, ~5 ms). A TIFF's is its first directory's tag; a WebP's EXIF chunk counts when
+    it starts with the TIFF header (cv2 ignores one behind an "Exif\0\0" prefix) and the WebP is not animated (cv2
+    turns no animation); a BMP has none."""
+    if image.format == "TIFF":
+        tag = image.tag_v2.get(EXIF_ORIENTATION, 1)
+    elif image.format in ("JPEG", "MPO", "PNG", "WEBP") and image.info.get("exif"):
+        block = image.info["exif"]
+        if image.format == "WEBP" and (block.startswith(b"Exif\x00\x00") or getattr(image, "is_animated", False)):
+            return 1
         exif = Image.Exif()
-        exif.load(image.info["exif"])
+        exif.load(block)
         tag = exif.get(EXIF_ORIENTATION, 1)
     else:
         tag = 1

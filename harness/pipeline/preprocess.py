@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from harness.data.images import HOW_TO_FIX
 from harness.detector.protocol import PreprocessSpec
 from harness.errors import UsageError
 
@@ -42,7 +43,7 @@ def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
     """Decode an image file's bytes (already in memory) to HxWx3 uint8 BGR; `path` names it in errors."""
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
-        raise UsageError(f"{path} could not be decoded as an image; re-download it")
+        raise UsageError(f"image {path} could not be decoded by cv2; {HOW_TO_FIX}")
     return image
 
 
@@ -63,7 +64,7 @@ def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
         image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
                              apply_exif_orientation=True)
     except RuntimeError as exc:
-        raise UsageError(f"{path} could not be decoded as an image ({str(exc)[:80]}); re-download it") from exc
+        raise UsageError(f"image {path} could not be decoded ({str(exc)[:80]}); {HOW_TO_FIX}") from exc
     if image.dtype == torch.uint16:  # 16-bit PNG: cv2 keeps the high byte (no shift for uint16 in torch)
         image = (image.to(torch.int32) >> 8).to(torch.uint8)
     return image
