@@ -331,3 +331,12 @@ def test_missing_images_name_every_folder_looked_in(tmp_path):
     with pytest.raises(UsageError, match=rf"put the image files in {root.resolve()}/annotations \(also looked in "
                                          rf"{root.resolve()}/val2017, {root.resolve()}/images/val2017\)"):
         dataset.variant("sample")
+
+
+@requires_coco
+def test_an_annotation_file_given_by_its_name_alone_is_its_folders_dataset(tmp_path, monkeypatch):
+    from harness.data.coco import CocoDataset
+
+    annotation = _three_class_dataset(tmp_path / "street-scenes")
+    monkeypatch.chdir(annotation.parent)
+    assert CocoDataset.from_path(annotation.name).identity == ("street-scenes", "three")

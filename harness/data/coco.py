@@ -579,7 +579,8 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
             raise UsageError("--split applies to a Roboflow export folder, not to an annotation file; drop it")
         # folders are looked for where the file was given, a link (git-annex, DVC's cache) where it lies, not where
         # it points
-        here, identity = path.absolute().parent, (_slug(path.parent.name), _slug(path.stem))
+        here = path.absolute().parent  # `--dataset labels.json` is the folder it lies in, not "."
+        identity = (_slug(here.name), _slug(path.stem))
         folders = [((here / "images").resolve(), identity)] if (here / "images").is_dir() else []
         folders.append((here.resolve(), identity))
         # COCO's own layout (and detectron2's, YOLOX's): root/annotations/instances_<split>.json, root/<split>/
