@@ -7,7 +7,7 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
-from conftest import REPO, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
+from conftest import COCO_DIR, REPO, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
 from yolo_datasets import libreyolo_view, one_image, yolo_dataset
 
 
@@ -28,6 +28,7 @@ def test_the_sample_counted_as_its_annotation_file_says():
     assert (summary["images"], summary["objects"], summary["crowd"]) == (50, len(objects), len(anns) - len(objects))
     assert summary["images_with_objects"] == len({a["image_id"] for a in objects})
     assert summary["dataset"]["id"] == "coco2017" and summary["annotation_format"] == "coco"
+    assert summary["image_formats"] == {"JPEG": 50} and summary["image_dir"] == str(COCO_DIR / "val2017")
     by_category = {c["id"]: c for c in summary["categories"]}
     assert len(by_category) == 80
     images = defaultdict(set)
@@ -111,6 +112,7 @@ def test_whole_category_names_at_80_columns():
     from harness.views.commands import print_dataset_summary
 
     summary = DatasetSummary({"id": "d", "split": "val", "variant": "sample"}, "coco", "a.json", 1, 1, 1, 0, 0, 0,
+                             "images", {"JPEG": 1},
                              [CategoryCount(82, "refrigerator with a very long name", 1, 1, 0, 1, 0, 0,
                                             ["refrigerator"])], model="yolox-nano", unscored_model_classes=[])
     console = Console(width=80, record=True, force_terminal=False)

@@ -162,6 +162,11 @@ def test_converted_images_score_as_their_sources(tmp_path):
     _convert(mixed, MIXED)
     _convert(png, ("png",))
     assert {p.suffix for p in (mixed.parent / "images" / "val").iterdir()} == {".png", ".webp", ".bmp", ".tif"}
+    checked = run_in_process("data", "check", "--dataset", str(mixed), "--json")
+    assert checked.returncode == 0, checked.stderr
+    summary = json.loads(checked.stdout)
+    assert summary["image_formats"] == {"BMP": 2, "PNG": 2, "TIFF": 2, "WebP": 2}  # two of each, by their bytes
+    assert summary["image_dir"] == str((mixed.parent / "images" / "val").resolve())
     from_jpeg, decode = _detections(tmp_path, "jpeg-cv2", jpeg, "cv2")
     assert from_jpeg and decode.startswith("cv2.imdecode")
     assert _detections(tmp_path, "mixed-cv2", mixed, "cv2")[0] == from_jpeg

@@ -41,6 +41,30 @@ FORMATS = "JPEG, PNG, WebP, BMP or TIFF"
 HOW_TO_FIX = (f"replace it with a whole {FORMATS} file (a COCO image: fetch it again, `va-bench data fetch coco`)")
 
 
+def image_format(head: bytes) -> str | None:
+    """The format of an image file from its first 12 bytes, as the harness reads it ("JPEG", "PNG", "WebP", "BMP",
+    "TIFF"); None for any other."""
+    if head.startswith(JPEG_SOI):
+        return "JPEG"
+    if head.startswith(PNG_SIGNATURE):
+        return "PNG"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WebP"
+    if head.startswith(b"BM"):
+        return "BMP"
+    return "TIFF" if head[:4] in TIFF_HEADERS else None
+
+
+def image_formats(paths: Iterable[Path]) -> dict[str, int]:
+    """How many of the (whole, already checked) image files are of each format, most first."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        with open(path, "rb") as fh:
+            kind = image_format(fh.read(12)) or "other"
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def image_file_problem(path: Path) -> str | None:
     """What is wrong with an image file, judged from its size, first and last bytes; None when it looks whole.
 
@@ -57,20 +81,21 @@ def image_file_problem(path: Path) -> str | None:
             tail = fh.read()
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
-    if head.startswith(JPEG_SOI):
+    kind = image_format(head)
+    if kind == "JPEG":
         return None if JPEG_EOI in tail else "is truncated (no JPEG end-of-image marker)"
-    if head.startswith(PNG_SIGNATURE):
+    if kind == "PNG":
         return None if PNG_IEND in tail else "is truncated (no PNG IEND chunk)"
-    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+    if kind == "WebP":
         # the RIFF header holds the size of what follows it: a file cut short is smaller
         declared = int.from_bytes(head[4:8], "little") + 8
         return None if size >= declared else f"is truncated ({size} of the {declared} bytes its WebP header gives)"
-    if head.startswith(b"BM") and len(head) >= 14:
+    if kind == "BMP" and len(head) >= 14:
         declared, pixels = int.from_bytes(head[2:6], "little"), int.from_bytes(head[10:14], "little")
         if size < declared or pixels >= size:  # some writers leave the file size 0: the pixels' offset still tells
             return f"is truncated ({size} bytes; its BMP header gives {max(declared, pixels + 1)} or more)"
         return None
-    if head[:4] in TIFF_HEADERS:
+    if kind == "TIFF":
         return _tiff_problem(path, size)
     return f"is not a {FORMATS} image (starts with {head[:4].hex(' ')})"
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from harness.data.classes import NOT_IN_DATASET
 from harness.data.coco import has_mask
+from harness.data.images import image_formats
 
 # COCO's area ranges (COCOeval's areaRng): small < 32², medium < 96², large above
 SMALL, MEDIUM = 32 ** 2, 96 ** 2
@@ -39,6 +40,8 @@ class DatasetSummary:
     crowd: int
     with_masks: int  # annotations with a polygon or RLE (a segmentation model's ground truth)
     oriented_images: int  # images with an EXIF orientation other than 1 (decoded upright)
+    image_dir: str  # the folder the images were read from
+    image_formats: dict[str, int]  # images per file format (JPEG, PNG, WebP, BMP, TIFF), by their first bytes
     categories: list[CategoryCount] = field(default_factory=list)
     model: str | None = None
     unscored_model_classes: list[str] | None = None  # the model's classes the dataset has no category for
@@ -79,6 +82,7 @@ def summarize(dataset, variant, model_id: str | None = None, class_names: tuple[
     summary = DatasetSummary({**dataset.describe(), **variant.describe()}, dataset.annotation_format,
                              str(dataset.annotation_file), variant.num_images, images_with_objects, objects, crowd,
                              masks, sum(1 for i in variant.image_ids if i in dataset.orientations),
+                             str(dataset.image_dir), image_formats(r.path for r in dataset.records(variant)),
                              list(counts.values()))
     if model_id is not None:
         summary.model = model_id

@@ -187,6 +187,8 @@ def print_dataset_summary(console: Console, summary) -> None:
              f"{summary.crowd} crowd regions, {len(summary.categories)} categories",
              f"read from {summary.annotation_file} ({summary.annotation_format}; annotations_sha256 "
              f"{(d.get('annotations_sha256') or '?')[:12]})",
+             f"images in {summary.image_dir}: "
+             + ", ".join(f"{count} {kind}" for kind, count in summary.image_formats.items()),
              f"masks: {summary.with_masks} of {summary.objects + summary.crowd} annotations"
              + (f"; {summary.oriented_images} images turned upright by their EXIF orientation"
                 if summary.oriented_images else "")]
