@@ -247,3 +247,9 @@ def _xmp_png_info():
     info = PngImagePlugin.PngInfo()
     info.add_itxt("XML:com.adobe.xmp", XMP_ORIENTATION_6.decode())
     return info
+
+
+def test_a_text_file_starting_with_bm_is_no_bmp(tmp_path):
+    path = tmp_path / "notes.bmp"
+    path.write_bytes(b"BM is how this text begins, and it goes on for a while" * 20)
+    assert "is not a JPEG, PNG, WebP, BMP or TIFF image (starts with 42 4d 20 69)" in image_file_problem(path)

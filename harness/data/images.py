@@ -33,24 +33,25 @@ RAW_PHOTOMETRIC = (32803, 34892)  # colour filter array, linear raw: sensor data
 # the compressions OpenCV's libtiff decodes: none, CCITT (2-4), LZW, JPEG (old and new), Deflate (both), PackBits;
 # ZSTD, LZMA, WebP, LERC and JPEG 2000 are not built in
 CV2_TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 32773, 32946})
-HEAD_BYTES = 16
+BMP_HEADER_SIZES = (12, 16, 40, 52, 56, 64, 108, 124)  # BITMAPCOREHEADER, OS/2 and BITMAPINFOHEADER to V5
+HEAD_BYTES = 18
 # Encoders may pad after the end marker; a marker within this many trailing bytes counts as present.
 # In JPEG entropy-coded data 0xFF is always stuffed (FF 00), so FF D9 there can only be the EOI marker.
 TAIL_BYTES = 1024
 FORMATS = "JPEG, PNG, WebP, BMP or TIFF"
-HOW_TO_FIX = (f"replace it with a whole {FORMATS} file (a COCO image: fetch it again, `va-bench data fetch coco`)")
+HOW_TO_FIX = f"replace it with a whole {FORMATS} file (a COCO image: fetch it again, `va-bench data fetch coco`)"
 
 
 def image_format(head: bytes) -> str | None:
-    """The format of an image file from its first 12 bytes, as the harness reads it ("JPEG", "PNG", "WebP", "BMP",
-    "TIFF"); None for any other."""
+    """The format of an image file from its first HEAD_BYTES bytes, as the harness reads it ("JPEG", "PNG", "WebP",
+    "BMP", "TIFF"); None for any other (a BMP's two-letter signature is confirmed by its header's size)."""
     if head.startswith(JPEG_SOI):
         return "JPEG"
     if head.startswith(PNG_SIGNATURE):
         return "PNG"
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
         return "WebP"
-    if head.startswith(b"BM"):
+    if head.startswith(b"BM") and int.from_bytes(head[14:18], "little") in BMP_HEADER_SIZES:
         return "BMP"
     return "TIFF" if head[:4] in TIFF_HEADERS else None
 
@@ -60,7 +61,7 @@ def image_formats(paths: Iterable[Path]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for path in paths:
         with open(path, "rb") as fh:
-            kind = image_format(fh.read(12)) or "other"
+            kind = image_format(fh.read(HEAD_BYTES)) or "other"
         counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -90,7 +91,7 @@ def image_file_problem(path: Path) -> str | None:
         # the RIFF header holds the size of what follows it: a file cut short is smaller
         declared = int.from_bytes(head[4:8], "little") + 8
         return None if size >= declared else f"is truncated ({size} of the {declared} bytes its WebP header gives)"
-    if kind == "BMP" and len(head) >= 14:
+    if kind == "BMP":
         declared, pixels = int.from_bytes(head[2:6], "little"), int.from_bytes(head[10:14], "little")
         if size < declared or pixels >= size:  # some writers leave the file size 0: the pixels' offset still tells
             return f"is truncated ({size} bytes; its BMP header gives {max(declared, pixels + 1)} or more)"
