@@ -213,6 +213,9 @@ def test_a_linked_annotation_file_finds_the_images_beside_the_link(tmp_path):
     dataset = CocoDataset.from_path(str(project / "labels.json"))
     assert dataset.variant("sample").num_images == 4
     assert dataset.identity == ("project", "labels")
+    # the path a run records (run.json's annotation_file, which compare opens again) finds the same images
+    again = CocoDataset.from_path(str(dataset.annotation_file))
+    assert again.image_dir == dataset.image_dir and again.identity == dataset.identity
 
 
 @pytest.mark.parametrize("compression", ["zstd", "tiff_lzw"])

@@ -588,7 +588,7 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         root = here.parent
         coco_identity = (_slug(root.resolve().name), _slug(stem))
         folders += [((root / stem).resolve(), coco_identity), ((root / "images" / stem).resolve(), coco_identity)]
-        return path.resolve(), tuple(folders)
+        return path.absolute(), tuple(folders)  # a link kept: run.json's path finds the same folders again
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
             raise UsageError(path_problem("--dataset", given, f"is the {path.name!r} split already")
