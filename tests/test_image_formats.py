@@ -172,3 +172,53 @@ def test_converted_images_score_as_their_sources(tmp_path):
     from_png, decode = _detections(tmp_path, "png-torch", png, "torch")
     assert decode.endswith("WebP, BMP, TIFF by cv2")
     assert _detections(tmp_path, "mixed-torch", mixed, "torch")[0] == from_png
+
+
+@pytest.fixture(params=["torchcodec", "torchvision"])
+def tensor_decoder(request, monkeypatch):
+    """The torch implementation's host decoder forced to one library (TorchCodec where installed, torchvision.io's
+    deprecated decoder otherwise): both must give cv2's pixels."""
+    from importlib.util import find_spec
+
+    from harness.pipeline import preprocess
+
+    if request.param == "torchcodec" and find_spec("torchcodec") is None:
+        pytest.skip("torchcodec not installed")
+    monkeypatch.setattr(preprocess, "host_image_decoder", lambda: request.param)
+    return request.param
+
+
+def _cv2_rgb(data: bytes) -> np.ndarray:
+    return decode_bytes(data, "x")[..., ::-1]
+
+
+@requires_coco
+def test_each_tensor_decoder_gives_cv2s_pixels(tensor_decoder, tmp_path):
+    """Sample JPEGs (libjpeg-turbo builds may round a unit apart), and exactly: an EXIF-turned JPEG's and PNG's shape,
+    grey and CMYK JPEGs made RGB, a 16-bit PNG's high byte; an undecodable file is one line."""
+    keep, _, _ = sample_annotations(12)
+    for info in keep:
+        data = (COCO_DIR / "val2017" / info["file_name"]).read_bytes()
+        ours = decode_tensor(data, "x").permute(1, 2, 0).numpy()
+        assert ours.shape == _cv2_rgb(data).shape and np.abs(ours.astype(int) - _cv2_rgb(data)).max() <= 1
+    image = _first_sample_image()
+    for kind in ("png", "jpeg"):
+        out = io.BytesIO()
+        exif = Image.Exif()
+        exif[ORIENTATION] = ROTATE_90_CW
+        image.save(out, kind.upper(), exif=exif.tobytes())
+        data = out.getvalue()
+        ours = decode_tensor(data, "x").permute(1, 2, 0).numpy()
+        assert ours.shape == _cv2_rgb(data).shape == (image.width, image.height, 3)
+        assert np.abs(ours.astype(int) - _cv2_rgb(data)).max() <= 1
+    for mode in ("L", "CMYK"):
+        out = io.BytesIO()
+        image.convert(mode).save(out, "JPEG", quality=95)
+        data = out.getvalue()
+        ours = decode_tensor(data, "x").permute(1, 2, 0).numpy()
+        assert ours.shape == _cv2_rgb(data).shape and np.abs(ours.astype(int) - _cv2_rgb(data)).max() <= 1, mode
+    wide = np.random.default_rng(0).integers(0, 65536, size=(37, 53, 3), dtype=np.uint16)
+    data = cv2.imencode(".png", wide)[1].tobytes()
+    assert (decode_tensor(data, "x").permute(1, 2, 0).numpy() == _cv2_rgb(data)).all()
+    with pytest.raises(UsageError, match="image bad.jpg could not be decoded"):
+        decode_tensor(b"\xff\xd8\xff not a JPEG after all", "bad.jpg")

@@ -5,11 +5,13 @@ stretch or fit-then-stretch, fit margin (long side then pad), rounding, pad posi
 scale/mean/std, and the resize library (cv2, PIL, torch) with its interpolation.
 
 Implementations (`--preprocess`): "cv2" and "pil" resize uint8 BGR arrays decoded by cv2; "torch" decodes
-with torchvision.io (RGB CHW uint8 tensors, CPU or nvJPEG on CUDA) and letterboxes in float with
+with TorchCodec or torchvision.io (RGB CHW uint8 tensors, CPU or nvJPEG on CUDA) and letterboxes in float with
 F.interpolate on whatever device the images are on (harness/pipeline/gpu.py keeps them on the GPU)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,23 +49,38 @@ def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
     return image
 
 
-# what torchvision.io decodes as cv2 does: JPEG and PNG (its WebP decoder ignores the EXIF orientation cv2 applies)
-TORCHVISION_MAGIC = (b"\xff\xd8", b"\x89PNG")
+# what the tensor decoders decode as cv2 does: JPEG and PNG (torchvision's WebP decoder ignores the EXIF orientation
+# cv2 applies; BMP and TIFF neither reads)
+TENSOR_DECODER_MAGIC = (b"\xff\xd8", b"\x89PNG")
+
+
+@functools.cache
+def host_image_decoder() -> str:
+    """The library the torch implementation decodes JPEG and PNG with on the host: "torchcodec" where it is installed
+    (torchvision.io's image decoding is deprecated from torchvision 0.29 and TorchCodec's replaces it, the same
+    libjpeg-turbo and libpng pixels, equal in tests; importing it also spares a run torchvision's package, ~2 s),
+    else "torchvision"."""
+    return "torchcodec" if importlib.util.find_spec("torchcodec") is not None else "torchvision"
 
 
 def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
-    """Decode an image file's bytes with torchvision.io (libjpeg-turbo/libpng, host) to 3xHxW uint8 RGB, the pixels
-    cv2's IMREAD_COLOR gives (in RGB order): grey and CMYK JPEGs as RGB, the EXIF orientation applied, a 16-bit
-    PNG's high byte. WebP, BMP and TIFF, which torchvision.io cannot decode as cv2 does, are decoded by cv2 (the
-    same libraries' pixels: libwebp, and BMP and TIFF are lossless) and their channels put in RGB order."""
-    if not bytes(data[:4]).startswith(TORCHVISION_MAGIC):
+    """Decode an image file's bytes on the host to 3xHxW uint8 RGB, the pixels cv2's IMREAD_COLOR gives (in RGB
+    order): grey and CMYK JPEGs as RGB, the EXIF orientation applied, a 16-bit PNG's high byte. JPEG and PNG with
+    `host_image_decoder()`'s library; WebP, BMP and TIFF, which the tensor decoders cannot decode as cv2 does, by cv2
+    (the same libraries' pixels: libwebp, and BMP and TIFF are lossless), their channels put in RGB order."""
+    if not bytes(data[:4]).startswith(TENSOR_DECODER_MAGIC):
         return torch.from_numpy(np.ascontiguousarray(decode_bytes(data, path)[..., ::-1].transpose(2, 0, 1)))
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     try:
-        from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
+        if host_image_decoder() == "torchcodec":
+            from torchcodec.decoders import decode_image  # applies the EXIF orientation itself
 
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
-                             apply_exif_orientation=True)
-    except RuntimeError as exc:
+            image = decode_image(encoded, mode="RGB", output_dtype="auto")  # a 16-bit PNG as uint16
+        else:
+            from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
+
+            image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except (RuntimeError, ValueError) as exc:
         raise UsageError(f"image {path} could not be decoded ({str(exc)[:80]}); {HOW_TO_FIX}") from exc
     if image.dtype == torch.uint16:  # 16-bit PNG: cv2 keeps the high byte (no shift for uint16 in torch)
         image = (image.to(torch.int32) >> 8).to(torch.uint8)
