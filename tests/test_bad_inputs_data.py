@@ -141,7 +141,9 @@ def _normalised_by_image(data):
 
 @requires_coco
 @pytest.mark.parametrize("change, expected", [
-    (lambda x: x["images"][0].update(file_name="../../etc/passwd"), "is not a plain file name"),
+    (lambda x: x["images"][0].update(file_name="../../etc/passwd"), "is not a relative path inside the image"),
+    (lambda x: x["images"][0].update(file_name="/etc/passwd"), "is not a relative path inside the image"),
+    (lambda x: x["images"][0].update(file_name="val\\\\a.jpg"), "(Windows separators: write it with /)"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, float("nan"), 4.0]), "finite number"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, 3.0]), "annotations[0].bbox"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, -3.0, 4.0]), "has no area"),
@@ -161,7 +163,8 @@ def _normalised_by_image(data):
     (lambda x: x["annotations"][1].update(id=x["annotations"][0]["id"]), "annotations: ids are not unique"),
     (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
     (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
-], ids=["path traversal", "NaN bbox", "3-number bbox", "negative size", "zero width", "left of its image",
+], ids=["path traversal", "absolute path", "Windows separators", "NaN bbox", "3-number bbox", "negative size",
+        "zero width", "left of its image",
         "past its image", "corners, not sizes", "normalised", "normalised by image, one a full-image box",
         "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id",
         "duplicate category id", "negative category id"])

@@ -340,3 +340,23 @@ def test_an_annotation_file_given_by_its_name_alone_is_its_folders_dataset(tmp_p
     annotation = _three_class_dataset(tmp_path / "street-scenes")
     monkeypatch.chdir(annotation.parent)
     assert CocoDataset.from_path(annotation.name).identity == ("street-scenes", "three")
+
+
+@requires_coco
+def test_file_names_in_subfolders_of_the_image_folder_are_read(tmp_path):
+    """An export whose file names hold folders (Label Studio's images/<name>, a dataset's per-sequence folders): each
+    image is the file at that path under the image folder, the one the probe finds them in (here beside the file)."""
+    from harness.data.coco import CocoDataset
+
+    annotation = _three_class_dataset(tmp_path / "mine")
+    data = json.loads(annotation.read_text())
+    nested = tmp_path / "mine" / "frames" / "seq1"
+    nested.mkdir(parents=True)
+    for image in data["images"]:
+        (tmp_path / "mine" / "images" / image["file_name"]).rename(nested / image["file_name"])
+        image["file_name"] = "frames/seq1/" + image["file_name"]
+    annotation.write_text(json.dumps(data))
+    dataset = CocoDataset.from_path(str(annotation))
+    variant = dataset.variant("sample")
+    assert variant.num_images == IMAGES and dataset.image_dir == (tmp_path / "mine").resolve()
+    assert all(r.path.parent == nested.resolve() and r.path.is_file() for r in dataset.records(variant))

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal
 
 from pycocotools.coco import COCO
@@ -95,10 +95,14 @@ def _structure_problems(data) -> list[str]:
     if len(set(image_ids)) != len(image_ids):
         problems.append("images: image ids are not unique")
     for i, img in enumerate(instances.images):
-        # a file name from an untrusted file must name a file inside val2017/, nothing else
+        # a file name from an untrusted file must name a file inside the image folder, nothing else: a relative path
+        # (an export's images/0001.jpg, a dataset's subfolders) without "..", with / between its folders
         name = img.file_name
-        if Path(name).name != name or name in (".", "..") or "\\" in name or "\0" in name:
-            problems.append(f"images[{i}].file_name: {name[:60]!r} is not a plain file name")
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts or "\\" in name or "\0" in name:
+            windows = " (Windows separators: write it with /)" if "\\" in name else ""
+            problems.append(f"images[{i}].file_name: {name[:60]!r} is not a relative path inside the image folder"
+                            f"{windows}")
     # pycocotools indexes annotations and categories by id: a repeated id keeps the last one and loses the other
     # (a box that is never scored, or a category renamed)
     for what, ids in (("annotations", [a.id for a in instances.annotations]),
