@@ -329,7 +329,8 @@ def test_missing_images_name_every_folder_looked_in(tmp_path):
     (root / "val2017").rename(root / "elsewhere")
     dataset = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
     with pytest.raises(UsageError, match=rf"put the image files in {root.resolve()}/annotations \(also looked in "
-                                         rf"{root.resolve()}/val2017, {root.resolve()}/images/val2017\)"):
+                                         rf"{root.resolve()}/val2017, {root.resolve()}/images/val2017, "
+                                         rf"{root.resolve()}/images\)"):
         dataset.variant("sample")
 
 
@@ -360,3 +361,25 @@ def test_file_names_in_subfolders_of_the_image_folder_are_read(tmp_path):
     variant = dataset.variant("sample")
     assert variant.num_images == IMAGES and dataset.image_dir == (tmp_path / "mine").resolve()
     assert all(r.path.parent == nested.resolve() and r.path.is_file() for r in dataset.records(variant))
+
+
+@requires_coco
+@pytest.mark.parametrize("layout", ["fiftyone", "datumaro-flat"])
+def test_the_exports_of_other_labelling_tools_find_their_images(tmp_path, layout):
+    """FiftyOne's COCODetectionDataset (labels.json beside data/) and an export with root/annotations/ beside
+    root/images/ (CVAT through Datumaro without subset folders)."""
+    from harness.data.coco import CocoDataset
+
+    annotation = _three_class_dataset(tmp_path / "export")
+    root = tmp_path / "export"
+    if layout == "fiftyone":
+        (root / "images").rename(root / "data")
+        annotation = annotation.rename(root / "labels.json")
+        images, identity = root / "data", ("export", "labels")
+    else:
+        (root / "annotations").mkdir()
+        annotation = annotation.rename(root / "annotations" / "instances_default.json")
+        images, identity = root / "images", ("export", "default")
+    dataset = CocoDataset.from_path(str(annotation))
+    assert dataset.variant("sample").num_images == IMAGES
+    assert dataset.image_dir == images.resolve() and dataset.identity == identity

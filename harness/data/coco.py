@@ -302,10 +302,10 @@ class CocoDataset:
     @cached_property
     def image_dir(self) -> Path:
         """The folder the file names of an annotation file given by `--dataset` are relative to: of its possible
-        folders (images/ beside it, beside it, COCO's layout: annotations/instances_<split>.json with <split>/ or
-        images/<split>/ beside annotations/), the one holding the most of up to IMAGE_DIR_PROBES images the file
-        lists, spread over it (the first in that order on a tie, the first of all when none holds any: the missing
-        images' refusal names it). The other layouts set it when they are opened."""
+        folders (images/ or data/ beside it, beside it, COCO's layout: annotations/instances_<split>.json with
+        <split>/, images/<split>/ or images/ beside annotations/), the one holding the most of up to IMAGE_DIR_PROBES
+        images the file lists, spread over it (the first in that order on a tie, the first of all when none holds
+        any: the missing images' refusal names it). The other layouts set it when they are opened."""
         listed = [i.get("file_name") for i in self.coco.dataset.get("images") or () if isinstance(i, dict)]
         names = [n for n in listed[::max(1, len(listed) // IMAGE_DIR_PROBES)] if isinstance(n, str)]
         held = [sum((folder / n).is_file() for n in names) for folder, _ in self._image_folders]
@@ -585,13 +585,15 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         # it points
         here = path.absolute().parent  # `--dataset labels.json` is the folder it lies in, not "."
         identity = (_slug(here.name), _slug(path.stem))
-        folders = [((here / "images").resolve(), identity)] if (here / "images").is_dir() else []
+        # images/ or FiftyOne's data/ beside it, or beside it
+        folders = [((here / name).resolve(), identity) for name in ("images", "data") if (here / name).is_dir()]
         folders.append((here.resolve(), identity))
-        # COCO's own layout (and detectron2's, YOLOX's): root/annotations/instances_<split>.json, root/<split>/
+        # COCO's own layout (and detectron2's, YOLOX's, Datumaro's and so CVAT's): root/annotations/
+        # instances_<split>.json, root/<split>/ or root/images/<split>/ (or root/images/)
         stem = path.stem.removeprefix("instances_")
         root = here.parent
         coco_identity = (_slug(root.resolve().name), _slug(stem))
-        folders += [((root / stem).resolve(), coco_identity), ((root / "images" / stem).resolve(), coco_identity)]
+        folders += [((root / sub).resolve(), coco_identity) for sub in (stem, f"images/{stem}", "images")]
         return path.absolute(), tuple(folders)  # a link kept: run.json's path finds the same folders again
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
