@@ -22,9 +22,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch/torchvision pinned: the pair that installs from local wheels on the reference box; torchcodec, the
-	# torch preprocessing's host image decoder (torchvision.io's is deprecated), pinned with them
-	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1 torchcodec==0.17.0
+	# torch/torchvision pinned: the pair that installs from local wheels on the reference box
+	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install --quiet -e '.[energy,memory,dev,fleet,libreyolo,edge]'
 	# libreyolo without its own requirements: they would add opencv-python beside opencv-python-headless
 	$(BIN)/pip install --quiet --no-deps libreyolo==1.6.0

@@ -25,7 +25,6 @@ from harness.pipeline.postprocess import BatchCandidates, split_by_image
 from harness.pipeline.preprocess import (
     decode_bytes,
     decode_tensor,
-    host_image_decoder,
     preprocess_batch,
     preprocess_tensors,
     resolve_implementation,
@@ -68,7 +67,7 @@ class _FakeDetector:
 
 @pytest.mark.parametrize("library,device,decode,upload", [
     ("torch", Device("cuda", 1), "nvjpeg", False),
-    ("torch", Device("cpu"), host_image_decoder(), False),
+    ("torch", Device("cpu"), "cv2", False),
     ("cv2", Device("cuda", 0), "cv2", True),
 ])
 def test_device_choice_is_recorded(library, device, decode, upload):
@@ -87,11 +86,11 @@ def test_device_choice_is_recorded(library, device, decode, upload):
 def test_onnxruntime_core_on_cuda_decodes_on_the_host():
     """An ORT core takes host memory, so nvJPEG would only add a round trip: host decode, recorded."""
     core = type("OrtCore", (), {"backend": "onnxruntime"})()
-    assert gpu.choose_decoder("torch", cuda=False) == host_image_decoder()
+    assert gpu.choose_decoder("torch", cuda=False) == "cv2"
     pipeline = DetectorPipeline(_FakeDetector(), core, Device("cuda", 0), PreprocessSpec((416, 416), library="torch"),
                                 Thresholds(0.001, 0.6, 300))
-    assert pipeline.decoder == host_image_decoder() and pipeline.preprocess_info()["device"] == "cpu"
-    record = gpu.preprocess_record("torch", host_image_decoder(), torch.device("cuda", 0))
+    assert pipeline.decoder == "cv2" and pipeline.preprocess_info()["device"] == "cpu"
+    record = gpu.preprocess_record("torch", "cv2", torch.device("cuda", 0))
     assert record["upload"] == "uint8 from pinned memory, non_blocking"
 
 
@@ -105,7 +104,7 @@ def test_where_the_batch_goes_is_the_cores_to_say(core_attrs, device_resident):
     pipeline = DetectorPipeline(_FakeDetector(), core, Device("cuda", 0), PreprocessSpec((416, 416), library="torch"),
                                 Thresholds(0.001, 0.6, 300))
     assert (pipeline.input_device == torch.device("cuda", 0)) is device_resident
-    assert pipeline.decoder == ("nvjpeg" if device_resident else host_image_decoder())
+    assert pipeline.decoder == ("nvjpeg" if device_resident else "cv2")
     assert pipeline.preprocess_info()["device"] == ("cuda:0" if device_resident else "cpu")
 
 
@@ -285,7 +284,7 @@ def test_site_fields_add_up_and_record_the_implementation(tmp_path_factory, over
                                profile=False, energy=False, accuracy=False)
     doc = build_submission(records[0])
     assert doc["runtime"]["preprocess"]["implementation"] == "torch"
-    assert doc["runtime"]["preprocess"]["decode"] == host_image_decoder()
+    assert doc["runtime"]["preprocess"]["decode"] == "cv2"
     assert doc["repro"]["preprocess"] == "torch"
     assert "forward_gpu" not in doc["timing"]["stages_ms"]
     total = doc["timing"]["total_ms"]

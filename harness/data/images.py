@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ RAW_PHOTOMETRIC = (32803, 34892)  # colour filter array, linear raw: sensor data
 CV2_TIFF_COMPRESSIONS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 32773, 32946})
 BMP_HEADER_SIZES = (12, 16, 40, 52, 56, 64, 108, 124)  # BITMAPCOREHEADER, OS/2 and BITMAPINFOHEADER to V5
 HEAD_BYTES = 18
+TAIL_PNG_BYTES = 65536  # where a PNG's chunks after its pixel data (an eXIf) are looked for
 # Encoders may pad after the end marker; a marker within this many trailing bytes counts as present.
 # In JPEG entropy-coded data 0xFF is always stuffed (FF 00), so FF D9 there can only be the EOI marker.
 TAIL_BYTES = 1024
@@ -219,13 +221,16 @@ def _open_header(path: Path) -> Image.Image:
 def _exif_orientation(image: Image.Image) -> int:
     """The EXIF orientation tag as cv2 applies it (1 when absent, not a valid tag, or one cv2 does not read). From the
     EXIF block alone: Pillow's `getexif()` falls back to an XMP orientation, which cv2 ignores (and on a PNG decodes
-    the whole image to look for EXIF, ~5 ms). A TIFF's is its first directory's tag; a WebP's EXIF chunk counts when
+    the whole image to look for EXIF, ~5 ms). A PNG's eXIf chunk may follow its pixels (libpng, and so cv2, reads it
+    there too). A TIFF's is its first directory's tag; a WebP's EXIF chunk counts when
     it starts with the TIFF header (cv2 ignores one behind an "Exif\0\0" prefix) and the WebP is not animated (cv2
     turns no animation); a BMP has none."""
+    block = image.info.get("exif")
+    if image.format == "PNG" and not block:
+        block = _png_exif_after_pixels(image.fp)
     if image.format == "TIFF":
         tag = image.tag_v2.get(EXIF_ORIENTATION, 1)
-    elif image.format in ("JPEG", "MPO", "PNG", "WEBP") and image.info.get("exif"):
-        block = image.info["exif"]
+    elif image.format in ("JPEG", "MPO", "PNG", "WEBP") and block:
         if image.format == "WEBP" and (block.startswith(b"Exif\x00\x00") or getattr(image, "is_animated", False)):
             return 1
         exif = Image.Exif()
@@ -234,6 +239,24 @@ def _exif_orientation(image: Image.Image) -> int:
     else:
         tag = 1
     return tag if isinstance(tag, int) and 1 <= tag <= 8 else 1
+
+
+def _png_exif_after_pixels(fh) -> bytes | None:
+    """The eXIf chunk's data of a PNG that holds it after its pixel data, where Pillow does not look before decoding:
+    found in the file's last TAIL_PNG_BYTES by its type, its length and its CRC (compressed pixels may hold the four
+    letters, never with a matching CRC)."""
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    fh.seek(max(0, size - TAIL_PNG_BYTES))
+    tail = fh.read()
+    at = tail.rfind(b"eXIf")
+    while at >= 4:
+        length = int.from_bytes(tail[at - 4:at], "big")
+        end = at + 4 + length
+        if end + 4 <= len(tail) and zlib.crc32(tail[at:end]) == int.from_bytes(tail[end:end + 4], "big"):
+            return tail[at + 4:end]
+        at = tail.rfind(b"eXIf", 0, at)
+    return None
 
 
 def check_image_sizes(images: Iterable[tuple[int, Path, int, int]]) -> dict[int, int]:

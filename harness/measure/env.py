@@ -23,7 +23,7 @@ from harness.measure.hygiene import NO_CPUFREQ, load_nvml
 # the runtimes a machine may or may not have (recorded, never compared: a Jetson has tensorrt, a Raspberry Pi not)
 CORE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
                  "pycocotools", "faster-coco-eval", "scipy", "libreyolo")
-PACKAGES = (*CORE_PACKAGES, "torchcodec", "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-litert", "tensorrt")
+PACKAGES = (*CORE_PACKAGES, "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-litert", "tensorrt")
 
 
 def cpu_model() -> str:

@@ -20,26 +20,20 @@ from typing import Any
 
 import torch
 
-from harness.pipeline.preprocess import decode_tensor, host_image_decoder
+from harness.pipeline.preprocess import decode_tensor
 
 JPEG_MAGIC = b"\xff\xd8"
 
 # What each decoder is, for the record (runtime.preprocess.decode).
 DECODERS = {"nvjpeg": "nvJPEG: torchvision.io.decode_jpeg(list, device='cuda'), one batched call",
-            "torchcodec": "torchcodec.decoders.decode_image on the host (libjpeg-turbo, libpng), RGB; WebP, BMP, TIFF "
-                          "by cv2",
-            "torchvision": "torchvision.io.decode_image on the host (libjpeg-turbo), RGB; WebP, BMP, TIFF by cv2",
             "cv2": "cv2.imdecode on the host (libjpeg-turbo), BGR"}
 
 
 def choose_decoder(library: str, cuda: bool) -> str:
     """The decoder for a preprocessing implementation on a device: cv2/PIL resize cv2-decoded arrays;
     torch decodes with nvJPEG on CUDA (measured on an H100: 10,936 img/s against 3,388 with 16 cv2
-    threads) and on the host otherwise with TorchCodec, or torchvision.io where it is not installed
-    (preprocess.host_image_decoder)."""
-    if library != "torch":
-        return "cv2"
-    return "nvjpeg" if cuda else host_image_decoder()
+    threads) and with cv2 on the host otherwise, as every implementation does there (preprocess.decode_tensor)."""
+    return "nvjpeg" if library == "torch" and cuda else "cv2"
 
 
 def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequence,

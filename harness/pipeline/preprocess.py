@@ -4,14 +4,12 @@ Every convention a family needs is in its PreprocessSpec (harness/detector/proto
 stretch or fit-then-stretch, fit margin (long side then pad), rounding, pad position/value, channel order,
 scale/mean/std, and the resize library (cv2, PIL, torch) with its interpolation.
 
-Implementations (`--preprocess`): "cv2" and "pil" resize uint8 BGR arrays decoded by cv2; "torch" decodes
-with TorchCodec or torchvision.io (RGB CHW uint8 tensors, CPU or nvJPEG on CUDA) and letterboxes in float with
+Implementations (`--preprocess`): "cv2" and "pil" resize uint8 BGR arrays decoded by cv2; "torch" takes RGB CHW
+uint8 tensors (cv2's pixels on the host, nvJPEG's on CUDA) and letterboxes in float with
 F.interpolate on whatever device the images are on (harness/pipeline/gpu.py keeps them on the GPU)."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,42 +47,14 @@ def decode_bytes(data: bytes | np.ndarray, path: Path) -> np.ndarray:
     return image
 
 
-# what the tensor decoders decode as cv2 does: JPEG and PNG (torchvision's WebP decoder ignores the EXIF orientation
-# cv2 applies; BMP and TIFF neither reads)
-TENSOR_DECODER_MAGIC = (b"\xff\xd8", b"\x89PNG")
-
-
-@functools.cache
-def host_image_decoder() -> str:
-    """The library the torch implementation decodes JPEG and PNG with on the host: "torchcodec" where it is installed
-    (torchvision.io's image decoding is deprecated from torchvision 0.29 and TorchCodec's replaces it, the same
-    libjpeg-turbo and libpng pixels, equal in tests; importing it also spares a run torchvision's package, ~2 s),
-    else "torchvision"."""
-    return "torchcodec" if importlib.util.find_spec("torchcodec") is not None else "torchvision"
-
-
 def decode_tensor(data: bytes | np.ndarray, path: Path) -> torch.Tensor:
-    """Decode an image file's bytes on the host to 3xHxW uint8 RGB, the pixels cv2's IMREAD_COLOR gives (in RGB
-    order): grey and CMYK JPEGs as RGB, the EXIF orientation applied, a 16-bit PNG's high byte. JPEG and PNG with
-    `host_image_decoder()`'s library; WebP, BMP and TIFF, which the tensor decoders cannot decode as cv2 does, by cv2
-    (the same libraries' pixels: libwebp, and BMP and TIFF are lossless), their channels put in RGB order."""
-    if not bytes(data[:4]).startswith(TENSOR_DECODER_MAGIC):
-        return torch.from_numpy(np.ascontiguousarray(decode_bytes(data, path)[..., ::-1].transpose(2, 0, 1)))
-    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    try:
-        if host_image_decoder() == "torchcodec":
-            from torchcodec.decoders import decode_image  # applies the EXIF orientation itself
-
-            image = decode_image(encoded, mode="RGB", output_dtype="auto")  # a 16-bit PNG as uint16
-        else:
-            from torchvision.io import ImageReadMode, decode_image  # only this implementation needs torchvision.io
-
-            image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except (RuntimeError, ValueError) as exc:
-        raise UsageError(f"image {path} could not be decoded ({str(exc)[:80]}); {HOW_TO_FIX}") from exc
-    if image.dtype == torch.uint16:  # 16-bit PNG: cv2 keeps the high byte (no shift for uint16 in torch)
-        image = (image.to(torch.int32) >> 8).to(torch.uint8)
-    return image
+    """Decode an image file's bytes on the host to the torch implementation's 3xHxW uint8 RGB tensor: cv2's pixels
+    (`decode_bytes`), channels in RGB order. One host decoder for every implementation: TorchCodec's and torchvision's
+    tensor decoders differ from cv2 on files the dataset check passes (the orientation of a JPEG whose XMP block comes
+    before its EXIF one, a CMYK JPEG by a unit, an APNG's default image; torchvision's PNG decoder crashes the process
+    on corrupt pixel data), and torchvision's is deprecated from 0.29; the torch implementation's own work is its
+    float letterbox, and on CUDA nvJPEG (gpu.py)."""
+    return torch.from_numpy(np.ascontiguousarray(decode_bytes(data, path)[..., ::-1].transpose(2, 0, 1)))
 
 
 IMPLEMENTATIONS = ("cv2", "torch", "pil")
