@@ -2,8 +2,8 @@
 decode that finds corrupt-but-decodable JPEGs (libjpeg warns, OpenCV decodes them anyway).
 
 The formats read are those every decode path of the harness reads with the same pixels: JPEG, PNG, WebP, BMP and
-TIFF (cv2 decodes all five; torchvision.io and nvJPEG the ones they can, the rest through cv2:
-pipeline/preprocess.py decode_tensor). Ultralytics' other suffixes (DNG, PFM, HEIC) have no such decoder and are
+TIFF (cv2 decodes all five on the host, for every implementation: pipeline/preprocess.py decode_tensor; nvJPEG on
+CUDA the JPEGs without an orientation). Ultralytics' other suffixes (DNG, PFM, HEIC) have no such decoder and are
 refused by their first bytes."""
 
 from __future__ import annotations
