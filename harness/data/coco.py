@@ -581,11 +581,10 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
     if path.is_file():
         if split is not None:
             raise UsageError("--split applies to a Roboflow export folder, not to an annotation file; drop it")
-        # folders are looked for where the file was given, a link (git-annex, DVC's cache) where it lies, not where
-        # it points
-        # `--dataset labels.json` is the folder it lies in, not "."; `../labels.json` that folder, not ".." (made
-        # absolute by the letters given: a linked folder is kept, as the link itself is)
-        here = Path(os.path.abspath(path)).parent
+        # folders are looked for where the file was given: a link (git-annex, DVC's cache) where it lies, not where
+        # it points; `labels.json` in the folder it lies in, `../labels.json` in that folder (not "." or "..")
+        file = Path(os.path.abspath(path))
+        here = file.parent
         identity = (_slug(here.name), _slug(path.stem))
         # images/ or FiftyOne's data/ beside it, or beside it
         folders = [((here / name).resolve(), identity) for name in ("images", "data") if (here / name).is_dir()]
@@ -596,7 +595,7 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         root = here.parent
         coco_identity = (_slug(root.resolve().name), _slug(stem))
         folders += [((root / sub).resolve(), coco_identity) for sub in (stem, f"images/{stem}", "images")]
-        return Path(os.path.abspath(path)), tuple(folders)  # a link kept: run.json's path finds the same folders
+        return file, tuple(folders)  # a link kept: run.json's path finds the same folders again
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
             raise UsageError(path_problem("--dataset", given, f"is the {path.name!r} split already")
