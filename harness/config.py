@@ -190,8 +190,9 @@ class RunConfig(BaseModel):
         "auto", "--preprocess", "preprocessing implementation: cv2, torch (torchvision decode + F.interpolate; "
         "nvJPEG and on-device letterbox on CUDA) or pil; auto: torch on CUDA, else the family's own (cv2 for most)")
     nms_on: Literal["device", "host"] = option(
-        "device", "--nms-on", "on CUDA, where the selection (NMS or top-k) and the boxes run: device (one CUDA NMS "
-        "call per image), or host (the candidates copied once, NMS on a thread per core); the same on a CPU")
+        "device", "--nms-on", "on CUDA, where the selection (NMS or top-k) and the boxes run: device (the whole "
+        "batch's NMS at once), or host (the candidates copied once, NMS per image on a thread per core); the same on "
+        "a CPU")
 
     @field_validator("map_ci")
     @classmethod

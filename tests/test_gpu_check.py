@@ -29,8 +29,8 @@ def test_gpu_check_runs_its_checks_on_the_cpu_and_reports_them(tmp_path):
     assert hygiene["data"]["gpu_hygiene"] == {"status": "not a CUDA run", "locked_clocks": None}
     assert checks["precisions"] == {**checks["precisions"], "status": "not run", "reason": "needs a CUDA device"}
     where = checks["postprocess.where"]  # on a CPU the variants are the same selection, and agree
-    assert set(where["data"]["variants"]) == {"device", "device-serial", "host", "device-one-call"}
-    assert all(v["matched_vs_device"] == 1.0 for v in where["data"]["variants"].values()), where
+    assert set(where["data"]["variants"]) == {"device-whole-batch", "device-per-image", "device-serial", "host"}
+    assert all(v["matched_vs_per_image"] == 1.0 for v in where["data"]["variants"].values()), where
     assert checks["tensorrt"]["status"] == "not run" and "64 MiB" in checks["tensorrt"]["reason"]
     # TorchScript (in torch: on the lent machine too) against eager fp32; fp16 only on a GPU
     assert checks["torchscript.fp32"]["passed"], checks["torchscript.fp32"]
@@ -48,7 +48,8 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     # judged rows judged, each with the forward thread's account, and the lock holders found by py-spy
     main(["--device", "cpu", "--limit", "2", "--out", str(tmp_path), "--checks", "overhead"])
     checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
-    rows = ["overhead.b2", "overhead.b2.finishes_2", "overhead.b2.cv2", "overhead.b2.combined"]
+    rows = ["overhead.b2", "overhead.b2.per_image", "overhead.b2.finishes_2", "overhead.b2.cv2",
+            "overhead.b2.combined"]
     assert set(rows) | {"overhead.b2.lock_holders"} == set(checks), sorted(checks)
     judged = {"overhead.b2", "overhead.b2.combined"}  # a judged row fails when its ratio misses the goal
     for name in rows:
@@ -59,6 +60,9 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     combined = checks["overhead.b2.combined"]["data"]
     assert combined["finishes_in_flight"] == 2 and combined["cuda_graphs"] is False
     assert combined["preprocess"]["implementation"] == "cv2"  # auto on a CPU: the family's own library
+    # the A/B row runs the NMS one image at a time; on a CPU a run does too (the whole batch is a GPU's way)
+    assert checks["overhead.b2.per_image"]["data"]["nms"] == checks["overhead.b2"]["data"]["nms"] == \
+        "torchvision.ops.nms, one call per image"
     holders = checks["overhead.b2.lock_holders"]
     if holders["status"] == "ok":  # py-spy is in the dev extra; a box that forbids ptrace says "not run"
         # which threads py-spy caught holding the lock in a two-image stream is chance (on a loaded box it once

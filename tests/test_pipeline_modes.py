@@ -237,7 +237,8 @@ def test_latency_mode_host_ops_run_on_one_thread_and_the_forward_keeps_its_team(
     parts = sum(timing.stages[s] for s in ("preprocess", "transfer", "forward", "postprocess"))
     assert parts <= timing.total_ns and {"preprocess.decode", "postprocess.nms"} <= set(timing.stages)
     assert spied.host_info(overlap=False) == {"mode": "latency", "host_thread": True, "torch_intra_op": 1,
-                                              "opencv_threads": 1, "nms_threads": 2, "selection_on": "cpu"}
+                                              "opencv_threads": 1, "nms_threads": 2, "selection_on": "cpu",
+                                              "nms": "torchvision.ops.nms, one call per image"}
 
 
 def test_overlapped_mode_with_three_workers(pipeline, records):

@@ -177,14 +177,13 @@ def test_host_copy_is_one_exact_round_trip_of_every_field():
     assert cands.to(torch.device("cpu")) is cands  # already there: no copy
 
 
-def test_the_benchs_one_call_nms_equals_torchvision_per_image():
-    """postprocess_ab's `device-one-call` variant (the whole batch in one NMS call, images and classes shifted
-    apart) keeps what torchvision's batched_nms keeps image by image."""
-    from harness.bench.postprocess_ab import nms_one_call
-
+def test_the_whole_batch_selection_equals_torchvision_per_image():
+    """`select(whole_batch=True)` (a GPU run's NMS, every image at once: pipeline/batch_nms.py) keeps what
+    torchvision's batched_nms keeps image by image, multi-label candidates included."""
     dense = _dense(seed=3)
     spec = PostprocessSpec("nms", conf=0.05, iou=0.5, max_det=60, multi_label=True)
-    kept = nms_one_call(gather_candidates(dense, spec, spec.conf, spec.max_det), spec.iou, spec.max_det)
+    kept = select(gather_candidates(dense, spec, spec.conf, spec.max_det), spec, spec.iou, spec.max_det,
+                  [], whole_batch=True)
     for i, (got_boxes, got_scores, got_labels) in enumerate(_per_image(kept)):
         k, c = torch.where(dense.scores[i] >= spec.conf)
         boxes, s = dense.boxes[i][k], dense.scores[i][k, c]

@@ -90,7 +90,7 @@ def test_onnxruntime_core_on_cuda_decodes_on_the_host():
     pipeline = DetectorPipeline(_FakeDetector(), core, Device("cuda", 0), PreprocessSpec((416, 416), library="torch"),
                                 Thresholds(0.001, 0.6, 300))
     assert pipeline.decoder == "cv2" and pipeline.preprocess_info()["device"] == "cpu"
-    record = gpu.preprocess_record("torch", "cv2", torch.device("cuda", 0))
+    record = gpu.preprocess_record(PreprocessSpec((416, 416), library="torch"), "cv2", torch.device("cuda", 0))
     assert record["upload"] == "uint8 from pinned memory, non_blocking"
 
 

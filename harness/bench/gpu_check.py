@@ -255,7 +255,8 @@ OVERHEAD_STEP_SECONDS = 30  # an overhead row needs at least this much of the bu
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
-    """bench-overhead at b8 and b32 as a run does it (judged); at b32 also with two batches finishing at once and
+    """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the letterbox and NMS one image at a
+    time (the way before: figures for the A/B); at b32 also with two batches finishing at once and
     with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); both
     sizes with those knobs together (two finishing, 15 workers beside auto, a CUDA graph; judged); then
     b32's overlapped stream under py-spy: who holds the interpreter lock while the forward waits for it (a figure).
@@ -275,7 +276,9 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
     judged = [(f"overhead.b{b}", options, goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]
-    figures = [(f"overhead.b{large}.finishes_2", [*large_options, "--finishes-in-flight", "2"], None)]
+    # the torch letterbox and the NMS one image at a time, as before they were done for the whole batch: the A/B
+    figures = [(f"overhead.b{b}.per_image", [*options, "--per-image"], None) for b, options, _ in sizes]
+    figures.append((f"overhead.b{large}.finishes_2", [*large_options, "--finishes-in-flight", "2"], None))
     if r.device.startswith("cuda"):
         figures.append((f"overhead.b{large}.cuda_graphs", [*large_options, "--cuda-graphs"], None))
     figures.append((f"overhead.b{small}.cv2", ["--batch-size", str(small), "--preprocess", "cv2"], None))
@@ -314,7 +317,7 @@ def _overhead(r: Runner, name: str, options: list[str], goal: float | None) -> C
     mode = result[result["throughput_mode"]]
     stages = result["latency_mode"].get("stages_ms_p50", {})
     spent = result["overlapped_mode"]["forward_thread"]
-    return Check(name, f"selection on {result['selection_on']}; {result['throughput_mode']}: "
+    return Check(name, f"selection on {result['selection_on']}, NMS {result['nms']}; {result['throughput_mode']}: "
                  f"{mode['images_per_s']:.0f} img/s = {mode['ratio_median']:.3f} of the forward alone "
                  f"({result['forward_images_per_s']:.0f}); latency mode {result['latency_mode']['ratio_median']:.3f}, "
                  "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items())
@@ -355,9 +358,9 @@ def _lock_holders(r: Runner, batch: int) -> Check:
 
 
 def check_postprocess(r: Runner, state: dict) -> Check:
-    """Where post-processing should run on the device: the selection and boxes of one batch's candidates on the
-    device (a run's way), on the device one image after another, on the host after one copy, and on the device in
-    one NMS call for the whole batch."""
+    """Where and how post-processing should run: the selection and boxes of one batch's candidates on the device
+    for the whole batch at once (a run's way), on the device one image at a time (on the NMS pool, and one after
+    another), and on the host after one copy; each matched against torchvision's calls per image."""
     batch = min(32, r.limit or 32)
     done = r.command([sys.executable, "-m", "harness.bench.postprocess_ab", "--device", r.device, "--batch-size",
                       str(batch), "--rounds", "20", "--json"], 150)
@@ -368,7 +371,7 @@ def check_postprocess(r: Runner, state: dict) -> Check:
                      reason=(done.stderr.strip().splitlines() or ["no output"])[-1][:300])
     v = result["variants"]
     return Check("postprocess.where", f"b{batch}, {result['candidates']} candidates, {result['threads']} threads: "
-                 + ", ".join(f"{name} {x['ms_per_batch_p50']:.2f} ms ({100 * x['matched_vs_device']:.1f} % matched)"
+                 + ", ".join(f"{name} {x['ms_per_batch_p50']:.2f} ms ({100 * x['matched_vs_per_image']:.1f} % matched)"
                              for name, x in v.items()), "", None, data=result)
 
 

@@ -16,7 +16,8 @@ design before the host thread; what the profiler pass still does), to the same a
 For each overlapped stream the bench also says where the forward's thread spent it (its forward calls, waiting
 for a prepared batch, waiting for a batch's finishing, the rest) and how much slower its forward calls were there
 than the forward alone: the overhead split into contention and host work the forward could not hide.
-`--finishes-in-flight N` lets N batches finish at once (handed out in order; default 1).
+`--finishes-in-flight N` lets N batches finish at once (handed out in order; default 1). `--per-image` letterboxes
+(torch) and runs the NMS one image at a time, as a GPU run did before both were done for the whole batch at once.
 
 `--decode`: `pre-decoded` hands the pipeline decoded images (the CPU figures in README), `in-path` decodes
 inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-path on CUDA, where the
@@ -26,7 +27,7 @@ decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
                                      [--device cuda] [--decode auto|in-path|pre-decoded]
                                      [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread]
-                                     [--finishes-in-flight 2] [--json]
+                                     [--finishes-in-flight 2] [--per-image] [--json]
 """
 
 from __future__ import annotations
@@ -91,13 +92,14 @@ def _forward_thread_summary(rounds: list[dict], forward_ips: list[float], batch_
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
             preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False,
-            finishes_in_flight: int = 1) -> dict:
+            finishes_in_flight: int = 1, per_image: bool = False) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
     GPU run's selection runs (`va-bench run --nms-on`); `cuda_graphs`: the PyTorch forward replayed from a CUDA graph
     captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone; `finishes_in_flight`:
-    overlapped mode's bound on batches finishing at once."""
+    overlapped mode's bound on batches finishing at once; `per_image`: the torch letterbox and the NMS one image at a
+    time (default: as a run does, the whole batch at once where the tensors are on a GPU)."""
     workers = workers or [1]
     device = parse_device(device_spec)
     in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
@@ -112,11 +114,13 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
+    whole_batch = False if per_image else None
     pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read,
-                                     nms_on=nms_on, finishes_in_flight=finishes_in_flight) for w in workers}
+                                     nms_on=nms_on, finishes_in_flight=finishes_in_flight, whole_batch=whole_batch)
+                 for w in workers}
     pipeline = pipelines[workers[0]]
     on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read,
-                                  nms_on=nms_on)
+                                  nms_on=nms_on, whole_batch=whole_batch)
                  if calling_thread else None)
     decoded = [decode_image(r.path) for r in records]
     images = None if in_path else decoded  # None: the pipeline decodes inside the timed path
@@ -191,7 +195,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     return {
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
-        "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "cuda_graphs": cuda_graphs,
+        "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "nms": pipeline.nms_calls,
+        "cuda_graphs": cuda_graphs,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(
@@ -294,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                         "graph (as `va-bench run --cuda-graphs`), in the pipeline and the forward alone")
     parser.add_argument("--finishes-in-flight", type=int, default=1,
                         help="overlapped mode: batches finishing (post-processing) at once, handed out in order")
+    parser.add_argument("--per-image", action="store_true",
+                        help="the torch letterbox and the NMS one image at a time (a GPU run's way before)")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
                            args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs,
-                           args.finishes_in_flight)
+                           args.finishes_in_flight, args.per_image)
                    for b in backends]
     for r in results:
         r["busy_processes"] = args.busy

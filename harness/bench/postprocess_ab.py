@@ -1,18 +1,17 @@
-"""Where a GPU run's post-processing should run: the family's selection (class-aware NMS per image) and the boxes
-on the device, as a run does, against one copy of the candidates to the host and the same selection there.
+"""Where and how a GPU run's post-processing should run: the family's selection (class-aware NMS) and the boxes on
+the device for the whole batch at once, as a run does, against torchvision's NMS one image at a time and against one
+copy of the candidates to the host.
 
 On an H100 a batch of 32 spent 9.6 ms in NMS against a 10 ms forward: one torchvision CUDA NMS call per image, each
-copying its suppression mask to the host. This bench takes one batch of the sample through the forward and the
-head's decode once, then times, in alternating rounds, the selection + boxes of the same candidates:
-- `device`: on the core's device with the run's NMS thread pool (what a run does);
-- `device-serial`: on the device, one image after another;
-- `host`: the candidates copied to the host in one transfer, then the selection on the thread pool;
-- `device-one-call`: on the device, the whole batch's class-aware NMS in one kernel call (boxes shifted apart by
-  image along x and by class along y, so that no two images or classes overlap and the shifted coordinates stay
-  small enough for float32), then each image's best max_det: one suppression mask copied to the host instead of
-  one per image, at the cost of a mask over all the batch's candidates.
-Each variant's detections are matched against `device`'s (same class, IoU >= 0.99, score within 1e-3); on a CPU
-the three are the same work, which is how this script is tested.
+synchronising the device. This bench takes one batch of the sample through the forward and the head's decode once,
+then times, in alternating rounds, the selection + boxes of the same candidates:
+- `device-whole-batch`: on the core's device, every image's NMS at once (pipeline/batch_nms.py; what a run does);
+- `device-per-image`: on the device, torchvision's NMS per image on the run's NMS thread pool (a run before);
+- `device-serial`: on the device, torchvision's NMS one image after another;
+- `host`: the candidates copied to the host in one transfer, then torchvision's NMS per image on the thread pool.
+Each variant's detections are matched against `device-per-image`'s, torchvision's own calls (same class,
+IoU >= 0.99, score within 1e-3); on a CPU the work is the same but for where it runs, which is how this script is
+tested.
 
     python -m harness.bench.postprocess_ab [--device cuda] [--batch-size 32] [--rounds 20] [--json]
 """
@@ -30,16 +29,13 @@ import torch
 from harness.backends import BackendOptions, load_detector_core
 from harness.config import RunConfig
 from harness.data.coco import CocoDataset
-from harness.detector.ops import top_k_per_group
 from harness.detector.protocol import postprocess_spec
 from harness.eval.matching import match_detections
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
-from harness.pipeline.nms_kernel import nms
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.postprocess import (
     BatchCandidates,
-    drop_small,
     gather_candidates,
     select,
     split_by_image,
@@ -48,19 +44,8 @@ from harness.pipeline.postprocess import (
 from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
 
 
-def nms_one_call(cands: BatchCandidates, iou: float, max_det: int) -> BatchCandidates:
-    """Class-aware NMS of every image of the batch in one `torchvision.ops.nms` call, each image's best `max_det`
-    kept, best first (the same boxes as `nms_batch`, up to the order of equal scores)."""
-    if cands.scores.numel() == 0:
-        return cands
-    span = cands.boxes.max() + 1  # no shifted box reaches into another image's or class's span
-    shift = torch.stack([cands.image.to(cands.boxes) * span, cands.labels.to(cands.boxes) * span], 1).repeat(1, 2)
-    keep = nms(cands.boxes + shift, cands.scores, iou)  # by decreasing score
-    return cands.take(keep[top_k_per_group(cands.scores[keep], cands.image[keep], max_det)])
-
-
 def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-nano") -> dict:
-    """Median ms per batch of each variant's selection + boxes, and its detections against `device`'s."""
+    """Median ms per batch of each variant's selection + boxes, and its detections against `device-per-image`'s."""
     device = parse_device(device_spec)
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, "cv2", device.is_cuda)
@@ -78,18 +63,14 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
     pipeline = DetectorPipeline(detector, core, device, spec, thresholds)
     executor = pipeline.host_executor  # a run's NMS pool (None with one thread)
 
-    def finish(cands: BatchCandidates, with_pool: bool):
-        kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None)
+    def finish(cands: BatchCandidates, with_pool: bool, whole_batch: bool = False):
+        kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None, whole_batch)
         return split_by_image(kept, to_original(kept, transforms), ids)
 
-    def one_call():
-        assert post.kind == "nms" and post.pre_nms_topk is None and not post.clip_before_nms, post  # yolox's
-        kept = nms_one_call(drop_small(candidates, post.min_box_size) if post.min_box_size > 0 else candidates,
-                            d.iou, d.max_det)
-        return split_by_image(kept, to_original(kept, transforms), ids)
-
-    variants = {"device": lambda: finish(candidates, True), "device-serial": lambda: finish(candidates, False),
-                "host": lambda: finish(candidates.to(torch.device("cpu")), True), "device-one-call": one_call}
+    variants = {"device-whole-batch": lambda: finish(candidates, False, True),
+                "device-per-image": lambda: finish(candidates, True),
+                "device-serial": lambda: finish(candidates, False),
+                "host": lambda: finish(candidates.to(torch.device("cpu")), True)}
     results = {name: run() for name, run in variants.items()}  # warm-up, and the detections compared
     times: dict[str, list[float]] = {name: [] for name in variants}
     for k in range(rounds):
@@ -99,11 +80,11 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
             variants[name]()
             device.synchronize()
             times[name].append((time.perf_counter() - start) * 1e3)
-    reference = results["device"]
+    reference = results["device-per-image"]
     return {"device": str(device), "batch_size": batch_size, "candidates": int(candidates.scores.numel()),
             "threads": pipeline.nms_threads, "rounds": rounds,
             "variants": {name: {"ms_per_batch_p50": round(statistics.median(values), 3),
-                                "matched_vs_device": match_detections(reference, results[name]).match_rate}
+                                "matched_vs_per_image": match_detections(reference, results[name]).match_rate}
                          for name, values in times.items()}}
 
 
@@ -121,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['device']}, batch {result['batch_size']}, {result['candidates']} candidates, "
           f"{result['threads']} threads:")
     for name, v in result["variants"].items():
-        print(f"  {name:<14} {v['ms_per_batch_p50']:8.3f} ms per batch   {100 * v['matched_vs_device']:.2f} % matched")
+        matched = 100 * v["matched_vs_per_image"]
+        print(f"  {name:<18} {v['ms_per_batch_p50']:8.3f} ms per batch   {matched:.2f} % matched")
     return 0
 
 

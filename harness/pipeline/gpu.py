@@ -5,7 +5,9 @@ batched call (`torchvision.io.decode_jpeg(list, device="cuda")`), or, where imag
 host, go up as uint8 (4x fewer bytes than float32) from pinned memory with non-blocking copies (with cv2/PIL
 letterboxing on the host, the whole uint8 canvas in one copy); the letterbox, normalisation, NMS and rescale
 then run on the device (preprocess.preprocess_tensors,
-postprocess) and only the final detections come back, in one copy per batch. CUDA events around the
+postprocess), the letterbox and the NMS for the whole batch at once (a fixed number of tensor operations, not a
+handful per image: each is a Python call under the interpreter lock that the forward's launches need too), and only
+the final detections come back, in one copy per batch. CUDA events around the
 forward give its GPU time beside the wall clock, so a launch-bound forward shows as wall >> GPU.
 
 Every function here takes the device as an argument and touches torch.cuda only when it is a CUDA
@@ -20,7 +22,8 @@ from typing import Any
 
 import torch
 
-from harness.pipeline.preprocess import decode_tensor
+from harness.detector.protocol import PreprocessSpec
+from harness.pipeline.preprocess import decode_tensor, whole_batch_letterbox
 
 JPEG_MAGIC = b"\xff\xd8"
 
@@ -86,11 +89,16 @@ class ForwardEvents:
         return int(round(self.start.elapsed_time(self.end) * 1e6))
 
 
-def preprocess_record(library: str, decoder: str, input_device: torch.device | None) -> dict:
+def preprocess_record(spec: PreprocessSpec, decoder: str, input_device: torch.device | None,
+                      whole_batch: bool = False) -> dict:
     """How this pipeline turns files into the input tensor (runtime.preprocess and the run summary)."""
+    library = spec.library
     on = input_device if input_device is not None else torch.device("cpu")
+    torch_resize = (f"bilinear in float32, the whole batch at once by index (F.interpolate's rule, antialias off), on "
+                    f"{on}" if whole_batch and whole_batch_letterbox(spec)
+                    else f"F.interpolate in float32, antialias off, one image at a time, on {on}")
     resize = {"cv2": "cv2.resize on uint8 (host)", "pil": "PIL resample on uint8 (host)",
-              "torch": f"F.interpolate in float32, antialias off, on {on}"}[library]
+              "torch": torch_resize}[library]
     record = {"implementation": library, "decode": decoder, "decode_detail": DECODERS[decoder], "resize": resize,
               "device": str(on)}
     if library == "torch" and on.type == "cuda" and decoder != "nvjpeg":

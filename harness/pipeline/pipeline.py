@@ -190,7 +190,7 @@ class DetectorPipeline:
                  read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
                  host_thread: bool = True, masks: bool = True,
                  generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device",
-                 finishes_in_flight: int = 1):
+                 finishes_in_flight: int = 1, whole_batch: bool | None = None):
         if stream_workers < 1 or finishes_in_flight < 1:
             raise ValueError(f"stream_workers and finishes_in_flight must be >= 1, not {stream_workers}, "
                              f"{finishes_in_flight}")
@@ -228,6 +228,10 @@ class DetectorPipeline:
         # "host": a GPU run's candidates come to the host in one copy and the selection and boxes run there, on
         # the NMS pool, instead of one CUDA NMS call (and mask copy) per image; on a CPU both are the same
         self.selection_on_host = nms_on == "host" and device.is_cuda
+        # the torch letterbox and the NMS of a whole batch in a fixed number of tensor operations (None: where the
+        # tensors are on a GPU, whose per-image calls each take the interpreter lock that the forward's launches need;
+        # on a CPU one image at a time is the faster, and the lighter on memory)
+        self.whole_batch = whole_batch
 
     def copy_with(self, core: Core | None = None, **changes: Any) -> DetectorPipeline:
         """A pipeline with this one's settings (masks, NMS placement, image source, workers), on `core` (this one's
@@ -236,13 +240,13 @@ class DetectorPipeline:
                     "stream_workers": self.stream_workers, "host_thread": self.host_thread is not None,
                     "masks": self.masks, "generated": self.generated,
                     "nms_on": "host" if self.selection_on_host else "device",
-                    "finishes_in_flight": self.finishes_in_flight}
+                    "finishes_in_flight": self.finishes_in_flight, "whole_batch": self.whole_batch}
         return DetectorPipeline(self.detector, core if core is not None else self.core, self.device, self.spec,
                                 self.thresholds, **{**settings, **changes})
 
     def preprocess_info(self) -> dict:
         """Which preprocessing implementation, decoder and device this pipeline uses (for the record)."""
-        record = preprocess_record(self.spec.library, self.decoder, self.input_device)
+        record = preprocess_record(self.spec, self.decoder, self.input_device, self.letterbox_whole_batch)
         if self.generated is not None:
             record.update(decode="skipped", decode_detail="generated images (--input synthetic): nothing to decode")
         return record
@@ -254,11 +258,36 @@ class DetectorPipeline:
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
                     "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight,
-                    "finishes_in_flight": self.finishes_in_flight, "forward_thread": self.forward_thread.record()}
+                    "finishes_in_flight": self.finishes_in_flight, "forward_thread": self.forward_thread.record(),
+                    "nms": self.nms_calls}
         return {"mode": "latency", "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "opencv_threads": cv2.getNumThreads(),
-                "nms_threads": self.nms_threads, "selection_on": self.selection_on}
+                "nms_threads": self.nms_threads, "selection_on": self.selection_on, "nms": self.nms_calls}
+
+    def _whole_batch_on(self, device: torch.device | None) -> bool:
+        return self.whole_batch if self.whole_batch is not None else device is not None and device.type == "cuda"
+
+    @property
+    def letterbox_whole_batch(self) -> bool:
+        """Whether the torch letterbox resizes the whole batch at once (preprocess.letterbox_whole_batch)."""
+        return self.spec.library == "torch" and self._whole_batch_on(self.input_device)
+
+    @property
+    def nms_whole_batch(self) -> bool:
+        """Whether the class-aware NMS runs for the whole batch at once (batch_nms), not one call per image: where
+        the candidates are (the core's device, or the host with a host core or --nms-on host)."""
+        return self.postprocess.kind == "nms" and self._whole_batch_on(
+            None if self.selection_on_host else self.input_device)
+
+    @property
+    def nms_calls(self) -> str:
+        """How the selection runs, for the record."""
+        if self.postprocess.kind != "nms":
+            return f"none: the family's selection is {self.postprocess.kind}"
+        if self.nms_whole_batch:
+            return "the whole batch at once: the suppression matrix to its fixed point (torchvision's rule)"
+        return "torchvision.ops.nms, one call per image"
 
     @property
     def selection_on(self) -> str:
@@ -484,7 +513,7 @@ class DetectorPipeline:
             with timer.substep("upload"):  # host-decoded images go up as uint8, not float32
                 images = upload_uint8([i if isinstance(i, torch.Tensor) else torch.from_numpy(i)
                                        .permute(2, 0, 1).flip(0) for i in images], target)
-        return preprocess_tensors(images, self.spec, target)
+        return preprocess_tensors(images, self.spec, target, whole_batch=self.letterbox_whole_batch)
 
     def _forward(self, batch: torch.Tensor, timer: StageTimer, sync: bool = False) -> list[torch.Tensor]:
         with timer.stage("transfer"):
@@ -527,7 +556,7 @@ class DetectorPipeline:
             with timer.substep("copy"):
                 candidates = candidates.to(torch.device("cpu"))
         with timer.substep(post.kind):  # "nms" or "topk"
-            kept = select(candidates, post, t.iou, t.max_det, transforms, executor)
+            kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=self.nms_whole_batch)
         with timer.substep("boxes"):
             boxes = to_original(kept, transforms)
             detections = split_by_image(kept, boxes, [r.image_id for r in records])

@@ -3,8 +3,9 @@ or NMS-free top-k), rescale to the original image, COCO ids.
 
 Everything but the NMS kernel runs once per batch on the concatenated candidates of all images, so
 the only per-image work is one `torchvision.ops.nms` call, which releases the GIL and can therefore
-run on a thread pool. (Fewer tensor ops alone did not measurably shorten the stage: its time is in
-the NMS kernel and in the decode's large reductions.)
+run on a thread pool. (Fewer tensor ops alone did not measurably shorten the stage on a CPU: its time is in
+the NMS kernel and in the decode's large reductions.) On a GPU, where each call takes the interpreter lock and
+waits for the device, the NMS of the whole batch runs at once instead (batch_nms, `select(whole_batch=True)`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from harness.detector.ops import top_k_per_group
 from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSpec
+from harness.pipeline.batch_nms import nms_whole_batch
 from harness.pipeline.nms_kernel import nms
 from harness.pipeline.preprocess import ImageTransform
 from harness.records import ImageDetections
@@ -134,9 +136,11 @@ def gather_candidates(decoded: Sequence[Candidates] | DenseCandidates, spec: Pos
 
 
 def select(cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
-           transforms: Sequence[ImageTransform], executor: Executor | None = None) -> BatchCandidates:
+           transforms: Sequence[ImageTransform], executor: Executor | None = None,
+           whole_batch: bool = False) -> BatchCandidates:
     """The family's post-processing kind on thresholded candidates: "nms" (optional pre-NMS top-k,
-    clip and small-box filter, then class-aware NMS per image) or "topk" (each image's best max_det)."""
+    clip and small-box filter, then class-aware NMS per image; with `whole_batch`, every image's at once:
+    batch_nms) or "topk" (each image's best max_det)."""
     if spec.kind == "topk":
         return best_per_image(cands, max_det)
     if spec.pre_nms_topk is not None:
@@ -145,6 +149,8 @@ def select(cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: i
         cands = clip_to_images(cands, transforms)
     if spec.min_box_size > 0:
         cands = drop_small(cands, spec.min_box_size)
+    if whole_batch:
+        return cands.take(nms_whole_batch(cands.boxes, cands.scores, cands.labels, cands.counts, iou, max_det))
     return nms_batch(cands, iou, max_det, executor)
 
 
