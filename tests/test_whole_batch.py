@@ -105,6 +105,17 @@ def test_whole_batch_letterbox_is_the_per_image_letterbox(spec):
     assert torch.equal(got[pad], expected[pad])
 
 
+def test_the_whole_batch_letterbox_in_chunks_is_the_same(monkeypatch):
+    """A bound on the index tensors' memory splits the batch into chunks of images: the same canvas."""
+    from harness.pipeline import preprocess
+
+    spec = SPECS[0]
+    images = _images(6, [(480, 640), (640, 427), (300, 300), (20, 900), (416, 416)])
+    whole = preprocess_tensors(images, spec, whole_batch=True)[0]
+    monkeypatch.setattr(preprocess, "LETTERBOX_INDEX_ENTRIES", 2 * 3 * 416 * 416)  # two images a chunk
+    assert torch.equal(preprocess_tensors(images, spec, whole_batch=True)[0], whole)
+
+
 def test_a_spec_the_whole_batch_letterbox_does_not_do_runs_image_by_image():
     spec = PreprocessSpec((320, 320), resize="fit_stretch", library="torch")
     area = PreprocessSpec((320, 320), downscale_interpolation="area", library="torch")

@@ -49,7 +49,9 @@ def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequen
     jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC and not oriented[i]]
     out: list[torch.Tensor | None] = [None] * len(datas)
     if jpeg:
-        encoded = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in jpeg]
+        # every JPEG's bytes in one writable host buffer, a view of each: two tensor calls, not two an image
+        blob = torch.frombuffer(bytearray(b"".join(datas[i] for i in jpeg)), dtype=torch.uint8)
+        encoded = list(blob.split([len(datas[i]) for i in jpeg]))
         from torchvision.io import ImageReadMode, decode_jpeg  # nvJPEG: torchvision only where it decodes
 
         for i, image in zip(jpeg, decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), strict=True):

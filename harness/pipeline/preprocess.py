@@ -189,7 +189,11 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
     geometries = [_geometry(*chw.shape[1:], spec) for chw in rgb]
     transforms = [g.transform for g in geometries]
     if whole_batch and rgb and whole_batch_letterbox(spec):
-        batch = letterbox_whole_batch([chw.to(device, non_blocking=True) for chw in rgb], geometries, spec)
+        rgb = [chw.to(device, non_blocking=True) for chw in rgb]
+        per_chunk = max(1, LETTERBOX_INDEX_ENTRIES // (3 * in_h * in_w))  # a bound on the index tensors' memory
+        parts = [letterbox_whole_batch(rgb[i:i + per_chunk], geometries[i:i + per_chunk], spec)
+                 for i in range(0, len(rgb), per_chunk)]
+        batch = parts[0] if len(parts) == 1 else torch.cat(parts)
         _normalise(batch, spec)
         return batch, transforms
     batch = torch.empty((len(images), 3, in_h, in_w), dtype=torch.float32, device=device)
@@ -208,6 +212,11 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
         batch[i, :, g.top:g.top + g.new_h, g.left:g.left + g.new_w] = pixels
     _normalise(batch, spec)
     return batch, transforms
+
+
+# Entries of one whole-batch letterbox's index tensors (int64, 0.5 GiB): 32 images at 640 go in one call, at 1280
+# in three
+LETTERBOX_INDEX_ENTRIES = 1 << 26
 
 
 def whole_batch_letterbox(spec: PreprocessSpec) -> bool:
