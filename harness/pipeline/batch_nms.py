@@ -22,6 +22,8 @@ same boxes; only the cost differs).
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import torch
 
@@ -70,6 +72,7 @@ def _one_image(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, 
     return keep[torch.argsort(scores[keep], descending=True, stable=True)]  # equal scores in the candidates' order
 
 
+@cache
 def _below_or_at(threshold: float, dtype: torch.dtype) -> float:
     """The largest value of `dtype` at or below `threshold`: `ratio > it` in `dtype` is torchvision's CPU comparison
     of a ratio in the boxes' dtype with the threshold as a double (0.6 rounds up to float32 0.60000002, and a ratio
@@ -98,31 +101,35 @@ def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, coun
     index = index.view(n_images, width).gather(1, order)
     valid = index >= 0
     safe = index.clamp(min=0)
-    x1, y1, x2, y2 = boxes[safe].unbind(-1)  # [n, K] each
-    lab = labels[safe]
+    picked = boxes[safe]
+    # row i (the higher score) against column j, torchvision's arithmetic: [n, K, 1] against [n, 1, K]
+    x1, y1, x2, y2 = picked.unsqueeze(2).unbind(-1)
+    x1_, y1_, x2_, y2_ = picked.unsqueeze(1).unbind(-1)
     area = (x2 - x1).mul_(y2 - y1)
-    # row i (the higher score) against column j: torchvision's arithmetic
-    inter = torch.minimum(x2.unsqueeze(2), x2.unsqueeze(1)).sub_(torch.maximum(x1.unsqueeze(2), x1.unsqueeze(1)))
-    height = torch.minimum(y2.unsqueeze(2), y2.unsqueeze(1)).sub_(torch.maximum(y1.unsqueeze(2), y1.unsqueeze(1)))
+    inter = torch.minimum(x2, x2_).sub_(torch.maximum(x1, x1_))
+    height = torch.minimum(y2, y2_).sub_(torch.maximum(y1, y1_))
     inter.clamp_(min=0).mul_(height.clamp_(min=0))
     del height
-    union = (area.unsqueeze(2) + area.unsqueeze(1)).sub_(inter)
-    suppresses = inter.div_(union) > threshold
+    union = (area + area.mT).sub_(inter)
+    suppresses = inter.div_(union) > threshold  # [n, K, K]: i suppresses j, if i is kept, j after i, same class
     del inter, union
-    suppresses &= torch.ones(width, width, dtype=torch.bool, device=device).triu_(1)  # only j after i
+    suppresses &= torch.ones(width, width, dtype=torch.bool, device=device).triu_(1)
+    lab = labels[safe]
     suppresses &= lab.unsqueeze(2) == lab.unsqueeze(1)
-    suppresses &= valid.unsqueeze(1)
-
-    def round_(keep: torch.Tensor) -> torch.Tensor:
-        return valid & ~(suppresses & keep.unsqueeze(2)).any(dim=1)
-
-    keep = valid
+    # A round is one batched product: the kept as 0/1 rows [n, 1, K] times the matrix counts, for each box, the kept
+    # boxes suppressing it, and a box stays kept where that count is 0 (exact in half precision: a sum of ones and
+    # zeros is 0 only when every term is). A padding slot is never kept (not valid), so it suppresses nothing.
+    matrix = suppresses.to(torch.float16 if device.type == "cuda" else torch.float32)
+    del suppresses
+    valid_row = valid.unsqueeze(1).to(matrix.dtype)
+    keep = valid_row
     for _ in range(width):  # at most `width` rounds; a handful in practice (module docstring)
         # two rounds per look: a round at the fixed point changes nothing, and each look waits for the device
-        once = round_(keep)
-        keep = round_(once)
+        once = valid_row * (torch.bmm(keep, matrix) == 0)
+        keep = valid_row * (torch.bmm(once, matrix) == 0)
         if torch.equal(once, keep):
             break
+    keep = keep.squeeze(1).bool()
     keep &= torch.cumsum(keep, dim=1) <= max_det
     rows, columns = keep.nonzero(as_tuple=True)  # row-major: grouped by image, best first
     return index[rows, columns]
