@@ -279,7 +279,7 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
     rows0, rows1 = planes + rows0, planes + rows1  # [B, 3, H, 1]: where each output row reads, per channel
 
     def pixels(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return flat[rows + cols].float()
+        return torch.take(flat, rows + cols).float()
 
     # the CUDA kernel's order: each row's two columns weighted, then the two rows
     upper = pixels(rows0, cols0).mul_(1 - wx).add_(pixels(rows0, cols1).mul_(wx))
