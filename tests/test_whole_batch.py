@@ -65,6 +65,28 @@ def test_whole_batch_nms_in_chunks_and_alone_keeps_the_same(monkeypatch):
         assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, 0.45, 300), expected), entries
 
 
+def test_a_chain_of_boxes_each_suppressing_the_next_goes_to_torchvision_alone(monkeypatch):
+    """Boxes in a row, each overlapping only its neighbours: the fixed point needs a round per box; past MAX_LOOKS
+    that image goes to torchvision by itself, its neighbours in the batch stay with the matrix, all as the reference."""
+    chain = 64
+    x = torch.arange(chain, dtype=torch.float32) * 3
+    row = torch.stack([x, torch.zeros(chain), x + 10, torch.full((chain,), 10.0)], 1)  # neighbours' IoU 0.54
+    generator = torch.Generator().manual_seed(11)
+    other, other_scores, other_labels = random_candidates(generator, [30, 25])
+    boxes = torch.cat([other[:30], row, other[30:]])
+    scores = torch.cat([other_scores[:30], torch.linspace(1, 0.5, chain), other_scores[30:]])
+    labels = torch.cat([other_labels[:30], torch.zeros(chain, dtype=torch.long), other_labels[30:]])
+    counts = [30, chain, 25]
+    alone = []
+    one_image = batch_nms._one_image
+    monkeypatch.setattr(batch_nms, "_one_image", lambda b, *rest: alone.append(len(b)) or one_image(b, *rest))
+    expected = reference_nms(boxes, scores, labels, counts, 0.5, 300)
+    assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, 0.5, 300), expected)
+    assert alone == [chain]  # the chain's image only
+    assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, 0.5, 5), reference_nms(boxes, scores, labels,
+                                                                                          counts, 0.5, 5))
+
+
 def test_whole_batch_nms_compares_the_ratio_with_the_threshold_as_torchvision_does():
     # IoU 60 / 100: float32 0.60000002, above the double 0.6, so torchvision's CPU kernel suppresses the second box
     boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 6.0]])
@@ -194,3 +216,22 @@ def test_a_pipeline_with_the_whole_batch_ways_detects_what_the_per_image_one_doe
     assert report.match_rate >= 0.999, report
     assert np.isclose(sum(float(det.scores.sum()) for det in results[True]),
                       sum(float(det.scores.sum()) for det in results[False]), rtol=1e-3)
+
+
+def test_an_image_far_wider_than_high_keeps_a_row_in_every_implementation():
+    """1 x 700 at 640: the fit rounds its height to 0, which no resize takes (cv2 and F.interpolate raise; the
+    whole-batch indices overflowed); it keeps one row, the same in every implementation."""
+    from harness.pipeline.preprocess import preprocess_batch
+
+    wide = torch.full((3, 1, 700), 200, dtype=torch.uint8)
+    outputs = {}
+    for library in ("cv2", "pil", "torch"):
+        spec = PreprocessSpec((640, 640), library=library)
+        image = wide.permute(1, 2, 0).numpy().copy() if library != "torch" else wide
+        outputs[library], (transform,) = preprocess_batch([image], spec)
+        assert transform.resized == (1, 640)
+    outputs["whole"] = preprocess_tensors([wide, wide[:, :, :5]], PreprocessSpec((640, 640), library="torch"),
+                                          whole_batch=True)[0][:1]
+    for name, batch in outputs.items():
+        assert torch.equal(batch[0, :, 0, :640], torch.full((3, 640), 200.0)), name
+        assert torch.equal(batch[0, :, 1:], torch.full((3, 639, 640), 114.0)), name

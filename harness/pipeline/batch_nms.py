@@ -9,7 +9,8 @@ score, a box is dropped when its IoU with a kept, higher-scoring box of its clas
 Greedy NMS is the fixed point of `keep[j] = not any(keep[i] and S[i, j] for i before j)`, where S marks the pairs
 of the same class whose IoU exceeds the threshold. Starting from every box kept and applying the rule to all boxes at
 once reaches that fixed point exactly: after t rounds the first t boxes of each image are final, and the rounds stop
-as soon as nothing changes, which takes a handful on detector outputs (Cluster-NMS, Zheng et al., "Enhancing
+as soon as nothing changes, which takes a handful on detector outputs; an image still changing after MAX_LOOKS goes to
+torchvision's NMS by itself (Cluster-NMS, Zheng et al., "Enhancing
 Geometric Factors in Model Learning and Inference for Object Detection and Instance Segmentation", 2021). The IoU is
 torchvision's own arithmetic, inter / ((area_i + area_j) - inter) in the boxes' dtype, on the boxes as they are
 (no class offsets added, so no rounding from them), and equal scores keep the candidates' order (stable sorts), as
@@ -17,7 +18,7 @@ torchvision's CPU kernel does.
 
 The suppression matrix is images x K x K for K candidates in the most crowded image: images go in chunks of at most
 MATRIX_ENTRIES entries, and an image with more candidates than fit alone goes to torchvision's NMS by itself (the
-same boxes; only the cost differs).
+same boxes either way; only the cost differs).
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ import torch
 
 from harness.pipeline.nms_kernel import nms
 
-# Entries of one chunk's IoU matrix: 512 MiB of float32, two such temporaries at once (a batch of 32 whose most
-# crowded image has at most 2,048 candidates is one chunk)
-MATRIX_ENTRIES = 1 << 27
+# Entries of one chunk's IoU matrix: 256 MiB of float32, about three such temporaries at once while the IoU is worked
+# out, then the matrix in half precision (a batch of 32 whose most crowded image has at most 1,448 candidates is one
+# chunk)
+MATRIX_ENTRIES = 1 << 26
+# Looks (two rounds each) before an image still changing goes to torchvision's NMS alone: detector outputs settle in
+# two to four; a chain of boxes each overlapping only the next takes a round per box
+MAX_LOOKS = 8
 
 
 def nms_whole_batch(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, counts: list[int],
@@ -56,7 +61,7 @@ def nms_whole_batch(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Ten
             lo, hi = starts[first], starts[last]
             whole = lo == 0 and hi == len(scores)  # most batches: one chunk, no slicing
             chunk = (boxes, scores, labels) if whole else (boxes[lo:hi], scores[lo:hi], labels[lo:hi])
-            found = _chunk(*chunk, counts[first:last], threshold, max_det)
+            found = _chunk(*chunk, counts[first:last], iou, threshold, max_det)
             kept.append(found if whole else found + lo)
         first = last
     if len(kept) == 1:
@@ -83,8 +88,8 @@ def _below_or_at(threshold: float, dtype: torch.dtype) -> float:
     return value.item()
 
 
-def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, counts: list[int], threshold: float,
-           max_det: int) -> torch.Tensor:
+def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, counts: list[int], iou: float,
+           threshold: float, max_det: int) -> torch.Tensor:
     """nms_whole_batch on one chunk of images, through the suppression matrix (module docstring). The layout is
     worked out on the host (numpy: no device work, no tensor call) and goes up in one copy."""
     device, n_images, width = boxes.device, len(counts), max(counts)
@@ -123,13 +128,24 @@ def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, coun
     del suppresses
     valid_row = valid.unsqueeze(1).to(matrix.dtype)
     keep = valid_row
-    for _ in range(width):  # at most `width` rounds; a handful in practice (module docstring)
+    for _ in range(MAX_LOOKS):
         # two rounds per look: a round at the fixed point changes nothing, and each look waits for the device
         once = valid_row * (torch.bmm(keep, matrix) == 0)
         keep = valid_row * (torch.bmm(once, matrix) == 0)
         if torch.equal(once, keep):
+            unsettled = []
             break
+    else:  # an image whose rounds still change it (a long chain of boxes each suppressing the next): torchvision's
+        unsettled = (once != keep).any(dim=2).squeeze(1).nonzero().squeeze(1).tolist()
     keep = keep.squeeze(1).bool()
+    keep[unsettled] = False
     keep &= torch.cumsum(keep, dim=1) <= max_det
     rows, columns = keep.nonzero(as_tuple=True)  # row-major: grouped by image, best first
-    return index[rows, columns]
+    kept = index[rows, columns]
+    if not unsettled:
+        return kept
+    starts = np.concatenate(([0], np.cumsum(counts))).tolist()
+    alone = [_one_image(boxes[starts[i]:starts[i + 1]], scores[starts[i]:starts[i + 1]],
+                        labels[starts[i]:starts[i + 1]], iou)[:max_det] + starts[i] for i in unsettled]
+    image = torch.cat([rows, *(torch.full_like(found, i) for i, found in zip(unsettled, alone, strict=True))])
+    return torch.cat([kept, *alone])[torch.argsort(image, stable=True)]  # grouped by image again, best first

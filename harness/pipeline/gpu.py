@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from harness.detector.protocol import PreprocessSpec
-from harness.pipeline.preprocess import decode_tensor, whole_batch_letterbox
+from harness.pipeline.preprocess import decode_tensor
 
 JPEG_MAGIC = b"\xff\xd8"
 
@@ -93,11 +93,12 @@ class ForwardEvents:
 
 def preprocess_record(spec: PreprocessSpec, decoder: str, input_device: torch.device | None,
                       whole_batch: bool = False) -> dict:
-    """How this pipeline turns files into the input tensor (runtime.preprocess and the run summary)."""
+    """How this pipeline turns files into the input tensor (runtime.preprocess and the run summary); `whole_batch`:
+    the torch letterbox resizes the whole batch at once (preprocess.letterbox_whole_batch)."""
     library = spec.library
     on = input_device if input_device is not None else torch.device("cpu")
     torch_resize = (f"bilinear in float32, the whole batch at once by index (F.interpolate's rule, antialias off), on "
-                    f"{on}" if whole_batch and whole_batch_letterbox(spec)
+                    f"{on}" if whole_batch
                     else f"F.interpolate in float32, antialias off, one image at a time, on {on}")
     resize = {"cv2": "cv2.resize on uint8 (host)", "pil": "PIL resample on uint8 (host)",
               "torch": torch_resize}[library]

@@ -51,7 +51,8 @@ def _input_tensor(pipeline: DetectorPipeline, record: ImageRecord) -> torch.Tens
     data = pipeline._read(record)
     if pipeline.spec.library == "torch":
         target = pipeline.input_device if pipeline.input_device is not None else torch.device("cpu")
-        batch, _ = preprocess_tensors([decode_tensor(data, record.path)], pipeline.spec, target)
+        batch, _ = preprocess_tensors([decode_tensor(data, record.path)], pipeline.spec, target,
+                                      whole_batch=pipeline.letterbox_whole_batch)
     else:
         batch, _ = preprocess_batch([decode_bytes(data, record.path)], pipeline.spec)
     return batch[0].cpu()

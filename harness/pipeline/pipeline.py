@@ -45,6 +45,7 @@ from harness.pipeline.preprocess import (
     decode_tensor,
     letterbox_canvas,
     preprocess_tensors,
+    whole_batch_letterbox,
 )
 from harness.pipeline.stage_timer import BatchTiming, ForwardThreadTime, StageTimer
 from harness.process_exit import before_leave
@@ -271,7 +272,8 @@ class DetectorPipeline:
     @property
     def letterbox_whole_batch(self) -> bool:
         """Whether the torch letterbox resizes the whole batch at once (preprocess.letterbox_whole_batch)."""
-        return self.spec.library == "torch" and self._whole_batch_on(self.input_device)
+        return self.spec.library == "torch" and whole_batch_letterbox(self.spec) and \
+            self._whole_batch_on(self.input_device)
 
     @property
     def nms_whole_batch(self) -> bool:

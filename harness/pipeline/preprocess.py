@@ -101,7 +101,8 @@ def _fit(h: int, w: int, spec: PreprocessSpec) -> tuple[int, int, float]:
     fit_h, fit_w = spec.input_size[0] - spec.fit_margin, spec.input_size[1] - spec.fit_margin
     r = min(fit_h / h, fit_w / w)
     rounding = ROUNDING[spec.size_rounding]  # floor is int(h * r), as YOLOX's reference transform does
-    return min(int(rounding(h * r)), fit_h), min(int(rounding(w * r)), fit_w), r
+    # at least one pixel: an image far wider than high (1 x 700 at 640) would round to none, which no resize takes
+    return (max(1, min(int(rounding(h * r)), fit_h)), max(1, min(int(rounding(w * r)), fit_w)), r)
 
 
 def _geometry(h: int, w: int, spec: PreprocessSpec) -> _Geometry:
