@@ -53,16 +53,16 @@ def test_whole_batch_nms_keeps_what_torchvision_keeps_image_by_image(seed):
         assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, iou, max_det), expected)
 
 
-def test_whole_batch_nms_in_chunks_and_alone_keeps_the_same(monkeypatch):
-    """A small matrix budget: the images go in several chunks, and one too crowded for it alone goes to
+def test_whole_batch_nms_in_chunks_and_alone_keeps_the_same():
+    """A small scratch budget: the images go in several chunks, and one too crowded for it alone goes to
     torchvision's NMS by itself; the boxes kept do not change."""
     generator = torch.Generator().manual_seed(7)
     counts = [40, 90, 10, 0, 60, 25]
     boxes, scores, labels = random_candidates(generator, counts, classes=2)
     expected = reference_nms(boxes, scores, labels, counts, 0.45, 300)
     for entries in (1 << 26, 100 * 100, 60 * 60):  # one chunk; several; the 90-candidate image alone
-        monkeypatch.setattr(batch_nms, "MATRIX_ENTRIES", entries)
-        assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, 0.45, 300), expected), entries
+        scratch = entries * batch_nms.BYTES_PER_ENTRY
+        assert torch.equal(nms_whole_batch(boxes, scores, labels, counts, 0.45, 300, scratch), expected), entries
 
 
 def test_a_chain_of_boxes_each_suppressing_the_next_goes_to_torchvision_alone(monkeypatch):
@@ -127,15 +127,15 @@ def test_whole_batch_letterbox_is_the_per_image_letterbox(spec):
     assert torch.equal(got[pad], expected[pad])
 
 
-def test_the_whole_batch_letterbox_in_chunks_is_the_same(monkeypatch):
-    """A bound on the index tensors' memory splits the batch into chunks of images: the same canvas."""
-    from harness.pipeline import preprocess
+def test_the_whole_batch_letterbox_in_chunks_is_the_same():
+    """A smaller scratch budget splits the batch into chunks of images: the same canvas."""
+    from harness.pipeline.preprocess import LETTERBOX_BYTES_PER_ENTRY
 
     spec = SPECS[0]
     images = _images(6, [(480, 640), (640, 427), (300, 300), (20, 900), (416, 416)])
     whole = preprocess_tensors(images, spec, whole_batch=True)[0]
-    monkeypatch.setattr(preprocess, "LETTERBOX_INDEX_ENTRIES", 2 * 3 * 416 * 416)  # two images a chunk
-    assert torch.equal(preprocess_tensors(images, spec, whole_batch=True)[0], whole)
+    two = 2 * 3 * 416 * 416 * LETTERBOX_BYTES_PER_ENTRY  # two images a chunk
+    assert torch.equal(preprocess_tensors(images, spec, whole_batch=True, scratch=two)[0], whole)
 
 
 def test_a_spec_the_whole_batch_letterbox_does_not_do_runs_image_by_image():
@@ -235,3 +235,17 @@ def test_an_image_far_wider_than_high_keeps_a_row_in_every_implementation():
     for name, batch in outputs.items():
         assert torch.equal(batch[0, :, 0, :640], torch.full((3, 640), 200.0)), name
         assert torch.equal(batch[0, :, 1:], torch.full((3, 639, 640), 114.0)), name
+
+
+def test_the_scratch_budget_is_a_hundredth_of_the_devices_memory(monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.pipeline import scratch
+
+    scratch.scratch_bytes.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
+    try:
+        assert scratch.scratch_bytes(torch.device("cpu")) == 256 << 20
+        assert scratch.scratch_bytes(torch.device("cuda", 0)) == int((141 << 30) * 0.01)  # 1.41 GiB on an H200
+    finally:
+        scratch.scratch_bytes.cache_clear()

@@ -16,9 +16,9 @@ torchvision's own arithmetic, inter / ((area_i + area_j) - inter) in the boxes' 
 (no class offsets added, so no rounding from them), and equal scores keep the candidates' order (stable sorts), as
 torchvision's CPU kernel does.
 
-The suppression matrix is images x K x K for K candidates in the most crowded image: images go in chunks of at most
-MATRIX_ENTRIES entries, and an image with more candidates than fit alone goes to torchvision's NMS by itself (the
-same boxes either way; only the cost differs).
+The suppression matrix is images x K x K for K candidates in the most crowded image: images go in chunks whose
+matrix fits the scratch budget (scratch.py), and an image with more candidates than fit alone goes to torchvision's
+NMS by itself (the same boxes either way; only the cost differs).
 """
 
 from __future__ import annotations
@@ -29,32 +29,34 @@ import numpy as np
 import torch
 
 from harness.pipeline.nms_kernel import nms
+from harness.pipeline.scratch import HOST_BYTES
 
-# Entries of one chunk's IoU matrix: 256 MiB of float32, about three such temporaries at once while the IoU is worked
-# out, then the matrix in half precision (a batch of 32 whose most crowded image has at most 1,448 candidates is one
-# chunk)
-MATRIX_ENTRIES = 1 << 26
+# Scratch bytes per entry of a chunk's suppression matrix: three float32 temporaries while the IoU is worked out, then
+# the matrix in half precision and its booleans
+BYTES_PER_ENTRY = 16
 # Looks (two rounds each) before an image still changing goes to torchvision's NMS alone: detector outputs settle in
 # two to four; a chain of boxes each overlapping only the next takes a round per box
 MAX_LOOKS = 8
 
 
 def nms_whole_batch(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, counts: list[int],
-                    iou: float, max_det: int) -> torch.Tensor:
+                    iou: float, max_det: int, scratch: int = HOST_BYTES) -> torch.Tensor:
     """Indices of the candidates kept by class-aware NMS in each image, each image's best `max_det`, grouped by image
-    in batch order and best first. The candidates are grouped by image in batch order, `counts[i]` of image i."""
+    in batch order and best first. The candidates are grouped by image in batch order, `counts[i]` of image i.
+    `scratch`: the bytes its temporaries may take (scratch.scratch_bytes), which set the chunks of images."""
+    entries = scratch // BYTES_PER_ENTRY
     starts = np.concatenate(([0], np.cumsum(counts))).tolist()
     threshold = _below_or_at(iou, boxes.dtype)
     kept: list[torch.Tensor] = []
     first = 0
     while first < len(counts):
-        if counts[first] ** 2 > MATRIX_ENTRIES:  # too crowded for the matrix: torchvision's NMS on it alone
+        if counts[first] ** 2 > entries:  # too crowded for the matrix: torchvision's NMS on it alone
             lo, hi = starts[first], starts[first + 1]
             kept.append(_one_image(boxes[lo:hi], scores[lo:hi], labels[lo:hi], iou)[:max_det] + lo)
             first += 1
             continue
         last, widest = first, 0  # the chunk: images first .. last - 1
-        while last < len(counts) and (last - first + 1) * max(widest, counts[last]) ** 2 <= MATRIX_ENTRIES:
+        while last < len(counts) and (last - first + 1) * max(widest, counts[last]) ** 2 <= entries:
             widest = max(widest, counts[last])
             last += 1
         if widest:

@@ -98,7 +98,7 @@ def preprocess_record(spec: PreprocessSpec, decoder: str, input_device: torch.de
     library = spec.library
     on = input_device if input_device is not None else torch.device("cpu")
     torch_resize = (f"bilinear in float32, the whole batch at once by index (F.interpolate's rule, antialias off), on "
-                    f"{on}" if whole_batch
+                    f"{on}, its temporaries within 1 % of the device's memory" if whole_batch
                     else f"F.interpolate in float32, antialias off, one image at a time, on {on}")
     resize = {"cv2": "cv2.resize on uint8 (host)", "pil": "PIL resample on uint8 (host)",
               "torch": torch_resize}[library]

@@ -47,6 +47,7 @@ from harness.pipeline.preprocess import (
     preprocess_tensors,
     whole_batch_letterbox,
 )
+from harness.pipeline.scratch import scratch_bytes
 from harness.pipeline.stage_timer import BatchTiming, ForwardThreadTime, StageTimer
 from harness.process_exit import before_leave
 
@@ -288,7 +289,8 @@ class DetectorPipeline:
         if self.postprocess.kind != "nms":
             return f"none: the family's selection is {self.postprocess.kind}"
         if self.nms_whole_batch:
-            return "the whole batch at once: the suppression matrix to its fixed point (torchvision's rule)"
+            return ("the whole batch at once: the suppression matrix to its fixed point (torchvision's rule), its "
+                    "temporaries within 1 % of the device's memory")
         return "torchvision.ops.nms, one call per image"
 
     @property
@@ -515,7 +517,9 @@ class DetectorPipeline:
             with timer.substep("upload"):  # host-decoded images go up as uint8, not float32
                 images = upload_uint8([i if isinstance(i, torch.Tensor) else torch.from_numpy(i)
                                        .permute(2, 0, 1).flip(0) for i in images], target)
-        return preprocess_tensors(images, self.spec, target, whole_batch=self.letterbox_whole_batch)
+        whole = self.letterbox_whole_batch
+        return preprocess_tensors(images, self.spec, target, whole_batch=whole,
+                                  scratch=scratch_bytes(target) if whole else 0)
 
     def _forward(self, batch: torch.Tensor, timer: StageTimer, sync: bool = False) -> list[torch.Tensor]:
         with timer.stage("transfer"):
@@ -558,7 +562,9 @@ class DetectorPipeline:
             with timer.substep("copy"):
                 candidates = candidates.to(torch.device("cpu"))
         with timer.substep(post.kind):  # "nms" or "topk"
-            kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=self.nms_whole_batch)
+            whole = self.nms_whole_batch
+            kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=whole,
+                          scratch=scratch_bytes(candidates.boxes.device) if whole else 0)
         with timer.substep("boxes"):
             boxes = to_original(kept, transforms)
             detections = split_by_image(kept, boxes, [r.image_id for r in records])

@@ -22,6 +22,7 @@ from harness.detector.protocol import Candidates, DenseCandidates, PostprocessSp
 from harness.pipeline.batch_nms import nms_whole_batch
 from harness.pipeline.nms_kernel import nms
 from harness.pipeline.preprocess import ImageTransform
+from harness.pipeline.scratch import HOST_BYTES
 from harness.records import ImageDetections
 
 
@@ -137,10 +138,10 @@ def gather_candidates(decoded: Sequence[Candidates] | DenseCandidates, spec: Pos
 
 def select(cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
            transforms: Sequence[ImageTransform], executor: Executor | None = None,
-           whole_batch: bool = False) -> BatchCandidates:
+           whole_batch: bool = False, scratch: int = HOST_BYTES) -> BatchCandidates:
     """The family's post-processing kind on thresholded candidates: "nms" (optional pre-NMS top-k,
     clip and small-box filter, then class-aware NMS per image; with `whole_batch`, every image's at once:
-    batch_nms) or "topk" (each image's best max_det)."""
+    batch_nms, its temporaries within `scratch` bytes) or "topk" (each image's best max_det)."""
     if spec.kind == "topk":
         return best_per_image(cands, max_det)
     if spec.pre_nms_topk is not None:
@@ -150,7 +151,8 @@ def select(cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: i
     if spec.min_box_size > 0:
         cands = drop_small(cands, spec.min_box_size)
     if whole_batch:
-        return cands.take(nms_whole_batch(cands.boxes, cands.scores, cands.labels, cands.counts, iou, max_det))
+        return cands.take(nms_whole_batch(cands.boxes, cands.scores, cands.labels, cands.counts, iou, max_det,
+                                          scratch))
     return nms_batch(cands, iou, max_det, executor)
 
 

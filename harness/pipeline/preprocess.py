@@ -23,6 +23,7 @@ from PIL import Image
 from harness.data.images import HOW_TO_FIX
 from harness.detector.protocol import PreprocessSpec
 from harness.errors import UsageError
+from harness.pipeline.scratch import HOST_BYTES
 
 
 @dataclass(frozen=True)
@@ -174,8 +175,8 @@ def _as_rgb_chw(image: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: PreprocessSpec,
-                       device: torch.device | None = None,
-                       whole_batch: bool = False) -> tuple[torch.Tensor, list[ImageTransform]]:
+                       device: torch.device | None = None, whole_batch: bool = False,
+                       scratch: int = HOST_BYTES) -> tuple[torch.Tensor, list[ImageTransform]]:
     """library "torch": resize in float with F.interpolate (bilinear: antialias off, align_corners off; no
     uint8 rounding), as torchvision's GeneralizedRCNNTransform does, into a canvas filled with the pad value,
     on `device` (default: the first image's). Every spec field applies: geometry, pad, channel order,
@@ -183,7 +184,8 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
     rounding. Images on the GPU (nvJPEG) stay there: this is the device-resident letterbox.
 
     `whole_batch` (where `whole_batch_letterbox` allows the spec): the same bilinear resize for all images in a fixed
-    number of tensor operations (letterbox_whole_batch) instead of a handful per image."""
+    number of tensor operations (letterbox_whole_batch) instead of a handful per image, in chunks of images whose
+    temporaries fit `scratch` bytes (scratch.scratch_bytes)."""
     in_h, in_w = spec.input_size
     rgb = [_as_rgb_chw(image) for image in images]
     device = device if device is not None else (rgb[0].device if rgb else torch.device("cpu"))
@@ -191,7 +193,7 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
     transforms = [g.transform for g in geometries]
     if whole_batch and rgb and whole_batch_letterbox(spec):
         rgb = [chw.to(device, non_blocking=True) for chw in rgb]
-        per_chunk = max(1, LETTERBOX_INDEX_ENTRIES // (3 * in_h * in_w))  # a bound on the index tensors' memory
+        per_chunk = max(1, scratch // (LETTERBOX_BYTES_PER_ENTRY * 3 * in_h * in_w))
         parts = [letterbox_whole_batch(rgb[i:i + per_chunk], geometries[i:i + per_chunk], spec)
                  for i in range(0, len(rgb), per_chunk)]
         batch = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -215,9 +217,9 @@ def preprocess_tensors(images: list[np.ndarray | torch.Tensor], spec: Preprocess
     return batch, transforms
 
 
-# Entries of one whole-batch letterbox's index tensors (int64, 0.5 GiB): 32 images at 640 go in one call, at 1280
-# in three
-LETTERBOX_INDEX_ENTRIES = 1 << 26
+# Scratch bytes per canvas entry of the whole-batch letterbox: a corner's index (int32), its pixels (uint8, then
+# float32), and the two weighted rows (float32)
+LETTERBOX_BYTES_PER_ENTRY = 16
 
 
 def whole_batch_letterbox(spec: PreprocessSpec) -> bool:
@@ -252,8 +254,8 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
 
     The images go into one flat buffer; each output pixel reads its four source pixels from it by index. The
     indices and weights along each axis are worked out on the host (numpy: small tables, no tensor call) and go up
-    in two copies; the index tensors themselves are batch x 3 x H x W (about 0.3 GB for 32 images at 640: a GPU's
-    memory, not a CPU's, so the host path resizes image by image)."""
+    in two copies; the temporaries are about LETTERBOX_BYTES_PER_ENTRY bytes per canvas entry (0.6 GB for 32 images
+    at 640: a GPU's memory and compute, not a CPU's, so the host path resizes image by image)."""
     device, (in_h, in_w), count = images[0].device, spec.input_size, len(images)
     flat = torch.cat([image.reshape(-1) for image in images])
     height = np.array([image.shape[1] for image in images])
@@ -269,6 +271,8 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
     # source columns) and one float32 table [B, 2H + 2W] (the weights, and 1 / 0 for inside / outside the image)
     indices = np.concatenate([start[:, None] + channel[None, :] * plane[:, None], y0 * width[:, None],
                               y1 * width[:, None], x0, x1], axis=1)
+    # int32 indices (half the memory of int64) while the flat buffer's positions fit them
+    indices = indices.astype(np.int32 if flat.numel() < 2**31 else np.int64)
     weights = np.concatenate([wy, wx, inside_y, inside_x], axis=1, dtype=np.float32)
     indices, weights = (torch.from_numpy(t).to(device, non_blocking=True) for t in (indices, weights))
     planes, rows0, rows1, cols0, cols1 = indices.split([3, in_h, in_h, in_w, in_w], dim=1)
@@ -280,7 +284,8 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
     rows0, rows1 = planes + rows0, planes + rows1  # [B, 3, H, 1]: where each output row reads, per channel
 
     def pixels(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return torch.take(flat, rows + cols).float()
+        index = rows + cols
+        return flat.index_select(0, index.view(-1)).view(index.shape).float()
 
     # the CUDA kernel's order: each row's two columns weighted, then the two rows
     upper = pixels(rows0, cols0).mul_(1 - wx).add_(pixels(rows0, cols1).mul_(wx))
