@@ -138,6 +138,30 @@ def test_nvjpeg_decode_is_one_batched_call(records, monkeypatch):
     assert len(out) == 4 and torch.equal(out[3], out[0])  # PNG is lossless: same pixels as the JPEG decode
 
 
+def test_nvjpeg_takes_a_cached_images_bytes_without_a_copy(records, monkeypatch):
+    """A run's image cache holds bytearrays: nvJPEG's input tensors are views of them (no copy of every image's bytes
+    under the interpreter lock); bytes read from disk are copied once."""
+    import ctypes
+
+    import torchvision.io
+
+    from harness.data.cache import ImageBytes
+
+    seen = []
+
+    def fake_decode_jpeg(encoded, mode, device):
+        seen.extend(e.data_ptr() for e in encoded)
+        return [decode_tensor(e.numpy().tobytes(), "x") for e in encoded]
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fake_decode_jpeg)
+    cache = ImageBytes(records[:2], budget_bytes=2**30)
+    cached = [cache.read(r) for r in records[:2]]
+    assert all(isinstance(c, bytearray) for c in cached)
+    out = gpu.decode_on_device([*cached, records[2].path.read_bytes()], torch.device("cpu"), ["a", "b", "c"])
+    addresses = [ctypes.addressof((ctypes.c_char * len(c)).from_buffer(c)) for c in cached]
+    assert seen[:2] == addresses and len(seen) == 3 and len(out) == 3
+
+
 def test_forward_gpu_time_is_a_measure_beside_the_stages():
     """StageTimer.device_time adds forward_gpu from the events once the batch ends; total is untouched."""
     class Events:

@@ -56,7 +56,7 @@ class ImageBytes:
             raise ValueError(f"cache mode {mode!r}: use one of {CACHE_MODES}")
         paths = {r.image_id: Path(r.path) for r in records}
         total = sum(p.stat().st_size for p in paths.values())
-        self._cached: dict[int, bytes] | None = None
+        self._cached: dict[int, bytearray] | None = None
         if mode == "off":
             self.decision = CacheDecision(mode, "disk", "--cache-images off", total, None)
             return
@@ -65,11 +65,13 @@ class ImageBytes:
             self.decision = CacheDecision(mode, "disk", f"the variant's image files ({total / 2**20:.0f} MB) exceed "
                                           f"the cache budget ({budget / 2**20:.0f} MB)", total, budget)
             return
-        self._cached = {image_id: path.read_bytes() for image_id, path in paths.items()}
+        # bytearrays: a writable buffer, which a tensor takes without a copy (nvJPEG's input on a GPU); never written
+        self._cached = {image_id: bytearray(path.read_bytes()) for image_id, path in paths.items()}
         self.decision = CacheDecision(mode, "memory", "the variant's image files fit the cache budget", total, budget)
 
-    def read(self, record) -> bytes:
-        """The encoded bytes of `record` (anything with `.image_id` and `.path`)."""
+    def read(self, record) -> bytes | bytearray:
+        """The encoded bytes of `record` (anything with `.image_id` and `.path`): the cached bytearray itself (read
+        it, never write it), or the file's bytes."""
         if self._cached is not None:
             cached = self._cached.get(record.image_id)
             if cached is not None:

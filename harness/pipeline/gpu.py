@@ -39,7 +39,7 @@ def choose_decoder(library: str, cuda: bool) -> str:
     return "nvjpeg" if library == "torch" and cuda else "cv2"
 
 
-def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequence,
+def decode_on_device(datas: Sequence[bytes | bytearray], device: torch.device, names: Sequence,
                      oriented: Sequence[bool] | None = None) -> list[torch.Tensor]:
     """JPEG bytes -> 3xHxW uint8 RGB tensors on `device`, in one batched nvJPEG call. nvJPEG decodes JPEG
     only, and ignores EXIF orientation: any other format (none in COCO) and the JPEGs `oriented` marks (an EXIF
@@ -49,9 +49,10 @@ def decode_on_device(datas: Sequence[bytes], device: torch.device, names: Sequen
     jpeg = [i for i, d in enumerate(datas) if bytes(d[:2]) == JPEG_MAGIC and not oriented[i]]
     out: list[torch.Tensor | None] = [None] * len(datas)
     if jpeg:
-        # every JPEG's bytes in one writable host buffer, a view of each: two tensor calls, not two an image
-        blob = torch.frombuffer(bytearray(b"".join(datas[i] for i in jpeg)), dtype=torch.uint8)
-        encoded = list(blob.split([len(datas[i]) for i in jpeg]))
+        # a cached image's bytearray as it is (a writable buffer: no copy under the interpreter lock); bytes read
+        # from disk are copied into one
+        encoded = [torch.frombuffer(d if isinstance(d, bytearray) else bytearray(d), dtype=torch.uint8)
+                   for d in (datas[i] for i in jpeg)]
         from torchvision.io import ImageReadMode, decode_jpeg  # nvJPEG: torchvision only where it decodes
 
         for i, image in zip(jpeg, decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), strict=True):

@@ -189,7 +189,7 @@ class DetectorPipeline:
 
     def __init__(self, detector: Detector, core: Core, device: Device, spec: PreprocessSpec,
                  thresholds: Thresholds, host_workers: int | None = None,
-                 read_image: Callable[[ImageRecord], bytes] | None = None, stream_workers: int = 1,
+                 read_image: Callable[[ImageRecord], bytes | bytearray] | None = None, stream_workers: int = 1,
                  host_thread: bool = True, masks: bool = True,
                  generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device",
                  finishes_in_flight: int = 1, whole_batch: bool | None = None):
@@ -303,7 +303,7 @@ class DetectorPipeline:
         """Forwards the core keeps in flight in overlapped mode (1: one at a time)."""
         return getattr(self.core, "async_slots", 1) if hasattr(self.core, "start") else 1
 
-    def _read(self, record: ImageRecord) -> bytes:
+    def _read(self, record: ImageRecord) -> bytes | bytearray:
         return self.read_image(record) if self.read_image else Path(record.path).read_bytes()
 
     def _on_host(self, fn: Callable, *args):
