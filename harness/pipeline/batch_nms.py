@@ -8,13 +8,12 @@ score, a box is dropped when its IoU with a kept, higher-scoring box of its clas
 
 Greedy NMS is the fixed point of `keep[j] = not any(keep[i] and S[i, j] for i before j)`, where S marks the pairs
 of the same class whose IoU exceeds the threshold. Starting from every box kept and applying the rule to all boxes at
-once reaches that fixed point exactly: after t rounds the first t boxes of each image are final, and the rounds stop
-as soon as nothing changes, which takes a handful on detector outputs; an image still changing after MAX_LOOKS goes to
-torchvision's NMS by itself (Cluster-NMS, Zheng et al., "Enhancing
-Geometric Factors in Model Learning and Inference for Object Detection and Instance Segmentation", 2021). The IoU is
-torchvision's own arithmetic, inter / ((area_i + area_j) - inter) in the boxes' dtype, on the boxes as they are
-(no class offsets added, so no rounding from them), and equal scores keep the candidates' order (stable sorts), as
-torchvision's CPU kernel does.
+once reaches that fixed point exactly (Cluster-NMS, Zheng et al., "Enhancing Geometric Factors in Model Learning and
+Inference for Object Detection and Instance Segmentation", 2021): after t rounds the first t boxes of each image are
+final, and the rounds stop as soon as nothing changes, which takes a handful on detector outputs; an image still
+changing after MAX_LOOKS goes to torchvision's NMS by itself. The IoU is torchvision's own arithmetic,
+inter / ((area_i + area_j) - inter) in the boxes' dtype, on the boxes as they are (no class offsets added, so no
+rounding from them), and equal scores keep the candidates' order (stable sorts), as torchvision's CPU kernel does.
 
 The suppression matrix is images x K x K for K candidates in the most crowded image: images go in chunks whose
 matrix fits the scratch budget (scratch.py), and an image with more candidates than fit alone goes to torchvision's
@@ -140,7 +139,8 @@ def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, coun
     else:  # an image whose rounds still change it (a long chain of boxes each suppressing the next): torchvision's
         unsettled = (once != keep).any(dim=2).squeeze(1).nonzero().squeeze(1).tolist()
     keep = keep.squeeze(1).bool()
-    keep[unsettled] = False
+    if unsettled:
+        keep[unsettled] = False
     keep &= torch.cumsum(keep, dim=1) <= max_det
     rows, columns = keep.nonzero(as_tuple=True)  # row-major: grouped by image, best first
     kept = index[rows, columns]

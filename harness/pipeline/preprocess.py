@@ -248,7 +248,7 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
                           spec: PreprocessSpec) -> torch.Tensor:
     """Every image (3xHxW uint8 RGB, on one device) resized bilinearly into its place in the float canvas
     [B,3,H,W], the rest the pad value, not yet normalised: F.interpolate's rule per image (to float rounding), in some
-    thirty tensor operations and a view per image. On a GPU the per-image way costs a handful of kernel launches
+    forty tensor operations and a view per image. On a GPU the per-image way costs a handful of kernel launches
     and Python calls an image, each taking the interpreter lock that the forward's launches need too; no kept library
     resizes images of different sizes in one call (torchvision and kornia resize one size at a time).
 
@@ -267,7 +267,7 @@ def letterbox_whole_batch(images: list[torch.Tensor], geometries: list[_Geometry
     plane = height * width
     start = np.cumsum(plane * 3) - plane * 3
     channel = np.array([2, 1, 0] if spec.channel_order == "BGR" else [0, 1, 2])  # RGB images
-    # one int64 table [B, 3 + 2H + 2W] (each output channel's plane start, the two source rows' starts, the two
+    # one integer table [B, 3 + 2H + 2W] (each output channel's plane start, the two source rows' starts, the two
     # source columns) and one float32 table [B, 2H + 2W] (the weights, and 1 / 0 for inside / outside the image)
     indices = np.concatenate([start[:, None] + channel[None, :] * plane[:, None], y0 * width[:, None],
                               y1 * width[:, None], x0, x1], axis=1)
