@@ -187,8 +187,9 @@ class RunConfig(BaseModel):
                                                   "auto: keep the variant's encoded images in memory when they fit "
                                                   "a budget (decode timed from memory); off: read each from disk")
     preprocess: Literal["auto", "cv2", "torch", "pil"] = option(
-        "auto", "--preprocess", "preprocessing implementation: cv2, torch (torchvision decode + F.interpolate; "
-        "nvJPEG and on-device letterbox on CUDA) or pil; auto: torch on CUDA, else the family's own (cv2 for most)")
+        "auto", "--preprocess", "preprocessing implementation: cv2, torch (F.interpolate of the images cv2 decodes; "
+        "nvJPEG and the whole batch's letterbox on the device on CUDA) or pil; auto: torch on CUDA, else the family's "
+        "own (cv2 for most)")
     nms_on: Literal["device", "host"] = option(
         "device", "--nms-on", "on CUDA, where the selection (NMS or top-k) and the boxes run: device (the whole "
         "batch's NMS at once), or host (the candidates copied once, NMS per image on a thread per core); the same on "

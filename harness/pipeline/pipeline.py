@@ -181,7 +181,8 @@ class DetectorPipeline:
     without it the substep reads the file itself.
 
     `spec.library` is the preprocessing implementation (preprocess.resolve_implementation): with "torch" the
-    images are decoded by torchvision (nvJPEG on CUDA) and letterboxed on the core's device.
+    images are decoded by cv2 on the host (nvJPEG on CUDA) and letterboxed on the core's device (on a GPU, the whole
+    batch at once: `whole_batch`).
 
     A segment detector's detections carry masks (COCO RLE at the source size; the "masks" substep of
     post-processing) unless `masks` is False (`--no-masks`). With `generated` (--input synthetic) each record's
