@@ -188,12 +188,12 @@ class RunConfig(BaseModel):
                                                   "a budget (decode timed from memory); off: read each from disk")
     preprocess: Literal["auto", "cv2", "torch", "pil"] = option(
         "auto", "--preprocess", "preprocessing implementation: cv2, torch (F.interpolate of the images cv2 decodes; "
-        "nvJPEG and the whole batch's letterbox on the device on CUDA) or pil; auto: torch on CUDA, else the family's "
-        "own (cv2 for most)")
+        "nvJPEG and the letterbox on the device on CUDA, the whole batch at once for bilinear ones) or pil; auto: "
+        "torch on CUDA, else the family's own (cv2 for most)")
     nms_on: Literal["device", "host"] = option(
         "device", "--nms-on", "on CUDA, where the selection (NMS or top-k) and the boxes run: device (the whole "
-        "batch's NMS at once), or host (the candidates copied once, NMS per image on a thread per core); the same on "
-        "a CPU")
+        "batch's NMS at once, with a torch or TensorRT core), or host (the candidates copied once, NMS per image on a "
+        "thread per core); the same on a CPU")
 
     @field_validator("map_ci")
     @classmethod

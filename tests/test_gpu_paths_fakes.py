@@ -922,5 +922,7 @@ def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ra
     assert copies == [1]  # the host placement only, one copy per batch
     assert "postprocess.copy" in runs["host"][1] and "postprocess.copy" not in runs["device"][1]
     assert runs["host"][2]["selection_on"].startswith("host") and runs["device"][2]["selection_on"] == "cpu"
+    # on a GPU the device's selection is the whole batch's NMS at once, the host's torchvision's per image
+    assert runs["device"][2]["nms"].startswith("the whole batch") and runs["host"][2]["nms"].startswith("torchvision")
     with pytest.raises(ValueError, match="nms_on"):
         DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100), nms_on="gpu")

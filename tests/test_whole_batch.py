@@ -249,3 +249,27 @@ def test_the_scratch_budget_is_a_hundredth_of_the_devices_memory(monkeypatch):
         assert scratch.scratch_bytes(torch.device("cuda", 0)) == int((141 << 30) * 0.01)  # 1.41 GiB on an H200
     finally:
         scratch.scratch_bytes.cache_clear()
+
+
+@requires_coco
+@requires_yolox
+def test_the_overhead_benchs_per_image_flag_reaches_its_pipelines(monkeypatch):
+    """`--per-image` (gpu_check's A/B rows) builds every pipeline of the bench one image at a time; without it, as a
+    run does (None: whole-batch on a GPU)."""
+    from harness.bench import overhead
+
+    class Built(Exception):
+        pass
+
+    seen = []
+
+    def pipeline(*args, **kwargs):
+        seen.append(kwargs["whole_batch"])
+        raise Built
+
+    monkeypatch.setattr(overhead, "load_detector_core", lambda *args, **kwargs: object())
+    monkeypatch.setattr(overhead, "DetectorPipeline", pipeline)
+    for per_image in (True, False):
+        with pytest.raises(Built):
+            overhead.measure("yolox-nano", "pytorch", 2, 1, 1, "cpu", per_image=per_image)
+    assert seen == [False, None]

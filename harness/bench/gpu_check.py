@@ -272,7 +272,7 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     combined = ["--finishes-in-flight", "2", "--workers", "auto", *(("15",) if not r.limit else ()),
                 *(("--cuda-graphs",) if r.device.startswith("cuda") else ())]
     # cv2 letterboxes on the host, releasing the interpreter lock inside its calls, and uploads one uint8 canvas:
-    # against the default (nvJPEG + letterbox on the device, a few tensor ops per image), and with more workers
+    # against the default (nvJPEG + the whole batch's letterbox on the device), and with more workers
     cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
     judged = [(f"overhead.b{b}", options, goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]

@@ -42,6 +42,7 @@ from harness.pipeline.postprocess import (
     to_original,
 )
 from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
+from harness.pipeline.scratch import scratch_bytes
 
 
 def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-nano") -> dict:
@@ -64,7 +65,8 @@ def measure(device_spec: str, batch_size: int, rounds: int, model: str = "yolox-
     executor = pipeline.host_executor  # a run's NMS pool (None with one thread)
 
     def finish(cands: BatchCandidates, with_pool: bool, whole_batch: bool = False):
-        kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None, whole_batch)
+        kept = select(cands, post, d.iou, d.max_det, transforms, executor if with_pool else None, whole_batch,
+                      scratch_bytes(cands.boxes.device))  # a run's budget on this device
         return split_by_image(kept, to_original(kept, transforms), ids)
 
     variants = {"device-whole-batch": lambda: finish(candidates, False, True),

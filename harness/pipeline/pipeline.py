@@ -229,7 +229,7 @@ class DetectorPipeline:
         if nms_on not in ("device", "host"):
             raise ValueError(f"nms_on must be device or host, not {nms_on!r}")
         # "host": a GPU run's candidates come to the host in one copy and the selection and boxes run there, on
-        # the NMS pool, instead of one CUDA NMS call (and mask copy) per image; on a CPU both are the same
+        # the NMS pool, one image at a time, instead of the whole batch's NMS on the device; on a CPU both are the same
         self.selection_on_host = nms_on == "host" and device.is_cuda
         # the torch letterbox and the NMS of a whole batch in a fixed number of tensor operations (None: where the
         # tensors are on a GPU, whose per-image calls each take the interpreter lock that the forward's launches need;
@@ -269,7 +269,11 @@ class DetectorPipeline:
                 "nms_threads": self.nms_threads, "selection_on": self.selection_on, "nms": self.nms_calls}
 
     def _whole_batch_on(self, device: torch.device | None) -> bool:
-        return self.whole_batch if self.whole_batch is not None else device is not None and device.type == "cuda"
+        """Whether work on `device` (None: the host, for a host core's outputs or --nms-on host) goes whole-batch: as
+        asked, or by default where a CUDA run keeps the tensors on the core's device."""
+        if self.whole_batch is not None:
+            return self.whole_batch
+        return self.device.is_cuda and device is not None
 
     @property
     def letterbox_whole_batch(self) -> bool:
