@@ -146,8 +146,8 @@ def _chunk(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, coun
     kept = index[rows, columns]
     if not unsettled:
         return kept
-    starts = np.concatenate(([0], np.cumsum(counts))).tolist()
-    alone = [_one_image(boxes[starts[i]:starts[i + 1]], scores[starts[i]:starts[i + 1]],
-                        labels[starts[i]:starts[i + 1]], iou)[:max_det] + starts[i] for i in unsettled]
+    bounds = np.concatenate(([0], np.cumsum(counts))).tolist()  # image i's candidates: bounds[i] .. bounds[i + 1]
+    alone = [_one_image(boxes[bounds[i]:bounds[i + 1]], scores[bounds[i]:bounds[i + 1]],
+                        labels[bounds[i]:bounds[i + 1]], iou)[:max_det] + bounds[i] for i in unsettled]
     image = torch.cat([rows, *(torch.full_like(found, i) for i, found in zip(unsettled, alone, strict=True))])
     return torch.cat([kept, *alone])[torch.argsort(image, stable=True)]  # grouped by image again, best first
