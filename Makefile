@@ -15,7 +15,7 @@ export VA_BENCH_CORPUS ?= $(SHARED)/corpus/vision-analysis
 # detector forwards on the reference box; these keep freed arenas mapped. Recorded in every submission.
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184
 
-.PHONY: gpu-pack test-slow setup bench bench-overhead bench-hooks bench-run bench-runtimes bench-sweep bench-memory bench-masks test report-check lint clean
+.PHONY: gpu-pack test-slow setup bench bench-overhead bench-convoy bench-hooks bench-run bench-runtimes bench-sweep bench-memory bench-masks test report-check lint clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ DEVICE ?= cpu
 BATCH ?= 8
 bench-overhead: $(STAMP)
 	$(BIN)/python -m harness.bench.overhead --batch-size $(BATCH) --device $(DEVICE)
+
+# an eager forward beside tensor calls on a thread and in a process (the interpreter-lock convoy, on the CPU)
+bench-convoy: $(STAMP)
+	$(BIN)/python -m harness.bench.lock_convoy --batch-size 8
 
 bench-hooks: $(STAMP)
 	$(BIN)/python -m harness.bench.hook_leak --backend pytorch --batch-size 8

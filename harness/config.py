@@ -139,6 +139,11 @@ class RunConfig(BaseModel):
     workers: str = option("auto", "--workers",
                           "overlapped mode: host workers preparing batches (N, at most N batches ahead, or auto: "
                           "1 on CPU, min(cores - 1, 8) on CUDA)")
+    host_processes: int = option(
+        0, "--host-processes", "overlapped mode: the host's reads, decode and letterbox (--preprocess cv2 or pil), "
+        "and the selection of candidates on the host (a CPU run, an ONNX Runtime core, --nms-on host), in N processes "
+        "of their own, outside the interpreter lock that an eager forward's calls need (--workers auto: N); 0: on the "
+        "workers' threads", ge=0, le=64)
     accuracy: bool = option(True, "--accuracy/--no-accuracy", "COCO-evaluate each cell's detections")
     masks: bool = option(True, "--masks/--no-masks",
                          "segmentation models: compute each detection's mask and score segm beside bbox; "
@@ -277,7 +282,8 @@ class RunConfig(BaseModel):
     def options_of_other_modes(self) -> dict[str, str]:
         """Option field -> the mode it belongs to, for each option of a mode this run is not in."""
         cuda = self.device.strip().lower().startswith("cuda")
-        belongs = {"workers": ("--overlap", self.overlap), "max_seconds": ("--target-ci", self.target_ci is not None),
+        belongs = {"workers": ("--overlap", self.overlap), "host_processes": ("--overlap", self.overlap),
+                   "max_seconds": ("--target-ci", self.target_ci is not None),
                    "server_queries": ("--scenario server", self.scenario == "server"),
                    "calibration": ("--precision int8", "int8" in self.precisions),
                    "calibration_images": ("--precision int8", "int8" in self.precisions),

@@ -926,3 +926,27 @@ def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ra
     assert runs["device"][2]["nms"].startswith("the whole batch") and runs["host"][2]["nms"].startswith("torchvision")
     with pytest.raises(ValueError, match="nms_on"):
         DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100), nms_on="gpu")
+
+
+@requires_coco
+@requires_yolox
+def test_host_processes_on_a_gpu_give_the_threads_detections(cuda_on_cpu):
+    """`--host-processes` on a (faked) GPU with the selection on the host: the canvas comes up from the process's
+    shared memory and the kept candidates come back from it; the detections equal the workers' threads'."""
+    from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+    from harness.pipeline.stage_timer import StageTimer
+
+    detector, core, device, records = onnx_core_behind_a_gpu_core()
+    batches = [records[i:i + 4] for i in range(0, 8, 4)]
+    runs = {}
+    for processes in (0, 1):
+        pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.001, 0.65, 100),
+                                    stream_workers=2, nms_on="host", host_processes=processes)
+        timer = StageTimer(device)
+        runs[processes] = [d for out in pipeline.run_stream(batches, timer, overlap=True) for d in out]
+    flat = lambda run: [(d.image_id, d.boxes.tobytes(), d.scores.tobytes(), d.labels.tobytes())  # noqa: E731
+                        for d in run]
+    assert flat(runs[1]) == flat(runs[0]) and sum(len(d.scores) for d in runs[1]) > 0
+    host = pipeline.host_info(True)["host_processes"]
+    assert host["processes"] == 1 and host["runs"].endswith("the selection and boxes of host candidates")
+    assert pipeline.preprocess_info()["host_processes"] == 1

@@ -255,7 +255,8 @@ OVERHEAD_STEP_SECONDS = 30  # an overhead row needs at least this much of the bu
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
-    """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the letterbox and NMS one image at a
+    """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the host stages in host processes
+    (cv2, NMS on the host, `--host-processes 15`; judged); both sizes with the letterbox and NMS one image at a
     time (the way before: figures for the A/B); at b32 also with two batches finishing at once and
     with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); both
     sizes with those knobs together (two finishing, 15 workers beside auto, a CUDA graph; judged); then
@@ -274,7 +275,11 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     # cv2 letterboxes on the host, releasing the interpreter lock inside its calls, and uploads one uint8 canvas:
     # against the default (nvJPEG + the whole batch's letterbox on the device), and with more workers
     cv2_workers = ["--workers", "auto"] if r.limit else ["--workers", "auto", "15"]
+    # the host's reads, decode, letterbox (cv2) and the selection (NMS on the host) in processes of their own, outside
+    # the interpreter lock the eager forward's launches need; a worker a process, as many batches finishing
+    processes = ["--preprocess", "cv2", "--nms-on", "host", "--host-processes", "2" if r.limit else "15"]
     judged = [(f"overhead.b{b}", options, goal) for b, options, goal in sizes]
+    judged += [(f"overhead.b{b}.processes", [*options, *processes], goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]
     # the torch letterbox and the NMS one image at a time, as before they were done for the whole batch: the A/B
     figures = [(f"overhead.b{b}.per_image", [*options, "--per-image"], None) for b, options, _ in sizes]

@@ -18,6 +18,9 @@ for a prepared batch, waiting for a batch's finishing, the rest) and how much sl
 than the forward alone: the overhead split into contention and host work the forward could not hide.
 `--finishes-in-flight N` lets N batches finish at once (handed out in order; default 1). `--per-image` letterboxes
 (torch) and runs the NMS one image at a time, as a GPU run did before both were done for the whole batch at once.
+`--host-processes N` (as `va-bench run --host-processes`) runs the reads, decode and letterbox (cv2 or PIL) and the
+selection of host candidates in N processes, outside the interpreter lock (decode in the timed path; --workers auto
+gives a worker a process).
 
 `--decode`: `pre-decoded` hands the pipeline decoded images (the CPU figures in README), `in-path` decodes
 inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-path on CUDA, where the
@@ -27,7 +30,7 @@ decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
                                      [--device cuda] [--decode auto|in-path|pre-decoded]
                                      [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread]
-                                     [--finishes-in-flight 2] [--per-image] [--json]
+                                     [--finishes-in-flight 2] [--per-image] [--host-processes N] [--json]
 """
 
 from __future__ import annotations
@@ -92,19 +95,24 @@ def _forward_thread_summary(rounds: list[dict], forward_ips: list[float], batch_
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
             preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False,
-            finishes_in_flight: int = 1, per_image: bool = False) -> dict:
+            finishes_in_flight: int = 1, per_image: bool = False, host_processes: int = 0) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
     GPU run's selection runs (`va-bench run --nms-on`); `cuda_graphs`: the PyTorch forward replayed from a CUDA graph
     captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone; `finishes_in_flight`:
     overlapped mode's bound on batches finishing at once; `per_image`: the torch letterbox and the NMS one image at a
-    time (default: as a run does, the whole batch at once where the tensors are on a GPU)."""
+    time (default: as a run does, the whole batch at once where the tensors are on a GPU); `host_processes`: the host
+    stages in that many processes (`va-bench run --host-processes`; the decode then runs in the timed path)."""
     workers = workers or [1]
     device = parse_device(device_spec)
-    in_path = decode == "in-path" or (decode == "auto" and device.is_cuda)
+    if host_processes and decode == "pre-decoded":
+        raise SystemExit("--host-processes read and decode the files in the timed path; drop --decode pre-decoded")
+    in_path = decode == "in-path" or (decode == "auto" and (device.is_cuda or bool(host_processes)))
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, preprocess, device.is_cuda)
+    if host_processes and spec.library == "torch":
+        raise SystemExit("--host-processes letterbox on the host: add --preprocess cv2 (or pil)")
     options = BackendOptions.from_config(RunConfig(backends=[backend], device=device_spec, batch_sizes=[batch_size],
                                                    cuda_graphs=cuda_graphs))
     core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options,
@@ -116,7 +124,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
     whole_batch = False if per_image else None
     pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read,
-                                     nms_on=nms_on, finishes_in_flight=finishes_in_flight, whole_batch=whole_batch)
+                                     nms_on=nms_on, finishes_in_flight=finishes_in_flight, whole_batch=whole_batch,
+                                     host_processes=host_processes)
                  for w in workers}
     pipeline = pipelines[workers[0]]
     on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read,
@@ -196,7 +205,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
         "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "nms": pipeline.nms_calls,
-        "cuda_graphs": cuda_graphs,
+        "cuda_graphs": cuda_graphs, "host_processes": host_processes,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(
@@ -204,7 +213,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
                              "what": own_loop.what} if own_loop is not None else
         {"status": "unavailable", "reason": f"no plain loop of the {core.backend} API here"},
         "latency_mode": latency, "overlapped_mode": overlapped, "workers": workers[0],
-        "finishes_in_flight": finishes_in_flight,
+        "finishes_in_flight": pipeline.finishes_in_flight,
         "overlapped_by_workers": by_workers, "rounds": rounds,
         "throughput_mode": "overlapped_mode" if overlapped["ratio_median"] > latency["ratio_median"]
         else "latency_mode",
@@ -268,12 +277,12 @@ def busy_processes(count: int) -> Iterator[None]:
             proc.wait()
 
 
-def _worker_counts(values: list[str], cuda: bool) -> list[int]:
+def _worker_counts(values: list[str], cuda: bool, host_processes: int = 0) -> list[int]:
     counts = []
     for value in values:
         if value != "auto" and not (value.isdigit() and int(value) >= 1):
             raise SystemExit(f"--workers {value!r}: use positive integers or auto")
-        counts.append(resolve_workers(value, cuda))
+        counts.append(resolve_workers(value, cuda, host_processes))
     return list(dict.fromkeys(counts))
 
 
@@ -301,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="overlapped mode: batches finishing (post-processing) at once, handed out in order")
     parser.add_argument("--per-image", action="store_true",
                         help="the torch letterbox and the NMS one image at a time (a GPU run's way before)")
+    add_run_argument(parser, "host_processes")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -308,11 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--finishes-in-flight {args.finishes_in_flight}: use a positive number of batches")
     backends = args.backend or [b for b in detector_backends(get_detector(args.model))
                                 if args.batch_size == 1 or b != "ncnn"]  # ncnn runs one image per call
-    workers = _worker_counts(args.workers, parse_device(args.device).is_cuda)
+    workers = _worker_counts(args.workers, parse_device(args.device).is_cuda, args.host_processes)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
                            args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs,
-                           args.finishes_in_flight, args.per_image)
+                           args.finishes_in_flight, args.per_image, args.host_processes)
                    for b in backends]
     for r in results:
         r["busy_processes"] = args.busy

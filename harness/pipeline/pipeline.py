@@ -36,6 +36,7 @@ from harness.detector.protocol import RANDOM_WEIGHTS, Core, Detector, Preprocess
 from harness.measure.device import Device
 from harness.pipeline.checks import check_decoded, check_finite
 from harness.pipeline.gpu import ForwardEvents, choose_decoder, decode_on_device, preprocess_record, upload_uint8
+from harness.pipeline.host_processes import HostProcesses, shared_host_processes
 from harness.pipeline.masks import batch_masks
 from harness.pipeline.postprocess import ImageDetections, gather_candidates, select, split_by_image, to_original
 from harness.pipeline.preprocess import (
@@ -67,6 +68,9 @@ class Thresholds:
 # barrier. Measured (2 cores, ONNX Runtime, batch 8, alternating rounds): overhead ratio +0.01 to +0.025.
 STREAM_WORKER_NICE = 8
 
+# The preprocessing implementations that letterbox on the host, into a uint8 canvas (the ones host processes run)
+HOST_LIBRARIES = ("cv2", "pil")
+
 # Most host workers `--workers auto` gives overlapped mode on CUDA (one core stays with the forward's thread).
 MAX_AUTO_WORKERS = 8
 
@@ -77,12 +81,15 @@ def stream_worker_priority() -> dict:
             "nice_increment": STREAM_WORKER_NICE if sys.platform.startswith("linux") else 0}
 
 
-def resolve_workers(workers: str | int, cuda: bool) -> int:
-    """`--workers N|auto` -> the number of overlapped-mode host workers. auto: 1 on a CPU-only run (a second
+def resolve_workers(workers: str | int, cuda: bool, host_processes: int = 0) -> int:
+    """`--workers N|auto` -> the number of overlapped-mode host workers. auto: with host processes, one worker a
+    process (each worker hands its batch to a process and waits); else 1 on a CPU-only run (a second
     worker only takes cores from the forward there: README, Benchmarks of the harness itself), else
     min(usable cores - 1, MAX_AUTO_WORKERS), at least 1: on a GPU the host decodes while the device computes."""
     if str(workers) != "auto":
         return int(workers)
+    if host_processes:
+        return host_processes
     if not cuda:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -193,7 +200,7 @@ class DetectorPipeline:
                  read_image: Callable[[ImageRecord], bytes | bytearray] | None = None, stream_workers: int = 1,
                  host_thread: bool = True, masks: bool = True,
                  generated: Callable[[ImageRecord], np.ndarray] | None = None, nms_on: str = "device",
-                 finishes_in_flight: int = 1, whole_batch: bool | None = None):
+                 finishes_in_flight: int = 1, whole_batch: bool | None = None, host_processes: int = 0):
         if stream_workers < 1 or finishes_in_flight < 1:
             raise ValueError(f"stream_workers and finishes_in_flight must be >= 1, not {stream_workers}, "
                              f"{finishes_in_flight}")
@@ -206,7 +213,9 @@ class DetectorPipeline:
         self.max_ahead = 0  # the last overlapped stream's most batches prepared (or preparing) ahead of the forward
         self.in_flight = 1  # forwards the last overlapped stream kept in flight
         self._worker_streams = threading.local()  # on CUDA: each overlapped worker's stream
-        self.finishes_in_flight = finishes_in_flight
+        # with host processes a batch's finishing is mostly a wait for its process: as many finish at once as there
+        # are workers, or the processes would finish one batch at a time
+        self.finishes_in_flight = max(finishes_in_flight, stream_workers) if host_processes else finishes_in_flight
         self.forward_thread = ForwardThreadTime()  # where the forward's thread spent overlapped streams
         self.detector = detector
         self.core = core
@@ -235,6 +244,13 @@ class DetectorPipeline:
         # tensors are on a GPU, whose per-image calls each take the interpreter lock that the forward's launches need;
         # on a CPU one image at a time is the faster, and the lighter on memory)
         self.whole_batch = whole_batch
+        # the host's decode + letterbox (cv2, PIL) and the selection of host candidates in processes of their own,
+        # outside this process's interpreter lock (host_processes.py)
+        if host_processes and (spec.library not in HOST_LIBRARIES or generated is not None):
+            raise ValueError("host processes read and letterbox the dataset's files on the host (cv2 or pil), not "
+                             f"{'generated images' if generated is not None else spec.library}")
+        self.host_processes: HostProcesses | None = (shared_host_processes(host_processes, STREAM_WORKER_NICE)
+                                                     if host_processes else None)
 
     def copy_with(self, core: Core | None = None, **changes: Any) -> DetectorPipeline:
         """A pipeline with this one's settings (masks, NMS placement, image source, workers), on `core` (this one's
@@ -243,7 +259,8 @@ class DetectorPipeline:
                     "stream_workers": self.stream_workers, "host_thread": self.host_thread is not None,
                     "masks": self.masks, "generated": self.generated,
                     "nms_on": "host" if self.selection_on_host else "device",
-                    "finishes_in_flight": self.finishes_in_flight, "whole_batch": self.whole_batch}
+                    "finishes_in_flight": self.finishes_in_flight, "whole_batch": self.whole_batch,
+                    "host_processes": self.host_processes.processes if self.host_processes is not None else 0}
         return DetectorPipeline(self.detector, core if core is not None else self.core, self.device, self.spec,
                                 self.thresholds, **{**settings, **changes})
 
@@ -252,12 +269,23 @@ class DetectorPipeline:
         record = preprocess_record(self.spec, self.decoder, self.input_device, self.letterbox_whole_batch)
         if self.generated is not None:
             record.update(decode="skipped", decode_detail="generated images (--input synthetic): nothing to decode")
+        if self.host_processes is not None:
+            n = self.host_processes.processes
+            record.update(host_processes=n, decode_detail=f"{record['decode_detail']}, in {n} host processes, each "
+                          "reading the image files itself (from the page cache once read)")
+            if "upload" in record:
+                record["upload"] = ("the uint8 canvas from the host processes' shared memory (pageable), non_blocking; "
+                                    "float and normalised on the device")
         return record
 
     def host_info(self, overlap: bool) -> dict:
         """Where the harness's host work runs in the given mode (runtime.host in the record)."""
         if overlap:
-            return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(),
+            processes = {} if self.host_processes is None else {"host_processes": {
+                "processes": self.host_processes.processes, "start": "spawn", "nice_increment": STREAM_WORKER_NICE,
+                "runs": "each batch's file reads, decode and letterbox" + (
+                    ", and the selection and boxes of host candidates" if self.selection_runs_on_host else "")}}
+            return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(), **processes,
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
                     "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight,
@@ -297,6 +325,11 @@ class DetectorPipeline:
             return ("the whole batch at once: the suppression matrix to its fixed point (torchvision's rule), its "
                     "temporaries within 1 % of the device's memory")
         return "torchvision.ops.nms, one call per image"
+
+    @property
+    def selection_runs_on_host(self) -> bool:
+        """Whether the candidates are on the host when selected: a host core's outputs, a CPU run, --nms-on host."""
+        return self.selection_on_host or self.input_device is None or self.input_device.type == "cpu"
 
     @property
     def selection_on(self) -> str:
@@ -501,11 +534,17 @@ class DetectorPipeline:
             if self.spec.library == "torch":  # what torchvision's decoder gives: 3 x H x W RGB
                 images = [torch.from_numpy(i).permute(2, 0, 1).flip(0) for i in images]
         if self.spec.library != "torch":
-            if images is None:
-                with timer.substep("decode"):
-                    images = [decode_bytes(self._read(r), r.path) for r in records]
             on_gpu = self.input_device is not None and self.input_device.type == "cuda"
-            canvas, transforms = letterbox_canvas(images, self.spec, pinned=on_gpu)
+            if images is None and self.host_processes is not None:
+                prepared = self.host_processes.prepare([r.path for r in records], self.spec)
+                timer.add_substep("decode", prepared.decode_ns)  # the child's own clocks: the hand-over is not in them
+                timer.add_substep("letterbox", prepared.letterbox_ns)
+                canvas, transforms = prepared.canvas, prepared.transforms
+            else:
+                if images is None:
+                    with timer.substep("decode"):
+                        images = [decode_bytes(self._read(r), r.path) for r in records]
+                canvas, transforms = letterbox_canvas(images, self.spec, pinned=on_gpu)
             if on_gpu:  # up as uint8 (a quarter of the float batch's bytes), converted and normalised there
                 with timer.substep("upload"):
                     canvas = canvas.to(self.input_device, non_blocking=True)
@@ -566,13 +605,20 @@ class DetectorPipeline:
         if self.selection_on_host:
             with timer.substep("copy"):
                 candidates = candidates.to(torch.device("cpu"))
-        with timer.substep(post.kind):  # "nms" or "topk"
-            whole = self.nms_whole_batch
-            kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=whole,
-                          scratch=scratch_bytes(candidates.boxes.device) if whole else 0)
-        with timer.substep("boxes"):
-            boxes = to_original(kept, transforms)
+        whole = self.nms_whole_batch
+        if self.host_processes is not None and candidates.boxes.device.type == "cpu":
+            selected = self.host_processes.select(candidates, post, t.iou, t.max_det, transforms, whole)
+            timer.add_substep(post.kind, selected.select_ns)  # the child's own clocks
+            timer.add_substep("boxes", selected.boxes_ns)
+            kept, boxes = selected.kept, selected.boxes
             detections = split_by_image(kept, boxes, [r.image_id for r in records])
+        else:
+            with timer.substep(post.kind):  # "nms" or "topk"
+                kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=whole,
+                              scratch=scratch_bytes(candidates.boxes.device) if whole else 0)
+            with timer.substep("boxes"):
+                boxes = to_original(kept, transforms)
+                detections = split_by_image(kept, boxes, [r.image_id for r in records])
         if self.masks:
             with timer.substep("masks"):
                 if self.selection_on_host:  # the mask head's maps stay on the device: the kept boxes go back

@@ -88,6 +88,10 @@ class StageTimer:
                 self.device.synchronize()
             self._add(f"{self._stage}.{name}" if self._stage else name, time.perf_counter_ns() - start)
 
+    def add_substep(self, name: str, ns: int) -> None:
+        """A part of the current stage timed elsewhere (a host process's own clock): added as `substep` adds."""
+        self._add(f"{self._stage}.{name}" if self._stage else name, ns)
+
     def add_stage(self, name: str, ns: int) -> None:
         """A stage timed by the caller (an async forward: from its start to its outputs being ready)."""
         self._add(name, ns)

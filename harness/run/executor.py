@@ -214,9 +214,10 @@ class GroupExecutor:
                                    max_det=self.thresholds.max_det).to_dict()
         self.pipeline = DetectorPipeline(detector, self.core, ctx.device, self.spec, self.thresholds,
                                          read_image=ctx.images.read,
-                                         stream_workers=resolve_workers(config.workers, ctx.device.is_cuda),
+                                         stream_workers=resolve_workers(config.workers, ctx.device.is_cuda,
+                                                                        config.host_processes),
                                          masks=config.masks, generated=ctx.dataset.image if synthetic else None,
-                                         nms_on=config.nms_on)
+                                         nms_on=config.nms_on, host_processes=config.host_processes)
         # the cell's task: a segmentation model with --no-masks is a detector here (boxes only, the detection board)
         self.task = "segment" if self.pipeline.masks else "detect"
         if self.pipeline.masks:

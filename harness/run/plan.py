@@ -160,6 +160,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         if not isinstance(detector.model_id, str) or not 0 < len(detector.model_id) <= MAX_MODEL_ID:
             raise UsageError(f"{spec}: its model_id {brief(detector.model_id)} is not a name of 1 to {MAX_MODEL_ID} "
                              "characters (the run's file names hold it); give it a shorter one")
+        check_host_letterbox(config, detector, device.is_cuda)
         detectors[detector.model_id] = detector
     if synthetic:  # images of the run's (first) input size: the first --input-size, else the first model's own
         from harness.data.synthetic import SyntheticDataset
@@ -286,6 +287,7 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     _check_tensorrt_provider_tf32(config, kind)
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
+    _check_host_processes(config, kind)
     check_cores(config.cpu_affinity)
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
@@ -324,6 +326,31 @@ def _check_synthetic_input(config: RunConfig) -> None:
     if given:
         raise UsageError(f"--input synthetic times generated images and needs no dataset: {given[0]} does not apply; "
                          "drop it, or use --input dataset")
+
+
+def _check_host_processes(config: RunConfig, kind: str) -> None:
+    """--host-processes letterbox the dataset's files on the host: not torch's letterbox (on the device on CUDA),
+    not generated images."""
+    if not config.host_processes:
+        return
+    if config.input_source == "synthetic":
+        raise UsageError("--host-processes read and letterbox the dataset's files; --input synthetic has none: drop "
+                         "--host-processes")
+    library = "torch" if config.preprocess == "auto" and kind == "cuda" else config.preprocess
+    if library == "torch":
+        given = "--preprocess auto (torch on CUDA)" if config.preprocess == "auto" else "--preprocess torch"
+        raise UsageError(f"--host-processes letterbox on the host (cv2 or PIL) and {given} letterboxes with torch; "
+                         "add --preprocess cv2 (or pil), or drop --host-processes")
+
+
+def check_host_letterbox(config: RunConfig, detector: Detector, cuda: bool) -> None:
+    """--host-processes with --preprocess auto on a CPU: the family's own letterbox must be a host one."""
+    from harness.pipeline.preprocess import resolve_implementation
+
+    library = resolve_implementation(detector.preprocess, config.preprocess, cuda).library
+    if config.host_processes and library == "torch":
+        raise UsageError(f"--host-processes letterbox on the host (cv2 or PIL) and {detector.model_id}'s own "
+                         "preprocessing is torch's; add --preprocess cv2 (or pil), or drop --host-processes")
 
 
 def _check_segment_backends(config: RunConfig) -> None:

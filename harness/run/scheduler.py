@@ -143,8 +143,9 @@ class Scheduler:
         elif (inherited := inherited_affinity()) is not None:
             environment["cpu_affinity"] = inherited
         if config.overlap:
-            workers = resolve_workers(config.workers, plan.device.is_cuda)  # --workers
+            workers = resolve_workers(config.workers, plan.device.is_cuda, config.host_processes)  # --workers
             environment["threads"]["overlapped_host_worker"] = {"threads": 1, "workers": workers,
+                                                                "host_processes": config.host_processes,
                                                                 **stream_worker_priority()}
         environment["gpu_hygiene"] = {**(plan.gpu_hygiene or {"status": "not a CUDA run"}), "locked_clocks": clocks}
         if environment["memory_allocator"]["allocator"] == "glibc (default)":

@@ -1,0 +1,166 @@
+"""Host processes (`--host-processes`): the host's reads, decode, letterbox and the selection of host candidates in
+processes of their own give the detections the workers' threads give, name a bad image as the threads do, survive a
+process that dies, and are recorded; the options they cannot serve are refused in one line."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import COCO_DIR, load_core_of, requires_coco, requires_yolox, run_benchmark, run_in_process
+
+from harness.data.coco import CocoDataset
+from harness.errors import UsageError
+from harness.measure.device import parse_device
+from harness.models.registry import get_detector
+from harness.pipeline.host_processes import HostProcessError, shared_host_processes
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
+from harness.pipeline.preprocess import decode_image, letterbox_canvas
+from harness.pipeline.stage_timer import StageTimer
+
+
+@pytest.fixture(scope="module")
+def yolox():
+    device = parse_device("cpu")
+    detector = get_detector("yolox-nano")
+    core = load_core_of(detector, "onnxruntime", device, "fp32", detector.preprocess.input_size,
+                        threads=torch.get_num_threads())
+    dataset = CocoDataset(str(COCO_DIR))
+    return detector, core, device, dataset.records(dataset.variant("sample"))[:24]
+
+
+def _pipeline(yolox, library="cv2", **kwargs):
+    from dataclasses import replace
+
+    detector, core, device, _ = yolox
+    d = detector.defaults
+    return DetectorPipeline(detector, core, device, replace(detector.preprocess, library=library),
+                            Thresholds(d.conf, d.iou, d.max_det), **kwargs)
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("library", ["cv2", "pil"])
+def test_host_processes_give_the_threads_detections(yolox, library):
+    records = yolox[3]
+    batches = [records[i:i + 8] for i in range(0, len(records), 8)]
+    runs = {}
+    for processes in (0, 1):
+        pipeline = _pipeline(yolox, library, stream_workers=2, host_processes=processes)
+        timer = StageTimer(pipeline.device)
+        runs[processes] = ([d for out in pipeline.run_stream(batches, timer, overlap=True) for d in out], timer)
+    (threads, _), (processes, timer) = runs[0], runs[1]
+    assert [d.image_id for d in processes] == [r.image_id for r in records]
+    assert sum(len(d.scores) for d in processes) > 100
+    for a, b in zip(threads, processes, strict=True):
+        assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores), a.image_id
+        assert np.array_equal(a.labels, b.labels) and a.boxes.dtype == b.boxes.dtype
+    for timing in timer.batches:  # the child's own clocks land as the stages' substeps
+        assert {"preprocess.decode", "preprocess.letterbox", "postprocess.nms", "postprocess.boxes"} <= \
+            set(timing.stages)
+        assert 0 < timing.stages["preprocess.decode"] < timing.stages["preprocess"]
+        assert 0 < timing.stages["postprocess.nms"] < timing.stages["postprocess"]
+
+
+@requires_coco
+def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_path):
+    detector = get_detector("yolox-nano")
+    dataset = CocoDataset(str(COCO_DIR))
+    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:3]]
+    pool = shared_host_processes(1)
+    prepared = pool.prepare(paths, detector.preprocess)
+    canvas, transforms = letterbox_canvas([decode_image(p) for p in paths], detector.preprocess)
+    assert prepared.canvas.is_shared() and torch.equal(prepared.canvas, canvas)  # mapped, not copied
+    assert prepared.transforms == transforms and prepared.decode_ns > 0 and prepared.letterbox_ns > 0
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not a jpeg")
+    with pytest.raises(UsageError, match="broken.jpg could not be decoded by cv2"):
+        pool.prepare([paths[0], bad], detector.preprocess)
+
+
+def test_a_host_process_that_dies_fails_the_batch_and_the_next_batch_gets_a_new_one():
+    pool = shared_host_processes(1)
+    with pytest.raises(HostProcessError, match="a host process ended while preparing or finishing a batch"):
+        pool._call(os._exit, 3)  # the process ends without an answer, as one killed for memory does
+    assert pool._call(os.getpid) > 0  # started again
+
+
+def test_host_processes_need_a_host_letterbox_and_give_a_worker_each():
+    detector = get_detector("yolox-nano")
+    for library, generated in (("torch", None), ("cv2", lambda record: None)):
+        from dataclasses import replace
+
+        with pytest.raises(ValueError, match="host processes read and letterbox"):
+            DetectorPipeline(detector, None, parse_device("cpu"), replace(detector.preprocess, library=library),
+                             Thresholds(0.1, 0.6, 100), host_processes=1, generated=generated)
+    assert resolve_workers("auto", cuda=True, host_processes=5) == 5
+    assert resolve_workers("auto", cuda=False, host_processes=3) == 3 and resolve_workers("2", False, 3) == 2
+
+
+@requires_coco
+@requires_yolox
+def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_path_factory):
+    common = dict(backends=["onnxruntime"], batch_sizes=[8], limit=32, overlap=True, energy=False,
+                  memory=False, min_timed_batches=4)
+    _, (threads,) = run_benchmark(tmp_path_factory, "threads", **common)
+    _, (processes,) = run_benchmark(tmp_path_factory, "processes", host_processes=2, **common)
+    # the same detections, to the byte, scored the same
+    assert processes.accuracy.detections_sha256 == threads.accuracy.detections_sha256 is not None
+    assert processes.accuracy.stats == threads.accuracy.stats and processes.accuracy.num_images == 32
+    host = processes.runtime["host"]
+    assert host["workers"] == 2 and host["finishes_in_flight"] == 2  # --workers auto: one a process
+    assert host["host_processes"]["processes"] == 2 and "selection" in host["host_processes"]["runs"]
+    assert processes.runtime["preprocess"]["host_processes"] == 2
+    assert processes.environment["threads"]["overlapped_host_worker"]["host_processes"] == 2
+    assert "preprocess.letterbox" in processes.timing.stages_ms
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--host-processes", "2"], "--host-processes applies to --overlap only"),
+    (["--overlap", "--host-processes", "2", "--preprocess", "torch"], "--preprocess torch letterboxes with torch"),
+    (["--overlap", "--host-processes", "2", "--device", "cuda"], "--preprocess auto (torch on CUDA)"),
+    (["--overlap", "--host-processes", "2", "--input", "synthetic"], "--input synthetic has none"),
+    (["--overlap", "--host-processes", "2", "--model", "ssdlite320_mobilenet_v3_large", "--weights", "random"],
+     "ssdlite320_mobilenet_v3_large's own preprocessing is torch's"),
+])
+@requires_coco
+def test_what_host_processes_cannot_serve_is_refused_in_one_line(tmp_path, args, expect):
+    out = tmp_path / "o"
+    dataset = [] if "synthetic" in args else ["--coco-dir", str(COCO_DIR)]
+    result = run_in_process("run", *dataset, "--output-dir", str(out), *args)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and expect in lines[0], result.stderr
+    assert not out.exists()
+
+
+@requires_coco
+@requires_yolox
+def test_the_lock_convoy_bench_measures_every_way():
+    # its plumbing (no timed assertion: the figures are in docs/benchmarks.md): every way beside the stand-in
+    # forward measured, with the work it did
+    from harness.bench.lock_convoy import measure
+
+    result = measure("yolox-nano", 2, "cv2", rounds=1, calls=5, stand_in_size=32)
+    assert result["forward_ms_alone_p50"] > 0 and result["preprocess"] == "cv2"
+    for way in ("calls_thread", "calls_process", "thread", "process"):
+        assert result[way]["forward_vs_alone"] > 0 and result[way]["work_per_s"] > 0, (way, result[way])
+    assert "process" not in measure("yolox-nano", 2, "torch", rounds=1, calls=5, stand_in_size=32)
+
+
+@requires_coco
+@pytest.mark.heavy
+def test_a_segmentation_run_with_host_processes_writes_the_threads_masks(tmp_path_factory):
+    # the kept candidates come back from the process with their mask rows: the masks made from them are the same
+    pytest.importorskip("transformers", reason="RF-DETR needs `transformers`")
+    from harness.detector.protocol import RANDOM_WEIGHTS
+
+    files = []
+    for processes in (0, 1):
+        plan, (record,) = run_benchmark(tmp_path_factory, f"seg{processes}", models=["rfdetr-seg-n"],
+                                        weights=RANDOM_WEIGHTS, backends=["pytorch"], batch_sizes=[2], limit=4,
+                                        overlap=True, host_processes=processes, preprocess="cv2", energy=False,
+                                        min_timed_batches=2)
+        assert "postprocess.masks" in record.timing.stages_ms
+        (detections,) = (plan.run_dir / "detections").glob("*.json")
+        files.append(detections.read_bytes())
+    assert files[0] == files[1] and b'"segmentation"' in files[0]
