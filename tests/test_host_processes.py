@@ -80,9 +80,26 @@ def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_p
 
 def test_a_host_process_that_dies_fails_the_batch_and_the_next_batch_gets_a_new_one():
     pool = shared_host_processes(1)
-    with pytest.raises(HostProcessError, match="a host process ended while preparing or finishing a batch"):
-        pool._call(os._exit, 3)  # the process ends without an answer, as one killed for memory does
+    # the process ends without an answer, as one killed does; the message says how, and never "out of memory" (which
+    # the scheduler would take for the batch size's and skip the larger ones)
+    with pytest.raises(HostProcessError, match=r"a host process ended while preparing or finishing a batch "
+                                               r"\(exit code 3\)") as err:
+        pool._call(os._exit, 3)
+    assert "out of memory" not in str(err.value)
     assert pool._call(os.getpid) > 0  # started again
+
+
+def test_host_processes_ignore_a_terminals_ctrl_c():
+    # Ctrl-C in a terminal reaches the whole process group: the run stops itself (and records it), its host
+    # processes must not answer a batch with their own KeyboardInterrupt
+    import signal
+    import time
+
+    pool = shared_host_processes(1)
+    pid = pool._call(os.getpid)
+    os.kill(pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert pool._call(os.getpid) == pid  # the same process, still serving
 
 
 def test_host_processes_need_a_host_letterbox_and_give_a_worker_each():
@@ -113,6 +130,10 @@ def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_pa
     assert processes.runtime["preprocess"]["host_processes"] == 2
     assert processes.environment["threads"]["overlapped_host_worker"]["host_processes"] == 2
     assert "preprocess.letterbox" in processes.timing.stages_ms
+    # the processes read the files: the run keeps no copy of them in memory, and says so
+    images = processes.environment["images"]
+    assert images["decode_from"] == "disk" and images["reason"].startswith("--host-processes")
+    assert threads.environment["images"]["decode_from"] == "memory"
 
 
 @pytest.mark.parametrize("args, expect", [
@@ -164,3 +185,35 @@ def test_a_segmentation_run_with_host_processes_writes_the_threads_masks(tmp_pat
         (detections,) = (plan.run_dir / "detections").glob("*.json")
         files.append(detections.read_bytes())
     assert files[0] == files[1] and b'"segmentation"' in files[0]
+
+
+@pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_host_processes_end_when_their_parent_is_killed(tmp_path):
+    # a run killed outright (SIGKILL, the OOM killer) closes nothing: its host processes must not wait for work forever
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("from harness.pipeline.host_processes import HostProcesses\n"
+              "import time\n"
+              "if __name__ == '__main__':\n"
+              "    pool = HostProcesses(1)\n"
+              "    print(pool._pool.members[0].pid, flush=True)\n"
+              "    time.sleep(120)\n")
+    (tmp_path / "parent.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdout=subprocess.PIPE, text=True,
+                              cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    def alive() -> bool:  # a zombie that nobody reaps (a container's init may not) has ended all the same
+        try:
+            return open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30  # a liveness bound, not a measurement
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.05)
+    assert not alive()

@@ -51,14 +51,17 @@ def cache_budget() -> int:
 class ImageBytes:
     """The encoded bytes of a variant's images, from memory (cached) or read from disk on each call."""
 
-    def __init__(self, records: Sequence, mode: str = "auto", budget_bytes: int | None = None):
+    def __init__(self, records: Sequence, mode: str = "auto", budget_bytes: int | None = None,
+                 read_elsewhere: str | None = None):
+        """`read_elsewhere`: why the timed decode reads the files itself whatever `mode` says (host processes, which
+        cannot see this process's memory): nothing is cached, and the decision says so."""
         if mode not in CACHE_MODES:
             raise ValueError(f"cache mode {mode!r}: use one of {CACHE_MODES}")
         paths = {r.image_id: Path(r.path) for r in records}
         total = sum(p.stat().st_size for p in paths.values())
         self._cached: dict[int, bytearray] | None = None
-        if mode == "off":
-            self.decision = CacheDecision(mode, "disk", "--cache-images off", total, None)
+        if mode == "off" or read_elsewhere is not None:
+            self.decision = CacheDecision(mode, "disk", read_elsewhere or "--cache-images off", total, None)
             return
         budget = cache_budget() if budget_bytes is None else budget_bytes
         if total > budget:

@@ -190,7 +190,10 @@ class GroupExecutor:
         load_start, clock = time.time(), time.perf_counter()
         synthetic = ctx.dataset.layout == "synthetic"
         if ctx.images is None:  # once per run: every cell decodes from the same place (data/cache.py)
-            ctx.images = SyntheticImages(ctx.dataset) if synthetic else ImageBytes(ctx.records, config.cache_images)
+            elsewhere = ("--host-processes: each process reads the files it decodes (from the page cache once read)"
+                         if config.host_processes else None)
+            ctx.images = SyntheticImages(ctx.dataset) if synthetic else ImageBytes(ctx.records, config.cache_images,
+                                                                                   read_elsewhere=elsewhere)
         cache_s, clock = time.perf_counter() - clock, time.perf_counter()
         self.spec = resolve_implementation(detector.preprocess.with_input_size(key.input_size), config.preprocess,
                                            ctx.device.is_cuda)  # --preprocess
@@ -716,7 +719,8 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
     """torch.profiler over a few batches, stages labelled; Chrome trace + key averages."""
     timer = StageTimer(pipeline.device, profiler_ranges=True)
     # torch.profiler records the ops of the thread that started it: NMS runs here, not on the host pool.
-    on_this_thread = pipeline.copy_with(host_workers=1, host_thread=False)  # the host stages too run here
+    # the host stages too run here, in this process (not --host-processes'), where the profiler sees their ops
+    on_this_thread = pipeline.copy_with(host_workers=1, host_thread=False, host_processes=0)
     with torch_profile(pipeline.device) as prof:
         for batch in batches:
             on_this_thread.run_batch(batch, timer)
