@@ -3,6 +3,7 @@ processes of their own give the detections the workers' threads give, name a bad
 process that dies, and are recorded; the options they cannot serve are refused in one line."""
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -187,12 +188,11 @@ def test_a_segmentation_run_with_host_processes_writes_the_threads_masks(tmp_pat
     assert files[0] == files[1] and b'"segmentation"' in files[0]
 
 
-@pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
 def test_host_processes_end_when_their_parent_is_killed(tmp_path):
     # a run killed outright (SIGKILL, the OOM killer) closes nothing: its host processes must not wait for work forever
     import signal
     import subprocess
-    import sys
     import time
 
     script = ("from harness.pipeline.host_processes import HostProcesses\n"
