@@ -157,6 +157,7 @@ def test_what_host_processes_cannot_serve_is_refused_in_one_line(tmp_path, args,
 
 @requires_coco
 @requires_yolox
+@pytest.mark.heavy
 def test_the_lock_convoy_bench_measures_every_way():
     # its plumbing (no timed assertion: the figures are in docs/benchmarks.md): every way beside the stand-in
     # forward measured, with the work it did
