@@ -189,8 +189,9 @@ def _init_process(nice: int, parent: int) -> None:
 
 def _end_with(parent: int) -> None:
     """Linux: this process gets SIGTERM when its parent ends, even killed (SIGKILL, the OOM killer), which closes
-    nothing: an executor's processes would otherwise wait for work forever. prctl through ctypes: one system call,
-    for which a package (python-prctl) would be a dependency of its own."""
+    nothing: an executor's processes would otherwise wait for work forever. (Strictly, when the thread that started
+    it ends: the harness starts them from its main thread or its stream workers, which live as long as the command.)
+    prctl through ctypes: one system call, for which a package (python-prctl) would be a dependency of its own."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
