@@ -341,6 +341,7 @@ def _files(run_dir: Path) -> dict[str, bytes]:
 
 
 @requires_coco
+@pytest.mark.heavy  # ~50 s: `make test-slow`; a task that dies is also test_a_node_that_dies_marks_its_cells_...
 def test_a_killed_task_marks_its_cells_the_rest_finishes_and_resume_completes(cluster, tmp_path):
     cluster["marker"].write_text("kill one task")
     args = ["--model", KILLED, "--backend", "pytorch", "--batch-sizes", "1", "--batch-sizes", "2", "--batch-sizes",
