@@ -160,7 +160,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         if not isinstance(detector.model_id, str) or not 0 < len(detector.model_id) <= MAX_MODEL_ID:
             raise UsageError(f"{spec}: its model_id {brief(detector.model_id)} is not a name of 1 to {MAX_MODEL_ID} "
                              "characters (the run's file names hold it); give it a shorter one")
-        check_host_letterbox(config, detector, device.is_cuda)
+        _check_host_letterbox(config, detector, device.is_cuda)
         detectors[detector.model_id] = detector
     if synthetic:  # images of the run's (first) input size: the first --input-size, else the first model's own
         from harness.data.synthetic import SyntheticDataset
@@ -343,12 +343,13 @@ def _check_host_processes(config: RunConfig, kind: str) -> None:
                          "add --preprocess cv2 (or pil), or drop --host-processes")
 
 
-def check_host_letterbox(config: RunConfig, detector: Detector, cuda: bool) -> None:
+def _check_host_letterbox(config: RunConfig, detector: Detector, cuda: bool) -> None:
     """--host-processes with --preprocess auto on a CPU: the family's own letterbox must be a host one."""
+    if not config.host_processes:
+        return
     from harness.pipeline.preprocess import resolve_implementation
 
-    library = resolve_implementation(detector.preprocess, config.preprocess, cuda).library
-    if config.host_processes and library == "torch":
+    if resolve_implementation(detector.preprocess, config.preprocess, cuda).library == "torch":
         raise UsageError(f"--host-processes letterbox on the host (cv2 or PIL) and {detector.model_id}'s own "
                          "preprocessing is torch's; add --preprocess cv2 (or pil), or drop --host-processes")
 
