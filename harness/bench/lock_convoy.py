@@ -45,7 +45,6 @@ from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer
 
-WAYS = ("alone", "calls_thread", "calls_process", "thread", "process")
 CALLS_PER_ROUND = 64  # tiny calls per count of the calls ways' work
 
 
@@ -59,10 +58,6 @@ def tiny_calls(stop) -> int:
             (values[i] * 2 + 1).clamp_(0, 1)
         rounds += 1
     return rounds
-
-
-def _tiny_calls_in_process(stop, done) -> None:
-    done.put(tiny_calls(stop))
 
 
 class CallsLoop:
