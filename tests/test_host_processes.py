@@ -4,6 +4,7 @@ process that dies, and are recorded; the options they cannot serve are refused i
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,7 +72,11 @@ def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_p
     pool = shared_host_processes(1)
     prepared = pool.prepare(paths, detector.preprocess)
     canvas, transforms = letterbox_canvas([decode_image(p) for p in paths], detector.preprocess)
-    assert prepared.canvas.is_shared() and torch.equal(prepared.canvas, canvas)  # mapped, not copied
+    assert torch.equal(prepared.canvas, canvas)
+    # the thread's own shared canvas, mapped by both sides: the same memory batch after batch, written by the child
+    again = pool.prepare(paths[::-1], detector.preprocess)
+    assert again.canvas.data_ptr() == prepared.canvas.data_ptr()
+    assert torch.equal(again.canvas, letterbox_canvas([decode_image(p) for p in paths[::-1]], detector.preprocess)[0])
     assert prepared.transforms == transforms and prepared.decode_ns > 0 and prepared.letterbox_ns > 0
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff not a jpeg")
@@ -88,6 +93,35 @@ def test_a_host_process_that_dies_fails_the_batch_and_the_next_batch_gets_a_new_
         pool._call(os._exit, 3)
     assert "out of memory" not in str(err.value)
     assert pool._call(os.getpid) > 0  # started again
+
+
+def test_a_full_shared_memory_is_an_error_that_says_so_and_leaves_no_segment(monkeypatch):
+    import errno
+
+    from harness.pipeline import host_processes
+
+    made = []
+    real = host_processes.shared_memory.SharedMemory
+
+    def segment(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(host_processes.shared_memory, "SharedMemory", segment)
+    monkeypatch.setattr(host_processes.os, "posix_fallocate", full)
+    with pytest.raises(HostProcessError, match=r"no room for a 3\.0 MiB canvas in shared memory .*--shm-size"):
+        host_processes._make_segment(3 * 2**20)
+    assert made and not Path(f"/dev/shm/{made[0].name}").exists()
+
+
+def test_an_error_in_a_host_process_keeps_its_type_and_says_where():
+    pool = shared_host_processes(1)
+    with pytest.raises(ValueError, match="invalid literal") as err:
+        pool._call(int, "not a number")
+    assert "Traceback" in str(err.value.__cause__)
 
 
 def test_host_processes_ignore_a_terminals_ctrl_c():
@@ -161,13 +195,15 @@ def test_what_host_processes_cannot_serve_is_refused_in_one_line(tmp_path, args,
 def test_the_lock_convoy_bench_measures_every_way():
     # its plumbing (no timed assertion: the figures are in docs/benchmarks.md): every way beside the stand-in
     # forward measured, with the work it did
-    from harness.bench.lock_convoy import measure
+    from harness.bench.lock_convoy import handover, measure
 
     result = measure("yolox-nano", 2, "cv2", rounds=1, calls=5, stand_in_size=32)
     assert result["forward_ms_alone_p50"] > 0 and result["preprocess"] == "cv2"
     for way in ("calls_thread", "calls_process", "thread", "process"):
         assert result[way]["forward_vs_alone"] > 0 and result[way]["work_per_s"] > 0, (way, result[way])
     assert "process" not in measure("yolox-nano", 2, "torch", rounds=1, calls=5, stand_in_size=32)
+    handed = handover("yolox-nano", 2, "cv2", calls=2)
+    assert handed["prepare_wall_ms"] > 0 and handed["prepare_cpu_ms"] >= 0 and "handover_cpu_ms" in handed
 
 
 @requires_coco
@@ -200,7 +236,7 @@ def test_host_processes_end_when_their_parent_is_killed(tmp_path):
               "import time\n"
               "if __name__ == '__main__':\n"
               "    pool = HostProcesses(1)\n"
-              "    print(pool._pool.members[0].pid, flush=True)\n"
+              "    print(pool._members[0].process.pid, flush=True)\n"
               "    time.sleep(120)\n")
     (tmp_path / "parent.py").write_text(script)
     parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdout=subprocess.PIPE, text=True,

@@ -21,14 +21,21 @@ On a CPU the real stages' calls compute for milliseconds with the lock released,
 sharing costs more than the convoy; the tiny calls show the convoy itself. The bench reports the forward's time per
 call beside each way against alone (its slowdown) and the work each way did per second. Two cores at least.
 
+With `--handover`, instead: what handing a batch to a host process costs the run's own process, the processor time
+it spends per call (all its threads: time.process_time) for a call that does nothing, for preparing a batch, and for
+a call that only waits in the child as long as that preparation took (what waiting itself is charged on this
+machine): the difference of the last two is the hand-over's own. That time is spent under the interpreter lock the
+forward needs.
+
     python -m harness.bench.lock_convoy [--model yolox-nano] [--batch-size 8] [--preprocess cv2] [--rounds 5]
-                                        [--calls 200] [--stand-in-size 64] [--json]
+                                        [--calls 200] [--stand-in-size 64] [--handover] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -41,6 +48,7 @@ from harness.config import RunConfig, add_run_argument
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
+from harness.pipeline.host_processes import HostProcesses
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer
@@ -222,6 +230,37 @@ def measure(model: str, batch_size: int, preprocess: str, rounds: int, calls: in
     return result
 
 
+def handover(model: str, batch_size: int, preprocess: str, calls: int) -> dict:
+    """The run's processor time per call handed to one host process (ms, p50 of `calls`): an empty call, preparing
+    a batch of real images, and waiting in the child as long as the preparation took."""
+    detector = get_detector(model)
+    spec = resolve_implementation(detector.preprocess, preprocess, False)
+    dataset = CocoDataset()
+    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:batch_size]]
+    processes = HostProcesses(1)
+    try:
+        def per_call(fn) -> tuple[float, float]:
+            for _ in range(3):
+                fn()
+            cpu, wall = [], []
+            for _ in range(calls):
+                c, w = time.process_time(), time.perf_counter()
+                fn()
+                cpu.append(time.process_time() - c)
+                wall.append(time.perf_counter() - w)
+            return statistics.median(cpu) * 1e3, statistics.median(wall) * 1e3
+
+        empty, _ = per_call(lambda: processes._call(os.getpid))
+        prepare, prepare_wall = per_call(lambda: processes.prepare(paths, spec))
+        waiting, _ = per_call(lambda: processes._call(time.sleep, prepare_wall / 1e3))
+    finally:
+        processes.close()
+    return {"model": model, "batch_size": batch_size, "preprocess": spec.library, "calls": calls,
+            "empty_call_cpu_ms": round(empty, 4), "prepare_cpu_ms": round(prepare, 4),
+            "prepare_wall_ms": round(prepare_wall, 3), "waiting_cpu_ms": round(waiting, 4),
+            "handover_cpu_ms": round(prepare - waiting, 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_argument(parser, "models", "--model", "yolox-nano")
@@ -230,10 +269,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200, help="stand-in forward calls per way and round")
     parser.add_argument("--stand-in-size", type=int, default=64, help="the stand-in forward's input side (pixels)")
+    parser.add_argument("--handover", action="store_true",
+                        help="measure what handing a batch to a host process costs the run's process instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if min(args.rounds, args.calls, args.stand_in_size) < 1:
         parser.error("--rounds, --calls and --stand-in-size must be positive")
+    if args.handover:
+        result = handover(args.model, args.batch_size, args.preprocess, args.calls // 5 or 1)
+        print(json.dumps(result, indent=2) if args.json else
+              f"handing a batch of {args.batch_size} to a host process ({result['preprocess']}), the run's processor "
+              f"time a call: empty {result['empty_call_cpu_ms']:.3f} ms; preparing {result['prepare_cpu_ms']:.3f} ms "
+              f"({result['prepare_wall_ms']:.1f} ms wall); waiting as long {result['waiting_cpu_ms']:.3f} ms; the "
+              f"hand-over's own {result['handover_cpu_ms']:.3f} ms")
+        return 0
     result = measure(args.model, args.batch_size, args.preprocess, args.rounds, args.calls, args.stand_in_size)
     if args.json:
         print(json.dumps(result, indent=2))

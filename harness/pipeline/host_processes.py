@@ -7,9 +7,9 @@ call, not only while the stage computes (measured on the CPU with a stand-in: ha
 processes the host stages have locks of their own. They run what needs no device:
 
 - `prepare`: each image's file read and decoded, and letterboxed into a uint8 canvas [B,H,W,3] (cv2 or PIL, the
-  host implementations: preprocess.letterbox_canvas). The canvas comes back through shared memory (torch's
-  reductions: the child copies it into a shared segment, which the parent maps without a copy); the parent uploads
-  and normalises it.
+  host implementations: preprocess.letterbox_canvas). The canvas is a shared memory segment of the calling
+  thread's, made once (anew only to grow) and mapped by both sides: the child letterboxes straight into it, the
+  parent uploads and normalises it from there. Nothing but a name crosses the pipe for it.
 - `select`: the family's selection (NMS per image, or top-k) and the boxes in original pixels, on candidates that
   are on the host (a CPU run, a core whose outputs come back to the host, or --nms-on host). The candidates go
   and the kept ones come back as numpy arrays (their bytes: a batch's are well under a megabyte).
@@ -20,20 +20,32 @@ context (a process with a CUDA context cannot fork), once per process and count,
 pipeline that asks for them is made (a group's set-up, never a timed pass): each imports torch and cv2 (seconds).
 They ignore the stop signals a terminal sends its whole process group (Ctrl-C, a closed terminal): the run decides
 how to stop, and closes them.
+
+Each process has a pipe of its own: a worker takes an idle process, sends it the function and its arguments,
+and waits for the answer without the interpreter lock. That is all the parent does per batch, on the worker's own
+thread. (concurrent.futures' process pool, used before, spent about 1.3 ms of the parent's processor a batch in its
+manager and feeder threads, and in the handshake that hands each shared canvas's descriptor over: time under the
+lock that an eager GPU forward waits for. Measured on the CPU box: harness/bench/lock_convoy.py --handover.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+import pickle
+import queue
 import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+import traceback
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import cv2
@@ -46,6 +58,7 @@ from harness.pipeline.preprocess import ImageTransform, decode_bytes, letterbox_
 from harness.process_exit import STOP_SIGNALS, before_leave
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STARTUP_SECONDS = 300  # a host process's start (torch's and OpenCV's imports) on a loaded machine
 
 # A BatchCandidates' tensors by name, as they cross between processes (`counts` is a list)
 CANDIDATE_FIELDS = ("boxes", "scores", "labels", "image", "rows")
@@ -55,10 +68,15 @@ class HostProcessError(RuntimeError):
     """A host process ended while it had work (killed, out of memory): the stream cannot go on."""
 
 
+class HostProcessTraceback(Exception):
+    """Where in a host process an error was raised (the cause of the error re-raised in the run's process)."""
+
+
 @dataclass(frozen=True)
 class PreparedCanvas:
-    """A batch prepared in a host process: its letterboxed uint8 canvas [B,H,W,3] (BGR, in shared memory), each
-    image's transform, and the child's own time for the reads and decodes and for the letterbox (ns)."""
+    """A batch prepared in a host process: its letterboxed uint8 canvas [B,H,W,3] (BGR, in the calling thread's
+    shared canvas: valid until that thread prepares its next batch), each image's transform, and the child's own time
+    for the reads and decodes and for the letterbox (ns)."""
 
     canvas: torch.Tensor
     transforms: list[ImageTransform]
@@ -77,12 +95,12 @@ class Selected:
     boxes_ns: int
 
 
-@dataclass(frozen=True)
-class _Pool:
-    """An executor and its processes, kept to say how one ended (the executor forgets them once it breaks)."""
+@dataclass
+class _Member:
+    """One host process and the run's end of its pipe; `process` None once it ended (started again when next used)."""
 
-    executor: ProcessPoolExecutor
-    members: list
+    process: BaseProcess | None
+    connection: Connection | None
 
 
 class HostProcesses:
@@ -94,46 +112,100 @@ class HostProcesses:
             raise ValueError(f"processes must be >= 1, not {processes}")
         self.processes = processes
         self.nice = nice
-        self._lock = threading.Lock()  # workers share the pool: one of them replaces a broken one
-        self._pool: _Pool | None = self._start()
+        self._context = torch.multiprocessing.get_context("spawn")
+        self._idle: queue.SimpleQueue[_Member] = queue.SimpleQueue()
+        self._members = [_Member(*self._spawn()) for _ in range(processes)]  # all started, then each awaited
+        for member in self._members:
+            self._await_ready(member)
+            self._idle.put(member)
+        self._canvases = threading.local()  # each calling thread's shared canvas
+        self._segments: list[shared_memory.SharedMemory] = []  # every canvas made: unlinked at close
+        self._segments_lock = threading.Lock()
 
-    def _start(self) -> _Pool:
-        executor = ProcessPoolExecutor(self.processes, mp_context=torch.multiprocessing.get_context("spawn"),
-                                       initializer=_init_process, initargs=(self.nice, os.getpid()))
-        # every process started and past its imports before the first batch: the pool starts one per task waiting
-        done, _ = wait([executor.submit(_ready, 0.05) for _ in range(self.processes)])
-        for future in done:
-            future.result()
-        return _Pool(executor, list((getattr(executor, "_processes", None) or {}).values()))
+    def _spawn(self) -> tuple[BaseProcess, Connection]:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(target=_serve, args=(theirs, self.nice, os.getpid()), daemon=True,
+                                        name="va-host-process")
+        process.start()
+        theirs.close()  # the child's end lives in the child: its exit then shows here as the end of the pipe
+        return process, ours
+
+    def _await_ready(self, member: _Member) -> None:
+        try:
+            if not member.connection.poll(STARTUP_SECONDS):
+                raise HostProcessError(f"a host process did not start within {STARTUP_SECONDS} s (importing torch and "
+                                       "OpenCV); the machine's load and memory are the first things to check")
+            member.connection.recv()  # its pid: started, imports done
+        except (EOFError, OSError) as exc:
+            raise self._ended(member, "starting") from exc
 
     def close(self) -> None:
-        """Stop the processes (the work they were given is cancelled)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the processes (closing their pipes ends them) and remove the shared canvases."""
+        for member in self._members:
+            if member.connection is not None:
+                member.connection.close()
+        for member in self._members:
+            if member.process is not None:
+                member.process.join(timeout=5)
+                if member.process.is_alive():  # busy with a batch nobody waits for any more
+                    member.process.terminate()
+                    member.process.join()
+                member.process = None
+        with self._segments_lock:
+            segments, self._segments = self._segments, []
+        for segment in segments:
+            _release(segment)
 
     def _call(self, fn, *args):
-        with self._lock:
-            if self._pool is None:  # the last one broke: the next batch (a later cell's) gets working processes
-                self._pool = self._start()
-            pool = self._pool
+        """fn(*args) in an idle host process (waiting, without the interpreter lock, for one to be free)."""
+        member = self._idle.get()
         try:
-            return pool.executor.submit(fn, *args).result()
-        except BrokenProcessPool as exc:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.executor.shutdown(wait=True, cancel_futures=True)  # broken: its processes end, their codes known
-            codes = sorted({p.exitcode for p in pool.members if p.exitcode not in (None, 0)})
-            codes = [c for c in codes if c != -signal.SIGTERM] or codes  # SIGTERM: the executor ending the others
-            ended = ", ".join(_describe_exit(code) for code in codes) or "its exit status unknown"
-            raise HostProcessError(f"a host process ended while preparing or finishing a batch ({ended}); the "
-                                   "batch's images and the machine's memory are the first things to check") from exc
+            if member.process is None:  # the last one here ended: this batch (a later cell's) gets a working one
+                member.process, member.connection = self._spawn()
+                self._await_ready(member)
+            try:
+                member.connection.send((fn, args))
+                status, value, where = member.connection.recv()
+            except (EOFError, OSError) as exc:
+                raise self._ended(member, "preparing or finishing a batch") from exc
+        finally:
+            self._idle.put(member)
+        if status == "error":
+            raise value from HostProcessTraceback(where)
+        return value
+
+    def _ended(self, member: _Member, doing: str) -> HostProcessError:
+        """The error for a process that ended while `doing`; the member is left to be started again."""
+        process, connection = member.process, member.connection
+        member.process = member.connection = None
+        connection.close()
+        process.join(timeout=5)
+        if process.is_alive():  # its pipe broke but it runs on: it cannot serve again
+            process.terminate()
+            process.join()
+        ended = _describe_exit(process.exitcode) if process.exitcode is not None else "its exit status unknown"
+        return HostProcessError(f"a host process ended while {doing} ({ended}); the batch's images and the machine's "
+                                "memory are the first things to check")
+
+    def _canvas(self, shape: tuple[int, ...]) -> shared_memory.SharedMemory:
+        """The calling thread's shared canvas, made (or made anew, larger) to hold `shape` uint8 bytes."""
+        needed = math.prod(shape)
+        segment = getattr(self._canvases, "segment", None)
+        if segment is None or segment.size < needed:
+            if segment is not None:  # its name goes now; the memory when the last canvas mapped from it does
+                _release(segment, unlink_only=True)
+            segment = self._canvases.segment = _make_segment(needed)
+            with self._segments_lock:
+                self._segments.append(segment)
+        return segment
 
     def prepare(self, paths: list[Path], spec: PreprocessSpec) -> PreparedCanvas:
-        """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil)."""
-        return self._call(_prepare, [str(p) for p in paths], spec)
+        """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil), into the calling
+        thread's shared canvas."""
+        shape = (len(paths), *spec.input_size, 3)
+        segment = self._canvas(shape)
+        transforms, decode_ns, letterbox_ns = self._call(_prepare, [str(p) for p in paths], spec, segment.name, shape)
+        return PreparedCanvas(_view(segment, shape), transforms, decode_ns, letterbox_ns)
 
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
                transforms: list[ImageTransform], whole_batch: bool) -> Selected:
@@ -149,6 +221,38 @@ def shared_host_processes(processes: int, nice: int = 0) -> HostProcesses:
     pool = HostProcesses(processes, nice)
     before_leave(pool.close)
     return pool
+
+
+def _make_segment(size: int) -> shared_memory.SharedMemory:
+    """A shared memory segment of `size` bytes with its pages reserved now: a full /dev/shm (a container's is often
+    64 MiB) is an error here, not a SIGBUS in the process that first writes to it."""
+    segment = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        os.posix_fallocate(segment._fd, 0, size)  # the segment's descriptor: SharedMemory keeps it, as _fd
+    except OSError as exc:
+        _release(segment)
+        raise HostProcessError(f"no room for a {size / 2**20:.1f} MiB canvas in shared memory ({exc.strerror}); give "
+                               "the machine or container more shared memory (docker: --shm-size), or use fewer "
+                               "--host-processes workers or a smaller batch") from exc
+    except AttributeError:  # no posix_fallocate (macOS): the pages are found when written
+        pass
+    return segment
+
+
+def _release(segment: shared_memory.SharedMemory, unlink_only: bool = False) -> None:
+    try:
+        segment.unlink()
+    except FileNotFoundError:
+        pass
+    if not unlink_only:
+        try:
+            segment.close()
+        except BufferError:  # a canvas still maps it: the mapping goes with the last one
+            pass
+
+
+def _view(segment: shared_memory.SharedMemory, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.frombuffer(segment.buf, dtype=torch.uint8, count=math.prod(shape)).view(shape)
 
 
 def _describe_exit(code: int) -> str:
@@ -172,10 +276,34 @@ def _from_arrays(arrays: dict) -> BatchCandidates:
 
 # --- in the host processes ---
 
+ATTACHED_SEGMENTS = 8  # the canvases a host process keeps mapped (one per thread that calls it; older ones closed)
+_attached: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
+
+
+def _serve(connection: Connection, nice: int, parent: int) -> None:
+    """A host process: set up, say it is ready, then run each (function, arguments) that comes down the pipe and send
+    back ("ok", result, "") or ("error", exception, its traceback), until the run closes its end."""
+    _init_process(nice, parent)
+    connection.send(os.getpid())
+    while True:
+        try:
+            fn, args = connection.recv()
+        except EOFError:  # the run closed it: done
+            return
+        try:
+            reply = ("ok", fn(*args), "")
+        except Exception as exc:
+            reply = ("error", exc, traceback.format_exc())
+        try:
+            connection.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not cross: its text does
+            connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+
+
 def _init_process(nice: int, parent: int) -> None:
     _end_with(parent)
     # a terminal's Ctrl-C and hang-up reach its whole process group: the parent stops the run, then closes this
-    # process (SIGTERM, which the executor uses to end the processes of a broken pool, still ends it)
+    # process (SIGTERM, with which the run ends a process that can no longer serve, still ends it)
     for number in (n for n in STOP_SIGNALS if n != signal.SIGTERM):
         signal.signal(number, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -189,7 +317,7 @@ def _init_process(nice: int, parent: int) -> None:
 
 def _end_with(parent: int) -> None:
     """Linux: this process gets SIGTERM when its parent ends, even killed (SIGKILL, the OOM killer), which closes
-    nothing: an executor's processes would otherwise wait for work forever. (Strictly, when the thread that started
+    nothing: the processes would otherwise wait for work forever. (Strictly, when the thread that started
     it ends: the harness starts them from its main thread or its stream workers, which live as long as the command.)
     prctl through ctypes: one system call, for which a package (python-prctl) would be a dependency of its own."""
     if sys.platform.startswith("linux"):
@@ -201,17 +329,25 @@ def _end_with(parent: int) -> None:
         os._exit(0)
 
 
-def _ready(seconds: float) -> int:
-    time.sleep(seconds)  # long enough that the pool starts a process for each of these tasks
-    return os.getpid()
-
-
-def _prepare(paths: list[str], spec: PreprocessSpec) -> tuple:
+def _prepare(paths: list[str], spec: PreprocessSpec, segment: str, shape: tuple[int, ...]) -> tuple:
     clock = time.perf_counter_ns()
     images = [decode_bytes(Path(p).read_bytes(), Path(p)) for p in paths]
     decoded = time.perf_counter_ns()
-    canvas, transforms = letterbox_canvas(images, spec)
-    return PreparedCanvas(canvas, transforms, decoded - clock, time.perf_counter_ns() - decoded)
+    _, transforms = letterbox_canvas(images, spec, out=_view(_attach(segment), shape))
+    return transforms, decoded - clock, time.perf_counter_ns() - decoded
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """The run's segment `name`, mapped once and kept (the run's threads reuse theirs batch after batch)."""
+    segment = _attached.pop(name, None) or shared_memory.SharedMemory(name=name)
+    _attached[name] = segment  # the most recently used last
+    while len(_attached) > ATTACHED_SEGMENTS:
+        _, oldest = _attached.popitem(last=False)
+        try:
+            oldest.close()
+        except BufferError:
+            pass
+    return segment
 
 
 def _select(arrays: dict, spec: PostprocessSpec, iou: float, max_det: int, transforms: list[ImageTransform],

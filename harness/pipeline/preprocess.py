@@ -321,12 +321,17 @@ def preprocess_batch(images: list[np.ndarray], spec: PreprocessSpec) -> tuple[to
     return canvas_to_batch(canvas, spec), transforms
 
 
-def letterbox_canvas(images: list[np.ndarray], spec: PreprocessSpec,
-                     pinned: bool = False) -> tuple[torch.Tensor, list[ImageTransform]]:
+def letterbox_canvas(images: list[np.ndarray], spec: PreprocessSpec, pinned: bool = False,
+                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[ImageTransform]]:
     """cv2/PIL: each BGR image resized as the spec says straight into its slot of one uint8 canvas [B,H,W,3] (BGR,
-    padded), in page-locked memory with `pinned` (a GPU copies it without staging, while the host goes on)."""
+    padded), in page-locked memory with `pinned` (a GPU copies it without staging, while the host goes on), or into
+    `out` (a host uint8 tensor of that shape, e.g. in shared memory)."""
     in_h, in_w = spec.input_size
-    canvas = torch.empty((len(images), in_h, in_w, 3), dtype=torch.uint8, pin_memory=pinned)
+    shape = (len(images), in_h, in_w, 3)
+    if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8 or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous uint8 tensor of shape {list(shape)}, not {list(out.shape)} "
+                         f"{out.dtype}")
+    canvas = out if out is not None else torch.empty(shape, dtype=torch.uint8, pin_memory=pinned)
     slots = canvas.numpy()  # the same memory: cv2 writes into its views
     pad = _pad_per_channel(spec)
     pad_bgr = np.rint(pad[::-1] if spec.channel_order == "RGB" else pad).astype(np.uint8)  # the canvas is BGR
