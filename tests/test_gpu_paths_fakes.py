@@ -932,7 +932,8 @@ def test_selection_on_the_host_gives_the_devices_detections_and_says_where_it_ra
 @requires_yolox
 def test_host_processes_on_a_gpu_give_the_threads_detections(cuda_on_cpu):
     """`--host-processes` on a (faked) GPU with the selection on the host: the canvas comes up from the process's
-    shared memory and the kept candidates come back from it; the detections equal the workers' threads'."""
+    shared memory, the raw outputs go down to it and each image's detections come back; the detections equal the
+    workers' threads' (which decode on the device and copy the candidates)."""
     from harness.pipeline.pipeline import DetectorPipeline, Thresholds
     from harness.pipeline.stage_timer import StageTimer
 
@@ -948,5 +949,6 @@ def test_host_processes_on_a_gpu_give_the_threads_detections(cuda_on_cpu):
                         for d in run]
     assert flat(runs[1]) == flat(runs[0]) and sum(len(d.scores) for d in runs[1]) > 0
     host = pipeline.host_info(True)["host_processes"]
-    assert host["processes"] == 1 and host["runs"].endswith("the selection and boxes of host candidates")
+    assert host["processes"] == 1 and "the head decode" in host["runs"]
+    assert pipeline.selection_on == "host (one copy of the raw outputs)"
     assert pipeline.preprocess_info()["host_processes"] == 1

@@ -4,6 +4,7 @@ process that dies, and are recorded; the options they cannot serve are refused i
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,60 @@ def test_host_processes_give_the_threads_detections(yolox, library):
             set(timing.stages)
         assert 0 < timing.stages["preprocess.decode"] < timing.stages["preprocess"]
         assert 0 < timing.stages["postprocess.nms"] < timing.stages["postprocess"]
+
+
+@requires_coco
+@pytest.mark.parametrize("model", ["picodet-s", pytest.param("rtdetr-r18", marks=pytest.mark.heavy),
+                                   pytest.param("rfdetr-n", marks=pytest.mark.heavy)])
+def test_host_processes_decode_each_head_kind_as_the_run_does(model):
+    # the family's host decoder, pickled into the process, on the raw outputs copied to shared memory: the same
+    # detections as the run's own decode, for per-level dense heads (NMS), DETR logits and RF-DETR's query rows (top-k)
+    import pickle
+
+    from harness.detector.protocol import RANDOM_WEIGHTS
+
+    detector = get_detector(model, RANDOM_WEIGHTS)
+    assert len(pickle.dumps(detector.host_decoder)) < 1000  # settings only: no model, no device tensors
+    device = parse_device("cpu")
+    core = load_core_of(detector, "pytorch", device, "fp32", detector.preprocess.input_size, threads=1)
+    dataset = CocoDataset(str(COCO_DIR))
+    records = dataset.records(dataset.variant("sample"))[:4]
+    runs = {}
+    for processes in (0, 1):
+        d = detector.defaults  # a threshold that random weights' scores pass
+        pipeline = DetectorPipeline(detector, core, device, replace(detector.preprocess, library="cv2"),
+                                    Thresholds(1e-4, d.iou, d.max_det), stream_workers=1, host_processes=processes)
+        assert pipeline.decode_runs_in_host_processes == bool(processes)
+        runs[processes] = [d for out in pipeline.run_stream([records[:2], records[2:]], StageTimer(device),
+                                                            overlap=True) for d in out]
+    assert sum(len(d.scores) for d in runs[1]) > 0
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert a.image_id == b.image_id and np.array_equal(a.boxes, b.boxes), (model, a.image_id)
+        assert np.array_equal(a.scores, b.scores) and np.array_equal(a.labels, b.labels), (model, a.image_id)
+
+
+@requires_coco
+def test_a_plugin_without_a_host_decoder_decodes_in_the_run_and_selects_in_a_process():
+    from harness.models.registry import load_plugin
+
+    detector = load_plugin("tests/plugins/synthetic_detector.py", "make_detector")
+    assert getattr(detector, "host_decoder", None) is None
+    device = parse_device("cpu")
+    dataset = CocoDataset(str(COCO_DIR))
+    records = dataset.records(dataset.variant("sample"))[:4]
+    d = detector.defaults
+    runs = []
+    for processes in (0, 1):
+        pipeline = DetectorPipeline(detector, detector.load_core("pytorch", device, "fp32", (64, 64), 1), device,
+                                    detector.preprocess, Thresholds(d.conf, d.iou, d.max_det), host_processes=processes)
+        assert not pipeline.decode_runs_in_host_processes
+        runs.append([d for out in pipeline.run_stream([records[:2], records[2:]], StageTimer(device), overlap=True)
+                     for d in out])
+    assert sum(len(d.scores) for d in runs[1]) > 0
+    runs_there = pipeline.host_info(True)["host_processes"]["runs"]
+    assert runs_there.endswith("selection, boxes and split by image of host candidates")
+    for a, b in zip(*runs, strict=True):
+        assert a.boxes.tobytes() == b.boxes.tobytes() and a.scores.tobytes() == b.scores.tobytes()
 
 
 @requires_coco
@@ -161,7 +216,8 @@ def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_pa
     assert processes.accuracy.stats == threads.accuracy.stats and processes.accuracy.num_images == 32
     host = processes.runtime["host"]
     assert host["workers"] == 2 and host["finishes_in_flight"] == 2  # --workers auto: one a process
-    assert host["host_processes"]["processes"] == 2 and "selection" in host["host_processes"]["runs"]
+    assert host["host_processes"]["processes"] == 2 and "the head decode" in host["host_processes"]["runs"]
+    assert host["selection_on"] == "cpu" and "postprocess.copy" in processes.timing.stages_ms  # the raw outputs
     assert processes.runtime["preprocess"]["host_processes"] == 2
     assert processes.environment["threads"]["overlapped_host_worker"]["host_processes"] == 2
     assert "preprocess.letterbox" in processes.timing.stages_ms
@@ -204,6 +260,8 @@ def test_the_lock_convoy_bench_measures_every_way():
     assert "process" not in measure("yolox-nano", 2, "torch", rounds=1, calls=5, stand_in_size=32)
     handed = handover("yolox-nano", 2, "cv2", calls=2)
     assert handed["prepare_wall_ms"] > 0 and handed["prepare_cpu_ms"] >= 0 and "handover_cpu_ms" in handed
+    calls = handed["torch_calls_per_batch"]  # the finishing moved out of the run: far fewer calls left in it
+    assert 0 < calls["processes"]["postprocess"] < calls["threads"]["postprocess"]
 
 
 @requires_coco

@@ -669,7 +669,10 @@ def test_yolox_ids_keep_the_onnx_family_for_onnx_weights():
     libre = get_detector("yolox-nano", RANDOM_WEIGHTS)
     assert isinstance(libre, ly.LibreYoloDetector) and libre.weights.source == RANDOM_WEIGHTS
     # one post-processing code path for both: the libreyolo core returns the official export's layout
-    assert ly._YoloxDecoder.decode is YoloxDetector.decode
+    from harness.models.yolox import YoloxHeadDecoder
+
+    assert isinstance(get_detector("yolox-nano").host_decoder, YoloxHeadDecoder)
+    assert isinstance(libre.host_decoder._yolox, YoloxHeadDecoder)
 
 
 def test_every_catalogue_id_is_registered_with_its_postprocessing_kind():

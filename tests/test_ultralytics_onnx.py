@@ -217,6 +217,28 @@ def test_pytorch_backend_runs_the_export_through_onnx2torch(dense_onnx, images):
         assert np.array_equal(a.labels, b.labels)
 
 
+@pytest.mark.parametrize("export", ["dense_onnx", "end2end_onnx"])
+def test_host_processes_decode_the_export_as_the_run_does(export, images, request):
+    # the family's host decoder in a host process, on the raw outputs in shared memory: the run's detections
+    records, _ = images
+    model_id = "yolo26n" if export == "end2end_onnx" else "yolov8n"
+    detector = get_detector(model_id, str(request.getfixturevalue(export)))
+    device = parse_device("cpu")
+    core = load_core_of(detector, "onnxruntime", device, "fp32", detector.preprocess.input_size)
+    d = detector.postprocess
+    runs = []
+    for processes in (0, 1):
+        pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou, d.max_det),
+                                    host_processes=processes)
+        assert pipeline.decode_runs_in_host_processes == bool(processes)
+        runs.append([d for out in pipeline.run_stream([records[:3], records[3:]], StageTimer(device), overlap=True)
+                     for d in out])
+    assert sum(len(d.scores) for d in runs[1]) > 0
+    for a, b in zip(*runs, strict=True):
+        assert a.image_id == b.image_id and a.boxes.tobytes() == b.boxes.tobytes()
+        assert a.scores.tobytes() == b.scores.tobytes() and a.labels.tobytes() == b.labels.tobytes()
+
+
 def test_bad_files_are_one_line_errors(tmp_path):
     with pytest.raises(UsageError, match="no such file"):
         get_detector("yolov8n", str(tmp_path / "missing.onnx"))

@@ -42,6 +42,7 @@ import time
 
 import torch
 import torch.multiprocessing
+from torch.overrides import TorchFunctionMode
 
 from harness.backends import BackendOptions, load_detector_core
 from harness.config import RunConfig, add_run_argument
@@ -230,13 +231,55 @@ def measure(model: str, batch_size: int, preprocess: str, rounds: int, calls: in
     return result
 
 
+class CountTorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called from Python on this thread while active: each takes
+    the interpreter lock, and on a GPU each tensor operation among them queues a kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def torch_calls_per_batch(model: str, batch_size: int, preprocess: str) -> dict:
+    """The torch calls the run's own process makes for one batch's preparation and finishing (CPU, ONNX Runtime
+    core), with the host stages on threads and with them in a host process."""
+    device = parse_device("cpu")
+    detector = get_detector(model)
+    spec = resolve_implementation(detector.preprocess, preprocess, False)
+    options = BackendOptions.from_config(RunConfig(backends=["onnxruntime"], device="cpu", batch_sizes=[batch_size]))
+    core = load_detector_core(detector, "onnxruntime", device, "fp32", spec.input_size, options=options, threads=1)
+    d = detector.defaults
+    dataset = CocoDataset()
+    records = dataset.records(dataset.variant("sample"))[:batch_size]
+    counts = {}
+    for way, processes in (("threads", 0), ("processes", 1)):
+        pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det),
+                                    host_thread=False, host_processes=processes)
+        timer = StageTimer(device)
+        timer.begin_batch(batch_size)
+        for _ in range(2):  # the second batch: a decoder's caches are made on the first
+            with CountTorchCalls() as preparing:
+                batch, transforms = pipeline._collate(records, timer, None)
+            raw = core(batch)
+            with CountTorchCalls() as finishing:
+                pipeline._finish(records, raw, transforms, timer, None)
+        counts[way] = {"preprocess": preparing.calls, "postprocess": finishing.calls}
+    return counts
+
+
 def handover(model: str, batch_size: int, preprocess: str, calls: int) -> dict:
     """The run's processor time per call handed to one host process (ms, p50 of `calls`): an empty call, preparing
-    a batch of real images, and waiting in the child as long as the preparation took."""
+    a batch of real images, and waiting in the child as long as the preparation took; and the torch calls the run
+    makes per batch with the host stages on threads and in host processes."""
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, preprocess, False)
     dataset = CocoDataset()
     paths = [r.path for r in dataset.records(dataset.variant("sample"))[:batch_size]]
+    torch_calls = torch_calls_per_batch(model, batch_size, preprocess)
     processes = HostProcesses(1)
     try:
         def per_call(fn) -> tuple[float, float]:
@@ -258,7 +301,7 @@ def handover(model: str, batch_size: int, preprocess: str, calls: int) -> dict:
     return {"model": model, "batch_size": batch_size, "preprocess": spec.library, "calls": calls,
             "empty_call_cpu_ms": round(empty, 4), "prepare_cpu_ms": round(prepare, 4),
             "prepare_wall_ms": round(prepare_wall, 3), "waiting_cpu_ms": round(waiting, 4),
-            "handover_cpu_ms": round(prepare - waiting, 4)}
+            "handover_cpu_ms": round(prepare - waiting, 4), "torch_calls_per_batch": torch_calls}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
               f"handing a batch of {args.batch_size} to a host process ({result['preprocess']}), the run's processor "
               f"time a call: empty {result['empty_call_cpu_ms']:.3f} ms; preparing {result['prepare_cpu_ms']:.3f} ms "
               f"({result['prepare_wall_ms']:.1f} ms wall); waiting as long {result['waiting_cpu_ms']:.3f} ms; the "
-              f"hand-over's own {result['handover_cpu_ms']:.3f} ms")
+              f"hand-over's own {result['handover_cpu_ms']:.3f} ms\n"
+              + "torch calls in the run's process a batch (preparation + finishing): " + "; ".join(
+                  f"{way} {c['preprocess']} + {c['postprocess']}"
+                  for way, c in result["torch_calls_per_batch"].items()))
         return 0
     result = measure(args.model, args.batch_size, args.preprocess, args.rounds, args.calls, args.stand_in_size)
     if args.json:

@@ -50,7 +50,7 @@ from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
 from harness.files import DownloadError, file_sha256
-from harness.models.yolox import YoloxDetector
+from harness.models.yolox import YoloxHeadDecoder
 
 # libreyolo itself without its own requirements (they would add opencv-python beside opencv-python-headless)
 INSTALL_HINT = "install it with `pip install 'va-bench[libreyolo]' && pip install --no-deps libreyolo==1.6.0`"
@@ -398,18 +398,6 @@ def _export_mode(head: torch.nn.Module):
 # ------------------------------------------------------------------------------------------ decoders
 
 
-class _YoloxDecoder:
-    """The official-ONNX YOLOX family's own decoder (harness/models/yolox.py), borrowed as is: a YOLOX
-    built by libreyolo and one from the official export share one post-processing code path."""
-
-    decode = YoloxDetector.decode
-    _grid = YoloxDetector._grid
-
-    def __init__(self, model_id: str):
-        self.model_id = model_id
-        self._grids: dict[tuple, torch.Tensor] = {}
-
-
 def decode_yolo9(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
     """[B, 4 + C, N]: boxes are already xyxy in input pixels, scores are class probabilities."""
     pred = raw[0].transpose(1, 2)
@@ -540,6 +528,29 @@ YOLONAS_FIT = 636  # libreyolo's YOLO-NAS resizes the long side to min(636, inpu
 # ------------------------------------------------------------------------------------------ detector
 
 
+class LibreYoloHeadDecoder:
+    """A libreyolo family's head decode, by its head's kind, without the model: picklable (host processes run it)."""
+
+    def __init__(self, head: str, model_id: str, max_det: int):
+        self.head, self.model_id, self.max_det = head, model_id, max_det
+        self._yolox = YoloxHeadDecoder(model_id) if head == "yolox" else None
+
+    def __call__(self, raw: list[torch.Tensor], input_size: tuple[int, int],
+                 conf: float) -> list[Candidates] | DenseCandidates:
+        head = self.head
+        if head == "yolox":
+            return self._yolox(raw, input_size, conf)
+        if head == "picodet":
+            return decode_picodet(raw, input_size, conf, PICODET_STRIDES, PICODET_NMS_PRE)
+        if head == "rtmdet":
+            return decode_rtmdet(raw, input_size, conf, RTMDET_STRIDES, RTMDET_NMS_PRE)
+        if head == "rfdetr":  # its top-k is the model's num_select (the catalogue's max_det) before the drop
+            return decode_rfdetr(raw, input_size, self.max_det)
+        decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolo7": decode_yolo9, "yolonas": decode_yolonas,
+                                         "ppyoloe": decode_yolonas, "detr": decode_detr, "lwdetr": decode_lwdetr}
+        return decoders[head](raw, input_size, conf)
+
+
 class LibreYoloDetector:
     """A catalogue model built by libreyolo: the Detector protocol (harness/detector/protocol.py)."""
 
@@ -566,7 +577,7 @@ class LibreYoloDetector:
         self.postprocess = entry.postprocess
         self.defaults = self.postprocess.defaults
         self.preprocess = self.preprocess_for(entry.input_size)
-        self._yolox = _YoloxDecoder(model_id)
+        self.host_decoder = LibreYoloHeadDecoder(entry.family.head, model_id, self.postprocess.max_det)
 
     def preprocess_for(self, input_size: int | tuple[int, int]) -> PreprocessSpec:
         """The family's preprocessing at an input size. Two conventions depend on the model: a YOLOv9
@@ -587,18 +598,7 @@ class LibreYoloDetector:
 
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> list[Candidates] | DenseCandidates:
-        head = self.entry.family.head
-        if head == "yolox":
-            return self._yolox.decode(raw, input_size, conf)
-        if head == "picodet":
-            return decode_picodet(raw, input_size, conf, PICODET_STRIDES, PICODET_NMS_PRE)
-        if head == "rtmdet":
-            return decode_rtmdet(raw, input_size, conf, RTMDET_STRIDES, RTMDET_NMS_PRE)
-        if head == "rfdetr":  # its top-k is the model's num_select (the catalogue's max_det) before the drop
-            return decode_rfdetr(raw, input_size, self.postprocess.max_det)
-        decoders: dict[str, Callable] = {"yolo9": decode_yolo9, "yolo7": decode_yolo9, "yolonas": decode_yolonas,
-                                         "ppyoloe": decode_yolonas, "detr": decode_detr, "lwdetr": decode_lwdetr}
-        return decoders[head](raw, input_size, conf)
+        return self.host_decoder(raw, input_size, conf)
 
     def mask_maps(self, raw: list[torch.Tensor]) -> MaskMaps:
         """A segment model's per-query masks: its core's third output [B, Q, h, w]."""

@@ -34,6 +34,7 @@ family's default export's (end2end for yolo26, dense otherwise) unless its sidec
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -117,6 +118,25 @@ def export_class_names(model: onnx.ModelProto, num_classes: int | None, path: Pa
 def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
     """Static dims as ints, symbolic ones as None."""
     return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+
+
+@dataclass(frozen=True)
+class UltralyticsHeadDecoder:
+    """An Ultralytics export's head decode: `layout` "end2end" (boxes, score and class per row, selected by the model)
+    or the dense [B, 4 + C (+ P), N] head (cx, cy, w, h, class scores, then `coefficients` mask coefficients)."""
+
+    layout: str
+    coefficients: int
+
+    def __call__(self, raw: list[torch.Tensor], input_size: tuple[int, int],
+                 conf: float) -> DenseCandidates | list[Candidates]:
+        out = raw[0]
+        if self.layout == "end2end":
+            return [Candidates(boxes=o[:, :4], scores=o[:, 4], labels=o[:, 5].long()) for o in out]
+        pred = out.transpose(1, 2)  # [B, N, 4 + C (+ P)]
+        xy, half = pred[..., 0:2], pred[..., 2:4] / 2
+        scores = pred[..., 4:pred.shape[-1] - self.coefficients] if self.coefficients else pred[..., 4:]
+        return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=scores)
 
 
 class UltralyticsOnnxDetector:
@@ -249,15 +269,14 @@ class UltralyticsOnnxDetector:
         if self.engine:
             self._check_engine_head(core, input_size)
 
+    @property
+    def host_decoder(self) -> UltralyticsHeadDecoder:
+        """The decode without the model (picklable: host processes run it)."""
+        return UltralyticsHeadDecoder(self.layout, self.coefficients)
+
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int],
                conf: float) -> DenseCandidates | list[Candidates]:
-        out = raw[0]
-        if self.layout == "end2end":
-            return [Candidates(boxes=o[:, :4], scores=o[:, 4], labels=o[:, 5].long()) for o in out]
-        pred = out.transpose(1, 2)  # [B, N, 4 + C (+ P)]
-        xy, half = pred[..., 0:2], pred[..., 2:4] / 2
-        scores = pred[..., 4:pred.shape[-1] - self.coefficients] if self.coefficients else pred[..., 4:]
-        return DenseCandidates(boxes=torch.cat((xy - half, xy + half), dim=-1), scores=scores)
+        return self.host_decoder(raw, input_size, conf)
 
     def mask_maps(self, raw: list[torch.Tensor]) -> MaskMaps:
         """A segmentation export's prototypes [B, P, h, w] and each anchor's coefficients [B, N, P]."""

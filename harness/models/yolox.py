@@ -124,6 +124,59 @@ def check_yolox_outputs(model: onnx.ModelProto, path: Path) -> None:
                          "size: re-export the model at the input size it declares, or pass another export")
 
 
+class YoloxHeadDecoder:
+    """YOLOX's head decode (boxes from each anchor's grid cell and stride, score = objectness x best class),
+    without the model: picklable, its grids made again where it is unpickled (host processes run it). The official
+    ONNX export and libreyolo's YOLOX share it."""
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+        self._grids: dict[tuple, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict:
+        return {"model_id": self.model_id}  # not the grids: they may be on a GPU
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_id"])
+
+    def _grid(self, input_size: tuple[int, int], device, dtype) -> torch.Tensor:
+        """[anchors, 3]: grid x, grid y and stride of every anchor, in the head's order."""
+        key = (input_size, str(device), dtype)
+        if key not in self._grids:
+            cells = []
+            for stride in STRIDES:
+                h, w = input_size[0] // stride, input_size[1] // stride
+                ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+                cells.append(torch.stack((xs, ys, torch.full_like(xs, stride)), -1).reshape(-1, 3))
+            self._grids[key] = torch.cat(cells).to(device, dtype)
+        return self._grids[key]
+
+    def __call__(self, raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> list[Candidates]:
+        out = raw[0]
+        batch, anchors, width = out.shape
+        grid = self._grid(input_size, out.device, out.dtype)
+        if anchors != grid.shape[0]:  # an export with symbolic shapes, so not caught at load
+            raise UsageError(f"{self.model_id}: {anchor_mismatch(anchors, input_size)}; the export's head does not "
+                             "fit this input size: run it at the size it was exported for, or re-export it")
+        # score = objectness x best class probability <= objectness, so anchors whose objectness is
+        # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
+        # One set of tensor ops for the whole batch, then split per image.
+        flat = out.reshape(batch * anchors, width)
+        hits = (flat[:, 4] >= conf).nonzero().squeeze(1)
+        rows = flat.index_select(0, hits)
+        class_prob, labels = rows[:, 5:].max(dim=1)
+        box = rows[:, :5].contiguous()  # contiguous, so exp below takes the vectorised path
+        scores = box[:, 4] * class_prob
+        cell = grid.index_select(0, hits % anchors)  # (x, y, stride) of each hit's anchor
+        xy = (box[:, 0:2] + cell[:, 0:2]) * cell[:, 2:3]
+        half_wh = torch.exp(box[:, 2:4]) * cell[:, 2:3] / 2
+        boxes = torch.cat((xy - half_wh, xy + half_wh), dim=1)
+        counts = torch.bincount(hits // anchors, minlength=batch).tolist()
+        return [Candidates(boxes=b, scores=s, labels=lab)
+                for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
+
+
+
 class YoloxDetector:
     """A YOLOX model from an ONNX file, or from a serialized TensorRT engine of one (`self.engine`): the
     engine's graph cannot be read here, so its input size is the variant's native one (or --input-size)
@@ -157,7 +210,7 @@ class YoloxDetector:
             size = self._native_input_size()
         self.preprocess = PreprocessSpec(input_size=size, resize="letterbox", pad_position="top-left",
                                          pad_value=114, channel_order="BGR", scale=1.0)
-        self._grids: dict[tuple, torch.Tensor] = {}
+        self.host_decoder = YoloxHeadDecoder(self.model_id)
 
     def _resolve(self, weights: str | Path | None) -> Path:
         if weights == RANDOM_WEIGHTS:
@@ -229,41 +282,8 @@ class YoloxDetector:
                              f"{[list(s) for s in shapes]}, not YOLOX's one [1, {anchors}, 85]; build it from a YOLOX "
                              "ONNX export (and run it at the input size it was built for)")
 
-    def _grid(self, input_size: tuple[int, int], device, dtype) -> torch.Tensor:
-        """[anchors, 3]: grid x, grid y and stride of every anchor, in the head's order."""
-        key = (input_size, str(device), dtype)
-        if key not in self._grids:
-            cells = []
-            for stride in STRIDES:
-                h, w = input_size[0] // stride, input_size[1] // stride
-                ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-                cells.append(torch.stack((xs, ys, torch.full_like(xs, stride)), -1).reshape(-1, 3))
-            self._grids[key] = torch.cat(cells).to(device, dtype)
-        return self._grids[key]
-
     def decode(self, raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> list[Candidates]:
-        out = raw[0]
-        batch, anchors, width = out.shape
-        grid = self._grid(input_size, out.device, out.dtype)
-        if anchors != grid.shape[0]:  # an export with symbolic shapes, so not caught at load
-            raise UsageError(f"{self.model_id}: {anchor_mismatch(anchors, input_size)}; the export's head does not "
-                             "fit this input size: run it at the size it was exported for, or re-export it")
-        # score = objectness x best class probability <= objectness, so anchors whose objectness is
-        # already below `conf` can never pass: skip their 80-class max (most of the decode cost).
-        # One set of tensor ops for the whole batch, then split per image.
-        flat = out.reshape(batch * anchors, width)
-        hits = (flat[:, 4] >= conf).nonzero().squeeze(1)
-        rows = flat.index_select(0, hits)
-        class_prob, labels = rows[:, 5:].max(dim=1)
-        box = rows[:, :5].contiguous()  # contiguous, so exp below takes the vectorised path
-        scores = box[:, 4] * class_prob
-        cell = grid.index_select(0, hits % anchors)  # (x, y, stride) of each hit's anchor
-        xy = (box[:, 0:2] + cell[:, 0:2]) * cell[:, 2:3]
-        half_wh = torch.exp(box[:, 2:4]) * cell[:, 2:3] / 2
-        boxes = torch.cat((xy - half_wh, xy + half_wh), dim=1)
-        counts = torch.bincount(hits // anchors, minlength=batch).tolist()
-        return [Candidates(boxes=b, scores=s, labels=lab)
-                for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
+        return self.host_decoder(raw, input_size, conf)
 
     def model_stats(self, input_size: tuple[int, int]) -> ModelStats:
         return engine_model_stats() if self.engine else onnx_model_stats(self.onnx_model, input_size)

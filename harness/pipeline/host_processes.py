@@ -10,16 +10,21 @@ processes the host stages have locks of their own. They run what needs no device
   host implementations: preprocess.letterbox_canvas). The canvas is a shared memory segment of the calling
   thread's, made once (anew only to grow) and mapped by both sides: the child letterboxes straight into it, the
   parent uploads and normalises it from there. Nothing but a name crosses the pipe for it.
-- `select`: the family's selection (NMS per image, or top-k) and the boxes in original pixels, on candidates that
-  are on the host (a CPU run, a core whose outputs come back to the host, or --nms-on host). The candidates go
-  and the kept ones come back as numpy arrays (their bytes: a batch's are well under a megabyte).
+- `select`: the family's selection (NMS per image, or top-k), the boxes in original pixels and the split by image,
+  on candidates that are on the host (a CPU run, a core whose outputs come back to the host, or --nms-on host).
+  The candidates go and each image's detections come back as numpy arrays (a batch's are well under a megabyte).
+- `finish`: for a family that gives a `host_decoder` (harness/detector/protocol.py), where the selection runs on the
+  host anyway, all of a batch's finishing from its raw outputs: the run copies them (from the GPU, one copy each)
+  into a shared segment of the calling thread's, and the process checks them, decodes the head, gathers the
+  candidates, selects, and returns each image's detections. Not for masks: their maps stay on the device.
 
-The parent keeps what needs its device or its objects: the upload, the family's head decode, the copy of the
-candidates to the host, masks, and splitting the detections by image. Processes are started by torch's `spawn`
-context (a process with a CUDA context cannot fork), once per process and count, all at once, when the first
-pipeline that asks for them is made (a group's set-up, never a timed pass): each imports torch and cv2 (seconds).
-They ignore the stop signals a terminal sends its whole process group (Ctrl-C, a closed terminal): the run decides
-how to stop, and closes them.
+The parent keeps what needs its device or its objects: the upload, the copy of the raw outputs (or, without a
+host decoder, the family's head decode and the copy of the candidates to the host), and masks.
+
+Processes are started by torch's `spawn` context (a process with a CUDA context cannot fork), once per process and
+count, all at once, when the first pipeline that asks for them is made (a group's set-up, never a timed pass): each
+imports torch and cv2 (seconds). They ignore the stop signals a terminal sends its whole process group (Ctrl-C, a
+closed terminal): the run decides how to stop, and closes them.
 
 Each process has a pipe of its own: a worker takes an idle process, sends it the function and its arguments,
 and waits for the answer without the interpreter lock. That is all the parent does per batch, on the worker's own
@@ -30,6 +35,7 @@ lock that an eager GPU forward waits for. Measured on the CPU box: harness/bench
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
@@ -53,11 +59,14 @@ import torch
 import torch.multiprocessing
 
 from harness.detector.protocol import PostprocessSpec, PreprocessSpec
-from harness.pipeline.postprocess import BatchCandidates, select, to_original
+from harness.pipeline.checks import check_decoded, check_finite
+from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select, split_by_image, to_original
 from harness.pipeline.preprocess import ImageTransform, decode_bytes, letterbox_canvas
 from harness.process_exit import STOP_SIGNALS, before_leave
+from harness.records import ImageDetections
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SEGMENT_ALIGN = 64  # each raw output's offset in the shared segment (a cache line; any dtype's alignment)
 STARTUP_SECONDS = 300  # a host process's start (torch's and OpenCV's imports) on a loaded machine
 
 # A BatchCandidates' tensors by name, as they cross between processes (`counts` is a list)
@@ -86,11 +95,26 @@ class PreparedCanvas:
 
 @dataclass(frozen=True)
 class Selected:
-    """A batch's selection made in a host process: the kept candidates (on the host, grouped by image, best first),
-    their boxes in original pixels, and the child's time for the selection and for the boxes (ns)."""
+    """A batch's selection made in a host process: each image's detections, the kept candidates (on the host,
+    grouped by image, best first) and their boxes in original pixels where asked for (masks need them; else None),
+    and the child's time for the selection and for the boxes and split by image (ns)."""
 
-    kept: BatchCandidates
-    boxes: torch.Tensor
+    detections: list[ImageDetections]
+    kept: BatchCandidates | None
+    boxes: torch.Tensor | None
+    select_ns: int
+    boxes_ns: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A batch finished in a host process from its raw outputs: each image's detections, the run's time copying the
+    outputs into shared memory, and the child's time for the decode and gathering of candidates, the selection, and
+    the boxes and split by image (ns)."""
+
+    detections: list[ImageDetections]
+    copy_ns: int
+    decode_ns: int
     select_ns: int
     boxes_ns: int
 
@@ -118,8 +142,8 @@ class HostProcesses:
         for member in self._members:
             self._await_ready(member)
             self._idle.put(member)
-        self._canvases = threading.local()  # each calling thread's shared canvas
-        self._segments: list[shared_memory.SharedMemory] = []  # every canvas made: unlinked at close
+        self._own = threading.local()  # each calling thread's shared segments, by use ("canvas", "outputs")
+        self._segments: list[shared_memory.SharedMemory] = []  # every segment made: unlinked at close
         self._segments_lock = threading.Lock()
 
     def _spawn(self) -> tuple[BaseProcess, Connection]:
@@ -140,10 +164,11 @@ class HostProcesses:
             raise self._ended(member, "starting") from exc
 
     def close(self) -> None:
-        """Stop the processes (closing their pipes ends them) and remove the shared canvases."""
+        """Stop the processes (closing their pipes ends them) and remove the shared segments."""
         for member in self._members:
             if member.connection is not None:
                 member.connection.close()
+                member.connection = None
         for member in self._members:
             if member.process is not None:
                 member.process.join(timeout=5)
@@ -187,14 +212,14 @@ class HostProcesses:
         return HostProcessError(f"a host process ended while {doing} ({ended}); the batch's images and the machine's "
                                 "memory are the first things to check")
 
-    def _canvas(self, shape: tuple[int, ...]) -> shared_memory.SharedMemory:
-        """The calling thread's shared canvas, made (or made anew, larger) to hold `shape` uint8 bytes."""
-        needed = math.prod(shape)
-        segment = getattr(self._canvases, "segment", None)
+    def _segment(self, use: str, needed: int) -> shared_memory.SharedMemory:
+        """The calling thread's shared segment for `use`, made (or made anew, larger) to hold `needed` bytes."""
+        segments = self._own.__dict__.setdefault("segments", {})
+        segment = segments.get(use)
         if segment is None or segment.size < needed:
-            if segment is not None:  # its name goes now; the memory when the last canvas mapped from it does
+            if segment is not None:  # its name goes now; the memory when the last tensor mapped from it does
                 _release(segment, unlink_only=True)
-            segment = self._canvases.segment = _make_segment(needed)
+            segment = segments[use] = _make_segment(needed)
             with self._segments_lock:
                 self._segments.append(segment)
         return segment
@@ -203,16 +228,42 @@ class HostProcesses:
         """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil), into the calling
         thread's shared canvas."""
         shape = (len(paths), *spec.input_size, 3)
-        segment = self._canvas(shape)
+        segment = self._segment("canvas", math.prod(shape))
         transforms, decode_ns, letterbox_ns = self._call(_prepare, [str(p) for p in paths], spec, segment.name, shape)
-        return PreparedCanvas(_view(segment, shape), transforms, decode_ns, letterbox_ns)
+        return PreparedCanvas(_view(segment, 0, shape, torch.uint8), transforms, decode_ns, letterbox_ns)
+
+    def finish(self, raw: list[torch.Tensor], decoder, input_size: tuple[int, int], spec: PostprocessSpec,
+               conf: float, iou: float, max_det: int, transforms: list[ImageTransform], whole_batch: bool,
+               image_ids: list[int], check: tuple[bool, bool] | None) -> Finished:
+        """A batch's finishing from its raw outputs in a host process: the outputs copied (from the device, on the
+        calling thread's current stream) into the thread's shared segment, then there the finiteness check, the
+        family's `decoder` (a Detector's host_decoder), the candidates, the selection, the boxes in original pixels
+        and the split by image. `check`: (scores are logits, the weights are trained) to check the decoder's
+        output against the contract (a pipeline's first batch), or None."""
+        clock = time.perf_counter_ns()
+        layout, end = [], 0
+        for tensor in raw:
+            layout.append((end, tuple(tensor.shape), tensor.dtype))
+            end += -(-tensor.numel() * tensor.element_size() // SEGMENT_ALIGN) * SEGMENT_ALIGN
+        segment = self._segment("outputs", max(end, 1))
+        for tensor, (offset, shape, dtype) in zip(raw, layout, strict=True):
+            _view(segment, offset, shape, dtype).copy_(tensor)  # from a GPU: waits for the copy, without the lock
+        copy_ns = time.perf_counter_ns() - clock
+        detections, decode_ns, select_ns, boxes_ns = self._call(
+            _finish, decoder, segment.name, layout, input_size, spec, conf, iou, max_det, transforms, whole_batch,
+            image_ids, check)
+        return Finished(detections, copy_ns, decode_ns, select_ns, boxes_ns)
 
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
-               transforms: list[ImageTransform], whole_batch: bool) -> Selected:
-        """postprocess.select and to_original on host candidates, in a host process."""
-        kept, boxes, select_ns, boxes_ns = self._call(_select, _to_arrays(cands), spec, iou, max_det, transforms,
-                                                      whole_batch)
-        return Selected(_from_arrays(kept), torch.from_numpy(boxes), select_ns, boxes_ns)
+               transforms: list[ImageTransform], whole_batch: bool, image_ids: list[int],
+               keep: bool = False) -> Selected:
+        """postprocess.select, to_original and split_by_image on host candidates, in a host process; with `keep`,
+        the kept candidates and their boxes come back too."""
+        detections, kept, boxes, select_ns, boxes_ns = self._call(_select, _to_arrays(cands), spec, iou, max_det,
+                                                                  transforms, whole_batch, image_ids, keep)
+        if keep:
+            return Selected(detections, _from_arrays(kept), torch.from_numpy(boxes), select_ns, boxes_ns)
+        return Selected(detections, None, None, select_ns, boxes_ns)
 
 
 @cache
@@ -220,6 +271,7 @@ def shared_host_processes(processes: int, nice: int = 0) -> HostProcesses:
     """One set of host processes per count for the whole process (closed when the command leaves)."""
     pool = HostProcesses(processes, nice)
     before_leave(pool.close)
+    atexit.register(pool.close)  # a process that ends otherwise (a bench, the tests): no segment left behind
     return pool
 
 
@@ -251,8 +303,12 @@ def _release(segment: shared_memory.SharedMemory, unlink_only: bool = False) -> 
             pass
 
 
-def _view(segment: shared_memory.SharedMemory, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.frombuffer(segment.buf, dtype=torch.uint8, count=math.prod(shape)).view(shape)
+def _view(segment: shared_memory.SharedMemory, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` in `segment` at byte `offset` (its memory, not a copy)."""
+    count = math.prod(shape)
+    if not count:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(segment.buf, dtype=dtype, count=count, offset=offset).view(shape)
 
 
 def _describe_exit(code: int) -> str:
@@ -276,7 +332,9 @@ def _from_arrays(arrays: dict) -> BatchCandidates:
 
 # --- in the host processes ---
 
-ATTACHED_SEGMENTS = 8  # the canvases a host process keeps mapped (one per thread that calls it; older ones closed)
+# the segments a host process keeps mapped (two for each thread that calls it; the least recently used beyond them
+# closed): mapping one again costs the child a page fault per page touched
+ATTACHED_SEGMENTS = 64
 _attached: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
 
 
@@ -333,7 +391,7 @@ def _prepare(paths: list[str], spec: PreprocessSpec, segment: str, shape: tuple[
     clock = time.perf_counter_ns()
     images = [decode_bytes(Path(p).read_bytes(), Path(p)) for p in paths]
     decoded = time.perf_counter_ns()
-    _, transforms = letterbox_canvas(images, spec, out=_view(_attach(segment), shape))
+    _, transforms = letterbox_canvas(images, spec, out=_view(_attach(segment), 0, shape, torch.uint8))
     return transforms, decoded - clock, time.perf_counter_ns() - decoded
 
 
@@ -351,9 +409,31 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 
 
 def _select(arrays: dict, spec: PostprocessSpec, iou: float, max_det: int, transforms: list[ImageTransform],
-            whole_batch: bool) -> tuple:
+            whole_batch: bool, image_ids: list[int], keep: bool) -> tuple:
     clock = time.perf_counter_ns()
     kept = select(_from_arrays(arrays), spec, iou, max_det, transforms, whole_batch=whole_batch)
     selected = time.perf_counter_ns()
     boxes = to_original(kept, transforms)
-    return _to_arrays(kept), boxes.numpy(), selected - clock, time.perf_counter_ns() - selected
+    detections = split_by_image(kept, boxes, image_ids)
+    boxes_ns = time.perf_counter_ns() - selected
+    if keep:
+        return detections, _to_arrays(kept), boxes.numpy(), selected - clock, boxes_ns
+    return detections, None, None, selected - clock, boxes_ns
+
+
+def _finish(decoder, segment: str, layout: list[tuple[int, tuple[int, ...], torch.dtype]], input_size: tuple[int, int],
+            spec: PostprocessSpec, conf: float, iou: float, max_det: int, transforms: list[ImageTransform],
+            whole_batch: bool, image_ids: list[int], check: tuple[bool, bool] | None) -> tuple:
+    clock = time.perf_counter_ns()
+    shared = _attach(segment)
+    raw = [_view(shared, offset, shape, dtype) for offset, shape, dtype in layout]
+    check_finite(raw, image_ids)
+    decoded = decoder(raw, input_size, conf)
+    if check is not None:
+        check_decoded(decoded, len(image_ids), input_size, *check)
+    cands = gather_candidates(decoded, spec, conf, max_det)
+    decoded_at = time.perf_counter_ns()
+    kept = select(cands, spec, iou, max_det, transforms, whole_batch=whole_batch)
+    selected_at = time.perf_counter_ns()
+    detections = split_by_image(kept, to_original(kept, transforms), image_ids)
+    return detections, decoded_at - clock, selected_at - decoded_at, time.perf_counter_ns() - selected_at

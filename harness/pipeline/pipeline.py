@@ -283,8 +283,7 @@ class DetectorPipeline:
         if overlap:
             processes = {} if self.host_processes is None else {"host_processes": {
                 "processes": self.host_processes.processes, "start": "spawn", "nice_increment": STREAM_WORKER_NICE,
-                "runs": "each batch's file reads, decode and letterbox" + (
-                    ", and the selection and boxes of host candidates" if self.selection_runs_on_host else "")}}
+                "runs": "each batch's file reads, decode and letterbox" + self._finishing_in_processes()}}
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(), **processes,
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
@@ -295,6 +294,14 @@ class DetectorPipeline:
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "opencv_threads": cv2.getNumThreads(),
                 "nms_threads": self.nms_threads, "selection_on": self.selection_on, "nms": self.nms_calls}
+
+    def _finishing_in_processes(self) -> str:
+        if self.decode_runs_in_host_processes:
+            return (", and from the raw outputs (copied to shared memory) the finiteness check, the head decode, the "
+                    "selection, boxes and split by image")
+        if self.selection_runs_on_host:
+            return ", and the selection, boxes and split by image of host candidates"
+        return ""
 
     def _whole_batch_on(self, device: torch.device | None) -> bool:
         """Whether work on `device` (None: the host, for a host core's outputs or --nms-on host) goes whole-batch: as
@@ -332,9 +339,20 @@ class DetectorPipeline:
         return self.selection_on_host or self.input_device is None or self.input_device.type == "cpu"
 
     @property
+    def decode_runs_in_host_processes(self) -> bool:
+        """Whether the family's head decode runs in the host processes, on the raw outputs copied to shared memory:
+        with host processes, where the selection runs on the host anyway, for a family that gives a host_decoder,
+        and not for masks (their maps stay with the run)."""
+        return (self.host_processes is not None and self.selection_runs_on_host and not self.masks
+                and getattr(self.detector, "host_decoder", None) is not None)
+
+    @property
     def selection_on(self) -> str:
         """Where the selection (NMS or top-k) and the boxes run: the core's device, or the host after one copy."""
-        return "host (one copy of the candidates)" if self.selection_on_host else str(self.device.torch_device)
+        if self.selection_on_host:
+            copied = "raw outputs" if self.decode_runs_in_host_processes else "candidates"
+            return f"host (one copy of the {copied})"
+        return str(self.device.torch_device)
 
     @property
     def async_slots(self) -> int:
@@ -595,6 +613,17 @@ class DetectorPipeline:
                 timer: StageTimer, executor: ThreadPoolExecutor | None) -> list[ImageDetections]:
         """The postprocess stage's work: head decode, the family's selection (NMS or top-k), boxes."""
         t, post = self.thresholds, self.postprocess
+        if self.decode_runs_in_host_processes:
+            check = None if self._decoded_checked else (post.activation == "sigmoid",
+                                                        self.detector.weights.source != RANDOM_WEIGHTS)
+            finished = self.host_processes.finish(raw, self.detector.host_decoder, self.spec.input_size, post, t.conf,
+                                                  t.iou, t.max_det, transforms, self.nms_whole_batch,
+                                                  [r.image_id for r in records], check)
+            self._decoded_checked = True
+            timer.add_substep("copy", finished.copy_ns)  # the raw outputs into shared memory; the rest, the child's
+            timer.add_substep(post.kind, finished.select_ns)
+            timer.add_substep("boxes", finished.boxes_ns)
+            return finished.detections
         check_finite(raw, [r.image_id for r in records])
         decoded = self.detector.decode(raw, self.spec.input_size, t.conf)
         if not self._decoded_checked:  # the contract, once per pipeline: a plugin's systematic mistake shows here
@@ -607,11 +636,11 @@ class DetectorPipeline:
                 candidates = candidates.to(torch.device("cpu"))
         whole = self.nms_whole_batch
         if self.host_processes is not None and candidates.boxes.device.type == "cpu":
-            selected = self.host_processes.select(candidates, post, t.iou, t.max_det, transforms, whole)
+            selected = self.host_processes.select(candidates, post, t.iou, t.max_det, transforms, whole,
+                                                  [r.image_id for r in records], keep=self.masks)
             timer.add_substep(post.kind, selected.select_ns)  # the child's own clocks
             timer.add_substep("boxes", selected.boxes_ns)
-            kept, boxes = selected.kept, selected.boxes
-            detections = split_by_image(kept, boxes, [r.image_id for r in records])
+            kept, boxes, detections = selected.kept, selected.boxes, selected.detections
         else:
             with timer.substep(post.kind):  # "nms" or "topk"
                 kept = select(candidates, post, t.iou, t.max_det, transforms, executor, whole_batch=whole,
