@@ -179,6 +179,22 @@ def test_an_error_in_a_host_process_keeps_its_type_and_says_where():
     assert "Traceback" in str(err.value.__cause__)
 
 
+def test_a_call_interrupted_on_its_thread_leaves_no_answer_for_the_next_caller():
+    # Ctrl-C lands in the calling thread while the process works: its late answer must not be read as the next call's
+    import signal
+    import threading
+    import time
+
+    pool = shared_host_processes(1)
+    first = pool._call(os.getpid)
+    timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool._call(time.sleep, 2)
+    assert pool._call(abs, -5) == 5  # not the sleep's None
+    assert pool._call(os.getpid) != first  # a new process serves
+
+
 def test_host_processes_ignore_a_terminals_ctrl_c():
     # Ctrl-C in a terminal reaches the whole process group: the run stops itself (and records it), its host
     # processes must not answer a batch with their own KeyboardInterrupt

@@ -228,8 +228,8 @@ def test_host_processes_decode_the_export_as_the_run_does(export, images, reques
     d = detector.postprocess
     runs = []
     for processes in (0, 1):
-        pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou, d.max_det),
-                                    host_processes=processes)
+        pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(0.05, d.iou, d.max_det),
+                                    host_processes=processes)  # conf: fewer of the tiny model's boxes to suppress
         assert pipeline.decode_runs_in_host_processes == bool(processes)
         runs.append([d for out in pipeline.run_stream([records[:3], records[3:]], StageTimer(device), overlap=True)
                      for d in out])

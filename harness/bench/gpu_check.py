@@ -127,7 +127,11 @@ def check_env(r: Runner, state: dict) -> Check:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "device": r.device}
+            "device": r.device, "cpus": os.cpu_count()}
+    try:  # the host processes' shared segments live there: a worker's canvas and a batch's raw outputs each
+        info["dev_shm_free_gib"] = round(shutil.disk_usage("/dev/shm").free / 2**30, 2)
+    except OSError as exc:
+        info["dev_shm_free_gib"] = f"unavailable ({exc.strerror})"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(r.device).index or 0)
         info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),

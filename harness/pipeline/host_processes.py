@@ -15,8 +15,9 @@ processes the host stages have locks of their own. They run what needs no device
   The candidates go and each image's detections come back as numpy arrays (a batch's are well under a megabyte).
 - `finish`: for a family that gives a `host_decoder` (harness/detector/protocol.py), where the selection runs on the
   host anyway, all of a batch's finishing from its raw outputs: the run copies them (from the GPU, one copy each)
-  into a shared segment of the calling thread's, and the process checks them, decodes the head, gathers the
-  candidates, selects, and returns each image's detections. Not for masks: their maps stay on the device.
+  into the calling thread's shared segment (the one its canvases use), and the process checks them, decodes the
+  head, gathers the candidates, selects, and returns each image's detections. Not for masks: their maps stay on
+  the device.
 
 The parent keeps what needs its device or its objects: the upload, the copy of the raw outputs (or, without a
 host decoder, the family's head decode and the copy of the candidates to the host), and masks.
@@ -142,7 +143,9 @@ class HostProcesses:
         for member in self._members:
             self._await_ready(member)
             self._idle.put(member)
-        self._own = threading.local()  # each calling thread's shared segments, by use ("canvas", "outputs")
+        # each calling thread's shared segment: its canvas while it prepares a batch, a batch's raw outputs while it
+        # finishes one (a thread does one at a time, and is done with the canvas when its preparation returns)
+        self._own = threading.local()
         self._segments: list[shared_memory.SharedMemory] = []  # every segment made: unlinked at close
         self._segments_lock = threading.Lock()
 
@@ -193,11 +196,21 @@ class HostProcesses:
                 status, value, where = member.connection.recv()
             except (EOFError, OSError) as exc:
                 raise self._ended(member, "preparing or finishing a batch") from exc
+            except BaseException:  # interrupted mid-call (Ctrl-C on the calling thread): the answer still to come
+                self._discard(member)  # would be the next caller's, so the process goes and a new one serves next
+                raise
         finally:
             self._idle.put(member)
         if status == "error":
             raise value from HostProcessTraceback(where)
         return value
+
+    def _discard(self, member: _Member) -> None:
+        process, connection = member.process, member.connection
+        member.process = member.connection = None
+        connection.close()
+        process.terminate()
+        process.join()
 
     def _ended(self, member: _Member, doing: str) -> HostProcessError:
         """The error for a process that ended while `doing`; the member is left to be started again."""
@@ -212,14 +225,13 @@ class HostProcesses:
         return HostProcessError(f"a host process ended while {doing} ({ended}); the batch's images and the machine's "
                                 "memory are the first things to check")
 
-    def _segment(self, use: str, needed: int) -> shared_memory.SharedMemory:
-        """The calling thread's shared segment for `use`, made (or made anew, larger) to hold `needed` bytes."""
-        segments = self._own.__dict__.setdefault("segments", {})
-        segment = segments.get(use)
+    def _segment(self, needed: int) -> shared_memory.SharedMemory:
+        """The calling thread's shared segment, made (or made anew, larger) to hold `needed` bytes."""
+        segment = getattr(self._own, "segment", None)
         if segment is None or segment.size < needed:
             if segment is not None:  # its name goes now; the memory when the last tensor mapped from it does
                 _release(segment, unlink_only=True)
-            segment = segments[use] = _make_segment(needed)
+            segment = self._own.segment = _make_segment(needed)
             with self._segments_lock:
                 self._segments.append(segment)
         return segment
@@ -228,7 +240,7 @@ class HostProcesses:
         """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil), into the calling
         thread's shared canvas."""
         shape = (len(paths), *spec.input_size, 3)
-        segment = self._segment("canvas", math.prod(shape))
+        segment = self._segment(math.prod(shape))
         transforms, decode_ns, letterbox_ns = self._call(_prepare, [str(p) for p in paths], spec, segment.name, shape)
         return PreparedCanvas(_view(segment, 0, shape, torch.uint8), transforms, decode_ns, letterbox_ns)
 
@@ -245,7 +257,7 @@ class HostProcesses:
         for tensor in raw:
             layout.append((end, tuple(tensor.shape), tensor.dtype))
             end += -(-tensor.numel() * tensor.element_size() // SEGMENT_ALIGN) * SEGMENT_ALIGN
-        segment = self._segment("outputs", max(end, 1))
+        segment = self._segment(max(end, 1))
         for tensor, (offset, shape, dtype) in zip(raw, layout, strict=True):
             _view(segment, offset, shape, dtype).copy_(tensor)  # from a GPU: waits for the copy, without the lock
         copy_ns = time.perf_counter_ns() - clock
@@ -332,7 +344,7 @@ def _from_arrays(arrays: dict) -> BatchCandidates:
 
 # --- in the host processes ---
 
-# the segments a host process keeps mapped (two for each thread that calls it; the least recently used beyond them
+# the segments a host process keeps mapped (one for each thread that calls it; the least recently used beyond them
 # closed): mapping one again costs the child a page fault per page touched
 ATTACHED_SEGMENTS = 64
 _attached: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
