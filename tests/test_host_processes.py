@@ -16,7 +16,7 @@ from harness.data.coco import CocoDataset
 from harness.errors import UsageError
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
-from harness.pipeline.host_processes import HostProcessError, shared_host_processes
+from harness.pipeline.host_processes import HostProcessError, HostProcesses, shared_host_processes
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import decode_image, letterbox_canvas
 from harness.pipeline.stage_timer import StageTimer
@@ -172,6 +172,46 @@ def test_a_full_shared_memory_is_an_error_that_says_so_and_leaves_no_segment(mon
     assert made and not Path(f"/dev/shm/{made[0].name}").exists()
 
 
+def test_a_gpu_runs_segments_are_page_locked_off_the_calling_thread_and_unlocked_when_they_go(monkeypatch):
+    # faked CUDA runtime: what is registered, from which thread, and what a refusal is recorded as
+    import threading
+    from types import SimpleNamespace
+
+    calls = []
+
+    def register(address, size, flags):
+        calls.append(("register", address, size, flags, threading.current_thread().name))
+        return 0
+
+    def unregister(address):
+        calls.append(("unregister", address, threading.current_thread().name))
+        return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=register,
+                                                                       cudaHostUnregister=unregister))
+    pool = HostProcesses(1)
+    try:
+        assert pool._segment(1000).name and not calls and pool.page_locking is None  # a CPU run's: pageable
+        first = pool._segment(1000, page_locked=True)
+        pool._segment(800, page_locked=True)  # the same segment: registered once
+        assert [c[0] for c in calls] == ["register"] and calls[0][2:4] == (first.size, 1)
+        assert calls[0][4] == "va-cuda-register" and pool.page_locking == "page-locked (cudaHostRegister)"
+        grown = pool._segment(5000, page_locked=True)  # made anew: the old one unregistered first
+        assert grown.name != first.name and [c[0] for c in calls] == ["register", "unregister", "register"]
+        assert calls[1][1] == calls[0][1]
+        # a driver that refuses: the segments stay pageable (slower copies, the same bytes), and the record says why
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=lambda *a: 712,
+                                                                           cudaHostUnregister=unregister))
+        pool.page_locking = None
+        other = threading.Thread(target=lambda: pool._segment(1000, page_locked=True))  # another worker's segment
+        other.start()
+        other.join()
+        assert pool.page_locking == "pageable: cudaHostRegister failed (CUDA error 712)" and len(pool._pinned) == 1
+    finally:
+        pool.close()
+    assert [c[0] for c in calls][-1] == "unregister" and calls[-1][1] == calls[2][1] and not pool._pinned
+
+
 def test_an_error_in_a_host_process_keeps_its_type_and_says_where():
     pool = shared_host_processes(1)
     with pytest.raises(ValueError, match="invalid literal") as err:
@@ -233,6 +273,7 @@ def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_pa
     host = processes.runtime["host"]
     assert host["workers"] == 2 and host["finishes_in_flight"] == 2  # --workers auto: one a process
     assert host["host_processes"]["processes"] == 2 and "the head decode" in host["host_processes"]["runs"]
+    assert host["host_processes"]["shared_segments"] == "pageable (no copies to or from a GPU)"
     assert host["selection_on"] == "cpu" and "postprocess.copy" in processes.timing.stages_ms  # the raw outputs
     assert processes.runtime["preprocess"]["host_processes"] == 2
     assert processes.environment["threads"]["overlapped_host_worker"]["host_processes"] == 2

@@ -148,6 +148,9 @@ class HostProcesses:
         self._own = threading.local()
         self._segments: list[shared_memory.SharedMemory] = []  # every segment made: unlinked at close
         self._segments_lock = threading.Lock()
+        self._pinned: dict[str, int] = {}  # segments page-locked for a GPU's copies: name -> the address registered
+        # how the segments are for a GPU's copies, for the record: None until a GPU run asks
+        self.page_locking: str | None = None
 
     def _spawn(self) -> tuple[BaseProcess, Connection]:
         ours, theirs = self._context.Pipe()
@@ -182,6 +185,7 @@ class HostProcesses:
         with self._segments_lock:
             segments, self._segments = self._segments, []
         for segment in segments:
+            self._unlock(segment)
             _release(segment)
 
     def _call(self, fn, *args):
@@ -225,22 +229,46 @@ class HostProcesses:
         return HostProcessError(f"a host process ended while {doing} ({ended}); the batch's images and the machine's "
                                 "memory are the first things to check")
 
-    def _segment(self, needed: int) -> shared_memory.SharedMemory:
-        """The calling thread's shared segment, made (or made anew, larger) to hold `needed` bytes."""
+    def _segment(self, needed: int, page_locked: bool = False) -> shared_memory.SharedMemory:
+        """The calling thread's shared segment, made (or made anew, larger) to hold `needed` bytes; with
+        `page_locked` (a GPU run), registered with CUDA so that its copies to and from the GPU are direct."""
         segment = getattr(self._own, "segment", None)
         if segment is None or segment.size < needed:
             if segment is not None:  # its name goes now; the memory when the last tensor mapped from it does
+                self._unlock(segment)
                 _release(segment, unlink_only=True)
             segment = self._own.segment = _make_segment(needed)
             with self._segments_lock:
                 self._segments.append(segment)
+        if page_locked and segment.name not in self._pinned and not (self.page_locking or "").startswith("pageable"):
+            self._lock_pages(segment)
         return segment
 
-    def prepare(self, paths: list[Path], spec: PreprocessSpec) -> PreparedCanvas:
+    def _lock_pages(self, segment: shared_memory.SharedMemory) -> None:
+        """Register the segment with CUDA (cudaHostRegister, portable: every context), as torch's own staging of
+        shared memory does. If the driver refuses, the segments stay pageable, which only makes the copies
+        slower, and the record says why."""
+        address = _address(segment)
+        code = _on_own_thread(lambda: int(torch.cuda.cudart().cudaHostRegister(address, segment.size, 1)))
+        with self._segments_lock:
+            if code == 0:
+                self._pinned[segment.name] = address
+                self.page_locking = "page-locked (cudaHostRegister)"
+            else:
+                failed = f"CUDA error {code}" if isinstance(code, int) else code
+                self.page_locking = f"pageable: cudaHostRegister failed ({failed})"
+
+    def _unlock(self, segment: shared_memory.SharedMemory) -> None:
+        with self._segments_lock:
+            address = self._pinned.pop(segment.name, None)
+        if address is not None:
+            _on_own_thread(lambda: int(torch.cuda.cudart().cudaHostUnregister(address)))
+
+    def prepare(self, paths: list[Path], spec: PreprocessSpec, page_locked: bool = False) -> PreparedCanvas:
         """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil), into the calling
-        thread's shared canvas."""
+        thread's shared canvas (`page_locked` for a GPU's upload: see _segment)."""
         shape = (len(paths), *spec.input_size, 3)
-        segment = self._segment(math.prod(shape))
+        segment = self._segment(math.prod(shape), page_locked)
         transforms, decode_ns, letterbox_ns = self._call(_prepare, [str(p) for p in paths], spec, segment.name, shape)
         return PreparedCanvas(_view(segment, 0, shape, torch.uint8), transforms, decode_ns, letterbox_ns)
 
@@ -257,7 +285,7 @@ class HostProcesses:
         for tensor in raw:
             layout.append((end, tuple(tensor.shape), tensor.dtype))
             end += -(-tensor.numel() * tensor.element_size() // SEGMENT_ALIGN) * SEGMENT_ALIGN
-        segment = self._segment(max(end, 1))
+        segment = self._segment(max(end, 1), page_locked=any(tensor.is_cuda for tensor in raw))
         for tensor, (offset, shape, dtype) in zip(raw, layout, strict=True):
             _view(segment, offset, shape, dtype).copy_(tensor)  # from a GPU: waits for the copy, without the lock
         copy_ns = time.perf_counter_ns() - clock
@@ -313,6 +341,28 @@ def _release(segment: shared_memory.SharedMemory, unlink_only: bool = False) -> 
             segment.close()
         except BufferError:  # a canvas still maps it: the mapping goes with the last one
             pass
+
+
+def _address(segment: shared_memory.SharedMemory) -> int:
+    return torch.frombuffer(segment.buf, dtype=torch.uint8, count=1).data_ptr()
+
+
+def _on_own_thread(call) -> int | str:
+    """`call()` (a CUDA runtime call's error code) on a thread of its own: CUDA keeps a failed call's error per
+    thread, and torch reads it after the next kernel it launches on that thread, where it would fail an unrelated
+    batch. An exception comes back as its text."""
+    result: list[int | str] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except Exception as exc:  # no CUDA runtime to call: the caller records why
+            result.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, name="va-cuda-register")
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def _view(segment: shared_memory.SharedMemory, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

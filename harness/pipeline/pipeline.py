@@ -274,8 +274,9 @@ class DetectorPipeline:
             record.update(host_processes=n, decode_detail=f"{record['decode_detail']}, in {n} host processes, each "
                           "reading the image files itself (from the page cache once read)")
             if "upload" in record:
-                record["upload"] = ("the uint8 canvas from the host processes' shared memory (pageable), non_blocking; "
-                                    "float and normalised on the device")
+                record["upload"] = ("the uint8 canvas from the host processes' shared memory (page-locked or not: "
+                                    "runtime.host.host_processes.shared_segments), non_blocking; float and normalised "
+                                    "on the device")
         return record
 
     def host_info(self, overlap: bool) -> dict:
@@ -283,6 +284,7 @@ class DetectorPipeline:
         if overlap:
             processes = {} if self.host_processes is None else {"host_processes": {
                 "processes": self.host_processes.processes, "start": "spawn", "nice_increment": STREAM_WORKER_NICE,
+                "shared_segments": self.host_processes.page_locking or "pageable (no copies to or from a GPU)",
                 "runs": "each batch's file reads, decode and letterbox" + self._finishing_in_processes()}}
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(), **processes,
                     "selection_on": self.selection_on,
@@ -554,7 +556,7 @@ class DetectorPipeline:
         if self.spec.library != "torch":
             on_gpu = self.input_device is not None and self.input_device.type == "cuda"
             if images is None and self.host_processes is not None:
-                prepared = self.host_processes.prepare([r.path for r in records], self.spec)
+                prepared = self.host_processes.prepare([r.path for r in records], self.spec, page_locked=on_gpu)
                 timer.add_substep("decode", prepared.decode_ns)  # the child's own clocks: the hand-over is not in them
                 timer.add_substep("letterbox", prepared.letterbox_ns)
                 canvas, transforms = prepared.canvas, prepared.transforms
