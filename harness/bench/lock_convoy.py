@@ -161,18 +161,23 @@ class HostLoop:
         return self.batches / self.seconds
 
 
-def measure(model: str, batch_size: int, preprocess: str, rounds: int, calls: int, stand_in_size: int) -> dict:
-    """The stand-in forward's ms per call alone and beside each way, and the work each way did per second."""
+def _one_thread_setup(model: str, batch_size: int, preprocess: str, backend: str) -> tuple:
+    """The model's core on `backend` on one CPU thread, its preprocessing, thresholds and a batch of sample records."""
     device = parse_device("cpu")
     detector = get_detector(model)
     spec = resolve_implementation(detector.preprocess, preprocess, False)
-    options = BackendOptions.from_config(RunConfig(backends=["pytorch"], device="cpu", batch_sizes=[batch_size]))
-    core = load_detector_core(detector, "pytorch", device, "fp32", spec.input_size, options=options, threads=1)
-    module = core.torch_module
+    options = BackendOptions.from_config(RunConfig(backends=[backend], device="cpu", batch_sizes=[batch_size]))
+    core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options, threads=1)
     d = detector.defaults
-    thresholds = Thresholds(d.conf, d.iou, d.max_det)
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
+    return device, detector, spec, core, Thresholds(d.conf, d.iou, d.max_det), records
+
+
+def measure(model: str, batch_size: int, preprocess: str, rounds: int, calls: int, stand_in_size: int) -> dict:
+    """The stand-in forward's ms per call alone and beside each way, and the work each way did per second."""
+    device, detector, spec, core, thresholds, records = _one_thread_setup(model, batch_size, preprocess, "pytorch")
+    module = core.torch_module
     pipelines = {"thread": DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False),
                  "process": DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False,
                                              host_processes=1) if spec.library != "torch" else None}
@@ -247,18 +252,11 @@ class CountTorchCalls(TorchFunctionMode):
 def torch_calls_per_batch(model: str, batch_size: int, preprocess: str) -> dict:
     """The torch calls the run's own process makes for one batch's preparation and finishing (CPU, ONNX Runtime
     core), with the host stages on threads and with them in a host process."""
-    device = parse_device("cpu")
-    detector = get_detector(model)
-    spec = resolve_implementation(detector.preprocess, preprocess, False)
-    options = BackendOptions.from_config(RunConfig(backends=["onnxruntime"], device="cpu", batch_sizes=[batch_size]))
-    core = load_detector_core(detector, "onnxruntime", device, "fp32", spec.input_size, options=options, threads=1)
-    d = detector.defaults
-    dataset = CocoDataset()
-    records = dataset.records(dataset.variant("sample"))[:batch_size]
+    device, detector, spec, core, thresholds, records = _one_thread_setup(model, batch_size, preprocess, "onnxruntime")
     counts = {}
     for way, processes in (("threads", 0), ("processes", 1)):
-        pipeline = DetectorPipeline(detector, core, device, spec, Thresholds(d.conf, d.iou, d.max_det),
-                                    host_thread=False, host_processes=processes)
+        pipeline = DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False,
+                                    host_processes=processes)
         timer = StageTimer(device)
         timer.begin_batch(batch_size)
         for _ in range(2):  # the second batch: a decoder's caches are made on the first
