@@ -101,6 +101,7 @@ def test_a_plugin_without_a_host_decoder_decodes_in_the_run_and_selects_in_a_pro
 
     detector = load_plugin("tests/plugins/synthetic_detector.py", "make_detector")
     assert getattr(detector, "host_decoder", None) is None
+    detector.host_decoder = detector.decode  # a plugin's own, which the processes could not import: not used
     device = parse_device("cpu")
     dataset = CocoDataset(str(COCO_DIR))
     records = dataset.records(dataset.variant("sample"))[:4]
@@ -167,8 +168,8 @@ def test_a_full_shared_memory_is_an_error_that_says_so_and_leaves_no_segment(mon
 
     monkeypatch.setattr(host_processes.shared_memory, "SharedMemory", segment)
     monkeypatch.setattr(host_processes.os, "posix_fallocate", full)
-    with pytest.raises(HostProcessError, match=r"no room for a 3\.0 MiB canvas in shared memory .*--shm-size"):
-        host_processes._make_segment(3 * 2**20)
+    with pytest.raises(HostProcessError, match=r"no room for a 3\.0 MiB segment in shared memory .*--shm-size"):
+        host_processes._make_segment(3 * 2**20, "va-test-0")
     assert made and not Path(f"/dev/shm/{made[0].name}").exists()
 
 
@@ -189,26 +190,32 @@ def test_a_gpu_runs_segments_are_page_locked_off_the_calling_thread_and_unlocked
 
     monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=register,
                                                                        cudaHostUnregister=unregister))
+    # the run's GPU made current first, so that no context is made on another
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
     pool = HostProcesses(1)
     try:
+        gpu = torch.device("cuda", 0)
         assert pool._segment(1000).name and not calls and pool.page_locking is None  # a CPU run's: pageable
-        first = pool._segment(1000, page_locked=True)
-        pool._segment(800, page_locked=True)  # the same segment: registered once
-        assert [c[0] for c in calls] == ["register"] and calls[0][2:4] == (first.size, 1)
-        assert calls[0][4] == "va-cuda-register" and pool.page_locking == "page-locked (cudaHostRegister)"
-        grown = pool._segment(5000, page_locked=True)  # made anew: the old one unregistered first
+        first = pool._segment(1000, gpu)
+        pool._segment(800, gpu)  # the same segment: registered once
+        assert calls[0] == ("set_device", 0) and [c[0] for c in calls[1:]] == ["register"]
+        assert calls[1][2:4] == (first.size, 1)
+        assert calls[1][4] == "va-cuda-register" and pool.page_locking == "page-locked (cudaHostRegister)"
+        grown = pool._segment(5000, gpu)  # made anew: the old one unregistered first
+        calls[:] = [c for c in calls if c[0] != "set_device"]
         assert grown.name != first.name and [c[0] for c in calls] == ["register", "unregister", "register"]
         assert calls[1][1] == calls[0][1]
         # a driver that refuses: the segments stay pageable (slower copies, the same bytes), and the record says why
         monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=lambda *a: 712,
                                                                            cudaHostUnregister=unregister))
         pool.page_locking = None
-        other = threading.Thread(target=lambda: pool._segment(1000, page_locked=True))  # another worker's segment
+        other = threading.Thread(target=lambda: pool._segment(1000, gpu))  # another worker's segment
         other.start()
         other.join()
         assert pool.page_locking == "pageable: cudaHostRegister failed (CUDA error 712)" and len(pool._pinned) == 1
     finally:
         pool.close()
+    calls[:] = [c for c in calls if c[0] != "set_device"]
     assert [c[0] for c in calls][-1] == "unregister" and calls[-1][1] == calls[2][1] and not pool._pinned
 
 
@@ -227,12 +234,59 @@ def test_a_call_interrupted_on_its_thread_leaves_no_answer_for_the_next_caller()
 
     pool = shared_host_processes(1)
     first = pool._call(os.getpid)
-    timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        pool._call(time.sleep, 2)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # an earlier test's run may have set its own
+    try:
+        timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            pool._call(time.sleep, 2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert pool._call(abs, -5) == 5  # not the sleep's None
     assert pool._call(os.getpid) != first  # a new process serves
+
+
+def test_what_cannot_cross_is_the_callers_error_and_the_process_serves_on(tmp_path):
+    import importlib.util
+
+    pool = shared_host_processes(1)
+    pid = pool._call(os.getpid)
+    with pytest.raises((AttributeError, TypeError, Exception), match="pickle|lambda"):
+        pool._call(lambda: 1)  # not picklable here: no process involved
+    # a class from a file the process cannot import (a plugin's): its own error, not "a host process ended"
+    (tmp_path / "only_here.py").write_text("class Decoder:\n    def __call__(self):\n        return 1\n")
+    spec = importlib.util.spec_from_file_location("va_bench_plugin_only_here", tmp_path / "only_here.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        with pytest.raises(ModuleNotFoundError, match="va_bench_plugin_only_here"):
+            pool._call(module.Decoder())
+    finally:
+        del sys.modules[spec.name]
+    assert pool._call(os.getpid) == pid
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and /dev/shm are Linux's")
+def test_a_segment_replaced_by_a_larger_one_is_freed_in_both_processes():
+    detector = get_detector("yolox-nano")
+    dataset = CocoDataset(str(COCO_DIR))
+    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:2]]
+    pool = HostProcesses(1)
+    try:
+        child = pool._call(os.getpid)
+        pool.prepare(paths[:1], detector.preprocess)
+        first = pool._own.segment.name
+        prepared = pool.prepare(paths, detector.preprocess)  # twice the canvas: a new segment
+        second = pool._own.segment.name
+        assert second != first and prepared.canvas.shape[0] == 2
+        owner = pool._own.owner + "-"
+        assert sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(owner)) == [second]
+        for pid in (os.getpid(), child):  # neither maps the old one any more
+            assert first not in Path(f"/proc/{pid}/maps").read_text(), pid
+    finally:
+        pool.close()
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(owner)]
 
 
 def test_host_processes_ignore_a_terminals_ctrl_c():

@@ -242,10 +242,11 @@ class Detector(Protocol):
     `mask_maps(raw) -> MaskMaps`: its raw head tensors' masks, whose rows are DenseCandidates' boxes or the
     `rows` of its Candidates.
 
-    Optional `host_decoder`: `decode` as a picklable callable of the same arguments that holds no model and no
-    device tensors (a few settings; caches made again where it is unpickled). With it, `--host-processes` runs
-    the decode in the host processes, on the raw outputs copied to shared memory; without it, the decode stays
-    in the run's process (recorded in runtime.host)."""
+    Optional, for the families in harness/models: `host_decoder`, `decode` as a picklable callable of the same
+    arguments that holds no model and no device tensors (a few settings; its caches are made again where it is
+    unpickled). With it, `--host-processes` runs a detection model's decode in the host processes, on the raw
+    outputs copied to shared memory; otherwise (a plugin file, which those processes cannot import; a segment
+    model) the decode stays in the run's process (recorded in runtime.host)."""
 
     model_id: str
     family: str

@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import itertools
 import math
 import os
 import pickle
 import queue
+import secrets
 import signal
 import sys
 import threading
@@ -53,6 +55,7 @@ from functools import cache
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import cv2
@@ -67,6 +70,7 @@ from harness.process_exit import STOP_SIGNALS, before_leave
 from harness.records import ImageDetections
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_OWNERS = itertools.count()  # a token per (pool, calling thread): its segments' names start with it
 SEGMENT_ALIGN = 64  # each raw output's offset in the shared segment (a cache line; any dtype's alignment)
 STARTUP_SECONDS = 300  # a host process's start (torch's and OpenCV's imports) on a loaded machine
 
@@ -148,7 +152,9 @@ class HostProcesses:
         self._own = threading.local()
         self._segments: list[shared_memory.SharedMemory] = []  # every segment made: unlinked at close
         self._segments_lock = threading.Lock()
-        self._pinned: dict[str, int] = {}  # segments page-locked for a GPU's copies: name -> the address registered
+        # segments page-locked for a GPU's copies: name -> (the address registered, the GPU it was registered from)
+        self._pinned: dict[str, tuple[int, int]] = {}
+        self._retired: list[shared_memory.SharedMemory] = []  # replaced by larger ones, still mapped by a tensor
         # how the segments are for a GPU's copies, for the record: None until a GPU run asks
         self.page_locking: str | None = None
 
@@ -184,19 +190,23 @@ class HostProcesses:
                 member.process = None
         with self._segments_lock:
             segments, self._segments = self._segments, []
+            retired, self._retired = self._retired, []
         for segment in segments:
             self._unlock(segment)
+            _release(segment)
+        for segment in retired:
             _release(segment)
 
     def _call(self, fn, *args):
         """fn(*args) in an idle host process (waiting, without the interpreter lock, for one to be free)."""
+        request = ForkingPickler.dumps((fn, args))  # what cannot be sent fails here, before a process is involved
         member = self._idle.get()
         try:
-            if member.process is None:  # the last one here ended: this batch (a later cell's) gets a working one
-                member.process, member.connection = self._spawn()
-                self._await_ready(member)
             try:
-                member.connection.send((fn, args))
+                if member.process is None:  # the last one here ended: this batch (a later cell's) gets a working one
+                    member.process, member.connection = self._spawn()
+                    self._await_ready(member)
+                member.connection.send_bytes(request)
                 status, value, where = member.connection.recv()
             except (EOFError, OSError) as exc:
                 raise self._ended(member, "preparing or finishing a batch") from exc
@@ -212,15 +222,20 @@ class HostProcesses:
     def _discard(self, member: _Member) -> None:
         process, connection = member.process, member.connection
         member.process = member.connection = None
-        connection.close()
-        process.terminate()
-        process.join()
+        if connection is not None:  # None: closed by close() meanwhile
+            connection.close()
+        if process is not None:
+            process.terminate()
+            process.join()
 
     def _ended(self, member: _Member, doing: str) -> HostProcessError:
         """The error for a process that ended while `doing`; the member is left to be started again."""
         process, connection = member.process, member.connection
         member.process = member.connection = None
-        connection.close()
+        if connection is not None:  # None: closed by close() meanwhile
+            connection.close()
+        if process is None:
+            return HostProcessError(f"the host processes were closed while {doing}")
         process.join(timeout=5)
         if process.is_alive():  # its pipe broke but it runs on: it cannot serve again
             process.terminate()
@@ -229,30 +244,51 @@ class HostProcesses:
         return HostProcessError(f"a host process ended while {doing} ({ended}); the batch's images and the machine's "
                                 "memory are the first things to check")
 
-    def _segment(self, needed: int, page_locked: bool = False) -> shared_memory.SharedMemory:
-        """The calling thread's shared segment, made (or made anew, larger) to hold `needed` bytes; with
-        `page_locked` (a GPU run), registered with CUDA so that its copies to and from the GPU are direct."""
+    def _segment(self, needed: int, gpu: torch.device | None = None) -> shared_memory.SharedMemory:
+        """The calling thread's shared segment, made (or made anew, larger, the old one freed) to hold `needed`
+        bytes; for a GPU's copies, registered with CUDA so that they are direct (see _lock_pages). Its name is the
+        thread's token and a generation: a host process that meets a newer one of a thread closes the older."""
         segment = getattr(self._own, "segment", None)
         if segment is None or segment.size < needed:
-            if segment is not None:  # its name goes now; the memory when the last tensor mapped from it does
-                self._unlock(segment)
-                _release(segment, unlink_only=True)
-            segment = self._own.segment = _make_segment(needed)
+            owner = getattr(self._own, "owner", None)
+            if owner is None:
+                owner = self._own.owner = f"va{os.getpid()}-{next(_OWNERS)}"
+            if segment is not None:  # this thread is done with it: its last canvas or outputs went with their batch
+                self._drop(segment)
+            self._own.generation = getattr(self._own, "generation", -1) + 1
+            segment = self._own.segment = _make_segment(needed, f"{owner}-{self._own.generation}")
             with self._segments_lock:
                 self._segments.append(segment)
-        if page_locked and segment.name not in self._pinned and not (self.page_locking or "").startswith("pageable"):
-            self._lock_pages(segment)
+        if gpu is not None and segment.name not in self._pinned and not (self.page_locking or "").startswith(
+                "pageable"):
+            self._lock_pages(segment, gpu)
         return segment
 
-    def _lock_pages(self, segment: shared_memory.SharedMemory) -> None:
+    def _drop(self, segment: shared_memory.SharedMemory) -> None:
+        """Unregister, unlink and unmap a segment its thread has replaced (kept until close while a tensor still
+        maps it)."""
+        self._unlock(segment)
+        with self._segments_lock:
+            self._segments.remove(segment)
+            retired, self._retired = [*self._retired, segment], []
+            for old in retired:
+                if not _release(old):
+                    self._retired.append(old)
+
+    def _lock_pages(self, segment: shared_memory.SharedMemory, gpu: torch.device) -> None:
         """Register the segment with CUDA (cudaHostRegister, portable: every context), as torch's own staging of
-        shared memory does. If the driver refuses, the segments stay pageable, which only makes the copies
-        slower, and the record says why."""
-        address = _address(segment)
-        code = _on_own_thread(lambda: int(torch.cuda.cudart().cudaHostRegister(address, segment.size, 1)))
+        shared memory does, from the run's GPU (no context made on another). If the driver refuses, the segments
+        stay pageable, which only makes the copies slower, and the record says why."""
+        address, index = _address(segment), gpu.index or 0
+
+        def register() -> int:
+            torch.cuda.set_device(index)
+            return int(torch.cuda.cudart().cudaHostRegister(address, segment.size, 1))
+
+        code = _on_own_thread(register)
         with self._segments_lock:
             if code == 0:
-                self._pinned[segment.name] = address
+                self._pinned[segment.name] = (address, index)
                 self.page_locking = "page-locked (cudaHostRegister)"
             else:
                 failed = f"CUDA error {code}" if isinstance(code, int) else code
@@ -260,15 +296,21 @@ class HostProcesses:
 
     def _unlock(self, segment: shared_memory.SharedMemory) -> None:
         with self._segments_lock:
-            address = self._pinned.pop(segment.name, None)
-        if address is not None:
-            _on_own_thread(lambda: int(torch.cuda.cudart().cudaHostUnregister(address)))
+            pinned = self._pinned.pop(segment.name, None)
+        if pinned is not None:
+            address, index = pinned
 
-    def prepare(self, paths: list[Path], spec: PreprocessSpec, page_locked: bool = False) -> PreparedCanvas:
+            def unregister() -> int:
+                torch.cuda.set_device(index)
+                return int(torch.cuda.cudart().cudaHostUnregister(address))
+
+            _on_own_thread(unregister)
+
+    def prepare(self, paths: list[Path], spec: PreprocessSpec, gpu: torch.device | None = None) -> PreparedCanvas:
         """Read, decode and letterbox these images in a host process (`spec.library` cv2 or pil), into the calling
-        thread's shared canvas (`page_locked` for a GPU's upload: see _segment)."""
+        thread's shared canvas (page-locked for `gpu`'s upload: see _segment)."""
         shape = (len(paths), *spec.input_size, 3)
-        segment = self._segment(math.prod(shape), page_locked)
+        segment = self._segment(math.prod(shape), gpu)
         transforms, decode_ns, letterbox_ns = self._call(_prepare, [str(p) for p in paths], spec, segment.name, shape)
         return PreparedCanvas(_view(segment, 0, shape, torch.uint8), transforms, decode_ns, letterbox_ns)
 
@@ -285,13 +327,13 @@ class HostProcesses:
         for tensor in raw:
             layout.append((end, tuple(tensor.shape), tensor.dtype))
             end += -(-tensor.numel() * tensor.element_size() // SEGMENT_ALIGN) * SEGMENT_ALIGN
-        segment = self._segment(max(end, 1), page_locked=any(tensor.is_cuda for tensor in raw))
+        segment = self._segment(max(end, 1), next((t.device for t in raw if t.is_cuda), None))
         for tensor, (offset, shape, dtype) in zip(raw, layout, strict=True):
             _view(segment, offset, shape, dtype).copy_(tensor)  # from a GPU: waits for the copy, without the lock
         copy_ns = time.perf_counter_ns() - clock
         detections, decode_ns, select_ns, boxes_ns = self._call(
-            _finish, decoder, segment.name, layout, input_size, spec, conf, iou, max_det, transforms, whole_batch,
-            image_ids, check)
+            _finish, pickle.dumps(decoder), segment.name, layout, input_size, spec, conf, iou, max_det, transforms,
+            whole_batch, image_ids, check)
         return Finished(detections, copy_ns, decode_ns, select_ns, boxes_ns)
 
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
@@ -315,15 +357,16 @@ def shared_host_processes(processes: int, nice: int = 0) -> HostProcesses:
     return pool
 
 
-def _make_segment(size: int) -> shared_memory.SharedMemory:
-    """A shared memory segment of `size` bytes with its pages reserved now: a full /dev/shm (a container's is often
-    64 MiB) is an error here, not a SIGBUS in the process that first writes to it."""
-    segment = shared_memory.SharedMemory(create=True, size=size)
+def _make_segment(size: int, name: str) -> shared_memory.SharedMemory:
+    """A shared memory segment of `size` bytes named `name` (a random suffix added), with its pages reserved now:
+    a full /dev/shm (a container's is often 64 MiB) is an error here, not a SIGBUS in the process that first writes
+    to it."""
+    segment = shared_memory.SharedMemory(name=f"{name}-{secrets.token_hex(4)}", create=True, size=size)
     try:
         os.posix_fallocate(segment._fd, 0, size)  # the segment's descriptor: SharedMemory keeps it, as _fd
     except OSError as exc:
         _release(segment)
-        raise HostProcessError(f"no room for a {size / 2**20:.1f} MiB canvas in shared memory ({exc.strerror}); give "
+        raise HostProcessError(f"no room for a {size / 2**20:.1f} MiB segment in shared memory ({exc.strerror}); give "
                                "the machine or container more shared memory (docker: --shm-size), or use fewer "
                                "--host-processes workers or a smaller batch") from exc
     except AttributeError:  # no posix_fallocate (macOS): the pages are found when written
@@ -331,16 +374,17 @@ def _make_segment(size: int) -> shared_memory.SharedMemory:
     return segment
 
 
-def _release(segment: shared_memory.SharedMemory, unlink_only: bool = False) -> None:
+def _release(segment: shared_memory.SharedMemory) -> bool:
+    """Unlink and unmap a segment; False when a tensor still maps it (then only its name is gone)."""
     try:
         segment.unlink()
     except FileNotFoundError:
         pass
-    if not unlink_only:
-        try:
-            segment.close()
-        except BufferError:  # a canvas still maps it: the mapping goes with the last one
-            pass
+    try:
+        segment.close()
+    except BufferError:
+        return False
+    return True
 
 
 def _address(segment: shared_memory.SharedMemory) -> int:
@@ -397,7 +441,8 @@ def _from_arrays(arrays: dict) -> BatchCandidates:
 # the segments a host process keeps mapped (one for each thread that calls it; the least recently used beyond them
 # closed): mapping one again costs the child a page fault per page touched
 ATTACHED_SEGMENTS = 64
-_attached: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
+_attached: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()  # by owner (the name's first two parts)
+_decoders: OrderedDict[bytes, object] = OrderedDict()  # host decoders by their pickle: their caches live on
 
 
 def _serve(connection: Connection, nice: int, parent: int) -> None:
@@ -407,10 +452,11 @@ def _serve(connection: Connection, nice: int, parent: int) -> None:
     connection.send(os.getpid())
     while True:
         try:
-            fn, args = connection.recv()
+            request = connection.recv_bytes()
         except EOFError:  # the run closed it: done
             return
-        try:
+        try:  # unpickled here, so that what cannot be (a class this process cannot import) is the caller's error
+            fn, args = pickle.loads(request)
             reply = ("ok", fn(*args), "")
         except Exception as exc:
             reply = ("error", exc, traceback.format_exc())
@@ -458,16 +504,33 @@ def _prepare(paths: list[str], spec: PreprocessSpec, segment: str, shape: tuple[
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
-    """The run's segment `name`, mapped once and kept (the run's threads reuse theirs batch after batch)."""
-    segment = _attached.pop(name, None) or shared_memory.SharedMemory(name=name)
-    _attached[name] = segment  # the most recently used last
+    """The run's segment `name`, mapped once and kept while its thread uses it (its threads reuse theirs batch after
+    batch); a thread's newer segment replaces its older one here too, which is unmapped."""
+    owner = name.rsplit("-", 2)[0]
+    segment = _attached.pop(owner, None)
+    if segment is not None and segment.name.lstrip("/") != name:
+        _close(segment)
+        segment = None
+    _attached[owner] = segment or shared_memory.SharedMemory(name=name)  # the most recently used last
     while len(_attached) > ATTACHED_SEGMENTS:
-        _, oldest = _attached.popitem(last=False)
-        try:
-            oldest.close()
-        except BufferError:
-            pass
-    return segment
+        _close(_attached.popitem(last=False)[1])
+    return _attached[owner]
+
+
+def _close(segment: shared_memory.SharedMemory) -> None:
+    try:
+        segment.close()
+    except BufferError:  # still mapped by a tensor: unmapped with it
+        pass
+
+
+def _decoder(pickled: bytes):
+    """The host decoder of this pickle, unpickled once: the grids and tables it makes are kept between batches."""
+    decoder = _decoders.pop(pickled, None) or pickle.loads(pickled)
+    _decoders[pickled] = decoder
+    while len(_decoders) > ATTACHED_SEGMENTS:
+        _decoders.popitem(last=False)
+    return decoder
 
 
 def _select(arrays: dict, spec: PostprocessSpec, iou: float, max_det: int, transforms: list[ImageTransform],
@@ -483,14 +546,15 @@ def _select(arrays: dict, spec: PostprocessSpec, iou: float, max_det: int, trans
     return detections, None, None, selected - clock, boxes_ns
 
 
-def _finish(decoder, segment: str, layout: list[tuple[int, tuple[int, ...], torch.dtype]], input_size: tuple[int, int],
-            spec: PostprocessSpec, conf: float, iou: float, max_det: int, transforms: list[ImageTransform],
-            whole_batch: bool, image_ids: list[int], check: tuple[bool, bool] | None) -> tuple:
+def _finish(decoder: bytes, segment: str, layout: list[tuple[int, tuple[int, ...], torch.dtype]],
+            input_size: tuple[int, int], spec: PostprocessSpec, conf: float, iou: float, max_det: int,
+            transforms: list[ImageTransform], whole_batch: bool, image_ids: list[int],
+            check: tuple[bool, bool] | None) -> tuple:
     clock = time.perf_counter_ns()
     shared = _attach(segment)
     raw = [_view(shared, offset, shape, dtype) for offset, shape, dtype in layout]
     check_finite(raw, image_ids)
-    decoded = decoder(raw, input_size, conf)
+    decoded = _decoder(decoder)(raw, input_size, conf)
     if check is not None:
         check_decoded(decoded, len(image_ids), input_size, *check)
     cands = gather_candidates(decoded, spec, conf, max_det)

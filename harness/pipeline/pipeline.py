@@ -343,10 +343,13 @@ class DetectorPipeline:
     @property
     def decode_runs_in_host_processes(self) -> bool:
         """Whether the family's head decode runs in the host processes, on the raw outputs copied to shared memory:
-        with host processes, where the selection runs on the host anyway, for a family that gives a host_decoder,
-        and not for masks (their maps stay with the run)."""
-        return (self.host_processes is not None and self.selection_runs_on_host and not self.masks
-                and getattr(self.detector, "host_decoder", None) is not None)
+        with host processes, where the selection runs on the host anyway, for a detection family of the harness's
+        own that gives a host_decoder (a plugin file is not importable there; a segment model's outputs hold its
+        mask maps, which stay with the run, masks or not)."""
+        decoder = getattr(self.detector, "host_decoder", None)
+        return (self.host_processes is not None and self.selection_runs_on_host
+                and task_of(self.detector) == "detect" and decoder is not None
+                and type(decoder).__module__.startswith("harness."))
 
     @property
     def selection_on(self) -> str:
@@ -556,7 +559,8 @@ class DetectorPipeline:
         if self.spec.library != "torch":
             on_gpu = self.input_device is not None and self.input_device.type == "cuda"
             if images is None and self.host_processes is not None:
-                prepared = self.host_processes.prepare([r.path for r in records], self.spec, page_locked=on_gpu)
+                prepared = self.host_processes.prepare([r.path for r in records], self.spec,
+                                                       gpu=self.input_device if on_gpu else None)
                 timer.add_substep("decode", prepared.decode_ns)  # the child's own clocks: the hand-over is not in them
                 timer.add_substep("letterbox", prepared.letterbox_ns)
                 canvas, transforms = prepared.canvas, prepared.transforms
