@@ -176,7 +176,6 @@ class YoloxHeadDecoder:
                 for b, s, lab in zip(boxes.split(counts), scores.split(counts), labels.split(counts), strict=True)]
 
 
-
 class YoloxDetector:
     """A YOLOX model from an ONNX file, or from a serialized TensorRT engine of one (`self.engine`): the
     engine's graph cannot be read here, so its input size is the variant's native one (or --input-size)

@@ -16,8 +16,8 @@ processes the host stages have locks of their own. They run what needs no device
 - `finish`: for a family that gives a `host_decoder` (harness/detector/protocol.py), where the selection runs on the
   host anyway, all of a batch's finishing from its raw outputs: the run copies them (from the GPU, one copy each)
   into the calling thread's shared segment (the one its canvases use), and the process checks them, decodes the
-  head, gathers the candidates, selects, and returns each image's detections. Not for masks: their maps stay on
-  the device.
+  head, gathers the candidates, selects, and returns each image's detections. Not for segment models: their
+  outputs hold the mask maps, which stay on the device.
 
 The parent keeps what needs its device or its objects: the upload, the copy of the raw outputs (or, without a
 host decoder, the family's head decode and the copy of the candidates to the host), and masks.
@@ -219,21 +219,24 @@ class HostProcesses:
             raise value from HostProcessTraceback(where)
         return value
 
-    def _discard(self, member: _Member) -> None:
+    @staticmethod
+    def _detach(member: _Member) -> BaseProcess | None:
+        """The member's process, its pipe closed and the member left to be started again (None: close() was first)."""
         process, connection = member.process, member.connection
         member.process = member.connection = None
-        if connection is not None:  # None: closed by close() meanwhile
+        if connection is not None:
             connection.close()
+        return process
+
+    def _discard(self, member: _Member) -> None:
+        process = self._detach(member)
         if process is not None:
             process.terminate()
             process.join()
 
     def _ended(self, member: _Member, doing: str) -> HostProcessError:
         """The error for a process that ended while `doing`; the member is left to be started again."""
-        process, connection = member.process, member.connection
-        member.process = member.connection = None
-        if connection is not None:  # None: closed by close() meanwhile
-            connection.close()
+        process = self._detach(member)
         if process is None:
             return HostProcessError(f"the host processes were closed while {doing}")
         process.join(timeout=5)
