@@ -85,7 +85,7 @@ def test_a_check_past_its_limit_is_killed_with_what_it_started(tmp_path):
 
     from harness.bench.gpu_check import Check, Runner, write_reports
 
-    runner = Runner("cpu", tmp_path, budget_s=60, limit=8)
+    runner = Runner("cpu", tmp_path, budget_s=60, limit=8, work=tmp_path / "runs")
     pid_file = tmp_path / "grandchild.pid"
     script = ("import subprocess, sys, time; print('partial', flush=True); "
               f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
@@ -115,7 +115,7 @@ def test_a_check_past_its_limit_is_killed_with_what_it_started(tmp_path):
 def test_overhead_rows_the_budget_has_no_room_for_are_not_run_not_failed(tmp_path):
     from harness.bench.gpu_check import Runner, check_overhead
 
-    runner = Runner("cuda", tmp_path, budget_s=5, limit=None)  # nothing is started with 5 s left
+    runner = Runner("cuda", tmp_path, budget_s=5, limit=None, work=tmp_path / "runs")  # nothing starts with 5 s left
     rows = check_overhead(runner, {})
     assert [c.name for c in rows[:6]] == ["overhead.b8", "overhead.b32", "overhead.b8.processes",
                                           "overhead.b32.processes", "overhead.b8.combined",

@@ -59,10 +59,11 @@ class Check:
 class Runner:
     """Runs commands under one time budget; every command's output is kept in the log folder."""
 
-    def __init__(self, device: str, out: Path, budget_s: float, limit: int | None):
+    def __init__(self, device: str, out: Path, budget_s: float, limit: int | None, work: Path | None = None):
         self.device, self.out, self.limit = device, out, limit
         self.deadline = time.monotonic() + budget_s
-        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        # the checks' run folders: a temporary folder of the call's own unless given (run_checks removes it)
+        self.work = work if work is not None else Path(tempfile.mkdtemp(prefix="gpu-check-"))
         self.log = out / "gpu_check.log"
 
     def left(self) -> float:
