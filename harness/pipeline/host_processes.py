@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import errno
 import itertools
 import math
 import os
@@ -368,6 +369,8 @@ def _make_segment(size: int, name: str) -> shared_memory.SharedMemory:
     try:
         os.posix_fallocate(segment._fd, 0, size)  # the segment's descriptor: SharedMemory keeps it, as _fd
     except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):  # a file system that cannot reserve: as without the call
+            return segment
         _release(segment)
         raise HostProcessError(f"no room for a {size / 2**20:.1f} MiB segment in shared memory ({exc.strerror}); give "
                                "the machine or container more shared memory (docker: --shm-size), or use fewer "
