@@ -16,9 +16,11 @@ from harness.errors import UsageError, VaBenchError, path_problem
 from harness.report import EXAMPLE_GATES
 from harness.views.output import (
     StdoutGone,
+    document_console,
     make_consoles,
     print_json,
     progress_for,
+    stdout_kept_for_the_document,
     tolerant_streams,
     write_stdout,
 )
@@ -1001,7 +1003,9 @@ def main() -> None:
     argv = expand_multi_value_options(renamed_file_options(ORIGINAL_ARGV))
     sys.argv = [sys.argv[0], *argv]
     try:
-        with interrupt_handling():
+        with interrupt_handling(), stdout_kept_for_the_document("--json" in argv) as document:
+            if document is not None:
+                console = document_console(document)
             sys.exit(_run_app(argv))
     except VaBenchError as exc:
         if debug:

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS, REPO, requires_corpus
+from conftest import COCO_DIR, CORPUS, REPO, requires_coco, requires_corpus
+
+SYNTHETIC_PLUGIN = REPO / "tests" / "plugins" / "synthetic_detector.py"
 
 
 def cli(*args: str, env: dict[str, str] | None = None, **streams) -> subprocess.CompletedProcess:
@@ -122,3 +124,26 @@ def test_a_name_that_is_not_utf8_is_recorded_as_escapes():
     assert recordable("/data/r\udce9sultats") == "/data/r\\xe9sultats"
     assert recordable("/data/résultats") == "/data/résultats"
     json.dumps(recordable("/data/r\udce9sultats")).encode("utf-8")
+
+
+@requires_coco
+def test_json_stdout_holds_the_document_alone_whatever_a_library_prints(tmp_path):
+    """A library that prints while a `--json` command runs (NNCF's calibration bars did, on a fresh int8 run), from
+    Python or straight to the file descriptor from C, lands on stderr: stdout parses as the document."""
+    plugin = tmp_path / "noisy_detector.py"
+    plugin.write_text(
+        "import importlib.util, os\n"
+        f"spec = importlib.util.spec_from_file_location('synthetic_detector', {str(SYNTHETIC_PLUGIN)!r})\n"
+        "synthetic = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(synthetic)\n"
+        "def make_detector():\n"
+        "    print('a library line from Python', flush=True)\n"
+        "    os.write(1, b'a library line from C\\n')\n"
+        "    return synthetic.make_detector()\n")
+    done = cli("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--subset", "sample", "--limit",
+               "2", "--batch-sizes", "1", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds",
+               "0", "--min-timed-batches", "1", "--draw-images", "0", "--no-energy", "--output-dir",
+               str(tmp_path / "out"), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["cells"][0]["status"] == "ok"
+    assert b"a library line from Python" in done.stderr and b"a library line from C" in done.stderr

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
+import io
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -70,6 +73,69 @@ def make_consoles() -> tuple[Console, Console]:
         out = _Stdout(width=given or 160, emoji=False)
     err = _Stderr(stderr=True, emoji=False, width=_terminal_width(sys.stderr, 80) if unusable else None)
     return out, err
+
+
+def document_console(stream: TextIO) -> Console:
+    """The stdout console of a `--json` command: it writes to `stream` (see stdout_kept_for_the_document)."""
+    return _Stdout(file=stream, width=160, emoji=False)
+
+
+class _ToStderr(io.TextIOBase):
+    """sys.stdout while a `--json` command runs: what a library prints there goes to stderr, as its messages do
+    (and is dropped, not raised in the library, where stderr's reader has gone)."""
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+    def fileno(self) -> int:
+        return sys.stderr.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stderr, "encoding", None) or "utf-8"
+
+
+@contextlib.contextmanager
+def stdout_kept_for_the_document(document: bool) -> Iterator[TextIO | None]:
+    """`--json` (`document`): stdout holds the JSON document alone, whatever else runs meanwhile. A library's
+    progress bars and lines (NNCF's calibration, a converter's log), printed from Python or written to the file
+    descriptor from C, go to stderr until the command ends; yields the stream the document is written to (None:
+    no document, or no stdout)."""
+    original = sys.stdout
+    if not document or original is None:
+        yield None
+        return
+    try:
+        descriptor = original.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a stream of Python's own (a test's StringIO): no descriptor
+        descriptor = False
+    stream = original
+    if descriptor:
+        original.flush()
+        stream = os.fdopen(os.dup(1), "w", encoding=original.encoding, errors=original.errors)
+        os.dup2(2, 1)
+    sys.stdout = _ToStderr()
+    try:
+        yield stream
+    finally:
+        sys.stdout = original
+        if descriptor:
+            with contextlib.suppress(OSError):
+                sys.stderr.flush()
+            with contextlib.suppress(OSError):
+                stream.flush()
+            os.dup2(stream.fileno(), 1)
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def _terminal_width(stream: Any, default: int) -> int:
