@@ -228,6 +228,7 @@ def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
     assert b4["batch_invariance"]["match_rate"] == 1.0 and b4["batch_invariance"]["detections_reference"] > 0
     checked = run_in_process("validate", str(tmp_path / "synthetic" / "submissions"))
     assert checked.returncode == 1 and "synthetic-input" in checked.stdout
+    assert "(schema)" not in checked.stdout, checked.stdout  # refused for what it is, and only for that
     from harness.results.aggregate import aggregate
     from harness.results.validate import validate_paths
 

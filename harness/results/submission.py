@@ -163,7 +163,9 @@ def build_submission(record: CellRecord) -> dict:
         "repro": {"harness_version": env["harness_version"], "harness_commit": env["harness_commit"],
                   "harness_dirty": env["harness_dirty"], "command": env["command"], "argv": env["argv"],
                   "dataset": {"image_id_sha256": dataset["image_id_sha256"], "variant": dataset["variant"],
-                              "num_images": dataset["num_images"], "categories_sha256": dataset["categories_sha256"],
+                              "num_images": dataset["num_images"],
+                              **({"categories_sha256": dataset["categories_sha256"]}  # none: generated input
+                                 if dataset.get("categories_sha256") else {}),
                               **({"annotations_sha256": dataset["annotations_sha256"]}
                                  if dataset.get("annotations_sha256") else {}),
                               **({"class_map": dataset["class_map"]} if "class_map" in dataset else {})},
