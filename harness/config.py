@@ -288,7 +288,9 @@ class RunConfig(BaseModel):
                    "calibration": ("--precision int8", "int8" in self.precisions),
                    "calibration_images": ("--precision int8", "int8" in self.precisions),
                    "layer_batches": ("--layers", self.layers), "profile_batches": ("--profile", self.profile),
-                   "tf32": ("--device cuda", cuda), "allow_shared_gpu": ("--device cuda", cuda)}
+                   "tf32": ("--device cuda", cuda), "allow_shared_gpu": ("--device cuda", cuda),
+                   "trt_cache_dir": ("--ort-provider tensorrt", self.ort_provider == "tensorrt"),
+                   "trt_workspace_mb": ("--ort-provider tensorrt", self.ort_provider == "tensorrt")}
         return {name: mode for name, (mode, active) in belongs.items() if not active}
 
     @model_validator(mode="after")
@@ -384,7 +386,26 @@ def read_preset(given: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UsageError(path_problem("--config", given, "not a YAML mapping") + "; write RunConfig fields as "
                          "`name: value` lines")
+    for key in data:
+        if key not in RunConfig.model_fields:
+            raise UsageError(path_problem("--config", given, f"unknown key {brief(str(key))}") + "; "
+                             + _key_hint(str(key)))
     return data
+
+
+def _key_hint(key: str) -> str:
+    """How to write a preset key that is no RunConfig field: the field its flag sets (`backend` is --backend,
+    whose key is `backends`), else the nearest names."""
+    import difflib
+
+    wanted = key.strip().lstrip("-").replace("-", "_")
+    for name, field in run_option_fields().items():
+        flags = {f.lstrip("-").replace("-", "_") for flag in field.json_schema_extra["flags"] for f in flag.split("/")}
+        if wanted in flags or wanted == name:
+            return f"the key of {field.json_schema_extra['flags'][0].split('/')[0]} is `{name}`"
+    near = difflib.get_close_matches(wanted, list(RunConfig.model_fields), n=3, cutoff=0.6)
+    return (f"did you mean {' or '.join(f'`{n}`' for n in near)}? " if near else "") + \
+        "a preset's keys are the run options' field names (`models`, `backends`, `batch_sizes`, ...: docs/running.md)"
 
 
 def given(overrides: dict) -> dict:

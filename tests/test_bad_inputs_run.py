@@ -67,6 +67,8 @@ def test_bad_run_options_exit_2_with_one_line_and_no_folder(tmp_path, args, expe
     ({"layer_batches": 5}, "--layer-batches applies to --layers only"),
     ({"tf32": "on"}, "--tf32 applies to --device cuda only"),
     ({"allow_shared_gpu": True}, "--allow-shared-gpu applies to --device cuda only"),
+    ({"trt_workspace_mb": 100}, "--trt-workspace-mb applies to --ort-provider tensorrt only"),
+    ({"trt_cache_dir": "/tmp/trt"}, "--trt-cache-dir applies to --ort-provider tensorrt only"),
     ({"min_timed_batches": 5, "max_timed_batches": 2}, "--min-timed-batches 5 is more than --max-timed-batches 2"),
     ({"scenario": "server", "qps": 5}, "invalid run configuration: --scenario server needs --latency-bound"),
 ])
@@ -453,3 +455,21 @@ def test_missing_yolox_weights_name_every_way_to_give_them(monkeypatch, tmp_path
                                          r"`va-bench models fetch yolox-nano`, pass --weights PATH, or set "
                                          r"VA_BENCH_YOLOX_NANO to the file$"):
         yolox.YoloxDetector("nano")
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("backendz: [onnxruntime]", "unknown key 'backendz'; did you mean `backends`?"),
+    ("model: yolox-nano", "unknown key 'model'; the key of --model is `models`"),
+    ("batch_size: [1]", "unknown key 'batch_size'; the key of --batch-sizes is `batch_sizes`"),
+    ("zzz: 1", "unknown key 'zzz'; a preset's keys are the run options' field names"),
+])
+def test_a_presets_unknown_key_names_the_file_and_the_key_to_write(tmp_path, line, expect):
+    """A typo in a preset, or a flag's name used as its key, says which file and what to write instead (pydantic's
+    own line was "backendz: Extra inputs are not permitted")."""
+    from harness.config import load_config
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(line + "\n")
+    with pytest.raises(UsageError) as err:
+        load_config(preset, {})
+    assert str(preset) in str(err.value) and expect in str(err.value), str(err.value)
