@@ -678,6 +678,9 @@ gates skip changes the significance test calls noise; a gate with nothing to che
         raise UsageError("--coco-dir and --dataset say where the images are for --map-ci; add --map-ci N")
     if coco_dir is not None and dataset is not None:
         raise UsageError("--coco-dir (COCO val2017) and --dataset (another dataset) name two datasets; give one")
+    for flag, where in (("--coco-dir", coco_dir), ("--dataset", dataset)):
+        if where is not None and not Path(where).expanduser().exists():
+            raise UsageError(path_problem(flag, where, "no such file or folder") + "; give the dataset the runs used")
     if baseline is None and len(runs) != 2:
         raise UsageError(f"compare takes two runs A B (got {len(runs)}), or --baseline A and one or more runs")
     base, others = (baseline, runs) if baseline is not None else (runs[0], runs[1:])

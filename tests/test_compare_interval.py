@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import COCO_DIR, SUBSET_ANNOTATIONS, requires_coco, requires_yolox, run_in_process
 
+from harness.errors import UsageError
 from harness.results.compare import ImageSets, compare_paths
 
 
@@ -50,13 +51,13 @@ def test_the_paired_interval_holds_the_delta_of_two_real_runs(runs):
 @requires_coco
 @requires_yolox
 def test_no_interval_without_the_same_images_or_their_annotations(runs, tmp_path):
-    """Other images (40 against 30): none, and why; annotations that are not the run's: none, and why."""
+    """Other images (40 against 30): none, and why; a --coco-dir without the annotations: bad input."""
     (other,) = compare_paths(runs / "a", [runs / "c"], intervals=ImageSets(200, COCO_DIR))[0].accuracy
     assert other.delta_interval is None
     assert "A and B scored different image sets (coco2017 subset40 vs coco2017 subset30" in \
         other.delta_interval_unavailable
-    (lost,) = compare_paths(runs / "a", [runs / "b"], intervals=ImageSets(200, tmp_path))[0].accuracy
-    assert lost.delta_interval is None and "could not be found" in lost.delta_interval_unavailable
+    with pytest.raises(UsageError, match="could not be found"):  # a folder the user named that holds no COCO
+        compare_paths(runs / "a", [runs / "b"], intervals=ImageSets(200, tmp_path))
     (plain,) = compare_paths(runs / "a", [runs / "b"])[0].accuracy
     assert plain.delta_interval is None and plain.delta_interval_unavailable is None
     assert "delta_interval" not in plain.to_dict()
@@ -73,6 +74,14 @@ def test_the_command_prints_the_interval_and_refuses_what_it_cannot_do(runs):
     assert few.returncode == 2 and "at least 100" in few.stderr
     stray = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--coco-dir", str(COCO_DIR))
     assert stray.returncode == 2 and "add --map-ci" in stray.stderr
+    for flag in ("--dataset", "--coco-dir"):  # a path the user typed that is not there: bad input, not a table note
+        missing = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--map-ci", "100", flag, "/nope")
+        assert missing.returncode == 2 and f"{flag} /nope: no such file or folder" in missing.stderr, missing.stderr
+        assert not missing.stdout
+    empty = runs.parent / "not-a-dataset"
+    empty.mkdir(exist_ok=True)
+    wrong = run_in_process("compare", str(runs / "a"), str(runs / "b"), "--map-ci", "100", "--coco-dir", str(empty))
+    assert wrong.returncode == 2 and "--map-ci: the scored images could not be found" in wrong.stderr, wrong.stderr
 
 
 IMAGES = 20

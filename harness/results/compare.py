@@ -591,6 +591,8 @@ class ImageSets:
             limit = block.get("num_images") if name != base else None
             variant = dataset.variant(str(base), limit)
         except (VaBenchError, OSError, ValueError) as exc:
+            if self.dataset or self.coco_dir:  # the user's own path: bad input, not a figure the cells lack
+                raise UsageError(f"--map-ci: the scored images could not be found in {source} ({exc})") from exc
             return f"the scored images could not be found in {source} ({exc})"
         if variant.image_id_sha256 != fingerprint:
             return (f"the {name} images of {source} are not the ones the cells scored (image_id_sha256 differs): "
