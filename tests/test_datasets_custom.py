@@ -89,6 +89,9 @@ def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
         match_classes("m", ("person", "car"), {1: "person", 2: "widget"}, ClassMap.read(str(bad)))
     with pytest.raises(UsageError, match="both map to"):
         match_classes("m", ("person", "car"), {1: "person", 2: "human"}, ClassMap("f", {"human": "person"}))
+    # a key that names no category of the dataset would rename nothing, silently
+    with pytest.raises(UsageError, match=r"--class-map f: 'pedestrian' is no category of the dataset .*fix the file"):
+        match_classes("m", ("person", "car"), {1: "person", 2: "car"}, ClassMap("f", {"pedestrian": "person"}))
 
 
 def test_torchvision_labels_without_a_class_are_not_scored():

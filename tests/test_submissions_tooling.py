@@ -461,6 +461,18 @@ def test_every_corpus_row_is_consistent(corpus_reports):
     assert not [f for r in corpus_reports for f in r.findings if f.rule == "inconsistent"]
 
 
+def test_a_coco_row_scored_through_a_class_map_is_refused_for_publication(tmp_path, base_doc):
+    """A class map on COCO (person and car swapped) changes the mAP: the row is not the model's on COCO's classes,
+    and must neither pass validate nor stand in the cube beside (or over) the unmapped row."""
+    mapped = copy.deepcopy(base_doc)
+    mapped["repro"] = {"dataset": {"class_map": {"file": "swap.yaml", "entries": {"person": "car", "car": "person"},
+                                                 "sha256": "0" * 64}}}
+    reports = _write(tmp_path / "mapped", [mapped, base_doc])
+    assert [len(_errors(r, "class-map")) for r in reports] == [1, 0]
+    board = aggregate(reports)
+    assert board["counts"]["excluded"] == 1 and [Path(r["file"]).name for r in board["cube"]] == ["s1.json"]
+
+
 def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
     by_model = _variant(base_doc, model__weights="random")
     by_repro = copy.deepcopy(base_doc)

@@ -112,6 +112,14 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                              f"{model_id}'s class {class_names[label]!r}; give each its own class in --class-map")
         else:
             labels[label] = category
+    named = {_norm(name) for name in categories.values()}
+    strays = [k for k in (class_map.entries if class_map else {}) if _norm(k) not in named]
+    if strays:  # a key that names no category renames nothing: a typo, or a map meant for another dataset
+        raise UsageError(f"--class-map {class_map.path}: {', '.join(repr(k) for k in strays[:3])}"
+                         f"{f' and {len(strays) - 3} more' if len(strays) > 3 else ''} "
+                         f"{'is no category' if len(strays) == 1 else 'are no categories'} of the dataset (its "
+                         f"categories: {_some(tuple(categories[c] for c in sorted(categories)))}); a class map's "
+                         "keys are the dataset's category names; fix the file")
     if unknown_targets:
         raise UsageError(f"--class-map {class_map.path}: {', '.join(unknown_targets)} map to no class of "
                          f"{model_id} (its classes: {_some(class_names)}); fix the file")

@@ -39,7 +39,8 @@
 * Boards: a file whose model.task is "segment" (the site's rule) is on the segmentation board, its accuracy the
   mask mAP: `segmentation_leaderboard`, apart from the detection `leaderboard`; the same model id on both is two
   rows, never one (the board is part of the row's coordinate and of its accuracy identity).
-* Files the site would reject, random-weights and synthetic-input runs (timing only), are left out.
+* Files the site would reject, random-weights and synthetic-input runs (timing only) and COCO rows scored through a
+  class map are left out.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ from harness.results.validate import FileReport, is_site_rule
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
 KNOWN_VARIANTS = ("full", "mini500")
 BOARDS = ("detection", "segmentation")  # the site's COCO boards (model.task segment: mask mAP)
-# Our rules that keep a file out of the leaderboard altogether (the site's own rules always do): timing only, or
-# figures that contradict each other (which one is right is not known)
-UNPUBLISHABLE = {"random-weights", "synthetic-input", "inconsistent"}
+# Our rules that keep a file out of the leaderboard altogether (the site's own rules always do): timing only,
+# figures that contradict each other (which one is right is not known), or COCO scored through a class map
+UNPUBLISHABLE = {"random-weights", "synthetic-input", "inconsistent", "class-map"}
 SIZE_ORDER_MARGIN = 0.10  # a larger variant this much faster than a smaller one is a finding
 # Our rules that keep a file's accuracy out of the canonical numbers (its timing still counts).
 DISTRUST_ACCURACY = {"commit_guard", "degenerate", "detections"}
