@@ -520,7 +520,7 @@ def data_check(
     if model is not None:  # its classes, whatever runtime would run it (no runtime is loaded)
         from harness.models.registry import get_detector
 
-        detector = get_detector(model, weights)
+        detector = get_detector(model, weights, fetch=False)  # its classes: no download
         detectors[detector.model_id] = detector
     matched = scoring_checks(config, data, variant, detectors, ClassMap.read(class_map) if class_map else None)
     if model is None:

@@ -258,3 +258,36 @@ def test_torchvisions_download_line_stays_off_stdout(monkeypatch, capsys):
     TorchvisionDetector("ssdlite320_mobilenet_v3_large")
     out, err = capsys.readouterr()
     assert "Downloading" not in out and "Downloading" in err
+
+
+def test_a_failed_download_is_one_line_and_a_dry_run_or_inspect_downloads_nothing(monkeypatch, capsys, tmp_path):
+    """Offline, the refusal is the error's line alone (torch.hub's "Downloading: ..." line went before it); a dry
+    run, inspect and data check build the architecture alone and never reach the network."""
+    import sys
+    import urllib.error
+
+    from torchvision.models import detection
+
+    from harness.errors import UsageError
+    from harness.models.registry import get_detector
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty cache: the weights are not there
+    real = detection.ssdlite320_mobilenet_v3_large
+    asked = []
+
+    def offline(weights=None, **kwargs):
+        if weights is not None:
+            asked.append(weights)
+            sys.stdout.write('Downloading: "https://download.pytorch.org/models/x.pth" to /cache/x.pth\n')
+            raise urllib.error.URLError("Name or service not known")
+        return real(weights=None, **kwargs)
+
+    monkeypatch.setattr(detection, "ssdlite320_mobilenet_v3_large", offline)
+    with pytest.raises(UsageError, match="could not download its weights"):
+        TorchvisionDetector("ssdlite320_mobilenet_v3_large")
+    out, err = capsys.readouterr()
+    assert "Downloading" not in out + err and len(asked) == 1
+    described = get_detector("ssdlite320_mobilenet_v3_large", fetch=False)
+    assert len(asked) == 1 and "not downloaded yet" in described.weights.source and described.weights.sha256 is None
+    official = TorchvisionDetector("ssdlite320_mobilenet_v3_large", "random")  # the same layers as the weighted build
+    assert sum(p.numel() for p in described.model.parameters()) == sum(p.numel() for p in official.model.parameters())

@@ -352,7 +352,7 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
         return inspect_onnx(_load_onnx(path), size, path.name, path.stat().st_size)
     from harness.models.registry import get_detector
 
-    detector = get_detector(model, str(weights) if weights else None)
+    detector = get_detector(model, str(weights) if weights else None, fetch=False)  # the architecture: no download
     size = size or tuple(detector.preprocess.input_size)
     source = getattr(detector, "core_source", None)
     native = tuple(detector.preprocess.input_size)

@@ -36,6 +36,9 @@ class ModelEntry:
     engines: bool = False  # whether --weights may be a TensorRT engine of the model (--backend tensorrt)
     task: str = "detect"  # detect | segment
     check_weights: Callable[[Path], None] = lambda path: None  # UsageError when a file is not this model's weights
+    # the detector without fetching its weights (a dry run, inspect, data check: no download); None where building
+    # it fetches nothing
+    describe: Callable[[str | None], Detector] | None = None
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -72,6 +75,7 @@ def _torchvision_entries() -> list[ModelEntry]:
         note=f"torchvision, {config.input_size}px ({config.resize}); weights via torchvision's cache",
         postprocess=config.postprocess.kind,
         local_weights=lambda n=name: torchvision_family.cached_weights(n),
+        describe=lambda weights, n=name: torchvision_family.TorchvisionDetector(n, weights, fetch=False),
     ) for name, config in torchvision_family.MODELS.items()]
 
 
@@ -204,8 +208,9 @@ def _check_specs(detector: Detector, where: str) -> None:
                          f"pixels, not {brief(size if isinstance(pre, PreprocessSpec) else pre)}")
 
 
-def get_detector(spec: str, weights: str | None = None) -> Detector:
-    """Build a detector from a registry id or a `file.py:factory` plugin spec."""
+def get_detector(spec: str, weights: str | None = None, fetch: bool = True) -> Detector:
+    """Build a detector from a registry id or a `file.py:factory` plugin spec. `fetch` False: what a dry run,
+    inspect or data check need (its classes, input, architecture) without downloading weights it lacks."""
     match = PLUGIN_PATTERN.match(spec)
     if match:
         return load_plugin(match["path"], match["factory"])
@@ -218,4 +223,4 @@ def get_detector(spec: str, weights: str | None = None) -> Detector:
         takes = ", ".join(sorted({e.family for e in REGISTRY.values() if e.engines}))
         raise UsageError(f"--weights {Path(weights).name}: {spec} does not run TensorRT engines (the {takes} families "
                          "do); run its ONNX export on --backend onnxruntime --ort-provider tensorrt --tf32 on")
-    return entry.factory(weights)
+    return entry.describe(weights) if not fetch and entry.describe is not None else entry.factory(weights)

@@ -34,6 +34,7 @@ the identity. Weights: torchvision's own download/cache (`$TORCH_HOME`), a state
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import sys
@@ -174,11 +175,13 @@ def cached_weights(name: str) -> Path | None:
 
 
 class TorchvisionDetector:
-    """A torchvision detector; `weights` None (torchvision's DEFAULT), a state_dict path, or "random"."""
+    """A torchvision detector; `weights` None (torchvision's DEFAULT), a state_dict path, or "random". `fetch`
+    False: the DEFAULT weights are not downloaded when torchvision's cache lacks them (the architecture alone, for a
+    dry run or inspect)."""
 
     family = "torchvision"
 
-    def __init__(self, name: str, weights: str | Path | None = None):
+    def __init__(self, name: str, weights: str | Path | None = None, fetch: bool = True):
         if name not in MODELS:
             raise UsageError(f"unknown torchvision detector {name!r}; known: {', '.join(MODELS)}")
         self.model_id = self.variant = name
@@ -192,10 +195,10 @@ class TorchvisionDetector:
             input_size=size, resize=self.config.resize, pad_position="top-left", pad_value=mean255,
             channel_order="RGB", scale=1 / 255, mean=self.config.mean, std=self.config.std, library="torch",
             interpolation="linear", box_scale="size")
-        self.model, self.weights = self._build(weights)
+        self.model, self.weights = self._build(weights, fetch)
         self._anchors: dict[tuple[int, int], tuple[torch.Tensor, list[int]]] = {}
 
-    def _build(self, weights: str | Path | None) -> tuple[nn.Module, WeightsInfo]:
+    def _build(self, weights: str | Path | None, fetch: bool = True) -> tuple[nn.Module, WeightsInfo]:
         from torchvision.models import detection, get_model_weights
 
         builder = getattr(detection, self.model_id)
@@ -217,11 +220,17 @@ class TorchvisionDetector:
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
             return model.eval(), WeightsInfo(file=path.name, sha256=file_sha256(path), source="--weights")
         official = get_model_weights(self.model_id).DEFAULT
+        if not fetch and not _checkpoint_path(official).is_file():
+            model = self._as_official(builder(weights=None, weights_backbone=None))
+            return model.eval(), WeightsInfo(file=_checkpoint_path(official).name, sha256=None,
+                                             source=f"torchvision {official} ({official.url}; not downloaded yet)")
+        said = io.StringIO()
         try:
-            # torchvision's own download + cache (torch.hub), whose "Downloading: ..." line goes to stdout: stderr
-            # here, so that a command's --json output stays JSON only
-            with contextlib.redirect_stdout(sys.stderr):
+            # torchvision's own download + cache (torch.hub), whose "Downloading: ..." line goes to stdout: to stderr
+            # once it worked (a failed one is the error's line alone), so that --json output stays JSON only
+            with contextlib.redirect_stdout(said):
                 model = builder(weights=official)
+            sys.stderr.write(said.getvalue())
         except OSError as exc:  # URLError is an OSError
             raise UsageError(f"{self.model_id}: torchvision could not download its weights ({exc}); connect to the "
                              f"internet, put the file at {_checkpoint_path(official)}, or use --weights random "

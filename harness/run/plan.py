@@ -156,7 +156,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
     check_machine(config, device)
     detectors = {}
     for spec in config.models:
-        detector = get_detector(spec, config.weights)
+        detector = get_detector(spec, config.weights, fetch=not dry_run)  # a dry run downloads nothing
         if not isinstance(detector.model_id, str) or not 0 < len(detector.model_id) <= MAX_MODEL_ID:
             raise UsageError(f"{spec}: its model_id {brief(detector.model_id)} is not a name of 1 to {MAX_MODEL_ID} "
                              "characters (the run's file names hold it); give it a shorter one")
