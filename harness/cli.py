@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from harness.collector import imports_done, quiet_start
-from harness.errors import UsageError, VaBenchError, path_problem
+from harness.errors import RunInterrupted, UsageError, VaBenchError, path_problem
 from harness.report import EXAMPLE_GATES
 from harness.views.output import (
     StdoutGone,
@@ -244,7 +244,12 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         return
     if not as_json:
         run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
-    outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+    try:
+        outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+    except RunInterrupted as exc:  # --json: a script still gets the cells' statuses, the finished ones' figures
+        if as_json and exc.outcome is not None:
+            print_json(console, summary_json(plan.run_dir, exc.outcome) | {"interrupted": str(exc)})
+        raise
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:

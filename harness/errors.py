@@ -21,9 +21,10 @@ class RunInterrupted(VaBenchError):
 
     prefix = "interrupted"
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, outcome: object = None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.outcome = outcome  # a local run's RunOutcome so far: what `run --json` still prints
 
 
 _BRIEF = reprlib.Repr()  # its limits set one by one: Repr's keyword arguments are Python 3.12's

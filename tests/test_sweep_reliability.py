@@ -191,14 +191,20 @@ def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
 @requires_coco
 @pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])  # SIGHUP: the terminal closed
 def test_sigterm_and_sighup_stop_cleanly(tmp_path, sent, code):
+    """With --json, a script still gets the JSON: every cell's status, the finished one's figures, and why it
+    stopped."""
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "t",
-                 env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+                 "--json", env={"VA_BENCH_TEST_FORWARD_MS": "60"})
     wait_for_ok_cells(out / "t", 1, proc, then_running=True)
     proc.send_signal(sent)
-    proc.communicate(timeout=120)
+    stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == code
     assert "interrupted" in statuses(out / "t").values()
+    summary = json.loads(stdout)
+    by_size = {c["batch_size"]: c for c in summary["cells"]}
+    assert by_size[1]["status"] == "ok" and by_size[1]["images_per_s"] > 0 and "--resume t" in summary["interrupted"]
+    assert "interrupted" in {c["status"] for c in summary["cells"]}
 
 
 @requires_coco

@@ -164,6 +164,7 @@ class Scheduler:
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
         ctx: RunContext | None = None
+        outcome: RunOutcome | None = None
         try:
             # everything from the folder's creation on is inside the try: a signal from here on keeps the folder
             # resumable and says so
@@ -208,7 +209,7 @@ class Scheduler:
                 f"{exc} after {done} of {len(state.cells)} cells{still}; finished cells are kept in {plan.run_dir}; "
                 f"resume with: va-bench run --resume {plan.run_id} --output-dir "
                 f"{shell.quote(str(plan.run_dir.parent))}",
-                exc.exit_code) from None
+                exc.exit_code, outcome if outcome is not None else RunOutcome([], state)) from None
         except Exception as exc:
             problem = None if state is None else stopping_problem(exc, state)
             if problem is None:
