@@ -541,6 +541,20 @@ def test_tf32_on_fp32_never_becomes_the_canonical_fp32_accuracy(tmp_path, base_d
     assert [c["precision"] for c in board["canonical_accuracy"]] == ["fp32"]
 
 
+def test_int8_accuracy_is_each_runtimes_own(tmp_path, base_doc):
+    """Each runtime quantises and calibrates its own way: LiteRT's int8 row never shows OpenVINO's int8 mAP (it did,
+    with 0.3033 against its own 0.2207, flagged only by the agreement gate)."""
+    def int8(fmt, m):
+        doc = _full_val(base_doc, m)
+        doc["runtime"]["precision"], doc["runtime"]["format"] = "int8", fmt
+        return doc
+
+    board = aggregate(_write(tmp_path / "int8", [int8("openvino", 0.303), int8("tflite", 0.221)]))
+    canonical = {c["precision"]: c["mAP_50_95"] for c in board["canonical_accuracy"]}
+    assert canonical == {"int8 (openvino)": 0.303, "int8 (tflite)": 0.221}
+    assert not board["agreement_gate"]
+
+
 def test_another_input_size_never_becomes_the_canonical_accuracy(tmp_path, base_doc):
     native = _full_val(base_doc, 0.450, created="2026-01-01T00:00:00Z")
     small = _full_val(base_doc, 0.300, created="2026-02-01T00:00:00Z")  # newer, same a100, 320 px

@@ -16,7 +16,8 @@
   the protocol too: AP read at 500 is not COCO's AP.
 * Accuracy identity: model | weights | dataset variant | precision | input size | protocol, where fp32 run
   with TF32 on (see `Submission.tf32`) is its own lineage "fp32+tf32": it never becomes the canonical fp32
-  number, and a run at other thresholds never becomes the canonical number of standard-protocol rows. The
+  number, int8 is each format's own lineage ("int8 (openvino)": its quantiser and calibration), and a run at
+  other thresholds never becomes the canonical number of standard-protocol rows. The
   canonical number comes from the reference hardware (default a100), else the first hardware of the
   fallback order; within a hardware PyTorch first, then the newest run. The source is recorded.
 * Agreement gate: every other run of an accuracy identity is compared with the canonical value;
@@ -132,7 +133,10 @@ class PerfRow:
 
     @property
     def accuracy_precision(self) -> str:
-        """The accuracy lineage: fp32 with TF32 on is not IEEE fp32."""
+        """The accuracy lineage: fp32 with TF32 on is not IEEE fp32; int8 is each runtime's own quantisation (its
+        quantiser, its calibration), never another runtime's number."""
+        if self.precision == "int8":
+            return f"int8 ({self.format})"
         return f"{self.precision}+tf32" if self.precision == "fp32" and self.tf32 == "on" else self.precision
 
     @property
