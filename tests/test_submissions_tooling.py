@@ -703,7 +703,7 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     validation = validate_paths([tmp_path / "outputs"], None)
     assert len(validation.reports) == 6 and all(r.path.parent.name == "submissions" for r in validation.reports)
     (note,) = validation.notes
-    assert note.startswith("6 run folders: validating their submissions/*.json only (6 files; ")
+    assert note.startswith("6 run folders: reading their submissions/*.json only (6 files; ")
     assert "skipped: detections/, repeats/, run.json, trace.json" in note
 
 

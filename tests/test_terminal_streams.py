@@ -147,3 +147,21 @@ def test_json_stdout_holds_the_document_alone_whatever_a_library_prints(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["cells"][0]["status"] == "ok"
     assert b"a library line from Python" in done.stderr and b"a library line from C" in done.stderr
+
+
+def test_notes_and_unavailable_plots_wrap_at_80_columns():
+    """aggregate's and validate's notes, and report's plots that could not be drawn, fit an 80-column terminal
+    (they were printed unwrapped: 114 to 285 characters)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.views.commands import print_notes, print_report_outcome
+
+    console = Console(file=io.StringIO(), width=80, force_terminal=False)
+    print_notes(console, ["/a/long/path/outputs/run-1 is a run folder: reading its submissions/*.json only (4 "
+                          "files; 3 other JSON files skipped: run.json, detections, the layer pass's steps)"])
+    plot = SimpleNamespace(png=None, title="Energy per image", unavailable="energy unavailable: " + "no source " * 25)
+    print_report_outcome(console, SimpleNamespace(html="report.html", pngs=[], plots=[plot], gates=None), None)
+    lines = console.file.getvalue().splitlines()
+    assert len(lines) > 3 and all(len(line) <= 80 for line in lines), lines

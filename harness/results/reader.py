@@ -148,11 +148,11 @@ RUN_NOTES_EACH = 3  # up to this many run folders are each named in a note; more
 def _run_folder_notes(runs: list[tuple[Path, int, int, list[str]]]) -> list[str]:
     """The notes on run folders (folder, submissions kept, other JSON files skipped, what those are)."""
     if len(runs) <= RUN_NOTES_EACH:
-        return [f"{run_dir} is a run folder: validating its {SUBMISSIONS_DIR}/*.json only ({kept} files; {skipped} "
+        return [f"{run_dir} is a run folder: reading its {SUBMISSIONS_DIR}/*.json only ({kept} files; {skipped} "
                 f"other JSON files skipped" + (f": {', '.join(where)})" if where else ")")
                 for run_dir, kept, skipped, where in runs]
     kinds = sorted({w for *_, where in runs for w in where})
-    return [f"{len(runs)} run folders: validating their {SUBMISSIONS_DIR}/*.json only ({sum(r[1] for r in runs)} "
+    return [f"{len(runs)} run folders: reading their {SUBMISSIONS_DIR}/*.json only ({sum(r[1] for r in runs)} "
             f"files; {sum(r[2] for r in runs)} other JSON files skipped" + (f": {', '.join(kinds)})" if kinds else ")")]
 
 

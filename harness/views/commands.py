@@ -28,7 +28,7 @@ def validation_json(validation) -> dict:
 
 def print_notes(console: Console, notes: list[str]) -> None:
     for note in notes:
-        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+        console.print(f"note: {escape(note)}", highlight=False)  # wrapped at the console's width
 
 
 def print_validation(console: Console, validation, warnings: bool) -> None:
@@ -159,8 +159,7 @@ def print_report_outcome(console: Console, outcome, log) -> None:
     console.print("plots: " + escape(", ".join(p.name for p in outcome.pngs)), highlight=False)
     for plot in outcome.plots:
         if plot.png is None:
-            console.print(f"[yellow]{escape(plot.title)}[/]: {escape(plot.unavailable or '')}", highlight=False,
-                          soft_wrap=True)
+            console.print(f"[yellow]{escape(plot.title)}[/]: {escape(plot.unavailable or '')}", highlight=False)
     if outcome.gates is not None:
         results = outcome.gates
         unmeasured = sum(r.status == NOT_MEASURED for r in results)
