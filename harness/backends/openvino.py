@@ -166,6 +166,10 @@ class OpenVinoCore:
     def calibrate(self, batches: list[torch.Tensor], calibration: dict[str, Any]) -> None:
         """int8: quantise the fp32 model with NNCF on these preprocessed calibration batches ([1,3,H,W] each;
         the images are disjoint from the evaluated ones, the executor checks), cached by their SHA-256."""
+        import logging
+
+        # NNCF imports torch's C++-extension helper, which logs that a CPU box has no CUDA runtime: noise here
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         import nncf
 
         digest = hashlib.sha256()

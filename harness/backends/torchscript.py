@@ -103,7 +103,10 @@ class TorchScriptBackend:
             scripted = None
             if cached:
                 try:
-                    scripted = torch.jit.load(str(path), map_location=device.torch_device)
+                    with warnings.catch_warnings():  # TorchScript is the runtime asked for: its deprecation is not news
+                        warnings.filterwarnings("ignore", message=r".*torch\.jit\.load\W* is deprecated",
+                                                category=FutureWarning)
+                        scripted = torch.jit.load(str(path), map_location=device.torch_device)
                 except Exception:  # a damaged cache file: trace again
                     path.unlink(missing_ok=True)
                     cached = False
