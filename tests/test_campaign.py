@@ -73,6 +73,12 @@ def test_rf100vl_campaign_row(tmp_path):
     folder = validate_paths([tmp_path / "out" / "c1"], None)
     assert [r.path for r in folder.reports] == [path] and any("campaign's dataset runs" in n for n in folder.notes)
     assert not any(f.rule in ("rf100vl", "nonstandard-protocol", "schema") for f in report.findings)
+    # `report` works on one run folder: the campaign's is refused with where its datasets' runs are (it wrote an
+    # empty report)
+    reported = run_in_process("report", str(tmp_path / "out" / "c1"))
+    assert reported.returncode == 2 and "is a campaign" in reported.stderr, reported.stderr
+    assert str(tmp_path / "out" / "c1" / "datasets") in reported.stderr
+    assert not (tmp_path / "out" / "c1" / "report.html").exists()
     csv_lines = (tmp_path / "out" / "c1" / "datasets.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and any(line.startswith("broken,skipped,") for line in csv_lines)
     assert (tmp_path / "out" / "c1" / "datasets.png").read_bytes().startswith(b"\x89PNG")

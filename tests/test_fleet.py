@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import COCO_DIR, CORPUS, requires_coco, requires_yolox
+from conftest import COCO_DIR, CORPUS, requires_coco, requires_yolox, run_in_process
 from typer.testing import CliRunner
 
 from harness.errors import UsageError
@@ -301,6 +301,11 @@ def test_the_fleet_equals_two_local_runs(two_hardware, tmp_path):
         local_cells |= {coordinates(d) for d in submissions(tmp_path / hw)}
     assert len(fleet_cells) == 8
     assert fleet_cells == local_cells  # same cells, same mAP to the last digit
+    # compare and report work on one hardware's run folder: the fleet's folder is refused with its run folders named
+    for command in (["compare", str(run_dir), str(run_dir / "alpha")], ["report", str(run_dir)]):
+        refused = run_in_process(*command)
+        assert refused.returncode == 2 and "is a fleet run" in refused.stderr and "alpha, beta" in refused.stderr, \
+            refused.stderr
 
 
 @requires_coco

@@ -46,6 +46,7 @@ from harness.results.reader import (
     not_a_file_or_folder,
     read_json,
     read_submission,
+    refuse_fleet_or_campaign,
     resolve_detections,
     submission_files,
 )
@@ -125,6 +126,7 @@ def load_side(path: str | Path) -> Side:
     """A run folder (its submissions/), a folder of submissions, a submission file or a detections file."""
     path = Path(path)
     if path.is_dir():
+        refuse_fleet_or_campaign(path, "compare", campaign=False)  # a campaign's row compares with another's
         files = submission_files(path, loose=True)
         if not files:
             raise UsageError(f"{path}: no submissions (*.json) in it or its submissions/; pass a run folder "

@@ -107,6 +107,20 @@ def submission_files(folder: Path, loose: bool = False) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if p.is_file())
 
 
+def refuse_fleet_or_campaign(path: Path, doing: str, campaign: bool = True) -> None:
+    """A UsageError naming the run folders inside `path` when it is a fleet run's folder (fleet.json beside one run
+    folder per hardware id) or, with `campaign`, a campaign's (campaign.json: its row, averaged over datasets, with
+    no batch timing): `doing` (compare, report) works on one run folder."""
+    if (path / FLEET_FILE).is_file() and not (path / SUBMISSIONS_DIR).is_dir():
+        runs = sorted(p.name for p in path.iterdir() if (p / SUBMISSIONS_DIR).is_dir())
+        inside = f"{', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''}" if runs else "none finished yet"
+        raise UsageError(f"{path} is a fleet run (one run folder per hardware id: {inside}); {doing} one of them, "
+                         f"e.g. {path / (runs[0] if runs else '<hardware id>')}")
+    if campaign and (path / CAMPAIGN_FILE).is_file() and not (path / RUN_FILE).is_file():
+        raise UsageError(f"{path} is a campaign (its row is averaged over datasets, with no batch timing); {doing} a "
+                         f"dataset's run folder under {path / 'datasets'}, or read the row with `va-bench aggregate`")
+
+
 def not_a_file_or_folder(path: Path) -> str:
     """Why a path that is neither a regular file nor a folder cannot be read."""
     if path.is_symlink() or path.exists():
@@ -533,6 +547,7 @@ def load_run(path: Path) -> RunFolder:
     if not path.is_dir():
         raise UsageError(path_problem("", path, "not a folder" if path.exists() else "no such folder")
                          + "; pass a run folder, e.g. outputs/<run_id>/")
+    refuse_fleet_or_campaign(path, "report")
     run = read_json_object(path / RUN_FILE) if (path / RUN_FILE).is_file() else {}
     files = submission_files(path)
     if not files:
