@@ -165,6 +165,13 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
     empty.write_text("model: yolox-nano\ndatasets: []\n")
     result = run_in_process("campaign", str(empty), "--output-dir", str(tmp_path / "o2"))
     assert result.returncode == 2 and "lists no datasets" in result.stderr
+    # a weights root without a single dataset's weights: refused before a folder is made (an empty datasets/ and a
+    # campaign.json were left, and the error pointed there)
+    (tmp_path / "no-weights").mkdir()
+    bare = run_in_process("campaign", "--rf100vl", str(tmp_path / "rf"), "--weights-root", str(tmp_path / "no-weights"),
+                          "--model", "yolox-nano", "--output-dir", str(tmp_path / "o4"), "--campaign-id", "c4")
+    assert bare.returncode == 2 and "no folder of it holds the weights" in bare.stderr, bare.stderr
+    assert not (tmp_path / "o4").exists()
     weights = tmp_path / "w.onnx"
     weights.write_bytes(b"weights")
     twins = tmp_path / "twins.yaml"

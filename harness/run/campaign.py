@@ -98,6 +98,11 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
                                      versions.get(folder.name), split))
     if not entries:
         raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
+    if not any(e.weights for e in entries):  # nothing could be scored: refused before a folder is made
+        raise UsageError(path_problem("--weights-root", weights_root, f"no folder of it holds the weights of one of "
+                                      f"the {len(entries)} datasets") + f" (one {'/'.join(sorted(WEIGHT_SUFFIXES))} "
+                         f"file in {weights_root / entries[0].name}/, and so on); give the folder of fine-tuned "
+                         "weights, one folder per dataset")
     return Campaign(model, entries, split, {**RF100VL_OPTIONS, **CAMPAIGN_DEFAULTS, **options},
                     datasets_of=RF100VL_DATASETS)
 
