@@ -248,7 +248,10 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress())
     except RunInterrupted as exc:  # --json: a script still gets the cells' statuses, the finished ones' figures
         if as_json and exc.outcome is not None:
-            print_json(console, summary_json(plan.run_dir, exc.outcome) | {"interrupted": str(exc)})
+            try:
+                print_json(console, summary_json(plan.run_dir, exc.outcome) | {"interrupted": str(exc)})
+            except StdoutGone:  # Ctrl-C reached `| jq` too: the resume line and the signal's exit code still come
+                pass
         raise
     if as_json:
         print_json(console, (summary_json(plan.run_dir, outcome)))
@@ -1014,7 +1017,10 @@ def main() -> None:
         with interrupt_handling(), stdout_kept_for_the_document("--json" in argv) as document:
             if document is not None:
                 console = document_console(document)
-            sys.exit(_run_app(argv))
+            try:
+                sys.exit(_run_app(argv))
+            finally:  # the document's stream is closed when the block ends: the next call (a test's) gets stdout's
+                console = make_consoles()[0]
     except VaBenchError as exc:
         if debug:
             raise

@@ -400,9 +400,12 @@ def _key_hint(key: str) -> str:
 
     wanted = key.strip().lstrip("-").replace("-", "_")
     for name, field in run_option_fields().items():
+        first, *negated = field.json_schema_extra["flags"][0].split("/")
+        if negated and wanted == negated[0].lstrip("-").replace("-", "_"):  # `no-energy: true` means energy: false
+            return f"the key of {first}/{negated[0]} is `{name}`: write `{name}: false` for {negated[0]}"
         flags = {f.lstrip("-").replace("-", "_") for flag in field.json_schema_extra["flags"] for f in flag.split("/")}
         if wanted in flags or wanted == name:
-            return f"the key of {field.json_schema_extra['flags'][0].split('/')[0]} is `{name}`"
+            return f"the key of {first} is `{name}`"
     near = difflib.get_close_matches(wanted, list(RunConfig.model_fields), n=3, cutoff=0.6)
     return (f"did you mean {' or '.join(f'`{n}`' for n in near)}? " if near else "") + \
         "a preset's keys are the run options' field names (`models`, `backends`, `batch_sizes`, ...: docs/running.md)"

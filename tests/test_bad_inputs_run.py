@@ -462,6 +462,7 @@ def test_missing_yolox_weights_name_every_way_to_give_them(monkeypatch, tmp_path
     ("model: yolox-nano", "unknown key 'model'; the key of --model is `models`"),
     ("batch_size: [1]", "unknown key 'batch_size'; the key of --batch-sizes is `batch_sizes`"),
     ("zzz: 1", "unknown key 'zzz'; a preset's keys are the run options' field names"),
+    ("no-energy: true", "the key of --energy/--no-energy is `energy`: write `energy: false` for --no-energy"),
 ])
 def test_a_presets_unknown_key_names_the_file_and_the_key_to_write(tmp_path, line, expect):
     """A typo in a preset, or a flag's name used as its key, says which file and what to write instead (pydantic's

@@ -355,3 +355,22 @@ def test_a_campaign_of_yolo_datasets(tmp_path):
     assert json.loads(row.read_text())["accuracy"]["mAP_50_95"] == pytest.approx(mean, abs=1e-12)
     assert {n: (r["dataset"]["num_images"], r["dataset"]["num_categories"]) for n, r in runs.items()} == {
         "people": (6, 1), "traffic": (6, 2)}
+
+
+def test_a_campaigns_class_map_is_shared_by_its_datasets(monkeypatch, tmp_path):
+    """A campaign's `class_map` serves every dataset, so its dataset runs take it as shared: a key naming another
+    dataset's category is no stray there (a run's own --class-map refuses one)."""
+    from harness.run import campaign as campaign_module
+    from harness.run import plan
+
+    seen = {}
+
+    def prepare(config, **kwargs):
+        seen.update(kwargs)
+        raise campaign_module.UsageError("stop here")
+
+    monkeypatch.setattr(plan, "prepare", prepare)
+    entry = campaign_module.CampaignEntry("pets", str(tmp_path), str(tmp_path / "w.pt"), None, "test")
+    camp = campaign_module.Campaign("yolox-nano", [entry], "test", {"class_map": str(tmp_path / "m.yaml")})
+    result = campaign_module.run_dataset(camp, entry, tmp_path / "datasets", [], None)
+    assert result.reason == "stop here" and seen == {"shared_class_map": True}

@@ -92,6 +92,10 @@ def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
     # a key that names no category of the dataset would rename nothing, silently
     with pytest.raises(UsageError, match=r"--class-map f: 'pedestrian' is no category of the dataset .*fix the file"):
         match_classes("m", ("person", "car"), {1: "person", 2: "car"}, ClassMap("f", {"pedestrian": "person"}))
+    # a campaign's map serves all its datasets: a key of another dataset's is no mistake there
+    shared = ClassMap("m.yaml", {"pedestrian": "0", "vehicle": "1"}, shared=True)
+    assert match_classes("m", ("class_0", "class_1"), {1: "pedestrian"}, shared) == (1, -1)
+    assert match_classes("m", ("class_0", "class_1"), {1: "vehicle"}, shared) == (-1, 1)
 
 
 def test_torchvision_labels_without_a_class_are_not_scored():

@@ -1289,3 +1289,11 @@ def test_the_speed_accuracy_plot_draws_the_boards_fronts(corpus_reports, tmp_pat
     empty = va_bench("aggregate", tmp_path / "few", "--plot", tmp_path / "none.png", "-o", tmp_path / "none.json")
     assert empty.returncode == 2 and "--plot" in empty.stderr and "nothing to draw" in empty.stderr
     assert not (tmp_path / "none.png").exists() and not (tmp_path / "none.json").exists()
+
+
+def test_a_repro_dataset_that_is_no_object_is_a_finding_not_a_crash(tmp_path, base_doc):
+    doc = copy.deepcopy(base_doc)
+    doc["repro"] = {"dataset": "coco2017-val"}
+    reports = _write(tmp_path / "odd", [doc, base_doc])
+    assert reports[0].errors and not _errors(reports[1], "class-map")
+    assert aggregate(reports)["counts"]["included"] == 1

@@ -652,3 +652,19 @@ def test_a_profile_onnx_runtime_cut_short_never_lands_under_its_name(tmp_path):
     with pytest.raises(ValueError, match="not complete JSON"):
         core.finish_profile(tmp_path / "ort_profile__m.json")
     assert not written.exists() and not (tmp_path / "ort_profile__m.json").exists()
+
+
+@requires_coco
+def test_an_interrupted_json_run_whose_reader_left_still_says_how_to_resume(tmp_path):
+    """Ctrl-C reaches `va-bench run --json | jq` whole: jq is gone when the summary is written. The exit code is the
+    signal's and the resume line still comes (it was 141 and no line)."""
+    out = tmp_path / "o"
+    proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "g",
+                 "--json", env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+    wait_for_ok_cells(out / "g", 1, proc, then_running=True)
+    proc.stdout.close()  # the reader is gone
+    proc.send_signal(signal.SIGINT)
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert any(line.startswith("interrupted") and "--resume g" in line for line in stderr.splitlines()), stderr

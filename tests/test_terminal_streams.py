@@ -165,3 +165,21 @@ def test_notes_and_unavailable_plots_wrap_at_80_columns():
     print_report_outcome(console, SimpleNamespace(html="report.html", pngs=[], plots=[plot], gates=None), None)
     lines = console.file.getvalue().splitlines()
     assert len(lines) > 3 and all(len(line) <= 80 for line in lines), lines
+
+
+def test_json_with_stderr_closed_still_prints_the_document():
+    """`2>&-`: nowhere to send what is not the document; stdout carries it as before (it exited 1)."""
+    done = cli("models", "list", "--json", stderr=None, preexec_fn=lambda: os.close(2))
+    assert done.returncode == 0 and json.loads(done.stdout)
+
+
+def test_the_stdout_console_is_stdouts_again_after_a_json_command():
+    """The document's console (its stream closed when the command ends) is not left for the next in-process call."""
+    from conftest import run_in_process
+    from typer.testing import CliRunner
+
+    from harness import cli as va_cli
+
+    assert run_in_process("models", "list", "--json").returncode == 0
+    listed = CliRunner().invoke(va_cli.app, ["models", "list"])
+    assert listed.exit_code == 0 and "yolox-nano" in listed.output

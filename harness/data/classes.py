@@ -46,6 +46,7 @@ class ClassMap:
 
     path: str
     entries: dict[str, str]
+    shared: bool = False  # one map for a campaign's datasets: a key may name another dataset's category
 
     def record(self) -> dict:
         """What a run records of it: the file as given, its entries and their SHA-256 (a later edit of the file
@@ -55,7 +56,7 @@ class ClassMap:
                 "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
 
     @classmethod
-    def read(cls, given: str) -> ClassMap:
+    def read(cls, given: str, shared: bool = False) -> ClassMap:
         path = Path(given).expanduser()
         if not path.is_file():
             raise UsageError(path_problem("--class-map", given, "no such file") + "; give a YAML file of "
@@ -73,7 +74,7 @@ class ClassMap:
         if negative:  # names are compared without separators: "-1" would otherwise read as index 1
             raise UsageError(path_problem("--class-map", given, f"`{negative[0]}` is no class index (indices are "
                                           "0 or more)") + "; fix the file")
-        return cls(str(given), {str(k): str(v) for k, v in data.items()})
+        return cls(str(given), {str(k): str(v) for k, v in data.items()}, shared)
 
 
 def match_classes(model_id: str, class_names: tuple[str | None, ...], categories: dict[int, str],
@@ -113,7 +114,7 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
         else:
             labels[label] = category
     named = {_norm(name) for name in categories.values()}
-    strays = [k for k in (class_map.entries if class_map else {}) if _norm(k) not in named]
+    strays = [k for k in (class_map.entries if class_map and not class_map.shared else {}) if _norm(k) not in named]
     if strays:  # a key that names no category renames nothing: a typo, or a map meant for another dataset
         raise UsageError(f"--class-map {class_map.path}: {', '.join(repr(k) for k in strays[:3])}"
                          f"{f' and {len(strays) - 3} more' if len(strays) > 3 else ''} "

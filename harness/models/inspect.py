@@ -362,6 +362,10 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
         report = inspect_module(source.torch_module(), size, detector.model_id, native=native)
         if getattr(detector, "flops_note", None):  # e.g. Faster R-CNN's proposal-dependent RoI head
             report.notes.append(detector.flops_note)
+        if getattr(detector, "weights_missing", False):
+            report.notes.append("its weights are not downloaded (inspect fetches none): parameters and FLOPs are the "
+                                "architecture's, but trainable counts, zeros and sparsity are an untrained build's; "
+                                "a run downloads them")
         return report
     if source.onnx_model is not None:
         path = getattr(detector, "path", None)

@@ -180,6 +180,7 @@ class TorchvisionDetector:
     dry run or inspect)."""
 
     family = "torchvision"
+    weights_missing = False  # built without fetching its weights (fetch=False): the architecture alone
 
     def __init__(self, name: str, weights: str | Path | None = None, fetch: bool = True):
         if name not in MODELS:
@@ -221,6 +222,7 @@ class TorchvisionDetector:
             return model.eval(), WeightsInfo(file=path.name, sha256=file_sha256(path), source="--weights")
         official = get_model_weights(self.model_id).DEFAULT
         if not fetch and not _checkpoint_path(official).is_file():
+            self.weights_missing = True
             model = self._as_official(builder(weights=None, weights_backbone=None))
             return model.eval(), WeightsInfo(file=_checkpoint_path(official).name, sha256=None,
                                              source=f"torchvision {official} ({official.url}; not downloaded yet)")

@@ -124,7 +124,8 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     if sub.dataset_id == "synthetic":
         out.append(Finding("dataset.id", "synthetic input (--input synthetic: generated images, a timing-only run): "
                            "not publishable; rerun on the dataset to publish", "synthetic-input"))
-    elif sub.dataset_id == "coco2017" and ((sub.repro or {}).get("dataset") or {}).get("class_map"):
+    elif sub.dataset_id == "coco2017" and isinstance(recorded := (sub.repro or {}).get("dataset"), dict) \
+            and recorded.get("class_map"):
         # the COCO boards rank models on COCO's own classes: a renamed scoring is a different question
         out.append(Finding("repro.dataset.class_map", "scored on COCO val2017 through a class map (--class-map): "
                            "its mAP is not the model's on COCO's classes; keep it for your own comparisons, or rerun "

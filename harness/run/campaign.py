@@ -249,7 +249,7 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
     if run_dir.exists():  # an unfinished run (killed, or failed before): the dataset runs again
         shutil.rmtree(run_dir)
     try:
-        plan = prepare(dataset_config(campaign, entry, datasets_dir, **overrides))
+        plan = prepare(dataset_config(campaign, entry, datasets_dir, **overrides), shared_class_map=True)
         outcome = (execute or run_with_interrupts)(plan, argv, progress)
     except RunInterrupted:
         raise

@@ -132,9 +132,10 @@ def check_device(device: Device, config: RunConfig, fleet_node: bool = False) ->
     return gpu_processes(device.index, config.allow_shared_gpu)
 
 
-def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) -> RunPlan:
+def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
+            shared_class_map: bool = False) -> RunPlan:
     """Resolve dataset, models and cells. Raises UsageError on bad input; writes nothing (a dry run does not
-    even create --output-dir)."""
+    even create --output-dir). `shared_class_map`: --class-map is a campaign's, for all its datasets."""
     config = engine_defaults(config)  # --backend tensorrt: --precision/--tf32 not given are the engine's build's
     backend_options = check_runtimes(config)  # what the options alone decide: before torch or a model is imported
     from harness.data.classes import ClassMap
@@ -147,7 +148,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False) 
         records = dataset.records(variant)
         if not dry_run:  # the images' strict decode overlaps the imports below (its threads release the GIL)
             integrity = find_corrupt_images_in_background(records)
-    class_map = ClassMap.read(config.class_map) if config.class_map else None
+    class_map = ClassMap.read(config.class_map, shared_class_map) if config.class_map else None
     from harness.measure.device import parse_device  # torch, and the models' libraries, from here on
     from harness.models.registry import get_detector
 

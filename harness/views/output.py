@@ -85,12 +85,12 @@ class _ToStderr(io.TextIOBase):
     (and is dropped, not raised in the library, where stderr's reader has gone)."""
 
     def write(self, text: str) -> int:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
             sys.stderr.write(text)
         return len(text)
 
     def flush(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.stderr.flush()
 
     def isatty(self) -> bool:
@@ -111,8 +111,8 @@ def stdout_kept_for_the_document(document: bool) -> Iterator[TextIO | None]:
     descriptor from C, go to stderr until the command ends; yields the stream the document is written to (None:
     no document, or no stdout)."""
     original = sys.stdout
-    if not document or original is None:
-        yield None
+    if not document or original is None or not _open_descriptor(2) or sys.stderr is None:
+        yield None  # no stderr to send the rest to (`2>&-`): stdout stays as it is
         return
     try:
         descriptor = original.fileno() == 1
@@ -129,13 +129,21 @@ def stdout_kept_for_the_document(document: bool) -> Iterator[TextIO | None]:
     finally:
         sys.stdout = original
         if descriptor:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, AttributeError):
                 sys.stderr.flush()
             with contextlib.suppress(OSError):
                 stream.flush()
             os.dup2(stream.fileno(), 1)
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def _open_descriptor(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _terminal_width(stream: Any, default: int) -> int:
