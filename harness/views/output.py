@@ -15,6 +15,7 @@ from rich.console import Console
 from harness.files import json_text
 
 MIN_COLUMNS = 20  # a $COLUMNS below this (0 from a broken terminal) would blank every line: not taken
+PIPED_COLUMNS = 160  # stdout that is no terminal (a pipe, a CI log, a --json document)
 
 
 # What a terminal that cannot show the symbols the tables use gets instead: the width rich laid a table out for is
@@ -69,15 +70,15 @@ def make_consoles() -> tuple[Console, Console]:
     # rich reads $COLUMNS itself: an unusable one is replaced by the terminal's width, else a default
     unusable = bool(columns) and given is None
     out = _Stdout(emoji=False, width=_terminal_width(sys.stdout, 80) if unusable else None)  # "cuda:x:" is text
-    if not out.is_terminal:  # piped/CI output: 160 columns unless $COLUMNS says otherwise
-        out = _Stdout(width=given or 160, emoji=False)
+    if not out.is_terminal:  # piped/CI output: PIPED_COLUMNS unless $COLUMNS says otherwise
+        out = _Stdout(width=given or PIPED_COLUMNS, emoji=False)
     err = _Stderr(stderr=True, emoji=False, width=_terminal_width(sys.stderr, 80) if unusable else None)
     return out, err
 
 
 def document_console(stream: TextIO) -> Console:
     """The stdout console of a `--json` command: it writes to `stream` (see stdout_kept_for_the_document)."""
-    return _Stdout(file=stream, width=160, emoji=False)
+    return _Stdout(file=stream, width=PIPED_COLUMNS, emoji=False)
 
 
 class _ToStderr(io.TextIOBase):
