@@ -16,6 +16,17 @@ from conftest import COCO_DIR, requires_coco, run_in_process
 from rf100vl_fake import DATASETS, IMAGES, fake_rf100vl
 
 
+@pytest.fixture
+def quick_runs(monkeypatch):
+    """Each dataset's run with one warm-up batch and no warm-up time (it ran until its batch times settled, up to 10 s
+    a dataset on a busy machine), and the fewest timed batches: these tests check rows, means and files, not how a
+    run times."""
+    from harness.run import campaign
+
+    monkeypatch.setattr(campaign, "CAMPAIGN_DEFAULTS", {**campaign.CAMPAIGN_DEFAULTS, "warmup_batches": 1,
+                                                        "warmup_seconds": 0.0, "min_timed_batches": 2})
+
+
 def _campaign(tmp_path: Path, *extra: str):
     return run_in_process("campaign", "--rf100vl", str(tmp_path / "rf"), "--weights-root", str(tmp_path / "w"),
                           "--model", "yolox-nano", "--output-dir", str(tmp_path / "out"), "--campaign-id", "c1",
@@ -23,7 +34,7 @@ def _campaign(tmp_path: Path, *extra: str):
 
 
 @requires_coco
-def test_rf100vl_campaign_row(tmp_path):
+def test_rf100vl_campaign_row(tmp_path, quick_runs):
     from harness.results.site_rules import is_rf100vl
     from harness.results.validate import validate_paths
 
@@ -153,7 +164,7 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
 
 
 @requires_coco
-def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path):
+def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
     """Resuming a campaign id with other options is refused (its finished datasets would mix); a YAML without
     datasets, or with two names that make one folder, is refused in one line."""
     fake_rf100vl(tmp_path / "rf", tmp_path / "w")
@@ -316,7 +327,7 @@ def test_every_dataset_name_makes_a_run_id(name):
 
 
 @requires_coco
-def test_a_campaign_of_yolo_datasets(tmp_path):
+def test_a_campaign_of_yolo_datasets(tmp_path, quick_runs):
     """A campaign file's datasets may be YOLO datasets (their YAML, or the folder holding it): each is run on the
     campaign's split, its classes matched by name to its fine-tuned checkpoint's, and the row is the mean of the
     datasets' own runs; a dataset whose labels are broken is skipped and named, the others go on."""

@@ -5,6 +5,7 @@ equal to the per_class file's."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 
@@ -118,22 +119,32 @@ def _pycocotools_reference(coco_gt, detections: list[dict], image_ids: list[int]
     return ids, counts
 
 
+@pytest.fixture(scope="module")
+def reference_of_cell(ort_run):
+    """`_pycocotools_reference` of the sample run's batch-8 cell at (confidence, cap), each computed once for the
+    module's tests (both evaluators' operating points are the same confidence); callers only read it."""
+    plan, _ = ort_run
+    detections = json.loads(next(plan.run_dir.glob("detections/*__b8.json")).read_text())
+    image_ids = list(plan.variant.image_ids)
+    return functools.cache(lambda confidence, cap: _pycocotools_reference(plan.dataset.coco, detections, image_ids,
+                                                                          confidence, cap))
+
+
 @pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
-def test_a_real_cell_against_pycocotools_matches_and_its_own_operating_point(ort_run, evaluator):
+def test_a_real_cell_against_pycocotools_matches_and_its_own_operating_point(ort_run, reference_of_cell, evaluator):
     """yolox-nano on the sample: the matrix equals the one built from pycocotools' evalImgs, cell for cell, also
     under a cap of 3 (the evaluation's, which applies per image and category); each class's diagonal over its row
     and its column is the per_class file's recall and precision at the operating point."""
     plan, _ = ort_run
     path = next(plan.run_dir.glob("detections/*__b8.json"))
     coco_gt, image_ids = plan.dataset.coco, list(plan.variant.image_ids)
-    detections = json.loads(path.read_text())
     for cap in (100, 3):
         evaluation = evaluate_cell_file(coco_gt, path, image_ids, evaluator, cap)
         document = per_class_document(evaluation, plan.dataset.categories, cap)
         ids, counts = _matrix(document)
         confidence = evaluation.primary.operating_point.confidence
         assert document["confusion_matrix"]["confidence"] == round(confidence, 6)
-        expected_ids, expected = _pycocotools_reference(coco_gt, detections, image_ids, confidence, cap)
+        expected_ids, expected = reference_of_cell(confidence, cap)
         assert ids == expected_ids
         np.testing.assert_array_equal(counts, expected)
         assert counts.trace() > 500 and counts[:-1, :-1].sum() - counts[:-1, :-1].trace() > 20  # real confusions

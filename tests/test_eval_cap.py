@@ -4,6 +4,7 @@ pycocotools' own summarize on the same detections."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 
@@ -62,18 +63,26 @@ def _pycocotools(coco, dets, ids, max_dets):
     return ev
 
 
+@pytest.fixture(scope="module")
+def pycocotools_of_sample(sample):
+    """pycocotools' own COCOeval of the sample's detections at the maxDets given (a tuple), each evaluated once for
+    the module's tests (~2-4 s each: pure Python); callers only read it."""
+    coco, ids, dets = sample
+    return functools.cache(lambda max_dets: _pycocotools(coco, dets, ids, list(max_dets)))
+
+
 @requires_coco
-def test_cap_100_is_pycocotools_summarize(sample):
+def test_cap_100_is_pycocotools_summarize(sample, pycocotools_of_sample):
     coco, ids, dets = sample
     ours = evaluate_bbox(coco, dets, ids)
-    theirs = _pycocotools(coco, dets, ids, [1, 10, 100]).stats
+    theirs = pycocotools_of_sample((1, 10, 100)).stats
     assert list(ours) == list(STAT_NAMES)
     assert [ours[k] for k in STAT_NAMES] == pytest.approx(list(theirs), abs=1e-12)
 
 
 @requires_coco
 @pytest.mark.parametrize("evaluator", ["pycocotools", "faster-coco-eval"])
-def test_cap_500_reads_ap_at_the_cap(sample, evaluator, tmp_path):
+def test_cap_500_reads_ap_at_the_cap(sample, pycocotools_of_sample, evaluator, tmp_path):
     """pycocotools' summarize reads mAP_50..mAP_large and the area ARs at maxDets[2]: with maxDets [1, 10, 500]
     that is the cap, an independent value for ours at [1, 10, 100, 500] (its mAP_50_95 is read at a literal 100,
     so that one is the mean of pycocotools' own precision array at the cap); AR1/AR10/AR100 at their own caps
@@ -82,12 +91,12 @@ def test_cap_500_reads_ap_at_the_cap(sample, evaluator, tmp_path):
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(dets))
     ours, per_class = evaluate_bbox_file_per_class(coco, path, ids, evaluator, cap=500)
-    at_cap = _pycocotools(coco, dets, ids, [1, 10, 500]).stats
-    at_100 = _pycocotools(coco, dets, ids, [1, 10, 100]).stats
+    at_cap = pycocotools_of_sample((1, 10, 500)).stats
+    at_100 = pycocotools_of_sample((1, 10, 100)).stats
     assert max_dets_for(500) == [1, 10, 100, 500]
     for i, key in enumerate(("mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large"), start=1):
         assert ours[key] == pytest.approx(at_cap[i], abs=1e-12), key
-    ref = _pycocotools(coco, dets, ids, [1, 10, 100, 500])
+    ref = pycocotools_of_sample((1, 10, 100, 500))
     everything = ref.eval["precision"][:, :, :, 0, 3]
     assert ours["mAP_50_95"] == pytest.approx(float(np.mean(everything[everything > -1])), abs=1e-12)
     assert [ours["AR_small"], ours["AR_medium"], ours["AR_large"]] == pytest.approx(list(at_cap[9:12]), abs=1e-12)

@@ -206,7 +206,7 @@ def cluster(tmp_path_factory):
         common = {"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"}
         c = Cluster(initialize_head=True, head_node_args={
             **common, "resources": {"hw:alpha": 1, "va-bench-slot": 1},
-            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
         try:
             c.add_node(**common, resources={"hw:beta": 1, "va-bench-slot": 1})
             ray.init(address=c.address, log_to_driver=False)
@@ -381,12 +381,14 @@ def test_a_killed_task_marks_its_cells_the_rest_finishes_and_resume_completes(cl
 
 
 @requires_coco
-def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path):
+def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path, monkeypatch):
     """A third raylet ("gamma") is removed while it benchmarks: its running group is interrupted (the task
     died) and its queued group too (no node of that hardware is left); the driver does not hang."""
     from harness.config import RunConfig
+    from harness.fleet import driver as fleet_module
     from harness.fleet.driver import prepare_fleet, run_fleet
 
+    monkeypatch.setattr(fleet_module, "LIVENESS_EVERY_S", 0.5)  # the driver looks for dead nodes every 0.5 s, not 5
     c = cluster["cluster"]
     gamma = c.add_node(**cluster["common"], resources={"hw:gamma": 1, "va-bench-slot": 1})
     config = RunConfig(models=[SYNTHETIC], backends=["pytorch"], input_sizes=[64, 96], batch_sizes=[1, 2],
@@ -478,10 +480,14 @@ def test_a_campaign_on_the_fleet_runs_a_task_per_dataset_and_gives_the_local_row
 
 
 @requires_coco
-def test_campaign_datasets_queued_for_hardware_that_is_gone_are_skipped_not_waited_for(cluster, tmp_path):
+def test_campaign_datasets_queued_for_hardware_that_is_gone_are_skipped_not_waited_for(cluster, tmp_path,
+                                                                                       monkeypatch):
     import ray
 
+    from harness.fleet import campaign as campaign_module
     from harness.fleet.campaign import prepare_campaign_fleet
+
+    monkeypatch.setattr(campaign_module, "LIVENESS_EVERY_S", 0.5)  # looks for dead nodes every 0.5 s, not 5
     from harness.run.campaign import Campaign, CampaignEntry
     from harness.run.progress import SilentProgress
 
@@ -491,7 +497,7 @@ def test_campaign_datasets_queued_for_hardware_that_is_gone_are_skipped_not_wait
     c.remove_node(delta, allow_graceful=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and any(n["Alive"] and "hw:delta" in n["Resources"] for n in ray.nodes()):
-        time.sleep(0.5)
+        time.sleep(0.1)
     (tmp_path / "d" / "test").mkdir(parents=True)
     (tmp_path / "d" / "test" / "_annotations.coco.json").write_text('{"images": [], "annotations": [], '
                                                                     '"categories": []}')

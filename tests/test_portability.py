@@ -39,41 +39,88 @@ for name in ("SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT", "s
         delattr(signal, name)
 if hasattr(time, "CLOCK_BOOTTIME"):
     delattr(time, "CLOCK_BOOTTIME")
+import json, tempfile, traceback
 from harness.__main__ import main
-sys.argv = ["va-bench", *sys.argv[1:]]
-main()
+# The commands run one after another in this process (one interpreter start, not one per command), each as its
+# own process would: its own argv, stdout and stderr (the descriptors, as a pipe), its own lock table, and its
+# exit through harness.process_exit.leave to the end (the exit handlers run; only os._exit becomes the return).
+class Left(BaseException):
+    pass
+def _exit(code):
+    raise Left(code)
+os._exit = _exit
+results = []
+for args in json.loads(sys.argv[1]):
+    held.clear()
+    sys.argv = ["va-bench", *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush(); sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        try:
+            main()
+            code = 0
+        except Left as exc:
+            code = exc.args[0]
+        except SystemExit as exc:  # as the interpreter ends on it
+            code = exc.code
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+            code = code or 0
+        except BaseException:  # an uncaught error: the traceback a process would print
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.close(saved[0]); os.close(saved[1])
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+    results.append([code, *texts])
+print(json.dumps(results))
 '''
 
 
-def _va_bench_windows_like(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WINDOWS_LIKE, *args], capture_output=True, text=True, cwd=cwd,
-                          env={**__import__("os").environ, "VA_BENCH_TEST_FORWARD_MS": "1",
-                               "PYTHONPATH": str(REPO)}, timeout=600)
+def _va_bench_windows_like(*commands: list[str], cwd) -> list[subprocess.CompletedProcess]:
+    """Each command (`va-bench ARGS`) as its process would end, run in turn in one Windows-like interpreter."""
+    done = subprocess.run([sys.executable, "-c", WINDOWS_LIKE, json.dumps([list(map(str, c)) for c in commands])],
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**__import__("os").environ, "VA_BENCH_TEST_FORWARD_MS": "1", "PYTHONPATH": str(REPO)},
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout, done.stderr[-2000:]
+    return [subprocess.CompletedProcess(c, code, out, err)
+            for c, (code, out, err) in zip(commands, json.loads(done.stdout.splitlines()[-1]), strict=True)]
 
 
 @requires_coco
 def test_the_main_commands_run_without_posix_only_calls(tmp_path):
     out = tmp_path / "runs"
-    run = _va_bench_windows_like("run", "--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset",
-                                 "sample", "--limit", "6", "--batch-sizes", "1", "2", "--coco-dir", str(COCO_DIR),
-                                 "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2",
-                                 "--draw-images", "1", "--no-energy", "--output-dir", str(out), "--run-id", "w",
-                                 "--layers", "--json", cwd=tmp_path)
+    log = str(tmp_path / "log.md")
+    checked = (["validate", str(out / "w")], ["aggregate", str(out / "w"), "--json"],
+               ["compare", str(out / "w"), str(out / "w")], ["--version"])
+    run, report, again, *done = _va_bench_windows_like(
+        ["run", "--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset", "sample", "--limit", "6",
+         "--batch-sizes", "1", "2", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds", "0",
+         "--min-timed-batches", "2", "--draw-images", "1", "--no-energy", "--output-dir", str(out), "--run-id", "w",
+         "--layers", "--json"],
+        ["report", str(out / "w"), "--log", log], ["report", str(out / "w"), "--log", log], *checked, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)  # --json: the document alone on stdout
     cells = json.loads((out / "w" / "run.json").read_text())["cells"]
     assert [c["status"] for c in cells] == ["ok", "ok"]
     sub = json.loads((out / "w" / cells[0]["submission"]).read_text())
     assert "/" in cells[0]["submission"] and "\\" not in json.dumps(sub["artifacts"])
-    report = _va_bench_windows_like("report", str(out / "w"), "--log", str(tmp_path / "log.md"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "w" in (tmp_path / "log.md").read_text()
-    again = _va_bench_windows_like("report", str(out / "w"), "--log", str(tmp_path / "log.md"), cwd=tmp_path)
     assert again.returncode == 2 and "already has a section" in again.stderr  # the log read back from its start
-    for command in (["validate", str(out / "w")], ["aggregate", str(out / "w"), "--json"],
-                    ["compare", str(out / "w"), str(out / "w")], ["--version"]):
-        done = _va_bench_windows_like(*command, cwd=tmp_path)
-        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, (command, done.stderr[-2000:])
-        assert "rerun with --debug" not in done.stderr, (command, done.stderr[-2000:])  # no internal error
+    for command, result in zip(checked, done, strict=True):
+        assert result.returncode in (0, 1) and "Traceback" not in result.stderr, (command, result.stderr[-2000:])
+        assert "rerun with --debug" not in result.stderr, (command, result.stderr[-2000:])  # no internal error
+    assert done[-1].stdout.strip()  # --version printed it
 
 
 def test_names_commands_and_machine_facts_as_each_platform_has_them(monkeypatch):

@@ -210,7 +210,8 @@ import sys, runpy, torch
 import harness.process_exit
 harness.process_exit.leave = sys.exit  # the CLI's fast exit would end this script before its checks
 sys.argv = ["va-bench", "run", "--batch-sizes", "8", "--subset", "sample", "--limit", "8", "--no-layers",
-            "--no-profile", "--no-energy", "--draw-images", "0", "--output-dir", {str(tmp_path)!r}]
+            "--no-profile", "--no-energy", "--draw-images", "0", "--warmup-batches", "1", "--warmup-seconds", "0",
+            "--min-timed-batches", "2", "--output-dir", {str(tmp_path)!r}]
 try:
     runpy.run_module("harness", run_name="__main__")
 except SystemExit as exc:
