@@ -222,3 +222,52 @@ def test_a_score_equal_to_conf_is_kept_by_every_kind(spec, resolved):
         decoded = DenseCandidates(boxes=boxes[None], scores=scores[None, :, None])
     (kept_boxes, kept_scores, _), = _run(decoded, spec, _transforms()[:1])
     assert kept_scores.tolist() == [0.5, 0.25] and np.array_equal(kept_boxes, boxes[:2].numpy())
+
+
+def test_an_untrained_models_crowd_is_selected_class_by_class_as_torchvision_selects_it(monkeypatch):
+    """An image of more candidates than CLASS_BY_CLASS_ABOVE (an untrained model's near-even scores: every class
+    of every anchor) runs one kernel call per class, and keeps what torchvision's batched_nms keeps (its own
+    class-by-class loop at that size); a smaller image in the same batch keeps the single call's result."""
+    from harness.pipeline import postprocess
+
+    g = torch.Generator().manual_seed(3)
+    counts = [postprocess.CLASS_BY_CLASS_ABOVE + 2000, 600]
+    n = sum(counts)
+    xy, wh = torch.rand(n, 2, generator=g) * 320, torch.rand(n, 2, generator=g) * 60 + 4
+    cands = BatchCandidates(boxes=torch.cat((xy - wh / 2, xy + wh / 2), dim=1), scores=torch.rand(n, generator=g),
+                            labels=torch.randint(0, 80, (n,), generator=g),
+                            image=torch.repeat_interleave(torch.arange(2), torch.tensor(counts)), counts=counts)
+    calls, kernel = [], postprocess.nms
+
+    def counted(boxes, scores, iou):
+        calls.append(len(scores))
+        return kernel(boxes, scores, iou)
+
+    monkeypatch.setattr(postprocess, "nms", counted)
+    kept = postprocess.nms_batch(cands, 0.65, 300)
+    assert len(calls) == len(torch.unique(cands.labels[:counts[0]])) + 1  # a call a class, then one for the other
+    start = 0
+    for i, count in enumerate(counts):
+        part = slice(start, start + count)
+        order = batched_nms(cands.boxes[part], cands.scores[part], cands.labels[part], 0.65)[:300] + start
+        got = slice(sum(kept.counts[:i]), sum(kept.counts[:i + 1]))
+        assert kept.counts[i] == 300 and torch.equal(kept.boxes[got], cands.boxes[order]), i
+        assert torch.equal(kept.scores[got], cands.scores[order]) and torch.equal(kept.labels[got], cands.labels[order])
+        start += count
+
+
+def test_class_by_class_orders_equal_scores_as_the_single_call_does():
+    """Scores on a coarse grid (many equal): the class-by-class selection keeps the same boxes in the same order as
+    the single kernel call over shifted classes, which orders equal scores by index."""
+    from harness.pipeline.nms_kernel import nms
+    from harness.pipeline.postprocess import nms_class_by_class
+
+    g = torch.Generator().manual_seed(4)
+    xy, wh = torch.rand(3000, 2, generator=g) * 100, torch.rand(3000, 2, generator=g) * 30 + 2
+    boxes = torch.cat((xy - wh / 2, xy + wh / 2), dim=1)
+    scores = torch.randint(1, 20, (3000,), generator=g).float() / 20
+    labels = torch.randint(0, 30, (3000,), generator=g)
+    shifted = boxes + (labels.to(boxes) * (boxes.max() + 1))[:, None]
+    single = nms(shifted, scores, 0.5)
+    assert len(single) > 500 and len(set(scores[single].tolist())) < len(single) // 10  # many equal scores kept
+    assert torch.equal(nms_class_by_class(boxes, scores, labels, 0.5), single)
