@@ -12,6 +12,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -360,6 +362,60 @@ def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_
     assert "disagreed with its source: removed" in fourth.conversion["converted_again"]
     assert fourth.conversion["cached"] is False and fourth.conversion["checked"]["max_relative_diff"] < 1e-3
     assert np.allclose(fourth(torch.from_numpy(x))[0].numpy(), first(torch.from_numpy(x))[0].numpy())
+
+
+# Run in a fresh interpreter: with the fault it guards against, the signal kills the process that receives it.
+CROSSED_LIFETIMES = """
+import ctypes, os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from conftest import load_source
+from harness.backends import openvino
+from harness.detector.graph import make_batch_dynamic
+from harness.detector.source import CoreSource
+from harness.measure.device import parse_device
+import onnx
+
+class Stack(ctypes.Structure):
+    _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+def signal_stack_mapped():
+    stack = Stack()
+    ctypes.CDLL(None).sigaltstack(None, ctypes.byref(stack))
+    if stack.flags & 2:  # SS_DISABLE: the thread's own stack serves
+        return True
+    for line in open("/proc/self/maps"):
+        low, high = (int(x, 16) for x in line.split()[0].split("-"))
+        if low <= stack.sp and stack.sp + stack.size <= high:
+            return True
+    return False
+
+graph = make_batch_dynamic(onnx.load(os.environ["VA_BENCH_YOLOX_NANO"]))
+source = CoreSource("yolox-nano", onnx_model=lambda: graph)
+load = lambda: load_source(source, "openvino", parse_device("cpu"), "fp32", (416, 416))
+first = load()
+second = load()  # loaded while the first lives, as a cache entry converted again is
+del first
+third = load()
+del second, third
+assert signal_stack_mapped(), "the main thread's signal stack points at unmapped memory"
+try:
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    print("interrupted cleanly")
+"""
+
+
+@requires_yolox
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack and /proc/self/maps are Linux's")
+def test_openvino_cores_with_crossing_lifetimes_leave_ctrl_c_a_clean_stop(tmp_path):
+    # OpenVINO's CPU plugin swaps the loading thread's signal stack and puts the old one back when it goes: cores
+    # of their own, freed out of order, left it unmapped, and Ctrl-C was a segmentation fault
+    need("openvino")
+    env = {**os.environ, "VA_BENCH_WEIGHTS": str(tmp_path), "VA_BENCH_YOLOX_NANO": str(YOLOX_NANO)}
+    done = subprocess.run([sys.executable, "-c", CROSSED_LIFETIMES, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "interrupted cleanly" in done.stdout, (done.returncode, done.stderr[-800:])
 
 
 @requires_yolox

@@ -18,6 +18,8 @@ out of the request's buffers, is the transfer stage, so the batch's stages still
 
 Converted models are cached (IR files) by the graph's SHA-256, the OpenVINO (and NNCF) version and the
 precision (and calibration set); the record names converter, version and cache file.
+
+Every core compiles through the process's one `ov.Core` (`openvino_runtime`): see there for why.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,21 @@ def _type_name(value: Any) -> str:
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name)
 
 
+@cache
+def openvino_runtime() -> Any:
+    """The process's one `ov.Core`, kept until the process ends.
+
+    OpenVINO's CPU plugin (one per `ov.Core`) gives the thread that loads it an alternate signal stack of its own
+    (AMX's larger register state needs room), and when it goes it puts back the stack it found and unmaps its own.
+    Two cores whose lifetimes cross (a damaged cache entry converted again while the first core still lives) leave
+    the thread's signal stack pointing at unmapped memory: the next signal Python handles on it (Ctrl-C, SIGTERM)
+    is a segmentation fault instead of a clean stop, or, once the addresses are reused, a signal frame written over
+    other memory. One plugin for the process has nothing to cross."""
+    import openvino as ov
+
+    return ov.Core()
+
+
 def cpu_has_native_fp16(ov_core: Any) -> bool:
     """Whether the CPU plugin computes fp16 natively here (AVX512_FP16/AMX-FP16, ARM fp16)."""
     return "FP16" in ov_core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
@@ -83,13 +101,11 @@ class OpenVinoCore:
 
     def __init__(self, name: str, graph: onnx.ModelProto, device: Device, threads: int | None, precision: str,
                  input_size: tuple[int, int], perf_count: bool = False, throughput: bool = False):
-        import openvino as ov
-
         self.name, self.device, self.threads, self.precision = name, device, threads, precision
         self.input_size = input_size
         self._graph_bytes = graph.SerializeToString()
         self.graph_sha256 = hashlib.sha256(self._graph_bytes).hexdigest()
-        self._ov = ov.Core()
+        self._ov = openvino_runtime()
         self.perf_count = perf_count
         self.conversion: dict[str, Any] = {}
         self.quantization: dict[str, Any] | None = None
