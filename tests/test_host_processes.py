@@ -245,13 +245,23 @@ def test_a_call_interrupted_on_its_thread_leaves_no_answer_for_the_next_caller()
 
     pool = shared_host_processes(1)
     first = pool._call(os.getpid)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # an earlier test's run may have set its own
+    armed = threading.Event()
+
+    def interrupt(signum, frame):
+        if armed.is_set():  # a signal that arrives once the call is over is dropped, not raised into another test
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)  # an earlier test's run may have set its own
+    timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
     try:
-        timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+        armed.set()
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             pool._call(time.sleep, 2)
     finally:
+        armed.clear()
+        timer.cancel()
+        timer.join()
         signal.signal(signal.SIGINT, previous)
     assert pool._call(abs, -5) == 5  # not the sleep's None
     assert pool._call(os.getpid) != first  # a new process serves
