@@ -401,8 +401,9 @@ def test_a_stream_that_waits_for_host_work_is_flagged():
 
 
 def test_a_run_whose_forward_waits_for_its_preparation_says_so(tmp_path_factory, monkeypatch, _needs_assets):
-    """A real overlapped run whose decode is made slow (50 ms an image, 200 ms a batch of 4 against a forward of
-    ~40 ms on one worker): the cell's timing carries the warning, with the record's own figures."""
+    """A real overlapped run whose decode is made slow (200 ms an image, 800 ms a batch of 4 against a forward of
+    ~40 ms on one worker: a margin that a loaded box, slowing the forward several times, does not close): the
+    cell's timing carries the warning, with the record's own figures."""
     import time
 
     from harness.pipeline import pipeline as pipeline_module
@@ -410,7 +411,7 @@ def test_a_run_whose_forward_waits_for_its_preparation_says_so(tmp_path_factory,
     decode = pipeline_module.decode_bytes
 
     def slow_decode(data, path):
-        time.sleep(0.05)
+        time.sleep(0.2)
         return decode(data, path)
 
     monkeypatch.setattr(pipeline_module, "decode_bytes", slow_decode)
@@ -419,7 +420,7 @@ def test_a_run_whose_forward_waits_for_its_preparation_says_so(tmp_path_factory,
                                  draw_images=0, min_timed_batches=6)
     (warning,) = [w for w in record.timing.warnings if w.startswith("overlapped: the forward waited")]
     spent = record.runtime["host"]["forward_thread"]["ms_per_batch"]
-    assert spent["waiting_for_preparation"] > spent["forward"]  # 200 ms of decoding against a ~40 ms forward
+    assert spent["waiting_for_preparation"] > spent["forward"]  # 800 ms of decoding against a ~40 ms forward
     assert f"preparation {spent['waiting_for_preparation']:.1f}" in warning
 
 
