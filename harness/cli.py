@@ -535,7 +535,6 @@ def data_check(
         summary = summarize(data, variant)
     else:
         summary = summarize(data, variant, detector.model_id, model_class_names(detector), matched[detector.model_id])
-    imports_done()
     if as_json:
         print_json(console, summary.to_dict())
     else:

@@ -4,7 +4,7 @@ buffered output and non-daemon threads behave as with sys.exit."""
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, requires_coco, run_in_process
 
 
 def _run(body: str) -> subprocess.CompletedProcess:
@@ -96,6 +96,18 @@ def test_a_command_plans_without_collections_and_leaves_the_collector_as_it_foun
         assert not gc.isenabled() and gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+@requires_coco
+def test_every_command_leaves_the_collector_as_it_found_it():
+    # a command that froze the collector's objects without thawing them left the next command in the process
+    # (the tests) a collector blind to everything that existed before it
+    import gc
+
+    for args in (["data", "check", "--subset", "sample"], ["run", "--dry-run", "--limit", "8"]):
+        done = run_in_process(*args)
+        assert done.returncode == 0, done.stderr
+        assert gc.isenabled() and gc.get_freeze_count() == 0, args
 
 
 def test_ctrl_c_while_the_cli_imports_is_one_line():
