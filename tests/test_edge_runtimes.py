@@ -779,9 +779,6 @@ def test_the_control_loop_of_bench_runtimes_runs_the_harness_ir_with_its_propert
     """`make bench-runtimes`'s control: OpenVINO's sync infer() in a plain loop on the IR and properties a core
     uses, its median by OpenVINO's own clock, in the line format benchmark_app prints."""
     need("openvino")
-    import subprocess
-    import sys
-
     from harness.bench.openvino_loop import LOOP_STARTS
     from harness.bench.runtimes import MEDIAN_LINE
     from harness.models.registry import get_detector

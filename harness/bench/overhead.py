@@ -242,9 +242,11 @@ def runtime_own_loop(core, batch: torch.Tensor, device):
     if core.backend == "openvino" and getattr(core, "_model", None) is not None:
         import openvino as ov
 
+        from harness.backends.openvino import openvino_runtime
+
         model = core._model.clone()
         model.reshape({0: list(batch.shape)})
-        request = ov.Core().compile_model(model, "CPU", core.properties).create_infer_request()
+        request = openvino_runtime().compile_model(model, "CPU", core.properties).create_infer_request()
         request.set_input_tensor(ov.Tensor(batch.numpy().copy()))
 
         def loop():
