@@ -66,10 +66,12 @@ bench-masks: $(STAMP)
 
 # Two processes, a test file each at a time (its fixtures stay in one process). OpenMP's threads wait passively:
 # spinning, each process's idle threads took the cores the other needed, and two were no faster than one.
-# TEST_WORKERS=0 runs the suite in this process.
+# A process that dies is that test's failure, not restarted to die again. TEST_WORKERS=0 runs the suite in this
+# process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not catalogue and not heavy"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 \
+		-m "not catalogue and not heavy"
 
 # matrices that grow with the catalogue (every variant of a family); run before a change to a family or runtime lands
 test-slow: $(STAMP)
