@@ -369,7 +369,6 @@ CROSSED_LIFETIMES = """
 import ctypes, os, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from conftest import load_source
-from harness.backends import openvino
 from harness.detector.graph import make_batch_dynamic
 from harness.detector.source import CoreSource
 from harness.measure.device import parse_device

@@ -99,7 +99,7 @@ def test_a_command_plans_without_collections_and_leaves_the_collector_as_it_foun
 
 
 @requires_coco
-def test_every_command_leaves_the_collector_as_it_found_it():
+def test_data_check_and_a_dry_run_leave_the_collector_as_they_found_it():
     # a command that froze the collector's objects without thawing them left the next command in the process
     # (the tests) a collector blind to everything that existed before it
     import gc
