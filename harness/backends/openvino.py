@@ -74,7 +74,8 @@ def openvino_runtime() -> Any:
     Two cores whose lifetimes cross (a damaged cache entry converted again while the first core still lives) leave
     the thread's signal stack pointing at unmapped memory: the next signal Python handles on it (Ctrl-C, SIGTERM)
     is a segmentation fault instead of a clean stop, or, once the addresses are reused, a signal frame written over
-    other memory. One plugin for the process has nothing to cross."""
+    other memory. With one Core for the process the run's cores share one plugin, which outlives them; a short-lived
+    Core made elsewhere while it lives (NNCF's, during int8 calibration) puts this plugin's stack back when it goes."""
     import openvino as ov
 
     return ov.Core()
