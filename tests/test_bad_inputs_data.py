@@ -155,6 +155,7 @@ def _normalised_by_image(data):
                 for a in x["annotations"] if a["bbox"][0] + 2 * a["bbox"][2] > 1], "are the boxes [x1, y1, x2, y2]?"),
     (lambda x: [a.update(bbox=[v / 1000 for v in a["bbox"]]) for a in x["annotations"]], "normalised coordinates?"),
     (_normalised_by_image, "normalised coordinates?"),
+    (lambda x: [a.update(area=0) for a in x["annotations"]], "every box's area is 0"),
     (lambda x: x["annotations"][0].update(category_id=999), "999 is not in categories"),
     (lambda x: x["annotations"][0].update(image_id=1), "1 is not in images"),
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
@@ -166,8 +167,8 @@ def _normalised_by_image(data):
 ], ids=["path traversal", "absolute path", "Windows separators", "NaN bbox", "3-number bbox", "negative size",
         "zero width", "left of its image",
         "past its image", "corners, not sizes", "normalised", "normalised by image, one a full-image box",
-        "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id", "duplicate annotation id",
-        "duplicate category id", "negative category id"])
+        "every area 0", "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id",
+        "duplicate annotation id", "duplicate category id", "negative category id"])
 def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(_edit(sample, change)))  # json writes NaN as the NaN literal, as a bad tool would

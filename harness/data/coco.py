@@ -134,6 +134,11 @@ def _box_placement_problems(instances: _Instances) -> list[str]:
     if boxes and all(max(a.bbox) <= 1 for _, a in boxes) and max((max(s) for s in sizes.values()), default=0) > 32:
         return ["annotations: every box's values are 1 or less: normalised coordinates? COCO boxes are "
                 "[x, y, width, height] in pixels"]
+    # a converter that leaves `area` at 0 puts every object in COCOeval's small range: AP_small scored on all of
+    # them, AP_medium and AP_large undefined, without a word (one area of 0 may be a real polygon's; all are not)
+    if boxes and all(a.area == 0 for _, a in boxes):
+        return ["annotations: every box's area is 0 (COCOeval reads its small, medium and large ranges from area: "
+                "the object's pixel area, its mask's, else its box's width x height)"]
     past = []
     for i, ann in boxes:
         if ann.image_id not in sizes:
