@@ -161,6 +161,8 @@ def _normalised_by_image(data):
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
     (lambda x: x["annotations"][0].update(iscrowd=2), "annotations[0].iscrowd"),
     (lambda x: x["images"].append(dict(x["images"][0])), "image ids are not unique"),
+    (lambda x: x["images"].append(dict(x["images"][0], id=7, file_name="./" + x["images"][0]["file_name"])),
+     "is images[0]'s too"),
     (lambda x: x["annotations"][1].update(id=x["annotations"][0]["id"]), "annotations: ids are not unique"),
     (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
     (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
@@ -168,7 +170,7 @@ def _normalised_by_image(data):
         "zero width", "left of its image",
         "past its image", "corners, not sizes", "normalised", "normalised by image, one a full-image box",
         "every area 0", "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id",
-        "duplicate annotation id", "duplicate category id", "negative category id"])
+        "one file, two image ids", "duplicate annotation id", "duplicate category id", "negative category id"])
 def test_malformed_annotations_in_process(tmp_path, sample, change, expected):
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(_edit(sample, change)))  # json writes NaN as the NaN literal, as a bad tool would

@@ -94,6 +94,7 @@ def _structure_problems(data) -> list[str]:
     image_ids = [img.id for img in instances.images]
     if len(set(image_ids)) != len(image_ids):
         problems.append("images: image ids are not unique")
+    first_of: dict[PurePosixPath, int] = {}
     for i, img in enumerate(instances.images):
         # a file name from an untrusted file must name a file inside the image folder, nothing else: a relative path
         # (an export's images/0001.jpg, a dataset's subfolders) without "..", with / between its folders
@@ -103,6 +104,12 @@ def _structure_problems(data) -> list[str]:
             windows = " (Windows separators: write it with /)" if "\\" in name else ""
             problems.append(f"images[{i}].file_name: {name[:60]!r} is not a relative path inside the image folder"
                             f"{windows}")
+        elif relative in first_of:  # one picture under two ids: each id's detections are of every object in it,
+            # so the boxes given to the other id score as false positives (the YOLO reader refuses it too)
+            problems.append(f"images[{i}].file_name: {name[:60]!r} is images[{first_of[relative]}]'s too (one image "
+                            "listed twice: list it once, with all its annotations)")
+        else:
+            first_of[relative] = i
     # pycocotools indexes annotations and categories by id: a repeated id keeps the last one and loses the other
     # (a box that is never scored, or a category renamed)
     for what, ids in (("annotations", [a.id for a in instances.annotations]),
