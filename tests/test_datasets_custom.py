@@ -80,6 +80,16 @@ def test_categories_without_boxes_need_no_class():
         match_classes("m", ("person", "car"), categories, annotated={1, 2})
 
 
+def test_two_categories_of_one_name_are_refused_only_when_both_have_boxes():
+    """A class map names categories, so it cannot part two of one name: the one without boxes needs no class (the
+    other takes it, whichever comes first), and two with boxes are refused with a fix that works (not a class map)."""
+    categories = {1: "person", 3: "car", 1000: "Car"}
+    assert match_classes("m", ("person", "car"), categories, annotated={1, 3}) == (1, 3)
+    assert match_classes("m", ("person", "car"), categories, annotated={1, 1000}) == (1, 1000)
+    with pytest.raises(UsageError, match=r"two categories named 'Car' \(ids 3 and 1000\) with boxes; .*distinct names"):
+        match_classes("m", ("person", "car"), categories, annotated={1, 3, 1000})
+
+
 def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("widget: car\n")

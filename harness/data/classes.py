@@ -108,6 +108,15 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                 unknown_targets.append(f"{name!r} (id {category})")
             elif annotated is None or category in annotated:
                 unmatched.append(f"{name!r} (id {category})")
+        elif label in labels and _norm(categories[labels[label]]) == _norm(name):
+            # two categories of one name: no class map can tell them apart (it names categories). One without a box
+            # needs no class (left out of COCO's mean), so the one with boxes takes it; both with boxes is the data's
+            if annotated is not None and labels[label] not in annotated:
+                labels[label] = category
+            elif annotated is None or category in annotated:
+                raise UsageError(f"the dataset has two categories named {name!r} (ids {labels[label]} and {category}) "
+                                 "with boxes; a class map names categories, so it cannot tell them apart: give them "
+                                 "distinct names in the dataset, or merge them into one")
         elif label in labels:
             raise UsageError(f"dataset categories {categories[labels[label]]!r} and {name!r} both map to "
                              f"{model_id}'s class {class_names[label]!r}; give each its own class in --class-map")
