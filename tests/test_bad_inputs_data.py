@@ -149,6 +149,7 @@ def _normalised_by_image(data):
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, -3.0, 4.0]), "has no area"),
     (lambda x: x["annotations"][0].update(bbox=[1.0, 2.0, 0.0, 4.0], iscrowd=0), "has no area"),
     (lambda x: x["annotations"][0].update(bbox=[-30.0, 2.0, 10.0, 4.0]), "reaches past its"),
+    (lambda x: x["annotations"][0].update(bbox=[-50.0, 10.0, 100.0, 50.0]), "reaches past its 640x426 image; run"),
     (lambda x: [a.update(bbox=[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2] + 9000,
                                 a["bbox"][1] + a["bbox"][3]]) for a in x["annotations"]], "reaches past its"),
     (lambda x: [a.update(bbox=[a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2], a["bbox"][1] + a["bbox"][3]])
@@ -167,7 +168,7 @@ def _normalised_by_image(data):
     (lambda x: x["categories"].append(dict(x["categories"][0], name="other")), "categories: ids are not unique"),
     (lambda x: x["categories"].append({"id": -5, "name": "other"}), "-5 is negative"),
 ], ids=["path traversal", "absolute path", "Windows separators", "NaN bbox", "3-number bbox", "negative size",
-        "zero width", "left of its image",
+        "zero width", "left of its image", "left of its image, no corners hint",
         "past its image", "corners, not sizes", "normalised", "normalised by image, one a full-image box",
         "every area 0", "unknown category", "unknown image", "no area", "iscrowd 2", "duplicate image id",
         "one file, two image ids", "duplicate annotation id", "duplicate category id", "negative category id"])

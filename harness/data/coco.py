@@ -154,7 +154,8 @@ def _box_placement_problems(instances: _Instances) -> list[str]:
         width, height = sizes[ann.image_id]
         slack_x, slack_y = max(1.0, 0.01 * width), max(1.0, 0.01 * height)  # rounding by annotation tools
         if x < -slack_x or y < -slack_y or x + w > width + slack_x or y + h > height + slack_y:
-            as_corners = x < w <= width + slack_x and y < h <= height + slack_y
+            # fits as [x1, y1, x2, y2]: on the image from its top-left corner too (a box left of it fits no format)
+            as_corners = -slack_x <= x < w <= width + slack_x and -slack_y <= y < h <= height + slack_y
             past.append((i, ann.bbox, width, height, as_corners))
     if not past:
         return []
