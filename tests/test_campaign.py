@@ -255,7 +255,7 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
 def test_a_campaign_files_datasets_take_its_split(tmp_path):
     """The campaign's split (default test) is taken from Roboflow export roots; an annotation file or a split's
     folder is one split already and takes none; a dataset's own split is its own; a path no run can read is the
-    file's error."""
+    file's error; relative paths are read from the file's folder."""
     from harness.errors import UsageError
     from harness.run.campaign import entry_split, read_campaign_file
 
@@ -276,6 +276,10 @@ def test_a_campaign_files_datasets_take_its_split(tmp_path):
                     f"weights: {weights}, split: test}}\n")
     with pytest.raises(UsageError, match=r"datasets\[0\] \(a\).*--split applies to a Roboflow export folder"):
         read_campaign_file(path, {})
+    # relative paths are the file's, not the shell's folder (as a YOLO data.yaml's are)
+    path.write_text("model: yolox-nano\ndatasets:\n  - {name: r, dataset: root, weights: w.onnx}\n")
+    (entry,) = read_campaign_file(path, {}).entries
+    assert (entry.dataset, entry.weights) == (str(tmp_path / "root"), str(weights))
 
 
 def test_a_fully_scored_row_that_is_not_valid_says_why():

@@ -115,9 +115,13 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
     """A campaign YAML (safe_load): `model`, `split`, optional `options` (run options), and `datasets`, a list of
     {name, dataset, weights, version?, split?}. Unknown keys (a misspelt `split` would silently score another
     split), values of the wrong type, weights that are not files and datasets a run cannot read are one line each.
-    `split` is taken from Roboflow export roots only (an annotation file or a split's folder is one split)."""
+    `split` is taken from Roboflow export roots only (an annotation file or a split's folder is one split).
+    Relative `dataset` and `weights` paths are read from the file's folder."""
     def problem(text: str, fix: str = "fix the file") -> UsageError:
         return UsageError(path_problem("campaign file", path, text) + f"; {fix}")
+
+    def beside(given: str) -> Path:  # a relative path is the file's, as in a YOLO data.yaml: not the shell's folder
+        return path.parent / Path(given).expanduser()
 
     try:
         data = load_user_yaml(path.read_text(encoding="utf-8"))
@@ -141,9 +145,9 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         if unknown:
             raise problem(f"datasets[{i}] has an unknown key {brief(unknown[0])}", f"use {', '.join(ENTRY_KEYS)}")
         weights = item["weights"]
-        if not isinstance(weights, str) or not Path(weights).expanduser().is_file():  # as a run's --weights
+        if not isinstance(weights, str) or not beside(weights).is_file():  # as a run's --weights
             raise problem(f"datasets[{i}].weights {brief(weights)} is not a file", "give each dataset's weights file")
-        entries.append(CampaignEntry(str(item["name"]), str(item["dataset"]), str(Path(weights).expanduser()),
+        entries.append(CampaignEntry(str(item["name"]), str(beside(str(item["dataset"]))), str(beside(weights)),
                                      item.get("version"), None if item.get("split") is None else str(item["split"])))
     if not entries:
         raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")
