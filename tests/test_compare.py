@@ -372,6 +372,23 @@ def test_accuracy_and_per_class_deltas_are_b_minus_a(tmp_path):
     assert [r["delta"] for r in acc.per_class] == pytest.approx([-0.05, 0.03, 0.0], abs=1e-12)
 
 
+def test_an_unreadable_per_class_file_is_named_with_its_problem(tmp_path):
+    """A per_class file cut short (a full disk, an interrupted copy): the classes are not compared, and the reason
+    says what is wrong with the file in words, never the repr of the reader's finding."""
+    paths = {}
+    for side in ("a", "b"):
+        paths[side] = write_submission(tmp_path / side, lognormal(1, 50), accuracy=dict.fromkeys(STAT_NAMES, 0.5))
+        (tmp_path / side / "per_class").mkdir()
+        (tmp_path / side / "per_class" / "toy.json").write_text('{"categories": [{"id": 1, "AP"')
+        doc = json.loads(paths[side].read_text())
+        doc["eval"] = {"per_class": "per_class/toy.json"}
+        paths[side].write_text(json.dumps(doc))
+    (acc,) = compare_paths(paths["a"], [paths["b"]])[0].accuracy
+    assert acc.per_class == [] and "per_class file 'per_class/toy.json' is not readable (not valid JSON: " \
+        in acc.per_class_unavailable, acc.per_class_unavailable
+    assert "Finding(" not in acc.per_class_unavailable and "rule=" not in acc.per_class_unavailable
+
+
 def test_operating_points_are_compared_beside_the_statistics(tmp_path):
     """eval.operating_point's confidence, precision, recall and F1 are rows of the accuracy table (B − A); a side
     whose point is unavailable shows none for it, and a side without one (a site file) adds no rows."""

@@ -631,7 +631,8 @@ def _per_class(entry: Entry) -> tuple[dict[int, dict] | None, str | None]:
         return None, f"has no per_class file {brief(rel)}"
     doc, problem = read_json(path)
     if problem or not isinstance(doc, dict) or not isinstance(doc.get("categories"), list):
-        return None, f"per_class file {brief(rel)} is not readable ({problem or 'no categories list'})"
+        why = problem.message if problem else "no categories list"  # the Finding's message, never its repr
+        return None, f"per_class file {brief(rel)} is not readable ({why})"
     return {c["id"]: c for c in doc["categories"] if isinstance(c, dict) and isinstance(c.get("id"), int)}, None
 
 
