@@ -928,6 +928,28 @@ def test_documents_of_other_kinds_are_named_not_validated_as_broken_submissions(
     assert "misspelt.json" in reports and reports["misspelt.json"].errors
 
 
+def test_objects_with_no_field_of_a_submission_are_other_documents(tmp_path, base_doc):
+    """A COCO annotation file (or `{}`) beside the submissions is no broken submission to list 31 missing fields of:
+    skipped with a note in a folder, one line named, and aggregate of only such files is exit 2, as for a support
+    matrix."""
+    folder = tmp_path / "runs"
+    _write(folder, [base_doc])
+    coco = {"info": {}, "images": [{"id": 1}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}
+    (folder / "instances_val2017.json").write_text(json.dumps(coco))
+    (folder / "empty.json").write_text("{}")
+    validation = validate_paths([folder], None)
+    assert [r.path.name for r in validation.reports] == ["s0.json"]
+    assert any("skipped 2 JSON document(s) of other kinds" in n and "a COCO annotation file" in n
+               and "an empty JSON object" in n for n in validation.notes), validation.notes
+    report = validate_file(folder / "instances_val2017.json", None, SCHEMA)
+    assert [f.message for f in report.findings] == ["not a va.submission.v1 (a COCO annotation file)"]
+    refused = va_bench("aggregate", folder / "instances_val2017.json", folder / "empty.json")
+    assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
+    kept = {k: v for k, v in base_doc.items() if k in ("submission_id", "accuracy")}  # a broken submission still
+    (folder / "broken.json").write_text(json.dumps(kept))
+    assert validate_file(folder / "broken.json", None, SCHEMA).errors
+
+
 def test_two_folders_with_one_file_name_keep_their_rows_apart(tmp_path, base_doc):
     """Rows name their file as given (two folders' files may share a name): the newer file wins and the older is
     named superseded by its own path, never the same name twice."""

@@ -29,6 +29,10 @@ FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, bes
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
 SUBMISSION_SCHEMA_VERSION = "va.submission.v1"
 SUBMISSION_BLOCKS = ("model", "runtime", "config", "timing", "hardware")  # any of them: a submission, maybe broken
+# every top-level field of a submission (the site's and ours): a JSON object with none of them is no submission at
+# all (a COCO annotation file beside the runs, `{}`), not a broken one to list dozens of missing fields of
+SUBMISSION_FIELDS = (*SUBMISSION_BLOCKS, "schema_version", "submission_id", "created_at", "benchmark", "repro",
+                     "dataset", "accuracy", "throughput", "model_stats", "memory", "energy", "metadata", "eval")
 # a submission is a few KB to a few MB (every timed batch's time: a sustained run of fast batches at ~9 bytes each);
 # anything this big is not one
 MAX_FILE_BYTES = 32 * 2**20
@@ -130,8 +134,9 @@ def not_a_file_or_folder(path: Path) -> str:
 
 def other_document(doc: Any) -> str | None:
     """What a parsed JSON document is when it is plainly no submission: another schema_version (a support matrix, a
-    leaderboard, generated tables) or a JSON Schema, and none of a submission's blocks; None for a submission or a
-    broken one (a misspelt schema_version included: that is a finding)."""
+    leaderboard, generated tables), a JSON Schema, or an object with no field a submission has (a COCO annotation
+    file, `{}`), and none of a submission's blocks; None for a submission or a broken one (a misspelt
+    schema_version included: that is a finding)."""
     if not isinstance(doc, dict) or any(key in doc for key in SUBMISSION_BLOCKS):
         return None  # shaped like a submission: validated, whatever its schema_version says
     version = doc.get("schema_version")
@@ -139,6 +144,10 @@ def other_document(doc: Any) -> str | None:
         return f"schema_version {version[:60]!r}"
     if "$schema" in doc:
         return "a JSON Schema"
+    if not any(key in doc for key in SUBMISSION_FIELDS):
+        if isinstance(doc.get("images"), list) and isinstance(doc.get("annotations"), list):
+            return "a COCO annotation file"
+        return "no field of a submission" if doc else "an empty JSON object"
     return None
 
 
