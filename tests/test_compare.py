@@ -668,6 +668,19 @@ def test_detection_files_compared_directly(tmp_path):
     assert not c.cells and not c.accuracy
 
 
+def test_a_file_compared_directly_that_holds_no_detections_is_bad_input(tmp_path):
+    """Two files given as detections files are all the comparison has: one that is not a list of COCO detections is
+    refused in one line naming it (exit 2), never an "unavailable" diff that exits 0."""
+    good, bad = tmp_path / "a.json", tmp_path / "b.json"
+    good.write_text(json.dumps(_dets([(1, 1, (0, 0, 10, 10), 0.9)])))
+    bad.write_text("[1, 2]")
+    with pytest.raises(UsageError, match=r"b\.json: detection 0 is int, not an object; pass two COCO detections"):
+        compare_paths(good, [bad])
+    result = va_bench("compare", str(bad), str(good), "--json")
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "a.json" not in result.stderr and "b.json: detection 0 is int" in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------------------------- real runs ----
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory):

@@ -738,6 +738,10 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
             raise UsageError("compare a COCO detections file with another detections file, not with a run "
                              f"({a.label} vs {b.label})")
         det, why = _DetectionCache([a.detections, b.detections]).diff(a.detections, b.detections, iou, conf)
+        if why is not None:  # the two files are all there is to compare: one that holds no COCO detections is bad
+            side, _, problem = why.partition(": ")  # input, not an "unavailable" diff and exit 0
+            raise UsageError(f"{(a if side == 'A' else b).label}: {problem}; pass two COCO detections files (JSON "
+                             "lists of {image_id, category_id, bbox, score})")
         out.detections.append(DetectionRow("detection files", det, why))
         out.notes.append("detection files carry no COCO metrics, timings or image list: compared the detections "
                          "on the images either file has")
