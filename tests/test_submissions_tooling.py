@@ -1111,6 +1111,20 @@ def test_two_files_with_one_submission_id_are_refused_and_kept_out(tmp_path, bas
     assert [r["hardware"] for r in aggregate(reports)["cube"]] == ["box_a"]
 
 
+def test_one_file_reached_through_two_paths_is_read_once(tmp_path, base_doc):
+    """A folder and a file in it, or one name twice: one submission, never its own duplicate submission_id (an error
+    that kept it off the leaderboard); a note says it was read once."""
+    folder = tmp_path / "runs"
+    _write(folder, [base_doc])
+    file = folder / "s0.json"
+    for paths in ([folder, file], [file, file], [folder, tmp_path / "runs" / ".." / "runs"]):
+        validation = validate_paths(paths, None)
+        assert [r.path.name for r in validation.reports] == ["s0.json"], paths
+        assert not [f for r in validation.reports for f in r.errors if f.rule == "site.unique_id"], paths
+        assert "1 file(s) reached through more than one of the paths given: each read once" in validation.notes
+        assert aggregate(validation.reports)["counts"]["included"] == 1
+
+
 def test_site_rules_on_signs_types_and_the_support_matrix(tmp_path, base_doc):
     """The site's rules: a negative figure in a block it reads, a boolean or null where it reads a number, a
     runtime the support matrix does not allow (provider, precision), a model-library commit it does not pin."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from harness.errors import UsageError, path_problem
+from harness.files import file_identity
 from harness.json_stream import iter_json_array, read_json_text
 from harness.results.model import Submission
 from harness.results.site_rules import Finding
@@ -231,7 +232,15 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
     if not files:
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")
-    return files, notes
+    # a file reached through two of the paths given (a folder and a file in it, a name twice) is one submission:
+    # read twice, it would be its own duplicate submission_id and the leaderboard would leave it out
+    unique: dict[object, Path] = {}
+    for f in files:
+        unique.setdefault(file_identity(f), f)
+    if len(unique) < len(files):
+        notes.append(f"{len(files) - len(unique)} file(s) reached through more than one of the paths given: each "
+                     "read once")
+    return list(unique.values()), notes
 
 
 def _reject_constant(name: str):
