@@ -264,6 +264,24 @@ def test_batch_size_is_the_treatment_when_each_side_has_one(tmp_path):
     assert json.loads(result.stdout)["comparisons"][0]["differ"] == {"batch_size": [1, 2]}
 
 
+def test_two_cells_of_one_run_named_from_inside_its_submissions_folder(tmp_path, monkeypatch):
+    """`compare x__b1.json x__b2.json` run inside submissions/: the artifacts resolve against the run folder (the
+    file's parent is "." there), and the accuracy and detection rows are named by the treatment as the cell is."""
+    run = tmp_path / "run"
+    (run / "detections").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    box = {"image_id": 1, "category_id": 1, "bbox": [10.0, 10.0, 50.0, 50.0], "score": 0.9}
+    accuracy = {"mAP_50_95": 0.5, "mAP_50": 0.7}
+    for batch in (1, 2):
+        (run / "detections" / f"b{batch}.json").write_text(json.dumps([box]))
+        write_submission(run, lognormal(batch, 50 * batch), batch, accuracy=accuracy,
+                         detections=f"detections/b{batch}.json")
+    monkeypatch.chdir(run / "submissions")
+    c = compare_paths("toy__onnx__b1.json", ["toy__onnx__b2.json"])[0]
+    assert [d.label for d in c.detections] == ["b1 vs b2"] and c.detections[0].diff is not None, c.detections
+    assert [a.label for a in c.accuracy] == ["b1 vs b2"]
+
+
 def test_an_overlapped_cells_verdict_is_of_its_intervals_not_its_latencies(tmp_path):
     # overlapped: each batch's sample is its end-to-end latency (queueing included), total_ms the interval between
     # completions; the verdict must be of what the p50 shows (here: 14 % faster, although latencies doubled)

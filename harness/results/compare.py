@@ -651,9 +651,15 @@ def _per_class_deltas(ea: Entry, eb: Entry) -> tuple[list[dict], str | None]:
 
 
 def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:
-    """'b1, b4' (plus the timing mode where it varies)."""
+    """'b1, b4' (plus the timing mode where it varies); 'b1 vs b2' where the batch size is what A and B differ in
+    (the pairing key lacks it)."""
     keys = [k for k in ACCURACY_FREE if k in vary or k == "batch_size"]
-    return ", ".join(_label(key, keys) for key, _, _ in members)
+
+    def one(key: dict, ea: Entry, eb: Entry) -> str:
+        treatment = "" if "batch_size" in key else f"b{ea.coords['batch_size']} vs b{eb.coords['batch_size']}"
+        return " ".join(filter(None, [treatment, _label(key, keys)]))
+
+    return ", ".join(one(*member) for member in members)
 
 
 def _other_images(ea: Entry, eb: Entry) -> str | None:

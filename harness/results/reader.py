@@ -287,14 +287,21 @@ def read_detections(file: Path) -> tuple[Iterator[Any] | None, str | None]:
     return iter_json_array(text, json.JSONDecoder(parse_constant=_reject_constant)), None
 
 
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder of a submission file in its submissions/, else None. Absolute: a file named from inside
+    submissions/ (`x.json`, whose parent is ".") is in it all the same."""
+    parent = path.absolute().parent
+    return parent.parent if parent.name == SUBMISSIONS_DIR else None
+
+
 def detections_file(path: Path, doc: dict) -> Path | None:
     """The detections file a submission inside a run folder references (artifacts.detections), looked up
     by name in that run's detections/ only (an untrusted path never leads outside it). None when the
     submission is not in a run folder (a copy for the site: its artifacts point at another machine)."""
     artifacts = doc.get("artifacts")
     ref = artifacts.get("detections") if isinstance(artifacts, dict) else None
-    run_dir = path.parent.parent
-    if not isinstance(ref, str) or path.parent.name != SUBMISSIONS_DIR or not (run_dir / RUN_FILE).is_file():
+    run_dir = run_folder_of(path)
+    if not isinstance(ref, str) or run_dir is None or not (run_dir / RUN_FILE).is_file():
         return None
     name = Path(ref.replace("\\", "/")).name
     return run_dir / DETECTIONS_DIR / name if name not in ("", ".", "..") else None
@@ -411,8 +418,7 @@ def read_submission(path: Path, schema_version: str = SUBMISSION_SCHEMA_VERSION)
         err = exc.errors()[0]
         raise UsageError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']} (check it with "
                          "`va-bench validate`)") from exc
-    run_dir = path.parent.parent if path.parent.name == SUBMISSIONS_DIR else path.parent
-    return SubmissionFile(path, doc, sub, run_dir)
+    return SubmissionFile(path, doc, sub, run_folder_of(path) or path.absolute().parent)
 
 
 # --------------------------------------------------------------------------------- run folders --
