@@ -1333,3 +1333,15 @@ def test_a_repro_dataset_that_is_no_object_is_a_finding_not_a_crash(tmp_path, ba
     reports = _write(tmp_path / "odd", [doc, base_doc])
     assert reports[0].errors and not _errors(reports[1], "class-map")
     assert aggregate(reports)["counts"]["included"] == 1
+
+
+def test_a_support_matrix_that_is_no_file_is_named_for_what_it_is(tmp_path):
+    """--support-matrix given a folder, a missing path or a non-matrix: one line saying which, and the fix."""
+    from harness.results.validate import load_support_matrix
+
+    for given, said in ((tmp_path, "is a folder"), (tmp_path / "gone.json", "no such file")):
+        with pytest.raises(UsageError, match=f"--support-matrix {given}: {said}.*give the site's support-matrix"):
+            load_support_matrix(given)
+    (tmp_path / "other.json").write_text('{"models": []}')
+    with pytest.raises(UsageError, match="not a support matrix"):
+        load_support_matrix(tmp_path / "other.json")

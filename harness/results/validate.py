@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.data.variants import KNOWN_FINGERPRINTS
-from harness.errors import UsageError
+from harness.errors import UsageError, path_problem
 from harness.files import file_identity
 from harness.json_stream import NotAJsonArray
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
@@ -467,7 +467,10 @@ def load_support_matrix(path: str | Path | None) -> dict | None:
     if path is None:
         return None
     path = Path(path)
-    doc, problem = read_json(path) if path.is_file() else (None, Finding("$", "no such file", "file.read"))
+    if not path.is_file():
+        why = "is a folder" if path.is_dir() else "no such file" if not path.exists() else "not a regular file"
+        raise UsageError(path_problem("--support-matrix", path, why) + "; give the site's support-matrix.json")
+    doc, problem = read_json(path)
     if problem:
         raise UsageError(f"--support-matrix {path}: {problem.message}")
     shape = _support_matrix_problem(doc)
