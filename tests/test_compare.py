@@ -476,6 +476,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     for args, expect in ((["compare", str(a)], "two runs"), (["compare", str(a), str(tmp_path / "nope")],
                                                                "no such file or folder"),
                          (["compare", str(a), str(fifo)], "neither a file nor a folder (a FIFO"),
+                         (["compare", str(a), str(tmp_path)], "run folder(s) (a, b), not one run"),
                          (["compare", str(a), str(a), "--fail-on", "map"], "want METRIC"),
                          (["compare", str(a), str(a), "--pair-iou", "0"], "--pair-iou")):
         result = va_bench(*args)
