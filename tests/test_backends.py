@@ -120,6 +120,27 @@ def test_export_that_bakes_the_batch_is_refused_and_not_kept():
     assert not export_path("baked", state_dict_sha256(BakedBatch()), SIZE).exists()
 
 
+class EditedHead(Head):
+    """Head's weights, its forward edited since Head was exported: the export cache (keyed by the weights) holds
+    the old computation."""
+
+    def forward(self, x):
+        box, pooled = super().forward(x)
+        return box * 0.5, pooled
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_converting_runtime_never_converts_an_export_of_the_modules_old_code(precision):
+    """Refused for good at fp32 ("use --backend pytorch", the stale export kept), the old code run silently at fp16
+    (its conversion is not checked against the module): the cached export is checked and exported again."""
+    load_source(CoreSource("tiny-head", torch_module=Head), "onnxruntime", CPU, "fp32", SIZE)  # Head's export cached
+    core = load_source(CoreSource("tiny-head", torch_module=EditedHead), "openvino", CPU, precision, SIZE)
+    x = torch.rand(2, 3, *SIZE)
+    with torch.no_grad():
+        want = EditedHead()(x)[0]
+    assert float((core(x)[0] - want).abs().max()) < 0.01 * float(want.abs().max())
+
+
 class CachesGrid(Head):
     """Caches a tensor made in its forward (as detectors cache anchor grids per input shape)."""
 
