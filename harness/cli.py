@@ -937,6 +937,10 @@ def parity_preprocess(
         raise UsageError("parity preprocess compares implementations by their COCO accuracy; random weights have "
                          "none: pass trained weights (--weights PATH, or the model's default)")
     pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
+    noise_batch_size = noise_batch_size or (2 if batch_size == 1 else 1)
+    if backend == "ncnn" and max(batch_size, noise_batch_size) > 1:  # before any pass, in parity's own flags
+        raise UsageError(f"--backend ncnn runs one image per call (no batch axis), so it cannot run parity's batch "
+                         f"{max(batch_size, noise_batch_size)}: use --batch-size 1 --noise-batch-size 1")
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)
     records = dataset.records(dataset.variant(subset, limit))
@@ -945,8 +949,7 @@ def parity_preprocess(
     options = BackendOptions.from_config(RunConfig(backends=[backend], device=device, batch_sizes=[batch_size]))
     core = load_detector_core(detector, backend, dev, "fp32", spec.input_size, options=options,
                               threads=threads or torch.get_num_threads())
-    setup = ParitySetup(names, batch_size, noise_batch_size or (2 if batch_size == 1 else 1), diff_conf, pair_iou,
-                        tolerance)
+    setup = ParitySetup(names, batch_size, noise_batch_size, diff_conf, pair_iou, tolerance)
     report = run_parity(detector, core, dev, dataset, records, setup, progress=_progress())
     if json_out is not None:
         atomic_write_json(json_out, report.to_dict())

@@ -65,6 +65,9 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
     (("--impls", "cv2", "opencv"), "--impls"),
     (("--impls", "cv2", "cv2"), "at least one other implementation"),  # the reference against nothing
     (("--weights", "random"), "random weights have none"),  # mAP 0 against 0 would pass every gate
+    # ncnn runs batch 1 only: refused before any pass, with parity's flags (the noise floor's default at batch 1 is 2)
+    (("--backend", "ncnn"), "use --batch-size 1 --noise-batch-size 1"),
+    (("--backend", "ncnn", "--batch-size", "1"), "use --batch-size 1 --noise-batch-size 1"),
 ])
 def test_bad_parity_options_are_one_line_exit_2(args, expected):
     out = _parity(*args)
