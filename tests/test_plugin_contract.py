@@ -110,6 +110,14 @@ def test_a_plugin_giving_xywh_boxes_fails_its_cell_in_one_line(tmp_path):
      "postprocess is a dict, not a PostprocessSpec"),
     ("class D(SyntheticDetector):\n    preprocess = PreprocessSpec(input_size=416)\n\ndef make():\n    return D()\n",
      "input_size is (height, width) in pixels, not 416"),
+    # were an AttributeError at planning (exit 1), "it has " and nothing, and the string's letters as backends
+    ("class D(SyntheticDetector):\n    core_source = 'model.onnx'\n\ndef make():\n    return D()\n",
+     "core_source must be a CoreSource (harness/detector/source.py) with a torch_module or an onnx_model, not "
+     "'model.onnx'"),
+    ("from harness.detector.source import CoreSource\n\nclass D(SyntheticDetector):\n"
+     "    core_source = CoreSource('empty')\n\ndef make():\n    return D()\n", "not CoreSource(name='empty'"),
+    ("class D(SyntheticDetector):\n    backends = 'pytorch'\n\ndef make():\n    return D()\n",
+     "backends must be a tuple of backend names (e.g. ('pytorch',)), not 'pytorch'"),
 ])
 def test_a_plugin_of_another_shape_is_refused_when_loaded(tmp_path, body, expected):
     from harness.models.registry import get_detector

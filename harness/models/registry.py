@@ -193,9 +193,23 @@ def load_plugin(path: str, factory_name: str) -> Detector:
 
 def _check_specs(detector: Detector, where: str) -> None:
     """A plugin's specs of the types the contract names: a `postprocess` of another type would be ignored (the
-    family's NMS defaults run instead), an input size of another shape fails deep inside a run."""
+    family's NMS defaults run instead), an input size of another shape fails deep inside a run, a `core_source` of
+    another type was an AttributeError when the run was planned, one with no core an empty list of backends, and
+    `backends` given as a string offered its letters."""
     from harness.detector.protocol import PostprocessSpec, PreprocessSpec
+    from harness.detector.source import CoreSource
 
+    source = getattr(detector, "core_source", None)
+    if source is not None and not (isinstance(source, CoreSource) and (
+            source.torch_module is not None or source.onnx_model is not None or source.engine_file is not None)):
+        raise UsageError(f"{where}: core_source must be a CoreSource (harness/detector/source.py) with a torch_module "
+                         f"or an onnx_model, not {brief(source)}; or give load_core and backends instead")
+    if source is None:
+        offered = getattr(detector, "backends", None)
+        names = list(offered) if isinstance(offered, (tuple, list, set, frozenset)) else []
+        if not names or not all(isinstance(b, str) for b in names):
+            raise UsageError(f"{where}: backends must be a tuple of backend names (e.g. ('pytorch',)), "
+                             f"not {brief(offered)}")
     post = getattr(detector, "postprocess", None)
     if post is not None and not isinstance(post, PostprocessSpec):
         raise UsageError(f"{where}: postprocess is a {type(post).__name__}, not a PostprocessSpec "
