@@ -617,7 +617,7 @@ def models_fetch(
     if not entry.weights_url and model_id in _libreyolo_ids():
         from harness.models.libreyolo import fetch_weights
 
-        path, sha256 = fetch_weights(model_id)  # libreyolo's own resolution and download (its pins checked)
+        path, sha256 = fetch_weights(model_id, force=force)  # libreyolo's own resolution and download (its pins)
         console.print(f"{model_id}: {path} (sha256 {sha256})")
         return
     if not entry.weights_url:

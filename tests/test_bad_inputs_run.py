@@ -390,6 +390,32 @@ def test_models_fetch_offline_is_exit_1_in_one_line_and_unknown_ids_exit_2(tmp_p
     assert listed.returncode == 2 and "damoyolo-ns is not available: not in libreyolo" in one_error_line(listed)
 
 
+def test_models_fetch_tells_a_bad_libreyolo_checkpoint_and_force_replaces_it(tmp_path, monkeypatch):
+    """A damaged LibreYOLO9t.pt in the cache was "already present" (exit 0) while every run refused it, and --force
+    did not download again (libreyolo downloads only to a path holding no file): no fix from va-bench at all."""
+    download = pytest.importorskip("libreyolo.utils.download")
+    import torch
+
+    (tmp_path / "LibreYOLO9t.pt").write_bytes(b"the first kilobytes of a cut download")
+    env = {"VA_BENCH_WEIGHTS": str(tmp_path)}
+    present = run_in_process("models", "fetch", "yolov9t", env=env)
+    assert present.returncode == 2 and "is there but is not its weights" in one_error_line(present), present.stderr
+    assert "--force downloads them again" in present.stderr
+
+    def offline(path, size):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(download, "download_weights", offline)
+    failed = run_in_process("models", "fetch", "yolov9t", "--force", env=env)
+    assert failed.returncode == 1 and "could not download" in one_error_line(failed)
+    assert (tmp_path / "LibreYOLO9t.pt").read_bytes().startswith(b"the first")  # what was there stays
+    monkeypatch.setattr(download, "download_weights", lambda path, size: torch.save({"w": torch.ones(2)}, path))
+    forced = run_in_process("models", "fetch", "yolov9t", "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert torch.equal(torch.load(tmp_path / "LibreYOLO9t.pt", weights_only=True)["w"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LibreYOLO9t.pt"]
+
+
 REFUSED_FROM_OPTIONS = [
     (["--precision", "fp16", "--device", "cpu", "--backend", "pytorch"], "precision fp16 on the CPU"),
     (["--precision", "fp16", "--backend", "onnxruntime"], "ONNX Runtime's CPU provider"),

@@ -49,7 +49,7 @@ from harness.detector.protocol import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import DownloadError, file_sha256
+from harness.files import DownloadError, file_sha256, move_into_place
 from harness.models.yolox import YoloxHeadDecoder
 
 # libreyolo itself without its own requirements (they would add opencv-python beside opencv-python-headless)
@@ -300,12 +300,37 @@ def _no_retry_warnings(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Download interrupted")
 
 
-def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, str]:
+def check_checkpoint(model_id: str, path: Path) -> None:
+    """A UsageError unless `path` is a checkpoint a run lets libreyolo load (`_trusted`): what `models fetch` checks
+    in a file it finds."""
+    if not _trusted(libreyolo_class(catalogue()[model_id]), path, file_sha256(path)):
+        raise UsageError(f"{path.name} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
+                         "and libreyolo pins no checksum for it")
+
+
+def fetch_weights(model_id: str, dest_dir: Path | None = None, force: bool = False) -> tuple[Path, str]:
     """Download a model's weights with libreyolo's own resolution and download (Hugging Face mirror, or
-    Deci's CDN for YOLO-NAS with libreyolo's checksum pin) into the weights cache; (path, sha256)."""
+    Deci's CDN for YOLO-NAS with libreyolo's checksum pin) into the weights cache; (path, sha256). `force`:
+    download again over a file already there, which is put back if the download fails."""
     model = catalogue()[model_id]
     cls = libreyolo_class(model)
     dest = (dest_dir or weights_dir()) / model.weights_file
+    aside = None
+    if force and dest.is_file():  # libreyolo downloads only to a path holding no file: the old one waits beside it
+        aside = move_into_place(dest, dest.with_name(f".{dest.name}.replaced"))
+    try:
+        sha = _fetched(model_id, model, cls, dest)
+    except BaseException:
+        if aside is not None and not dest.exists():
+            move_into_place(aside, dest)
+        raise
+    if aside is not None:
+        aside.unlink(missing_ok=True)
+    return dest, sha
+
+
+def _fetched(model_id: str, model: LibreModel, cls, dest: Path) -> str:
+    """`dest` downloaded by libreyolo unless it is there, then checked (`_trusted`); its SHA-256."""
     downloaded = not dest.is_file()
     if downloaded:
         from libreyolo.utils.download import download_weights
@@ -325,7 +350,7 @@ def fetch_weights(model_id: str, dest_dir: Path | None = None) -> tuple[Path, st
         if downloaded:  # ours: do not leave it in the cache
             dest.unlink()
         raise UsageError(f"{dest} is not a plain weights checkpoint and libreyolo pins no checksum for it")
-    return dest, sha
+    return sha
 
 
 # ------------------------------------------------------------------------------------------ cores

@@ -121,7 +121,8 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
     if onnx_yolox is None:
         return ModelEntry(model_id=model_id, family=model.family.family, factory=factory, weights_url=None,
                           weights_file=model.weights_file, note=note, postprocess=model.postprocess.kind,
-                          local_weights=cached, task=model.family.task)
+                          local_weights=cached, task=model.family.task,
+                          check_weights=lambda path: libreyolo.check_checkpoint(model_id, path))
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
                       note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
