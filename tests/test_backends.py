@@ -1,6 +1,7 @@
 """The backend registry: families describe a core (CoreSource), backends run it; exports of torch cores
 are cached by weights hash and refused when they disagree with PyTorch at batch 1/2/4."""
 
+import re
 import warnings
 
 import onnx
@@ -139,6 +140,21 @@ def test_a_converting_runtime_never_converts_an_export_of_the_modules_old_code(p
     with torch.no_grad():
         want = EditedHead()(x)[0]
     assert float((core(x)[0] - want).abs().max()) < 0.01 * float(want.abs().max())
+
+
+def test_a_conversion_of_other_output_shapes_says_so():
+    """A converter that transposed an output (onnx2tf's NHWC) was "max relative difference inf": what differs is
+    the shapes, which the line now names."""
+    from harness.backends.export import check_export
+
+    def transposed(x):
+        with torch.no_grad():
+            box, pooled = Head()(x)
+        return [box.transpose(1, 2), pooled]
+
+    with pytest.raises(UsageError, match=re.escape("(outputs of shapes [[1, 1024, 4], [1, 8]] where the reference "
+                                                   "gives [[1, 4, 1024], [1, 8]])")):
+        check_export("head", Head().eval(), transposed, SIZE, None, runtime="LiteRT")
 
 
 class CachesGrid(Head):

@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 import torch
 
-from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs
+from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs, shape_mismatch
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
 from harness.files import DiskFullError, atomic_file
@@ -95,7 +95,8 @@ def check_export(name: str, module: torch.nn.Module, core: Any, input_size: tupl
         except Exception as exc:  # ORT raises its own types when a baked shape meets another batch
             diff, error = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         else:
-            error = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
+            error = (shape_mismatch(got, [w[:b] for w in want])
+                     or f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}")
         if not diff <= RELATIVE_TOLERANCE:
             fix = "use --backend pytorch"
             if path is not None:  # cached by the weights' hash: an export of the module's code before an edit

@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from harness.backends.export import CHECK_BATCHES, check_export, export_core, export_path, state_dict_sha256
-from harness.detector.graph import RELATIVE_TOLERANCE, check_batch_rows, max_relative_diff
+from harness.detector.graph import RELATIVE_TOLERANCE, check_batch_rows, max_relative_diff, shape_mismatch
 from harness.detector.source import CoreSource
 from harness.errors import UsageError
 
@@ -91,8 +91,10 @@ def check_against_source(source: CoreSource, graph: onnx.ModelProto, module: tor
     worst = 0.0
     for b in batches:
         try:
-            diff = max_relative_diff(core(x[:b].contiguous()), [w[:b] for w in want], source.query_rows)
-            detail = f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}"
+            got = core(x[:b].contiguous())
+            diff = max_relative_diff(got, [w[:b] for w in want], source.query_rows)
+            detail = (shape_mismatch(got, [w[:b] for w in want])
+                      or f"max relative difference {diff:.2e} > {RELATIVE_TOLERANCE:.0e}")
         except Exception as exc:
             diff, detail = float("inf"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
         if not diff <= RELATIVE_TOLERANCE:

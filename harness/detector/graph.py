@@ -205,6 +205,15 @@ def _query_rows(outputs: list[torch.Tensor], scales: list[float]) -> torch.Tenso
     return torch.cat([o.float().flatten(2) / scale for o, scale in zip(outputs, scales, strict=True)], dim=2)
 
 
+def shape_mismatch(got: list[torch.Tensor], want: list[torch.Tensor]) -> str | None:
+    """What differs when two cores' outputs are not of the same count and shapes (their difference is then
+    infinite, which says nothing of why); None when they are."""
+    shapes = [[list(t.shape) for t in outputs] for outputs in (got, want)]
+    if shapes[0] == shapes[1]:
+        return None
+    return f"outputs of shapes {shapes[0]} where the reference gives {shapes[1]}"
+
+
 def max_relative_diff(got: list[torch.Tensor], want: list[torch.Tensor], rows_as_set: bool = False) -> float:
     """The largest |got - want| of any output, relative to that output's magnitude (at least 1); infinite where
     either side holds a NaN.
