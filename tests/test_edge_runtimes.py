@@ -460,6 +460,45 @@ def test_a_cached_trace_that_disagrees_is_traced_again(tmp_path, monkeypatch):
         torch.testing.assert_close(again(x)[0], Head()(x)[0], rtol=1e-5, atol=1e-5)
 
 
+TINY_CORE = """
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=8)
+
+    def forward(self, x):
+        return [self.conv(x).flatten(2).transpose(1, 2) * SCALE]
+"""
+
+
+def test_a_trace_of_a_torch_module_is_of_its_code_too(tmp_path, monkeypatch):
+    """The same weights and structure with the forward edited: another trace, not the cached one of the old code
+    (an fp16 trace is not checked against the module)."""
+    import importlib.util
+
+    from harness.detector.source import CoreSource
+
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path / "cache"))
+
+    def module_of(scale: str):
+        path = tmp_path / "tiny_core.py"
+        path.write_text(TINY_CORE.replace("SCALE", scale))
+        spec = importlib.util.spec_from_file_location("tiny_core", path)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return loaded.Tiny
+
+    files = []
+    for scale in ("1.0", "1.0", "2.0"):
+        core = load_source(CoreSource("tiny", torch_module=module_of(scale)), "torchscript", CPU, "fp32", (64, 64))
+        files.append((core.conversion["file"], core.conversion["cached"]))
+    assert files[1] == (files[0][0], True) and files[2][0] != files[0][0] and files[2][1] is False, files
+
+
 def _dynamic_yolox() -> onnx.ModelProto:
     from harness.detector.graph import make_batch_dynamic
 

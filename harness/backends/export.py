@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import re
 import warnings
 from pathlib import Path
@@ -37,6 +38,27 @@ def state_dict_sha256(module: torch.nn.Module) -> str:
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def module_code_sha256(module: torch.nn.Module) -> str:
+    """SHA-256 over the source files that define the module's own classes (torch's left out: its version keys the
+    caches already): a trace made before an edit of the code, under the same weights and structure, is another
+    key. A class whose methods name no file counts by its qualified name."""
+    sources = set()
+    for cls in {type(m) for m in module.modules()}:
+        if cls.__module__.split(".")[0] == "torch":
+            continue
+        # the files its own methods were compiled from: found for a class of a file loaded outside sys.modules too
+        files = {f.__code__.co_filename for f in vars(cls).values() if inspect.isfunction(f)}
+        sources |= files or {f"{cls.__module__}.{cls.__qualname__}"}
+    digest = hashlib.sha256()
+    for source in sorted(sources):
+        digest.update(f"{source}|".encode())
+        try:
+            digest.update(Path(source).read_bytes())
+        except OSError:
+            pass
     return digest.hexdigest()
 
 

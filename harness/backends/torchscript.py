@@ -4,8 +4,8 @@
 Traced at batch 2 (a batch-1 trace can bake the batch size into reshapes) and checked against the eager
 module at batch 1, 2 and 4 before use, as the ONNX export is. fp16 (CUDA only, where the GPU computes it)
 traces the module converted to half precision; inputs are cast on the way in and outputs back to fp32.
-Traces are cached by the weights' SHA-256, the torch version, the device (each GPU its own), precision and
-input size.
+Traces are cached by the weights' SHA-256 and the computation (an ONNX source's graph; a torch module's structure
+and the source files of its classes), the torch version, the device (each GPU its own), precision and input size.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from harness.backends import BackendOptions
-from harness.backends.export import EXPORT_BATCH, check_export, state_dict_sha256
+from harness.backends.export import EXPORT_BATCH, check_export, module_code_sha256, state_dict_sha256
 from harness.backends.onnx_graph import has_onnx_graph, load_checked
 from harness.backends.pytorch import device_name
 from harness.detector.graph import check_batch_rows, onnx_to_torch
@@ -91,8 +91,10 @@ class TorchScriptBackend:
                 raise UsageError(f"{source.name}: onnx2torch cannot convert this ONNX graph for tracing "
                                  f"({type(exc).__name__}: {str(exc)[:200]}); use --backend onnxruntime") from exc
         # a trace is of the weights and the computation: an ONNX source's whole graph, a torch module's structure
-        # (the weights alone would reuse the trace of a graph changed around the same weights)
-        identity = hashlib.sha256(f"{state_dict_sha256(module)}|{graph_sha or repr(module)}".encode()).hexdigest()
+        # and code (the weights alone would reuse the trace of a graph changed around the same weights; an fp16
+        # trace is not checked against the module, so an edited forward must not find the old one)
+        computation = graph_sha or f"{repr(module)}|{module_code_sha256(module)}"
+        identity = hashlib.sha256(f"{state_dict_sha256(module)}|{computation}".encode()).hexdigest()
         # per GPU: a trace keeps the device it was made on in its graph (cuda:1 would run part of it on cuda:0)
         place = f"cuda{device.index}" if device.is_cuda else device.kind
         path = _trace_path(source.name, identity, place, precision, input_size)
