@@ -200,6 +200,19 @@ class RunConfig(BaseModel):
         "batch's NMS at once, with a torch or TensorRT core), or host (the candidates copied once, NMS per image on a "
         "thread per core); the same on a CPU")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A YAML true/false is no number: pydantic's lax mode would read a preset's `target_ci: true` as 1 %,
+        `min_seconds: true` as 1 s, `draw_images: true` as one image (a toggle taken for a value)."""
+        items = value if isinstance(value, list) else [value]
+        flag = next((v for v in items if isinstance(v, bool)), None)
+        if flag is not None and _takes_a_number(cls.model_fields[info.field_name].annotation):
+            where = "" if items is not value else f" in {brief(value)}"
+            raise ValueError(f"{str(flag).lower()}{where} is a yes/no, not a number; give a number (or leave the key "
+                             "out for its default)")
+        return value
+
     @field_validator("map_ci")
     @classmethod
     def _resamples(cls, value: int) -> int:
@@ -307,6 +320,13 @@ class RunConfig(BaseModel):
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same sweep (for --resume): everything but where it is written."""
         return self.model_dump(exclude={"run_id", "output_dir"})
+
+
+def _takes_a_number(annotation: Any) -> bool:
+    """Whether a field's type is a number, a list of numbers or an optional one (not a bool: bool is an int)."""
+    if annotation in (int, float):
+        return True
+    return any(_takes_a_number(a) for a in typing.get_args(annotation))
 
 
 def run_option_fields() -> dict[str, Any]:

@@ -500,3 +500,26 @@ def test_a_presets_unknown_key_names_the_file_and_the_key_to_write(tmp_path, lin
     with pytest.raises(UsageError) as err:
         load_config(preset, {})
     assert str(preset) in str(err.value) and expect in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("target_ci: true", "target_ci (--target-ci): true is a yes/no, not a number"),
+    ("min_seconds: true", "min_seconds (--min-seconds): true is a yes/no, not a number"),
+    ("draw_images: true", "draw_images (--draw-images): true is a yes/no, not a number"),
+    ("conf: false", "conf (--conf): false is a yes/no, not a number"),
+    ("batch_sizes: [1, true]", "batch_sizes (--batch-sizes): true in [1, True] is a yes/no, not a number"),
+])
+def test_a_presets_yes_or_no_for_a_number_is_refused(tmp_path, line, expect):
+    """YAML's true/false where a number goes was read as 1 or 0 (pydantic's lax mode: `target_ci: true` timed to
+    +-1 %, `min_seconds: true` for one second), a toggle silently taken for a value; a yes/no option still takes
+    one."""
+    from harness.config import load_config
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(line + "\n")
+    with pytest.raises(UsageError) as err:
+        load_config(preset, {})
+    assert expect in str(err.value), str(err.value)
+    preset.write_text("accuracy: false\nlimit: 8\n")
+    config = load_config(preset, {})
+    assert (config.accuracy, config.limit) == (False, 8)
