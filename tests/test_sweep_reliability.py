@@ -668,3 +668,17 @@ def test_an_interrupted_json_run_whose_reader_left_still_says_how_to_resume(tmp_
     proc.wait(timeout=120)
     assert proc.returncode == 130, stderr
     assert any(line.startswith("interrupted") and "--resume g" in line for line in stderr.splitlines()), stderr
+
+
+@requires_coco
+def test_resume_finds_a_run_whose_output_dir_was_given_with_a_tilde(tmp_path):
+    """`--output-dir=~/runs` (the shell leaves a `~` after `=` alone) puts a new run in the home folder's runs/; the
+    same option on --resume looked for a folder named `~` and answered "no run to resume"."""
+    env = {"HOME": str(tmp_path), "VA_BENCH_TEST_FAIL": "8:error", "VA_BENCH_TEST_FORWARD_MS": "1"}
+    args = ["--model", f"{PLUGIN}:make_failing_detector", *SWEEP, "--output-dir=~/runs"]
+    assert va_bench("run", *args, "--run-id", "r", env=env).returncode == 1
+    assert statuses(tmp_path / "runs" / "r")[8] == "failed"
+    resumed = va_bench("run", "--resume", "r", "--output-dir=~/runs", "--retry-failed",
+                       env={**env, "VA_BENCH_TEST_FAIL": "999:error"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert set(statuses(tmp_path / "runs" / "r").values()) == {"ok"}

@@ -59,7 +59,8 @@ def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: 
     if overrides.get("run_id") not in (None, run_id):
         raise UsageError(f"--resume {run_id} continues that run in its own folder; drop --run-id "
                          f"{overrides['run_id']}")
-    run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
+    # `~` as a new run's --output-dir takes it (`--output-dir=~/runs`, which the shell leaves alone): the same folder
+    run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default).expanduser() / run_id
     doc = read_run_json(run_dir, run_id)
     config, problems = resumed_config(doc["config"], overrides, run_dir.parent, run_id)
     env = doc.get("environment", {})
