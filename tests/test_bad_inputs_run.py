@@ -117,6 +117,19 @@ def test_output_dir_that_is_a_file_exits_2(tmp_path):
     assert result.returncode == 2 and "--output-dir" in one_error_line(result)
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_output_dir_name_too_long_for_the_file_system_exits_2(tmp_path, resume):
+    """A folder name over the file system's 255 bytes: Path.exists() raises ENAMETOOLONG rather than answer False,
+    which came out as "error: OSError: [Errno 36] File name too long: ..." and exit 1."""
+    out = tmp_path / ("a" * 300)
+    args = ["--resume", "r1"] if resume else ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch"]
+    result = va_bench("run", "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--limit", "2", *args)
+    line = one_error_line(result)
+    assert result.returncode == 2 and line.startswith(f"error: --output-dir {out}: "), result.stderr
+    assert ("no run r1 to resume" if resume else "cannot be used (File name too long)") in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_yaml_errors_name_line_and_column(tmp_path):
     preset = tmp_path / "bad.yaml"
     preset.write_text("models: [yolox-nano\nbatch_sizes: [1, 2]\n")

@@ -347,7 +347,11 @@ def read_fleet_json(fleet_dir: Path, run_id: str) -> dict:
 
 def _resumable(folder: Path, run_id: str, name: str, what: str, required: tuple[str, ...]) -> dict:
     path = folder / name
-    if not path.is_file():
+    try:  # Path.is_file() raises what is not "no such file": a name too long for the file system (ENAMETOOLONG)
+        found = path.is_file()
+    except OSError:
+        found = False  # no run can be there either
+    if not found:
         raise UsageError(path_problem("--output-dir", folder.parent, f"no {what} {run_id} to resume (no "
                                                                      f"{run_id}/{name})")
                          + "; check --output-dir and the run id")

@@ -175,7 +175,12 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
     calibration = int8_calibration(config, dataset, records)
     output_dir = Path(config.output_dir)
     run_id = config.run_id or new_run_id()
-    if (output_dir / run_id).exists():  # a dry run says so too
+    try:  # Path.exists() raises what is not "no such file": a name too long for the file system (ENAMETOOLONG)
+        taken = (output_dir / run_id).exists()
+    except OSError as exc:
+        raise UsageError(path_problem("--output-dir", config.output_dir, f"cannot be used ({exc.strerror})")
+                         + "; pick another folder") from exc
+    if taken:  # a dry run says so too
         raise UsageError(path_problem("--output-dir", config.output_dir, f"already has a run {run_id}")
                          + f"; pick another --run-id or continue it with --resume {run_id}")
     if dry_run:
