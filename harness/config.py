@@ -48,6 +48,9 @@ def option(default: Any, flags: str | list[str], help: str, **constraints: Any) 
 # deviation is undefined, and the site's submissions need a number there)
 MIN_TIMED_BATCHES = 2
 MIN_RESAMPLES = 100  # --map-ci: fewer leave a 2.5 % tail to two or three draws
+# --eval-max-det at most: far above any detector's detections per image (a cap above them all is no cap), and within
+# what faster-coco-eval takes (it sizes buffers by the cap: std::bad_alloc from ~5e7 on 23 GB, a cast error past 2**31)
+MAX_EVAL_DET = 1_000_000
 
 
 class RunConfig(BaseModel):
@@ -150,7 +153,7 @@ class RunConfig(BaseModel):
                          "--no-masks scores their boxes only (a detection-board row)")
     eval_max_det: int = option(100, "--eval-max-det",
                                "COCOeval's detection cap per image (maxDets 1, 10, 100 and this; AP and AR_max_det "
-                               "read at it; RF100-VL: 500); not the NMS --max-det", ge=1)
+                               "read at it; RF100-VL: 500); not the NMS --max-det", ge=1, le=MAX_EVAL_DET)
     map_ci: int = option(0, "--map-ci", "a 95 % bootstrap interval of each cell's mAP over the scored images, from "
                          "this many resamples (1000 is usual; 0: none): how much the figure owes to which images "
                          "were drawn", ge=0)

@@ -536,3 +536,27 @@ def test_a_presets_yes_or_no_for_a_number_is_refused(tmp_path, line, expect):
     preset.write_text("accuracy: false\nlimit: 8\n")
     config = load_config(preset, {})
     assert (config.accuracy, config.limit) == (False, 8)
+
+
+@requires_coco
+def test_an_evaluation_cap_beyond_the_evaluator_is_refused_before_the_run(tmp_path):
+    """`--eval-max-det 100000000` ran every cell's timed pass and then failed it in faster-coco-eval (std::bad_alloc;
+    past 2**31 "Unable to cast Python instance of type <class 'int'> to C++ type '?'"), exit 1 with a run folder.
+    Refused up front now; a cap of a million (no cap, for any detector) still scores."""
+    from harness.config import MAX_EVAL_DET
+    from harness.data.coco import CocoDataset
+    from harness.eval.coco_eval import evaluate_cell_file
+
+    out = tmp_path / "o"
+    result = va_bench("run", "--coco-dir", str(COCO_DIR), "--output-dir", str(out), "--limit", "2",
+                      "--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--eval-max-det", "100000000")
+    assert result.returncode == 2 and "--eval-max-det" in one_error_line(result) and not out.exists()
+    coco = CocoDataset(COCO_DIR).coco
+    image_id = sorted(coco.getImgIds())[0]
+    ann = coco.loadAnns(coco.getAnnIds(imgIds=image_id, iscrowd=False))[0]
+    results = tmp_path / "detections.json"
+    results.write_text(json.dumps([{"image_id": image_id, "category_id": ann["category_id"], "bbox": ann["bbox"],
+                                    "score": 0.9}]))
+    for evaluator in ("faster-coco-eval", "pycocotools"):
+        cell = evaluate_cell_file(coco, results, [image_id], evaluator, MAX_EVAL_DET)
+        assert cell.stats["AR_max_det"] > 0, evaluator
