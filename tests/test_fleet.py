@@ -154,6 +154,13 @@ def test_resuming_a_fleet_run_that_is_not_there_names_the_folder_as_given_and_ab
         prepare_fleet_resume("nope", "runs", {}, None, None, None, False, False)
     assert str(info.value) == (f"--output-dir runs: no fleet run nope to resume (no nope/fleet.json) "
                                f"({tmp_path / 'runs'}); check --output-dir and the run id")
+    # `--output-dir=~/runs` (the shell leaves a `~` after `=` alone) is the home folder's, as a new fleet run's is
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "runs" / "f").mkdir(parents=True)
+    (tmp_path / "runs" / "f" / "fleet.json").write_text("[]")
+    with pytest.raises(UsageError) as info:
+        prepare_fleet_resume("f", "~/runs", {}, None, None, None, False, False)
+    assert "no fleet run f to resume" not in str(info.value), info.value
 
 
 def test_an_unreachable_head_is_one_line_not_minutes_of_retries(tmp_path):

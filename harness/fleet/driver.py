@@ -293,7 +293,7 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
                          retry_failed: bool) -> FleetPlan:
     """The plan of an existing fleet run, to finish it; refuses (UsageError) other options, another build
     or other hardware than the original run's, unless `force`."""
-    fleet_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default) / run_id
+    fleet_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default).expanduser() / run_id
     doc = read_fleet_json(fleet_dir, run_id)
     config, problems = resumed_config(doc["config"], overrides, fleet_dir.parent, None)
     build = build_fingerprint()
