@@ -238,6 +238,19 @@ class RunConfig(BaseModel):
             raise ValueError("must be positive integers")
         return list(dict.fromkeys(values))  # keep order, drop repeats
 
+    @field_validator("batch_sizes")
+    @classmethod
+    def _ascending(cls, values: list[int]) -> list[int]:
+        """Cells run from the smallest batch up whatever the order given: `2 1` is the sweep `1 2` (a resume given
+        either is the same run)."""
+        return sorted(values)
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_name(cls, value: Any) -> Any:
+        """`CPU` and ` cuda:1` are cpu and cuda:1 (device_spec reads them so): one device, one recorded name."""
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, value: Any) -> str:

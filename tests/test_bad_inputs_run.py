@@ -109,6 +109,17 @@ def test_an_option_of_another_mode_from_a_preset_or_a_record_is_kept_at_its_defa
         resumed_config(build_config({}).model_dump(), {"tf32": "on"}, tmp_path, "r1")
 
 
+def test_a_resume_given_the_same_sweep_spelt_another_way_is_the_same_run(tmp_path):
+    """Batch sizes in another order (cells run from the smallest up either way) and a device name in capitals were
+    "started differently", refused unless --force."""
+    from harness.config import build_config
+    from harness.run.resume import resumed_config
+
+    recorded = build_config({"batch_sizes": [1, 2]}).model_dump()
+    config, problems = resumed_config(recorded, {"batch_sizes": [2, 1], "device": "CPU"}, tmp_path, "r1")
+    assert problems == [] and config.batch_sizes == [1, 2] and config.device == "cpu"
+
+
 def test_output_dir_that_is_a_file_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
