@@ -311,7 +311,11 @@ class RunConfig(BaseModel):
     def options_of_other_modes(self) -> dict[str, str]:
         """Option field -> the mode it belongs to, for each option of a mode this run is not in."""
         cuda = self.device.strip().lower().startswith("cuda")
-        belongs = {"workers": ("--overlap", self.overlap), "host_processes": ("--overlap", self.overlap),
+        # what the scoring takes, where nothing is scored (no accuracy pass, or generated images)
+        scoring = ("--input dataset" if self.input_source == "synthetic" else "--accuracy",
+                   self.accuracy and self.input_source != "synthetic")
+        belongs = {"map_ci": scoring, "eval_max_det": scoring,
+                   "workers": ("--overlap", self.overlap), "host_processes": ("--overlap", self.overlap),
                    "max_seconds": ("--target-ci", self.target_ci is not None),
                    "server_queries": ("--scenario server", self.scenario == "server"),
                    "calibration": ("--precision int8", "int8" in self.precisions),

@@ -236,6 +236,16 @@ def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
     assert board["counts"]["excluded"] == 2 and not board["cube"]
     refused = run_in_process("run", "--input", "synthetic", "--dataset", str(tmp_path))
     assert refused.returncode == 2 and "--dataset does not apply" in refused.stderr
+    # options of the scoring where nothing is scored: refused on the command line, recorded at their default
+    # (what ran) from a preset, never recorded as if they had been applied
+    for args, words in ((["--input", "synthetic", "--map-ci", "1000"], "--map-ci applies to --input dataset only"),
+                        (["--no-accuracy", "--eval-max-det", "300"], "--eval-max-det applies to --accuracy only")):
+        refused = run_in_process("run", "--dry-run", *args)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+    from harness.config import build_config
+
+    unscored = build_config({"map_ci": 1000, "eval_max_det": 300, "accuracy": False})
+    assert (unscored.map_ci, unscored.eval_max_det) == (0, 100)
 
 
 def test_synthetic_images_are_made_once_before_anything_is_timed(monkeypatch):
