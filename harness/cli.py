@@ -430,10 +430,14 @@ def campaign(
     if not (output_dir / campaign_id).exists() and (problem := reserved_name(campaign_id)):  # a new campaign's
         raise UsageError(f"--campaign-id {campaign_id} {problem}; pick another")
     runner = run_here
-    if on_fleet:
-        runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
-    path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(),
-                                 runner)
+    try:
+        if on_fleet:
+            runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
+        path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(),
+                                     runner)
+    finally:  # before the document: Ray's late error messages would follow it on stdout
+        if on_fleet:
+            _fleet_module().disconnect()
     doc = read_json_object(path)
     if as_json:
         print_json(console, campaign_json(path, doc, results))
@@ -821,18 +825,22 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
     from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
 
     fleet = _fleet_module()
-    if resume is not None:
-        if config is not None:
-            raise UsageError("--resume continues a fleet run with its own configuration; drop --config")
-        fplan = fleet.prepare_fleet_resume(resume, options.get("output_dir"), given(options), address, hardware,
-                                           accuracy_shards, force, retry_failed)
-    else:
-        if retry_failed or force:
-            raise UsageError("--retry-failed and --force go with --resume RUN_ID")
-        fplan = fleet.prepare_fleet(load_config(config, options), address, hardware, accuracy_shards or 0)
-    if not as_json:
-        run_header(console, fplan.run_id, fplan.plan, bool(fplan.fleet_doc), ", ".join(fplan.targets), prefix="fleet ")
-    outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+    try:
+        if resume is not None:
+            if config is not None:
+                raise UsageError("--resume continues a fleet run with its own configuration; drop --config")
+            fplan = fleet.prepare_fleet_resume(resume, options.get("output_dir"), given(options), address, hardware,
+                                               accuracy_shards, force, retry_failed)
+        else:
+            if retry_failed or force:
+                raise UsageError("--retry-failed and --force go with --resume RUN_ID")
+            fplan = fleet.prepare_fleet(load_config(config, options), address, hardware, accuracy_shards or 0)
+        if not as_json:
+            run_header(console, fplan.run_id, fplan.plan, bool(fplan.fleet_doc), ", ".join(fplan.targets),
+                       prefix="fleet ")
+        outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+    finally:  # before the document: Ray's late error messages would follow it on stdout
+        fleet.disconnect()
     if as_json:
         print_json(console, (fleet_summary_json(outcome)))
     else:

@@ -188,6 +188,36 @@ def test_auto_checks_the_cluster_this_machine_started_last(monkeypatch):
         driver.connect(None)
 
 
+def test_fleet_run_closes_its_ray_connection_before_the_json_document(monkeypatch):
+    """Ray's driver prints the cluster's error messages (a raylet that died: dozens of lines) from a thread of its
+    own to sys.stdout, seconds late: after `fleet run --json` had restored stdout, they followed the document
+    there. The command closes the connection it made before the document; a process's own (a test's) stays."""
+    ray = pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
+    from types import SimpleNamespace
+
+    from harness import cli
+    from harness.fleet import driver
+    from harness.views import fleet_view
+
+    events, connected = [], []
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(connected))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: connected.append(True))
+    monkeypatch.setattr(ray, "shutdown", lambda: (events.append("shutdown"), connected.clear()))
+    monkeypatch.setattr(driver, "_check_reachable", lambda *args, **kwargs: None)
+    monkeypatch.setattr(driver, "prepare_fleet", lambda config, address, hardware, shards: driver.connect(address))
+    monkeypatch.setattr(driver, "run_fleet", lambda *args: events.append("run") or SimpleNamespace(problems={}))
+    monkeypatch.setattr(fleet_view, "fleet_summary_json", lambda outcome: events.append("document") or {"ok": 1})
+    monkeypatch.setattr(cli, "ORIGINAL_ARGV", ["fleet", "run", "--json"])
+    for already_connected in (False, True):
+        events[:] = []
+        connected[:] = [True] if already_connected else []
+        result = CliRunner().invoke(cli.app, ["fleet", "run", "--address", "127.0.0.1:6379", "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {"ok": 1}
+        assert events == (["run", "document"] if already_connected else ["run", "shutdown", "document"])
+        assert connected == ([True] if already_connected else [])
+
+
 # ------------------------------------------------------------------------------------- the cluster
 
 

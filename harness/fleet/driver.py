@@ -62,6 +62,7 @@ from harness.run.signals import Interrupted, protected
 from harness.shell import recordable
 
 PROBE_TIMEOUT_S = 120.0
+_CONNECTED_HERE = False  # connect() made this process's Ray connection, so disconnect() closes it
 LIVENESS_EVERY_S = 5.0
 
 
@@ -124,6 +125,7 @@ class FleetNode:
 def connect(address: str | None) -> None:
     """Join the Ray cluster at `address` as a driver ("auto": $RAY_ADDRESS or the cluster started on this
     machine). A process already connected (tests, notebooks) keeps its connection."""
+    global _CONNECTED_HERE
     if ray.is_initialized():
         return
     target = address or os.environ.get("RAY_ADDRESS")
@@ -135,12 +137,23 @@ def connect(address: str | None) -> None:
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
+        _CONNECTED_HERE = True
         if main:  # ray.init installs a SIGTERM handler that exits on the spot; ours stops cleanly
             signal.signal(signal.SIGTERM, sigterm)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise UsageError(f"cannot reach a Ray cluster at {address or 'auto'} ({one_line(exc)}); start one with "
                          "`va-bench fleet join --head` and pass --address HOST:PORT (a cluster with token "
                          "authentication also needs RAY_AUTH_MODE=token and its token here)") from exc
+
+
+def disconnect() -> None:
+    """Close the connection connect() made (one a test or notebook made stays). Ray's driver keeps a thread that
+    prints the cluster's error messages (a raylet that died, dozens of lines) to whatever sys.stdout is when they
+    arrive, seconds late: after a `--json` command has restored stdout, they would follow its document there."""
+    global _CONNECTED_HERE
+    if _CONNECTED_HERE and ray.is_initialized():
+        ray.shutdown()  # stops and joins that thread
+    _CONNECTED_HERE = False
 
 
 def _auto_address() -> str | None:
