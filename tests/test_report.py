@@ -180,6 +180,30 @@ def test_layer_rows_of_a_cell_that_did_not_finish_are_not_plotted(run_a, tmp_pat
     assert len(layers) == 1 and "StrayConv" not in dict(next(iter(layers.values())))
 
 
+def test_the_memory_line_breaks_between_the_processes_of_a_resumed_run(run_a, tmp_path, monkeypatch):
+    """A resumed run (or a fleet's tasks) appends its process's samples to memory.csv, beginning with its "start"
+    tag, minutes or days after the last ones: the line breaks there, not drawn across the gap as if measured."""
+    from harness.report import plots
+
+    run = _copy(run_a, tmp_path)
+    with (run / "memory.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    later = float(rows[-1]["timestamp"]) + 600
+    resumed = [{**rows[0], "timestamp": str(later + 0.05 * i), "tag": tag, "rss_mb": str(100.0 + i)}
+               for i, tag in enumerate(["start", "start", "between", "between"])]
+    with (run / "memory.csv").open("a", newline="") as fh:
+        csv.DictWriter(fh, fieldnames=list(rows[0])).writerows(resumed)
+    figures = []
+    monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
+    memory = plots.memory_timeline(load_run(run))
+    (line,) = figures[0].axes[0].get_lines()
+    drawn = list(line.get_ydata())
+    assert np.isnan(drawn[len(rows)]) and sum(np.isnan(drawn)) == 1  # one break, where the second process begins
+    assert drawn[:len(rows)] == [float(r["rss_mb"]) for r in rows] and drawn[len(rows) + 1:] == [100, 101, 102, 103]
+    assert memory.data["process_starts"] == [0, len(rows)]
+    assert memory.data["rss_mb"][len(rows):] == [100.0, 101.0, 102.0, 103.0]  # every sample, as recorded
+
+
 def test_energy_is_plotted_where_measured(run_a, tmp_path):
     """This box has no energy counter, so the measured path is fed a submission carrying a measurement."""
     run = _copy(run_a, tmp_path)

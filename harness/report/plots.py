@@ -268,11 +268,16 @@ def memory_timeline(run: RunFolder) -> Plot:
             spans[-1] = (tag, spans[-1][1], ti)
         else:
             spans.append((tag, ti, ti))
+    # a process's samples begin with its "start" tag (a resumed run, a fleet's tasks append theirs to the file):
+    # the line breaks there, never drawn across the gap between two processes as if measured
+    breaks = [i for i in range(1, len(points))
+              if (points[i][3] == "start" and points[i - 1][3] != "start") or points[i][0] < points[i - 1][0]]
     fig = Figure(figsize=(12, 4.2))
     ax = fig.subplots()
-    ax.plot(t, rss, color="C0", label="host RSS (MB)", linewidth=1.2)
+    ax.plot(*_broken(t, rss, breaks), color="C0", label="host RSS (MB)", linewidth=1.2)
     if any(c is not None for c in cuda):
-        ax.plot(t, [np.nan if c is None else c for c in cuda], color="C3", label="CUDA allocated (MB)")
+        ax.plot(*_broken(t, [np.nan if c is None else c for c in cuda], breaks), color="C3",
+                label="CUDA allocated (MB)")
     timing_spans = [s for s in spans if s[0].startswith("timing ")]
     # the runner tags a timing window "timing <model> <backend> <precision> <size> b<batch>"
     cells = {f"timing {k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c
@@ -292,10 +297,24 @@ def memory_timeline(run: RunFolder) -> Plot:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title)
-    data = {"t_s": t, "rss_mb": rss, "cuda_allocated_mb": cuda, "spans": spans, "peak_ram_mb": peaks}
+    data = {"t_s": t, "rss_mb": rss, "cuda_allocated_mb": cuda, "spans": spans, "peak_ram_mb": peaks,
+            "process_starts": [0, *breaks]}
     notes = ["shaded: timing windows; dashed: the cell's peak RAM (memory.peak_ram_mb: the kernel's VmHWM over the "
              "window, a true peak the 50 ms samples can miss)"]
     return Plot(name, title, _png(fig), data, notes)
+
+
+def _broken(x: list[float], y: list[float], breaks: list[int]) -> tuple[list[float], list[float]]:
+    """x and y with a NaN point before each index in `breaks`, where matplotlib breaks the line."""
+    xs, ys, previous = [], [], 0
+    for i in [*breaks, len(x)]:
+        if previous:
+            xs.append(np.nan)
+            ys.append(np.nan)
+        xs += x[previous:i]
+        ys += y[previous:i]
+        previous = i
+    return xs, ys
 
 
 def energy_per_image(run: RunFolder) -> Plot:
