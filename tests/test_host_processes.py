@@ -3,6 +3,7 @@ processes of their own give the detections the workers' threads give, name a bad
 process that dies, and are recorded; the options they cannot serve are refused in one line."""
 
 import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -444,3 +445,23 @@ def test_host_processes_end_when_their_parent_is_killed(tmp_path):
     while time.monotonic() < deadline and alive():
         time.sleep(0.05)
     assert not alive()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and /dev/shm are Linux's")
+def test_segments_of_a_run_that_ended_without_closing_are_removed_by_the_next(tmp_path):
+    """A run killed with its resource tracker (SIGKILL to its process group) leaves its segments in /dev/shm; the
+    next pool removes those of this pid namespace whose pid is gone, and nothing of a live process, another
+    namespace or another program."""
+    from harness.pipeline.host_processes import remove_stale_segments, segment_prefix
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(ended.stdout)
+    assert not Path(f"/proc/{dead}").exists()
+    prefix = segment_prefix()
+    names = {"dead": f"{prefix}{dead}-3-0-0123abcd", "alive": f"{prefix}{os.getpid()}-3-0-0123abcd",
+             "other namespace": f"va1.{dead}-3-0-0123abcd", "older name": f"va{dead}-3-0-0123abcd",
+             "another program": f"{prefix}{dead}-notours"}
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_stale_segments(tmp_path) == [names["dead"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for k, n in names.items() if k != "dead")

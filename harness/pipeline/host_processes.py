@@ -44,6 +44,7 @@ import math
 import os
 import pickle
 import queue
+import re
 import secrets
 import signal
 import sys
@@ -142,6 +143,7 @@ class HostProcesses:
             raise ValueError(f"processes must be >= 1, not {processes}")
         self.processes = processes
         self.nice = nice
+        remove_stale_segments()  # a run killed with its resource tracker (a process group's SIGKILL) left them
         self._context = torch.multiprocessing.get_context("spawn")
         self._idle: queue.SimpleQueue[_Member] = queue.SimpleQueue()
         self._members = [_Member(*self._spawn()) for _ in range(processes)]  # all started, then each awaited
@@ -256,7 +258,7 @@ class HostProcesses:
         if segment is None or segment.size < needed:
             owner = getattr(self._own, "owner", None)
             if owner is None:
-                owner = self._own.owner = f"va{os.getpid()}-{next(_OWNERS)}"
+                owner = self._own.owner = f"{segment_prefix()}{os.getpid()}-{next(_OWNERS)}"
             if segment is not None:  # this thread is done with it: its last canvas or outputs went with their batch
                 self._drop(segment)
             self._own.generation = getattr(self._own, "generation", -1) + 1
@@ -359,6 +361,49 @@ def shared_host_processes(processes: int, nice: int = 0) -> HostProcesses:
     before_leave(pool.close)
     atexit.register(pool.close)  # a process that ends otherwise (a bench, the tests): no segment left behind
     return pool
+
+
+@cache
+def segment_prefix() -> str:
+    """What this process's segment names start with, before its pid: `va`, the pid namespace's id and a dot. Two
+    containers that share /dev/shm but not their pids cannot take each other's run for one that has ended."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc (macOS): one namespace
+        namespace = 0
+    return f"va{namespace}."
+
+
+def remove_stale_segments(folder: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the segments of runs of this pid namespace that have ended (their pid is gone); the names removed. A
+    run's own close and multiprocessing's resource tracker remove them otherwise; a SIGKILL of the run's whole
+    process group leaves them, each as large as a batch's canvas or outputs."""
+    pattern = re.compile(re.escape(segment_prefix()) + r"(\d+)-\d+-\d+-[0-9a-f]{8}")
+    removed = []
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:  # no /dev/shm: segments live elsewhere, and the resource tracker is all there is
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            (folder / name).unlink()
+            removed.append(name)
+        except OSError:  # removed meanwhile, or another user's
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _make_segment(size: int, name: str) -> shared_memory.SharedMemory:
