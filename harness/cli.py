@@ -432,6 +432,9 @@ def campaign(
     runner = run_here
     try:
         if on_fleet:
+            from harness.fleet.join import loopback_driver
+
+            loopback_driver(address)  # before ray is imported
             runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
         path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(),
                                      runner)
@@ -821,9 +824,11 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
     continue with --resume RUN_ID), 2 for bad input, 130/143/129 when interrupted (SIGINT/SIGTERM/SIGHUP). See
     docs/fleet.md."""
     from harness.config import given, load_config
+    from harness.fleet.join import loopback_driver
     from harness.views.commands import run_header
     from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
 
+    loopback_driver(address)  # before ray is imported
     fleet = _fleet_module()
     try:
         if resume is not None:

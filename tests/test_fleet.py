@@ -112,6 +112,19 @@ def test_a_runtime_one_machine_has_and_another_cannot_is_no_build_difference(mon
     assert fingerprint.build_fingerprint()["packages"]["onnxruntime"] == ort
 
 
+def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch):
+    """`fleet run --address 127.0.0.1:6379` reaches a head that `fleet join --node-ip-address 127.0.0.1` started:
+    Ray's setting is made before ray is imported, and only for a loopback address."""
+    from harness.fleet.join import LOOPBACK_ENV, loopback_driver
+
+    (name,) = LOOPBACK_ENV
+    for address, set_ in (("127.0.0.1:6379", True), ("[::1]:6379", True), ("localhost:6379", True),
+                          ("10.0.0.5:6379", False), ("auto", False), (None, False)):
+        monkeypatch.delenv(name, raising=False)
+        loopback_driver(address)
+        assert (os.environ.get(name) == "0") is set_, address
+
+
 def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
     pytest.importorskip("ray", reason="the fleet extra is not installed (pip install 'va-bench[fleet]')")
     from harness.cli import app
@@ -122,8 +135,11 @@ def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
     assert result.exit_code == 0, result.output
     assert '--resources={"hw:rpi5":1,"va-bench-slot":1}' in result.output
     assert "--address=127.0.0.1:6379" in result.output and "--node-ip-address=127.0.0.1" in result.output
+    # a node on the loopback stays there: without it Ray swaps in the machine's address and listens everywhere
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in result.output
     head = runner.invoke(app, ["fleet", "join", "--head", "--hardware-id", "a100", "--dry-run"])
     assert "--head" in head.output and "--include-dashboard=false" in head.output
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in head.output
     for bad, words in ((["--hardware-id", "../x"], "cannot name a results folder"),
                        (["--hardware-id", "gpu1\n"], "cannot name a results folder"),
                        (["--hardware-id", "accuracy"], "cannot name a results folder"),

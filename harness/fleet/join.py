@@ -8,6 +8,7 @@ OMP_NUM_THREADS set to what `va-bench run` uses on this machine, unless the call
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -19,6 +20,9 @@ from pathlib import Path
 from harness.config import SAFE_ID, reserved_name
 from harness.errors import UsageError
 
+# Ray replaces a loopback node address with the machine's network address, and its servers then listen on every
+# interface, unless this is set (read when ray is imported): a one-machine cluster asked for on 127.0.0.1 stays there
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 SLOT = "va-bench-slot"  # one per node: a benchmark or an accuracy shard holds the node's only one
 ACCURACY_DIR = "accuracy"  # the gathered run's folder of sharded accuracy, beside the hardware folders
 RESERVED_IDS = (ACCURACY_DIR,)
@@ -85,7 +89,37 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
         argv.append(f"--node-ip-address={node_ip_address}")
     argv += extra
     env_added = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": default_threads()}
+    if is_loopback(node_ip_address):
+        env_added.update(LOOPBACK_ENV)
     return JoinCommand(argv, env_added, hw)
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (an IP address, `[::1]`, or localhost) is this machine's loopback."""
+    if not host:
+        return False
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_driver(address: str | None) -> None:
+    """Before ray is imported: a driver that joins a head on the loopback (`--address 127.0.0.1:6379`) reaches it
+    there, as `fleet join --node-ip-address 127.0.0.1` started it (Ray would otherwise dial the machine's network
+    address, where that head does not listen). A head started without it listens there too, and is reached."""
+    if not address:
+        return
+    if address.startswith("["):  # [::1]:6379
+        host = address[1:].partition("]")[0]
+    else:  # 127.0.0.1:6379, localhost:6379, or a bare IPv6 address
+        host = address.partition(":")[0] if address.count(":") == 1 else address
+    if is_loopback(host):
+        for name, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(name, value)
 
 
 def start(command: JoinCommand) -> int:
