@@ -204,7 +204,7 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
                            (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, wieghts: {weights}}}\n",
                             "datasets[0] needs name, dataset and weights"),
                            (f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: x, weights: {weights}}}\n",
-                            "datasets[0] (a): --dataset x: no such file or folder")):
+                            f"datasets[0] (a): --dataset {tmp_path / 'x'}: no such file or folder")):  # the file's
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         result = run_in_process("campaign", str(bad), "--output-dir", str(tmp_path / "o4"))
