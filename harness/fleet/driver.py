@@ -499,8 +499,9 @@ class FleetDriver:
         self._log_threads()
         try:
             self._submit()
+            tasks = f"{len(self.pending)} task{'s' if len(self.pending) != 1 else ''}"
             self.progress.log(f"fleet {fp.run_id}: {len(self.plan.cells)} cells x {len(fp.targets)} hardware "
-                              f"({', '.join(fp.targets)}), {len(self.pending)} tasks"
+                              f"({', '.join(fp.targets)}), {tasks}"
                               + (f", accuracy in {fp.shards} shards per group" if fp.shards else ""))
             self._loop()
         except Interrupted as exc:
@@ -589,8 +590,9 @@ class FleetDriver:
             self._log_change(task, change.label, change.state, change.reason)
 
     def _log_change(self, task: _Task, label: str, state: str, reason: str | None) -> None:
-        host = (task.node or {}).get("host", "?")
-        self.progress.log(f"{task.hardware_id} on {host}: {label}: {state}" + (f" ({reason})" if reason else ""))
+        host = (task.node or {}).get("host")  # a task that ended before its first update never said where it ran
+        self.progress.log(f"{task.hardware_id}{f' on {host}' if host else ''}: {label}: {state}"
+                          + (f" ({reason})" if reason else ""))
 
     def _check_liveness(self) -> None:
         """Tasks still queued for hardware that no alive node offers any more would wait forever: cancel them
