@@ -16,7 +16,7 @@ from harness.measure.device import Device
 from harness.measure.stats import median_ci, median_ci_extent_pct, still_falling, summarize, warmup_end
 from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_workers, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
-from harness.pipeline.stage_timer import StageTimer
+from harness.pipeline.stage_timer import BatchTiming, StageTimer, completion_intervals_ms
 
 
 def test_cpu_device_never_touches_cuda(monkeypatch):
@@ -68,6 +68,18 @@ def test_stage_timer_times_stages_and_substeps():
     assert 19 <= batch.ms("forward") <= 30
     assert 9.5 <= batch.ms("postprocess.nms") <= batch.ms("postprocess")
     assert batch.ms("forward") + batch.ms("postprocess") <= batch.ms("total")
+
+
+def test_completion_intervals_follow_the_order_batches_completed_in():
+    """Overlapped with --host-processes and two workers, two batches finish at once and the later one can end first:
+    each interval is the time since the previous completion, never negative, and they add up to the stream's end."""
+    ms = 1_000_000
+    handed_on = [BatchTiming(size=2, end_ns=10 * ms), BatchTiming(size=2, end_ns=8 * ms),  # batch 1 ended first
+                 BatchTiming(size=2, end_ns=15 * ms)]
+    intervals = completion_intervals_ms(handed_on, start_ns=0)
+    assert intervals == pytest.approx([4.0, 1.0, 2.5])  # 8, 2 and 5 ms since the previous completion, per image
+    assert min(intervals) > 0
+    assert sum(i * 2 for i in intervals) == pytest.approx(15.0)  # the stream's wall time: to its last completion
 
 
 def test_summarize_matches_numpy_and_flags_instability():

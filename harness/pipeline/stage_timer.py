@@ -186,9 +186,11 @@ def completion_intervals_ms(batches: list[BatchTiming], start_ns: int) -> list[f
     """Per-image interval of each batch of a stream: time since the previous batch (or the stream's start)
     completed, over the batch size. In overlapped mode batches are in flight together, so this, not a
     batch's end-to-end latency, is the per-image time whose inverse is the throughput: its mean is the
-    stream's wall time over its images (for equal batches)."""
+    stream's wall time over its images (for equal batches). Taken in the order the batches completed: with
+    --host-processes and two or more workers, batches finish at once and a later one can end first (in the
+    stream's order its interval was negative, and the next one held both)."""
     out, previous = [], start_ns
-    for b in batches:
+    for b in sorted(batches, key=lambda b: b.end_ns):
         out.append((b.end_ns - previous) / 1e6 / b.size)
         previous = b.end_ns
     return out

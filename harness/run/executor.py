@@ -446,8 +446,9 @@ class GroupExecutor:
                     with suppress(Exception):
                         window.end_window()
             raise
-        # the stream ends with its last batch (not after the progress bar's and the energy sources' teardown)
-        stream_seconds = (timer.batches[-1].end_ns - stream_start_ns) / 1e9 if timer.batches else \
+        # the stream ends with its last batch (not after the progress bar's and the energy sources' teardown): the
+        # last to complete, not always the last handed on (batches finishing at once, --host-processes)
+        stream_seconds = (max(b.end_ns for b in timer.batches) - stream_start_ns) / 1e9 if timer.batches else \
             time.perf_counter() - stream_start
         device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
