@@ -6,14 +6,23 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import requires_coco
 
 from harness.detector.protocol import PreprocessSpec
 from harness.measure.device import Device
-from harness.measure.stats import median_ci, median_ci_extent_pct, still_falling, summarize, warmup_end
+from harness.measure.stats import (
+    median_ci,
+    median_ci_extent_missing,
+    median_ci_extent_pct,
+    still_falling,
+    summarize,
+    warmup_end,
+)
 from harness.pipeline.pipeline import STREAM_WORKER_NICE, _stream_workers, stream_worker_priority
 from harness.pipeline.preprocess import preprocess_batch
 from harness.pipeline.stage_timer import BatchTiming, StageTimer, completion_intervals_ms
@@ -162,6 +171,34 @@ def test_target_ci_judges_drifting_batches_by_their_block_means():
         wrongly_met_raw += off and raw <= 2
         wrongly_met += off and median_ci_extent_pct(batches) <= 2
     assert wrongly_met_raw >= 20 and wrongly_met <= wrongly_met_raw // 4
+
+
+
+def test_a_target_ci_without_an_interval_says_why():
+    """--target-ci stopped at --max-seconds before the median had an interval: the warning said "fewer than 2 timed
+    batches" whatever the count; it says how many there were, and the block means of drifting ones."""
+    four = [26.8, 57.3, 26.2, 24.2]
+    assert median_ci_extent_pct(four) is None
+    assert median_ci_extent_missing(four) == "4 timed batches, fewer than the 6 an interval needs"
+    drifting = 20 + np.arange(20.0)  # 20 batches, steadily slower: autocorrelated, blocks of 4, 5 block means
+    assert median_ci_extent_pct(drifting) is None
+    assert "20 timed batches that drift together, judged on their 5 block means" in median_ci_extent_missing(drifting)
+
+
+@requires_coco
+def test_a_target_ci_stopped_before_any_interval_names_its_batches(tmp_path_factory):
+    """The run's warning when --max-seconds ends the timing before the median has an interval (the synthetic plugin:
+    4 batches, the seconds long gone after the first pass)."""
+    from conftest import run_benchmark
+
+    plugin = Path(__file__).parent / "plugins" / "synthetic_detector.py"
+    _, (record,) = run_benchmark(tmp_path_factory, "target-ci-undefined", models=[f"{plugin}:make_detector"],
+                                 backends=["pytorch"], limit=4, batch_sizes=[1], min_timed_batches=2,
+                                 warmup_batches=1, target_ci=1.0, max_seconds=0.001, energy=False, memory=False,
+                                 accuracy=False, draw_images=0)
+    assert record.timing.target_ci["extent_pct"] is None and record.timing.timed_batches == 4
+    (warning,) = [w for w in record.timing.warnings if w.startswith("--target-ci")]
+    assert "undefined (4 timed batches, fewer than the 6 an interval needs)" in warning
 
 
 def ramped(rng: np.random.Generator, excess: float, tau: float, n_timed: int) -> np.ndarray:

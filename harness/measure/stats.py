@@ -91,6 +91,19 @@ def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) ->
     return 100 * max(median - low, high - median) / median
 
 
+
+def median_ci_extent_missing(samples: list[float] | np.ndarray) -> str:
+    """Why `median_ci_extent_pct` gives None for these samples (too few of them, or too few block means of drifting
+    ones), in words for the warning that says the target was not reached."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size < MIN_CI_SAMPLES:
+        return f"{x.size} timed batches, fewer than the {MIN_CI_SAMPLES} an interval needs"
+    if autocorrelated(x) and (blocks := x.size // block_size(x.size)) < MIN_CI_SAMPLES:
+        return (f"{x.size} timed batches that drift together, judged on their {blocks} block means, fewer than the "
+                f"{MIN_CI_SAMPLES} an interval needs")
+    return "the median batch time is not positive"
+
+
 TAIL_QUANTILES = (90, 95, 99)
 
 

@@ -56,6 +56,7 @@ from harness.measure.server import RealClock, ServerResult, find_max_qps, poisso
 from harness.measure.stats import (
     WARMUP_SPREAD,
     WARMUP_WINDOW,
+    median_ci_extent_missing,
     median_ci_extent_pct,
     summarize,
     tail_bounds,
@@ -502,7 +503,8 @@ class GroupExecutor:
         )
         if target is not None and not target["met"]:
             extent = target["extent_pct"]
-            reached = "undefined (fewer than 2 timed batches)" if extent is None else f"within +-{extent:.2f} %"
+            reached = (f"undefined ({median_ci_extent_missing(totals)})" if extent is None
+                       else f"within +-{extent:.2f} %")
             record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
                                    f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
                                    "it, or accept a wider interval)")
