@@ -334,6 +334,35 @@ def test_three_processes_medians_are_summarised_by_their_median(tmp_path, monkey
     assert block["spread_pct"] == round(100 * 4 / 11, 3)
 
 
+
+def test_one_process_left_has_no_spread_rather_than_a_spread_of_zero(tmp_path, monkeypatch):
+    """--repeats 2 whose extra process failed: one median is left, and one value has no spread between processes
+    (null, with why), not a spread of 0 % (which read as processes that agreed exactly); the summary says so."""
+    import contextlib
+    import subprocess
+    from types import SimpleNamespace
+
+    from harness.run import repeats
+    from harness.views.tables import repeats_line
+
+    coords = {"model": "m", "backend": "onnxruntime", "precision": "fp32", "input_size": [416, 416], "batch_size": 1}
+    run = tmp_path / "run"
+    (run / "submissions").mkdir(parents=True)
+    (run / "submissions" / "c.json").write_text(json.dumps({"timing": {"batch_ms": {"p50": 16.1654}}}))
+    (run / "run.json").write_text(json.dumps({"config": {}, "cells": [
+        {"cell": "m b1", **coords, "status": "ok", "submission": "submissions/c.json"}]}))
+    monkeypatch.setattr(repeats, "subprocess", SimpleNamespace(
+        run=lambda cmd, **kwargs: subprocess.CompletedProcess(cmd, 1, "", "error: the plugin failed\n")))
+    config = SimpleNamespace(repeats=2, model_dump=lambda mode: {"models": ["m"]})
+    progress = SimpleNamespace(task=lambda *a: contextlib.nullcontext(), log=lambda *a: None)
+    block = repeats.repeat_in_fresh_processes(config, run, {"m b1": "submissions/c.json"}, progress)["m b1"]
+    assert block["processes"] == 1 and block["batch_ms_p50"] == [16.1654]
+    assert block["spread_pct"] is None and "one process" in block["spread_reason"]
+    assert block["failed"] == ["process 2: error: the plugin failed"]
+    assert repeats_line("m b1", block) == ("m b1: p50 ms/batch in 1 processes: 16.17 (no spread: one process "
+                                           "measured the cell (the others failed): no spread between processes)")
+
+
 def test_an_extra_process_does_not_take_its_run_for_another_gpu_tenant(monkeypatch):
     import os
 

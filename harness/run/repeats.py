@@ -118,11 +118,15 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
         own = float(doc["timing"]["batch_ms"]["p50"])
         values = [round(own, 4), *[round(v, 4) for v in medians.get(cell_key(cells[label]), [])]]
         middle = statistics.median(values)
+        # one process (the others failed) has no spread to speak of, not a spread of 0
+        spread = round(100 * (max(values) - min(values)) / middle, 3) if len(values) > 1 and middle > 0 else None
         block = {"processes": len(values), "requested": config.repeats, "batch_ms_p50": values,
-                 "median_of_processes_ms": round(middle, 4),
-                 "spread_pct": round(100 * (max(values) - min(values)) / middle, 3) if middle > 0 else None,
+                 "median_of_processes_ms": round(middle, 4), "spread_pct": spread,
                  "note": "the first value is the run's own process's (timed and scored); the others fresh processes "
                          "timing the same cell (no accuracy pass)"}
+        if spread is None:
+            block["spread_reason"] = ("one process measured the cell (the others failed): no spread between processes"
+                                      if len(values) < 2 else "the median of the processes is not positive")
         if failures:
             block["failed"] = failures
         doc["timing"]["repeats"] = blocks[label] = block

@@ -189,9 +189,7 @@ def print_summary(console: Console, outcome) -> None:
     for line in server_lines(outcome.records):
         console.print(escape(line), highlight=False)
     for label, block in getattr(outcome, "repeats", {}).items():
-        medians = " / ".join(f"{v:.2f}" for v in block["batch_ms_p50"])
-        console.print(f"{escape(label)}: p50 ms/batch in {block['processes']} processes: {medians} (spread "
-                      f"{block['spread_pct']:.1f} %)", highlight=False)
+        console.print(escape(repeats_line(label, block)), highlight=False)
     for line in run_warnings(outcome.records):
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     counts = ", ".join(f"{n} {s}" for s, n in state.counts().items())
@@ -200,6 +198,14 @@ def print_summary(console: Console, outcome) -> None:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
                       f"--resume {escape(state.run_id)} --output-dir {escape(shell.quote(str(state.run_dir.parent)))} "
                       "--retry-failed", highlight=False)
+
+
+def repeats_line(label: str, block: dict) -> str:
+    """--repeats: a cell's median batch time in each process and their spread (none with one process)."""
+    medians = " / ".join(f"{v:.2f}" for v in block["batch_ms_p50"])
+    spread = (f"spread {block['spread_pct']:.1f} %" if block.get("spread_pct") is not None
+              else f"no spread: {block.get('spread_reason', 'unavailable')}")
+    return f"{label}: p50 ms/batch in {block['processes']} processes: {medians} ({spread})"
 
 
 def server_lines(records: list[CellRecord]) -> list[str]:
