@@ -91,7 +91,6 @@ def median_ci_extent_pct(samples: list[float] | np.ndarray, *, seed: int = 0) ->
     return 100 * max(median - low, high - median) / median
 
 
-
 def median_ci_extent_missing(samples: list[float] | np.ndarray) -> str:
     """Why `median_ci_extent_pct` gives None for these samples (too few of them, or too few block means of drifting
     ones), in words for the warning that says the target was not reached."""
