@@ -907,47 +907,44 @@ def test_aggregate_of_files_that_are_no_submissions_says_so(tmp_path, base_doc):
     assert mixed.returncode == 0 and "2 files, 1 included, 1 excluded (1 not submissions)" in mixed.stdout, mixed.stdout
 
 
-def test_documents_of_other_kinds_are_named_not_validated_as_broken_submissions(tmp_path, base_doc):
-    """A site's support matrix, JSON Schema or generated tables beside its submissions: skipped with a note inside a
-    folder; named one by one, one line each (not the schema's dozens), and aggregate of only them is exit 2."""
+# documents beside a site's submissions that are no submission at all: a support matrix, a JSON Schema, a COCO
+# annotation file, `{}` (file name, content, what the note and the finding call it)
+OTHER_DOCUMENTS = {
+    "site": [("support-matrix.json", {"schema_version": "va.support-matrix.v1", "models": []},
+              "schema_version 'va.support-matrix.v1'"),
+             ("schema.json", {"$schema": "https://json-schema.org/draft/2020-12/schema"}, "a JSON Schema")],
+    "coco": [("instances_val2017.json", {"info": {}, "images": [{"id": 1}], "annotations": [],
+                                         "categories": [{"id": 1, "name": "a"}]}, "a COCO annotation file"),
+             ("empty.json", {}, "an empty JSON object")],
+}
+
+
+@pytest.mark.parametrize("kind", OTHER_DOCUMENTS)
+def test_documents_of_other_kinds_are_named_not_validated_as_broken_submissions(tmp_path, base_doc, kind):
+    """Other documents beside the submissions (OTHER_DOCUMENTS: a support matrix, a JSON Schema, a COCO annotation
+    file, `{}`): skipped with a note inside a folder; named one by one, one line each (not the schema's dozens of
+    missing fields), and aggregate of only them is exit 2. A misspelt schema_version, or an object with some field of
+    a submission, is a broken submission all the same."""
     folder = tmp_path / "site"
     _write(folder, [base_doc])
-    (folder / "support-matrix.json").write_text(json.dumps({"schema_version": "va.support-matrix.v1", "models": []}))
-    (folder / "schema.json").write_text(json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema"}))
+    documents = OTHER_DOCUMENTS[kind]
+    for name, doc, _ in documents:
+        (folder / name).write_text(json.dumps(doc))
     validation = validate_paths([folder], None)
     assert [r.path.name for r in validation.reports] == ["s0.json"]
-    assert any("skipped 2 JSON document(s) of other kinds" in n and "'va.support-matrix.v1'" in n
-               and "a JSON Schema" in n for n in validation.notes), validation.notes
-    report = validate_file(folder / "support-matrix.json", None, SCHEMA)
-    assert [f.message for f in report.findings] == ["not a va.submission.v1 (schema_version 'va.support-matrix.v1')"]
-    refused = va_bench("aggregate", folder / "support-matrix.json", folder / "schema.json")
+    assert any("skipped 2 JSON document(s) of other kinds" in n and all(what in n for _, _, what in documents)
+               for n in validation.notes), validation.notes
+    name, _, what = documents[0]
+    report = validate_file(folder / name, None, SCHEMA)
+    assert [f.message for f in report.findings] == [f"not a va.submission.v1 ({what})"]
+    refused = va_bench("aggregate", *(folder / name for name, _, _ in documents))
     assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
     misspelt = dict(base_doc, schema_version="va.submision.v1")  # a broken submission, never skipped as another kind
     (folder / "misspelt.json").write_text(json.dumps(misspelt))
-    reports = {r.path.name: r for r in validate_paths([folder], None).reports}
-    assert "misspelt.json" in reports and reports["misspelt.json"].errors
-
-
-def test_objects_with_no_field_of_a_submission_are_other_documents(tmp_path, base_doc):
-    """A COCO annotation file (or `{}`) beside the submissions is no broken submission to list 31 missing fields of:
-    skipped with a note in a folder, one line named, and aggregate of only such files is exit 2, as for a support
-    matrix."""
-    folder = tmp_path / "runs"
-    _write(folder, [base_doc])
-    coco = {"info": {}, "images": [{"id": 1}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}
-    (folder / "instances_val2017.json").write_text(json.dumps(coco))
-    (folder / "empty.json").write_text("{}")
-    validation = validate_paths([folder], None)
-    assert [r.path.name for r in validation.reports] == ["s0.json"]
-    assert any("skipped 2 JSON document(s) of other kinds" in n and "a COCO annotation file" in n
-               and "an empty JSON object" in n for n in validation.notes), validation.notes
-    report = validate_file(folder / "instances_val2017.json", None, SCHEMA)
-    assert [f.message for f in report.findings] == ["not a va.submission.v1 (a COCO annotation file)"]
-    refused = va_bench("aggregate", folder / "instances_val2017.json", folder / "empty.json")
-    assert refused.returncode == 2 and "none of the 2 files is a va.submission.v1" in refused.stderr, refused.stderr
-    kept = {k: v for k, v in base_doc.items() if k in ("submission_id", "accuracy")}  # a broken submission still
+    kept = {k: v for k, v in base_doc.items() if k in ("submission_id", "accuracy")}
     (folder / "broken.json").write_text(json.dumps(kept))
-    assert validate_file(folder / "broken.json", None, SCHEMA).errors
+    reports = {r.path.name: r for r in validate_paths([folder], None).reports}
+    assert reports["misspelt.json"].errors and reports["broken.json"].errors
 
 
 def test_two_folders_with_one_file_name_keep_their_rows_apart(tmp_path, base_doc):
