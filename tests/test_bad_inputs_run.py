@@ -109,6 +109,21 @@ def test_an_option_of_another_mode_from_a_preset_or_a_record_is_kept_at_its_defa
         resumed_config(build_config({}).model_dump(), {"tf32": "on"}, tmp_path, "r1")
 
 
+def test_a_run_folder_that_cannot_be_read_is_not_called_missing(tmp_path, monkeypatch):
+    """--resume of a run whose folder cannot be entered: its permissions named, not "no run to resume"."""
+    import errno
+    from pathlib import Path as PathType
+
+    from harness.results.reader import read_run_json
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(PathType, "is_file", denied)
+    with pytest.raises(UsageError, match=r"cannot be read \(Permission denied\).*permissions"):
+        read_run_json(tmp_path / "r1", "r1")
+
+
 def test_a_resume_given_the_same_sweep_spelt_another_way_is_the_same_run(tmp_path):
     """Batch sizes in another order (cells run from the smallest up either way) and a device name in capitals were
     "started differently", refused unless --force."""

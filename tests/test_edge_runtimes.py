@@ -499,6 +499,32 @@ def test_a_trace_of_a_torch_module_is_of_its_code_too(tmp_path, monkeypatch):
     assert files[1] == (files[0][0], True) and files[2][0] != files[0][0] and files[2][1] is False, files
 
 
+def test_a_modules_code_key_covers_an_inherited_forward(tmp_path):
+    """A module class that inherits its forward from a base class of another file: editing that file is a new key."""
+    import importlib.util
+
+    import torch
+
+    from harness.backends.export import module_code_sha256
+
+    def head_of(scale: str):
+        path = tmp_path / "base_core.py"
+        path.write_text(TINY_CORE.replace("SCALE", scale))
+        spec = importlib.util.spec_from_file_location("base_core", path)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+
+        class Head(loaded.Tiny):  # its own file is this test's, unchanged; its forward is the base's
+            def __init__(self):
+                super().__init__()
+                self.extra = torch.nn.Identity()
+
+        return Head()
+
+    assert module_code_sha256(head_of("1.0")) == module_code_sha256(head_of("1.0"))
+    assert module_code_sha256(head_of("1.0")) != module_code_sha256(head_of("2.0"))
+
+
 def _dynamic_yolox() -> onnx.ModelProto:
     from harness.detector.graph import make_batch_dynamic
 

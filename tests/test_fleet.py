@@ -123,6 +123,10 @@ def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch):
         monkeypatch.delenv(name, raising=False)
         loopback_driver(address)
         assert (os.environ.get(name) == "0") is set_, address
+    monkeypatch.delenv(name, raising=False)  # no --address: what connect() dials, $RAY_ADDRESS
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    loopback_driver(None)
+    assert os.environ.get(name) == "0"
 
 
 def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
@@ -135,11 +139,14 @@ def test_join_advertises_the_hardware_id_and_a_benchmark_slot():
     assert result.exit_code == 0, result.output
     assert '--resources={"hw:rpi5":1,"va-bench-slot":1}' in result.output
     assert "--address=127.0.0.1:6379" in result.output and "--node-ip-address=127.0.0.1" in result.output
-    # a node on the loopback stays there: without it Ray swaps in the machine's address and listens everywhere
-    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in result.output
+    # a head on the loopback stays there (without it Ray swaps in the machine's address and listens everywhere);
+    # Ray then refuses any other node, so a node's join is left as it was
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in result.output
     head = runner.invoke(app, ["fleet", "join", "--head", "--hardware-id", "a100", "--dry-run"])
     assert "--head" in head.output and "--include-dashboard=false" in head.output
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in head.output
+    local = runner.invoke(app, ["fleet", "join", "--head", "--node-ip-address", "127.0.0.1", "--dry-run"])
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in local.output, local.output
     for bad, words in ((["--hardware-id", "../x"], "cannot name a results folder"),
                        (["--hardware-id", "gpu1\n"], "cannot name a results folder"),
                        (["--hardware-id", "accuracy"], "cannot name a results folder"),

@@ -191,6 +191,9 @@ def test_the_memory_line_breaks_between_the_processes_of_a_resumed_run(run_a, tm
     later = float(rows[-1]["timestamp"]) + 600
     resumed = [{**rows[0], "timestamp": str(later + 0.05 * i), "tag": tag, "rss_mb": str(100.0 + i)}
                for i, tag in enumerate(["start", "start", "between", "between"])]
+    # a third process that ended before its first window (all its samples "start") after one that did the same
+    resumed += [{**rows[0], "timestamp": str(later + 600 * k + 0.05 * i), "tag": "start", "rss_mb": str(200.0 + i)}
+                for k in (1, 2) for i in range(2)]
     with (run / "memory.csv").open("a", newline="") as fh:
         csv.DictWriter(fh, fieldnames=list(rows[0])).writerows(resumed)
     figures = []
@@ -198,10 +201,12 @@ def test_the_memory_line_breaks_between_the_processes_of_a_resumed_run(run_a, tm
     memory = plots.memory_timeline(load_run(run))
     (line,) = figures[0].axes[0].get_lines()
     drawn = list(line.get_ydata())
-    assert np.isnan(drawn[len(rows)]) and sum(np.isnan(drawn)) == 1  # one break, where the second process begins
-    assert drawn[:len(rows)] == [float(r["rss_mb"]) for r in rows] and drawn[len(rows) + 1:] == [100, 101, 102, 103]
-    assert memory.data["process_starts"] == [0, len(rows)]
-    assert memory.data["rss_mb"][len(rows):] == [100.0, 101.0, 102.0, 103.0]  # every sample, as recorded
+    n = len(rows)
+    breaks = [n, n + 4, n + 6]  # where each later process begins
+    assert [i - k for k, i in enumerate(i for i, y in enumerate(drawn) if np.isnan(y))] == breaks, drawn[n:]
+    assert drawn[:n] == [float(r["rss_mb"]) for r in rows] and drawn[n + 1:n + 5] == [100, 101, 102, 103]
+    assert memory.data["process_starts"] == [0, *breaks]
+    assert memory.data["rss_mb"][n:] == [100.0, 101.0, 102.0, 103.0, 200.0, 201.0, 200.0, 201.0]  # as recorded
 
 
 def test_energy_is_plotted_where_measured(run_a, tmp_path):

@@ -46,8 +46,9 @@ def module_code_sha256(module: torch.nn.Module) -> str:
     caches already): a trace made before an edit of the code, under the same weights and structure, is another
     key. A class whose methods name no file counts by its qualified name."""
     sources = set()
-    for cls in {type(m) for m in module.modules()}:
-        if cls.__module__.split(".")[0] == "torch":
+    classes = {base for m in module.modules() for base in type(m).__mro__}  # an inherited forward is code too
+    for cls in classes:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
             continue
         # the files its own methods were compiled from: found for a class of a file loaded outside sys.modules too
         files = {f.__code__.co_filename for f in vars(cls).values() if inspect.isfunction(f)}

@@ -41,7 +41,9 @@ def onnx_graph(source: CoreSource, input_size: tuple[int, int]) -> tuple[onnx.Mo
         try:
             check_export(source.name, module, _source_session(model), input_size, path, batches=(1,),
                          rows_as_set=source.query_rows)
-        except UsageError:
+        except Exception:  # a disagreement, or an entry ONNX Runtime cannot even load: the current code exported
+            if path is not None:
+                path.unlink(missing_ok=True)
             model, _ = export_core(source.name, module, input_size)
     return model, module
 

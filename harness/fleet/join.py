@@ -89,7 +89,7 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
         argv.append(f"--node-ip-address={node_ip_address}")
     argv += extra
     env_added = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": default_threads()}
-    if is_loopback(node_ip_address):
+    if head and is_loopback(node_ip_address):  # a one-machine cluster: Ray then takes no node beside the head
         env_added.update(LOOPBACK_ENV)
     return JoinCommand(argv, env_added, hw)
 
@@ -111,6 +111,7 @@ def loopback_driver(address: str | None) -> None:
     """Before ray is imported: a driver that joins a head on the loopback (`--address 127.0.0.1:6379`) reaches it
     there, as `fleet join --node-ip-address 127.0.0.1` started it (Ray would otherwise dial the machine's network
     address, where that head does not listen). A head started without it listens there too, and is reached."""
+    address = address or os.environ.get("RAY_ADDRESS")  # what connect() dials without --address
     if not address:
         return
     if address.startswith("["):  # [::1]:6379

@@ -247,6 +247,9 @@ def layer_types(run: RunFolder) -> Plot:
     return Plot(name, title, _png(fig), data, notes)
 
 
+MEMORY_GAP_S = 5.0  # memory.csv samples every 50 ms while a process runs: a longer silence is between processes
+
+
 def memory_timeline(run: RunFolder) -> Plot:
     """Host RSS (and CUDA allocated memory when recorded) over the run, timing windows shaded (memory.csv)."""
     name, title = "memory.png", "Memory over time (memory.csv)"
@@ -270,8 +273,10 @@ def memory_timeline(run: RunFolder) -> Plot:
             spans.append((tag, ti, ti))
     # a process's samples begin with its "start" tag (a resumed run, a fleet's tasks append theirs to the file):
     # the line breaks there, never drawn across the gap between two processes as if measured
+    # (or, for a process that ended before its first window, its samples' silence: far longer than the sampling's)
     breaks = [i for i in range(1, len(points))
-              if (points[i][3] == "start" and points[i - 1][3] != "start") or points[i][0] < points[i - 1][0]]
+              if (points[i][3] == "start" and points[i - 1][3] != "start") or points[i][0] < points[i - 1][0]
+              or points[i][0] - points[i - 1][0] > MEMORY_GAP_S]
     fig = Figure(figsize=(12, 4.2))
     ax = fig.subplots()
     ax.plot(*_broken(t, rss, breaks), color="C0", label="host RSS (MB)", linewidth=1.2)

@@ -10,6 +10,7 @@ about what makes a file unreadable: those are one-line `UsageError`s (or `Findin
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
 from collections.abc import Callable, Hashable, Iterator
@@ -349,7 +350,10 @@ def _resumable(folder: Path, run_id: str, name: str, what: str, required: tuple[
     path = folder / name
     try:  # Path.is_file() raises what is not "no such file": a name too long for the file system (ENAMETOOLONG)
         found = path.is_file()
-    except OSError:
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:  # a folder that cannot be entered: say so, not "no run there"
+            raise UsageError(path_problem("--output-dir", folder.parent, f"cannot be read ({exc.strerror})")
+                             + "; check the folder's permissions") from exc
         found = False  # no run can be there either
     if not found:
         raise UsageError(path_problem("--output-dir", folder.parent, f"no {what} {run_id} to resume (no "
