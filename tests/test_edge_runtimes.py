@@ -475,46 +475,40 @@ class Tiny(torch.nn.Module):
 """
 
 
+def _tiny_core_class(folder: Path, scale: str):
+    """TINY_CORE's class, its file written (again) in `folder` with this scale: an edit of its forward."""
+    import importlib.util
+
+    path = folder / "tiny_core.py"
+    path.write_text(TINY_CORE.replace("SCALE", scale))
+    spec = importlib.util.spec_from_file_location("tiny_core", path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded.Tiny
+
+
 def test_a_trace_of_a_torch_module_is_of_its_code_too(tmp_path, monkeypatch):
     """The same weights and structure with the forward edited: another trace, not the cached one of the old code
     (an fp16 trace is not checked against the module)."""
-    import importlib.util
-
     from harness.detector.source import CoreSource
 
     monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path / "cache"))
-
-    def module_of(scale: str):
-        path = tmp_path / "tiny_core.py"
-        path.write_text(TINY_CORE.replace("SCALE", scale))
-        spec = importlib.util.spec_from_file_location("tiny_core", path)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-        return loaded.Tiny
-
     files = []
     for scale in ("1.0", "1.0", "2.0"):
-        core = load_source(CoreSource("tiny", torch_module=module_of(scale)), "torchscript", CPU, "fp32", (64, 64))
+        tiny = _tiny_core_class(tmp_path, scale)
+        core = load_source(CoreSource("tiny", torch_module=tiny), "torchscript", CPU, "fp32", (64, 64))
         files.append((core.conversion["file"], core.conversion["cached"]))
     assert files[1] == (files[0][0], True) and files[2][0] != files[0][0] and files[2][1] is False, files
 
 
 def test_a_modules_code_key_covers_an_inherited_forward(tmp_path):
     """A module class that inherits its forward from a base class of another file: editing that file is a new key."""
-    import importlib.util
-
     import torch
 
     from harness.backends.export import module_code_sha256
 
     def head_of(scale: str):
-        path = tmp_path / "base_core.py"
-        path.write_text(TINY_CORE.replace("SCALE", scale))
-        spec = importlib.util.spec_from_file_location("base_core", path)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-
-        class Head(loaded.Tiny):  # its own file is this test's, unchanged; its forward is the base's
+        class Head(_tiny_core_class(tmp_path, scale)):  # its own file is this test's, unchanged; its forward the base's
             def __init__(self):
                 super().__init__()
                 self.extra = torch.nn.Identity()
