@@ -109,8 +109,8 @@ def is_loopback(host: str | None) -> bool:
 
 def loopback_driver(address: str | None) -> None:
     """Before ray is imported: a driver that joins a head on the loopback (`--address 127.0.0.1:6379`) reaches it
-    there, as `fleet join --node-ip-address 127.0.0.1` started it (Ray would otherwise dial the machine's network
-    address, where that head does not listen). A head started without it listens there too, and is reached."""
+    there, as `fleet join --head --node-ip-address 127.0.0.1` started it (Ray would otherwise dial the machine's
+    network address, where that head does not listen). A head started without it listens there too, and is reached."""
     address = address or os.environ.get("RAY_ADDRESS")  # what connect() dials without --address
     if not address:
         return
