@@ -141,6 +141,26 @@ def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_p
         pool.prepare([paths[0], bad], detector.preprocess)
 
 
+@requires_coco
+def test_a_batch_is_split_over_the_idle_processes_and_letterboxed_as_the_host_does(tmp_path):
+    detector = get_detector("yolox-nano")
+    dataset = CocoDataset(str(COCO_DIR))
+    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:7]]
+    pool = shared_host_processes(3)
+    # all three idle: 7 images in parts of 2, 2 and 3, each in its own process, in order
+    assert pool._call_split(7, lambda start, stop: (slice, (start, stop))) == [slice(0, 2), slice(2, 4), slice(4, 7)]
+    assert len(set(pool._call_split(6, lambda start, stop: (os.getpid, ())))) == 3
+    assert pool._call_split(3, lambda start, stop: (slice, (start, stop))) == [slice(0, 3)]  # 2 images a part at least
+    prepared = pool.prepare(paths, detector.preprocess)
+    canvas, transforms = letterbox_canvas([decode_image(p) for p in paths], detector.preprocess)
+    assert torch.equal(prepared.canvas, canvas) and prepared.transforms == transforms
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not a jpeg")
+    with pytest.raises(UsageError, match="broken.jpg could not be decoded by cv2"):  # a part's error is the batch's
+        pool.prepare([*paths[:4], bad], detector.preprocess)
+    assert len(set(pool._call_split(6, lambda start, stop: (os.getpid, ())))) == 3  # every process back and serving
+
+
 def test_a_host_process_that_dies_fails_the_batch_and_the_next_batch_gets_a_new_one():
     pool = shared_host_processes(1)
     # the process ends without an answer, as one killed does; the message says how, and never "out of memory" (which
