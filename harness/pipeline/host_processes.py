@@ -69,7 +69,14 @@ import torch.multiprocessing
 
 from harness.detector.protocol import PostprocessSpec, PreprocessSpec
 from harness.pipeline.checks import check_decoded, check_finite
-from harness.pipeline.postprocess import BatchCandidates, gather_candidates, select, split_by_image, to_original
+from harness.pipeline.postprocess import (
+    BatchCandidates,
+    batch_arrays,
+    gather_candidates,
+    per_image,
+    select,
+    to_original,
+)
 from harness.pipeline.preprocess import ImageTransform, decode_bytes, letterbox_canvas
 from harness.process_exit import STOP_SIGNALS, before_leave
 from harness.records import ImageDetections
@@ -384,18 +391,19 @@ class HostProcesses:
         for tensor, (offset, shape, dtype) in zip(raw, layout, strict=True):
             _view(segment, offset, shape, dtype).copy_(tensor)  # from a GPU: waits for the copy, without the lock
         copy_ns = time.perf_counter_ns() - clock
-        detections, decode_ns, select_ns, boxes_ns = self._call(
+        arrays, decode_ns, select_ns, boxes_ns = self._call(
             _finish, pickle.dumps(decoder), segment.name, layout, input_size, spec, conf, iou, max_det, transforms,
             whole_batch, image_ids, check)
-        return Finished(detections, copy_ns, decode_ns, select_ns, boxes_ns)
+        return Finished(per_image(arrays, image_ids), copy_ns, decode_ns, select_ns, boxes_ns)
 
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
                transforms: list[ImageTransform], whole_batch: bool, image_ids: list[int],
                keep: bool = False) -> Selected:
         """postprocess.select, to_original and split_by_image on host candidates, in a host process; with `keep`,
         the kept candidates and their boxes come back too."""
-        detections, kept, boxes, select_ns, boxes_ns = self._call(_select, _to_arrays(cands), spec, iou, max_det,
-                                                                  transforms, whole_batch, image_ids, keep)
+        arrays, kept, boxes, select_ns, boxes_ns = self._call(_select, _to_arrays(cands), spec, iou, max_det,
+                                                              transforms, whole_batch, keep)
+        detections = per_image(arrays, image_ids)
         if keep:
             return Selected(detections, _from_arrays(kept), torch.from_numpy(boxes), select_ns, boxes_ns)
         return Selected(detections, None, None, select_ns, boxes_ns)
@@ -632,12 +640,12 @@ def _decoder(pickled: bytes):
 
 
 def _select(arrays: dict, spec: PostprocessSpec, iou: float, max_det: int, transforms: list[ImageTransform],
-            whole_batch: bool, image_ids: list[int], keep: bool) -> tuple:
+            whole_batch: bool, keep: bool) -> tuple:
     clock = time.perf_counter_ns()
     kept = select(_from_arrays(arrays), spec, iou, max_det, transforms, whole_batch=whole_batch)
     selected = time.perf_counter_ns()
     boxes = to_original(kept, transforms)
-    detections = split_by_image(kept, boxes, image_ids)
+    detections = batch_arrays(kept, boxes)  # split by image in the run (see BatchArrays)
     boxes_ns = time.perf_counter_ns() - selected
     if keep:
         return detections, _to_arrays(kept), boxes.numpy(), selected - clock, boxes_ns
@@ -659,5 +667,5 @@ def _finish(decoder: bytes, segment: str, layout: list[tuple[int, tuple[int, ...
     decoded_at = time.perf_counter_ns()
     kept = select(cands, spec, iou, max_det, transforms, whole_batch=whole_batch)
     selected_at = time.perf_counter_ns()
-    detections = split_by_image(kept, to_original(kept, transforms), image_ids)
+    detections = batch_arrays(kept, to_original(kept, transforms))  # split by image in the run (see BatchArrays)
     return detections, decoded_at - clock, selected_at - decoded_at, time.perf_counter_ns() - selected_at

@@ -231,14 +231,34 @@ def _numpy_dtype(t: torch.Tensor) -> np.dtype:
 
 def split_by_image(cands: BatchCandidates, boxes: torch.Tensor, image_ids: Sequence[int]) -> list[ImageDetections]:
     """One ImageDetections per image of the batch (host numpy arrays)."""
-    cuts = np.cumsum(cands.counts)[:-1]
+    return per_image(batch_arrays(cands, boxes), image_ids)
+
+
+@dataclass(frozen=True)
+class BatchArrays:
+    """A batch's detections as host arrays: boxes [N,4], scores [N] and labels [N] (all images', grouped by image in
+    batch order) and each image's count. The form in which they cross from a host process: a few arrays to unpickle
+    under the interpreter lock, not one object and three arrays per image."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    labels: np.ndarray
+    counts: list[int]
+
+
+def batch_arrays(cands: BatchCandidates, boxes: torch.Tensor) -> BatchArrays:
+    """The kept candidates' boxes (in original pixels), scores and labels on the host, in their own dtypes."""
     # One device->host copy per batch (on CUDA each .cpu() is a synchronising copy): boxes, score and label
     # packed as float64 rows, which hold float32 values and class indices exactly; then the original dtypes.
     rows = torch.cat([boxes.double(), cands.scores[:, None].double(), cands.labels[:, None].double()], 1).cpu()
     rows = rows.numpy()
-    box_np = rows[:, :4].astype(_numpy_dtype(boxes))
-    score_np = rows[:, 4].astype(_numpy_dtype(cands.scores))
-    label_np = rows[:, 5].astype(_numpy_dtype(cands.labels))
-    per_image = zip(image_ids, np.split(box_np, cuts), np.split(score_np, cuts), np.split(label_np, cuts),
-                    strict=True)
-    return [ImageDetections(image_id, b, s, lab) for image_id, b, s, lab in per_image]
+    return BatchArrays(rows[:, :4].astype(_numpy_dtype(boxes)), rows[:, 4].astype(_numpy_dtype(cands.scores)),
+                       rows[:, 5].astype(_numpy_dtype(cands.labels)), list(cands.counts))
+
+
+def per_image(arrays: BatchArrays, image_ids: Sequence[int]) -> list[ImageDetections]:
+    """One ImageDetections per image (views into the batch's arrays)."""
+    cuts = np.cumsum(arrays.counts)[:-1]
+    split = zip(image_ids, np.split(arrays.boxes, cuts), np.split(arrays.scores, cuts), np.split(arrays.labels, cuts),
+                strict=True)
+    return [ImageDetections(image_id, b, s, lab) for image_id, b, s, lab in split]
