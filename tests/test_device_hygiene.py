@@ -677,6 +677,41 @@ def test_the_thread_record_names_each_pool_as_set(monkeypatch):
 
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     intra = torch.get_num_interop_threads() + 7  # never the inter-op count
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
     record = env.collect_environment(parse_device("cpu"), "default", ["run"], intra)
     assert record["threads"] == {"torch_intra_op": intra, "torch_inter_op": torch.get_num_interop_threads(),
-                                 "OMP_NUM_THREADS": "5"}
+                                 "OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None,
+                                 "KMP_BLOCKTIME": "0"}
+
+
+@pytest.mark.parametrize(("backend", "on_gpu", "policy", "said"), [
+    ("pytorch", False, None, True), ("torchscript", False, "active", True), ("pytorch", False, " passive ", False),
+    ("onnxruntime", False, None, False), ("pytorch", True, None, False)])
+def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(monkeypatch, backend, on_gpu, policy,
+                                                                            said):
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    text = hygiene.spinning_openmp(backend, on_gpu)
+    assert (text is not None) == said
+    if said:
+        assert "OMP_WAIT_POLICY=PASSIVE" in text
+
+
+@requires_coco
+def test_a_pytorch_cell_on_a_busy_cpu_warns_of_spinning_openmp_threads(tmp_path_factory, monkeypatch):
+    from conftest import run_benchmark
+
+    from harness.run import executor
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(executor, "load_average", lambda: (float(os.cpu_count() + 1), 0.0, 0.0))
+    plugin = Path(__file__).parent / "plugins" / "batch_dependent_detector.py"
+    _, records = run_benchmark(tmp_path_factory, "busy", models=[f"{plugin}:make"], backends=["pytorch"],
+                               batch_sizes=[2], warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2,
+                               layers=False, profile=False, energy=False, draw_images=0, limit=4, accuracy=False)
+    (busy,) = [w for w in records[0].timing.warnings if w.startswith("machine busy")]
+    assert "torch's OpenMP threads spin while they wait" in busy

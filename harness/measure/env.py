@@ -17,13 +17,15 @@ from harness import __version__, shell
 from harness.build_info import harness_commit
 from harness.hardware import derive_hardware_id
 from harness.measure.device import Device
-from harness.measure.hygiene import NO_CPUFREQ, load_nvml
+from harness.measure.hygiene import NO_CPUFREQ, OPENMP_WAIT_SETTINGS, load_nvml
 
 # The packages whose versions change a run's numbers on every machine (a fleet's nodes must agree on them), and
 # the runtimes a machine may or may not have (recorded, never compared: a Jetson has tensorrt, a Raspberry Pi not)
 CORE_PACKAGES = ("torch", "torchvision", "onnxruntime", "onnx", "onnx2torch", "numpy", "opencv-python-headless",
                  "pycocotools", "faster-coco-eval", "scipy", "libreyolo")
 PACKAGES = (*CORE_PACKAGES, "onnxruntime-gpu", "openvino", "ncnn", "ai-edge-litert", "tensorrt")
+
+
 
 
 def cpu_model() -> str:
@@ -204,9 +206,10 @@ def collect_environment(device: Device, tf32_mode: str, argv: list[str], threads
         "cuda": {"torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()
                  if torch.backends.cudnn.is_available() else None},
         "threads": {"torch_intra_op": threads, "torch_inter_op": torch.get_num_interop_threads(),
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+                    **{name: os.environ.get(name) for name in ("OMP_NUM_THREADS", *OPENMP_WAIT_SETTINGS)}},
         "tf32": tf32_state(tf32_mode),
         "memory_allocator": allocator(),
         "cpu_governor": cpu_governor(),
         "device": str(device),
     }
+

@@ -39,6 +39,13 @@ MIN_BUSY_WINDOW_S = 0.2  # a process seen for less time than this has no share o
 FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
 
 
+# How the OpenMP threads of a CPU forward (PyTorch's) wait between parallel regions: spinning (libgomp's default)
+# or asleep. A settings-dependent figure: on cpu-box PASSIVE took a third off an idle machine's PyTorch forward, and
+# spinning halved it beside one busy process (docs/benchmarks.md, "OpenMP's wait policy")
+OPENMP_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+OPENMP_BACKENDS = ("pytorch", "torchscript")  # the backends whose CPU forward is torch's, on its OpenMP threads
+
+
 def load_average() -> tuple[float, float, float]:
     """The 1, 5 and 15 minute load averages: the kernel's, or psutil's emulation where there is none (Windows: it
     samples from its first call on, and reads 0 for the first few seconds)."""
@@ -558,3 +565,15 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
         warnings.insert(0, "throttled during the timed pass (" + ", ".join(reasons) + "): timings are suspect")
     out["warnings"] = warnings
     return out
+
+
+def spinning_openmp(backend: str, on_gpu: bool) -> str | None:
+    """What to say of a busy machine's timing of `backend` when torch's OpenMP threads spin while they wait
+    (OMP_WAIT_POLICY not PASSIVE): spinning threads lose most to other busy processes. None where that is not so
+    (another backend, a GPU run, PASSIVE)."""
+    if backend not in OPENMP_BACKENDS or on_gpu:
+        return None
+    if (os.environ.get("OMP_WAIT_POLICY") or "").strip().upper() == "PASSIVE":
+        return None
+    return ("torch's OpenMP threads spin while they wait (OMP_WAIT_POLICY is not PASSIVE), which other busy "
+            "processes slow most: rerun on a quiet machine, or with OMP_WAIT_POLICY=PASSIVE (slower when idle)")

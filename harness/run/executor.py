@@ -47,7 +47,7 @@ from harness.eval.matching import match_detections
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, same_file_as
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
-from harness.measure.hygiene import DeviceSampler, load_average, process_start_time
+from harness.measure.hygiene import DeviceSampler, load_average, process_start_time, spinning_openmp
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor
 from harness.measure.profiler import export_trace, op_rows, torch_profile
@@ -337,8 +337,9 @@ class GroupExecutor:
         busy = max(load_start[0], load_end[0])
         cores = os.cpu_count() or 1
         if busy > cores:
+            spinning = spinning_openmp(cell.load.backend, ctx.device.is_cuda)
             timing.warnings.append(f"machine busy: 1-min load average {busy:.1f} on {cores} cores during this cell; "
-                                   "timings are suspect")
+                                   "timings are suspect" + (f"; {spinning}" if spinning else ""))
         if ctx.energy_probe is not None:
             ctx.artifacts.add_energy(cell.label, probes.get("energy_window"))
         return record
