@@ -485,6 +485,25 @@ def test_cli_exit_codes_and_json(tmp_path):
         assert len(lines) == 1 and expect in lines[0] and "Traceback" not in result.stderr
 
 
+def test_a_folder_inside_that_cannot_be_entered_is_named_in_one_line(tmp_path, monkeypatch):
+    # as root a chmod 000 folder can still be entered: the error its stat gives a user is made here
+    outputs = tmp_path / "outputs"
+    locked = outputs / "locked"
+    locked.mkdir(parents=True)
+    write_submission(outputs / "run", lognormal(1, 50))
+    real_is_dir = Path.is_dir
+
+    def is_dir(self):
+        if self.parent == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", is_dir)
+    with pytest.raises(UsageError, match=r"locked: cannot be read \(Permission denied\); check the folder's "
+                                         "permissions"):
+        load_side(outputs)
+
+
 def test_not_a_submission_is_a_usage_error(tmp_path):
     junk = tmp_path / "junk.json"
     junk.write_text('{"hello": 1}')

@@ -40,7 +40,6 @@ from harness.measure.stats import autocorrelated, block_means, block_size, boots
 from harness.records import COCO_MAX_DETS
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
-    SUBMISSIONS_DIR,
     CellIdentity,
     inside_run_folder,
     latest_wins,
@@ -49,6 +48,7 @@ from harness.results.reader import (
     read_submission,
     refuse_fleet_or_campaign,
     resolve_detections,
+    run_folders_in,
     submission_files,
 )
 
@@ -130,7 +130,7 @@ def load_side(path: str | Path) -> Side:
         refuse_fleet_or_campaign(path, "compare", campaign=False)  # a campaign's row compares with another's
         files = submission_files(path, loose=True)
         if not files:
-            runs = sorted(p.name for p in path.iterdir() if (p / SUBMISSIONS_DIR).is_dir())
+            runs = run_folders_in(path)
             if runs:  # outputs/ itself: which run is a side is the user's to say
                 raise UsageError(f"{path} holds {len(runs)} run folder(s) ({', '.join(runs[:3])}"
                                  f"{', ...' if len(runs) > 3 else ''}), not one run; compare one of them, e.g. "
