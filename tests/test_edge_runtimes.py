@@ -367,6 +367,8 @@ def test_the_conversion_cache_is_reused_and_a_damaged_entry_converted_again(tmp_
 # Run in a fresh interpreter: with the fault it guards against, the signal kills the process that receives it.
 CROSSED_LIFETIMES = """
 import ctypes, os, signal, sys, threading, time
+# a test run started as a background job ignores SIGINT, and so would this child: Python's own handler, as a terminal's
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[1])
 from conftest import load_source
 from harness.detector.graph import make_batch_dynamic
