@@ -485,12 +485,11 @@ def test_cli_exit_codes_and_json(tmp_path):
         assert len(lines) == 1 and expect in lines[0] and "Traceback" not in result.stderr
 
 
-def test_a_folder_inside_that_cannot_be_entered_is_named_in_one_line(tmp_path, monkeypatch):
+def test_a_folder_inside_that_cannot_be_entered_is_passed_over_and_named(tmp_path, monkeypatch):
     # as root a chmod 000 folder can still be entered: the error its stat gives a user is made here
     outputs = tmp_path / "outputs"
-    locked = outputs / "locked"
+    locked = outputs / "lost+found"
     locked.mkdir(parents=True)
-    write_submission(outputs / "run", lognormal(1, 50))
     real_is_dir = Path.is_dir
 
     def is_dir(self):
@@ -499,8 +498,10 @@ def test_a_folder_inside_that_cannot_be_entered_is_named_in_one_line(tmp_path, m
         return real_is_dir(self)
 
     monkeypatch.setattr(Path, "is_dir", is_dir)
-    with pytest.raises(UsageError, match=r"locked: cannot be read \(Permission denied\); check the folder's "
-                                         "permissions"):
+    with pytest.raises(UsageError, match=r"no submissions .* \(1 folder\(s\) inside could not be read: lost\+found\)"):
+        load_side(outputs)
+    write_submission(outputs / "run", lognormal(1, 50))  # the runs beside it are still named
+    with pytest.raises(UsageError, match=r"holds 1 run folder\(s\) \(run\), not one run"):
         load_side(outputs)
 
 

@@ -686,16 +686,19 @@ def test_the_thread_record_names_each_pool_as_set(monkeypatch):
                                  "KMP_BLOCKTIME": "0"}
 
 
-@pytest.mark.parametrize(("backend", "on_gpu", "policy", "said"), [
-    ("pytorch", False, None, True), ("torchscript", False, "active", True), ("pytorch", False, " passive ", False),
-    ("onnxruntime", False, None, False), ("pytorch", True, None, False)])
-def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(monkeypatch, backend, on_gpu, policy,
-                                                                            said):
-    if policy is None:
-        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    else:
-        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
-    text = hygiene.spinning_openmp(backend, on_gpu)
+@pytest.mark.parametrize(("backend", "on_gpu", "threads", "settings", "said"), [
+    ("pytorch", False, 2, {}, True), ("torchscript", False, 4, {"OMP_WAIT_POLICY": "active"}, True),
+    ("pytorch", False, 2, {"OMP_WAIT_POLICY": " passive "}, False),
+    ("pytorch", False, 2, {"GOMP_SPINCOUNT": "0"}, False),
+    ("pytorch", False, 2, {"KMP_BLOCKTIME": "0"}, False), ("pytorch", False, 2, {"GOMP_SPINCOUNT": "10000"}, True),
+    ("pytorch", False, 1, {}, False), ("onnxruntime", False, 2, {}, False), ("pytorch", True, 2, {}, False)])
+def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(monkeypatch, backend, on_gpu, threads,
+                                                                            settings, said):
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    text = hygiene.spinning_openmp(backend, on_gpu, threads)
     assert (text is not None) == said
     if said:
         assert "OMP_WAIT_POLICY=PASSIVE" in text
@@ -707,11 +710,13 @@ def test_a_pytorch_cell_on_a_busy_cpu_warns_of_spinning_openmp_threads(tmp_path_
 
     from harness.run import executor
 
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(executor, "load_average", lambda: (float(os.cpu_count() + 1), 0.0, 0.0))
     plugin = Path(__file__).parent / "plugins" / "batch_dependent_detector.py"
     _, records = run_benchmark(tmp_path_factory, "busy", models=[f"{plugin}:make"], backends=["pytorch"],
                                batch_sizes=[2], warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2,
-                               layers=False, profile=False, energy=False, draw_images=0, limit=4, accuracy=False)
+                               layers=False, profile=False, energy=False, draw_images=0, limit=4, accuracy=False,
+                               threads=2)  # a team of two, which spins (one thread has no team)
     (busy,) = [w for w in records[0].timing.warnings if w.startswith("machine busy")]
     assert "torch's OpenMP threads spin while they wait" in busy

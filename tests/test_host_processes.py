@@ -288,6 +288,49 @@ def test_a_call_interrupted_on_its_thread_leaves_no_answer_for_the_next_caller()
     assert pool._call(os.getpid) != first  # a new process serves
 
 
+def test_a_call_interrupted_while_its_process_starts_again_leaves_no_answer_for_the_next_caller():
+    import signal
+    import threading
+
+    pool = HostProcesses(1)
+    try:
+        with pytest.raises(HostProcessError):
+            pool._call(os._exit, 3)  # the next call starts a new process (imports: seconds)
+        armed = threading.Event()
+
+        def interrupt(signum, frame):
+            if armed.is_set():
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, interrupt)
+        timer = threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+        try:
+            armed.set()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                pool._call(os.getpid)
+        finally:
+            armed.clear()
+            timer.cancel()
+            timer.join()
+            signal.signal(signal.SIGINT, previous)
+        # neither the new process's "ready" nor the interrupted call's answer is read as a later call's
+        assert [pool._call(abs, -i) for i in range(3)] == [0, 1, 2]
+    finally:
+        pool.close()
+
+
+def test_two_processes_that_end_in_one_split_batch_are_both_started_again():
+    pool = HostProcesses(2)
+    try:
+        with pytest.raises(HostProcessError, match=r"exit code 3"):
+            pool._call_split(4, lambda start, stop: (os._exit, (3,)))
+        assert all(member.process is None for member in pool._members)
+        assert len(set(pool._call_split(4, lambda start, stop: (os.getpid, ())))) == 2
+    finally:
+        pool.close()
+
+
 def test_what_cannot_cross_is_the_callers_error_and_the_process_serves_on(tmp_path):
     import importlib.util
 

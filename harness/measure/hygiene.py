@@ -40,8 +40,9 @@ FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass
 
 
 # How the OpenMP threads of a CPU forward (PyTorch's) wait between parallel regions: spinning (libgomp's default)
-# or asleep. A settings-dependent figure: on cpu-box PASSIVE took a third off an idle machine's PyTorch forward, and
-# spinning halved it beside one busy process (docs/benchmarks.md, "OpenMP's wait policy")
+# or asleep. A settings-dependent figure: on cpu-box PASSIVE cost an idle machine's PyTorch forward a quarter to
+# two fifths of its throughput, and spinning halved it beside one busy process (docs/benchmarks.md, "OpenMP's wait
+# policy")
 OPENMP_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 OPENMP_BACKENDS = ("pytorch", "torchscript")  # the backends whose CPU forward is torch's, on its OpenMP threads
 
@@ -567,13 +568,16 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     return out
 
 
-def spinning_openmp(backend: str, on_gpu: bool) -> str | None:
-    """What to say of a busy machine's timing of `backend` when torch's OpenMP threads spin while they wait
-    (OMP_WAIT_POLICY not PASSIVE): spinning threads lose most to other busy processes. None where that is not so
-    (another backend, a GPU run, PASSIVE)."""
-    if backend not in OPENMP_BACKENDS or on_gpu:
+def spinning_openmp(backend: str, on_gpu: bool, threads: int) -> str | None:
+    """What to say of a busy machine's timing of `backend` on `threads` threads when torch's OpenMP threads spin
+    while they wait (OMP_WAIT_POLICY not PASSIVE, and neither GOMP_SPINCOUNT nor KMP_BLOCKTIME 0): spinning threads
+    lose most to other busy processes. None where nothing spins (another backend, a GPU run, one thread, a
+    setting that stops the spinning). The settings as this process was started with them: OpenMP reads them once."""
+    if backend not in OPENMP_BACKENDS or on_gpu or threads <= 1:
         return None
     if (os.environ.get("OMP_WAIT_POLICY") or "").strip().upper() == "PASSIVE":
+        return None
+    if any((os.environ.get(name) or "").strip() == "0" for name in ("GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
         return None
     return ("torch's OpenMP threads spin while they wait (OMP_WAIT_POLICY is not PASSIVE), which other busy "
             "processes slow most: rerun on a quiet machine, or with OMP_WAIT_POLICY=PASSIVE (slower when idle)")

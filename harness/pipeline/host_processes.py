@@ -11,15 +11,17 @@ processes the host stages have locks of their own. They run what needs no device
   thread's, made once (anew only to grow) and mapped by both sides: the child letterboxes straight into it, the
   parent uploads and normalises it from there. Nothing but a name crosses the pipe for it. A batch is split over
   the processes idle when it comes (two images a part at least), each writing its own rows of the canvas: a
-  stream's first batch is ready in a part's time, not the whole batch's (on an H200's 16-core host, b32: 20 ms,
-  not 130).
-- `select`: the family's selection (NMS per image, or top-k), the boxes in original pixels and the split by image,
-  on candidates that are on the host (a CPU run, a core whose outputs come back to the host, or --nms-on host).
-  The candidates go and each image's detections come back as numpy arrays (a batch's are well under a megabyte).
+  stream's first batch is ready in a part's time, not the whole batch's (a b32 batch's preparation on an H200's
+  16-core host: 20 ms split, 130 ms in one process, measured on two machines).
+- `select`: the family's selection (NMS per image, or top-k) and the boxes in original pixels, on candidates that
+  are on the host (a CPU run, a core whose outputs come back to the host, or --nms-on host). The candidates go
+  and the batch's detections come back as a few numpy arrays (postprocess.BatchArrays, a batch's well under a
+  megabyte), which the run splits by image.
 - `finish`: for a family that gives a `host_decoder` (harness/detector/protocol.py), where the selection runs on the
   host anyway, all of a batch's finishing from its raw outputs: the run copies them (from the GPU, one copy each)
   into the calling thread's shared segment (the one its canvases use), and the process checks them, decodes the
-  head, gathers the candidates, selects, and returns each image's detections. Not for segment models: their
+  head, gathers the candidates, selects, and returns the batch's detections as select does. Not for segment
+  models: their
   outputs hold the mask maps, which stay on the device.
 
 The parent keeps what needs its device or its objects: the upload, the copy of the raw outputs (or, without a
@@ -30,8 +32,9 @@ count, all at once, when the first pipeline that asks for them is made (a group'
 imports torch and cv2 (seconds). They ignore the stop signals a terminal sends its whole process group (Ctrl-C, a
 closed terminal): the run decides how to stop, and closes them.
 
-Each process has a pipe of its own: a worker takes an idle process, sends it the function and its arguments,
-and waits for the answer without the interpreter lock. That is all the parent does per batch, on the worker's own
+Each process has a pipe of its own: a worker takes an idle process (for a preparation, every idle one up to a
+part each), sends it the function and its arguments, and waits for the answer without the interpreter lock; each
+process is idle again as soon as its answer is in. That is all the parent does per batch, on the worker's own
 thread. (concurrent.futures' process pool, used before, spent about 1.3 ms of the parent's processor a batch in its
 manager and feeder threads, and in the handshake that hands each shared canvas's descriptor over: time under the
 lock that an eager GPU forward waits for. Measured on the CPU box: harness/bench/lock_convoy.py --handover.)
@@ -115,7 +118,7 @@ class PreparedCanvas:
 class Selected:
     """A batch's selection made in a host process: each image's detections, the kept candidates (on the host,
     grouped by image, best first) and their boxes in original pixels where asked for (masks need them; else None),
-    and the child's time for the selection and for the boxes and split by image (ns)."""
+    and the child's time for the selection and for the boxes in original pixels (ns)."""
 
     detections: list[ImageDetections]
     kept: BatchCandidates | None
@@ -128,7 +131,7 @@ class Selected:
 class Finished:
     """A batch finished in a host process from its raw outputs: each image's detections, the run's time copying the
     outputs into shared memory, and the child's time for the decode and gathering of candidates, the selection, and
-    the boxes and split by image (ns)."""
+    the boxes in original pixels (ns)."""
 
     detections: list[ImageDetections]
     copy_ns: int
@@ -214,61 +217,70 @@ class HostProcesses:
     def _call(self, fn, *args):
         """fn(*args) in an idle host process (waiting, without the interpreter lock, for one to be free)."""
         request = ForkingPickler.dumps((fn, args))  # what cannot be sent fails here, before a process is involved
-        return self._exchange([self._idle.get()], [request])[0]
+        return self._exchange(1, lambda parts: [request])[0]
 
     def _call_split(self, count: int, request) -> list:
         """A batch of `count` images in parts, one per host process that is idle now (at least one, waited for;
         at most one per MIN_IMAGES_PER_PROCESS images): `request(start, stop)` gives the (function, arguments) for
         images [start, stop). Each part's answer, in order. At a stream's start every process is idle and its first
         batch is ready in a part's time, not the whole batch's; once all are busy a batch takes the one free."""
-        members = [self._idle.get()]
-        while len(members) < count // MIN_IMAGES_PER_PROCESS:
-            try:
-                members.append(self._idle.get_nowait())
-            except queue.Empty:
-                break
-        edges = [count * i // len(members) for i in range(len(members) + 1)]
-        try:
-            requests = [ForkingPickler.dumps(request(start, stop)) for start, stop in itertools.pairwise(edges)]
-        except BaseException:
-            for member in members:
-                self._idle.put(member)
-            raise
-        return self._exchange(members, requests)
+        def requests(parts: int) -> list[bytes]:
+            edges = [count * i // parts for i in range(parts + 1)]
+            return [ForkingPickler.dumps(request(start, stop)) for start, stop in itertools.pairwise(edges)]
 
-    def _exchange(self, members: list[_Member], requests: list[bytes]) -> list:
-        """Each request to its process, then each answer (waited for without the interpreter lock); every member
-        goes back to the idle ones. The first error is raised once every answer sent for has come back."""
-        sent, answers, failure = [], [], None
+        return self._exchange(max(1, count // MIN_IMAGES_PER_PROCESS), requests)
+
+    def _exchange(self, most: int, requests) -> list:
+        """One idle process waited for, and up to `most` in all of those idle now; `requests(n)` gives the n
+        pickled requests, one each. Each request sent, then each answer read (without the interpreter lock), each
+        process back among the idle ones as soon as its answer is in. The first error is raised once every answer
+        sent for has come back. Interrupted (Ctrl-C on the calling thread), the processes whose start or request
+        had begun are ended, so that no late answer is read as the next caller's."""
+        held: list[_Member] = []  # taken from the idle ones and not yet given back
+        pending: list[tuple[int, _Member]] = []  # (part, member) whose start or request has begun, answer unread
+        answers: dict[int, tuple] = {}
+        failure = None
         try:
-            for member, request in zip(members, requests, strict=True):
+            held.append(self._idle.get())
+            while len(held) < most:
+                try:
+                    held.append(self._idle.get_nowait())
+                except queue.Empty:
+                    break
+            for part, (member, request) in enumerate(zip(held, requests(len(held)), strict=True)):
+                pending.append((part, member))
                 try:
                     if member.process is None:  # the last one here ended: this batch (a later cell's) gets a new one
                         member.process, member.connection = self._spawn()
                         self._await_ready(member)
                     member.connection.send_bytes(request)
-                    sent.append(member)
                 except (EOFError, OSError) as exc:
-                    failure = failure or (self._ended(member, "preparing or finishing a batch"), exc)
-            for member in list(sent):
+                    pending.remove((part, member))
+                    ended = self._ended(member, "preparing or finishing a batch")
+                    failure = failure or (ended, exc)
+            while pending:
+                part, member = pending[0]
                 try:
-                    answers.append(member.connection.recv())
+                    answers[part] = member.connection.recv()
                 except (EOFError, OSError) as exc:
-                    failure = failure or (self._ended(member, "preparing or finishing a batch"), exc)
-                sent.remove(member)
-        except BaseException:  # interrupted mid-call (Ctrl-C on the calling thread): the answers still to come
-            for member in sent:  # would be the next callers', so those processes go and new ones serve next
+                    ended = self._ended(member, "preparing or finishing a batch")
+                    failure = failure or (ended, exc)
+                pending.pop(0)
+                held.remove(member)
+                self._idle.put(member)
+        except BaseException:
+            for _, member in pending:
                 self._discard(member)
             raise
         finally:
-            for member in members:
+            for member in held:
                 self._idle.put(member)
         if failure is not None:
             raise failure[0] from failure[1]
-        for status, value, where in answers:
+        for status, value, where in answers.values():
             if status == "error":
                 raise value from HostProcessTraceback(where)
-        return [value for _, value, _ in answers]
+        return [answers[part][1] for part in sorted(answers)]
 
     @staticmethod
     def _detach(member: _Member) -> BaseProcess | None:
@@ -379,8 +391,8 @@ class HostProcesses:
                image_ids: list[int], check: tuple[bool, bool] | None) -> Finished:
         """A batch's finishing from its raw outputs in a host process: the outputs copied (from the device, on the
         calling thread's current stream) into the thread's shared segment, then there the finiteness check, the
-        family's `decoder` (a Detector's host_decoder), the candidates, the selection, the boxes in original pixels
-        and the split by image. `check`: (scores are logits, the weights are trained) to check the decoder's
+        family's `decoder` (a Detector's host_decoder), the candidates, the selection and the boxes in original
+        pixels (split by image here). `check`: (scores are logits, the weights are trained) to check the decoder's
         output against the contract (a pipeline's first batch), or None."""
         clock = time.perf_counter_ns()
         layout, end = [], 0
@@ -399,8 +411,8 @@ class HostProcesses:
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
                transforms: list[ImageTransform], whole_batch: bool, image_ids: list[int],
                keep: bool = False) -> Selected:
-        """postprocess.select, to_original and split_by_image on host candidates, in a host process; with `keep`,
-        the kept candidates and their boxes come back too."""
+        """postprocess.select and to_original on host candidates in a host process, the split by image here; with
+        `keep`, the kept candidates and their boxes come back too."""
         arrays, kept, boxes, select_ns, boxes_ns = self._call(_select, _to_arrays(cands), spec, iou, max_det,
                                                               transforms, whole_batch, keep)
         detections = per_image(arrays, image_ids)

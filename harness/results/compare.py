@@ -130,12 +130,14 @@ def load_side(path: str | Path) -> Side:
         refuse_fleet_or_campaign(path, "compare", campaign=False)  # a campaign's row compares with another's
         files = submission_files(path, loose=True)
         if not files:
-            runs = run_folders_in(path)
+            runs, unreadable = run_folders_in(path)
             if runs:  # outputs/ itself: which run is a side is the user's to say
                 raise UsageError(f"{path} holds {len(runs)} run folder(s) ({', '.join(runs[:3])}"
                                  f"{', ...' if len(runs) > 3 else ''}), not one run; compare one of them, e.g. "
                                  f"{path / runs[-1]}")
-            raise UsageError(f"{path}: no submissions (*.json) in it or its submissions/; pass a run folder "
+            closed = (f" ({len(unreadable)} folder(s) inside could not be read: {', '.join(unreadable[:3])}"
+                      f"{', ...' if len(unreadable) > 3 else ''})") if unreadable else ""
+            raise UsageError(f"{path}: no submissions (*.json) in it or its submissions/{closed}; pass a run folder "
                              "outputs/<run_id>/")
         entries = [_entry(f) for f in files]
     elif path.is_file():

@@ -113,18 +113,17 @@ def submission_files(folder: Path, loose: bool = False) -> list[Path]:
     return sorted(p for p in folder.glob("*.json") if p.is_file())
 
 
-def run_folders_in(path: Path) -> list[str]:
-    """The names of the run folders directly inside `path` (those holding a submissions/ folder), sorted; a folder
-    inside that cannot be entered is a UsageError naming it."""
-    runs = []
+def run_folders_in(path: Path) -> tuple[list[str], list[str]]:
+    """The names of the run folders directly inside `path` (those holding a submissions/ folder), and of the folders
+    inside that could not be looked into (another user's, lost+found), each sorted."""
+    runs, unreadable = [], []
     for inner in path.iterdir():
         try:
             if (inner / SUBMISSIONS_DIR).is_dir():
                 runs.append(inner.name)
-        except OSError as exc:  # Path.is_dir() raises what is not "no such file": EACCES in a folder not ours
-            raise UsageError(path_problem("", inner, f"cannot be read ({exc.strerror})") + "; check the folder's "
-                             "permissions, or name the run folders to read") from exc
-    return sorted(runs)
+        except OSError:  # Path.is_dir() raises what is not "no such file": EACCES in a folder not ours
+            unreadable.append(inner.name)
+    return sorted(runs), sorted(unreadable)
 
 
 def refuse_fleet_or_campaign(path: Path, doing: str, campaign: bool = True) -> None:
@@ -132,7 +131,7 @@ def refuse_fleet_or_campaign(path: Path, doing: str, campaign: bool = True) -> N
     folder per hardware id) or, with `campaign`, a campaign's (campaign.json: its row, averaged over datasets, with
     no batch timing): `doing` (compare, report) works on one run folder."""
     if (path / FLEET_FILE).is_file() and not (path / SUBMISSIONS_DIR).is_dir():
-        runs = run_folders_in(path)
+        runs, _ = run_folders_in(path)
         inside = f"{', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''}" if runs else "none finished yet"
         raise UsageError(f"{path} is a fleet run (one run folder per hardware id: {inside}); {doing} one of them, "
                          f"e.g. {path / (runs[0] if runs else '<hardware id>')}")

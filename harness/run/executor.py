@@ -337,7 +337,7 @@ class GroupExecutor:
         busy = max(load_start[0], load_end[0])
         cores = os.cpu_count() or 1
         if busy > cores:
-            spinning = spinning_openmp(cell.load.backend, ctx.device.is_cuda)
+            spinning = spinning_openmp(cell.load.backend, ctx.device.is_cuda, ctx.threads)
             timing.warnings.append(f"machine busy: 1-min load average {busy:.1f} on {cores} cores during this cell; "
                                    "timings are suspect" + (f"; {spinning}" if spinning else ""))
         if ctx.energy_probe is not None:
