@@ -140,7 +140,7 @@ class Finished:
     boxes_ns: int
 
 
-@dataclass
+@dataclass(eq=False)  # each member is itself: two that ended (both fields None) are not one
 class _Member:
     """One host process and the run's end of its pipe; `process` None once it ended (started again when next used)."""
 
@@ -247,13 +247,22 @@ class HostProcesses:
                     held.append(self._idle.get_nowait())
                 except queue.Empty:
                     break
-            for part, (member, request) in enumerate(zip(held, requests(len(held)), strict=True)):
-                pending.append((part, member))
-                try:
-                    if member.process is None:  # the last one here ended: this batch (a later cell's) gets a new one
+            sending = requests(len(held))
+            pending = list(enumerate(held))
+            started = []  # the last ones here ended: this batch (a later cell's) gets new ones, all started at once
+            for part, member in list(pending):
+                if member.process is None:
+                    try:
                         member.process, member.connection = self._spawn()
+                        started.append(member)
+                    except OSError as exc:
+                        pending.remove((part, member))
+                        failure = failure or (HostProcessError(f"a host process could not be started: {exc}"), exc)
+            for part, member in list(pending):
+                try:
+                    if member in started:
                         self._await_ready(member)
-                    member.connection.send_bytes(request)
+                    member.connection.send_bytes(sending[part])
                 except (EOFError, OSError) as exc:
                     pending.remove((part, member))
                     ended = self._ended(member, "preparing or finishing a batch")
