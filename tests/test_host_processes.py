@@ -122,11 +122,13 @@ def test_a_plugin_without_a_host_decoder_decodes_in_the_run_and_selects_in_a_pro
 
 
 @requires_coco
-def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_path):
+@pytest.mark.parametrize("processes", [1, 3])
+def test_host_processes_letterbox_as_the_host_does_and_name_a_bad_image(tmp_path, processes):
+    # with 3 idle processes the batch is split: 7 images in parts of 2, 2 and 3, each writing its own rows
     detector = get_detector("yolox-nano")
     dataset = CocoDataset(str(COCO_DIR))
-    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:3]]
-    pool = shared_host_processes(1)
+    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:7]]
+    pool = shared_host_processes(processes)
     prepared = pool.prepare(paths, detector.preprocess)
     canvas, transforms = letterbox_canvas([decode_image(p) for p in paths], detector.preprocess)
     assert torch.equal(prepared.canvas, canvas)
@@ -137,28 +139,17 @@ def test_a_host_process_letterboxes_as_the_host_does_and_names_a_bad_image(tmp_p
     assert prepared.transforms == transforms and prepared.decode_ns > 0 and prepared.letterbox_ns > 0
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff not a jpeg")
-    with pytest.raises(UsageError, match="broken.jpg could not be decoded by cv2"):
-        pool.prepare([paths[0], bad], detector.preprocess)
+    with pytest.raises(UsageError, match="broken.jpg could not be decoded by cv2"):  # split: a part's error
+        pool.prepare([*paths[:3], bad], detector.preprocess)
+    assert len(set(pool._call_split(2 * processes, lambda start, stop: (os.getpid, ())))) == processes  # all back
 
 
-@requires_coco
-def test_a_batch_is_split_over_the_idle_processes_and_letterboxed_as_the_host_does(tmp_path):
-    detector = get_detector("yolox-nano")
-    dataset = CocoDataset(str(COCO_DIR))
-    paths = [r.path for r in dataset.records(dataset.variant("sample"))[:7]]
+def test_a_batch_is_split_over_the_processes_idle_at_two_images_a_part_at_least():
     pool = shared_host_processes(3)
-    # all three idle: 7 images in parts of 2, 2 and 3, each in its own process, in order
     assert pool._call_split(7, lambda start, stop: (slice, (start, stop))) == [slice(0, 2), slice(2, 4), slice(4, 7)]
-    assert len(set(pool._call_split(6, lambda start, stop: (os.getpid, ())))) == 3
-    assert pool._call_split(3, lambda start, stop: (slice, (start, stop))) == [slice(0, 3)]  # 2 images a part at least
-    prepared = pool.prepare(paths, detector.preprocess)
-    canvas, transforms = letterbox_canvas([decode_image(p) for p in paths], detector.preprocess)
-    assert torch.equal(prepared.canvas, canvas) and prepared.transforms == transforms
-    bad = tmp_path / "broken.jpg"
-    bad.write_bytes(b"\xff\xd8\xff not a jpeg")
-    with pytest.raises(UsageError, match="broken.jpg could not be decoded by cv2"):  # a part's error is the batch's
-        pool.prepare([*paths[:4], bad], detector.preprocess)
-    assert len(set(pool._call_split(6, lambda start, stop: (os.getpid, ())))) == 3  # every process back and serving
+    assert len(set(pool._call_split(6, lambda start, stop: (os.getpid, ())))) == 3  # each part its own process
+    assert pool._call_split(3, lambda start, stop: (slice, (start, stop))) == [slice(0, 3)]
+    assert pool._call_split(1, lambda start, stop: (slice, (start, stop))) == [slice(0, 1)]
 
 
 def test_a_host_process_that_dies_fails_the_batch_and_the_next_batch_gets_a_new_one():
