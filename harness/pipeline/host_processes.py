@@ -87,7 +87,7 @@ from harness.records import ImageDetections
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _OWNERS = itertools.count()  # a token per (pool, calling thread): its segments' names start with it
 SEGMENT_ALIGN = 64  # each raw output's offset in the shared segment (a cache line; any dtype's alignment)
-MIN_IMAGES_PER_PROCESS = 2  # a part of a batch's preparation: fewer, and the hand-over costs what the split saves
+MIN_IMAGES_PER_PROCESS = 2  # the smallest part of a batch's preparation (each part costs a hand-over; not tuned)
 STARTUP_SECONDS = 300  # a host process's start (torch's and OpenCV's imports) on a loaded machine
 
 # A BatchCandidates' tensors by name, as they cross between processes (`counts` is a list)
