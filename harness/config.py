@@ -147,6 +147,10 @@ class RunConfig(BaseModel):
         "and the selection of candidates on the host (a CPU run, an ONNX Runtime core, --nms-on host), in N processes "
         "of their own, outside the interpreter lock that an eager forward's calls need (--workers auto: N); 0: on the "
         "workers' threads", ge=0, le=64)
+    forward_process: bool = option(
+        False, "--forward-process", "overlapped mode: the core in a process of its own, whose one thread runs the "
+        "forward, outside the interpreter lock that the host stages' threads take (batches cross through slots on the "
+        "device, or in shared memory)")
     accuracy: bool = option(True, "--accuracy/--no-accuracy", "COCO-evaluate each cell's detections")
     masks: bool = option(True, "--masks/--no-masks",
                          "segmentation models: compute each detection's mask and score segm beside bbox; "
@@ -316,6 +320,7 @@ class RunConfig(BaseModel):
                    self.accuracy and self.input_source != "synthetic")
         belongs = {"map_ci": scoring, "eval_max_det": scoring,
                    "workers": ("--overlap", self.overlap), "host_processes": ("--overlap", self.overlap),
+                   "forward_process": ("--overlap", self.overlap),
                    "max_seconds": ("--target-ci", self.target_ci is not None),
                    "server_queries": ("--scenario server", self.scenario == "server"),
                    "calibration": ("--precision int8", "int8" in self.precisions),

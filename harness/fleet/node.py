@@ -272,13 +272,17 @@ def detect_shard(job: ShardJob) -> dict:
                          progress=SilentProgress(), threads=threads, backend_options=plan.backend_options,
                          label_categories=plan.label_categories,
                          calibration=plan.calibration)  # int8: the same images on every node
-        executor = GroupExecutor(ctx, plan.detectors[job.group.model], job.group)
+        executor = GroupExecutor(ctx, plan.detectors[job.group.model], job.group,
+                                 plan.model_specs.get(job.group.model, job.group.model))
         timer = StageTimer(plan.device, config.stage_sync)
         start = time.perf_counter()
         path = scratch / "detections.json"
-        count = write_coco_detections(path, (image for batch in ctx.batches(job.batch_size)  # as the executor does
-                                             for image in executor.pipeline.run_batch(batch, timer)),
-                                      executor.label_categories)
+        try:
+            count = write_coco_detections(path, (image for batch in ctx.batches(job.batch_size)  # as the executor does
+                                                 for image in executor.pipeline.run_batch(batch, timer)),
+                                          executor.label_categories)
+        finally:
+            executor.close()
         return {"detections_json": path.read_bytes(), "detections": count, "images": len(records),
                 "seconds": round(time.perf_counter() - start, 3), "threads": threads}
     finally:

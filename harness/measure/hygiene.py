@@ -462,7 +462,8 @@ class DeviceSampler:
             window, self._window = self._window, None
         if window is None:
             return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
-        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(), os.getpid())
+        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(),
+                                 run_process_tree())
         state = summarize_window(window, self.gpu, self.static, busiest[:3], load_average(), rpi_throttled(self.run),
                                  self.cpu_files.unavailable())
         if self.board is not None:
@@ -472,11 +473,25 @@ class DeviceSampler:
         return state
 
 
+def run_process_tree() -> set[int]:
+    """This process and every process it started, still running (the run's own work: host processes, a forward
+    process, multiprocessing's helpers)."""
+    import psutil
+
+    me = psutil.Process()
+    pids = {me.pid}
+    try:
+        pids.update(child.pid for child in me.children(recursive=True))
+    except psutil.Error:  # a child that ended while listed: the others still count
+        pass
+    return pids
+
+
 def busy_processes(start: dict[int, tuple[float, float]], started: float,
-                   end: dict[int, tuple[str | None, float, float]], now: float, me: int) -> list[dict]:
+                   end: dict[int, tuple[str | None, float, float]], now: float, ours: set[int]) -> list[dict]:
     """Other processes that used at least BUSY_PROCESS_PERCENT of a core during the window: CPU seconds over the
     window's wall time, or, for a process started during it, over the time since it started (a busy neighbour that
-    began mid-pass is named too)."""
+    began mid-pass is named too). `ours` (the run's own processes: run_process_tree) are not others."""
     busiest = []
     for pid, (name, created, seconds) in end.items():
         before = start.get(pid)
@@ -484,7 +499,7 @@ def busy_processes(start: dict[int, tuple[float, float]], started: float,
             used, since = seconds - before[1], started
         else:
             used, since = seconds, max(created, started)
-        if pid == me or now - since < MIN_BUSY_WINDOW_S:
+        if pid in ours or now - since < MIN_BUSY_WINDOW_S:
             continue
         percent = 100 * used / (now - since)
         if percent >= BUSY_PROCESS_PERCENT:

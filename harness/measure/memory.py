@@ -38,6 +38,37 @@ def _reset_vm_hwm() -> bool:
         return False
 
 
+def process_peaks(device: Device, reset: bool = False) -> dict:
+    """This process's peaks since its start or the last reset: resident memory (VmHWM, Linux; else None) and, on a
+    GPU, the device memory allocated through torch (MiB); `reset` starts new peaks after reading them."""
+    ram = _vm_hwm_mb()
+    peaks = {"peak_ram_mb": None if ram is None else round(ram, 2), "peak_vram_mb": None,
+             "peak_vram_reserved_mb": None}
+    if device.is_cuda:
+        peaks.update(peak_vram_mb=round(torch.cuda.max_memory_allocated(device.index) / MIB, 2),
+                     peak_vram_reserved_mb=round(torch.cuda.max_memory_reserved(device.index) / MIB, 2))
+    if reset:
+        _reset_vm_hwm()
+        if device.is_cuda:
+            torch.cuda.reset_peak_memory_stats(device.index)
+    return peaks
+
+
+def with_forward_process(memory: dict, elsewhere: dict) -> dict:
+    """A timed window's peaks (MemoryMonitor.end_window) with those of the forward's own process (process_peaks,
+    --forward-process) added: each process's peak, summed (an upper bound: the two need not coincide; None where
+    either is unknown), and the forward process's own beside them."""
+    out = {**memory, "forward_process": elsewhere,
+           "processes": "the run's process and the forward's process: each one's peak, added"}
+    for key in ("peak_ram_mb", "peak_vram_mb", "peak_vram_reserved_mb"):
+        if key in memory or key in elsewhere:
+            ours, theirs = memory.get(key), elsewhere.get(key)
+            out[key] = None if ours is None or theirs is None else round(ours + theirs, 2)
+    if "vram_reason" in elsewhere:
+        out["vram_reason"] = elsewhere["vram_reason"]
+    return out
+
+
 class MemoryMonitor:
     """Samples RSS (and CUDA memory) every `interval_s` on a thread for the run's timeline, and
     measures per-window peaks. The sampler is light (one /proc read per 50 ms)."""

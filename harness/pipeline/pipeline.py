@@ -231,7 +231,8 @@ class DetectorPipeline:
         self.input_device = device.torch_device if takes_device else None
         # CUDA events on torch's stream time only cores that run there (torch, TensorRT engines); ONNX Runtime
         # launches on a stream of its own, which the events would not bracket: no forward_gpu for it
-        self.forward_gpu_timed = takes_device and device.is_cuda
+        # nor a core whose forward runs in another process (--forward-process)
+        self.forward_gpu_timed = takes_device and device.is_cuda and not getattr(core, "forward_elsewhere", False)
         # nvJPEG only where the tensors stay on the GPU; an ONNX Runtime core takes host memory
         on_gpu = self.input_device is not None and self.input_device.type == "cuda"
         self.decoder = choose_decoder(spec.library, on_gpu)
@@ -286,6 +287,9 @@ class DetectorPipeline:
                 "processes": self.host_processes.processes, "start": "spawn", "nice_increment": STREAM_WORKER_NICE,
                 "shared_segments": self.host_processes.page_locking or "pageable (no copies to or from a GPU)",
                 "runs": "each batch's file reads, decode and letterbox" + self._finishing_in_processes()}}
+            if getattr(self.core, "forward_elsewhere", False):
+                processes["forward"] = (f"in a process of its own (spawned), {self.async_slots} forwards in flight "
+                                        "through slots shared once; the forward stage is that process's own time")
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(), **processes,
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",

@@ -49,7 +49,7 @@ from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler, load_average, process_start_time, spinning_openmp
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
-from harness.measure.memory import MemoryMonitor
+from harness.measure.memory import MemoryMonitor, with_forward_process
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.server import SEED as SERVER_SEED
 from harness.measure.server import RealClock, ServerResult, find_max_qps, poisson_arrivals, serve
@@ -62,6 +62,7 @@ from harness.measure.stats import (
     tail_bounds,
     warmup_end,
 )
+from harness.pipeline.forward_process import CoreLoad, ForwardProcessCore
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import resolve_implementation
 from harness.pipeline.stage_timer import StageTimer, completion_intervals_ms
@@ -182,7 +183,7 @@ class CycledBatches(Sequence):
 class GroupExecutor:
     """One loaded (model, backend, precision, input size) and the passes run on it."""
 
-    def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey):
+    def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey, model_spec: str | None = None):
         self.ctx, self.detector, self.key = ctx, detector, key
         # the dataset category each label is scored as (checked at plan time: data/classes.py)
         self.label_categories = ctx.label_categories[detector.model_id]
@@ -198,8 +199,13 @@ class GroupExecutor:
         cache_s, clock = time.perf_counter() - clock, time.perf_counter()
         self.spec = resolve_implementation(detector.preprocess.with_input_size(key.input_size), config.preprocess,
                                            ctx.device.is_cuda)  # --preprocess
-        self.core = load_detector_core(detector, key.backend, ctx.device, key.precision, key.input_size,
-                                       options=ctx.backend_options, threads=ctx.threads)
+        if config.forward_process:  # the same load, in a process of its own (--forward-process)
+            self.core = ForwardProcessCore(CoreLoad(model_spec or detector.model_id, config.weights, key.backend,
+                                                    ctx.device, key.precision, key.input_size, ctx.backend_options,
+                                                    ctx.threads))
+        else:
+            self.core = load_detector_core(detector, key.backend, ctx.device, key.precision, key.input_size,
+                                           options=ctx.backend_options, threads=ctx.threads)
         load_s, clock = time.perf_counter() - clock, time.perf_counter()
         with _one_torch_thread():
             self.stats = detector.model_stats(key.input_size).to_dict()
@@ -235,6 +241,12 @@ class GroupExecutor:
             clock = time.perf_counter()
             self._calibrate()
             self.startup["int8_calibration_s"] = round(time.perf_counter() - clock, 3)
+
+    def close(self) -> None:
+        """Release what the group holds beyond its objects: a forward process (--forward-process) ends."""
+        close = getattr(self.core, "close", None)
+        if close is not None:
+            close()
 
     def _calibrate(self) -> None:
         """int8: quantise the core on the run's calibration images (never evaluated ones), preprocessed exactly
@@ -420,6 +432,8 @@ class GroupExecutor:
         try:
             if ctx.monitor is not None:
                 ctx.monitor.begin_window(f"timing {cell.label}")
+                if hasattr(pipeline.core, "memory_peaks"):  # the forward's own process: its peaks start now too
+                    pipeline.core.memory_peaks(reset=True)
             if ctx.sampler is not None:
                 ctx.sampler.begin_window(cell.label)
             energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
@@ -455,7 +469,9 @@ class GroupExecutor:
         device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
-        if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
+        if ctx.monitor is not None and hasattr(pipeline.core, "memory_peaks"):
+            memory = with_forward_process(memory, pipeline.core.memory_peaks())
+        elif ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
             memory.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
                           vram_reason=f"the {pipeline.core.backend} core allocates outside torch's allocator")
         untimed = StageTimer(ctx.device, config.stage_sync)
@@ -730,6 +746,9 @@ def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], t
             on_this_thread.run_batch(batch, timer)
     export_trace(prof, trace_path)
     notes = []
-    if getattr(pipeline.core, "torch_module", None) is None:
+    if getattr(pipeline.core, "forward_elsewhere", False):
+        notes.append("the forward ran in a process of its own (--forward-process): here it shows as the hand-over "
+                     "and the wait for it")
+    elif getattr(pipeline.core, "torch_module", None) is None:
         notes.append("the core is not PyTorch: the forward shows as one range; see layer_timer.csv for its nodes")
     return ProfilePassRecord(str(trace_path), op_rows(prof, pipeline.device), len(batches), notes)

@@ -7,7 +7,7 @@ import difflib
 import os
 import secrets
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +56,7 @@ class RunPlan:
     retry_failed: bool = False
     calibration: CalibrationSet | None = None  # int8 cells: images disjoint from the evaluated ones
     integrity: Future | None = None  # the images' strict decode (find_corrupt_images), started at plan time
+    model_specs: dict[str, str] = field(default_factory=dict)  # model id -> the --model value that named it
 
     @property
     def cells(self) -> list[Cell]:
@@ -155,7 +156,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
     device = parse_device(config.device)
     gpu_hygiene = check_device(device, config, fleet_node)  # before this process makes a CUDA context of its own
     check_machine(config, device)
-    detectors = {}
+    detectors, model_specs = {}, {}
     for spec in config.models:
         detector = get_detector(spec, config.weights, fetch=not dry_run)  # a dry run downloads nothing
         if not isinstance(detector.model_id, str) or not 0 < len(detector.model_id) <= MAX_MODEL_ID:
@@ -163,6 +164,7 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
                              "characters (the run's file names hold it); give it a shorter one")
         _check_host_letterbox(config, detector, device.is_cuda)
         detectors[detector.model_id] = detector
+        model_specs[detector.model_id] = spec
     if synthetic:  # images of the run's (first) input size: the first --input-size, else the first model's own
         from harness.data.synthetic import SyntheticDataset
 
@@ -185,7 +187,8 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
                          + f"; pick another --run-id or continue it with --resume {run_id}")
     if dry_run:
         return RunPlan(config, run_id, output_dir / run_id, device, dataset, variant, records,
-                       detectors, groups, label_categories, gpu_hygiene, backend_options, calibration=calibration)
+                       detectors, groups, label_categories, gpu_hygiene, backend_options, calibration=calibration,
+                       model_specs=model_specs)
     if output_dir.is_symlink() and not output_dir.exists():
         raise UsageError(path_problem("--output-dir", config.output_dir, f"a link to {os.readlink(output_dir)}, which "
                                       "does not exist") + "; create that folder, or pick another")
@@ -200,7 +203,8 @@ def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,
         raise UsageError(path_problem("--output-dir", config.output_dir, "not writable") + "; pick a writable folder")
     run_dir = Path(config.output_dir) / run_id
     return RunPlan(config, run_id, run_dir, device, dataset, variant, records, detectors, groups,
-                   label_categories, gpu_hygiene, backend_options, calibration=calibration, integrity=integrity)
+                   label_categories, gpu_hygiene, backend_options, calibration=calibration, integrity=integrity,
+                   model_specs=model_specs)
 
 
 def scoring_checks(config: RunConfig, dataset, variant: DatasetVariant, detectors: dict[str, Detector],
@@ -294,6 +298,9 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
     _check_host_processes(config, kind)
+    if config.forward_process and "int8" in config.precisions:
+        raise UsageError("--forward-process runs the core in a process of its own and --precision int8 calibrates it "
+                         "in this one; run int8 without --forward-process")
     check_cores(config.cpu_affinity)
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "

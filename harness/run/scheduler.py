@@ -278,7 +278,8 @@ class Scheduler:
             return
         try:
             with ctx.progress.task(f"loading {key.label}", None):
-                executor = GroupExecutor(ctx, self.plan.detectors[key.model], key)
+                executor = GroupExecutor(ctx, self.plan.detectors[key.model], key,
+                                         self.plan.model_specs.get(key.model, key.model))
         except Exception as exc:  # the group cannot run at all: each of its cells says why
             if stopping_problem(exc, state):
                 raise  # not this group's fault: the sweep stops (run)
@@ -298,6 +299,15 @@ class Scheduler:
             except (OSError, ValueError, KeyError) as exc:  # deleted or edited: no reference, and say so
                 ctx.progress.log(f"{key.label}: batch invariance not measured on resume: {path.name} unreadable "
                                  f"({one_line(exc)})")
+        try:
+            self._run_cells(ctx, executor, cells, todo, outcome)
+        finally:
+            executor.close()
+
+    def _run_cells(self, ctx: RunContext, executor: GroupExecutor, cells: list[Cell], todo: list[Cell],
+                   outcome: RunOutcome) -> None:
+        """The group's runnable cells, in order, each behind the error boundary of one cell."""
+        state = outcome.state
         oom_at: int | None = None
         for cell in todo:
             if self.stop is not None and self.stop.is_set():

@@ -1,0 +1,314 @@
+"""The forward in a process of its own (`--forward-process`).
+
+On a GPU the eager forward of a small model is a stream of Python calls, each giving the interpreter lock up while
+its kernel is queued and taking it back before the next; every other thread of the run's process (the overlapped
+workers: decode, letterbox, finishing) takes the lock in those gaps, and the forward waits for it at every call
+(harness/bench/lock_convoy.py shows it on the CPU; on an H200 the forward ran 1.18-1.85x slower in the pipeline than
+alone). Host processes (host_processes.py) take the host's decode out of the run's process, but the host's cores
+then do the decoding that nvJPEG does on the device. Here it is the other way round: the run's process keeps every
+host stage where it is (nvJPEG, the device's letterbox and NMS included) and the core runs in a spawned process whose
+only thread runs it, with an interpreter lock that nothing else wants.
+
+Batches cross through slots made once: an input slot per forward in flight, allocated by the run (on the core's
+device: a CUDA allocation shared by its IPC handle; on the host: shared memory), and an output slot each, allocated by
+the forward's process when it first sees the outputs; each crosses the pipe once, and then only its index and the
+batch size do. The run copies a prepared batch into its slot and waits for the copy (its own stream only) before it
+sends the index; the forward's process runs the core on the slot's first rows, waits for its stream, copies the outputs
+into its output slot, waits again and answers with the forward's own time (the `forward` stage: the core's call and
+its stream's work, without the hand-over). The run copies the outputs out of the slot (the slot is written again two
+forwards later, while the batch may still be finishing) and waits for that copy.
+
+Two forwards may be in flight (the core's `start`/`collect`): the next batch is in the slot while the forward of the
+one before runs, so the forward's process never waits for the run between batches. The process ignores the signals a
+terminal sends its whole process group, ends with the run (Linux: PR_SET_PDEATHSIG), and when its pipe is closed.
+
+What it cannot do, it says: no per-layer timing (the module is in the other process). Its own memory peaks come back
+for the record (`memory_peaks`), added to the run's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+import torch.multiprocessing
+
+from harness.backends import BackendOptions, load_detector_core
+from harness.measure.device import Device
+from harness.measure.memory import process_peaks
+from harness.pipeline.host_processes import STARTUP_SECONDS, HostProcessTraceback, _describe_exit, _end_with
+from harness.process_exit import STOP_SIGNALS, before_leave
+
+SLOTS = 2  # forwards in flight: the next batch crosses while the one before runs
+
+
+class ForwardProcessError(RuntimeError):
+    """The forward's process ended, or could not start."""
+
+
+@dataclass(frozen=True)
+class CoreLoad:
+    """What the forward's process needs to load the run's core: the model as the run names it (a registry id or a
+    `file.py:factory` plugin), its weights, and the load's settings."""
+
+    model: str
+    weights: str | None
+    backend: str
+    device: Device
+    precision: str
+    input_size: tuple[int, int]
+    options: BackendOptions
+    threads: int | None
+
+
+class ForwardProcessCore:
+    """A core loaded and run in a spawned process of its own (see the module docstring), with the Core protocol's
+    async forwards (`start`/`collect`, `async_slots` 2). Its `backend`, `format`, `provider`, `precision`, whether it
+    takes device tensors and `info()` are the loaded core's."""
+
+    forward_elsewhere = True  # CUDA events on the run's streams do not bracket its forward
+    async_slots = SLOTS
+
+    def __init__(self, load: CoreLoad):
+        self.load = load
+        self.device = load.device
+        self._context = torch.multiprocessing.get_context("spawn")
+        self._connection: Connection | None = None
+        self._process = None
+        ready = self._launch()
+        self.backend, self.format, self.provider, self.precision = (ready[k] for k in ("backend", "format",
+                                                                                       "provider", "precision"))
+        self.takes_device_tensors: bool = ready["takes_device_tensors"]
+        self._info: dict = ready["info"]
+        before_leave(self.close)
+        atexit.register(self.close)
+
+    def _launch(self) -> dict:
+        """Start the process and wait for its core to load: what it says of the core. Slots and counts start anew."""
+        self._connection, theirs = self._context.Pipe()
+        self._process = self._context.Process(target=_serve, args=(theirs, self.load, os.getpid()), daemon=True,
+                                              name="va-forward-process")
+        self._process.start()
+        theirs.close()  # the child's end lives in the child: its exit then shows here as the end of the pipe
+        self._inputs: list[torch.Tensor | None] = [None] * SLOTS
+        self._outputs: list[list[torch.Tensor] | None] = [None] * SLOTS
+        self._started = 0  # forwards started, and collected: a ticket is its start's number
+        self._collected = 0
+        try:
+            if not self._connection.poll(STARTUP_SECONDS):
+                raise ForwardProcessError(f"the forward's process did not load the core within {STARTUP_SECONDS} s; "
+                                          "the machine's load and memory are the first things to check")
+            return self._answer("loading the core")
+        except BaseException:
+            self.close()
+            raise
+
+    def _running(self) -> None:
+        """A process that ended (a failed cell's: killed, out of memory) is started again, the core loaded anew, for
+        the group's next cell: its warm-up, not its timed pass, pays for the load."""
+        if self._process is None:
+            self._launch()
+
+    def info(self) -> dict:
+        """The loaded core's info, with where it runs."""
+        return {**self._info, "forward_process": {"start": "spawn", "slots": SLOTS},
+                "layers_unavailable": "the forward runs in a process of its own (--forward-process): its layers are "
+                                      "not in this one"}
+
+    def start(self, batch: torch.Tensor) -> int:
+        """Hand `batch` to the forward's process (copied into the next input slot); the ticket to collect it with."""
+        if self._started == self._collected:  # nothing in flight: where the process ended, a new one
+            self._running()
+        ticket = self._started
+        if ticket - self._collected >= SLOTS:
+            raise RuntimeError(f"{SLOTS} forwards are in flight already: collect one first")
+        slot, size = ticket % SLOTS, len(batch)
+        held, fresh = self._inputs[slot], None
+        if (held is None or held.shape[0] < size or held.shape[1:] != batch.shape[1:] or held.dtype != batch.dtype
+                or held.device != batch.device):
+            held = torch.empty((max(size, self.load.options.max_batch), *batch.shape[1:]), dtype=batch.dtype,
+                               device=batch.device)
+            if not held.is_cuda:
+                held.share_memory_()
+            self._inputs[slot] = fresh = held
+        held[:size].copy_(batch)
+        if held.is_cuda:  # the forward's process reads the slot once told: the copy is done by then
+            torch.cuda.current_stream(held.device).synchronize()
+        self._send(("forward", slot, size, fresh))
+        self._started += 1
+        return ticket
+
+    def collect(self, ticket: int) -> tuple[list[torch.Tensor], int]:
+        """The outputs of the forward started as `ticket` (the run's own tensors) and the forward's own time (ns),
+        collected in start order."""
+        if self._connection is None:
+            raise ForwardProcessError("the forward's process was closed")
+        if ticket != self._collected:
+            raise RuntimeError(f"forward {ticket} collected out of order (next: {self._collected})")
+        self._collected += 1
+        slot, shapes, forward_ns, fresh = self._answer("running the forward")
+        if fresh is not None:
+            self._outputs[slot] = fresh
+        outputs = [held[:shape[0]].clone() for held, shape in zip(self._outputs[slot], shapes, strict=True)]
+        if any(t.is_cuda for t in outputs):  # the slot is written again two forwards on: the copies are done first
+            torch.cuda.current_stream(outputs[0].device).synchronize()
+        return outputs, forward_ns
+
+    def __call__(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        return self.collect(self.start(batch))[0]
+
+    def prepare_shape(self, shape: tuple[int, ...]) -> None:
+        """The core's own preparation for a batch shape (compile, capture), where it has one, untimed."""
+        self._running()
+        self._send(("prepare_shape", shape))
+        self._answer("preparing a batch shape")
+
+    def memory_peaks(self, reset: bool = False) -> dict:
+        """The forward's process's own peaks since the last reset (measure.memory.process_peaks): resident memory and
+        device memory allocated through torch (None, with `vram_reason`, for a core that allocates outside it);
+        `reset` starts new peaks."""
+        self._running()
+        self._send(("memory_peaks", reset))
+        return self._answer("reading its memory")
+
+    def close(self) -> None:
+        """End the process (closing its pipe ends it; one that does not end within 5 s is terminated). A later
+        forward starts a new one."""
+        self._collected = self._started  # the forwards in flight, if any, are lost with it
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._process is not None:
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join()
+            self._process = None
+
+    def _send(self, message: tuple) -> None:
+        if self._connection is None:
+            raise ForwardProcessError("the forward's process was closed")
+        try:
+            self._connection.send(message)
+        except (EOFError, OSError) as exc:
+            raise self._ended("taking a batch") from exc
+
+    def _answer(self, doing: str):
+        """The next answer of the forward's process: its value, or its error raised here."""
+        if self._connection is None:
+            raise ForwardProcessError("the forward's process was closed")
+        try:
+            status, value, where = self._connection.recv()
+        except (EOFError, OSError) as exc:
+            raise self._ended(doing) from exc
+        if status == "error":
+            raise value from HostProcessTraceback(where)
+        return value
+
+    def _ended(self, doing: str) -> ForwardProcessError:
+        process = self._process
+        self.close()
+        ended = _describe_exit(process.exitcode) if process is not None and process.exitcode is not None else \
+            "its exit status unknown"
+        return ForwardProcessError(f"the forward's process ended while {doing} ({ended}); the machine's memory (and "
+                                   "the device's) are the first things to check")
+
+
+# --- in the forward's process ---
+
+def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
+    """The forward's process: load the core, say so (its facts, or the error), then answer each request in order:
+    ("forward", slot, size, new input slot or None), ("prepare_shape", shape), ("memory_peaks", reset); until the run
+    closes its end."""
+    _end_with(parent)
+    for number in (n for n in STOP_SIGNALS if n != signal.SIGTERM):  # the run decides how to stop, and closes this
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        from harness.models.registry import get_detector
+
+        detector = get_detector(load.model, load.weights)
+        core = load_detector_core(detector, load.backend, load.device, load.precision, load.input_size,
+                                  options=load.options, threads=load.threads)
+        takes_device = getattr(core, "takes_device_tensors", getattr(core, "torch_module", None) is not None)
+        ready = {"backend": core.backend, "format": core.format, "provider": core.provider,
+                 "precision": core.precision, "takes_device_tensors": takes_device, "info": core.info()}
+        reply = ("ok", ready, "")
+    except Exception as exc:
+        _reply(connection, ("error", exc, traceback.format_exc()))
+        return
+    _reply(connection, reply)
+    inputs: list[torch.Tensor | None] = [None] * SLOTS
+    outputs: list[list[torch.Tensor] | None] = [None] * SLOTS
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:  # the run closed it: done
+            return
+        try:
+            kind, *args = request
+            if kind == "forward":
+                reply = ("ok", _forward(core, load, inputs, outputs, *args), "")
+            elif kind == "prepare_shape":
+                prepare = getattr(core, "prepare_shape", None)
+                if prepare is not None:
+                    with torch.inference_mode():
+                        prepare(*args)
+                reply = ("ok", None, "")
+            else:  # memory_peaks
+                reply = ("ok", _memory_peaks(core, load.device, *args), "")
+        except Exception as exc:
+            if load.device.is_cuda:  # out of memory: what the allocator caches goes back, as the run's own does
+                torch.cuda.empty_cache()
+            reply = ("error", exc, traceback.format_exc())
+        _reply(connection, reply)
+
+
+def _forward(core, load: CoreLoad, inputs: list, outputs: list, slot: int, size: int,
+             fresh: torch.Tensor | None) -> tuple:
+    """One forward on input slot `slot`'s first `size` rows: (the slot, the outputs' shapes, the forward's ns, the
+    output slot's tensors where they are new, else None)."""
+    if fresh is not None:
+        inputs[slot] = fresh
+    clock = time.perf_counter_ns()
+    with torch.inference_mode():
+        raw = core(inputs[slot][:size])
+        load.device.synchronize_stream()
+    forward_ns = time.perf_counter_ns() - clock
+    if any(t.dim() == 0 or t.shape[0] != size for t in raw):
+        raise ValueError(f"--forward-process needs outputs whose first dimension is the batch ({size}); the core "
+                         f"gave {[tuple(t.shape) for t in raw]}: run it without --forward-process")
+    held, new = outputs[slot], None
+    if held is None or len(held) != len(raw) or any(
+            h.shape[0] < size or h.shape[1:] != t.shape[1:] or h.dtype != t.dtype or h.device != t.device
+            for h, t in zip(held, raw, strict=False)):
+        rows = max(size, load.options.max_batch)
+        held = [torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in raw]
+        for t in held:
+            if not t.is_cuda:
+                t.share_memory_()
+        outputs[slot] = new = held
+    for h, t in zip(held, raw, strict=True):
+        h[:size].copy_(t)
+    load.device.synchronize_stream()  # the run reads the slot once answered
+    return slot, [tuple(t.shape) for t in raw], forward_ns, new
+
+
+def _memory_peaks(core, device: Device, reset: bool) -> dict:
+    peaks = process_peaks(device, reset)
+    if device.is_cuda and getattr(core, "torch_module", None) is None:
+        peaks.update(peak_vram_mb=None, vram_reason=f"the {core.backend} core allocates outside torch's allocator")
+    return peaks
+
+
+def _reply(connection: Connection, reply: tuple) -> None:
+    try:
+        connection.send(reply)
+    except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not cross: its text does
+        connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))

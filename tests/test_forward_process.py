@@ -1,0 +1,174 @@
+"""The forward in a process of its own (`--forward-process`): the in-process core's detections, the forward stage as
+that process's own clock, its errors as the run's (a load that cannot be, out of memory, a process killed), a new
+process for the group's next cell, its memory in the record, and the options it cannot serve refused in one line."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import COCO_DIR, load_core_of, requires_coco, requires_yolox, run_in_process
+
+from harness.backends import BackendOptions
+from harness.config import RunConfig
+from harness.data.coco import CocoDataset
+from harness.errors import UsageError
+from harness.measure.device import parse_device
+from harness.measure.hygiene import run_process_tree
+from harness.models.registry import get_detector
+from harness.pipeline.forward_process import CoreLoad, ForwardProcessCore, ForwardProcessError, _forward
+from harness.pipeline.pipeline import DetectorPipeline, Thresholds
+from harness.pipeline.stage_timer import StageTimer
+
+PLUGINS = Path(__file__).with_name("plugins")
+
+
+def _load(backend: str, model: str = "yolox-nano", batch: int = 4) -> CoreLoad:
+    detector = get_detector(model)
+    options = BackendOptions.from_config(RunConfig(backends=[backend], device="cpu", batch_sizes=[batch]))
+    return CoreLoad(model, None, backend, parse_device("cpu"), "fp32", detector.preprocess.input_size, options, 1)
+
+
+@requires_coco
+@requires_yolox
+@pytest.mark.parametrize("backend", ["onnxruntime", "pytorch"])
+def test_the_forward_process_gives_the_in_process_cores_detections(backend):
+    detector, device = get_detector("yolox-nano"), parse_device("cpu")
+    load = _load(backend)
+    ours = load_core_of(detector, backend, device, "fp32", load.input_size, threads=1)
+    elsewhere = ForwardProcessCore(load)
+    try:
+        assert elsewhere.backend == ours.backend and elsewhere.precision == "fp32"
+        assert len(run_process_tree()) >= 2  # the process is the run's own, not a busy stranger
+        d = detector.defaults
+        dataset = CocoDataset(str(COCO_DIR))
+        records = dataset.records(dataset.variant("sample"))[:12]
+        batches = [records[i:i + 4] for i in range(0, len(records), 4)]
+        found = {}
+        for name, core in (("ours", ours), ("elsewhere", elsewhere)):
+            pipeline = DetectorPipeline(detector, core, device, detector.preprocess, Thresholds(d.conf, d.iou,
+                                                                                               d.max_det),
+                                        stream_workers=2)
+            latency, overlapped = StageTimer(device), StageTimer(device)
+            with torch.inference_mode():
+                found[name] = ([x for b in batches for x in pipeline.run_batch(b, latency)],
+                               [x for out in pipeline.run_stream(batches, overlapped, overlap=True) for x in out])
+            if core is elsewhere:
+                assert pipeline.async_slots == 2 and "forward" in pipeline.host_info(True)
+                for timing in overlapped.batches:  # the forward stage is the other process's own clock
+                    assert 0 < timing.stages["forward"] and "forward_gpu" not in timing.stages
+        for mode in (0, 1):
+            a, b = found["ours"][mode], found["elsewhere"][mode]
+            assert [x.image_id for x in b] == [r.image_id for r in records]
+            assert sum(len(x.scores) for x in b) > 50
+            for x, y in zip(a, b, strict=True):
+                assert np.array_equal(x.boxes, y.boxes) and np.array_equal(x.scores, y.scores), x.image_id
+                assert np.array_equal(x.labels, y.labels)
+    finally:
+        elsewhere.close()
+
+
+def test_a_load_that_cannot_be_done_there_is_the_runs_one_line_error():
+    load = _load("onnxruntime")
+    with pytest.raises(UsageError, match="unknown backend 'nosuch'"):
+        ForwardProcessCore(CoreLoad(**{**load.__dict__, "backend": "nosuch"}))
+
+
+def test_outputs_without_the_batch_first_are_refused_not_misread():
+    """A core whose outputs do not lead with the batch (a flat list of detections) cannot be sliced by batch rows:
+    refused with the way out, never copied in part."""
+    load = _load("onnxruntime")
+    inputs, outputs = [torch.zeros(4, 3, 8, 8)], [None]
+
+    def flat(batch):
+        return [torch.zeros(7, 6)]
+
+    with pytest.raises(ValueError, match="first dimension is the batch \\(4\\).*without --forward-process"):
+        _forward(flat, load, inputs, outputs, 0, 4, None)
+    assert outputs == [None]
+
+
+@requires_coco
+def test_a_killed_forward_process_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_path):
+    """The plugin's forward SIGKILLs the process it runs in (the forward's own) at batch 2: that cell fails naming
+    the signal, the run goes on, and batch 4 runs in a new process."""
+    marker = tmp_path / "kill"
+    marker.touch()
+    done = run_in_process(
+        "run", "--model", f"{PLUGINS / 'killed_detector.py'}:make_detector", "--backend", "pytorch", "--batch-sizes",
+        "2", "4", "--limit", "16", "--overlap", "--forward-process", "--coco-dir", str(COCO_DIR), "--output-dir",
+        str(tmp_path / "out"), "--warmup-batches", "1", "--min-timed-batches", "2", "--no-energy",
+        env={"VA_BENCH_TEST_KILL_MARKER": str(marker), "VA_BENCH_TEST_KILL_AFTER_S": "0",
+             "VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert done.returncode == 1, done.stderr
+    state = json.loads(next((tmp_path / "out").glob("*/run.json")).read_text())
+    cells = {c["batch_size"]: c for c in state["cells"]}
+    assert cells[2]["status"] == "failed"
+    assert f"forward's process ended while running the forward (killed by {signal.Signals.SIGKILL.name})" in \
+        cells[2]["reason"]
+    assert cells[4]["status"] == "ok"
+    assert not marker.exists()
+
+
+@requires_coco
+def test_out_of_memory_in_the_forward_process_is_the_cells_oom(tmp_path):
+    done = run_in_process(
+        "run", "--model", f"{PLUGINS / 'synthetic_detector.py'}:make_failing_detector", "--backend", "pytorch",
+        "--batch-sizes", "1", "4",
+        "8", "--limit", "16", "--overlap", "--forward-process", "--coco-dir", str(COCO_DIR), "--output-dir",
+        str(tmp_path / "out"), "--warmup-batches", "1", "--min-timed-batches", "2", "--no-energy",
+        env={"VA_BENCH_TEST_FAIL": "4:oom", "VA_BENCH_TEST_FORWARD_MS": "1"})
+    state = json.loads(next((tmp_path / "out").glob("*/run.json")).read_text())
+    cells = {c["batch_size"]: c["status"] for c in state["cells"]}
+    assert cells == {1: "ok", 4: "oom", 8: "skipped"}, done.stderr
+
+
+@requires_coco
+@requires_yolox
+def test_a_run_with_a_forward_process_scores_as_without_and_records_both_processes(tmp_path):
+    runs = {}
+    for name, extra in (("in_process", ()), ("forward_process", ("--forward-process",))):
+        done = run_in_process(
+            "run", "--model", "yolox-nano", "--backend", "onnxruntime", "--batch-sizes", "4", "--limit", "16",
+            "--overlap", *extra, "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path / name),
+            "--warmup-batches", "1", "--min-timed-batches", "3", "--no-energy")
+        assert done.returncode == 0, done.stderr
+        (path,) = (tmp_path / name).glob("*/submissions/*.json")
+        runs[name] = json.loads(path.read_text())
+    ours, elsewhere = runs["in_process"], runs["forward_process"]
+    assert elsewhere["accuracy"] == ours["accuracy"]
+    assert "forward" not in ours["runtime"]["host"]
+    assert elsewhere["runtime"]["host"]["forward"].startswith("in a process of its own")
+    memory = elsewhere["memory"]
+    own = memory["forward_process"]["peak_ram_mb"]
+    assert own > 100 and memory["peak_ram_mb"] > own  # the two processes' peaks, added
+    assert not any("other processes busy" in w and "python" in w for w in elsewhere["timing"]["warnings"])
+
+
+INT8 = "--forward-process runs the core in a process of its own and --precision int8 calibrates it in this one"
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (("--backend", "openvino", "--overlap", "--precision", "int8"), INT8),
+    ((), "--forward-process"),
+])
+def test_what_a_forward_process_cannot_serve_is_refused_in_one_line(tmp_path, extra, expected):
+    done = run_in_process("run", "--model", "yolox-nano", "--forward-process", *extra, "--output-dir",
+                          str(tmp_path / "out"))
+    err = done.stderr
+    assert done.returncode == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_forward_process_ends_with_its_pipe():
+    load = _load("onnxruntime")
+    core = ForwardProcessCore(load)
+    process = core._process
+    core.close()
+    assert not process.is_alive() and process.exitcode is not None
+    with pytest.raises(ForwardProcessError, match="closed"):
+        core.collect(0)
+    assert os.getpid() in run_process_tree()
