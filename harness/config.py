@@ -499,7 +499,9 @@ def add_run_argument(parser: Any, name: str, flag: str | None = None, default: A
     base = next((a for a in typing.get_args(item) if a is not type(None)), item) if choices is None else str
     kwargs: dict[str, Any] = {"default": field.get_default(call_default_factory=True) if default is ... else default,
                               "help": field.description}
-    if base is not bool:
+    if base is bool:  # a switch: given or not
+        kwargs["action"] = "store_true"
+    else:
         kwargs["type"] = base
     if choices:
         kwargs["choices"] = choices

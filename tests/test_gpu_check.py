@@ -48,10 +48,11 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     # judged rows judged, each with the forward thread's account, and the lock holders found by py-spy
     main(["--device", "cpu", "--limit", "2", "--out", str(tmp_path), "--checks", "overhead"])
     checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
-    rows = ["overhead.b2", "overhead.b2.processes", "overhead.b2.per_image", "overhead.b2.finishes_2",
-            "overhead.b2.cv2", "overhead.b2.combined"]
+    rows = ["overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes", "overhead.b2.per_image",
+            "overhead.b2.finishes_2", "overhead.b2.cv2", "overhead.b2.combined"]
     assert set(rows) | {"overhead.b2.lock_holders"} == set(checks), sorted(checks)
-    judged = {"overhead.b2", "overhead.b2.processes", "overhead.b2.combined"}  # failed when the ratio misses the goal
+    judged = {"overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes",
+              "overhead.b2.combined"}  # failed when the ratio misses the goal
     for name in rows:
         row = checks[name]
         assert row["status"] == ("ok" if name not in judged or row["passed"] else "failed"), row
@@ -60,6 +61,8 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     processes = checks["overhead.b2.processes"]["data"]  # cv2 and the selection in two processes, a worker each
     assert processes["host_processes"] == 2 and processes["workers"] == 2 and processes["finishes_in_flight"] == 2
     assert processes["preprocess"]["host_processes"] == 2 and processes["decode"].startswith("in the timed path")
+    assert checks["overhead.b2.forward_process"]["data"]["forward_process"] is True
+    assert "the forward stage" in checks["overhead.b2.forward_process"]["figure"]
     combined = checks["overhead.b2.combined"]["data"]
     assert combined["finishes_in_flight"] == 2 and combined["cuda_graphs"] is False
     assert combined["preprocess"]["implementation"] == "cv2"  # auto on a CPU: the family's own library
@@ -121,7 +124,8 @@ def test_overhead_rows_the_budget_has_no_room_for_are_not_run_not_failed(tmp_pat
 
     runner = Runner("cuda", tmp_path, budget_s=5, limit=None, work=tmp_path / "runs")  # nothing starts with 5 s left
     rows = check_overhead(runner, {})
-    assert [c.name for c in rows[:6]] == ["overhead.b8", "overhead.b32", "overhead.b8.processes",
+    assert [c.name for c in rows[:8]] == ["overhead.b8", "overhead.b32", "overhead.b8.forward_process",
+                                          "overhead.b32.forward_process", "overhead.b8.processes",
                                           "overhead.b32.processes", "overhead.b8.combined",
                                           "overhead.b32.combined"]  # the judged rows first
     assert all(c.status == "not run" and c.reason.startswith("time budget") for c in rows), rows

@@ -260,7 +260,8 @@ OVERHEAD_STEP_SECONDS = 30  # an overhead row needs at least this much of the bu
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
-    """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the host stages in host processes
+    """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the core in a process of its own
+    (`--forward-process`; judged); both sizes with the host stages in host processes
     (cv2, NMS on the host, `--host-processes 15`; judged); both sizes with the letterbox and NMS one image at a
     time (the way before: figures for the A/B); at b32 also with two batches finishing at once and
     with the forward replayed from a CUDA graph, and both sizes with cv2 letterboxing on the host (figures); both
@@ -284,6 +285,9 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     # the interpreter lock the eager forward's launches need; a worker a process, as many batches finishing
     processes = ["--preprocess", "cv2", "--nms-on", "host", "--host-processes", "2" if r.limit else "15"]
     judged = [(f"overhead.b{b}", options, goal) for b, options, goal in sizes]
+    # the core in a process of its own, every host stage where the default has it: the forward's interpreter lock
+    # its own (judged)
+    judged += [(f"overhead.b{b}.forward_process", [*options, "--forward-process"], goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.processes", [*options, *processes], goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]
     # the torch letterbox and the NMS one image at a time, as before they were done for the whole batch: the A/B
@@ -333,7 +337,8 @@ def _overhead(r: Runner, name: str, options: list[str], goal: float | None) -> C
                  "stages p50 " + ", ".join(f"{k} {v}" for k, v in stages.items())
                  + "; overlapped, the forward's thread ms per batch: "
                  + ", ".join(f"{k} {v}" for k, v in spent["ms_per_batch_p50"].items())
-                 + f" (its forward {spent['forward_vs_alone']:.2f}x alone)"
+                 + f" (its forward calls {spent['forward_vs_alone']:.2f}x alone, the forward stage "
+                   f"{result['overlapped_mode']['forward_stage_vs_alone']:.2f}x)"
                  + ("; overlapped by workers: " + ", ".join(f"{w} {m['ratio_median']:.3f}" for w, m
                                                             in result["overlapped_by_workers"].items())
                     if len(result["overlapped_by_workers"]) > 1 else ""),

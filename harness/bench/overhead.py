@@ -20,7 +20,9 @@ than the forward alone: the overhead split into contention and host work the for
 (torch) and runs the NMS one image at a time, as a GPU run did before both were done for the whole batch at once.
 `--host-processes N` (as `va-bench run --host-processes`) runs the reads, decode and letterbox (cv2 or PIL) and the
 selection of host candidates in N processes, outside the interpreter lock (decode in the timed path; --workers auto
-gives a worker a process).
+gives a worker a process). `--forward-process` (as `va-bench run --forward-process`) runs the pipelines' core in a
+process of its own; the forward alone stays this process's core. Each overlapped stream also gives its forward stage
+against the forward alone (with a forward process, that process's own clock).
 
 `--decode`: `pre-decoded` hands the pipeline decoded images (the CPU figures in README), `in-path` decodes
 inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-path on CUDA, where the
@@ -30,7 +32,8 @@ decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-
     python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
                                      [--device cuda] [--decode auto|in-path|pre-decoded]
                                      [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread]
-                                     [--finishes-in-flight 2] [--per-image] [--host-processes N] [--json]
+                                     [--finishes-in-flight 2] [--per-image] [--host-processes N]
+                                     [--forward-process] [--json]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
 from harness.models.registry import get_detector
+from harness.pipeline.forward_process import CoreLoad, ForwardProcessCore
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
 from harness.pipeline.preprocess import decode_image, preprocess_batch, resolve_implementation
 from harness.pipeline.stage_timer import StageTimer
@@ -95,7 +99,8 @@ def _forward_thread_summary(rounds: list[dict], forward_ips: list[float], batch_
 def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: int, device_spec: str,
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
             preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False,
-            finishes_in_flight: int = 1, per_image: bool = False, host_processes: int = 0) -> dict:
+            finishes_in_flight: int = 1, per_image: bool = False, host_processes: int = 0,
+            forward_process: bool = False) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
@@ -103,7 +108,9 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     captured for the batch size (`--cuda-graphs`), in the pipeline and in the forward alone; `finishes_in_flight`:
     overlapped mode's bound on batches finishing at once; `per_image`: the torch letterbox and the NMS one image at a
     time (default: as a run does, the whole batch at once where the tensors are on a GPU); `host_processes`: the host
-    stages in that many processes (`va-bench run --host-processes`; the decode then runs in the timed path)."""
+    stages in that many processes (`va-bench run --host-processes`; the decode then runs in the timed path);
+    `forward_process`: the pipelines' core loaded and run in a process of its own (`va-bench run --forward-process`),
+    the forward alone still this process's own core (the baseline)."""
     workers = workers or [1]
     device = parse_device(device_spec)
     if host_processes and decode == "pre-decoded":
@@ -117,18 +124,22 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
                                                    cuda_graphs=cuda_graphs))
     core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options,
                               threads=torch.get_num_threads())
+    pipeline_core = ForwardProcessCore(CoreLoad(model, None, backend, device, "fp32", spec.input_size, options,
+                                                torch.get_num_threads())) if forward_process else core
     d = detector.defaults
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
     dataset = CocoDataset()
     records = dataset.records(dataset.variant("sample"))[:batch_size]
     read = ImageBytes(records).read if in_path else None  # the JPEG bytes in memory, as a run's image cache
     whole_batch = False if per_image else None
-    pipelines = {w: DetectorPipeline(detector, core, device, spec, thresholds, stream_workers=w, read_image=read,
+    pipelines = {w: DetectorPipeline(detector, pipeline_core, device, spec, thresholds, stream_workers=w,
+                                     read_image=read,
                                      nms_on=nms_on, finishes_in_flight=finishes_in_flight, whole_batch=whole_batch,
                                      host_processes=host_processes)
                  for w in workers}
     pipeline = pipelines[workers[0]]
-    on_caller = (DetectorPipeline(detector, core, device, spec, thresholds, host_thread=False, read_image=read,
+    on_caller = (DetectorPipeline(detector, pipeline_core, device, spec, thresholds, host_thread=False,
+                                  read_image=read,
                                   nms_on=nms_on, whole_batch=whole_batch)
                  if calling_thread else None)
     decoded = [decode_image(r.path) for r in records]
@@ -155,13 +166,14 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         on_caller.run_batch(records, caller_timer, images=images)
 
     forward_thread: dict[int, list[dict]] = {w: [] for w in workers}  # per round: where the forward's thread went
+    forward_stage: dict[int, list[float]] = {w: [] for w in workers}  # per round: the forward stage's median, ms
 
     def overlapped_mode(w: int):  # one call streams `iterations` batches
         pipelines[w].reset_forward_thread()
-        for _ in pipelines[w].run_overlapped([records] * iterations,
-                                             images=None if images is None else [images] * iterations):
-            pass
+        stage = [timing.ms("forward") for _, timing in pipelines[w].run_overlapped(
+            [records] * iterations, images=None if images is None else [images] * iterations)]
         forward_thread[w].append(pipelines[w].forward_thread.record())
+        forward_stage[w].append(statistics.median(stage))
 
     for _ in range(3):  # warm-up every path
         forward_only()
@@ -176,6 +188,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     caller_timer.batches.clear()
     for w in workers:
         forward_thread[w].clear()
+        forward_stage[w].clear()
     forward_ips, latency_ips, caller_ips, own_ips = [], [], [], []
     stream_ips: dict[int, list[float]] = {w: [] for w in workers}
     for k in range(rounds):
@@ -191,10 +204,17 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
             caller_ips.append(_images_per_s(latency_on_caller, batch_size, iterations))
         for w in workers:
             stream_ips[w].append(_images_per_s(lambda w=w: overlapped_mode(w), batch_size * iterations, 1))
+    if pipeline_core is not core:  # the forward process ends with its measurement
+        pipeline_core.close()
     latency = _mode_summary(latency_ips, forward_ips)
     latency["stages_ms_p50"] = _stage_medians(timer)
+    # the forward stage inside the stream against the forward alone, each round against its own: with a forward
+    # process that process's own clock (the forward thread's calls are then the hand-over and the waits)
     by_workers = {str(w): {**_mode_summary(stream_ips[w], forward_ips),
-                           "forward_thread": _forward_thread_summary(forward_thread[w], forward_ips, batch_size)}
+                           "forward_thread": _forward_thread_summary(forward_thread[w], forward_ips, batch_size),
+                           "forward_stage_vs_alone": round(statistics.median(
+                               ms / (1000 * batch_size / f) for ms, f in zip(forward_stage[w], forward_ips,
+                                                                             strict=True)), 3)}
                   for w in workers}
     overlapped = by_workers[str(workers[0])]
     extra = {}
@@ -205,7 +225,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
         "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "nms": pipeline.nms_calls,
-        "cuda_graphs": cuda_graphs, "host_processes": host_processes,
+        "cuda_graphs": cuda_graphs, "host_processes": host_processes, "forward_process": forward_process,
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(
@@ -313,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-image", action="store_true",
                         help="the torch letterbox and the NMS one image at a time (a GPU run's way before)")
     add_run_argument(parser, "host_processes")
+    add_run_argument(parser, "forward_process")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -324,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
                            args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs,
-                           args.finishes_in_flight, args.per_image, args.host_processes)
+                           args.finishes_in_flight, args.per_image, args.host_processes, args.forward_process)
                    for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
@@ -364,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                 spent = m["forward_thread"]
                 parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in spent["ms_per_batch_p50"].items())
                 console.print(f"{r['backend']} overlapped, {w} worker(s): the forward's thread, ms per batch (p50): "
-                              f"{parts}; its forward calls took {spent['forward_vs_alone']:.3f}x the forward alone")
+                              f"{parts}; its forward calls took {spent['forward_vs_alone']:.3f}x the forward alone, "
+                              f"the forward stage {m['forward_stage_vs_alone']:.3f}x")
         for r in results:
             for mode, where in (("latency_mode", "host thread"), ("latency_mode_calling_thread", "calling thread")):
                 if mode in r:
