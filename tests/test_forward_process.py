@@ -171,3 +171,32 @@ def test_the_forward_process_ends_with_its_pipe():
     with pytest.raises(ForwardProcessError, match="closed"):
         core.collect(0)
     assert os.getpid() in run_process_tree()
+
+
+def test_an_answer_interrupted_mid_read_ends_the_process_and_the_next_forward_gets_a_new_one():
+    """Ctrl-C while the run reads an answer: the rest of that answer would be read as the next forward's, so the
+    process is ended; the next forward loads the core in a new one and answers as before."""
+    core = ForwardProcessCore(_load("onnxruntime"))
+    try:
+        batch = torch.rand(2, 3, *core.load.input_size)
+        expected = core(batch)
+        first = core._process
+        connection = core._connection
+
+        class Interrupted:
+            def __getattr__(self, name):
+                return getattr(connection, name)
+
+            def recv(self):
+                raise KeyboardInterrupt
+
+        ticket = core.start(batch)
+        core._connection = Interrupted()
+        with pytest.raises(KeyboardInterrupt):
+            core.collect(ticket)
+        assert core._process is None and not first.is_alive()
+        again = core(batch)
+        assert core._process is not None and core._process.pid != first.pid
+        assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
+    finally:
+        core.close()

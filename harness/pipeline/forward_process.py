@@ -182,6 +182,8 @@ class ForwardProcessCore:
         """End the process (closing its pipe ends it; one that does not end within 5 s is terminated). A later
         forward starts a new one."""
         self._collected = self._started  # the forwards in flight, if any, are lost with it
+        # its output slots let go before it ends (CUDA IPC: a producer that ends first warns of tensors still held)
+        self._inputs, self._outputs = [None] * SLOTS, [None] * SLOTS
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -199,6 +201,9 @@ class ForwardProcessCore:
             self._connection.send(message)
         except (EOFError, OSError) as exc:
             raise self._ended("taking a batch") from exc
+        except BaseException:  # interrupted mid-message (Ctrl-C): what the pipe holds is no longer known
+            self.close()
+            raise
 
     def _answer(self, doing: str):
         """The next answer of the forward's process: its value, or its error raised here."""
@@ -208,6 +213,9 @@ class ForwardProcessCore:
             status, value, where = self._connection.recv()
         except (EOFError, OSError) as exc:
             raise self._ended(doing) from exc
+        except BaseException:  # interrupted before the answer was read whole: a later one would be read as the next's
+            self.close()
+            raise
         if status == "error":
             raise value from HostProcessTraceback(where)
         return value
