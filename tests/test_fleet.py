@@ -112,6 +112,25 @@ def test_a_runtime_one_machine_has_and_another_cannot_is_no_build_difference(mon
     assert fingerprint.build_fingerprint()["packages"]["onnxruntime"] == ort
 
 
+def test_nodes_of_one_hardware_id_that_wait_differently_in_openmp_are_named():
+    """Spinning and passive OpenMP threads time a PyTorch CPU forward 1.4-2x apart on a busy machine: two nodes of
+    one id that differ are named with their settings; nodes of different ids, a refused node and a node whose
+    probe does not say (an older build) are not compared."""
+    from harness.fleet.driver import FleetNode, differing_openmp_waits
+
+    def node(address, ids, policy=None, spin=None, refused=None, probe=True):
+        waits = {"OMP_WAIT_POLICY": policy, "GOMP_SPINCOUNT": spin, "KMP_BLOCKTIME": None}
+        return FleetNode(address, address, ids, {"openmp_wait": waits} if probe else {}, refused)
+
+    nodes = [node("10.0.0.1", ["pi5"]), node("10.0.0.2", ["pi5"], "PASSIVE"), node("10.0.0.3", ["xeon"]),
+             node("10.0.0.4", ["xeon"], "PASSIVE", refused="another build"), node("10.0.0.5", ["xeon"], probe=False),
+             node("10.0.0.6", ["pi5"], spin="0")]
+    (line,) = differing_openmp_waits(nodes)
+    assert line.startswith("warning: hardware pi5's nodes wait differently in OpenMP: 10.0.0.1: unset; "
+                           "10.0.0.2: OMP_WAIT_POLICY=PASSIVE; 10.0.0.6: GOMP_SPINCOUNT=0: "), line
+    assert differing_openmp_waits([node("a", ["pi5"], "PASSIVE"), node("b", ["pi5"], "PASSIVE")]) == []
+
+
 def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch):
     """`fleet run --address 127.0.0.1:6379` reaches a head that `fleet join --node-ip-address 127.0.0.1` started:
     Ray's setting is made before ray is imported, and only for a loopback address."""

@@ -119,7 +119,26 @@ class FleetNode:
         probe = self.probe or {}
         return {"node_id": self.node_id, "address": self.address, "hardware_ids": self.hardware_ids,
                 "host": probe.get("node", {}).get("host"), "torch_threads": probe.get("torch_threads"),
-                "cpu_count": probe.get("cpu_count"), "refused": self.refused}
+                "cpu_count": probe.get("cpu_count"), "openmp_wait": probe.get("openmp_wait"), "refused": self.refused}
+
+
+def differing_openmp_waits(nodes: list[FleetNode]) -> list[str]:
+    """A warning for each hardware id whose accepted nodes wait differently in OpenMP (OMP_WAIT_POLICY,
+    GOMP_SPINCOUNT, KMP_BLOCKTIME): spinning and passive threads time a PyTorch CPU forward 1.4-2x apart on a busy
+    machine, and the id's cells come from whichever node ran them."""
+    by_id: dict[str, dict[str, list[FleetNode]]] = {}
+    for node in nodes:
+        waits = (node.probe or {}).get("openmp_wait")
+        if node.refused is not None or waits is None:  # a node of an older build says nothing of it
+            continue
+        setting = ", ".join(f"{k}={v}" for k, v in sorted(waits.items()) if v is not None) or "unset"
+        for hardware_id in node.hardware_ids:
+            by_id.setdefault(hardware_id, {}).setdefault(setting, []).append(node)
+    return [f"warning: hardware {hardware_id}'s nodes wait differently in OpenMP: "
+            + "; ".join(f"{', '.join(n.address for n in group)}: {setting}" for setting, group in settings.items())
+            + ": a PyTorch CPU cell's time then depends on the node that ran it; set the same on each (join them "
+              "with the same environment)"
+            for hardware_id, settings in sorted(by_id.items()) if len(settings) > 1]
 
 
 def connect(address: str | None) -> None:
@@ -520,6 +539,8 @@ class FleetDriver:
         return FleetOutcome(fp.run_id, fp.fleet_dir, self.folders, self.doc.get("accuracy", {}), fp.refusals)
 
     def _log_threads(self) -> None:
+        for line in differing_openmp_waits(self.fplan.nodes):
+            self.progress.log(line)
         if self.config.threads:
             return
         for n in self.fplan.nodes:

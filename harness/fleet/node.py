@@ -98,11 +98,14 @@ def check_build(expected: dict) -> dict:
 
 
 def probe() -> dict:
-    """What the driver checks before it sends work: build fingerprint and threads."""
+    """What the driver checks before it sends work: build fingerprint, threads, and how OpenMP's threads wait."""
     import torch
 
+    from harness.measure.hygiene import OPENMP_WAIT_SETTINGS
+
     return {"build": build_fingerprint(), "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "openmp_wait": {name: os.environ.get(name) for name in OPENMP_WAIT_SETTINGS}}
 
 
 def _plan(config_fields: dict, scratch: Path, dataset_sha256: str):
