@@ -49,7 +49,8 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     main(["--device", "cpu", "--limit", "2", "--out", str(tmp_path), "--checks", "overhead"])
     checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
     rows = ["overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes", "overhead.b2.per_image",
-            "overhead.b2.finishes_2", "overhead.b2.cv2", "overhead.b2.combined"]
+            "overhead.b2.finishes_2", "overhead.b2.cv2", "overhead.b2.combined",
+            "overhead.b2.forward_and_host_processes"]
     assert set(rows) | {"overhead.b2.lock_holders"} == set(checks), sorted(checks)
     judged = {"overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes",
               "overhead.b2.combined"}  # failed when the ratio misses the goal
@@ -63,6 +64,8 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     assert processes["preprocess"]["host_processes"] == 2 and processes["decode"].startswith("in the timed path")
     assert checks["overhead.b2.forward_process"]["data"]["forward_process"] is True
     assert "the forward stage" in checks["overhead.b2.forward_process"]["figure"]
+    both = checks["overhead.b2.forward_and_host_processes"]["data"]
+    assert both["forward_process"] is True and both["host_processes"] == 2
     combined = checks["overhead.b2.combined"]["data"]
     assert combined["finishes_in_flight"] == 2 and combined["cuda_graphs"] is False
     assert combined["preprocess"]["implementation"] == "cv2"  # auto on a CPU: the family's own library
