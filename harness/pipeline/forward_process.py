@@ -110,6 +110,12 @@ class ForwardProcessCore:
             self.close()
             raise
 
+    def _between_forwards(self) -> None:
+        """A request other than a forward: its answer would be read as a forward's while one is in flight."""
+        if self._started != self._collected:
+            raise RuntimeError("a forward is in flight: collect it first")
+        self._running()
+
     def _running(self) -> None:
         """A process that ended (a failed cell's: killed, out of memory) is started again, the core loaded anew, for
         the group's next cell: its warm-up, not its timed pass, pays for the load."""
@@ -166,7 +172,7 @@ class ForwardProcessCore:
 
     def prepare_shape(self, shape: tuple[int, ...]) -> None:
         """The core's own preparation for a batch shape (compile, capture), where it has one, untimed."""
-        self._running()
+        self._between_forwards()
         self._send(("prepare_shape", shape))
         self._answer("preparing a batch shape")
 
@@ -174,7 +180,7 @@ class ForwardProcessCore:
         """The forward's process's own peaks since the last reset (measure.memory.process_peaks): resident memory and
         device memory allocated through torch (None, with `vram_reason`, for a core that allocates outside it);
         `reset` starts new peaks."""
-        self._running()
+        self._between_forwards()
         self._send(("memory_peaks", reset))
         return self._answer("reading its memory")
 
