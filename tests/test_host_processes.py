@@ -396,7 +396,7 @@ def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_pa
     common = dict(backends=["onnxruntime"], batch_sizes=[8], limit=32, overlap=True, energy=False,
                   memory=False, min_timed_batches=4)
     _, (threads,) = run_benchmark(tmp_path_factory, "threads", **common)
-    _, (processes,) = run_benchmark(tmp_path_factory, "processes", host_processes=2, **common)
+    _, (processes,) = run_benchmark(tmp_path_factory, "processes", host_processes=2, **{**common, "memory": True})
     # the same detections, to the byte, scored the same
     assert processes.accuracy.detections_sha256 == threads.accuracy.detections_sha256 is not None
     assert processes.accuracy.stats == threads.accuracy.stats and processes.accuracy.num_images == 32
@@ -412,6 +412,11 @@ def test_a_run_with_host_processes_scores_as_the_threads_and_records_them(tmp_pa
     images = processes.environment["images"]
     assert images["decode_from"] == "disk" and images["reason"].startswith("--host-processes")
     assert threads.environment["images"]["decode_from"] == "memory"
+    # their memory counts: each process's own peak over the timed pass, added to the run's
+    memory = processes.memory
+    assert memory["host_processes"]["processes"] == 2 and memory["host_processes"]["peak_ram_mb"] > 200
+    assert memory["peak_ram_mb"] == round(memory["run_process"]["peak_ram_mb"] +
+                                          memory["host_processes"]["peak_ram_mb"], 2)
 
 
 @pytest.mark.parametrize("args, expect", [

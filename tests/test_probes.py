@@ -448,3 +448,23 @@ def test_ort_layer_figures_are_onnx_runtimes_own_profile_summed(ort_run):
     for share, (start, duration) in zip(coverage, runs, strict=True):
         inside = sum(e["dur"] for e in kernels if start <= e["ts"] <= start + duration)
         assert 0 < share <= inside / duration + 1e-4, (share, inside, duration)
+
+
+def test_other_processes_peaks_are_added_each_where_it_has_one_and_unknown_where_one_is():
+    """--forward-process and --host-processes: the record's peaks are the sum of each process's own (the host
+    processes use no device: they add RAM only), the run's own kept beside them; a peak one process cannot give
+    makes the sum unknown, with that process's reason."""
+    from harness.measure.memory import with_other_processes
+
+    run = {"peak_ram_mb": 800.0, "ram_method": "VmHWM", "peak_vram_mb": 300.0, "peak_vram_reserved_mb": 400.0}
+    forward = {"peak_ram_mb": 700.0, "peak_vram_mb": 1200.5, "peak_vram_reserved_mb": 1500.0}
+    host = {"peak_ram_mb": 1100.25, "processes": 2}
+    out = with_other_processes(run, {"forward_process": forward, "host_processes": host})
+    assert (out["peak_ram_mb"], out["peak_vram_mb"], out["peak_vram_reserved_mb"]) == (2600.25, 1500.5, 1900.0)
+    assert out["run_process"] == {"peak_ram_mb": 800.0, "peak_vram_mb": 300.0, "peak_vram_reserved_mb": 400.0}
+    assert out["forward_process"] == forward and out["host_processes"] == host and out["ram_method"] == "VmHWM"
+    outside = {"peak_ram_mb": 700.0, "peak_vram_mb": None, "peak_vram_reserved_mb": None,
+               "vram_reason": "the onnxruntime core allocates outside torch's allocator"}
+    out = with_other_processes(run, {"forward_process": outside, "host_processes": {"peak_ram_mb": None,
+                                                                                    "processes": 2}})
+    assert out["peak_ram_mb"] is None and out["peak_vram_mb"] is None and "onnxruntime" in out["vram_reason"]

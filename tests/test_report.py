@@ -199,7 +199,7 @@ def test_the_memory_line_breaks_between_the_processes_of_a_resumed_run(run_a, tm
     figures = []
     monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
     memory = plots.memory_timeline(load_run(run))
-    (line,) = figures[0].axes[0].get_lines()
+    (line,) = [line for line in figures[0].axes[0].get_lines() if line.get_label() == "host RSS (MB)"]
     drawn = list(line.get_ydata())
     n = len(rows)
     breaks = [n, n + 4, n + 6]  # where each later process begins
@@ -207,6 +207,14 @@ def test_the_memory_line_breaks_between_the_processes_of_a_resumed_run(run_a, tm
     assert drawn[:n] == [float(r["rss_mb"]) for r in rows] and drawn[n + 1:n + 5] == [100, 101, 102, 103]
     assert memory.data["process_starts"] == [0, *breaks]
     assert memory.data["rss_mb"][n:] == [100.0, 101.0, 102.0, 103.0, 200.0, 201.0, 200.0, 201.0]  # as recorded
+    # each gap between processes is drawn as MEMORY_GAP_S (not 10 minutes that would squeeze the samples into a
+    # line), and said: the times within a process keep their spacing
+    t = memory.data["t_s"]
+    assert [round(t[i] - t[i - 1], 6) for i in breaks] == [plots.MEMORY_GAP_S] * 3
+    assert [round(t[n + k + 1] - t[n + k], 6) for k in range(3)] == [0.05] * 3
+    assert [round(g) for g in memory.data["gaps_s"]] == [600] * 3
+    assert [text.get_text() for text in figures[0].axes[0].texts if text.get_text().startswith(" +")] == \
+        [" +10 min"] * 3
 
 
 def test_energy_is_plotted_where_measured(run_a, tmp_path):

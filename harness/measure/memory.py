@@ -54,18 +54,24 @@ def process_peaks(device: Device, reset: bool = False) -> dict:
     return peaks
 
 
-def with_forward_process(memory: dict, elsewhere: dict) -> dict:
-    """A timed window's peaks (MemoryMonitor.end_window) with those of the forward's own process (process_peaks,
-    --forward-process) added: each process's peak, summed (an upper bound: the two need not coincide; None where
-    either is unknown), and the forward process's own beside them."""
-    out = {**memory, "forward_process": elsewhere,
-           "processes": "the run's process and the forward's process: each one's peak, added"}
-    for key in ("peak_ram_mb", "peak_vram_mb", "peak_vram_reserved_mb"):
-        if key in memory or key in elsewhere:
-            ours, theirs = memory.get(key), elsewhere.get(key)
-            out[key] = None if ours is None or theirs is None else round(ours + theirs, 2)
-    if "vram_reason" in elsewhere:
-        out["vram_reason"] = elsewhere["vram_reason"]
+PEAK_KEYS = ("peak_ram_mb", "peak_vram_mb", "peak_vram_reserved_mb")
+
+
+def with_other_processes(memory: dict, others: dict[str, dict]) -> dict:
+    """A timed window's peaks (MemoryMonitor.end_window) with those of the run's other processes added, by name
+    (`forward_process`: its process_peaks; `host_processes`: theirs summed): each figure the sum of every process's
+    peak that has it (an upper bound: the peaks need not coincide; None where one of them is unknown), the run's own
+    process's peaks under `run_process` and each other's under its name."""
+    out = {**memory, "run_process": {key: memory[key] for key in PEAK_KEYS if key in memory}, **others,
+           "processes": "each figure the sum of the peaks of the run's process and its " + " and ".join(others)
+                        + " (an upper bound: the peaks need not coincide)"}
+    for key in PEAK_KEYS:
+        parts = [part[key] for part in (memory, *others.values()) if key in part]
+        if parts:
+            out[key] = None if any(p is None for p in parts) else round(sum(parts), 2)
+    for part in others.values():
+        if "vram_reason" in part:
+            out["vram_reason"] = part["vram_reason"]
     return out
 
 

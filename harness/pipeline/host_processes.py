@@ -71,6 +71,8 @@ import torch
 import torch.multiprocessing
 
 from harness.detector.protocol import PostprocessSpec, PreprocessSpec
+from harness.measure.device import Device
+from harness.measure.memory import process_peaks
 from harness.pipeline.checks import check_decoded, check_finite
 from harness.pipeline.postprocess import (
     BatchCandidates,
@@ -417,6 +419,15 @@ class HostProcesses:
             whole_batch, image_ids, check)
         return Finished(per_image(arrays, image_ids), copy_ns, decode_ns, select_ns, boxes_ns)
 
+    def memory_peaks(self, reset: bool = False) -> dict:
+        """The processes' resident memory peaks since the last reset (measure.memory.process_peaks, VmHWM), summed, and
+        how many were read (all of them: asked between passes, when none has a batch; None where one could not
+        say); `reset` starts new ones."""
+        request = ForkingPickler.dumps((_memory_peaks, (reset,)))
+        ram = self._exchange(self.processes, lambda parts: [request] * parts)
+        total = None if len(ram) < self.processes or any(r is None for r in ram) else round(sum(ram), 2)
+        return {"peak_ram_mb": total, "processes": self.processes}
+
     def select(self, cands: BatchCandidates, spec: PostprocessSpec, iou: float, max_det: int,
                transforms: list[ImageTransform], whole_batch: bool, image_ids: list[int],
                keep: bool = False) -> Selected:
@@ -620,6 +631,10 @@ def _end_with(parent: int) -> None:
             pass
     if os.getppid() != parent:  # it ended before the line above took effect
         os._exit(0)
+
+
+def _memory_peaks(reset: bool) -> float | None:
+    return process_peaks(Device("cpu"), reset)["peak_ram_mb"]
 
 
 def _prepare(paths: list[str], spec: PreprocessSpec, segment: str, offset: int, shape: tuple[int, ...]) -> tuple:

@@ -261,8 +261,22 @@ def memory_timeline(run: RunFolder) -> Plot:
     points = [p for p in points if p[0] is not None and p[1] is not None]
     if not points:
         return _unavailable(name, title, "memory.csv has no rows with timestamp and rss_mb")
-    t0 = points[0][0]
-    t = [p[0] - t0 for p in points]
+    # a process's samples begin with its "start" tag (a resumed run, a fleet's tasks append theirs to the file):
+    # the line breaks there, never drawn across the gap between two processes as if measured
+    # (or, for a process that ended before its first window, its samples' silence: far longer than the sampling's)
+    breaks = [i for i in range(1, len(points))
+              if (points[i][3] == "start" and points[i - 1][3] != "start") or points[i][0] < points[i - 1][0]
+              or points[i][0] - points[i - 1][0] > MEMORY_GAP_S]
+    # the time between two processes (a run resumed days later) drawn as MEMORY_GAP_S, marked with how long it was:
+    # at its true length it would squeeze every process's samples into a line
+    gaps = {i: points[i][0] - points[i - 1][0] for i in breaks}
+    t, shift = [], 0.0
+    for i, point in enumerate(points):
+        if i in gaps and gaps[i] > MEMORY_GAP_S:
+            shift += gaps[i] - MEMORY_GAP_S
+        elif i in gaps:  # a shorter silence, or a clock that went back: drawn as the same gap
+            shift -= MEMORY_GAP_S - gaps[i]
+        t.append(point[0] - points[0][0] - shift)
     rss = [p[1] for p in points]
     cuda = [p[2] for p in points]
     spans: list[tuple[str, float, float]] = []  # consecutive samples with the same tag
@@ -271,12 +285,6 @@ def memory_timeline(run: RunFolder) -> Plot:
             spans[-1] = (tag, spans[-1][1], ti)
         else:
             spans.append((tag, ti, ti))
-    # a process's samples begin with its "start" tag (a resumed run, a fleet's tasks append theirs to the file):
-    # the line breaks there, never drawn across the gap between two processes as if measured
-    # (or, for a process that ended before its first window, its samples' silence: far longer than the sampling's)
-    breaks = [i for i in range(1, len(points))
-              if (points[i][3] == "start" and points[i - 1][3] != "start") or points[i][0] < points[i - 1][0]
-              or points[i][0] - points[i - 1][0] > MEMORY_GAP_S]
     fig = Figure(figsize=(12, 4.2))
     ax = fig.subplots()
     ax.plot(*_broken(t, rss, breaks), color="C0", label="host RSS (MB)", linewidth=1.2)
@@ -293,20 +301,37 @@ def memory_timeline(run: RunFolder) -> Plot:
         ax.axvspan(a, b, color=color, alpha=0.15)
         ax.text((a + b) / 2, 1.0, tag.removeprefix("timing "), transform=ax.get_xaxis_transform(), rotation=90,
                 fontsize=7, ha="center", va="top")
-        peak = number(cells[tag].get("memory.peak_ram_mb")) if tag in cells else None
+        # the run's own process's peak, where other processes' are added to the cell's (the line is this process's)
+        peak = (number(cells[tag].get("memory.run_process.peak_ram_mb", cells[tag].get("memory.peak_ram_mb")))
+                if tag in cells else None)
         if peak is not None:
             peaks[tag] = peak
             ax.hlines(peak, a, b, colors=color, linestyles="--", linewidth=1.5)
-    ax.set_xlabel("seconds since the first sample")
+    for i in breaks:  # where a later process's samples begin, and how long after the last ones
+        ax.axvline(t[i] - MEMORY_GAP_S / 2, color="0.5", linestyle=":", linewidth=1)
+        ax.text(t[i] - MEMORY_GAP_S / 2, 0.02, f" +{_duration(gaps[i])}", transform=ax.get_xaxis_transform(),
+                fontsize=7, color="0.3", rotation=90, ha="right", va="bottom")
+    ax.set_xlabel("seconds sampled" + (f" (the time between two processes drawn as {MEMORY_GAP_S:g} s, dotted, with "
+                                      "how long it was)" if breaks else " since the first sample"))
     ax.set_ylabel("MB")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title)
     data = {"t_s": t, "rss_mb": rss, "cuda_allocated_mb": cuda, "spans": spans, "peak_ram_mb": peaks,
-            "process_starts": [0, *breaks]}
+            "process_starts": [0, *breaks], "gaps_s": [round(gaps[i], 3) for i in breaks]}
     notes = ["shaded: timing windows; dashed: the cell's peak RAM (memory.peak_ram_mb: the kernel's VmHWM over the "
-             "window, a true peak the 50 ms samples can miss)"]
+             "window, a true peak the 50 ms samples can miss; with a forward or host processes, the run's own "
+             "process's: memory.run_process)"]
     return Plot(name, title, _png(fig), data, notes)
+
+
+def _duration(seconds: float) -> str:
+    """A gap between processes as a reader says it: 40 s, 12 min, 3.5 h, 2.1 d (a clock that went back: "0 s")."""
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}" if unit != "min" else f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _broken(x: list[float], y: list[float], breaks: list[int]) -> tuple[list[float], list[float]]:

@@ -49,7 +49,7 @@ from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
 from harness.measure.hygiene import DeviceSampler, load_average, process_start_time, spinning_openmp
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
-from harness.measure.memory import MemoryMonitor, with_forward_process
+from harness.measure.memory import MemoryMonitor, with_other_processes
 from harness.measure.profiler import export_trace, op_rows, torch_profile
 from harness.measure.server import SEED as SERVER_SEED
 from harness.measure.server import RealClock, ServerResult, find_max_qps, poisson_arrivals, serve
@@ -432,8 +432,7 @@ class GroupExecutor:
         try:
             if ctx.monitor is not None:
                 ctx.monitor.begin_window(f"timing {cell.label}")
-                if hasattr(pipeline.core, "memory_peaks"):  # the forward's own process: its peaks start now too
-                    pipeline.core.memory_peaks(reset=True)
+                other_processes_peaks(pipeline, reset=True)  # the run's other processes' peaks start now too
             if ctx.sampler is not None:
                 ctx.sampler.begin_window(cell.label)
             energy = ctx.energy_probe.window(energy_window) if ctx.energy_probe else nullcontext()
@@ -469,9 +468,11 @@ class GroupExecutor:
         device_state = ctx.sampler.end_window() if ctx.sampler is not None else None
         memory = ctx.monitor.end_window() if ctx.monitor is not None else {
             "peak_ram_mb": None, "peak_vram_mb": None, "status": "unavailable", "reason": "--no-memory"}
-        if ctx.monitor is not None and hasattr(pipeline.core, "memory_peaks"):
-            memory = with_forward_process(memory, pipeline.core.memory_peaks())
-        elif ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None:
+        others = other_processes_peaks(pipeline) if ctx.monitor is not None else {}
+        if others:
+            memory = with_other_processes(memory, others)
+        if ctx.device.is_cuda and getattr(pipeline.core, "torch_module", None) is None and \
+                "forward_process" not in others:
             memory.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
                           vram_reason=f"the {pipeline.core.backend} core allocates outside torch's allocator")
         untimed = StageTimer(ctx.device, config.stage_sync)
@@ -701,6 +702,17 @@ class GroupExecutor:
             image = draw_detections(record.path, det, model_class_names(self.detector))
             name = f"{load_slug(self.key)}__{record.image_id}.jpg"
             atomic_write_bytes(ctx.run_dir / "images" / name, image)
+
+
+def other_processes_peaks(pipeline: DetectorPipeline, reset: bool = False) -> dict[str, dict]:
+    """The memory peaks of the run's other processes, by name: its forward process's (--forward-process) and its
+    host processes' summed (--host-processes); `reset` starts new ones (a timed pass's window)."""
+    peaks = {}
+    if hasattr(pipeline.core, "memory_peaks"):
+        peaks["forward_process"] = pipeline.core.memory_peaks(reset)
+    if pipeline.host_processes is not None:
+        peaks["host_processes"] = pipeline.host_processes.memory_peaks(reset)
+    return peaks
 
 
 def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], work_dir: Path,
