@@ -5,6 +5,7 @@ process for the group's next cell, its memory in the record, and the options it 
 import json
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,8 @@ def test_the_forward_process_gives_the_in_process_cores_detections(backend):
     load = _load(backend)
     ours = load_core_of(detector, backend, device, "fp32", load.input_size, threads=1)
     elsewhere = ForwardProcessCore(load)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a run of --threads 1 sets it, here and in the forward's process
     try:
         assert elsewhere.backend == ours.backend and elsewhere.precision == "fp32"
         assert len(run_process_tree()) >= 2  # the process is the run's own, not a busy stranger
@@ -68,6 +71,7 @@ def test_the_forward_process_gives_the_in_process_cores_detections(backend):
                 assert np.array_equal(x.boxes, y.boxes) and np.array_equal(x.scores, y.scores), x.image_id
                 assert np.array_equal(x.labels, y.labels)
     finally:
+        torch.set_num_threads(threads)
         elsewhere.close()
 
 
@@ -200,3 +204,83 @@ def test_an_answer_interrupted_mid_read_ends_the_process_and_the_next_forward_ge
         assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
     finally:
         core.close()
+
+
+def test_the_forward_process_runs_with_the_runs_threads_and_slots_the_size_of_the_batch():
+    """The run sets torch's threads process-wide: the forward's process sets the same (it ran with torch's default,
+    2 here, under a run of --threads 1). Its slots are the batch's own size, made anew when it changes: a slot sized
+    for the run's largest batch counted in every smaller cell's memory."""
+    load = _load("pytorch", batch=64)
+    core = ForwardProcessCore(load)
+    try:
+        assert core.info()["torch_threads"] == 1
+        for size in (4, 1):
+            core(torch.rand(size, 3, *load.input_size))
+            assert core._inputs[(core._started - 1) % 2].shape[0] == size
+            assert all(t.shape[0] == size for t in core._outputs[(core._started - 1) % 2])
+    finally:
+        core.close()
+
+
+def test_a_forward_process_killed_while_idle_is_started_again_for_the_next_forward():
+    """The out-of-memory killer can end it between cells (during the scoring): the next forward starts a new one,
+    not a failed cell, and info() counts the restart."""
+    core = ForwardProcessCore(_load("onnxruntime"))
+    try:
+        batch = torch.rand(2, 3, *core.load.input_size)
+        expected = core(batch)
+        first = core._process
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(timeout=30)
+        again = core(batch)
+        assert core._process.pid != first.pid and core.info()["forward_process"]["restarts"] == 1
+        assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
+    finally:
+        core.close()
+
+
+def test_openvino_in_a_forward_process_is_compiled_for_one_forward_at_a_time():
+    """Overlapped mode compiles OpenVINO for requests in flight (THROUGHPUT), which the forward's one thread never
+    starts: there it is compiled for latency, and the record says so."""
+    pytest.importorskip("openvino")
+    load = _load("openvino")
+    core = ForwardProcessCore(CoreLoad(**{**load.__dict__, "options": replace(load.options, overlap=True)}))
+    try:
+        assert core.info()["properties"]["PERFORMANCE_HINT"] == "LATENCY"
+    finally:
+        core.close()
+
+
+def test_a_machine_without_cuda_ipc_refuses_a_forward_process_on_cuda(tmp_path, monkeypatch):
+    from harness.run import plan
+
+    monkeypatch.setattr(plan, "no_cuda_ipc", lambda: "a Jetson")
+    done = run_in_process("run", "--model", "yolox-nano", "--device", "cuda", "--overlap", "--forward-process",
+                          "--output-dir", str(tmp_path / "out"))
+    assert done.returncode == 2 and "CUDA IPC), which a Jetson does not support; drop --forward-process" in \
+        done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@requires_coco
+def test_a_group_whose_set_up_fails_after_its_load_ends_its_forward_process(tmp_path):
+    import psutil
+
+    plugin = tmp_path / "stats_fail.py"
+    plugin.write_text(
+        "from harness.models.registry import load_plugin\n"
+        f"SYNTHETIC = {str(PLUGINS / 'synthetic_detector.py')!r}\n"
+        "def make_detector():\n"
+        "    detector = load_plugin(SYNTHETIC, 'make_detector')\n"
+        "    def model_stats(input_size):\n"
+        "        raise RuntimeError('no stats here')\n"
+        "    detector.model_stats = model_stats\n"
+        "    return detector\n")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    done = run_in_process("run", "--model", f"{plugin}:make_detector", "--backend", "pytorch", "--batch-sizes", "2",
+                          "--limit", "4", "--overlap", "--forward-process", "--coco-dir", str(COCO_DIR),
+                          "--output-dir", str(tmp_path / "out"), "--no-energy")
+    assert done.returncode == 1 and "no stats here" in done.stdout + done.stderr
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline())]
+    assert left == []

@@ -524,3 +524,18 @@ def test_segments_of_a_run_that_ended_without_closing_are_removed_by_the_next(tm
         (tmp_path / name).write_bytes(b"x")
     assert remove_stale_segments(tmp_path) == [names["dead"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for k, n in names.items() if k != "dead")
+
+
+def test_a_process_starting_holds_a_terminals_stop_signals_back_until_it_ignores_them():
+    """Ctrl-C while a host or forward process imports torch printed its traceback: the run holds SIGINT and SIGHUP
+    back from the starting thread (the child inherits the mask, and clears it once it ignores them), and gives its
+    own mask back after."""
+    import signal
+
+    from harness.pipeline.host_processes import stop_signals_blocked
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with stop_signals_blocked():
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert {signal.SIGINT, signal.SIGHUP} <= held and signal.SIGTERM not in held - before
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before

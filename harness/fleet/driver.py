@@ -131,7 +131,8 @@ def differing_openmp_waits(nodes: list[FleetNode]) -> list[str]:
         waits = (node.probe or {}).get("openmp_wait")
         if node.refused is not None or waits is None:  # a node of an older build says nothing of it
             continue
-        setting = ", ".join(f"{k}={v}" for k, v in sorted(waits.items()) if v is not None) or "unset"
+        setting = ", ".join(f"{k}={str(v).strip().upper()}" for k, v in sorted(waits.items()) if v is not None) or \
+            "unset"  # OpenMP reads them regardless of case: passive is PASSIVE
         for hardware_id in node.hardware_ids:
             by_id.setdefault(hardware_id, {}).setdefault(setting, []).append(node)
     return [f"warning: hardware {hardware_id}'s nodes wait differently in OpenMP: "

@@ -11,9 +11,11 @@ module given as values, so tests drive them with fake sysfs trees and a fake NVM
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -73,6 +75,18 @@ def _int(path: Path) -> int | None:
 
 
 # ------------------------------------------------------------------------------------ other GPU processes
+
+
+def no_cuda_ipc(root: Path = Path("/")) -> str | None:
+    """What this machine is, where CUDA cannot share device memory between processes (CUDA IPC): a Jetson, Windows,
+    WSL; None elsewhere."""
+    if is_jetson(root):
+        return "a Jetson"
+    if sys.platform == "win32":
+        return "Windows"
+    if "microsoft" in platform.release().lower():
+        return "WSL"
+    return None
 
 
 def own_pids(root: Path = Path("/")) -> set[int]:

@@ -9,14 +9,18 @@ then do the decoding that nvJPEG does on the device. Here it is the other way ro
 host stage where it is (nvJPEG, the device's letterbox and NMS included) and the core runs in a spawned process whose
 only thread runs it, with an interpreter lock that nothing else wants.
 
-Batches cross through slots made once: an input slot per forward in flight, allocated by the run (on the core's
-device: a CUDA allocation shared by its IPC handle; on the host: shared memory), and an output slot each, allocated by
-the forward's process when it first sees the outputs; each crosses the pipe once, and then only its index and the
-batch size do. The run copies a prepared batch into its slot and waits for the copy (its own stream only) before it
-sends the index; the forward's process runs the core on the slot's first rows, waits for its stream, copies the outputs
-into its output slot, waits again and answers with the forward's own time (the `forward` stage: the core's call and
-its stream's work, without the hand-over). The run copies the outputs out of the slot (the slot is written again two
-forwards later, while the batch may still be finishing) and waits for that copy.
+Batches cross through slots: an input slot per forward in flight, allocated by the run (on the core's device: a CUDA
+allocation shared by its IPC handle; on the host: shared memory), and an output slot each, allocated by the forward's
+process when it first sees the outputs; each the batch's own size (made anew when that changes: a slot sized for the
+run's largest batch would count in a smaller cell's memory). A slot crosses the pipe when it is made, and then only
+its index does. The run copies a prepared batch into its slot and waits for the copy (its own stream only) before it
+sends the index; the forward's process runs the core on the slot, waits for its stream, copies the outputs into its
+output slot, waits again and answers with the forward's own time (the `forward` stage: the runtime's own clock for
+its call where it has one, as in the run's process, else the core's call and its stream's work; never the
+hand-over). The run copies the outputs out of the slot (the slot is written again two forwards later, while the
+batch may still be finishing) and waits for that copy. The process sets what the run sets process-wide (torch's
+threads, TF32) before it loads the core, and loads it for one forward at a time (OpenVINO compiles for latency, not
+for requests in flight).
 
 Two forwards may be in flight (the core's `start`/`collect`): the next batch is in the slot while the forward of the
 one before runs, so the forward's process never waits for the run between batches. The process ignores the signals a
@@ -34,7 +38,7 @@ import pickle
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 import torch
@@ -42,8 +46,9 @@ import torch.multiprocessing
 
 from harness.backends import BackendOptions, load_detector_core
 from harness.measure.device import Device
+from harness.measure.env import apply_tf32
 from harness.measure.memory import process_peaks
-from harness.pipeline.host_processes import STARTUP_SECONDS, HostProcessTraceback, _describe_exit, _end_with
+from harness.pipeline.host_processes import HostProcessTraceback, _describe_exit, _end_with, stop_signals_blocked
 from harness.process_exit import STOP_SIGNALS, before_leave
 
 SLOTS = 2  # forwards in flight: the next batch crosses while the one before runs
@@ -82,29 +87,31 @@ class ForwardProcessCore:
         self._context = torch.multiprocessing.get_context("spawn")
         self._connection: Connection | None = None
         self._process = None
-        ready = self._launch()
+        self.restarts = 0  # processes started again after one ended
+        self._take(self._launch())
+        before_leave(self.close)
+        atexit.register(self.close)
+
+    def _take(self, ready: dict) -> None:
+        """The loaded core's facts, as its process said them."""
         self.backend, self.format, self.provider, self.precision = (ready[k] for k in ("backend", "format",
                                                                                        "provider", "precision"))
         self.takes_device_tensors: bool = ready["takes_device_tensors"]
         self._info: dict = ready["info"]
-        before_leave(self.close)
-        atexit.register(self.close)
 
     def _launch(self) -> dict:
         """Start the process and wait for its core to load: what it says of the core. Slots and counts start anew."""
         self._connection, theirs = self._context.Pipe()
         self._process = self._context.Process(target=_serve, args=(theirs, self.load, os.getpid()), daemon=True,
                                               name="va-forward-process")
-        self._process.start()
+        with stop_signals_blocked():  # a Ctrl-C while it starts would print its imports' traceback: the run stops it
+            self._process.start()
         theirs.close()  # the child's end lives in the child: its exit then shows here as the end of the pipe
         self._inputs: list[torch.Tensor | None] = [None] * SLOTS
         self._outputs: list[list[torch.Tensor] | None] = [None] * SLOTS
         self._started = 0  # forwards started, and collected: a ticket is its start's number
         self._collected = 0
-        try:
-            if not self._connection.poll(STARTUP_SECONDS):
-                raise ForwardProcessError(f"the forward's process did not load the core within {STARTUP_SECONDS} s; "
-                                          "the machine's load and memory are the first things to check")
+        try:  # no deadline: a load may compile, capture or build an engine for minutes, as it would in the run
             return self._answer("loading the core")
         except BaseException:
             self.close()
@@ -117,14 +124,18 @@ class ForwardProcessCore:
         self._running()
 
     def _running(self) -> None:
-        """A process that ended (a failed cell's: killed, out of memory) is started again, the core loaded anew, for
-        the group's next cell: its warm-up, not its timed pass, pays for the load."""
+        """A process that ended (a failed cell's, or one killed while idle: the out-of-memory killer during the
+        scoring) is started again, the core loaded anew, for the group's next cell: its warm-up, not its timed
+        pass, pays for the load (counted in info()'s `restarts`)."""
+        if self._process is not None and not self._process.is_alive():
+            self.close()
         if self._process is None:
-            self._launch()
+            self._take(self._launch())
+            self.restarts += 1
 
     def info(self) -> dict:
         """The loaded core's info, with where it runs."""
-        return {**self._info, "forward_process": {"start": "spawn", "slots": SLOTS},
+        return {**self._info, "forward_process": {"start": "spawn", "slots": SLOTS, "restarts": self.restarts},
                 "layers_unavailable": "the forward runs in a process of its own (--forward-process): its layers are "
                                       "not in this one"}
 
@@ -137,10 +148,9 @@ class ForwardProcessCore:
             raise RuntimeError(f"{SLOTS} forwards are in flight already: collect one first")
         slot, size = ticket % SLOTS, len(batch)
         held, fresh = self._inputs[slot], None
-        if (held is None or held.shape[0] < size or held.shape[1:] != batch.shape[1:] or held.dtype != batch.dtype
-                or held.device != batch.device):
-            held = torch.empty((max(size, self.load.options.max_batch), *batch.shape[1:]), dtype=batch.dtype,
-                               device=batch.device)
+        # a slot the batch's own size (a larger one would count in a smaller cell's memory): made anew when it changes
+        if (held is None or held.shape != batch.shape or held.dtype != batch.dtype or held.device != batch.device):
+            held = torch.empty(batch.shape, dtype=batch.dtype, device=batch.device)
             if not held.is_cuda:
                 held.share_memory_()
             self._inputs[slot] = fresh = held
@@ -159,10 +169,10 @@ class ForwardProcessCore:
         if ticket != self._collected:
             raise RuntimeError(f"forward {ticket} collected out of order (next: {self._collected})")
         self._collected += 1
-        slot, shapes, forward_ns, fresh = self._answer("running the forward")
+        slot, forward_ns, fresh = self._answer("running the forward")
         if fresh is not None:
             self._outputs[slot] = fresh
-        outputs = [held[:shape[0]].clone() for held, shape in zip(self._outputs[slot], shapes, strict=True)]
+        outputs = [held.clone() for held in self._outputs[slot]]
         if any(t.is_cuda for t in outputs):  # the slot is written again two forwards on: the copies are done first
             torch.cuda.current_stream(outputs[0].device).synchronize()
         return outputs, forward_ns
@@ -244,12 +254,21 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
     _end_with(parent)
     for number in (n for n in STOP_SIGNALS if n != signal.SIGTERM):  # the run decides how to stop, and closes this
         signal.signal(number, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the run while this process started
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
     try:
         from harness.models.registry import get_detector
 
+        # what the run sets process-wide, set here too: the core's threads and TF32
+        if load.threads:
+            torch.set_num_threads(load.threads)
+        apply_tf32(load.options.tf32)
+        # one forward at a time here: a runtime with streams of its own (OpenVINO) compiles for it, not for
+        # requests in flight that this process's one thread would never start
+        options = replace(load.options, overlap=False)
         detector = get_detector(load.model, load.weights)
         core = load_detector_core(detector, load.backend, load.device, load.precision, load.input_size,
-                                  options=load.options, threads=load.threads)
+                                  options=options, threads=load.threads)
         takes_device = getattr(core, "takes_device_tensors", getattr(core, "torch_module", None) is not None)
         ready = {"backend": core.backend, "format": core.format, "provider": core.provider,
                  "precision": core.precision, "takes_device_tensors": takes_device, "info": core.info()}
@@ -263,7 +282,7 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
     while True:
         try:
             request = connection.recv()
-        except EOFError:  # the run closed it: done
+        except (EOFError, OSError):  # the run closed it (or ended): done
             return
         try:
             kind, *args = request
@@ -286,43 +305,50 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
 
 def _forward(core, load: CoreLoad, inputs: list, outputs: list, slot: int, size: int,
              fresh: torch.Tensor | None) -> tuple:
-    """One forward on input slot `slot`'s first `size` rows: (the slot, the outputs' shapes, the forward's ns, the
-    output slot's tensors where they are new, else None)."""
+    """One forward on input slot `slot` (a batch of `size`): (the slot, the forward's ns: the runtime's own time for
+    its call where it measures one (Core.forward_borrowed, as the run's forward stage is in its own process), else
+    the call and its stream's work; the output slot's tensors where they are new, else None)."""
     if fresh is not None:
         inputs[slot] = fresh
+    borrowed = getattr(core, "forward_borrowed", None)
     clock = time.perf_counter_ns()
     with torch.inference_mode():
-        raw = core(inputs[slot][:size])
-        load.device.synchronize_stream()
-    forward_ns = time.perf_counter_ns() - clock
+        if borrowed is not None:  # its outputs are the runtime's buffers until its next forward: copied below
+            raw, forward_ns = borrowed(inputs[slot])
+        else:
+            raw = core(inputs[slot])
+            load.device.synchronize_stream()
+            forward_ns = time.perf_counter_ns() - clock
     if any(t.dim() == 0 or t.shape[0] != size for t in raw):
         raise ValueError(f"--forward-process needs outputs whose first dimension is the batch ({size}); the core "
                          f"gave {[tuple(t.shape) for t in raw]}: run it without --forward-process")
     held, new = outputs[slot], None
     if held is None or len(held) != len(raw) or any(
-            h.shape[0] < size or h.shape[1:] != t.shape[1:] or h.dtype != t.dtype or h.device != t.device
-            for h, t in zip(held, raw, strict=False)):
-        rows = max(size, load.options.max_batch)
-        held = [torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in raw]
+            h.shape != t.shape or h.dtype != t.dtype or h.device != t.device for h, t in zip(held, raw, strict=False)):
+        held = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in raw]
         for t in held:
             if not t.is_cuda:
                 t.share_memory_()
         outputs[slot] = new = held
     for h, t in zip(held, raw, strict=True):
-        h[:size].copy_(t)
+        h.copy_(t)
     load.device.synchronize_stream()  # the run reads the slot once answered
-    return slot, [tuple(t.shape) for t in raw], forward_ns, new
+    return slot, forward_ns, new
 
 
 def _memory_peaks(core, device: Device, reset: bool) -> dict:
     peaks = process_peaks(device, reset)
     if device.is_cuda and getattr(core, "torch_module", None) is None:
-        peaks.update(peak_vram_mb=None, vram_reason=f"the {core.backend} core allocates outside torch's allocator")
+        peaks.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
+                     vram_reason=f"the {core.backend} core allocates outside torch's allocator")
     return peaks
 
 
 def _reply(connection: Connection, reply: tuple) -> None:
     try:
-        connection.send(reply)
-    except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not cross: its text does
-        connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+        try:
+            connection.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not cross: its text does
+            connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+    except (EOFError, OSError):  # the run is gone (stopped, killed): nobody to answer, and nothing to say about it
+        os._exit(0)

@@ -58,6 +58,8 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from multiprocessing import shared_memory
@@ -181,7 +183,8 @@ class HostProcesses:
         ours, theirs = self._context.Pipe()
         process = self._context.Process(target=_serve, args=(theirs, self.nice, os.getpid()), daemon=True,
                                         name="va-host-process")
-        process.start()
+        with stop_signals_blocked():  # a Ctrl-C while it starts would print its imports' traceback: the run stops it
+            process.start()
         theirs.close()  # the child's end lives in the child: its exit then shows here as the end of the pipe
         return process, ours
 
@@ -610,6 +613,8 @@ def _init_process(nice: int, parent: int) -> None:
     # process (SIGTERM, with which the run ends a process that can no longer serve, still ends it)
     for number in (n for n in STOP_SIGNALS if n != signal.SIGTERM):
         signal.signal(number, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the run while this process started
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     if nice and sys.platform.startswith("linux"):
@@ -617,6 +622,23 @@ def _init_process(nice: int, parent: int) -> None:
             os.nice(nice)
         except OSError:  # a sandbox may forbid it; the processes still work, only less politely
             pass
+
+
+@contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """A terminal's Ctrl-C and hang-up held back from the calling thread while in the block (POSIX): a process started
+    here inherits the mask, so one that arrives before it ignores them is not delivered in the middle of its
+    imports (it unblocks them once it ignores them). A signal held back from this thread is delivered once the
+    block ends, or to another thread meanwhile: the run's own stop is only delayed."""
+    quiet = {n for n in STOP_SIGNALS if n != signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no masks; spawned processes are not in the group there
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _end_with(parent: int) -> None:

@@ -184,6 +184,15 @@ class GroupExecutor:
     """One loaded (model, backend, precision, input size) and the passes run on it."""
 
     def __init__(self, ctx: RunContext, detector: Detector, key: LoadKey, model_spec: str | None = None):
+        self.core = None
+        try:
+            self._set_up(ctx, detector, key, model_spec)
+        except BaseException:  # a forward process loaded before the failure (or a Ctrl-C) ends with it
+            self.close()
+            raise
+
+    def _set_up(self, ctx: RunContext, detector: Detector, key: LoadKey, model_spec: str | None) -> None:
+        """Load the group's core (in a process of its own with --forward-process) and make its pipeline."""
         self.ctx, self.detector, self.key = ctx, detector, key
         # the dataset category each label is scored as (checked at plan time: data/classes.py)
         self.label_categories = ctx.label_categories[detector.model_id]

@@ -22,6 +22,7 @@ from harness.detector.protocol import RANDOM_WEIGHTS
 from harness.detector.weights import cache_problem, weights_dir
 from harness.errors import UsageError, brief, path_problem
 from harness.measure.affinity import check_cores
+from harness.measure.hygiene import no_cuda_ipc
 from harness.records import Cell, LoadKey
 
 # Characters of a model's id: a submission's file name holds it beside the hardware id (at most 100), the runtime,
@@ -298,6 +299,9 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
     _check_host_processes(config, kind)
+    if config.forward_process and kind == "cuda" and (machine := no_cuda_ipc()) is not None:
+        raise UsageError(f"--forward-process shares the device's memory between two processes (CUDA IPC), which "
+                         f"{machine} does not support; drop --forward-process")
     if config.forward_process and "int8" in config.precisions:
         raise UsageError("--forward-process runs the core in a process of its own and --precision int8 calibrates it "
                          "in this one; run int8 without --forward-process")
