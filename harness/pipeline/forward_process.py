@@ -154,7 +154,7 @@ class ForwardProcessCore:
             if not held.is_cuda:
                 held.share_memory_()
             self._inputs[slot] = fresh = held
-        held[:size].copy_(batch)
+        held.copy_(batch)
         if held.is_cuda:  # the forward's process reads the slot once told: the copy is done by then
             torch.cuda.current_stream(held.device).synchronize()
         self._send(("forward", slot, size, fresh))

@@ -424,8 +424,8 @@ class HostProcesses:
 
     def memory_peaks(self, reset: bool = False) -> dict:
         """The processes' resident memory peaks since the last reset (measure.memory.process_peaks, VmHWM), summed, and
-        how many were read (all of them: asked between passes, when none has a batch; None where one could not
-        say); `reset` starts new ones."""
+        their count. Asked between passes, when none has a batch, so every process answers; the sum is None where
+        one could not say (or did not answer). `reset` starts new ones."""
         request = ForkingPickler.dumps((_memory_peaks, (reset,)))
         ram = self._exchange(self.processes, lambda parts: [request] * parts)
         total = None if len(ram) < self.processes or any(r is None for r in ram) else round(sum(ram), 2)
