@@ -289,7 +289,7 @@ class DetectorPipeline:
                 "runs": "each batch's file reads, decode and letterbox" + self._finishing_in_processes()}}
             if getattr(self.core, "forward_elsewhere", False):
                 processes["forward"] = (f"in a process of its own (spawned), {self.async_slots} forwards in flight "
-                                        "through slots shared once; the forward stage is that process's own time")
+                                        "through slots the batch's size; the forward stage is that process's own time")
             return {"mode": "overlapped", "workers": self.stream_workers, **stream_worker_priority(), **processes,
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",

@@ -299,12 +299,7 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     _check_execution_modes(config, kind)
     _check_synthetic_input(config)
     _check_host_processes(config, kind)
-    if config.forward_process and kind == "cuda" and (machine := no_cuda_ipc()) is not None:
-        raise UsageError(f"--forward-process shares the device's memory between two processes (CUDA IPC), which "
-                         f"{machine} does not support; drop --forward-process")
-    if config.forward_process and "int8" in config.precisions:
-        raise UsageError("--forward-process runs the core in a process of its own and --precision int8 calibrates it "
-                         "in this one; run int8 without --forward-process")
+    _check_forward_process(config, kind)
     check_cores(config.cpu_affinity)
     if config.target_ci is not None and config.max_timed_batches is not None:
         raise UsageError("--target-ci times until the interval is reached and --max-timed-batches caps the timed "
@@ -358,6 +353,19 @@ def _check_host_processes(config: RunConfig, kind: str) -> None:
         given = "--preprocess auto (torch on CUDA)" if config.preprocess == "auto" else "--preprocess torch"
         raise UsageError(f"--host-processes letterbox on the host (cv2 or PIL) and {given} letterboxes with torch; "
                          "add --preprocess cv2 (or pil), or drop --host-processes")
+
+
+def _check_forward_process(config: RunConfig, kind: str) -> None:
+    """--forward-process shares device memory between two processes (CUDA IPC) and loads the core there: not where
+    CUDA has no IPC, not with int8 (calibrated in the run's process)."""
+    if not config.forward_process:
+        return
+    if kind == "cuda" and (machine := no_cuda_ipc()) is not None:
+        raise UsageError(f"--forward-process shares the device's memory between two processes (CUDA IPC), which "
+                         f"{machine} does not support; drop --forward-process")
+    if "int8" in config.precisions:
+        raise UsageError("--forward-process runs the core in a process of its own and --precision int8 calibrates it "
+                         "in this one; run int8 without --forward-process")
 
 
 def _check_host_letterbox(config: RunConfig, detector: Detector, cuda: bool) -> None:
