@@ -135,6 +135,28 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
+def refuse_repeated_options(command, argv: list[str]) -> None:
+    """A UsageError when an option of one value is given twice (`--dataset A --dataset B`): Click keeps the last one
+    silently, and a user who gave two datasets (as `--model` takes two models) would get one scored."""
+    leaf, tokens = command, list(argv)
+    while tokens and tokens[0] in getattr(leaf, "commands", {}):
+        leaf, tokens = leaf.commands[tokens[0]], tokens[1:]
+    single = {opt: param for param in getattr(leaf, "params", ()) if getattr(param, "is_flag", True) is False
+              and not param.multiple for opt in param.opts}
+    seen: dict[str, str] = {}
+    tokens = iter(tokens)
+    for token in tokens:
+        flag, equals, value = token.partition("=")
+        param = single.get(flag)
+        if param is None:
+            continue
+        value = value if equals else next(tokens, "")
+        if param.name in seen:
+            raise UsageError(f"{flag} is given twice ({seen[param.name]} and {value}); it takes one value: give it "
+                             "once")
+        seen[param.name] = value
+
+
 def _cli_type(annotation):
     """The Typer type of a RunConfig field: Optional of it (None = "not given"); Literals as str."""
     origin = typing.get_origin(annotation)
@@ -1001,6 +1023,7 @@ def _run_app(argv: list[str]) -> int:
     clicks = sys.modules[typer.BadParameter.__module__]
     no_args = getattr(clicks, "NoArgsIsHelpError", ())
     command = typer.main.get_command(app)
+    refuse_repeated_options(command, argv)
     try:
         code = command.main(args=argv, prog_name="va-bench", standalone_mode=False)
     except no_args as exc:  # `va-bench fleet`: its help, as click shows it

@@ -176,6 +176,28 @@ def test_a_value_given_twice_is_one_cell():
         ["yolox-nano"], ["fp32"], [1, 2], ["onnxruntime"])
 
 
+@pytest.mark.parametrize("args, repeated", [
+    (["run", "--dry-run", "--dataset", "a", "--dataset", "b"], "--dataset is given twice (a and b)"),
+    (["data", "check", "--limit", "2", "--limit=3"], "--limit is given twice (2 and 3)"),
+    (["fleet", "run", "--dry-run", "--address", "x:1", "--address", "y:2"], "--address is given twice (x:1 and y:2)"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(tmp_path, args, repeated):
+    # click keeps the last of two without a word: `--dataset A --dataset B` (as `--model` takes two) scored B only
+    result = run_in_process(*args, cwd=tmp_path)
+    line = result.stderr.strip()
+    assert result.returncode == 2 and len(line.splitlines()) == 1 and repeated in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@requires_coco
+def test_options_of_many_values_and_flags_may_repeat(tmp_path):
+    result = run_in_process("run", "--dry-run", "--model", "yolox-nano", "--model", "yolox-nano", "--batch-sizes",
+                            "1", "2", "--batch-sizes", "4", "--json", "--json", "--limit", "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (group,) = json.loads(result.stdout)["groups"]
+    assert [c["batch_size"] for c in group["cells"]] == [1, 2, 4]
+
+
 @pytest.mark.parametrize("command, text, line_no", [
     (["run", "--dry-run", "--config"], "batch_sizes: [1]\nbackends: [onnxruntime]\nbatch_sizes: [8]\n", 3),
     (["run", "--dry-run", "--class-map"], "person: person\nperson: car\n", 2),

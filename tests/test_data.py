@@ -1,6 +1,7 @@
 """Dataset variants: fingerprints, completeness checks, the 80 -> 91 class mapping."""
 
 import json
+import re
 
 import pytest
 from conftest import COCO_DIR, SUBSET_ANNOTATIONS, VAL_INDEX, requires_coco
@@ -68,7 +69,9 @@ def test_missing_image_file_is_reported(tmp_path):
     (tmp_path / "annotations").mkdir()
     (tmp_path / "val2017").mkdir()
     (tmp_path / "annotations" / "instances_val2017_subset.json").write_text(SUBSET_ANNOTATIONS.read_text())
-    with pytest.raises(UsageError, match="206 image files absent"):
+    images = sorted(json.loads(SUBSET_ANNOTATIONS.read_text())["images"], key=lambda i: i["id"])
+    named = f"206 image files absent: {images[0]['file_name']}, {images[1]['file_name']}, ...)"
+    with pytest.raises(UsageError, match=re.escape(named)):
         CocoDataset(tmp_path).variant("sample")
 
 

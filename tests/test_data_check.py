@@ -120,3 +120,21 @@ def test_whole_category_names_at_80_columns():
     text = console.export_text()
     assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
     assert "refrigera" in text and "long name" in text  # folded over lines, every character kept
+
+
+@requires_coco
+def test_a_jpeg_that_decodes_only_with_errors_is_named_as_a_run_names_it(tmp_path):
+    """Zeroed bytes mid-file: the file looks whole and OpenCV decodes it, so only a strict decode tells. A run
+    warns and records it (`corrupt_images`); data check, which makes a run's checks, says the same."""
+    yaml_path = yolo_dataset(tmp_path / "d", images=4)
+    image = sorted((tmp_path / "d").rglob("*.jpg"))[1]
+    data = bytearray(image.read_bytes())
+    data[len(data) // 3:len(data) // 3 + 2000] = bytes(2000)
+    image.unlink()  # a link to the sample: the copy is the dataset's own
+    image.write_bytes(bytes(data))
+    summary = _checked("--dataset", str(yaml_path))
+    (found,) = summary["corrupt_images"]
+    assert found["path"] == str(image) and "Corrupt JPEG data" in found["problem"]
+    done = run_in_process("data", "check", "--dataset", str(yaml_path))
+    assert done.returncode == 0 and f"warning: {image} decodes only with errors (Corrupt JPEG" in done.stdout
+    assert _checked("--limit", "4")["corrupt_images"] == []

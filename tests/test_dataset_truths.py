@@ -140,6 +140,78 @@ def test_masks_are_not_scored_against_boxes_only_ground_truth(boxes_only):
     assert run_in_process(*args, "--no-masks").returncode == 0  # boxes only: a detection row, scored as such
 
 
+def _first_with(data: dict, crowd: bool) -> dict:
+    return next(a for a in data["annotations"] if bool(a["iscrowd"]) == crowd and a["image_id"] in
+                {i["id"] for i in data["images"]})
+
+
+@requires_coco
+@pytest.mark.parametrize("breakage, says", [
+    ("swapped size", r"an RLE of size \[\d+, \d+\], not its image's \[height, width\]"),
+    ("short runs", r"RLE runs covering \d+ pixels, not its image's"),
+    ("compressed short runs", r"RLE runs covering \d+ pixels, not its image's"),
+    ("garbage string", r"neither run lengths .* nor COCO's compressed string"),
+    ("two-point polygon", r"a polygon of 4 values, not x, y pairs of three points or more"),
+    ("polygon of strings", r"a polygon that is not a list of numbers"),
+])
+def test_masks_pycocotools_cannot_score_as_drawn_are_refused_before_the_run(boxes_only, breakage, says):
+    """An RLE of another size or whose runs do not cover its image, and polygons pycocotools reads otherwise (4
+    values: a box) or not at all, were scored silently (a mask nothing matches: segm AP 0.94 for perfect
+    predictions) or failed a cell after its timed pass: refused in one line, naming the annotation."""
+    from pycocotools import mask as mask_api
+
+    data = json.loads((boxes_only / "masks.json").read_text())
+    sizes = {i["id"]: (i["height"], i["width"]) for i in data["images"]}
+    crowd, plain = _first_with(data, crowd=True), _first_with(data, crowd=False)
+    height, width = sizes[crowd["image_id"]]
+    if breakage == "swapped size":
+        crowd["segmentation"]["size"] = [width, height]
+    elif breakage == "short runs":
+        crowd["segmentation"]["counts"] = crowd["segmentation"]["counts"][:-1]
+    elif breakage == "compressed short runs":
+        short = {"size": [height, width], "counts": crowd["segmentation"]["counts"][:-1]}
+        crowd["segmentation"] = {**short, "counts": mask_api.frPyObjects(short, height, width)["counts"].decode()}
+    elif breakage == "garbage string":
+        crowd["segmentation"] = {"size": [height, width], "counts": "not an RLE!"}
+    elif breakage == "two-point polygon":
+        plain["segmentation"] = [plain["segmentation"][0][:4]]
+    else:
+        plain["segmentation"] = [[str(v) for v in plain["segmentation"][0]]]
+    broken = boxes_only / "broken.json"
+    broken.write_text(json.dumps(data))
+    dataset = CocoDataset.from_path(str(broken))
+    with pytest.raises(UsageError, match=says + r".*--no-masks"):
+        dataset.check_masks(dataset.variant("sample"))
+    out = boxes_only / "out"
+    refused = run_in_process("run", "--model", "rfdetr-seg-n", "--weights", "random", "--dataset", str(broken),
+                             "--batch-sizes", "1", "--output-dir", str(out))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "annotations[" in refused.stderr and not out.exists()
+
+
+def test_compressed_rle_runs_are_read_as_pycocotools_writes_them():
+    """The run lengths read from COCO's compressed string equal those pycocotools compressed (its own encoder, from
+    masks of every density), and add up to the image."""
+    from pycocotools import mask as mask_api
+
+    from harness.data.coco import mask_problem, rle_runs
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        height, width = (int(v) for v in rng.integers(1, 50, 2))
+        mask = np.asfortranarray(rng.random((height, width)) < rng.random(), dtype=np.uint8)
+        flat, runs, value, start = mask.flatten(order="F"), [], 0, 0
+        while start < flat.size:  # the runs of zeros and ones, zeros first, by a plain walk
+            end = start
+            while end < flat.size and flat[end] == value:
+                end += 1
+            runs.append(end - start)
+            start, value = end, 1 - value
+        compressed = mask_api.encode(mask)["counts"].decode()
+        assert rle_runs(compressed) == runs
+        assert mask_problem({"size": [height, width], "counts": compressed}, height, width) is None
+
+
 @requires_coco
 def test_images_without_ground_truth_are_refused_before_the_run(tmp_path):
     data, info = _first_sample()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -339,6 +340,28 @@ def test_an_annotation_file_in_cocos_layout_finds_its_images(tmp_path, images):
 
 
 @requires_coco
+def test_the_root_of_cocos_layout_is_its_annotation_file(tmp_path):
+    """root/ with annotations/instances_<split>.json: the same dataset as that file; with several splits, the one
+    starting "val" where there is one, else --split; a split it lacks is refused naming those it has."""
+    from harness.data.coco import CocoDataset
+
+    root = _three_class_dataset(tmp_path / "mine", layout="coco")
+    from_file = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
+    from_root = CocoDataset.from_path(str(root))
+    assert from_root.identity == from_file.identity == ("mine", "val2017")
+    assert from_root.annotation_file == from_file.annotation_file and from_root.image_dir == from_file.image_dir
+    shutil.copy(root / "annotations" / "instances_val2017.json", root / "annotations" / "instances_train2017.json")
+    os.symlink(root / "val2017", root / "train2017")
+    assert CocoDataset.from_path(str(root)).identity == ("mine", "val2017")
+    assert CocoDataset.from_path(str(root), split="train2017").identity == ("mine", "train2017")
+    with pytest.raises(UsageError, match=r"has no 'test' split; use --split train2017 or val2017$"):
+        CocoDataset.from_path(str(root), split="test")
+    (root / "annotations" / "instances_val2017.json").rename(root / "annotations" / "instances_other.json")
+    with pytest.raises(UsageError, match=r"holds the splits other, train2017; use --split other or train2017$"):
+        CocoDataset.from_path(str(root))
+
+
+@requires_coco
 def test_missing_images_name_every_folder_looked_in(tmp_path):
     from harness.data.coco import CocoDataset
 
@@ -400,3 +423,29 @@ def test_the_exports_of_other_labelling_tools_find_their_images(tmp_path, layout
     dataset = CocoDataset.from_path(str(annotation))
     assert dataset.variant("sample").num_images == IMAGES
     assert dataset.image_dir == images.resolve() and dataset.identity == identity
+
+
+@requires_coco
+def test_refusals_name_what_to_change(tmp_path):
+    """A Roboflow export whose default split is empty names that split and the ones to score instead; a class map
+    given as a folder says so; an unreadable image's reason is not cut short by the path it repeats."""
+    from harness.data.classes import ClassMap
+    from harness.data.coco import CocoDataset
+
+    export = _three_class_dataset(tmp_path / "rf", layout="roboflow")
+    annotation = export / "valid" / "_annotations.coco.json"
+    shutil.copytree(export / "valid", export / "test", symlinks=True)
+    data = json.loads(annotation.read_text())
+    annotation.write_text(json.dumps({**data, "images": [], "annotations": []}))
+    with pytest.raises(UsageError, match=r"is empty in the 'valid' split's _annotations.coco.json under .*: it lists "
+                                         r"no images; score another split \(--split test\)"):
+        CocoDataset.from_path(str(export)).variant("sample")
+    with pytest.raises(UsageError, match=r"--class-map .*: is a folder; give a YAML file"):
+        ClassMap.read(str(tmp_path))
+    folder = tmp_path / ("a-long-folder-name-" * 6)
+    garbage = _three_class_dataset(folder, layout="json")
+    image = sorted((folder / "images").iterdir())[0]
+    image.unlink()
+    image.write_bytes(b"\xff\xd8\xff" + b"not an image at all" * 10 + b"\xff\xd9")  # whole from the outside
+    with pytest.raises(UsageError, match=r"cannot be read as an image \(cannot identify image file\); replace it"):
+        CocoDataset.from_path(str(garbage)).variant("sample")

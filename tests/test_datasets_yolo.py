@@ -141,7 +141,9 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     ("0 0.5 0.5 0 0.2\n", None, r"is a box of no area"),
     ("1.5 0.5 0.5 0.2 0.2\n", None, r"has the class 1.5, which the dataset YAML does not name"),
     ("0 -0.005 0.5 0.01 0.2\n", None, r"is a box off its image"),
-    ("1 0.1 0.5 0.5 0.5 0.9 0.5\n", None, r"is a polygon of no width or height"),
+    ("1 0.1 0.5 0.5 0.5 0.9 0.5\n", None, r"is a polygon of no area \(its points on one line\)"),
+    ("1 0.1 0.1 0.2 0.2 0.3 0.3\n", None, r"is a polygon of no area \(its points on one line\)"),
+    ("0 0.5 0.5 1e-9 0.2\n", None, r"is a box .* px, of no width or height \(a rounded 0\?\)"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\nnc: 3\nnames: [person, car]\n", r"nc is 3 but names holds 2 classes"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\n", r"has neither names nor nc"),
     ("0 0.5 0.5 0.2 0.2\n", "train: images\nnames: [person]\n", r"names no val or test split; score the training "
@@ -604,6 +606,18 @@ def test_a_split_folder_given_for_the_dataset_points_at_its_yaml(tmp_path, given
     with pytest.raises(UsageError, match=rf"holds no COCO annotations; this is a YOLO split's folder: give its "
                                          rf"dataset's YAML, --dataset {re.escape(str(yaml_path))} --split {split}$"):
         CocoDataset.from_path(str(tmp_path / given))
+
+
+@requires_coco
+@pytest.mark.parametrize("given", ["images", "labels"])
+def test_the_folder_above_the_splits_points_at_the_yaml_alone(tmp_path, given):
+    """Ultralytics' images/ (images/val, images/train below it) is no split: its refusal named --split with the
+    dataset's folder name."""
+    yolo_dataset(tmp_path / "ul", images=2)
+    yaml_path = (tmp_path / "ul" / "data.yaml").resolve()
+    with pytest.raises(UsageError, match=rf"this is a YOLO dataset's {given} folder: give its dataset's YAML, "
+                                         rf"--dataset {re.escape(str(yaml_path))}$"):
+        CocoDataset.from_path(str(tmp_path / "ul" / given))
 
 
 @requires_coco

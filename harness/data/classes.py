@@ -59,7 +59,8 @@ class ClassMap:
     def read(cls, given: str, shared: bool = False) -> ClassMap:
         path = Path(given).expanduser()
         if not path.is_file():
-            raise UsageError(path_problem("--class-map", given, "no such file") + "; give a YAML file of "
+            raise UsageError(path_problem("--class-map", given, "is a folder" if path.is_dir() else "no such file")
+                             + "; give a YAML file of "
                              "`dataset category name: model class name` lines")
         try:
             data = load_user_yaml(path.read_text(encoding="utf-8"))

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -93,7 +94,8 @@ def _structure_problems(data) -> list[str]:
     problems = []
     image_ids = [img.id for img in instances.images]
     if len(set(image_ids)) != len(image_ids):
-        problems.append("images: image ids are not unique")
+        repeated = sorted(i for i, n in Counter(image_ids).items() if n > 1)
+        problems.append(f"images: ids are not unique ({', '.join(map(str, repeated[:3]))} repeated)")
     first_of: dict[PurePosixPath, int] = {}
     for i, img in enumerate(instances.images):
         # a file name from an untrusted file must name a file inside the image folder, nothing else: a relative path
@@ -410,18 +412,19 @@ class CocoDataset:
     def records(self, variant: DatasetVariant) -> list[ImageRecord]:
         return [self.record(i) for i in variant.image_ids]
 
-    def _present(self, image_ids) -> tuple[list[int], int, int]:
-        """Split ids into present ones and counts of (not annotated, file missing)."""
-        present, not_annotated, no_file = [], 0, 0
+    def _present(self, image_ids) -> tuple[list[int], int, list[str]]:
+        """Split ids into present ones, a count of those not annotated, and the file names of those whose file is
+        missing."""
+        present, not_annotated, absent = [], 0, []
         for image_id in image_ids:
             info = self.coco.imgs.get(image_id)
             if info is None:
                 not_annotated += 1
             elif not (self.image_dir / info["file_name"]).is_file():
-                no_file += 1
+                absent.append(info["file_name"])
             else:
                 present.append(image_id)
-        return present, not_annotated, no_file
+        return present, not_annotated, absent
 
     def variant(self, name: str, limit: int | None = None) -> DatasetVariant:
         """Resolve a variant; every image it names must be present, look whole (size, first and last
@@ -453,18 +456,25 @@ class CocoDataset:
             )
         if limit is not None:
             wanted = wanted[:limit]
-        present, not_annotated, no_file = self._present(wanted)
+        present, not_annotated, absent = self._present(wanted)
         missing = len(wanted) - len(present)
         if missing:
             label = name if limit is None else f"the first {len(wanted)} images of {name}"
+            named = f": {', '.join(absent[:2])}{', ...' if len(absent) > 2 else ''}" if absent else ""
             raise UsageError(
                 f"dataset variant {label!r} needs {len(wanted)} images but {missing} are missing under "
-                f"{self._shown_root} ({not_annotated} not in {self.annotation_file.name}, {no_file} image files "
-                f"absent); {self._missing_fix(name)}"
+                f"{self._shown_root} ({not_annotated} not in {self.annotation_file.name}, {len(absent)} image files "
+                f"absent{named}); {self._missing_fix(name)}"
             )
         if not present:
-            raise UsageError(f"dataset variant {name!r} is empty in {self.annotation_file.name} under "
-                             f"{self._shown_root}: it lists no images; {self._fix}")
+            split = self.annotation_file.parent
+            others = [s for s in ROBOFLOW_SPLITS if self.annotation_file.name == ROBOFLOW_ANNOTATIONS
+                      and s != split.name and (split.parent / s / ROBOFLOW_ANNOTATIONS).is_file()]
+            where = (f"the {split.name!r} split's {self.annotation_file.name}" if others
+                     else self.annotation_file.name)
+            fix = f"score another split (--split {' or '.join(others)}) or {self._fix}" if others else self._fix
+            raise UsageError(f"dataset variant {name!r} is empty in {where} under {self._shown_root}: it lists no "
+                             f"images; {fix}")
         check_image_files(self.image_dir / self.coco.imgs[i]["file_name"] for i in present)
         if self._yolo is not None:  # its sizes were read from these very headers, with their orientations
             wanted = set(present)
@@ -487,8 +497,10 @@ class CocoDataset:
 
     def check_masks(self, variant: DatasetVariant) -> None:
         """A UsageError unless every annotation of the variant's images has a mask to score a segmentation model's
-        masks against: a polygon list or an RLE. A detection export has boxes only
-        (`"segmentation": []`): there every mask would miss, a silent segm AP of 0."""
+        masks against, one pycocotools rasterises as drawn: polygons of three points or more, or an RLE of its
+        image's size whose runs cover the image. A detection export has boxes only (`"segmentation": []`): there
+        every mask would miss, a silent segm AP of 0; an RLE of another size, or runs short of the image, would be
+        scored as a mask that no detection matches (or decoded from memory past its runs)."""
         missing, first = 0, None
         for image_id in variant.image_ids:
             for ann in self.coco.imgToAnns.get(image_id, ()):
@@ -503,6 +515,15 @@ class CocoDataset:
                              f"first: {where}); "
                              "a segmentation model's masks need ground-truth masks: use a dataset exported with "
                              "them, or score boxes only with --no-masks")
+        for image_id in variant.image_ids:
+            info = self.coco.imgs[image_id]
+            for ann in self.coco.imgToAnns.get(image_id, ()):
+                problem = mask_problem(ann["segmentation"], info["height"], info["width"])
+                if problem is not None:
+                    index = self.coco.dataset["annotations"].index(ann)
+                    raise UsageError(f"{self.annotation_file}: annotations[{index}] (id {ann['id']}, image "
+                                     f"{info['file_name']}) has a mask that cannot be scored: {problem}; fix or "
+                                     "remove that annotation, or score boxes only with --no-masks")
 
     def _missing_fix(self, name: str) -> str:
         """How to get the missing images: COCO's are fetched; a dataset of the user's own is theirs to complete."""
@@ -515,11 +536,68 @@ class CocoDataset:
 
 
 def has_mask(segmentation) -> bool:
-    """A COCO segmentation pycocotools can rasterise: polygons (flat x, y lists) or an RLE."""
+    """Whether an annotation has a mask at all (a detection export's is `[]` or absent): polygons or an RLE, whose
+    shape `mask_problem` checks."""
     if isinstance(segmentation, dict):
         return "counts" in segmentation and "size" in segmentation
-    return (isinstance(segmentation, list) and bool(segmentation)
-            and all(isinstance(p, list) and len(p) >= 4 and len(p) % 2 == 0 for p in segmentation))
+    return isinstance(segmentation, list) and bool(segmentation)
+
+
+def mask_problem(segmentation, height: int, width: int) -> str | None:
+    """Why pycocotools could not rasterise `segmentation` as a mask of an image `height` x `width` as drawn, or
+    None. pycocotools takes a polygon of 4 values as a box and has no check that an RLE's runs cover its image
+    (runs short of it decode memory past them, runs past it fail mid-evaluation); faster-coco-eval reads both
+    differently again."""
+    if isinstance(segmentation, dict):
+        size, counts = segmentation["size"], segmentation["counts"]
+        if size != [height, width] or any(isinstance(v, bool) for v in size):
+            return f"an RLE of size {str(size)[:40]}, not its image's [height, width] [{height}, {width}]"
+        runs = rle_runs(counts)
+        if runs is None:
+            return "RLE counts that are neither run lengths (non-negative integers) nor COCO's compressed string"
+        if sum(runs) != height * width:
+            return f"RLE runs covering {sum(runs)} pixels, not its image's {height} x {width} = {height * width}"
+        return None
+    for polygon in segmentation:
+        if not isinstance(polygon, list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in polygon):
+            return f"a polygon that is not a list of numbers ({str(polygon)[:40]})"
+        if len(polygon) < 6 or len(polygon) % 2:
+            return f"a polygon of {len(polygon)} values, not x, y pairs of three points or more"
+    return None
+
+
+def rle_runs(counts) -> list[int] | None:
+    """An RLE's run lengths: its `counts` as a list, or COCO's compressed string decoded (maskApi.c's rleFrString:
+    5 bits a character, offset 48, a continuation bit, a sign bit, each run from the second one before it); None
+    when `counts` is neither. By hand: pycocotools and faster-coco-eval decode a string into a mask only, with no
+    check that its runs add up to the image."""
+    if isinstance(counts, list):
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts)
+        return counts if ok else None
+    if isinstance(counts, bytes):
+        counts = counts.decode("ascii", errors="replace")
+    if not isinstance(counts, str):
+        return None
+    runs: list[int] = []
+    value = shift = 0
+    for char in counts:
+        code = ord(char) - 48
+        if not 0 <= code < 64:
+            return None
+        value |= (code & 0x1F) << shift
+        shift += 5
+        if code & 0x20:  # more characters to this run
+            continue
+        if code & 0x10:  # negative
+            value -= 1 << shift
+        if len(runs) > 2:
+            value += runs[-2]
+        if value < 0:
+            return None
+        runs.append(value)
+        value = shift = 0
+    return runs if shift == 0 else None
 
 
 ROBOFLOW_ANNOTATIONS = "_annotations.coco.json"
@@ -544,6 +622,8 @@ def _yolo_split_hint(path: Path) -> str | None:
     the --split to give with it; None when no YAML is found up to two folders above."""
     folder = path.resolve()
     split = folder.parent.name if folder.name in ("images", "labels") else folder.name
+    if folder.name in ("images", "labels") and any(f.is_dir() for f in folder.iterdir()):
+        split = None  # the splits' parent (images/val, images/train): the YAML names them
     if folder.name not in ("images", "labels") and not (folder / "images").is_dir():
         if folder.parent.name not in ("images", "labels"):
             return None
@@ -552,6 +632,8 @@ def _yolo_split_hint(path: Path) -> str | None:
             yaml_path = dataset_yaml(str(above))
         except UsageError:
             return None
+        if yaml_path is not None and split is None:
+            return f"this is a YOLO dataset's {folder.name} folder: give its dataset's YAML, --dataset {yaml_path}"
         if yaml_path is not None:
             return f"this is a YOLO split's folder: give its dataset's YAML, --dataset {yaml_path} --split {split}"
     return None
@@ -616,6 +698,15 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         return (path / ROBOFLOW_ANNOTATIONS).resolve(), \
             ((path.resolve(), (_slug(path.resolve().parent.name), _slug(path.name))),)
     present = [s for s in ROBOFLOW_SPLITS if (path / s / ROBOFLOW_ANNOTATIONS).is_file()]
+    coco_splits = sorted(f.name.removeprefix("instances_").removesuffix(".json")
+                         for f in (path / "annotations").glob("instances_*.json"))
+    if not present and coco_splits:  # COCO's own layout's root: annotations/instances_<split>.json
+        vals = [s for s in coco_splits if s.startswith("val")]
+        chosen = split or (coco_splits[0] if len(coco_splits) == 1 else vals[0] if len(vals) == 1 else None)
+        if chosen not in coco_splits:
+            asked = f"has no {chosen!r} split" if chosen else f"holds the splits {', '.join(coco_splits)}"
+            raise UsageError(path_problem("--dataset", given, asked) + f"; use --split {' or '.join(coco_splits)}")
+        return _custom_layout(str(path / "annotations" / f"instances_{chosen}.json"), None)
     if not present:
         hint = _yolo_split_hint(path)
         raise UsageError(path_problem("--dataset", given, "holds no COCO annotations")

@@ -259,6 +259,13 @@ def _png_exif_after_pixels(fh) -> bytes | None:
     return None
 
 
+def unreadable_reason(exc: Exception, path: Path) -> str:
+    """Pillow's reason an image cannot be opened, without the path it repeats ("cannot identify image file
+    '/the/path'"): the message names the file already, and a long path cut short hid the reason's end."""
+    text = str(exc).replace(repr(str(path)), "").replace(str(path), "").strip(" :'")
+    return text[:80] or type(exc).__name__
+
+
 def check_image_sizes(images: Iterable[tuple[int, Path, int, int]]) -> dict[int, int]:
     """Each (image id, path, width, height) as its annotations give it against the image's own size; one
     UsageError line naming the images that differ (boxes and masks would be scored at the wrong size, silently).
@@ -268,7 +275,8 @@ def check_image_sizes(images: Iterable[tuple[int, Path, int, int]]) -> dict[int,
         try:
             actual_w, actual_h, orientation = decoded_size(path)
         except (OSError, SyntaxError, ValueError) as exc:  # Pillow's errors for a header it cannot read
-            raise UsageError(f"image {path} cannot be read as an image ({str(exc)[:60]}); {HOW_TO_FIX}") from exc
+            raise UsageError(f"image {path} cannot be read as an image ({unreadable_reason(exc, path)}); "
+                             f"{HOW_TO_FIX}") from exc
         if orientation != 1:
             oriented[image_id] = orientation
         if (actual_w, actual_h) != (width, height):

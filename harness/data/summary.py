@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from harness.data.classes import NOT_IN_DATASET
 from harness.data.coco import has_mask
-from harness.data.images import image_formats
+from harness.data.images import find_corrupt_images, image_formats
 
 # COCO's area ranges (COCOeval's areaRng): small < 32², medium < 96², large above
 SMALL, MEDIUM = 32 ** 2, 96 ** 2
@@ -45,6 +45,7 @@ class DatasetSummary:
     categories: list[CategoryCount] = field(default_factory=list)
     model: str | None = None
     unscored_model_classes: list[str] | None = None  # the model's classes the dataset has no category for
+    corrupt_images: list[dict] = field(default_factory=list)  # JPEGs that decode only with errors, as a run records
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +84,8 @@ def summarize(dataset, variant, model_id: str | None = None, class_names: tuple[
                              str(dataset.annotation_file), variant.num_images, images_with_objects, objects, crowd,
                              masks, sum(1 for i in variant.image_ids if i in dataset.orientations),
                              str(dataset.image_dir), image_formats(r.path for r in dataset.records(variant)),
-                             list(counts.values()))
+                             list(counts.values()),
+                             corrupt_images=[c.to_dict() for c in find_corrupt_images(dataset.records(variant))])
     if model_id is not None:
         summary.model = model_id
         for count in counts.values():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.data.images import HOW_TO_FIX, decoded_size
+from harness.data.images import HOW_TO_FIX, decoded_size, unreadable_reason
 from harness.errors import UsageError, path_problem
 from harness.files import load_user_yaml, yaml_problem
 
@@ -37,6 +37,7 @@ SPLIT_ALIASES = {"valid": "val"}  # a Roboflow YOLO export's folder is "valid", 
 LABEL_FORMAT = "YOLO label rows are `class cx cy w h` or `class x1 y1 x2 y2 x3 y3 ...`, normalised to [0, 1]"
 # Ultralytics' "coordinate points check with 1% tolerance": values in [-0.01, 1.01] are rounding, clipped to the image
 TOLERANCE = 0.01
+MIN_EXTENT_PX = 0.01  # a box or polygon narrower than this (a rounded 0) is no object a detector could find
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def read_split(yaml_path: Path, split: str | None, named: str) -> YoloSplit:
         try:
             width, height, orientation = decoded_size(image)
         except (OSError, SyntaxError, ValueError) as exc:
-            raise UsageError(f"image {image} cannot be read as an image ({str(exc)[:60]}); {HOW_TO_FIX}") from exc
+            raise UsageError(f"image {image} cannot be read as an image ({unreadable_reason(exc, image)}); "
+                             f"{HOW_TO_FIX}") from exc
         if orientation != 1:
             orientations[image_id] = orientation
         records.append({"id": image_id, "file_name": image.relative_to(image_dir).as_posix(), "width": width,
@@ -335,13 +337,18 @@ def _annotation(row: _Row, width: int, height: int) -> dict:
         x2, y2 = min(float(width), (cx + w / 2) * width), min(float(height), (cy + h / 2) * height)
         if x2 <= x1 or y2 <= y1:  # a centre within the 1 % past an edge, and a box that does not reach back
             raise UsageError(f"{row.where} is a box off its image; {LABEL_FORMAT}")
+        if min(x2 - x1, y2 - y1) < MIN_EXTENT_PX:
+            raise UsageError(f"{row.where} is a box {x2 - x1:.2g} x {y2 - y1:.2g} px, of no width or height (a "
+                             f"rounded 0?): it could never be found; {LABEL_FORMAT}")
         return {"category_id": row.class_index, "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)}
     xs = [min(max(x, 0.0), 1.0) * width for x in row.values[0::2]]  # within the image, as LibreYOLO clamps them
     ys = [min(max(y, 0.0), 1.0) * height for y in row.values[1::2]]
     x1, y1, x2, y2 = min(xs), min(ys), max(xs), max(ys)
-    if x2 <= x1 or y2 <= y1:
-        raise UsageError(f"{row.where} is a polygon of no width or height (its points on one line); {LABEL_FORMAT}")
     area = abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(xs)))) / 2
+    # on one line, slanted too: its shoelace area is then the floating point's rounding of 0
+    if min(x2 - x1, y2 - y1) < MIN_EXTENT_PX or area <= 1e-9 * (x2 - x1) * (y2 - y1):
+        raise UsageError(f"{row.where} is a polygon of no area (its points on one line): its mask could never be "
+                         f"found; {LABEL_FORMAT}")
     polygon = [v for point in zip(xs, ys, strict=True) for v in point]
     return {"category_id": row.class_index, "bbox": [x1, y1, x2 - x1, y2 - y1], "area": area,
             "segmentation": [polygon]}

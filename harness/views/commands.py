@@ -191,6 +191,7 @@ def print_dataset_summary(console: Console, summary) -> None:
              f"masks: {summary.with_masks} of {summary.objects + summary.crowd} annotations"
              + (f"; {summary.oriented_images} images turned upright by their EXIF orientation"
                 if summary.oriented_images else "")]
+    lines += [f"warning: {c['path']} decodes only with errors ({c['problem']})" for c in summary.corrupt_images]
     for line in lines:
         console.print(escape(line), highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
