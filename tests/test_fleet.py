@@ -366,6 +366,23 @@ def test_every_cell_lands_valid_under_its_hardware_folder(two_hardware):
 
 @requires_coco
 @requires_yolox
+def test_validate_and_aggregate_take_a_sharded_fleets_folder_whole(two_hardware):
+    """Its accuracy/ (each group's merged detections and scores) holds no submission: validate read its files as
+    broken ones (exit 1), aggregate counted them excluded."""
+    from harness.results.reader import collect_files
+
+    _, run_dir = two_hardware
+    assert list((run_dir / "accuracy").rglob("*.json"))
+    files, notes = collect_files([run_dir])
+    assert sorted(files) == sorted((run_dir / hw / "submissions" / f) for hw in ("alpha", "beta")
+                                   for f in os.listdir(run_dir / hw / "submissions"))
+    assert any("of the fleet's sharded accuracy (accuracy/)" in n for n in notes), notes
+    checked = run_in_process("validate", str(run_dir), "--no-warnings")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@requires_coco
+@requires_yolox
 def test_the_fleet_equals_two_local_runs(two_hardware, tmp_path):
     from harness.cli import app
 
@@ -703,3 +720,18 @@ def test_fleet_resume_refuses_ground_truth_edited_since_the_run_started(tmp_path
     monkeypatch.setattr(driver, "connect", connect)
     with pytest.raises(UsageError, match="ground truth"):
         driver.prepare_fleet_resume("f1", str(out), {}, None, None, None, False, False)
+
+
+def test_the_resume_line_dials_the_head_the_run_was_given():
+    """A driver away from the head (its --address given) was told to resume without it: pasted, that dialled
+    $RAY_ADDRESS or this machine's last cluster ("cannot reach the Ray head")."""
+    from types import SimpleNamespace
+
+    from harness.fleet.driver import FleetPlan
+
+    plan = SimpleNamespace(run_id="fl3", run_dir=Path("/runs dir/fl3"))
+    given = FleetPlan(plan, {}, [], [], {}, 0, address="10.0.0.5:6379")
+    assert given.resume_command() == ("va-bench fleet run --resume fl3 --address 10.0.0.5:6379 --output-dir "
+                                      "'/runs dir'")
+    assert FleetPlan(plan, {}, [], [], {}, 0).resume_command() == "va-bench fleet run --resume fl3 --output-dir " \
+                                                                  "'/runs dir'"

@@ -273,6 +273,13 @@ def test_hardware_id_is_trusted_else_derived(tmp_path, base_doc):
     trusted = _variant(base_doc, hardware__gpu="Orin (nvgpu)")  # id present: kept as is
     board = aggregate(_write(tmp_path / "hw", [jetson, trusted]))
     assert sorted(r["hardware"] for r in board["cube"]) == ["jetson_orin", "nvidia_geforce_rtx_5070_ti"]
+    # the site's schema refuses a file without its id (or an empty one): a row the plan mends says so
+    board = aggregate(_write(tmp_path / "empty", [_variant(jetson, hardware__id=""), trusted]))
+    for boards in (board, aggregate(_write(tmp_path / "hw2", [jetson, trusted]))):
+        derived = {r["hardware"]: [f for f in r["flags"] if f.startswith("derived: hardware.id jetson_orin from")]
+                   for r in boards["cube"]}
+        assert [len(d) for d in derived.values()] == [1, 0] and list(derived) == ["jetson_orin",
+                                                                                  "nvidia_geforce_rtx_5070_ti"]
 
 
 def test_subset_accuracy_is_badged_or_replaced_by_canonical_full(tmp_path, base_doc):
@@ -481,6 +488,15 @@ def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
     assert [len(_errors(r, "random-weights")) for r in reports] == [1, 1, 0]
     board = aggregate(reports)
     assert board["counts"]["excluded"] == 2 and [Path(r["file"]).name for r in board["cube"]] == ["s2.json"]
+    # why, as the summary line says it: not the site's rules (it takes them), ours
+    assert (board["counts"]["by_site_rules"], board["counts"]["unpublishable"]) == (0, 2)
+    assert [e["rules"] for e in board["excluded"]] == [["random-weights"]] * 2
+    unscored = copy.deepcopy(base_doc)
+    del unscored["accuracy"]  # the site's schema requires it
+    _write(tmp_path / "mixed", [by_model, unscored, base_doc])
+    done = run_in_process("aggregate", str(tmp_path / "mixed"))
+    assert "3 files, 1 included, 2 excluded (1 by the site's rules, 1 by va-bench's rules (random-weights))" in \
+        done.stdout, done.stdout
 
 
 def _with_weights(doc, sha256=None, source="--weights", created="2026-01-01T00:00:00Z"):
@@ -1104,8 +1120,19 @@ def test_two_files_with_one_submission_id_are_refused_and_kept_out(tmp_path, bas
     for name, hw in (("a.json", "box_a"), ("b.json", "box_b")):
         (folder / name).write_text(json.dumps(_variant(base_doc, hardware__id=hw)))  # one id, two machines
     reports = validate_paths([folder], None).reports
-    assert [[f.rule for f in r.errors if f.rule == "site.unique_id"] for r in reports] == [[], ["site.unique_id"]]
-    assert [r["hardware"] for r in aggregate(reports)["cube"]] == ["box_a"]
+    # which of the two is meant is not the files' names to say: both are errors, each naming the other
+    assert [[f.message for f in r.errors if f.rule == "site.unique_id"] for r in reports] == [
+        [f"duplicate submission_id {base_doc['submission_id']} (also in {other}): give each submission its own id"]
+        for other in ("b.json", "a.json")]
+    assert aggregate(reports)["cube"] == []
+    # a file refused already claims no id: the one good file keeps it
+    broken = _variant(base_doc, hardware__id="box_a")
+    del broken["accuracy"]
+    (folder / "a.json").write_text(json.dumps(broken))
+    reports = validate_paths([folder], None).reports
+    assert [any(f.rule.startswith(("schema", "site.")) for f in r.errors) for r in reports] == [True, False]
+    assert not [f for r in reports for f in r.findings if f.rule == "site.unique_id"]
+    assert [r["hardware"] for r in aggregate(reports)["cube"]] == ["box_b"]
 
 
 def test_one_file_reached_through_two_paths_is_read_once(tmp_path, base_doc):

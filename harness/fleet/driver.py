@@ -274,6 +274,13 @@ class FleetPlan:
     shards: int
     fleet_doc: dict | None = None  # fleet.json of the run being resumed
     retry_failed: bool = False
+    address: str | None = None  # --address as given: the resume line dials the same head
+
+    def resume_command(self) -> str:
+        """The command that finishes this run: from another machine than the head, with the head's address."""
+        address = f" --address {shlex.quote(self.address)}" if self.address else ""
+        return (f"va-bench fleet run --resume {self.run_id}{address} --output-dir "
+                f"{shlex.quote(str(self.fleet_dir.parent))}")
 
     @property
     def run_id(self) -> str:
@@ -318,7 +325,7 @@ def prepare_fleet(config: RunConfig, address: str | None, hardware: list[str] | 
     build = build_fingerprint()
     connect(address)
     nodes = survey(build)
-    return FleetPlan(plan, specs, choose_targets(nodes, hardware), nodes, build, shards)
+    return FleetPlan(plan, specs, choose_targets(nodes, hardware), nodes, build, shards, address=address)
 
 
 def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, address: str | None,
@@ -349,7 +356,7 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
     targets = choose_targets(nodes, doc["targets"])
     doc = {**doc, "forced_differences": problems} if problems else doc
     return FleetPlan(plan, _model_specs(config, plan), targets, nodes, build, doc.get("accuracy_shards", 0),
-                     fleet_doc=doc, retry_failed=retry_failed)
+                     fleet_doc=doc, retry_failed=retry_failed, address=address)
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -377,6 +384,7 @@ class FleetOutcome:
     folders: dict[str, HardwareFolder]
     accuracy: dict[str, dict]
     refusals: list[str]
+    resume_command: str  # what finishes the run (its failed cells with --retry-failed)
 
     @property
     def problems(self) -> dict[str, str]:
@@ -527,9 +535,8 @@ class FleetDriver:
         except Interrupted as exc:
             self._stop(f"stopped by {exc} on the driver")
             self._close()
-            raise RunInterrupted(f"{exc}: finished cells are kept in {fp.fleet_dir}; resume with: va-bench fleet run "
-                                 f"--resume {fp.run_id} --output-dir {shlex.quote(str(fp.fleet_dir.parent))}",
-                                 exc.exit_code) from None
+            raise RunInterrupted(f"{exc}: finished cells are kept in {fp.fleet_dir}; resume with: "
+                                 f"{fp.resume_command()}", exc.exit_code) from None
         except BaseException:
             self._stop("the driver stopped on an error")
             self._close()
@@ -537,7 +544,8 @@ class FleetDriver:
         if fp.shards:
             self._evaluate_accuracy()
         self._close()
-        return FleetOutcome(fp.run_id, fp.fleet_dir, self.folders, self.doc.get("accuracy", {}), fp.refusals)
+        return FleetOutcome(fp.run_id, fp.fleet_dir, self.folders, self.doc.get("accuracy", {}), fp.refusals,
+                            fp.resume_command())
 
     def _log_threads(self) -> None:
         for line in differing_openmp_waits(self.fplan.nodes):

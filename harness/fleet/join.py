@@ -19,12 +19,13 @@ from pathlib import Path
 
 from harness.config import SAFE_ID, reserved_name
 from harness.errors import UsageError
+from harness.results.reader import FLEET_ACCURACY_DIR
 
 # Ray replaces a loopback node address with the machine's network address, and its servers then listen on every
 # interface, unless this is set (read when ray is imported): a one-machine cluster asked for on 127.0.0.1 stays there
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 SLOT = "va-bench-slot"  # one per node: a benchmark or an accuracy shard holds the node's only one
-ACCURACY_DIR = "accuracy"  # the gathered run's folder of sharded accuracy, beside the hardware folders
+ACCURACY_DIR = FLEET_ACCURACY_DIR  # the gathered run's folder of sharded accuracy, beside the hardware folders
 RESERVED_IDS = (ACCURACY_DIR,)
 
 

@@ -177,7 +177,9 @@ def row_from(report: FileReport) -> PerfRow:
         latency_ms_mean=_num(total.get("mean")), fps_mean=_num(sub.throughput.get("fps_mean")),
         peak_vram_mb=_positive(memory.get("peak_vram_mb")), peak_ram_mb=_positive(memory.get("peak_ram_mb")),
         mAP_50_95=_num(sub.accuracy.get("mAP_50_95")), mAP_50=_num(sub.accuracy.get("mAP_50")),
-        flags=[f"{f.severity}: {f.message}" for f in ours],
+        flags=[f"{f.severity}: {f.message}" for f in ours] + [
+            f"derived: hardware.id {sub.hardware_id} from its GPU/CPU names (the site refuses the file's own: "
+            f"{f.message})" for f in report.errors if is_site_rule(f) and _derivable_hardware_id(report, f)][:1],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
         section="rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other",
@@ -235,6 +237,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                     or f.rule in UNPUBLISHABLE]
         if report.submission is None or blocking:  # not a submission at all (unreadable), or one the site rejects
             excluded.append({"file": str(report.path), "submission": report.submission is not None,
+                             "by_site_rules": any(is_site_rule(f) for f in blocking),
+                             "rules": sorted({f.rule for f in blocking}),
                              "errors": [f.message for f in blocking or report.errors][:5]})
             continue
         rows.append(row_from(report))
@@ -315,7 +319,10 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                                          "protocol (conf, iou, max_det, eval cap)",
                                          "board (mask or box mAP)"]},
         "counts": {"files": len(reports), "included": len(rows), "excluded": len(excluded),
-                   "not_submissions": sum(not e["submission"] for e in excluded), "rows": len(cube),
+                   "not_submissions": sum(not e["submission"] for e in excluded),
+                   "by_site_rules": sum(e["submission"] and e["by_site_rules"] for e in excluded),
+                   "unpublishable": sum(e["submission"] and not e["by_site_rules"] for e in excluded),
+                   "rows": len(cube),
                    "superseded": sum(len(r.superseded) for r in cube), "gate_findings": len(gate),
                    "size_order_findings": len(size_order), "rf100vl_rows": sum(r.section == "rf100vl" for r in cube),
                    "other_dataset_rows": sum(r.section == "other" for r in cube),

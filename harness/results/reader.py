@@ -28,6 +28,7 @@ from harness.results.site_rules import Finding
 
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
+FLEET_ACCURACY_DIR = "accuracy"  # a fleet run's sharded accuracy (its groups' merged detections), beside fleet.json
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/
 SUBMISSION_SCHEMA_VERSION = "va.submission.v1"
 SUBMISSION_BLOCKS = ("model", "runtime", "config", "timing", "hardware")  # any of them: a submission, maybe broken
@@ -212,6 +213,14 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                 found = [x for x in found if x not in parts]
                 notes.append(f"skipped {len(parts)} JSON files of the campaign's dataset runs (datasets/): its row is "
                              "its submissions/*.json; validate a dataset's run folder by itself to check it")
+            # a fleet's sharded accuracy: its groups' merged detections and scores, read into each hardware's
+            # submissions, none a submission itself
+            sharded = {x.parent / FLEET_ACCURACY_DIR for x in found if x.name == FLEET_FILE and _plan_record(x)}
+            parts = {x for x in found if _first_parent_in(x, sharded) is not None} if sharded else set()
+            if parts:
+                found = [x for x in found if x not in parts]
+                notes.append(f"skipped {len(parts)} JSON files of the fleet's sharded accuracy "
+                             f"({FLEET_ACCURACY_DIR}/): its scores are in each hardware's submissions/*.json")
             # each file's run folder found by walking its own parents against a set (a folder of hundreds of run
             # folders would otherwise test every file against every run folder)
             every_run = {x.parent for x in found if x.name == RUN_FILE}

@@ -451,15 +451,20 @@ def validate_paths(paths: list[str | Path], support: dict | None, progress=None,
         reports = [r for r in reports if r.other_kind is None or r.path in named]
         listed = ", ".join(f"{r.path} ({r.other_kind})" for r in others[:5]) + (", ..." if len(others) > 5 else "")
         notes.append(f"skipped {len(others)} JSON document(s) of other kinds: {listed}")
-    owners: dict[str, Path] = {}
+    # a submission_id names one submission: where files the site would take share one, each is an error naming the
+    # others (which one is meant is for the user to say, not for the files' order); a file the site refuses already
+    # claims no id (its broken copy would otherwise take the id from the one good file)
+    holders: dict[str, list[FileReport]] = {}
     for r in reports:
         sid = r.raw.get("submission_id") if r.raw else None
-        if isinstance(sid, str):
-            if sid in owners:
-                r.findings.append(Finding("submission_id", f"duplicate submission_id {sid} (also in "
-                                          f"{owners[sid].name})", "site.unique_id"))
-            else:
-                owners[sid] = r.path
+        if isinstance(sid, str) and not any(is_site_rule(f) for f in r.errors):
+            holders.setdefault(sid, []).append(r)
+    for sid, group in holders.items():
+        for r in group if len(group) > 1 else ():
+            others = [o.path.name for o in group if o is not r]
+            listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            r.findings.append(Finding("submission_id", f"duplicate submission_id {sid} (also in {listed}): give "
+                                      "each submission its own id", "site.unique_id"))
     return Validation(reports, notes)
 
 

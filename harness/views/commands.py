@@ -72,8 +72,10 @@ def print_leaderboard(console: Console, board: dict, notes: list[str], output) -
         wide(rf100vl_table(board))
     c = board["counts"]
     why = [f"{c['not_submissions']} not submissions"] if c["not_submissions"] else []
-    why += [f"{c['excluded'] - c['not_submissions']} by the site's rules or random weights"] \
-        if c["excluded"] > c["not_submissions"] else []
+    why += [f"{c['by_site_rules']} by the site's rules"] if c["by_site_rules"] else []
+    unpublishable = sorted({r for e in board["excluded"] if e["submission"] and not e["by_site_rules"]
+                            for r in e["rules"]})
+    why += [f"{c['unpublishable']} by va-bench's rules ({', '.join(unpublishable)})"] if c["unpublishable"] else []
     console.print(f"{c['files']} files, {c['included']} included, {c['excluded']} excluded"
                   + (f" ({', '.join(why)})" if why else "") + ", "
                   f"{c['rows']} rows, {c['superseded']} superseded, {c['gate_findings']} agreement-gate findings, "

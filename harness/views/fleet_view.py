@@ -7,7 +7,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness import shell
 from harness.results.reader import submission_of_cell
 from harness.views.text import escape
 
@@ -70,8 +69,7 @@ def print_fleet_summary(console: Console, outcome) -> None:
     console.print(f"cells: {', '.join(f'{n} {s}' for s, n in counts.items())}; gathered in "
                   f"{escape(str(outcome.fleet_dir))}", highlight=False)
     if outcome.problems:
-        console.print(f"continue with: va-bench fleet run --resume {escape(outcome.run_id)} --output-dir "
-                      f"{escape(shell.quote(str(outcome.fleet_dir.parent)))} (add --retry-failed for failed cells)",
+        console.print(f"continue with: {escape(outcome.resume_command)} (add --retry-failed for failed cells)",
                       highlight=False)
 
 
