@@ -381,6 +381,29 @@ def test_resume_drops_the_energy_rows_of_cells_that_did_not_finish(tmp_path):
 # --- signals and storage at every moment of a run ------------------------------------------
 
 
+def test_a_resume_forced_onto_other_cells_keeps_the_finished_ones_and_the_runs_options(tmp_path):
+    """--force with other batch sizes deleted the finished cells' submissions (not in the new plan: "unowned") and
+    wrote the forced options as the run's own, so that the next plain resume was refused against them."""
+    out = tmp_path / "o"
+    assert va_bench("run", *_args(out, "r")).returncode == 0
+    run_dir = out / "r"
+    before = {p.name: p.read_bytes() for p in (run_dir / "submissions").iterdir()}
+    forced = va_bench("run", "--resume", "r", "--output-dir", str(out), "--batch-sizes", "4", "--force")
+    assert forced.returncode == 0, forced.stderr
+    after = {p.name: p.read_bytes() for p in (run_dir / "submissions").iterdir()}
+    assert {k: v for k, v in after.items() if k in before} == before and len(after) == 3
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert sorted((c["cell"].rsplit(" ", 1)[1], c["status"]) for c in doc["cells"]) == [
+        ("b1", "ok"), ("b2", "ok"), ("b4", "ok")]
+    assert doc["config"]["batch_sizes"] == [1, 2]  # the run's own; what the forced resume ran with is its entry's
+    (entry,) = doc["resumed"]
+    assert entry["forced_differences"] == ["batch_sizes: [1, 2] -> [4]"] and entry["config"]["batch_sizes"] == [4]
+    plain = va_bench("run", "--resume", "r", "--output-dir", str(out))
+    assert plain.returncode == 0, plain.stderr
+    assert {p.name: p.read_bytes() for p in (run_dir / "submissions").iterdir()} == after
+    assert len(json.loads((run_dir / "run.json").read_text())["cells"]) == 3
+
+
 def _args(out: Path, run_id: str, *more: str) -> list[str]:
     return ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset", "sample", "--limit", "8",
             "--batch-sizes", "1", "2", "--coco-dir", str(COCO_DIR), "--warmup-batches", "1", "--warmup-seconds", "0",

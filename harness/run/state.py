@@ -89,6 +89,9 @@ class RunState:
     header: dict[str, Any]  # config, dataset, device, hardware, environment: run.json minus the cells
     cells: dict[str, CellStatus]  # by cell label, in plan order
     _lock_fd: int | None = field(default=None, repr=False)
+    # cells recorded by an earlier process that this one's plan does not hold (a resume forced onto other options):
+    # kept as recorded, with their files, never run by this process
+    other_cells: list[dict] = field(default_factory=list)
 
     @classmethod
     def create(cls, run_dir: Path, run_id: str, header: dict, cells: list[Cell]) -> RunState:
@@ -145,13 +148,17 @@ class RunState:
                 if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
                     status.state, status.reason = "pending", "its submission file is missing"
                 statuses[cell.label] = status
+            planned = {cell.label for cell in cells}
+            others = [c for label, c in recorded.items() if label not in planned]
             owned = {s.submission for s in statuses.values() if s.state == "ok"}
+            owned |= {c.get("submission") for c in others if c.get("status") == "ok"}
             for path in submission_files(run_dir):  # written by a process killed before "ok"
                 if path.relative_to(run_dir).as_posix() not in owned:
                     path.unlink()
             remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
-            drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"})
-            state = cls(run_dir, run_id, header, statuses)
+            drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"}
+                             | {c.get("cell") for c in others if c.get("status") == "ok"})
+            state = cls(run_dir, run_id, header, statuses, other_cells=others)
             state._lock_fd = fd
             try:
                 state.save()
@@ -169,7 +176,7 @@ class RunState:
         self.check_folder()
         atomic_write_json(self.run_dir / RUN_FILE,
                           {"run_id": self.run_id, **self.header,
-                           "cells": [s.to_dict() for s in self.cells.values()]})
+                           "cells": [s.to_dict() for s in self.cells.values()] + self.other_cells})
 
     def set(self, cell: Cell, state: str, reason: str | None = None, **fields: Any) -> None:
         status = self.cells[cell.label]
