@@ -153,7 +153,8 @@ def test_a_broken_detections_file_costs_the_interval_not_the_comparison(tiny):
     (detections,) = (runs / "b" / "detections").glob("*.json")
     broken = _copy_with_detections(runs, "b", "b_broken", detections.read_text()[:2000])
     (acc,) = compare_paths(runs / "a", [broken], intervals=ImageSets(100, coco))[0].accuracy
-    assert acc.delta_interval is None and "JSON" in acc.delta_interval_unavailable
+    # cut short after it was scored: not the file the cell's mAP came from (its recorded SHA-256 says so first)
+    assert acc.delta_interval is None and "is not the one it was scored from" in acc.delta_interval_unavailable
     done = run_in_process("compare", str(runs / "a"), str(broken), "--map-ci", "100", "--coco-dir", str(coco))
     assert done.returncode == 0, done.stderr
     assert "mAP delta interval" in done.stdout
@@ -306,3 +307,27 @@ def test_the_chance_rule_is_for_falls_only():
                                                               delta_interval={"mAP_50_95": [-0.01, 0.05],
                                                                               "mAP_50": None})])
     assert check_gate(parse_gate("map:+0.01"), comparison).status == "failed"
+
+
+@requires_coco
+@requires_yolox
+def test_a_detections_file_replaced_since_its_cell_was_scored_is_found(runs):
+    """b's detections file copied over a copy of a's: the submission still records a's SHA-256. validate passed it
+    and compare called A and B the same detections (by the recorded digests) while diffing other boxes."""
+    target = runs / "a_replaced"
+    if not target.exists():
+        shutil.copytree(runs / "a", target)
+        (mine,) = (target / "detections").glob("*.json")
+        (theirs,) = (runs / "b" / "detections").glob("*.json")
+        shutil.copyfile(theirs, mine)
+    checked = run_in_process("validate", str(target))
+    assert checked.returncode == 1 and "is not the file this submission scored (SHA-256" in checked.stdout, \
+        checked.stdout
+    assert run_in_process("validate", str(runs / "a")).returncode == 0
+    comparison = compare_paths(runs / "a", [target], intervals=ImageSets(100, COCO_DIR))[0]
+    (acc,) = comparison.accuracy
+    assert acc.delta_interval is None
+    assert "B: its detections file" in acc.delta_interval_unavailable
+    assert "is not the one it was scored from" in acc.delta_interval_unavailable
+    assert any("B: its detections file" in n and "the diff is of the files as they are" in n
+               for n in comparison.notes), comparison.notes

@@ -35,7 +35,7 @@ from scipy import stats as scipy_stats
 from harness.errors import UsageError, VaBenchError, brief, path_problem
 from harness.eval.coco_eval import SITE_BBOX_KEYS, STAT_NAMES
 from harness.eval.detection_diff import DetectionDiff, DetectionFileError, diff_detections, load_coco_detections
-from harness.files import file_identity
+from harness.files import file_identity, file_sha256
 from harness.measure.stats import autocorrelated, block_means, block_size, bootstrap_ci, lag1_autocorrelation
 from harness.records import COCO_MAX_DETS
 from harness.results.model import SEGMENT_TASKS, Submission
@@ -82,6 +82,29 @@ class Entry:
     def detections_file(self) -> tuple[Path | None, str]:
         """(path, note) of artifacts.detections, or (None, why not)."""
         return resolve_detections(self.doc, self.path, self.run_dir)
+
+    def replaced_detections(self, path: Path) -> str | None:
+        """Why `path` (its detections file) is not the file this cell was scored from, by the SHA-256 its
+        submission recorded (eval.detections_sha256); None when it is, or when none was recorded."""
+        recorded = (self.doc.get("eval") or {}).get("detections_sha256") if isinstance(self.doc.get("eval"),
+                                                                                       dict) else None
+        if not isinstance(recorded, str):
+            return None
+        actual = _file_digest(path)
+        return None if actual == recorded else (f"its detections file {path.name} is not the one it was scored from "
+                                                f"(SHA-256 {actual[:12]}, recorded {recorded[:12]})")
+
+
+def _file_digest(path: Path) -> str:
+    """A file's SHA-256, read once per file version (a run's cells are compared several times over)."""
+    st = path.stat()
+    key = (file_identity(path), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_sha256(path)
+    return _DIGESTS[key]
+
+
+_DIGESTS: dict[tuple, str] = {}
 
 
 @dataclass
@@ -546,9 +569,11 @@ class ImageSets:
         caps = [(e.doc.get("eval") or {}).get("maxDets") or [COCO_MAX_DETS] for e in (ea, eb)]
         if caps[0][-1] != caps[1][-1]:
             return None, f"the cells were scored at different evaluation caps ({caps[0][-1]} and {caps[1][-1]})"
-        digests = [(e.doc.get("eval") or {}).get("detections_sha256") for e in (ea, eb)]
-        if digests[0] and digests[0] == digests[1]:
-            return None, "A and B have the same detections (detections_sha256): the delta is 0 on every image"
+        for (path, _), entry, side in zip(files, (ea, eb), "AB", strict=True):
+            if (replaced := entry.replaced_detections(path)) is not None:
+                return None, f"{side}: {replaced}"
+        if _file_digest(files[0][0]) == _file_digest(files[1][0]):
+            return None, "A and B have the same detections (byte for byte): the delta is 0 on every image"
         sides = []
         for (path, _), entry, side in zip(files, (ea, eb), "AB", strict=True):
             key = (file_identity(path), entry.fingerprint, caps[0][-1], task)
@@ -697,6 +722,8 @@ def _detection_rows(pairs: list[tuple[dict, Entry, Entry]], vary: list[str], iou
         else:
             why = None
             notes += [f"{side}: {n}" for side, n in (("A", note_a), ("B", note_b)) if n]
+            notes += [f"{side}: {n}; the diff is of the files as they are" for side, n in
+                      (("A", ea.replaced_detections(pa)), ("B", eb.replaced_detections(pb))) if n]
         groups.setdefault((pa, pb, why), []).append((key, ea, eb))
     rows = []
     cache = _DetectionCache([p for pa, pb, why in groups if why is None for p in (pa, pb)])

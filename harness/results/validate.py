@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError, path_problem
-from harness.files import file_identity
+from harness.files import file_identity, file_sha256
 from harness.json_stream import NotAJsonArray
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
 from harness.results.model import Submission
@@ -369,7 +369,7 @@ def detections_findings(file: Path) -> list[Finding]:
 
 
 def validate_file(path: Path, support: dict | None, schema: dict,
-                  checked_detections: dict[object, list[Finding]] | None = None,
+                  checked_detections: dict | None = None,
                   pending_models: frozenset[str] = frozenset()) -> FileReport:
     """Every rule on one file. `checked_detections` caches detections checks: a run's batch sizes share
     one detections file. `pending_models`: ids the harness builds that the site's support matrix does not
@@ -410,6 +410,15 @@ def validate_file(path: Path, support: dict | None, schema: dict,
         if key not in cache:
             cache[key] = detections_findings(detections)
         report.findings += cache[key]
+        recorded = doc.get("eval", {}).get("detections_sha256") if isinstance(doc.get("eval"), dict) else None
+        if isinstance(recorded, str) and detections.is_file():
+            if (key, "sha256") not in cache:
+                cache[key, "sha256"] = file_sha256(detections)
+            if cache[key, "sha256"] != recorded:  # its mAP was scored on other detections: edited or replaced since
+                report.findings.append(Finding(
+                    "eval.detections_sha256", f"{detections.name} is not the file this submission scored (SHA-256 "
+                    f"{cache[key, 'sha256'][:12]}, recorded {recorded[:12]}): replaced or edited since, so neither "
+                    "its mAP nor a comparison of its detections can be checked against it", "detections"))
     # one finding per (path, rule): the schema and the site rules often see the same problem
     unique, seen = [], set()
     for f in report.findings:
