@@ -149,6 +149,15 @@ def test_a_run_with_a_forward_process_scores_as_without_and_records_both_process
     memory = elsewhere["memory"]
     own = memory["forward_process"]["peak_ram_mb"]
     assert own > 100 and memory["peak_ram_mb"] > own  # the two processes' peaks, added
+    # two forwards in flight, one running at a time: the site's inference_ms is the forward stage per image (it was
+    # halved as if the two ran at once), and the three shares still add up to the interval
+    host = elsewhere["runtime"]["host"]
+    assert (host["forwards_in_flight"], host["forwards_concurrent"]) == (2, 1)
+    total, stages = elsewhere["timing"]["total_ms"], elsewhere["timing"]["stages_ms"]
+    forward = (stages["forward"]["mean"] + stages.get("transfer", {}).get("mean", 0.0)) / 4
+    assert total["inference_ms"] == pytest.approx(min(forward, total["mean"]), abs=1e-3)
+    assert total["preprocess_ms"] + total["inference_ms"] + total["postprocess_ms"] == pytest.approx(total["mean"],
+                                                                                                       abs=2e-3)
 
 
 INT8 = "--forward-process runs the core in a process of its own and --precision int8 calibrates it in this one"

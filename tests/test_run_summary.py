@@ -73,11 +73,11 @@ def test_the_sites_split_of_total_ms_by_hand():
     in flight), the rest of the interval shared 3:1 as the measured pre- and post-processing times are."""
     from harness.results.submission import site_split
 
-    def record(mode, interval=None, in_flight=None, **stages):
+    def record(mode, interval=None, in_flight=None, concurrent=None, **stages):
         timing = SimpleNamespace(mode=mode, image_ms=SimpleNamespace(mean=interval),
                                  stages_ms={k: SimpleNamespace(mean=v) for k, v in stages.items()})
-        return SimpleNamespace(cell=SimpleNamespace(batch_size=4), runtime={"host": {"forwards_in_flight": in_flight}},
-                               timing=timing)
+        host = {"forwards_in_flight": in_flight} | ({} if concurrent is None else {"forwards_concurrent": concurrent})
+        return SimpleNamespace(cell=SimpleNamespace(batch_size=4), runtime={"host": host}, timing=timing)
 
     per_batch = {"preprocess": 12.0, "transfer": 4.0, "forward": 20.0, "postprocess": 4.0}
     assert site_split(record("latency", 10.0, **per_batch)) == {"preprocess_ms": 3.0, "inference_ms": 6.0,
@@ -86,6 +86,9 @@ def test_the_sites_split_of_total_ms_by_hand():
                                                                   "postprocess_ms": 0.5}  # host: 8 - 6 = 2 ms
     assert site_split(record("overlapped", 8.0, in_flight=2, **per_batch)) == {
         "preprocess_ms": 3.75, "inference_ms": 3.0, "postprocess_ms": 1.25}  # host: 8 - 6 / 2 = 5 ms
+    # two in flight, one running at a time (the forward in a process of its own): the forward's whole time
+    assert site_split(record("overlapped", 8.0, in_flight=2, concurrent=1, **per_batch)) == {
+        "preprocess_ms": 1.5, "inference_ms": 6.0, "postprocess_ms": 0.5}
     no_transfer = {k: v for k, v in per_batch.items() if k != "transfer"}
     assert site_split(record("latency", 9.0, **no_transfer))["inference_ms"] == 5.0
 

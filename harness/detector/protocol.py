@@ -217,6 +217,9 @@ class Core(Protocol):
     # Optional async forwards, for a runtime with streams of its own (OpenVINO in overlapped mode):
     # `async_slots: int` (> 1: that many forwards may be in flight), `start(batch) -> ticket` and
     # `collect(ticket) -> (raw outputs, forward ns as the runtime measured it)`, collected in start order.
+    # Optional `concurrent_forwards: int` (default `async_slots`): how many of those run at once. A core whose
+    # slots only hand the next batch over while one forward runs (the forward in a process of its own) says 1:
+    # its forwards do not share the interval.
     # Optional `forward_borrowed(batch) -> (raw outputs, forward ns as the runtime measured it)`: the forward as
     # the runtime's own call runs it, its outputs still the runtime's host buffers (valid until its next forward).
     # The pipeline's forward stage is the runtime's own time for the call (what its benchmark tool reports); the

@@ -80,6 +80,7 @@ class ForwardProcessCore:
 
     forward_elsewhere = True  # CUDA events on the run's streams do not bracket its forward
     async_slots = SLOTS
+    concurrent_forwards = 1  # one thread runs them one after another: the slots only hand the next batch over
 
     def __init__(self, load: CoreLoad):
         self.load = load

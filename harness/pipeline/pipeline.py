@@ -294,6 +294,8 @@ class DetectorPipeline:
                     "selection_on": self.selection_on,
                     "queue": f"at most {self.stream_workers} batches prepared ahead of the forward",
                     "max_batches_ahead": self.max_ahead, "forwards_in_flight": self.in_flight,
+                    "forwards_concurrent": min(self.in_flight, getattr(self.core, "concurrent_forwards",
+                                                                       self.in_flight)),
                     "finishes_in_flight": self.finishes_in_flight, "forward_thread": self.forward_thread.record(),
                     "nms": self.nms_calls}
         return {"mode": "latency", "host_thread": self.host_thread is not None,

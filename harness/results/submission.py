@@ -47,13 +47,15 @@ def site_split(record: CellRecord) -> dict[str, float | None]:
     per image (they leave out only the timer's bookkeeping between stages, microseconds). Overlapped mode:
     total_ms.mean is the per-image interval of the stream, the forward runs on the critical path, and host
     work shows only where the forward waited for it: the interval minus inference, split between pre- and
-    post-processing in proportion to their measured times. With N forwards in flight (a runtime's own streams),
-    each takes 1/N of the interval: inference is the forward's time over N, at most the interval."""
+    post-processing in proportion to their measured times. With N forwards running at once (a runtime's own
+    streams), each takes 1/N of the interval: inference is the forward's time over N, at most the interval; forwards
+    in flight that run one after another (the forward in a process of its own) do not divide it."""
     pre, post = _stage_mean(record, "preprocess"), _stage_mean(record, "postprocess")
     forward, transfer = _stage_mean(record, "forward"), _stage_mean(record, "transfer")
     inference = None if forward is None else forward + (transfer or 0.0)
     if record.timing.mode == "overlapped" and None not in (pre, post, inference):
-        in_flight = (record.runtime.get("host") or {}).get("forwards_in_flight") or 1
+        host = record.runtime.get("host") or {}
+        in_flight = host.get("forwards_concurrent", host.get("forwards_in_flight")) or 1
         inference = min(inference / in_flight, record.timing.image_ms.mean)
         host = max(record.timing.image_ms.mean - inference, 0.0)
         share = pre / (pre + post) if pre + post > 0 else 0.5
