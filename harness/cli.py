@@ -279,8 +279,10 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         print_json(console, (summary_json(plan.run_dir, outcome)))
     else:
         print_summary(console, outcome)
-    # a cell that failed, or an int8 row that failed its accuracy rule (validate calls that row an error)
-    raise typer.Exit(1 if outcome.problems or any(int8_failing(r) for r in outcome.records) else 0)
+    # a cell that failed, an extra process of --repeats that failed, or an int8 row that failed its accuracy rule
+    # (validate calls that row an error)
+    raise typer.Exit(1 if outcome.problems or outcome.repeat_failures or any(int8_failing(r) for r in outcome.records)
+                     else 0)
 
 
 def _register_run() -> None:

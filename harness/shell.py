@@ -39,3 +39,11 @@ def _cmd_quote(arg: str) -> str:
         return text
     trailing = len(arg) - len(arg.rstrip("\\"))  # backslashes before the closing quote are doubled
     return f'"{arg}{chr(92) * trailing}"'
+
+
+def harness_command(*args: str) -> list[str]:
+    """`python -m harness ARGS` that imports this very harness package: `-m` alone would import whatever
+    `harness` folder the working directory holds (another checkout), whose defaults find other data and weights."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    start = f"import runpy, sys; sys.path.insert(0, {root!r}); runpy.run_module('harness', run_name='__main__')"
+    return [sys.executable, "-c", start, *args]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import COCO_DIR, requires_coco, requires_yolox, run_in_process
+from conftest import COCO_DIR, REPO, requires_coco, requires_yolox, run_in_process
 
 
 @requires_coco
@@ -275,9 +275,13 @@ def test_synthetic_images_are_made_once_before_anything_is_timed(monkeypatch):
 def test_repeats_measure_each_cell_in_fresh_processes(tmp_path):
     """--repeats 2: the run's own median and a fresh process's (its own run folder under repeats/, read back
     here) in timing.repeats, with their spread; the extra process's files are not the run's submissions."""
+    # from a folder holding another `harness` package (another checkout): the extra process imported that one
+    decoy = tmp_path / "elsewhere" / "harness"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise SystemExit('error: the harness of another checkout')\n")
     result = run_in_process("run", "--repeats", "2", "--limit", "8", "--warmup-batches", "1", "--warmup-seconds",
                             "0", "--min-timed-batches", "3", "--no-energy", "--draw-images", "0", "--coco-dir",
-                            str(COCO_DIR), "--output-dir", str(tmp_path), "--run-id", "repeated")
+                            str(COCO_DIR), "--output-dir", str(tmp_path), "--run-id", "repeated", cwd=decoy.parent)
     assert result.returncode == 0, result.stderr
     run = tmp_path / "repeated"
     (path,) = list((run / "submissions").glob("*.json"))
@@ -294,6 +298,23 @@ def test_repeats_measure_each_cell_in_fresh_processes(tmp_path):
 
     files, _ = collect_files([run])
     assert files == [path]  # the run's one submission; the extra process's are its working files
+
+
+@requires_coco
+def test_a_failed_extra_process_fails_the_run_and_says_so_in_json(tmp_path):
+    """Its samples are missing from the cell's figure the user asked for: exit 1 and a --json warning, not only a
+    line on stderr while the run went on."""
+    plugin = f"{REPO / 'tests' / 'plugins' / 'synthetic_detector.py'}:make_detector_not_in_extra_processes"
+    result = run_in_process("run", "--model", plugin, "--backend", "pytorch", "--repeats", "2", "--limit", "4",
+                            "--warmup-batches", "1", "--warmup-seconds", "0", "--min-timed-batches", "2", "--no-energy",
+                            "--draw-images", "0", "--coco-dir", str(COCO_DIR), "--output-dir", str(tmp_path), "--json",
+                            env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["counts"] == {"ok": 1}
+    (warning,) = [w for w in summary["warnings"] if w.startswith("--repeats")]
+    assert "process 2:" in warning and "does not load in an extra process" in warning
+    assert warning.endswith(": its samples are missing")
 
 
 def test_three_processes_medians_are_summarised_by_their_median(tmp_path, monkeypatch):

@@ -15,13 +15,13 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from harness.files import DISK_FULL_ERRNOS, DiskFullError, atomic_write_bytes, atomic_write_json
 from harness.results.reader import read_json_object, read_run_json
+from harness.shell import harness_command
 from harness.storage import storage_fix
 
 REPEATS_DIR = "repeats"
@@ -68,7 +68,7 @@ def _failure(done: subprocess.CompletedProcess) -> str:
             return f"killed by signal {-done.returncode}"
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(("error:", "interrupted"))]
-    return (errors or [f"exit {done.returncode}"])[-1][:200]
+    return (errors or [f"exit {done.returncode}"])[-1][:500]
 
 
 def _storage_errno(why: str) -> int | None:
@@ -94,8 +94,8 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
         run_id = f"process-{k}"
         shutil.rmtree(folder / run_id, ignore_errors=True)  # a resumed run repeats its cells afresh
         with progress.task(f"repeat {k} of {config.repeats}: a fresh process", None):
-            done = subprocess.run([sys.executable, "-m", "harness", "run", "--config", str(preset), "--run-id", run_id,
-                                   "--output-dir", str(folder), "--json"], capture_output=True, text=True,
+            done = subprocess.run(harness_command("run", "--config", str(preset), "--run-id", run_id, "--output-dir",
+                                                  str(folder), "--json"), capture_output=True, text=True,
                                   env={**os.environ, REPEAT_OF: str(os.getpid())})
         if done.returncode != 0:
             why = _failure(done)

@@ -92,6 +92,12 @@ class RunOutcome:
     records: list[CellRecord]  # cells measured by this process
     state: RunState
     repeats: dict[str, dict] = field(default_factory=dict)  # --repeats: cell label -> timing.repeats
+
+    @property
+    def repeat_failures(self) -> list[str]:
+        """--repeats: the extra processes that failed, each with why (their samples are missing)."""
+        return sorted({f for block in self.repeats.values() for f in block.get("failed", [])})
+
     @property
     def problems(self) -> dict[str, str]:
         """Cells that did not finish ok: label -> 'state: reason'."""

@@ -184,6 +184,8 @@ def print_summary(console: Console, outcome) -> None:
         console.print("ok* finished by an earlier process of this run (see its submission)", highlight=False)
     for label, problem in outcome.problems.items():
         console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
+    for failure in getattr(outcome, "repeat_failures", []):
+        console.print(f"[red]--repeats[/]: {escape(failure)}: its samples are missing", highlight=False)
     for line in interval_lines(outcome.records) + probe_lines(outcome.records):
         console.print(escape(line), highlight=False)
     for line in server_lines(outcome.records):
@@ -260,7 +262,9 @@ def summary_json(run_dir: Path, outcome) -> dict:
             entry["repeats"] = outcome.repeats[label]
         cells.append(entry)
     return {"run_id": outcome.state.run_id, "run_dir": str(run_dir), "cells": cells,
-            "counts": outcome.state.counts(), "warnings": run_warnings(outcome.records)}
+            "counts": outcome.state.counts(),
+            "warnings": run_warnings(outcome.records) + [f"--repeats: {f}: its samples are missing"
+                                                         for f in getattr(outcome, "repeat_failures", [])]}
 
 
 def print_plan(console: Console, plan: dict) -> None:

@@ -6,6 +6,7 @@
   ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError; "4:error:6" from its 6th forward at
   that size on, inside the timed pass) - a cell that breaks mid-sweep.
 - $VA_BENCH_TEST_OUTPUT=nan-scores|nan-boxes|inf-boxes: a broken model's output.
+- make_detector_not_in_extra_processes: make_detector, failing to load in an extra process of --repeats.
 """
 
 from __future__ import annotations
@@ -90,3 +91,10 @@ def make_detector():
 def make_failing_detector():
     size, kind, *after = os.environ.get("VA_BENCH_TEST_FAIL", "4:error").split(":")
     return SyntheticDetector(fail_at=int(size), fail_kind=kind or "error", fail_from=int(after[0]) if after else 1)
+
+
+def make_detector_not_in_extra_processes():
+    """make_detector, refusing to load in an extra process of --repeats ($VA_BENCH_REPEAT_OF set there)."""
+    if os.environ.get("VA_BENCH_REPEAT_OF"):
+        raise RuntimeError("this plugin does not load in an extra process")
+    return make_detector()
