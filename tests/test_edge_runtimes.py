@@ -634,7 +634,11 @@ def test_calibration_images_are_never_evaluated_ones(tmp_path):
     default = calibration_set(dataset, evaluated, None, 300)
     assert len(default.records) == len(dataset.coco.imgs) - 106
     assert not {r.image_id for r in default.records} & set(variant.image_ids)
-    assert len(calibration_set(dataset, evaluated, None, 10).records) == 10
+    # fewer than asked for (206 - 106 of 300): recorded, and the run warns of it with the way to more
+    assert default.describe()["calibration_images_requested"] == 300
+    assert default.describe()["calibration_shortfall"].startswith("int8 calibrated on 100 images, not the 300 asked")
+    ten = calibration_set(dataset, evaluated, None, 10)
+    assert len(ten.records) == 10 and ten.shortfall is None and "calibration_shortfall" not in ten.describe()
     everything = dataset.records(dataset.variant("sample"))
     with pytest.raises(UsageError, match="every image of the dataset is evaluated; evaluate fewer"):
         calibration_set(dataset, everything, None, 300)
@@ -647,6 +651,7 @@ def test_calibration_images_are_never_evaluated_ones(tmp_path):
     (folder / "renamed.jpg").unlink()
     given = calibration_set(dataset, evaluated, str(folder), 300)
     assert len(given.records) == 1 and given.describe()["calibration_source"].startswith("--calibration")
+    assert f"there are no more image files in {folder}" in given.shortfall
     with pytest.raises(UsageError, match="--calibration .* not a folder"):
         calibration_set(dataset, evaluated, str(tmp_path / "absent"), 300)
 

@@ -37,6 +37,19 @@ def test_a_failing_int8_row_is_marked_and_warned_about():
     assert run_warnings([bad, good]) == [f"int8 b1: {failing['failing']}"]
     text = _caption([bad, good])
     assert "0.3034!" in text and "mAP!: int8 keeps < 99 % of fp32's mAP (failing)" in text
+    from harness.views.tables import failing_rows
+
+    assert failing_rows([bad, good]) == ["int8 b1"]  # status ok (it ran), its row failing: --json's failing_rows
+
+
+def test_an_int8_verdict_just_below_the_rule_never_reads_as_on_it():
+    """0.3606 of 0.3643 keeps 98.98 %: it read "keeps 99.0 % ...; below 99 %"."""
+    from harness.run.executor import GroupExecutor
+
+    judge = SimpleNamespace(fp32_reference={"mAP_50_95": 0.3643})
+    verdict = GroupExecutor._int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3606}))
+    assert verdict["passed"] is False and verdict["kept"] == 0.9898
+    assert verdict["failing"].startswith("int8 keeps 98.9% of the fp32 mAP (0.3606 vs 0.3643); below 99 %")
 
 
 def test_overlapped_latency_and_a_missing_map_are_explained():

@@ -29,13 +29,27 @@ class CalibrationSet:
     records: tuple[ImageRecord, ...]
     source: str  # "dataset" (images the run does not evaluate) or the folder given
     fingerprint: str  # SHA-256 of the sorted image ids (dataset) or of the files' SHA-256 (folder)
+    requested: int  # --calibration-images
+
+    @property
+    def shortfall(self) -> str | None:
+        """What a set smaller than asked for is, and why (a run warns of it); None when it has the images asked for."""
+        if len(self.records) >= self.requested:
+            return None
+        where = ("images of the dataset that the run does not evaluate" if self.source == "dataset"
+                 else f"image files in {self.source}")
+        return (f"int8 calibrated on {len(self.records)} images, not the {self.requested} asked for "
+                f"(--calibration-images): there are no more {where}; evaluate fewer (--limit N) or give "
+                "--calibration DIR with more")
 
     def describe(self) -> dict[str, Any]:
         how = ("the dataset's images the run does not evaluate (first by sorted id)" if self.source == "dataset"
                else f"--calibration {self.source}")
         key = "image_id_sha256" if self.source == "dataset" else "files_sha256"
-        return {"calibration_source": how, "calibration_images": len(self.records), f"calibration_{key}":
-                self.fingerprint, "calibration_disjoint_from_evaluated": True}
+        return {"calibration_source": how, "calibration_images": len(self.records),
+                "calibration_images_requested": self.requested, f"calibration_{key}": self.fingerprint,
+                "calibration_disjoint_from_evaluated": True,
+                **({"calibration_shortfall": self.shortfall} if self.shortfall else {})}
 
 
 def calibration_set(dataset: CocoDataset, evaluated: list[ImageRecord], folder: str | None,
@@ -55,7 +69,7 @@ def calibration_set(dataset: CocoDataset, evaluated: list[ImageRecord], folder: 
         if not records:
             raise UsageError("int8 needs calibration images that the run does not evaluate, and every image of the "
                              "dataset is evaluated; evaluate fewer (--limit N) or give --calibration DIR")
-        return CalibrationSet(tuple(records), "dataset", image_id_sha256(r.image_id for r in records))
+        return CalibrationSet(tuple(records), "dataset", image_id_sha256(r.image_id for r in records), count)
     root = Path(folder)
     if not root.is_dir():
         raise UsageError(path_problem("--calibration", folder, "not a folder") + "; give a folder of image files")
@@ -72,4 +86,4 @@ def calibration_set(dataset: CocoDataset, evaluated: list[ImageRecord], folder: 
                          f"is image {record.image_id}); int8 calibrated on the scored images overstates its "
                          "accuracy, give images the run does not evaluate")
     records = tuple(ImageRecord(-(k + 1), p, 0, 0) for k, p in enumerate(files))
-    return CalibrationSet(records, str(root), hashlib.sha256("".join(digests).encode()).hexdigest())
+    return CalibrationSet(records, str(root), hashlib.sha256("".join(digests).encode()).hexdigest(), count)

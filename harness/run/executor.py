@@ -58,6 +58,7 @@ from harness.measure.stats import (
     WARMUP_WINDOW,
     median_ci_extent_missing,
     median_ci_extent_pct,
+    percent,
     summarize,
     tail_bounds,
     warmup_end,
@@ -263,6 +264,8 @@ class GroupExecutor:
         calibration = self.ctx.calibration
         if calibration is None:
             raise UsageError("int8 needs calibration images and this run has none; give --calibration DIR")
+        if calibration.shortfall:
+            self.ctx.progress.log(f"warning: {self.key.label}: {calibration.shortfall}")
         with self.ctx.progress.task(f"int8 calibration on {len(calibration.records)} images", None):
             batches = [self.pipeline.inputs([record]) for record in calibration.records]
             self.core.calibrate(batches, calibration.describe())
@@ -682,7 +685,7 @@ class GroupExecutor:
                    "required": INT8_KEEP, "passed": passed,
                    "rule": "an int8 row keeps >= 99 % of the same model's fp32 mAP on the same images (MLPerf)"}
         if not passed:
-            kept_text = "an undefined share" if kept is None else f"{100 * kept:.1f} %"
+            kept_text = "an undefined share" if kept is None else percent(kept, 1, "down")  # never "99.0 % < 99 %"
             verdict["failing"] = (f"int8 keeps {kept_text} of the fp32 mAP ({int8_map:.4f} vs {fp32_map:.4f}); "
                                   "below 99 %: this row is marked failing")
         return verdict

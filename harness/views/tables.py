@@ -57,6 +57,12 @@ def int8_failing(record: CellRecord) -> str | None:
     return reference.get("failing") if isinstance(reference, dict) else None
 
 
+def failing_rows(records: list[CellRecord]) -> list[str]:
+    """The cells that ran (status ok) whose rows fail a publication rule: int8 below 99 % of its fp32 mAP (the run
+    exits 1; validate calls the row an error)."""
+    return [r.cell.label for r in records if int8_failing(r)]
+
+
 def _group_rows(statuses: list, records: dict[str, CellRecord], energy: bool) -> list[dict[str, str]]:
     rows = []
     for status in statuses:
@@ -165,6 +171,8 @@ def run_warnings(records: list[CellRecord]) -> list[str]:
         out += [f"{r.cell.label}: {w}" for w in r.timing.warnings]
         if int8_failing(r):
             out.append(f"{r.cell.label}: {int8_failing(r)}")
+        if shortfall := (r.runtime.get("quantization") or {}).get("calibration_shortfall"):
+            out.append(f"{r.cell.label}: {shortfall}")
         inv = r.invariance
         if inv is not None and inv.report is not None and inv.report.match_rate < 0.99:
             out.append(f"{r.cell.label}: batch invariance {percent(inv.report.match_rate, 2, 'down')} < 99% against "
@@ -195,6 +203,8 @@ def print_summary(console: Console, outcome) -> None:
     for line in run_warnings(outcome.records):
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     counts = ", ".join(f"{n} {s}" for s, n in state.counts().items())
+    failing = failing_rows(outcome.records)
+    counts += f" ({len(failing)} failing the int8 accuracy rule)" if failing else ""
     console.print(f"cells: {counts}; artifacts: {escape(str(state.run_dir))}", highlight=False)
     if outcome.problems:
         console.print(f"errors.log in the run folder has the tracebacks; re-run what failed with: va-bench run "
@@ -262,7 +272,7 @@ def summary_json(run_dir: Path, outcome) -> dict:
             entry["repeats"] = outcome.repeats[label]
         cells.append(entry)
     return {"run_id": outcome.state.run_id, "run_dir": str(run_dir), "cells": cells,
-            "counts": outcome.state.counts(),
+            "counts": outcome.state.counts(), "failing_rows": failing_rows(outcome.records),
             "warnings": run_warnings(outcome.records) + [f"--repeats: {f}: its samples are missing"
                                                          for f in getattr(outcome, "repeat_failures", [])]}
 
