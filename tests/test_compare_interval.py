@@ -331,3 +331,18 @@ def test_a_detections_file_replaced_since_its_cell_was_scored_is_found(runs):
     assert "is not the one it was scored from" in acc.delta_interval_unavailable
     assert any("B: its detections file" in n and "the diff is of the files as they are" in n
                for n in comparison.notes), comparison.notes
+
+
+def test_an_accuracy_gate_on_other_images_fails_as_not_comparable():
+    """48 images against 96: the delta is as much the images' as the model's. It failed the gate as a fall, or,
+    the runs the other way round, passed it, both as if the model had been judged."""
+    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+
+    other = "A and B scored different image sets (coco2017 subset48 vs coco2017 subset96, ...)"
+    for a, b in ((0.36, 0.27), (0.27, 0.36)):
+        comparison = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": a}, {"mAP_50_95": b},
+                                                                  other_images=other)])
+        result = check_gate(parse_gate("map:-0.005"), comparison)
+        assert result.status == "failed" and f"b1: not comparable ({other})" in result.detail
+    same = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.27}, {"mAP_50_95": 0.36})])
+    assert check_gate(parse_gate("map:-0.005"), same).status == "ok"

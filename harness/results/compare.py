@@ -333,6 +333,7 @@ class AccuracyDelta:
     # --map-ci: the paired bootstrap interval of B - A over the images both scored, or why there is none
     delta_interval: dict | None = None
     delta_interval_unavailable: str | None = None
+    other_images: str | None = None  # why A and B's accuracy is not of the same images (a delta mixes the two)
 
     def delta(self, name: str) -> float | None:
         a, b = self.a.get(name), self.b.get(name)
@@ -358,7 +359,8 @@ class AccuracyDelta:
                 "per_class": self.per_class, "per_class_unavailable": self.per_class_unavailable,
                 **({"delta_interval": self.delta_interval, "delta_interval_unavailable":
                     self.delta_interval_unavailable}
-                   if self.delta_interval or self.delta_interval_unavailable else {})}
+                   if self.delta_interval or self.delta_interval_unavailable else {}),
+                **({"other_images": self.other_images} if self.other_images else {})}
 
 
 @dataclass(frozen=True)
@@ -534,7 +536,8 @@ def _accuracy_deltas(pairs: list[tuple[dict, Entry, Entry]], vary: list[str],
                            "comparable; compare runs of the same task")
         per_class, missing = _per_class_deltas(ea, eb)
         interval, why = (None, None) if intervals is None or unavailable else intervals.paired(ea, eb)
-        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, per_class, missing, interval, why))
+        out.append(AccuracyDelta(label, acc_a or {}, acc_b or {}, unavailable, per_class, missing, interval, why,
+                                 _other_images(ea, eb)))
     return out
 
 
@@ -888,6 +891,10 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
             if a is None or b is None:
                 continue
             checked += 1
+            if acc.other_images:  # the delta is as much the images' as the model's: no verdict on the model
+                crossings.append(f"{acc.label}: not comparable ({acc.other_images}); gate accuracy on runs scored "
+                                 "on the same images")
+                continue
             if gate.relative and a == 0:
                 crossings.append(f"{acc.label}: A is 0, relative change undefined")
                 continue
