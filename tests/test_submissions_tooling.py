@@ -1369,3 +1369,14 @@ def test_a_support_matrix_that_is_no_file_is_named_for_what_it_is(tmp_path):
     (tmp_path / "other.json").write_text('{"models": []}')
     with pytest.raises(UsageError, match="not a support matrix"):
         load_support_matrix(tmp_path / "other.json")
+
+
+def test_a_run_folder_whose_cells_did_not_finish_is_named_as_one(tmp_path):
+    """validate and aggregate asked whether it was a run folder at all."""
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "r1", "cells": [{"cell": "m b1", "status": "running"}]}))
+    for command in ("validate", "aggregate"):
+        done = run_in_process(command, str(run))
+        assert done.returncode == 2 and f"{run} is a run folder whose cells did not finish (see its run.json); " \
+            f"finish it with va-bench run --resume r1 --output-dir {tmp_path / 'runs'}" in done.stderr, done.stderr

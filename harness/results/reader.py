@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness import shell
 from harness.errors import UsageError, path_problem
 from harness.files import file_identity
 from harness.json_stream import iter_json_array, read_json_text
@@ -253,6 +254,11 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
             raise UsageError(path_problem("", p, not_a_file_or_folder(p))
                              + "; pass submission files or folders of them")
     if not files:
+        unfinished = [p for p in map(Path, paths) if (p / RUN_FILE).is_file()]
+        if unfinished:  # a run folder whose cells have not finished: not a wrong path
+            raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}: {unfinished[0]} is a "
+                             f"run folder whose cells did not finish (see its {RUN_FILE}); finish it with va-bench "
+                             f"run --resume {unfinished[0].name} --output-dir {shell.quote(str(unfinished[0].parent))}")
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")
     # a file reached through two of the paths given (a folder and a file in it, a name twice) is one submission:
