@@ -372,7 +372,7 @@ def test_validate_and_aggregate_take_a_sharded_fleets_folder_whole(two_hardware)
     from harness.results.reader import collect_files
 
     _, run_dir = two_hardware
-    assert list((run_dir / "accuracy").rglob("*.json")), sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))[:40]
+    assert list((run_dir / "accuracy").rglob("*.json"))
     files, notes = collect_files([run_dir])
     assert sorted(files) == sorted((run_dir / hw / "submissions" / f) for hw in ("alpha", "beta")
                                    for f in os.listdir(run_dir / hw / "submissions"))
