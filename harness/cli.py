@@ -135,26 +135,26 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
-def refuse_repeated_options(command, argv: list[str]) -> None:
-    """A UsageError when an option of one value is given twice (`--dataset A --dataset B`): Click keeps the last one
-    silently, and a user who gave two datasets (as `--model` takes two models) would get one scored."""
+def repeated_options(command, argv: list[str]) -> list[str]:
+    """A warning for each option of one value given more than once (`--dataset A --dataset B`): Click keeps the last
+    one without a word, and a user who gave two datasets (as `--model` takes two models) would see one scored, not
+    knowing which; a script's later flag overriding an earlier one (`$COMMON --limit 4`) still works."""
     leaf, tokens = command, list(argv)
     while tokens and tokens[0] in getattr(leaf, "commands", {}):
         leaf, tokens = leaf.commands[tokens[0]], tokens[1:]
     single = {opt: param for param in getattr(leaf, "params", ()) if getattr(param, "is_flag", True) is False
               and not param.multiple for opt in param.opts}
-    seen: dict[str, str] = {}
+    given: dict[str, list[str]] = {}
+    flags: dict[str, str] = {}
     tokens = iter(tokens)
     for token in tokens:
         flag, equals, value = token.partition("=")
         param = single.get(flag)
-        if param is None:
-            continue
-        value = value if equals else next(tokens, "")
-        if param.name in seen:
-            raise UsageError(f"{flag} is given twice ({seen[param.name]} and {value}); it takes one value: give it "
-                             "once")
-        seen[param.name] = value
+        if param is not None:
+            given.setdefault(param.name, []).append(value if equals else next(tokens, ""))
+            flags[param.name] = flag
+    return [f"{flags[name]} is given {len(values)} times ({', '.join(values)}): it takes one value, and the last, "
+            f"{values[-1]}, is the one used" for name, values in given.items() if len(set(values)) > 1]
 
 
 def _cli_type(annotation):
@@ -1025,7 +1025,8 @@ def _run_app(argv: list[str]) -> int:
     clicks = sys.modules[typer.BadParameter.__module__]
     no_args = getattr(clicks, "NoArgsIsHelpError", ())
     command = typer.main.get_command(app)
-    refuse_repeated_options(command, argv)
+    for line in repeated_options(command, argv):
+        err_console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     try:
         code = command.main(args=argv, prog_name="va-bench", standalone_mode=False)
     except no_args as exc:  # `va-bench fleet`: its help, as click shows it

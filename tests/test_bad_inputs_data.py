@@ -161,7 +161,7 @@ def _normalised_by_image(data):
     (lambda x: x["annotations"][0].update(image_id=1), "1 is not in images"),
     (lambda x: x["annotations"][0].pop("area"), "annotations[0].area: field required"),
     (lambda x: x["annotations"][0].update(iscrowd=2), "annotations[0].iscrowd"),
-    (lambda x: x["images"].append(dict(x["images"][0])), r"images: ids are not unique \(\d+ repeated\)"),
+    (lambda x: x["images"].append(dict(x["images"][0])), "images: ids are not unique"),
     (lambda x: x["images"].append(dict(x["images"][0], id=7, file_name="./" + x["images"][0]["file_name"])),
      "is images[0]'s too"),
     (lambda x: x["annotations"][1].update(id=x["annotations"][0]["id"]), "annotations: ids are not unique"),

@@ -136,5 +136,6 @@ def test_a_jpeg_that_decodes_only_with_errors_is_named_as_a_run_names_it(tmp_pat
     (found,) = summary["corrupt_images"]
     assert found["path"] == str(image) and "Corrupt JPEG data" in found["problem"]
     done = run_in_process("data", "check", "--dataset", str(yaml_path))
-    assert done.returncode == 0 and f"warning: {image} decodes only with errors (Corrupt JPEG" in done.stdout
+    assert done.returncode == 0, done.stderr
+    assert f"warning: {image} decodes only with errors (Corrupt JPEG" in "".join(done.stdout.split("\n"))
     assert _checked("--limit", "4")["corrupt_images"] == []

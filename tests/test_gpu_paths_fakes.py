@@ -719,7 +719,8 @@ def test_engine_refusals_are_one_line_before_loading(monkeypatch, tmp_path, fake
     weights = str(YOLOX_NANO) if case == "no engine" else str(yolox_engine)
     loads = never_load(monkeypatch)
     out = tmp_path / "o"
-    result = run_in_process("run", "--coco-dir", str(COCO_DIR), "--weights", weights, "--device", "cuda", *args,
+    device = [] if "--device" in args else ["--device", "cuda"]
+    result = run_in_process("run", "--coco-dir", str(COCO_DIR), "--weights", weights, *device, *args,
                             "--output-dir", str(out))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and expect in lines[0], (case, result.stderr)

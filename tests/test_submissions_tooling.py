@@ -496,7 +496,7 @@ def test_random_weights_are_refused_for_publication(tmp_path, base_doc):
     _write(tmp_path / "mixed", [by_model, unscored, base_doc])
     done = run_in_process("aggregate", str(tmp_path / "mixed"))
     assert "3 files, 1 included, 2 excluded (1 by the site's rules, 1 by va-bench's rules (random-weights))" in \
-        done.stdout, done.stdout
+        " ".join(done.stdout.split()), done.stdout
 
 
 def _with_weights(doc, sha256=None, source="--weights", created="2026-01-01T00:00:00Z"):
