@@ -449,3 +449,14 @@ def test_refusals_name_what_to_change(tmp_path):
     image.write_bytes(b"\xff\xd8\xff" + b"not an image at all" * 10 + b"\xff\xd9")  # whole from the outside
     with pytest.raises(UsageError, match=r"cannot be read as an image \(cannot identify image file\); replace it"):
         CocoDataset.from_path(str(garbage)).variant("sample")
+
+
+@requires_coco
+def test_a_roboflow_splits_annotation_file_is_named_as_its_folder_is(tmp_path):
+    """exports/cars/valid/_annotations.coco.json is cars / valid, as the folder exports/cars/valid is (it was
+    valid / _annotations.coco: a campaign of such files then read as scored on different splits)."""
+    from harness.data.coco import CocoDataset
+
+    export = _three_class_dataset(tmp_path / "rf", layout="roboflow")
+    by_file = CocoDataset.from_path(str(export / "valid" / "_annotations.coco.json"))
+    assert by_file.identity == CocoDataset.from_path(str(export / "valid")).identity == ("my-export", "valid")

@@ -680,7 +680,9 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         # it points; `labels.json` in the folder it lies in, `../labels.json` in that folder (not "." or "..")
         file = Path(os.path.abspath(path))
         here = file.parent
-        identity = (_slug(here.name), _slug(path.stem))
+        # a Roboflow split's file names its split by its folder, as the folder given itself does (cars/valid/)
+        identity = (_slug(here.parent.name), _slug(here.name)) if path.name == ROBOFLOW_ANNOTATIONS else \
+            (_slug(here.name), _slug(path.stem))
         # images/ or FiftyOne's data/ beside it, or beside it
         folders = [((here / name).resolve(), identity) for name in ("images", "data") if (here / name).is_dir()]
         folders.append((here.resolve(), identity))
