@@ -346,3 +346,8 @@ def test_an_accuracy_gate_on_other_images_fails_as_not_comparable():
         assert result.status == "failed" and f"b1: not comparable ({other})" in result.detail
     same = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.27}, {"mAP_50_95": 0.36})])
     assert check_gate(parse_gate("map:-0.005"), same).status == "ok"
+    # masks against boxes: the table says not comparable, and the gate has nothing to check (it gated the delta)
+    for a, b in ((0.36, 0.27), (0.27, 0.36)):
+        mixed = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": a}, {"mAP_50_95": b},
+                                                             unavailable="one side scores masks ...")])
+        assert check_gate(parse_gate("map:-0.005"), mixed).status == "unchecked"

@@ -888,7 +888,7 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
     else:
         for acc in comparison.accuracy:
             a, b = acc.a.get(gate.metric), acc.b.get(gate.metric)
-            if a is None or b is None:
+            if a is None or b is None or acc.unavailable:  # unavailable: not comparable (masks against boxes)
                 continue
             checked += 1
             if acc.other_images:  # the delta is as much the images' as the model's: no verdict on the model
@@ -907,7 +907,9 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
                 crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}"
                                  + (f" ({interval})" if bounds else ""))
     if not checked:
-        return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides")
+        why = next((acc.unavailable for acc in comparison.accuracy if acc.unavailable), None)
+        return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides"
+                               + (f" that compares ({why})" if why and gate.metric not in PERF_GATES else ""))
     if crossings:
         return DeltaGateResult(gate, "failed", "; ".join(crossings))
     return DeltaGateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}"
