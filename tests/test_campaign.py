@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import COCO_DIR, requires_coco, run_in_process
+from conftest import COCO_DIR, YOLOX_NANO, requires_coco, requires_yolox, run_in_process
 from rf100vl_fake import DATASETS, IMAGES, fake_rf100vl
 
 
@@ -114,6 +114,17 @@ def test_rf100vl_campaign_row(tmp_path, quick_runs):
         for key in ("created_at", "submission_id", "timing", "throughput", "memory", "metadata"):
             d.pop(key)
     assert redo == doc
+    # labels edited since a dataset was scored: that dataset runs again (its old figure would mix two datasets)
+    street = tmp_path / "rf" / "street" / "test" / "_annotations.coco.json"
+    edited = json.loads(street.read_text())
+    edited["annotations"] = edited["annotations"][1:]
+    street.write_text(json.dumps(edited))
+    pets = (datasets / "pets" / "run.json").stat().st_mtime_ns
+    relabelled = _campaign(tmp_path)
+    assert relabelled.returncode == 1, relabelled.stderr
+    assert "street: ground truth" in relabelled.stderr and "since it was scored: it runs again" in relabelled.stderr
+    assert (datasets / "street" / "run.json").stat().st_mtime_ns != kept  # scored again, on the labels it has now
+    assert (datasets / "pets" / "run.json").stat().st_mtime_ns == pets  # the others read back
     # a campaign file cut short (a full disk, an editor) is named in one line, not a traceback
     (tmp_path / "out" / "c1" / "campaign.json").write_text('{"recipe": {')
     broken = _campaign(tmp_path)
@@ -168,6 +179,9 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
     """Resuming a campaign id with other options is refused (its finished datasets would mix); a YAML without
     datasets, or with two names that make one folder, is refused in one line."""
     fake_rf100vl(tmp_path / "rf", tmp_path / "w")
+    # a split no dataset has: nothing is scored, and the corrected command is not refused as another campaign
+    nothing = _campaign(tmp_path, "--split", "valid")
+    assert nothing.returncode == 1 and "could be scored" in nothing.stderr, nothing.stderr
     first = _campaign(tmp_path)
     assert first.returncode == 1, first.stderr
     other = _campaign(tmp_path, "--backend", "onnxruntime")
@@ -389,3 +403,27 @@ def test_a_campaigns_class_map_is_shared_by_its_datasets(monkeypatch, tmp_path):
     camp = campaign_module.Campaign("yolox-nano", [entry], "test", {"class_map": str(tmp_path / "m.yaml")})
     result = campaign_module.run_dataset(camp, entry, tmp_path / "datasets", [], None)
     assert result.reason == "stop here" and seen == {"shared_class_map": True}
+
+
+@requires_coco
+@requires_yolox
+def test_a_campaign_stopped_mid_dataset_says_to_run_the_campaign_again(tmp_path):
+    """It printed the dataset run's own resume line (va-bench run --resume <dataset> --output-dir .../datasets), which
+    finishes that one run, not the campaign."""
+    from harness.errors import RunInterrupted
+    from harness.run.campaign import Campaign, CampaignEntry, run_dataset
+
+    def stopped(plan, argv, progress):
+        raise RunInterrupted("SIGINT after 0 of 1 cells; resume with: va-bench run --resume a ...", 130)
+
+    from yolo_datasets import yolo_dataset
+
+    campaign = Campaign("yolox-nano", [CampaignEntry("a", str(yolo_dataset(tmp_path / "d", images=2)),
+                                                     str(YOLOX_NANO))], "val", {"backends": ["onnxruntime"]})
+    argv = ["campaign", "c.yaml", "--output-dir", "out dir"]
+    with pytest.raises(RunInterrupted) as stop:
+        run_dataset(campaign, campaign.entries[0], tmp_path / "datasets", argv, None, execute=stopped)
+    assert stop.value.exit_code == 130
+    assert str(stop.value) == (f"stopped during dataset a; the campaign's finished datasets are kept in "
+                               f"{tmp_path / 'datasets'}: to continue, run the same command again: va-bench campaign "
+                               "c.yaml --output-dir 'out dir'")

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from harness import shell
 from harness.config import RunConfig, build_config
 from harness.data.coco import check_custom_layout, takes_split
 from harness.errors import RunInterrupted, UsageError, VaBenchError, brief, path_problem
@@ -222,10 +223,11 @@ def incoming_folder(entry: CampaignEntry, datasets_dir: Path) -> Path:
     return datasets_dir / f".{run_folder_name(entry)}.incoming"
 
 
-def settled(entry: CampaignEntry, datasets_dir: Path) -> DatasetResult | None:
-    """A dataset that needs no run: finished by an earlier pass of the campaign (read back), or without weights
-    (skipped, named). None when it has to run. A finished run folder whose move into place was cut short is
-    moved now; an unfinished one is dropped."""
+def settled(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, progress=None) -> DatasetResult | None:
+    """A dataset that needs no run: finished by an earlier pass of the campaign on the labels it has now (read
+    back), or without weights (skipped, named). None when it has to run: also when its labels changed since it was
+    scored (said on `progress`), as `run --resume` refuses to mix them. A finished run folder whose move into place
+    was cut short is moved now; an unfinished one is dropped."""
     run_dir, incoming = datasets_dir / run_folder_name(entry), incoming_folder(entry, datasets_dir)
     if incoming.exists():
         if finished_submission(run_dir) is None and finished_submission(incoming) is not None:
@@ -234,11 +236,29 @@ def settled(entry: CampaignEntry, datasets_dir: Path) -> DatasetResult | None:
         else:
             shutil.rmtree(incoming, ignore_errors=True)
     finished = finished_submission(run_dir)
+    if finished is not None and (changed := _labels_changed(campaign, entry, datasets_dir, finished)):
+        if progress is not None:
+            progress.log(f"{entry.name}: {changed} since it was scored: it runs again")
+        finished = None
     if finished is not None:
         return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
     if entry.weights is None:
         return DatasetResult(entry.name, entry.version, "", None, "no weights file for it")
     return None
+
+
+def _labels_changed(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, finished: dict) -> str | None:
+    """What changed in a finished dataset's ground truth (its recorded annotations_sha256 against the dataset as
+    read now), or None; a dataset that no longer reads is left to its run to refuse."""
+    from harness.run.plan import open_dataset
+    from harness.run.resume import ground_truth_change
+
+    scored_on = ((finished.get("repro") or {}).get("dataset") or {}).get("annotations_sha256")
+    try:
+        dataset = open_dataset(dataset_config(campaign, entry, datasets_dir))
+    except UsageError:
+        return "its dataset no longer reads as it did"
+    return ground_truth_change(scored_on, dataset)
 
 
 def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str], progress,
@@ -255,8 +275,10 @@ def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, ar
     try:
         plan = prepare(dataset_config(campaign, entry, datasets_dir, **overrides), shared_class_map=True)
         outcome = (execute or run_with_interrupts)(plan, argv, progress)
-    except RunInterrupted:
-        raise
+    except RunInterrupted as exc:  # its message says how to resume the dataset's run: a campaign resumes itself
+        raise RunInterrupted(f"stopped during dataset {entry.name}; the campaign's finished datasets are kept in "
+                             f"{datasets_dir}: to continue, run the same command again: va-bench "
+                             f"{shell.join(argv)}", exc.exit_code) from None
     except UsageError as exc:
         return DatasetResult(entry.name, entry.version, entry.weights or "", None, str(exc).splitlines()[0])
     if outcome.problems:
@@ -291,7 +313,9 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
     if (folder / CAMPAIGN_FILE).is_file():  # resuming: only the same campaign may add to its folder
         before = read_json_object(folder / CAMPAIGN_FILE).get("recipe")
-        if before != recipe:
+        finished = [d for d in (folder / "datasets").glob("*") if d.is_dir() and finished_submission(d)] \
+            if (folder / "datasets").is_dir() else []
+        if before != recipe and finished:  # nothing finished: nothing to mix, the corrected campaign starts over
             changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
             raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "
                              "its finished datasets would mix with these: use another --campaign-id")
@@ -313,7 +337,7 @@ def _run_locked(campaign: Campaign, folder: Path, campaign_id: str, recipe: dict
     by_name: dict[str, DatasetResult] = {}
     todo = []
     for entry in campaign.entries:
-        result = settled(entry, datasets_dir)
+        result = settled(campaign, entry, datasets_dir, progress)
         if result is None:
             todo.append(entry)
         else:
