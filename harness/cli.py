@@ -497,16 +497,23 @@ def data_fetch(
                                              "datasets; needs ROBOFLOW_API_KEY and `pip install rf100vl`)"),
     dest: Path | None = typer.Option(None, "--dest", help="where the dataset goes (default: datasets/coco or "
                                                            "datasets/rf100vl here, where runs look first)"),
-    base_url: str = typer.Option("http://images.cocodataset.org", "--base-url",
-                                 help="a mirror of the COCO site (same paths), or file:// for a local copy"),
-    keep_archives: bool = typer.Option(False, "--keep-archives", help="keep the verified zip files"),
+    base_url: str | None = typer.Option(None, "--base-url",
+                                        help="coco: a mirror of the COCO site (same paths), or file:// for a local "
+                                             "copy (default http://images.cocodataset.org)"),
+    keep_archives: bool = typer.Option(False, "--keep-archives", help="coco: keep the verified zip files"),
 ) -> None:
-    """Download COCO val2017 (SHA-1 verified, resumable) into the layout the harness reads."""
-    from harness.data.fetch import fetch_archives
+    """Download COCO val2017 (SHA-1 verified, resumable) into the layout the harness reads, or the RF100-VL datasets
+    (Roboflow's client, each at its latest version, resumable)."""
+    from harness.data.fetch import COCO_BASE_URL, fetch_archives
     from harness.views.progress import download_progress
 
     if dataset == "rf100vl":
         from harness.data.fetch import fetch_rf100vl
+
+        given = [flag for flag, value in (("--base-url", base_url), ("--keep-archives", keep_archives)) if value]
+        if given:  # Roboflow's client downloads them: neither applies
+            raise UsageError(f"{' and '.join(given)} apply to `data fetch coco`; RF100-VL comes through Roboflow's "
+                             "client: drop them")
 
         target = dest or Path("datasets") / "rf100vl"
         lines = fetch_rf100vl(target, progress=lambda line: err_console.print(escape(line), highlight=False))
@@ -517,7 +524,7 @@ def data_fetch(
     if dest is None:
         dest = Path("datasets") / "coco"
     with download_progress(err_console) as progress:
-        lines = fetch_archives(dest, base_url=base_url, progress=progress, keep_archives=keep_archives)
+        lines = fetch_archives(dest, base_url=base_url or COCO_BASE_URL, progress=progress, keep_archives=keep_archives)
     for line in lines:
         console.print(escape(line), highlight=False)
 

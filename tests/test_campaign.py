@@ -54,7 +54,7 @@ def test_rf100vl_campaign_row(tmp_path, quick_runs):
     assert block["protocol"] == {"version": "rf100vl.libreyolo.v1", "nms_iou": 0.65, "max_det": 500,
                                  "expected_datasets": 100}  # the protocol's, not the download's count
     assert block["invalid_reasons"][0] == "3 of 100 datasets scored"  # a download of 4: partial either way
-    assert [d["dataset_version"] for d in block["datasets"]] == ["2", "1", "3"]
+    assert [d["dataset_version"] for d in block["datasets"]] == [2, 1, 3]  # integers, as the site's rows
     assert [d["num_classes"] for d in block["datasets"]] == [2, 2, 3]
     # each accuracy key is the unweighted mean of the datasets' own runs (read from their submissions)
     runs = [json.loads(next((tmp_path / "out" / "c1" / "datasets" / n / "submissions").glob("*.json")).read_text())
@@ -141,14 +141,17 @@ class _FakeDataset:
 
     def __init__(self, name: str):
         self.name = name
-        self.rf_project = SimpleNamespace(versions=lambda: [_FakeVersion(id=f"rf100-vl/{name}/1"),
+        self.rf_project = SimpleNamespace(versions=lambda: [_FakeVersion(id=f"rf100-vl/{name}/10"),
                                                             _FakeVersion(id=f"rf100-vl/{name}/4")])
 
     downloads = 0
+    fail: set[str] = set()  # names whose download stops midway
 
     def download(self, path: str) -> None:
         _FakeDataset.downloads += 1
         (Path(path) / "test").mkdir(parents=True)
+        if self.name in _FakeDataset.fail:
+            raise ConnectionError("the connection dropped")
         (Path(path) / "test" / "_annotations.coco.json").write_text("{}")
 
 
@@ -164,7 +167,8 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "rf100vl", fake)
     done = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
     assert done.returncode == 0, done.stderr
-    assert json.loads((dest / "rf100vl_versions.json").read_text()) == {"aquarium": "4", "-grccs": "4"}
+    # the latest version by number (10, not "4" > "10"), recorded as the site's rows record it: an integer
+    assert json.loads((dest / "rf100vl_versions.json").read_text()) == {"aquarium": 10, "-grccs": 10}
     assert (dest / "aquarium" / "test" / "_annotations.coco.json").is_file() and _FakeDataset.downloads == 2
     again = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
     assert again.returncode == 0 and _FakeDataset.downloads == 2  # what is there is not downloaded again
@@ -172,6 +176,18 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
     cut = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
     assert cut.returncode == 2 and "rf100vl_versions.json: not valid JSON; delete it" in cut.stderr, cut.stderr
     assert len(cut.stderr.strip().splitlines()) == 1
+    # a download that stops midway leaves no folder a campaign would take for a dataset; the options of COCO's
+    # download are refused, not ignored
+    fake = SimpleNamespace(get_rf100vl_projects=lambda: [_FakeDataset("aquarium"), _FakeDataset("bees")])
+    monkeypatch.setitem(sys.modules, "rf100vl", fake)
+    (dest / "rf100vl_versions.json").write_text('{"aquarium": 10}')
+    monkeypatch.setattr(_FakeDataset, "fail", {"bees"})
+    dropped = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), env={"ROBOFLOW_API_KEY": "k"})
+    assert dropped.returncode == 1 and "ConnectionError: the connection dropped" in dropped.stderr, dropped.stderr
+    assert not (dest / "bees").exists() and (dest / "aquarium").is_dir()
+    mirror = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), "--base-url", "file:///x",
+                            env={"ROBOFLOW_API_KEY": "k"})
+    assert mirror.returncode == 2 and "--base-url apply to `data fetch coco`" in mirror.stderr, mirror.stderr
 
 
 @requires_coco
@@ -427,3 +443,23 @@ def test_a_campaign_stopped_mid_dataset_says_to_run_the_campaign_again(tmp_path)
     assert str(stop.value) == (f"stopped during dataset a; the campaign's finished datasets are kept in "
                                f"{tmp_path / 'datasets'}: to continue, run the same command again: va-bench campaign "
                                "c.yaml --output-dir 'out dir'")
+
+
+def test_the_rows_dataset_fingerprint_is_the_sites_own():
+    """The site's RF100-VL rows: their image_id_sha256 recomputed by the harness's own hashing from the datasets each
+    row lists, version ids as the rows state them (integers: "2" would hash to another fingerprint, which is why a
+    fetch records integers)."""
+    from conftest import CORPUS
+
+    from harness.results.campaign import canonical_sha256
+
+    rows = [d for d in (json.loads(p.read_text()) for p in sorted((CORPUS / "submissions").glob("*.json")))
+            if "rf100vl" in d] if CORPUS.is_dir() else []
+    if not rows:
+        pytest.skip("no RF100-VL rows in the corpus")
+    for row in rows:
+        identities = row["repro"]["dataset"]["datasets"]
+        assert all(isinstance(i["version_id"], int) for i in identities)
+        assert canonical_sha256(identities) == row["repro"]["dataset"]["image_id_sha256"]
+        as_text = [{**i, "version_id": str(i["version_id"])} for i in identities]
+        assert canonical_sha256(as_text) != row["repro"]["dataset"]["image_id_sha256"]

@@ -216,7 +216,7 @@ def _fetch_into(dest: Path, archives: tuple[Archive, ...], base_url: str,
 RF100VL_INSTALL = "pip install rf100vl (the optional RF100-VL download; it brings the roboflow client)"
 
 
-def _fetched_versions(path: Path) -> dict[str, str]:
+def _fetched_versions(path: Path) -> dict[str, int | str]:
     """The versions an earlier fetch into this folder recorded (none without the file); a file that is not such a
     record is one line."""
     if not path.is_file():
@@ -227,9 +227,17 @@ def _fetched_versions(path: Path) -> dict[str, str]:
         versions, reason = None, exc.strerror if isinstance(exc, OSError) else "not valid JSON"
     else:
         reason = "not a JSON object of dataset name -> version"
-    if not (isinstance(versions, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items())):
+    if not (isinstance(versions, dict) and all(
+            isinstance(k, str) and isinstance(v, int | str) and not isinstance(v, bool) for k, v in versions.items())):
         raise UsageError(f"{path}: {reason}; delete it and fetch again (every dataset is then downloaded anew)")
     return versions
+
+
+def version_number(version_id) -> int | str:
+    """A Roboflow version id ("workspace/project/4", or 4) as the site's rows record it: the integer 4 (a string
+    "4" would give the row another dataset fingerprint); an id that does not end in a number, as it is."""
+    last = str(version_id).rsplit("/", 1)[-1]
+    return int(last) if last.isdigit() else last
 
 
 def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> list[str]:
@@ -257,9 +265,15 @@ def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> 
             if dataset.name in versions and (dest / dataset.name).is_dir():  # fetched by an earlier call
                 lines.append(f"{dataset.name}: version {versions[dataset.name]} already in {dest / dataset.name}")
                 continue
-            latest = max(dataset.rf_project.versions(), key=lambda v: v.id)
-            dataset.download(str(dest / dataset.name))
-            versions[dataset.name] = str(latest.id).rsplit("/", 1)[-1]
+            latest = max((version_number(v.id) for v in dataset.rf_project.versions()),
+                         key=lambda n: (isinstance(n, int), n))
+            folder = dest / dataset.name
+            try:
+                dataset.download(str(folder))
+            except BaseException:  # a download cut short leaves no folder a campaign would take for a dataset
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            versions[dataset.name] = latest
             atomic_write_json(versions_file, dict(sorted(versions.items())))  # after each: resumable
             line = f"{dataset.name}: version {versions[dataset.name]} in {dest / dataset.name}"
             if progress:
