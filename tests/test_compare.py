@@ -877,3 +877,26 @@ def test_latencies_past_floating_points_range_make_no_verdict_and_no_nan_in_json
     print_json(console, sig.to_dict())
     with pytest.raises(NonFiniteNumberError, match=r"refusing to write stdout: x is inf"):
         print_json(console, {"x": float("inf")})
+
+
+def test_a_difference_in_thresholds_or_evaluation_cap_is_a_difference(tmp_path):
+    """--iou 0.5 --eval-max-det 500 against the protocol: compare printed `same` for every coordinate and the mAP
+    deltas as the model's, where aggregate keys such rows apart."""
+    from conftest import CORPUS
+
+    from harness.results.compare import compare_paths
+
+    if not CORPUS.is_dir():
+        pytest.skip("no corpus")
+    doc = json.loads(next((CORPUS / "submissions").glob("yolox-s__pytorch__cuda__*.json")).read_text())
+    other = json.loads(json.dumps(doc))
+    other["config"]["iou"], other["submission_id"] = 0.5, doc["submission_id"] + "-b"
+    other["eval"] = {**(other.get("eval") or {}), "maxDets": [1, 10, 100, 500]}
+    for name, d in (("a", doc), ("b", other)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "s.json").write_text(json.dumps(d))
+    (comparison,) = compare_paths(tmp_path / "a", [tmp_path / "b"])
+    assert comparison.differ["protocol"] == ("conf 0.001, iou 0.6, max_det 300, AP at 100 detections",
+                                             "conf 0.001, iou 0.5, max_det 300, AP at 500 detections")
+    (same,) = compare_paths(tmp_path / "a", [tmp_path / "a"])
+    assert "protocol" not in same.differ and same.same["protocol"].startswith("conf 0.001, iou 0.6")

@@ -54,7 +54,8 @@ from harness.results.reader import (
 
 # (key, label) of a cell's coordinates, in display order
 COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), ("precision", "precision"),
-          ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"))
+          ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"),
+          ("protocol", "protocol"))
 ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
 ALPHA = 0.05
 # eval.operating_point's figures, as compare names them beside the COCO statistics
@@ -124,7 +125,19 @@ def _coords(sub: Submission) -> dict[str, Any]:
             "backend": f"{sub.runtime.format or '?'}/{sub.runtime.provider or '?'}",
             "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
             "variant": f"{sub.dataset_id}{_split(sub)} {sub.dataset_variant or '?'}",
-            "mode": mode if isinstance(mode, str) else "latency"}
+            "mode": mode if isinstance(mode, str) else "latency", "protocol": _protocol(sub)}
+
+
+def _protocol(sub: Submission) -> str:
+    """The thresholds and evaluation cap a cell was scored at, as aggregate keys rows by: other ones are another
+    measurement (their mAP deltas are the protocol's as much as the model's)."""
+    conf, iou, max_det = sub.protocol
+    return (f"conf {_g(conf)}, iou {_g(iou)}, max_det {_g(max_det)}, AP at {sub.eval_cap or COCO_MAX_DETS} "
+            "detections")
+
+
+def _g(value) -> str:
+    return f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
 def _split(sub: Submission) -> str:
