@@ -900,3 +900,20 @@ def test_a_difference_in_thresholds_or_evaluation_cap_is_a_difference(tmp_path):
                                              "conf 0.001, iou 0.5, max_det 300, AP at 500 detections")
     (same,) = compare_paths(tmp_path / "a", [tmp_path / "a"])
     assert "protocol" not in same.differ and same.same["protocol"].startswith("conf 0.001, iou 0.6")
+
+
+def test_per_class_rows_pair_a_class_by_its_id_and_name(monkeypatch):
+    """Two datasets' numberings (COCO ids against a YOLO dataset's indices): B's chair (id 3) was shown as A's car."""
+    from types import SimpleNamespace
+
+    from harness.results import compare
+
+    files = {"a": {"3": {"name": "car", "AP": 0.5}, "1": {"name": "person", "AP": 0.4}},
+             "b": {"3": {"name": "chair", "AP": 0.2}, "1": {"name": "person", "AP": 0.3}}}
+    sides = {k: SimpleNamespace(side=k) for k in files}
+    per_class = {k: ({int(c): v for c, v in f.items()}, None) for k, f in files.items()}
+    monkeypatch.setattr(compare, "_per_class", lambda entry: per_class[entry.side])
+    rows, why = compare._per_class_deltas(sides["a"], sides["b"])
+    assert [(r["id"], r["name"]) for r in rows] == [(1, "person")]
+    assert rows[0]["delta"] == pytest.approx(-0.1)
+    assert why == "1 categories share an id but not a name (id 3: car in A, chair in B)"

@@ -691,12 +691,17 @@ def _per_class_deltas(ea: Entry, eb: Entry) -> tuple[list[dict], str | None]:
     (a, why_a), (b, why_b) = _per_class(ea), _per_class(eb)
     if a is None or b is None:
         return [], "; ".join(f"{side} {why}" for side, why in (("A", why_a), ("B", why_b)) if why)
-    rows = []
+    rows, renamed = [], []
     for category in sorted(set(a) & set(b)):
+        if a[category].get("name") != b[category].get("name"):  # one id, two classes (two datasets' numbering)
+            renamed.append(f"id {category}: {a[category].get('name')} in A, {b[category].get('name')} in B")
+            continue
         ap_a, ap_b = _num(a[category].get("AP")), _num(b[category].get("AP"))
         delta = None if ap_a is None or ap_b is None else ap_b - ap_a
         rows.append({"id": category, "name": a[category].get("name"), "a": ap_a, "b": ap_b, "delta": delta})
-    return sorted(rows, key=lambda r: (r["delta"] is None, -abs(r["delta"] or 0))), None  # no AP on a side: last
+    why = (f"{len(renamed)} categories share an id but not a name ({'; '.join(renamed[:3])}"
+           f"{', ...' if len(renamed) > 3 else ''})") if renamed else None
+    return sorted(rows, key=lambda r: (r["delta"] is None, -abs(r["delta"] or 0))), why  # no AP on a side: last
 
 
 def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> str:

@@ -65,9 +65,9 @@ def _accuracy(c: Comparison) -> list[RenderableType]:
         out.extend(_delta_interval(acc))
         # a class with AP on one side only changed too; one with AP on neither has nothing to show
         changed = [row for row in acc.per_class if row["delta"] != 0 and (row["a"], row["b"]) != (None, None)]
-        if acc.per_class_unavailable:
+        if acc.per_class_unavailable:  # no file on a side; or classes that share an id only (the rest compare)
             out.append(Text(printable(f"per class AP 50:95 {acc.label}: not compared ({acc.per_class_unavailable})")))
-        elif acc.per_class and not changed:
+        if acc.per_class and not changed:
             out.append(Text(printable(f"per class AP 50:95 {acc.label}: no class changed (of "
                                       f"{len(acc.per_class)})")))
         elif changed:
