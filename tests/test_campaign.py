@@ -463,3 +463,18 @@ def test_the_rows_dataset_fingerprint_is_the_sites_own():
         assert canonical_sha256(identities) == row["repro"]["dataset"]["image_id_sha256"]
         as_text = [{**i, "version_id": str(i["version_id"])} for i in identities]
         assert canonical_sha256(as_text) != row["repro"]["dataset"]["image_id_sha256"]
+
+
+def test_a_campaign_of_a_users_own_datasets_that_scored_them_all_succeeds():
+    """Not RF100-VL's datasets, so not a valid RF100-VL row; but the campaign did all it was asked (exit 0), as
+    one of fewer than 100 did before the names were checked."""
+    from harness.results.campaign import count_reason, not_rf100vl, scored_as_listed
+
+    names = ["people", "traffic"]
+    reasons = [count_reason(2, 2), not_rf100vl(names)]
+    block = {"datasets": [{"dataset": n} for n in names], "invalid_reasons": reasons, "valid_submission": False}
+    assert reasons[1] == "2 of its datasets are not RF100-VL's (people, traffic): a row of other datasets is not " \
+                         "RF100-VL's"
+    assert scored_as_listed(block, 2)
+    assert not scored_as_listed({**block, "invalid_reasons": [*reasons, "its datasets were measured on different "
+                                                                        "hardware (a, b)"]}, 2)

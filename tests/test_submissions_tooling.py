@@ -1380,3 +1380,23 @@ def test_a_run_folder_whose_cells_did_not_finish_is_named_as_one(tmp_path):
         done = run_in_process(command, str(run))
         assert done.returncode == 2 and f"{run} is a run folder whose cells did not finish (see its run.json); " \
             f"finish it with va-bench run --resume r1 --output-dir {tmp_path / 'runs'}" in done.stderr, done.stderr
+
+
+def test_an_rf100vl_row_of_other_datasets_is_no_valid_row(tmp_path):
+    """100 datasets of anything made a "valid" RF100-VL row: the site's valid rows are of RF100-VL's own 100 (their
+    names the site's rows list; harness/data/rf100vl_datasets.json is checked against both rows here)."""
+    from harness.results.campaign import rf100vl_names
+
+    if not SUBMISSIONS.is_dir():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    rows = [json.loads(p.read_text()) for p in sorted(SUBMISSIONS.glob("*.json"))]
+    rows = [d for d in rows if "rf100vl" in d]
+    assert rows and all({x["dataset"] for x in d["rf100vl"]["datasets"]} == rf100vl_names() for d in rows)
+    doc = copy.deepcopy(rows[0])
+    for k, entry in enumerate(doc["rf100vl"]["datasets"][:2]):
+        entry["dataset"] = f"my-dataset-{k}"
+    (report,) = _write(tmp_path / "other", [doc])
+    (finding,) = [f for f in report.errors if f.path == "rf100vl.valid_submission"]
+    assert "2 of its datasets are not RF100-VL's (my-dataset-0, my-dataset-1)" in finding.message
+    (clean,) = _write(tmp_path / "own", [rows[0]])
+    assert not [f for f in clean.errors if f.path == "rf100vl.valid_submission"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,22 @@ from harness.results.site_rules import RF100VL_PROTOCOL
 RF100VL_ID = "rf100_vl"
 PROTOCOL_VERSION = "rf100vl.libreyolo.v1"
 RF100VL_DATASETS = 100  # the protocol's datasets: a row of fewer is partial, however many a download held
+RF100VL_NAMES_FILE = Path(__file__).resolve().parents[1] / "data" / "rf100vl_datasets.json"
+
+
+@cache
+def rf100vl_names() -> frozenset[str]:
+    """RF100-VL's 100 dataset names (harness/data/rf100vl_datasets.json, as the site's RF100-VL rows list them)."""
+    return frozenset(json.loads(RF100VL_NAMES_FILE.read_text(encoding="utf-8"))["datasets"])
+
+
+def not_rf100vl(names: list[str]) -> str | None:
+    """Why datasets named so are not RF100-VL's own (a campaign of 100 other datasets is no RF100-VL row), or None."""
+    others = sorted(set(names) - rf100vl_names())
+    if not others:
+        return None
+    listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    return f"{len(others)} of its datasets are not RF100-VL's ({listed}): a row of other datasets is not RF100-VL's"
 IDENTITY_SCHEME = ("sha256(canonical JSON of dataset name, image count, per-dataset image-id SHA-256, and locked "
                    "version id)")
 PER_DATASET_KEYS = ("mAP_50", "mAP_50_95", "mAP_75", "AR100", "AR_max_det")
@@ -67,9 +85,10 @@ def count_reason(scored: int, listed: int) -> str:
 
 def scored_as_listed(block: dict, listed: int) -> bool:
     """Every dataset the campaign lists scored under the protocol on one machine: nothing keeps the row from being
-    valid but (for a campaign of other datasets than RF100-VL's 100) their number."""
-    scored = len(block.get("datasets") or [])
-    return scored == listed and all(r == count_reason(scored, listed) for r in block.get("invalid_reasons") or [])
+    valid but (for a campaign of other datasets than RF100-VL's 100) their number and names."""
+    datasets = block.get("datasets") or []
+    allowed = {count_reason(len(datasets), listed), not_rf100vl([d.get("dataset") for d in datasets])}
+    return len(datasets) == listed and all(r in allowed for r in block.get("invalid_reasons") or [])
 
 
 def campaign_submission(results: list[DatasetResult], expected: int, recipe: dict,
@@ -98,6 +117,8 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
     invalid = [count_reason(len(scored), expected)] if len(scored) != RF100VL_DATASETS else []
     invalid += [f"{s['dataset']}: {s['reason']}" for s in skipped]
     invalid += protocol_problems(template["config"], template["eval"].get("maxDets"))
+    if (foreign := not_rf100vl([r.name for r in scored])) is not None:
+        invalid.append(foreign)
     if len(splits) > 1:
         invalid.append(f"its datasets were scored on different splits ({', '.join(splits)}); one row is one split")
     hardware_ids = sorted({s["hardware"]["id"] for s in subs})

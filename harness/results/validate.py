@@ -18,7 +18,7 @@ from harness.data.variants import KNOWN_FINGERPRINTS
 from harness.errors import UsageError, path_problem
 from harness.files import file_identity, file_sha256
 from harness.json_stream import NotAJsonArray
-from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, protocol_problems
+from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, not_rf100vl, protocol_problems
 from harness.results.model import Submission
 from harness.results.reader import collect_files, detections_file, other_document, read_detections, read_json
 from harness.results.site_rules import (
@@ -302,6 +302,9 @@ def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
     if block.get("valid_submission") is True and len(datasets) != expected:
         out.append(Finding("rf100vl.valid_submission", f"valid_submission is true with {len(datasets)} of "
                            f"{expected} datasets (a partial{len(datasets)} row)", "rf100vl"))
+    names = [str(d.get("dataset")) for d in datasets if isinstance(d, dict)]
+    if block.get("valid_submission") is True and (foreign := not_rf100vl(names)) is not None:
+        out.append(Finding("rf100vl.valid_submission", f"valid_submission is true but {foreign}", "rf100vl"))
     if protocol.get("version") == PROTOCOL_VERSION:  # the version fixes the protocol: the row must be measured so
         stated = {"nms_iou": RF100VL_PROTOCOL["iou"], "max_det": RF100VL_PROTOCOL["max_det"],
                   "expected_datasets": RF100VL_DATASETS}
