@@ -524,7 +524,8 @@ def data_fetch(
     if dest is None:
         dest = Path("datasets") / "coco"
     with download_progress(err_console) as progress:
-        lines = fetch_archives(dest, base_url=base_url or COCO_BASE_URL, progress=progress, keep_archives=keep_archives)
+        lines = fetch_archives(dest, base_url=COCO_BASE_URL if base_url is None else base_url, progress=progress,
+                               keep_archives=keep_archives)
     for line in lines:
         console.print(escape(line), highlight=False)
 
