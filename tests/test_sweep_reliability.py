@@ -381,9 +381,10 @@ def test_resume_drops_the_energy_rows_of_cells_that_did_not_finish(tmp_path):
 # --- signals and storage at every moment of a run ------------------------------------------
 
 
-def test_a_resume_forced_onto_other_cells_keeps_the_finished_ones_and_the_runs_options(tmp_path):
-    """--force with other batch sizes deleted the finished cells' submissions (not in the new plan: "unowned") and
-    wrote the forced options as the run's own, so that the next plain resume was refused against them."""
+def test_a_resume_forced_onto_other_cells_keeps_the_finished_ones(tmp_path):
+    """--force with other batch sizes deleted the finished cells' submissions (not in the new plan: "unowned"). They
+    are kept, and run.json's options are the forced ones: a plain resume (the line a Ctrl-C prints) goes on with
+    them, and the original options are then another forced change."""
     out = tmp_path / "o"
     assert va_bench("run", *_args(out, "r")).returncode == 0
     run_dir = out / "r"
@@ -395,13 +396,15 @@ def test_a_resume_forced_onto_other_cells_keeps_the_finished_ones_and_the_runs_o
     doc = json.loads((run_dir / "run.json").read_text())
     assert sorted((c["cell"].rsplit(" ", 1)[1], c["status"]) for c in doc["cells"]) == [
         ("b1", "ok"), ("b2", "ok"), ("b4", "ok")]
-    assert doc["config"]["batch_sizes"] == [1, 2]  # the run's own; what the forced resume ran with is its entry's
+    assert doc["config"]["batch_sizes"] == [4]  # what the last process ran; the change is the resume's entry's
     (entry,) = doc["resumed"]
-    assert entry["forced_differences"] == ["batch_sizes: [1, 2] -> [4]"] and entry["config"]["batch_sizes"] == [4]
+    assert entry["forced_differences"] == ["batch_sizes: [1, 2] -> [4]"]
     plain = va_bench("run", "--resume", "r", "--output-dir", str(out))
     assert plain.returncode == 0, plain.stderr
     assert {p.name: p.read_bytes() for p in (run_dir / "submissions").iterdir()} == after
     assert len(json.loads((run_dir / "run.json").read_text())["cells"]) == 3
+    back = va_bench("run", "--resume", "r", "--output-dir", str(out), "--batch-sizes", "1", "2")
+    assert back.returncode == 2 and "batch_sizes: [4] -> [1, 2]" in back.stderr, back.stderr
 
 
 def _args(out: Path, run_id: str, *more: str) -> list[str]:

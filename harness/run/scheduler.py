@@ -269,11 +269,7 @@ class Scheduler:
             "harness_dirty": environment["harness_dirty"], "hardware_id": hardware["id"],
             "forced_differences": old.get("forced_differences", [])}]
         # the original run's environment stays the run's; each resume is listed with what it ran under
-        kept = ("environment", "hardware", "device")
-        if old.get("forced_differences"):  # and its options and dataset: a forced resume's own are its entry's
-            kept += ("config", "dataset")
-            resumed[-1].update(config=header["config"], dataset=header["dataset"])
-        header.update({k: old[k] for k in kept if k in old}, resumed=resumed)
+        header.update({k: old[k] for k in ("environment", "hardware", "device") if k in old}, resumed=resumed)
         return RunState.reopen(plan.run_dir, plan.run_id, plan.cells, header)
 
     def _runnable(self, state: RunState, cell: Cell) -> bool:

@@ -90,7 +90,8 @@ class RunState:
     cells: dict[str, CellStatus]  # by cell label, in plan order
     _lock_fd: int | None = field(default=None, repr=False)
     # cells recorded by an earlier process that this one's plan does not hold (a resume forced onto other options):
-    # kept as recorded, with their files, never run by this process
+    # kept as recorded, with their files, never run by this process; run.json's config is the last process's, so
+    # a plain resume goes on with what a forced one started
     other_cells: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -149,7 +150,10 @@ class RunState:
                     status.state, status.reason = "pending", "its submission file is missing"
                 statuses[cell.label] = status
             planned = {cell.label for cell in cells}
-            others = [c for label, c in recorded.items() if label not in planned]
+            # a cell of other options (an earlier forced resume's), kept as it was; one its process left running
+            # was interrupted, as a planned one is
+            others = [{**c, "status": "interrupted"} if c.get("status") == "running" else c
+                      for label, c in recorded.items() if label not in planned]
             owned = {s.submission for s in statuses.values() if s.state == "ok"}
             owned |= {c.get("submission") for c in others if c.get("status") == "ok"}
             for path in submission_files(run_dir):  # written by a process killed before "ok"
