@@ -534,6 +534,15 @@ def test_another_dataset_under_the_same_variant_name_is_said(tmp_path):
     b.write_text(json.dumps(doc))
     out = compare_sides(load_side(a), load_side(b))
     assert "variant" not in out.differ and any("different image sets" in n for n in out.notes)
+    # another name (its folder's) for the same ground truth and images: the same data, no note
+    for path, truth in ((a, "a" * 64), (b, "a" * 64)):
+        d = json.loads(path.read_text())
+        d["dataset"]["image_id_sha256"] = "e" * 64
+        d.setdefault("repro", {}).setdefault("dataset", {})["annotations_sha256"] = truth
+        d["dataset"]["id"] = "cars" if path == a else "cars-copy"
+        path.write_text(json.dumps(d))
+    out = compare_sides(load_side(a), load_side(b))
+    assert not any("different image sets" in n for n in out.notes), out.notes
 
 
 def test_names_from_files_reach_the_terminal_escaped(tmp_path):
@@ -917,3 +926,29 @@ def test_per_class_rows_pair_a_class_by_its_id_and_name(monkeypatch):
     assert [(r["id"], r["name"]) for r in rows] == [(1, "person")]
     assert rows[0]["delta"] == pytest.approx(-0.1)
     assert why == "1 categories share an id but not a name (id 3: car in A, chair in B)"
+
+
+def test_thresholds_that_are_each_familys_own_still_pair_its_cells(tmp_path):
+    """A run of YOLOX (iou 0.6) and an Ultralytics family (iou 0.7) against one at max_det 100: the protocol varies
+    within each side and differs between them, and nothing paired on it. The cells pair on the rest, each pair's
+    change said."""
+    from conftest import CORPUS
+
+    from harness.results.compare import compare_paths
+
+    if not CORPUS.is_dir():
+        pytest.skip("no corpus")
+    docs = [json.loads(next((CORPUS / "submissions").glob(f"{m}__pytorch__cuda__*5070_ti*.json")).read_text())
+            for m in ("yolox-s", "yolov9s")]
+    docs[1]["config"]["iou"] = 0.7  # a family whose own NMS IoU is another
+    for name, max_det in (("a", None), ("b", 100)):
+        (tmp_path / name).mkdir()
+        for k, doc in enumerate(docs):
+            doc = json.loads(json.dumps(doc))
+            if max_det:
+                doc["config"]["max_det"], doc["submission_id"] = max_det, doc["submission_id"] + "-b"
+            (tmp_path / name / f"{k}.json").write_text(json.dumps(doc))
+    (comparison,) = compare_paths(tmp_path / "a", [tmp_path / "b"])
+    assert len(comparison.cells) == 2 and not comparison.only_a and not comparison.only_b
+    changed = [n for n in comparison.notes if "scored at another protocol" in n]
+    assert len(changed) == 2 and all("max_det 300" in n and "max_det 100" in n for n in changed), comparison.notes

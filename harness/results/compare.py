@@ -718,7 +718,12 @@ def _cells_label(members: list[tuple[dict, Entry, Entry]], vary: list[str]) -> s
 
 def _other_images(ea: Entry, eb: Entry) -> str | None:
     """Why the two cells' accuracy is not of the same images and ground truth: another dataset, split or variant, or
-    (both known) another image_id_sha256 or annotations_sha256 under the same names; None when it is."""
+    (both known) another image_id_sha256 or annotations_sha256 under the same names; None when it is, also under
+    other names where both fingerprints say so."""
+    # the same ground truth (its file's bytes) and image ids: the same data, whatever its folder was named (image ids
+    # alone are not: every YOLO dataset of N images numbers them 1..N)
+    if ea.ground_truth and ea.ground_truth == eb.ground_truth and ea.fingerprint and ea.fingerprint == eb.fingerprint:
+        return None
     if ea.coords["variant"] != eb.coords["variant"] or (ea.fingerprint and eb.fingerprint
                                                         and ea.fingerprint != eb.fingerprint):
         return (f"A and B scored different image sets ({ea.coords['variant']} vs {eb.coords['variant']}, "
@@ -770,12 +775,24 @@ def _pair_cells(a: list[Entry], b: list[Entry]
                  if len(values_a[k]) == len(values_b[k]) == 1 and values_a[k] != values_b[k]}
     pair_keys = [k for k in keys if k not in treatment]
 
+    def pairs_on(on: list[str]) -> list[tuple[dict, Entry, Entry]]:
+        index_b = {tuple(e.coords[k] for k in on): e for e in b}
+        return [({k: ea.coords[k] for k in on}, ea, index_b[tuple(ea.coords[k] for k in on)])
+                for ea in sorted(a, key=lambda e: tuple(str(e.coords[k]) for k in keys))
+                if tuple(ea.coords[k] for k in on) in index_b]
+
+    pairs = pairs_on(pair_keys)
+    if "protocol" in pair_keys and len(values_a["protocol"] | values_b["protocol"]) > 1:
+        # thresholds that vary within a side (each family's own defaults) and change between the sides pair
+        # nothing on them: cells then pair without them where that is unambiguous, each pair's change said
+        loose = [k for k in pair_keys if k != "protocol"]
+        unique = all(len({tuple(e.coords[k] for k in loose) for e in side}) == len(side) for side in (a, b))
+        if unique and len(pairs_on(loose)) > len(pairs):
+            pair_keys, pairs = loose, pairs_on(loose)
+
     def pair_key(e: Entry) -> tuple:
         return tuple(e.coords[k] for k in pair_keys)
 
-    index_b = {pair_key(e): e for e in b}
-    pairs = [({k: ea.coords[k] for k in pair_keys}, ea, index_b[pair_key(ea)])
-             for ea in sorted(a, key=lambda e: tuple(str(e.coords[k]) for k in keys)) if pair_key(ea) in index_b]
     paired = {pair_key(ea) for _, ea, _ in pairs}
     # name unpaired cells by the coordinates that vary at all
     name_keys = [k for k in pair_keys if len(values_a[k] | values_b[k]) > 1] or ["batch_size"]
@@ -820,8 +837,9 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
                              "and differ in weights, thresholds or runtime.backend; not compared: "
                              f"{', '.join(side.clashes)}")
     out.differ, pairs, out.only_a, out.only_b = _pair_cells(a.entries, b.entries)
-    vary = [k for k, _ in COORDS if k not in out.differ and len({key[k] for key, _, _ in pairs}) > 1]
-    out.same = {k: pairs[0][0][k] for k, _ in COORDS if k not in out.differ and k not in vary} if pairs else {}
+    keyed = [k for k, _ in COORDS if k not in out.differ and (not pairs or k in pairs[0][0])]  # paired on
+    vary = [k for k in keyed if len({key[k] for key, _, _ in pairs}) > 1]
+    out.same = {k: pairs[0][0][k] for k in keyed if k not in vary} if pairs else {}
     if not pairs:
         out.notes.append("no cell of A has a counterpart in B: nothing to compare (see only in A / only in B)")
         return out
@@ -831,6 +849,10 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     out.accuracy = _accuracy_deltas(pairs, vary, intervals)
     out.detections, notes = _detection_rows(pairs, vary, iou, conf)
     out.notes += notes
+    out.notes += [f"{_label(key, label_keys) or treatment}: scored at another protocol ({ea.coords['protocol']} -> "
+                  f"{eb.coords['protocol']}): its accuracy deltas are the protocol's too"
+                  for key, ea, eb in pairs if "protocol" not in key and "protocol" not in out.differ
+                  and ea.coords["protocol"] != eb.coords["protocol"]]
     if any(_other_images(ea, eb) for _, ea, eb in pairs):
         out.notes.append("A and B scored different image sets or ground truth: accuracy deltas mix model and data "
                          "differences")
