@@ -478,3 +478,22 @@ def test_a_campaign_of_a_users_own_datasets_that_scored_them_all_succeeds():
     assert scored_as_listed(block, 2)
     assert not scored_as_listed({**block, "invalid_reasons": [*reasons, "its datasets were measured on different "
                                                                         "hardware (a, b)"]}, 2)
+
+
+def test_versions_recorded_as_text_by_an_earlier_fetch_are_read_as_numbers(tmp_path):
+    """A download made before fetches recorded integers ({"pets": "2"}) kept its strings, so its row hashed another
+    dataset fingerprint than the site's; a campaign file's `version: "4"` too."""
+    from harness.run.campaign import read_campaign_file, rf100vl_campaign
+
+    for name in ("pets", "street"):
+        (tmp_path / "rf" / name / "test").mkdir(parents=True)
+        (tmp_path / "w" / name).mkdir(parents=True)
+        (tmp_path / "w" / name / "best.pt").write_bytes(b"w")
+    (tmp_path / "rf" / "rf100vl_versions.json").write_text(json.dumps({"pets": "2", "street": 3}))
+    campaign = rf100vl_campaign(tmp_path / "rf", tmp_path / "w", "yolox-nano", "test", {})
+    assert [e.version for e in campaign.entries] == [2, 3]
+    (tmp_path / "ann.json").write_text("{}")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: {tmp_path / 'ann.json'}, weights: "
+                    f"{tmp_path / 'w' / 'pets' / 'best.pt'}, version: '4'}}\n")
+    assert [e.version for e in read_campaign_file(path, {}).entries] == [4]

@@ -25,6 +25,7 @@ import yaml
 from harness import shell
 from harness.config import RunConfig, build_config
 from harness.data.coco import check_custom_layout, takes_split
+from harness.data.fetch import version_number
 from harness.errors import RunInterrupted, UsageError, VaBenchError, brief, path_problem
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
 from harness.report.plots import campaign_datasets
@@ -95,8 +96,9 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         candidates = sorted(p for p in (weights_root / folder.name).glob("*") if p.suffix in WEIGHT_SUFFIXES) \
             if (weights_root / folder.name).is_dir() else []
+        version = versions.get(folder.name)  # a string "4" recorded before versions were numbers: the number
         entries.append(CampaignEntry(folder.name, str(folder), str(candidates[0]) if len(candidates) == 1 else None,
-                                     versions.get(folder.name), split))
+                                     None if version is None else version_number(version), split))
     if not entries:
         raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
     if not any(e.weights for e in entries):  # nothing could be scored: refused before a folder is made
@@ -149,7 +151,8 @@ def read_campaign_file(path: Path, options: dict) -> Campaign:
         if not isinstance(weights, str) or not beside(weights).is_file():  # as a run's --weights
             raise problem(f"datasets[{i}].weights {brief(weights)} is not a file", "give each dataset's weights file")
         entries.append(CampaignEntry(str(item["name"]), str(beside(str(item["dataset"]))), str(beside(weights)),
-                                     item.get("version"), None if item.get("split") is None else str(item["split"])))
+                                     None if item.get("version") is None else version_number(item["version"]),
+                                     None if item.get("split") is None else str(item["split"])))
     if not entries:
         raise UsageError(path_problem("campaign file", path, "lists no datasets") + "; add {name, dataset, weights}")
     slugs = [_slug(e.name) for e in entries]
