@@ -151,7 +151,7 @@ def _first_with(data: dict, crowd: bool) -> dict:
     ("short runs", r"RLE runs covering \d+ pixels, not its image's"),
     ("compressed short runs", r"RLE runs covering \d+ pixels, not its image's"),
     ("garbage string", r"neither run lengths .* nor COCO's compressed string"),
-    ("two-point polygon", r"a polygon of 4 values, not x, y pairs of three points or more"),
+    ("two-point polygon", r"a first polygon of 4 values, not three points or more \(pycocotools reads 4 as a box\)"),
     ("polygon of strings", r"a polygon that is not a list of numbers"),
 ])
 def test_masks_pycocotools_cannot_score_as_drawn_are_refused_before_the_run(boxes_only, breakage, says):

@@ -562,8 +562,13 @@ def mask_problem(segmentation, height: int, width: int) -> str | None:
         if not isinstance(polygon, list) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in polygon):
             return f"a polygon that is not a list of numbers ({str(polygon)[:40]})"
-        if len(polygon) < 6 or len(polygon) % 2:
-            return f"a polygon of {len(polygon)} values, not x, y pairs of three points or more"
+        if len(polygon) % 2:
+            return f"a polygon of {len(polygon)} values, not x, y pairs"
+    # pycocotools reads the first polygon's length as the format: 4 values are a box to it (faster-coco-eval draws a
+    # polygon), fewer are an error; a later short fragment of a mask (an export's) is drawn alike by both
+    if len(segmentation[0]) < 6:
+        return (f"a first polygon of {len(segmentation[0])} values, not three points or more (pycocotools reads 4 "
+                "as a box)")
     return None
 
 

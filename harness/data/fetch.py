@@ -268,10 +268,12 @@ def fetch_rf100vl(dest: Path, progress: Callable[[str], None] | None = None) -> 
             latest = max((version_number(v.id) for v in dataset.rf_project.versions()),
                          key=lambda n: (isinstance(n, int), n))
             folder = dest / dataset.name
+            existed = folder.exists()
             try:
                 dataset.download(str(folder))
             except BaseException:  # a download cut short leaves no folder a campaign would take for a dataset
-                shutil.rmtree(folder, ignore_errors=True)
+                if not existed:  # one that was there (a copy of the user's) is not this download's to remove
+                    shutil.rmtree(folder, ignore_errors=True)
                 raise
             versions[dataset.name] = latest
             atomic_write_json(versions_file, dict(sorted(versions.items())))  # after each: resumable

@@ -257,11 +257,10 @@ def _labels_changed(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path
     from harness.run.resume import ground_truth_change
 
     scored_on = ((finished.get("repro") or {}).get("dataset") or {}).get("annotations_sha256")
-    try:
-        dataset = open_dataset(dataset_config(campaign, entry, datasets_dir))
+    try:  # reading the labels (describe) is where a file broken since fails
+        return ground_truth_change(scored_on, open_dataset(dataset_config(campaign, entry, datasets_dir)))
     except UsageError:
         return "its dataset no longer reads as it did"
-    return ground_truth_change(scored_on, dataset)
 
 
 def run_dataset(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, argv: list[str], progress,
