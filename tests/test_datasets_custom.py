@@ -342,22 +342,27 @@ def test_an_annotation_file_in_cocos_layout_finds_its_images(tmp_path, images):
 @requires_coco
 def test_the_root_of_cocos_layout_is_its_annotation_file(tmp_path):
     """root/ with annotations/instances_<split>.json: the same dataset as that file; with several splits, the one
-    starting "val" where there is one, else --split; a split it lacks is refused naming those it has."""
+    starting "val" where there is one, else --split; a split it lacks is refused naming those it has. COCO val2017's
+    own root is sent to --coco-dir (as --dataset its rows would be another dataset's)."""
     from harness.data.coco import CocoDataset
 
     root = _three_class_dataset(tmp_path / "mine", layout="coco")
-    from_file = CocoDataset.from_path(str(root / "annotations" / "instances_val2017.json"))
+    with pytest.raises(UsageError, match=rf"is COCO val2017 in its own layout.*; give it as --coco-dir {root}"):
+        CocoDataset.from_path(str(root))
+    (root / "annotations" / "instances_val2017.json").rename(root / "annotations" / "instances_val.json")
+    (root / "val2017").rename(root / "val")
+    from_file = CocoDataset.from_path(str(root / "annotations" / "instances_val.json"))
     from_root = CocoDataset.from_path(str(root))
-    assert from_root.identity == from_file.identity == ("mine", "val2017")
+    assert from_root.identity == from_file.identity == ("mine", "val")
     assert from_root.annotation_file == from_file.annotation_file and from_root.image_dir == from_file.image_dir
-    shutil.copy(root / "annotations" / "instances_val2017.json", root / "annotations" / "instances_train2017.json")
-    os.symlink(root / "val2017", root / "train2017")
-    assert CocoDataset.from_path(str(root)).identity == ("mine", "val2017")
-    assert CocoDataset.from_path(str(root), split="train2017").identity == ("mine", "train2017")
-    with pytest.raises(UsageError, match=r"has no 'test' split; use --split train2017 or val2017$"):
+    shutil.copy(root / "annotations" / "instances_val.json", root / "annotations" / "instances_train.json")
+    os.symlink(root / "val", root / "train")
+    assert CocoDataset.from_path(str(root)).identity == ("mine", "val")
+    assert CocoDataset.from_path(str(root), split="train").identity == ("mine", "train")
+    with pytest.raises(UsageError, match=r"has no 'test' split; use --split train or val$"):
         CocoDataset.from_path(str(root), split="test")
-    (root / "annotations" / "instances_val2017.json").rename(root / "annotations" / "instances_other.json")
-    with pytest.raises(UsageError, match=r"holds the splits other, train2017; use --split other or train2017$"):
+    (root / "annotations" / "instances_val.json").rename(root / "annotations" / "instances_other.json")
+    with pytest.raises(UsageError, match=r"holds the splits other, train; use --split other or train$"):
         CocoDataset.from_path(str(root))
 
 

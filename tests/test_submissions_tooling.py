@@ -1133,6 +1133,18 @@ def test_two_files_with_one_submission_id_are_refused_and_kept_out(tmp_path, bas
     assert [any(f.rule.startswith(("schema", "site.")) for f in r.errors) for r in reports] == [True, False]
     assert not [f for r in reports for f in r.findings if f.rule == "site.unique_id"]
     assert [r["hardware"] for r in aggregate(reports)["cube"]] == ["box_b"]
+    # a copy of one submission (a publishing folder beside the run's) is one submission, a warning; and a file
+    # whose hardware.id aggregate derives claims its id as any file aggregate takes
+    (folder / "a.json").write_text((folder / "b.json").read_text())
+    reports = validate_paths([folder], None).reports
+    assert not [f for r in reports for f in r.errors if f.rule == "site.unique_id"]
+    assert [[f.rule for f in r.findings if f.path == "submission_id"] for r in reports] == [[], ["duplicate-copy"]]
+    assert len(aggregate(reports)["cube"]) == 1
+    derived = _variant(base_doc, hardware__id="")
+    derived["hardware"]["gpu"] = "Orin (nvgpu)"
+    (folder / "a.json").write_text(json.dumps(derived))
+    reports = validate_paths([folder], None).reports
+    assert [[f.rule for f in r.errors if f.rule == "site.unique_id"] for r in reports] == [["site.unique_id"]] * 2
 
 
 def test_one_file_reached_through_two_paths_is_read_once(tmp_path, base_doc):
@@ -1378,8 +1390,11 @@ def test_a_run_folder_whose_cells_did_not_finish_is_named_as_one(tmp_path):
     (run / "run.json").write_text(json.dumps({"run_id": "r1", "cells": [{"cell": "m b1", "status": "running"}]}))
     for command in ("validate", "aggregate"):
         done = run_in_process(command, str(run))
-        assert done.returncode == 2 and f"{run} is a run folder whose cells did not finish (see its run.json); " \
+        assert done.returncode == 2 and f"{run} is a run folder without a finished cell (see its run.json); " \
             f"finish it with va-bench run --resume r1 --output-dir {tmp_path / 'runs'}" in done.stderr, done.stderr
+    (run / "run.json").write_text(json.dumps({"run_id": "r1", "cells": [{"cell": "m b1", "status": "failed"}]}))
+    assert run_in_process("validate", str(run)).stderr.strip().endswith(f"--output-dir {tmp_path / 'runs'} "
+                                                                         "--retry-failed")
 
 
 def test_an_rf100vl_row_of_other_datasets_is_no_valid_row(tmp_path):

@@ -713,6 +713,10 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         if chosen not in coco_splits:
             asked = f"has no {chosen!r} split" if chosen else f"holds the splits {', '.join(coco_splits)}"
             raise UsageError(path_problem("--dataset", given, asked) + f"; use --split {' or '.join(coco_splits)}")
+        if f"instances_{chosen}.json" in ANNOTATION_FILES:  # COCO val2017 itself: its rows are the COCO boards'
+            raise UsageError(path_problem("--dataset", given, "is COCO val2017 in its own layout")
+                             + f"; give it as --coco-dir {given} (its rows are then COCO's, and --subset mini500 "
+                               "and full apply)")
         return _custom_layout(str(path / "annotations" / f"instances_{chosen}.json"), None)
     if not present:
         hint = _yolo_split_hint(path)

@@ -55,7 +55,7 @@ from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.records import COCO_MAX_DETS
 from harness.results.reader import latest_wins
-from harness.results.validate import FileReport, is_site_rule
+from harness.results.validate import FileReport, derivable_hardware_id, is_site_rule
 
 BACKEND_PREFERENCE = ("pytorch", "onnx", "torchscript", "openvino", "tensorrt")
 KNOWN_VARIANTS = ("full", "mini500")
@@ -179,19 +179,13 @@ def row_from(report: FileReport) -> PerfRow:
         mAP_50_95=_num(sub.accuracy.get("mAP_50_95")), mAP_50=_num(sub.accuracy.get("mAP_50")),
         flags=[f"{f.severity}: {f.message}" for f in ours] + [
             f"derived: hardware.id {sub.hardware_id} from its GPU/CPU names (the site refuses the file's own: "
-            f"{f.message})" for f in report.errors if is_site_rule(f) and _derivable_hardware_id(report, f)][:1],
+            f"{f.message})" for f in report.errors if is_site_rule(f) and derivable_hardware_id(report, f)][:1],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
         section="rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other",
         dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
         board=sub.board,
     )
-
-
-def _derivable_hardware_id(report: FileReport, finding) -> bool:
-    """A missing hardware.id does not exclude a file whose GPU/CPU names identify the hardware."""
-    about_id = finding.path == "hardware.id" or (finding.path == "hardware" and "'id'" in finding.message)
-    return about_id and report.submission is not None and report.submission.hardware_id != "unknown"
 
 
 def _created(row: PerfRow) -> datetime | None:
@@ -233,7 +227,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
     files whose figures contradict each other are left out)."""
     rows, excluded = [], []
     for report in reports:
-        blocking = [f for f in report.errors if (is_site_rule(f) and not _derivable_hardware_id(report, f))
+        blocking = [f for f in report.errors if (is_site_rule(f) and not derivable_hardware_id(report, f))
                     or f.rule in UNPUBLISHABLE]
         if report.submission is None or blocking:  # not a submission at all (unreadable), or one the site rejects
             excluded.append({"file": str(report.path), "submission": report.submission is not None,

@@ -89,19 +89,23 @@ class Entry:
         submission recorded (eval.detections_sha256); None when it is, or when none was recorded."""
         recorded = (self.doc.get("eval") or {}).get("detections_sha256") if isinstance(self.doc.get("eval"),
                                                                                        dict) else None
-        if not isinstance(recorded, str):
-            return None
         actual = _file_digest(path)
+        if not isinstance(recorded, str) or actual is None:  # none recorded, or unreadable (its reading says why)
+            return None
         return None if actual == recorded else (f"its detections file {path.name} is not the one it was scored from "
                                                 f"(SHA-256 {actual[:12]}, recorded {recorded[:12]})")
 
 
-def _file_digest(path: Path) -> str:
-    """A file's SHA-256, read once per file version (a run's cells are compared several times over)."""
-    st = path.stat()
-    key = (file_identity(path), st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = file_sha256(path)
+def _file_digest(path: Path) -> str | None:
+    """A file's SHA-256, read once per file version (a run's cells are compared several times over); None when it
+    cannot be read."""
+    try:
+        st = path.stat()
+        key = (file_identity(path), st.st_size, st.st_mtime_ns)
+        if key not in _DIGESTS:
+            _DIGESTS[key] = file_sha256(path)
+    except OSError:
+        return None
     return _DIGESTS[key]
 
 
@@ -588,7 +592,8 @@ class ImageSets:
         for (path, _), entry, side in zip(files, (ea, eb), "AB", strict=True):
             if (replaced := entry.replaced_detections(path)) is not None:
                 return None, f"{side}: {replaced}"
-        if _file_digest(files[0][0]) == _file_digest(files[1][0]):
+        digests = [_file_digest(path) for path, _ in files]
+        if digests[0] is not None and digests[0] == digests[1]:
             return None, "A and B have the same detections (byte for byte): the delta is 0 on every image"
         sides = []
         for (path, _), entry, side in zip(files, (ea, eb), "AB", strict=True):

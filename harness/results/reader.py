@@ -255,10 +255,15 @@ def collect_files(paths: list[str | Path]) -> tuple[list[Path], list[str]]:
                              + "; pass submission files or folders of them")
     if not files:
         unfinished = [p for p in map(Path, paths) if (p / RUN_FILE).is_file()]
-        if unfinished:  # a run folder whose cells have not finished: not a wrong path
-            raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}: {unfinished[0]} is a "
-                             f"run folder whose cells did not finish (see its {RUN_FILE}); finish it with va-bench "
-                             f"run --resume {unfinished[0].name} --output-dir {shell.quote(str(unfinished[0].parent))}")
+        if unfinished:  # a run folder without a finished cell: not a wrong path
+            run = unfinished[0]
+            doc, _ = read_json(run / RUN_FILE)
+            cells = doc.get("cells") if isinstance(doc, dict) and isinstance(doc.get("cells"), list) else []
+            failed = any(isinstance(c, dict) and c.get("status") in ("failed", "oom", "skipped") for c in cells)
+            raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}: {run} is a run folder "
+                             f"without a finished cell (see its {RUN_FILE}); finish it with va-bench run --resume "
+                             f"{run.name} --output-dir {shell.quote(str(run.parent))}"
+                             + (" --retry-failed" if failed else ""))
         raise UsageError(f"no submission files (*.json) in {', '.join(map(str, paths))}; pass va.submission.v1 "
                          "files, folders of them, or a run folder outputs/<run_id>/")
     # a file reached through two of the paths given (a folder and a file in it, a name twice) is one submission:
