@@ -4,6 +4,7 @@ process for the group's next cell, its memory in the record, and the options it 
 
 import json
 import os
+import re
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -111,8 +112,9 @@ def test_a_killed_forward_process_fails_its_cell_and_the_next_cell_gets_a_new_on
     state = json.loads(next((tmp_path / "out").glob("*/run.json")).read_text())
     cells = {c["batch_size"]: c for c in state["cells"]}
     assert cells[2]["status"] == "failed"
-    assert f"forward's process ended while running the forward (killed by {signal.Signals.SIGKILL.name})" in \
-        cells[2]["reason"]
+    # two forwards in flight: the run may be handing the next batch over (sending) when it learns of the end
+    assert re.search(rf"forward's process ended while (running the forward|taking a batch) \(killed by "
+                     rf"{signal.Signals.SIGKILL.name}\)", cells[2]["reason"]), cells[2]["reason"]
     assert cells[4]["status"] == "ok"
     assert not marker.exists()
 
