@@ -626,8 +626,11 @@ def _libreyolo_ids() -> set[str]:
 def models_fetch(
     model_id: str = typer.Argument(..., help="registry id, e.g. yolox-s"),
     force: bool = typer.Option(False, "--force", help="download again even when the weights are found locally"),
+    base_url: str | None = typer.Option(None, "--base-url", help="a mirror holding the release's files under their "
+                                                                  "own names (http(s):// or file://)"),
 ) -> None:
-    """Download a model's official weights into the weights cache (nothing to do when they are found locally)."""
+    """Download a model's official weights into the weights cache (nothing to do when they are found locally); a
+    release file whose SHA-256 is pinned is checked against it."""
     from harness.catalogue import check_model_id
     from harness.detector.graph import onnx_problem
     from harness.detector.weights import ENV_WEIGHTS_DIR, weights_dir
@@ -653,6 +656,9 @@ def models_fetch(
         console.print(f"{model_id}: already present, {found} (sha256 {file_sha256(found)}); "
                       "--force downloads it again")
         return
+    if base_url is not None and not entry.weights_url:
+        raise UsageError(f"--base-url applies to a model whose release file va-bench downloads itself; {model_id}'s "
+                         "weights come through its library: drop it")
     if not entry.weights_url and model_id in _libreyolo_ids():
         from harness.models.libreyolo import fetch_weights
 
@@ -668,6 +674,9 @@ def models_fetch(
         raise UsageError(f"the weights cache {target} {problem}; set ${ENV_WEIGHTS_DIR} to a writable folder")
 
     def weights_problem(path: Path) -> str | None:
+        if entry.weights_sha256 is not None and (digest := file_sha256(path)) != entry.weights_sha256:
+            return (f"is not {model_id}'s release file (SHA-256 {digest[:16]}..., the release's "
+                    f"{entry.weights_sha256[:16]}...)")
         problem = onnx_problem(path) if entry.weights_file.endswith(".onnx") else None
         if problem is None:
             try:
@@ -676,8 +685,12 @@ def models_fetch(
                 return f"is not {model_id}'s weights ({exc})"
         return problem
 
-    dest = download(entry.weights_url, target, check=weights_problem)
-    console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)})")
+    url = entry.weights_url if base_url is None else f"{base_url.rstrip('/')}/{entry.weights_url.rsplit('/', 1)[1]}"
+    for stale in target.parent.glob(f".{target.name}.*.part"):  # a download killed before it could tidy up
+        stale.unlink(missing_ok=True)
+    dest = download(url, target, check=weights_problem)
+    pinned = "checked against the release's" if entry.weights_sha256 else "not pinned here: checked for its shape only"
+    console.print(f"{model_id}: {dest} (sha256 {file_sha256(dest)}; {pinned})")
 
 
 

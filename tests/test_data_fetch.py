@@ -271,3 +271,39 @@ def test_models_fetch_skips_weights_found_locally_and_force_downloads(server, tm
     fetched = run_in_process("models", "fetch", "yolox-nano", env={"VA_BENCH_WEIGHTS": str(cache)})
     assert fetched.returncode == 0 and len(RangeHandler.requests_seen) == 2
     assert (cache / "yolox_nano.onnx").is_file()
+
+
+@requires_yolox
+def test_models_fetch_refuses_a_release_file_other_than_the_pinned_one_and_takes_a_mirror(server, tmp_path,
+                                                                                           monkeypatch):
+    """The nano graph with one weight scaled (the right shape and parameter count) was kept as the official weights.
+    Its release file's SHA-256 is pinned: anything else is refused, nothing kept. `--base-url` fetches the release
+    file by its name from a mirror; a temp file a killed download left is removed."""
+    import onnx
+    from onnx import numpy_helper
+
+    from harness.models import yolox
+
+    root, base = server
+    model = onnx.load(str(YOLOX_NANO))
+    first = model.graph.initializer[0]
+    first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first) * 1.5, first.name))
+    (root / "mirror").mkdir()
+    onnx.save(model, str(root / "mirror" / "yolox_nano.onnx"))
+    (root / "good").mkdir()
+    (root / "good" / "yolox_nano.onnx").write_bytes(YOLOX_NANO.read_bytes())
+    monkeypatch.setattr(yolox, "OFFLINE_DIR", tmp_path / "nowhere")
+    monkeypatch.delenv("VA_BENCH_YOLOX_NANO", raising=False)
+    cache = tmp_path / "weights"
+    cache.mkdir()
+    (cache / ".yolox_nano.onnx.abc123.part").write_bytes(b"half a file")
+    other = run_in_process("models", "fetch", "yolox-nano", "--base-url", f"{base}/mirror",
+                           env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert other.returncode == 1 and "is not yolox-nano's release file (SHA-256" in other.stderr, other.stderr
+    assert sorted(cache.iterdir()) == []
+    good = run_in_process("models", "fetch", "yolox-nano", "--base-url", f"{base}/good/",
+                          env={"VA_BENCH_WEIGHTS": str(cache)})
+    assert good.returncode == 0 and "checked against the release's" in good.stdout.replace("\n", " "), good.stderr
+    assert (cache / "yolox_nano.onnx").read_bytes() == YOLOX_NANO.read_bytes()
+    library = run_in_process("models", "fetch", "rtdetr-r18", "--base-url", base)
+    assert library.returncode == 2 and "--base-url applies to a model whose release file" in library.stderr

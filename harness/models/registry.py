@@ -30,6 +30,7 @@ class ModelEntry:
     factory: Callable[[str | None], Detector]  # weights (None: the default, a path, or "random") -> Detector
     weights_url: str | None
     weights_file: str | None
+    weights_sha256: str | None = None  # the download's SHA-256 where pinned: another file is refused
     note: str = ""
     postprocess: str = "nms"  # the family's post-processing kind (PostprocessSpec.kind)
     local_weights: Callable[[], Path | None] = lambda: None  # the weights file found locally, if any
@@ -48,6 +49,7 @@ def _yolox_entry(variant: str) -> ModelEntry:
         factory=lambda weights, v=variant: yolox.YoloxDetector(v, weights),
         weights_url=yolox.RELEASE_URL.format(variant=variant),
         weights_file=f"yolox_{variant}.onnx",
+        weights_sha256=yolox.RELEASE_SHA256.get(variant),
         note=f"official YOLOX ONNX export, {yolox.VARIANTS[variant]}px (or a TensorRT .engine of one)",
         postprocess=yolox.YoloxDetector.postprocess.kind,
         local_weights=lambda v=variant: next((p for p in yolox.weight_candidates(v) if p.is_file()), None),
@@ -125,6 +127,7 @@ def _libreyolo_entry(model_id: str, onnx_yolox: ModelEntry | None) -> ModelEntry
                           check_weights=lambda path: libreyolo.check_checkpoint(model_id, path))
     return ModelEntry(model_id=model_id, family=onnx_yolox.family, factory=factory,
                       weights_url=onnx_yolox.weights_url, weights_file=onnx_yolox.weights_file,
+                      weights_sha256=onnx_yolox.weights_sha256,
                       note=f"{onnx_yolox.note}; --weights {RANDOM_WEIGHTS} or a .pt: {note}",
                       postprocess=onnx_yolox.postprocess, local_weights=onnx_yolox.local_weights, engines=True,
                       check_weights=onnx_yolox.check_weights)

@@ -43,6 +43,9 @@ from harness.files import file_sha256
 # variant -> native input size (the official release's export size)
 VARIANTS = YOLOX_VARIANTS
 RELEASE_URL = "https://github.com/Megvii-BaseDetection/YOLOX/releases/download/0.1.1rc0/yolox_{variant}.onnx"
+# the release files' SHA-256 where known here (nano: the offline asset, the release's file): a download of another
+# file is refused; the other variants' are checked for their parameter count only
+RELEASE_SHA256 = {"nano": "695e750a5d5754bb5a8d5325643b59282191a7e7a564e435a415fd3c578eab14"}
 STRIDES = (8, 16, 32)
 # Parameters of each variant (millions; YOLOX's model zoo table). Adjacent variants differ 1.8x or more, so a
 # graph outside [0.75, 1.33] of its variant's count is another variant, whatever the file is called
