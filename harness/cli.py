@@ -681,8 +681,8 @@ def models_fetch(
         if problem is None:
             try:
                 entry.check_weights(path)
-            except UsageError as exc:
-                return f"is not {model_id}'s weights ({exc})"
+            except UsageError as exc:  # a run's refusal of the file: its facts, not the temp file's name or advice
+                return f"is not {model_id}'s weights ({str(exc).replace(str(path), 'the file').split('; ')[0]})"
         return problem
 
     url = entry.weights_url if base_url is None else f"{base_url.rstrip('/')}/{entry.weights_url.rsplit('/', 1)[1]}"

@@ -225,6 +225,7 @@ def test_models_fetch_checks_weights_as_a_run_would(server, tmp_path, monkeypatc
     wrong = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(cache)})
     assert wrong.returncode == 1 and "is not yolox-tiny's weights" in wrong.stderr, wrong.stderr
     assert "looks like yolox-nano" in wrong.stderr and not (cache / "yolox_tiny.onnx").exists()
+    assert ".part" not in wrong.stderr and "run it as --model" not in wrong.stderr  # a download's refusal, not a run's
     cache.mkdir(exist_ok=True)
     (cache / "yolox_tiny.onnx").write_bytes(YOLOX_NANO.read_bytes())
     present = run_in_process("models", "fetch", "yolox-tiny", env={"VA_BENCH_WEIGHTS": str(cache)})

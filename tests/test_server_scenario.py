@@ -90,6 +90,7 @@ def test_the_server_scenario_runs_and_is_recorded(tmp_path):
     (path,) = list((tmp_path / "server" / "submissions").glob("*.json"))
     server = json.loads(path.read_text())["server"]
     assert server["at_qps"]["queries"] == 10 and server["at_qps"]["bound_held"] is True
+    assert f"{server['at_qps']['achieved_qps']:.2f} qps achieved)" in result.stdout  # the rate met, beside the asked
     assert server["search"]["trials"] and all(t["queries"] == 10 for t in server["search"]["trials"])
     samples = json.loads((tmp_path / "server" / server["samples"]).read_text())["trials"]
     trials = [server["at_qps"], *server["search"]["trials"]]

@@ -340,8 +340,11 @@ def _fetched(model_id: str, model: LibreModel, cls, dest: Path) -> str:
         try:
             download_weights(str(dest), model.size)
         except Exception as exc:  # network/HF errors, checksum refusals: exit 1 (not a usage error), one line
+            first = (str(exc).splitlines() or [""])[0]
+            # its cause (a name not resolved, a refused connection) is at the end of urllib3's long first line
+            said = first if len(first) <= 240 else f"{first[:100]} ... {first[-130:]}"
             raise DownloadError(f"could not download {model.weights_file} for {model_id} "
-                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check the network "
+                                f"({type(exc).__name__}: {said}); check the network "
                                 "or download it yourself and pass --weights PATH") from exc
         finally:
             download_logger.removeFilter(_no_retry_warnings)

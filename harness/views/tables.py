@@ -230,7 +230,8 @@ def server_lines(records: list[CellRecord]) -> list[str]:
             t = server["at_qps"]
             verdict = "held" if t["bound_held"] else "NOT held"
             lines.append(f"{r.cell.label}: server at {t['qps']:g} qps: p99 {t['latency_ms']['p99']:.1f} ms against "
-                         f"{bound:g} ms, {verdict} (p50 {t['latency_ms']['p50']:.1f} ms)")
+                         f"{bound:g} ms, {verdict} (p50 {t['latency_ms']['p50']:.1f} ms"
+                         + (f", {t['achieved_qps']:.2f} qps achieved)" if t.get("achieved_qps") is not None else ")"))
         if "max_qps" in server:
             found = server["max_qps"]
             lines.append(f"{r.cell.label}: highest rate holding p99 <= {bound:g} ms: "
