@@ -80,6 +80,21 @@ def test_our_own_submissions_validate_clean(ort_run):
         assert r.errors == [], r.to_dict()
 
 
+def test_the_extended_schema_declares_every_block_a_run_writes(ort_run):
+    """`va-bench schema` is the extended schema: energy, layers, profiler, software, and timing's samples, tail and
+    warm-up were written but not declared (they validated only because extra properties are allowed)."""
+    plan, _ = ort_run
+    ours = json.loads(EXTENDED_SCHEMA.read_text())
+    timing = ours["properties"]["timing"]["properties"]
+    docs = [json.loads(path.read_text()) for path in sorted((plan.run_dir / "submissions").glob("*.json"))]
+    assert any(d["layers"] for d in docs) and any(d["profiler"] for d in docs)  # the passes' blocks are checked too
+    for doc in docs:
+        assert set(doc) - set(ours["properties"]) == set(), doc["submission_id"]
+        assert set(doc["timing"]) - set(timing) == set(), doc["submission_id"]
+        assert schema_findings(doc, ours) == [], doc["submission_id"]
+    assert {"server", "repeats"} <= set(ours["properties"]) | set(timing)  # written by options this run did not use
+
+
 HOSTILE = {
     "not_json.json": b"this is not json {",
     "nan.json": b'{"schema_version": "va.submission.v1", "timing": {"total_ms": {"p50": NaN}}}',
