@@ -91,6 +91,16 @@ def test_the_server_scenario_runs_and_is_recorded(tmp_path):
     server = json.loads(path.read_text())["server"]
     assert server["at_qps"]["queries"] == 10 and server["at_qps"]["bound_held"] is True
     assert f"{server['at_qps']['achieved_qps']:.2f} qps achieved)" in result.stdout  # the rate met, beside the asked
+    # the report has the trials (it had none: the page read as a latency run's)
+    from harness.report.sections import server_table
+    from harness.results.reader import load_run
+
+    table = server_table(load_run(tmp_path / "server"))
+    trials = [server["at_qps"], *server["search"]["trials"]]
+    assert [r[3] for r in table.rows] == ["at --qps", *(f"search {n}" for n in range(1, len(trials)))]
+    assert [(r[4], r[7]) for r in table.rows] == [(f"{t['qps']:.2f}", f"{t['latency_ms']['p99']:.1f}") for t in trials]
+    assert run_in_process("report", str(tmp_path / "server")).returncode == 0
+    assert "<h2 id='server'>Server scenario</h2>" in (tmp_path / "server" / "report.html").read_text()
     assert server["search"]["trials"] and all(t["queries"] == 10 for t in server["search"]["trials"])
     samples = json.loads((tmp_path / "server" / server["samples"]).read_text())["trials"]
     trials = [server["at_qps"], *server["search"]["trials"]]

@@ -26,6 +26,7 @@ from harness.report.sections import (
     performance_table,
     repro_commands,
     run_date,
+    server_table,
     setup_table,
 )
 from harness.results.reader import RunFolder
@@ -162,6 +163,12 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
                  "wall time (overlapped); ms/batch percentiles over the timed batches; J/img over the timing "
                  "window.</p>")
     accuracy_plots = [p for p in plots if p.name in ACCURACY_PLOTS]
+    served = server_table(run)
+    if served is not None:
+        parts.append("<h2 id='server'>Server scenario</h2>" + _table(served)
+                     + "<p class='note'>Poisson arrivals, one image a query, served first come first served by the "
+                       "batch-1 pipeline; latency from a query's arrival to its result, queueing included; every "
+                       "query's latency is in the cell's server/ file.</p>")
     parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots if p.name not in ACCURACY_PLOTS))
     acc = accuracy_table(run)
     parts.append("<h2 id='accuracy'>Accuracy (COCO statistics: bbox; segm for a segmentation cell)</h2>"

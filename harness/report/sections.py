@@ -192,6 +192,33 @@ def performance_table(run: RunFolder) -> Table:
     return Table(header, rows, numeric)
 
 
+def server_table(run: RunFolder) -> Table | None:
+    """--scenario server: each trial of each cell (the one at --qps, then --find-max-qps's search in its order): the
+    rate asked and achieved, the latency percentiles from arrival to result, the queueing p99 and whether the p99
+    held the bound; None when no cell served."""
+    rows = []
+    for c in run.cells:
+        server = c.get("server")
+        if not isinstance(server, dict):
+            continue
+        k = c.key
+        trials = ([("at --qps", server["at_qps"])] if isinstance(server.get("at_qps"), dict) else []) + [
+            (f"search {n}", t) for n, t in enumerate((server.get("search") or {}).get("trials") or [], 1)]
+        found = f"max {fmt(server['max_qps'])} qps" if number(server.get("max_qps")) is not None else (
+            "no rate held" if "max_qps" in server else "")
+        for n, (what, t) in enumerate(trials):
+            latency = t.get("latency_ms") or {}
+            rows.append([k.model, k.backend, str(k.batch_size), what, fmt(t.get("qps")), fmt(t.get("achieved_qps")),
+                         fmt(latency.get("p50"), 1), fmt(latency.get("p99"), 1), fmt(t.get("queue_ms_p99"), 1),
+                         fmt(t.get("latency_bound_ms") or server.get("latency_bound_ms"), 0),
+                         "held" if t.get("bound_held") else "NOT held", found if n == 0 else ""])
+    if not rows:
+        return None
+    header = ["model", "backend", "batch", "trial", "qps asked", "qps achieved", "p50 ms", "p99 ms",
+              "queueing p99 ms", "bound ms", "p99 <= bound", "found"]
+    return Table(header, rows, [False, False, True, False, True, True, True, True, True, True, False, False])
+
+
 def accuracy_table(run: RunFolder) -> Table | None:
     """The 12 COCO metrics per cell (of the masks for a segmentation cell, with its box mAP beside them); None when
     no cell has accuracy."""
