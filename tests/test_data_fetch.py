@@ -304,7 +304,7 @@ def test_models_fetch_refuses_a_release_file_other_than_the_pinned_one_and_takes
     assert sorted(cache.iterdir()) == []
     good = run_in_process("models", "fetch", "yolox-nano", "--base-url", f"{base}/good/",
                           env={"VA_BENCH_WEIGHTS": str(cache)})
-    assert good.returncode == 0 and "checked against the release's" in good.stdout.replace("\n", " "), good.stderr
+    assert good.returncode == 0 and "checked against the release's" in " ".join(good.stdout.split()), good.stderr
     assert (cache / "yolox_nano.onnx").read_bytes() == YOLOX_NANO.read_bytes()
     library = run_in_process("models", "fetch", "rtdetr-r18", "--base-url", base)
     assert library.returncode == 2 and "--base-url applies to a model whose release file" in library.stderr

@@ -78,6 +78,11 @@ def _table(table: Table, status_col: int | None = None, wrap: bool = False) -> s
             "</table></div>")
 
 
+def _noted(heading: str, table: Table, note: str) -> str:
+    """A section's heading, its table and the note that says how to read it."""
+    return f"{heading}{_table(table)}<p class='note'>{escape(note)}</p>"
+
+
 def _data_uri(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
@@ -165,20 +170,20 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
     accuracy_plots = [p for p in plots if p.name in ACCURACY_PLOTS]
     served = server_table(run)
     if served is not None:
-        parts.append("<h2 id='server'>Server scenario</h2>" + _table(served)
-                     + "<p class='note'>Poisson arrivals, one image a query, served first come first served by the "
-                       "batch-1 pipeline; latency from a query's arrival to its result, queueing included; every "
-                       "query's latency is in the cell's server/ file.</p>")
+        parts.append(_noted("<h2 id='server'>Server scenario</h2>", served,
+                            "Poisson arrivals, one image a query, served first come first served by the batch-1 "
+                            "pipeline; latency from a query's arrival to its result, queueing included; every "
+                            "query's latency is in the cell's server/ file."))
     parts.append("<h2 id='plots'>Plots</h2>" + "".join(_plot(p) for p in plots if p.name not in ACCURACY_PLOTS))
     acc = accuracy_table(run)
     parts.append("<h2 id='accuracy'>Accuracy (COCO statistics: bbox; segm for a segmentation cell)</h2>"
                  + (_table(acc) if acc else f"<p class='unavailable'>{escape(accuracy_unavailable(run))}</p>"))
     point = operating_point_table(run)
     if point is not None:
-        parts.append("<h3>Operating point</h3>" + _table(point)
-                     + "<p class='note'>the detection score with the highest mean F1 over the classes (IoU 0.50, "
-                       "COCO's matching, the lowest such score at a tie), and the classes' mean precision, recall "
-                       "and F1 there: what running the detector at that confidence gives on these images.</p>")
+        parts.append(_noted("<h3>Operating point</h3>", point,
+                            "the detection score with the highest mean F1 over the classes (IoU 0.50, COCO's "
+                            "matching, the lowest such score at a tie), and the classes' mean precision, recall and "
+                            "F1 there: what running the detector at that confidence gives on these images."))
     parts.append("".join(_plot(p) for p in accuracy_plots if acc))
     per_class = per_class_table(run)
     if per_class is not None:
