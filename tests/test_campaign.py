@@ -497,3 +497,21 @@ def test_versions_recorded_as_text_by_an_earlier_fetch_are_read_as_numbers(tmp_p
     path.write_text(f"model: yolox-nano\ndatasets:\n  - {{name: a, dataset: {tmp_path / 'ann.json'}, weights: "
                     f"{tmp_path / 'w' / 'pets' / 'best.pt'}, version: '4'}}\n")
     assert [e.version for e in read_campaign_file(path, {}).entries] == [4]
+
+
+def test_a_folder_the_fetch_did_not_finish_is_skipped_as_such(tmp_path):
+    """A dataset folder the versions file does not list (a download cut short by an older va-bench, or by hand) was
+    run as a dataset and skipped as "holds no COCO annotations"; it is named for what it is."""
+    from harness.run.campaign import rf100vl_campaign, settled
+
+    for name in ("pets", "street"):
+        (tmp_path / "rf" / name / "test").mkdir(parents=True)
+        (tmp_path / "w" / name).mkdir(parents=True)
+        (tmp_path / "w" / name / "best.pt").write_bytes(b"w")
+    (tmp_path / "rf" / "rf100vl_versions.json").write_text(json.dumps({"pets": 2}))
+    campaign = rf100vl_campaign(tmp_path / "rf", tmp_path / "w", "yolox-nano", "test", {})
+    pets, street = campaign.entries
+    assert pets.skipped is None and settled(campaign, pets, tmp_path / "datasets") is None  # to run
+    result = settled(campaign, street, tmp_path / "datasets")
+    assert result.submission is None and result.reason.startswith("its download did not finish (not in "
+                                                                  "rf100vl_versions.json)")

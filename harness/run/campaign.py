@@ -48,6 +48,7 @@ class CampaignEntry:
     weights: str | None  # None: no weights found (the dataset is skipped, named)
     version: str | int | None = None
     split: str | None = None
+    skipped: str | None = None  # why it is not run at all (a download that did not finish)
 
 
 @dataclass
@@ -97,8 +98,11 @@ def rf100vl_campaign(root: Path, weights_root: Path, model: str, split: str, opt
         candidates = sorted(p for p in (weights_root / folder.name).glob("*") if p.suffix in WEIGHT_SUFFIXES) \
             if (weights_root / folder.name).is_dir() else []
         version = versions.get(folder.name)  # a string "4" recorded before versions were numbers: the number
+        # a fetch records each dataset once it is whole: a folder it does not list is a download cut short
+        unfinished = (f"its download did not finish (not in {VERSIONS_FILE}); run `va-bench data fetch rf100vl` "
+                      "again") if versions and version is None else None
         entries.append(CampaignEntry(folder.name, str(folder), str(candidates[0]) if len(candidates) == 1 else None,
-                                     None if version is None else version_number(version), split))
+                                     None if version is None else version_number(version), split, unfinished))
     if not entries:
         raise UsageError(path_problem("--rf100vl", root, "holds no dataset folders") + "; point it at the download")
     if not any(e.weights for e in entries):  # nothing could be scored: refused before a folder is made
@@ -245,6 +249,8 @@ def settled(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, progre
         finished = None
     if finished is not None:
         return DatasetResult(entry.name, entry.version, entry.weights or "", finished)
+    if entry.skipped is not None:
+        return DatasetResult(entry.name, entry.version, entry.weights or "", None, entry.skipped)
     if entry.weights is None:
         return DatasetResult(entry.name, entry.version, "", None, "no weights file for it")
     return None
