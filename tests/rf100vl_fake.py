@@ -43,6 +43,7 @@ def fake_rf100vl(root: Path, weights_root: Path) -> None:
     (root / "broken" / "test" / "_annotations.coco.json").write_text("{not json")
     (weights_root / "broken").mkdir()
     (weights_root / "broken" / "LibreYOLOXn.pt").write_bytes((weights_root / "pets" / "LibreYOLOXn.pt").read_bytes())
-    (root / "rf100vl_versions.json").write_text(json.dumps({"cars-and-people": 2, "pets": 1, "street": 3}))
+    # "broken" downloaded whole (listed), its annotation file broken at the source
+    (root / "rf100vl_versions.json").write_text(json.dumps({"broken": 1, "cars-and-people": 2, "pets": 1, "street": 3}))
 
 
