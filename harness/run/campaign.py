@@ -321,9 +321,8 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     recipe = {**campaign.recipe(), "weights": campaign.weights_sha256}
     if (folder / CAMPAIGN_FILE).is_file():  # resuming: only the same campaign may add to its folder
         before = read_json_object(folder / CAMPAIGN_FILE).get("recipe")
-        finished = [d for d in (folder / "datasets").glob("*") if d.is_dir() and finished_submission(d)] \
-            if (folder / "datasets").is_dir() else []
-        if before != recipe and finished:  # nothing finished: nothing to mix, the corrected campaign starts over
+        # nothing finished: nothing to mix, the corrected campaign starts over
+        if before != recipe and any(d.is_dir() and finished_submission(d) for d in (folder / "datasets").glob("*")):
             changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
             raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "
                              "its finished datasets would mix with these: use another --campaign-id")
