@@ -731,7 +731,9 @@ def test_a_pytorch_cell_on_a_busy_cpu_warns_of_spinning_openmp_threads(tmp_path_
 
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(executor, "load_average", lambda: (float(os.cpu_count() + 1), 0.0, 0.0))
+    busy = lambda: (float(os.cpu_count() + 10), 0.0, 0.0)  # noqa: E731
+    monkeypatch.setattr(executor, "load_average", busy)
+    monkeypatch.setattr(hygiene, "load_average", busy)  # the pass's own window reads it there
     plugin = Path(__file__).parent / "plugins" / "batch_dependent_detector.py"
     _, records = run_benchmark(tmp_path_factory, "busy", models=[f"{plugin}:make"], backends=["pytorch"],
                                batch_sizes=[2], warmup_batches=1, warmup_seconds=0.0, min_timed_batches=2,
@@ -739,3 +741,167 @@ def test_a_pytorch_cell_on_a_busy_cpu_warns_of_spinning_openmp_threads(tmp_path_
                                threads=2)  # a team of two, which spins (one thread has no team)
     (busy,) = [w for w in records[0].timing.warnings if w.startswith("machine busy")]
     assert "torch's OpenMP threads spin while they wait" in busy
+
+
+# the two bits nvml.h names only under the older "throttle reasons" (nvmlClocksThrottleReasonBoardLimit, ...)
+NVML_THROTTLE_ONLY_BITS = {"BoardLimit": 0x200, "Reliability": 0x400}
+
+
+def test_board_limit_and_reliability_are_slowdowns_and_an_unknown_bit_is_recorded_and_said():
+    pynvml = pytest.importorskip("pynvml")
+    assert {name: getattr(pynvml, f"nvmlClocksThrottleReason{name}") for name in NVML_THROTTLE_ONLY_BITS} == \
+        NVML_THROTTLE_ONLY_BITS
+    for bit, name in ((0x200, "board_limit"), (0x400, "reliability")):
+        state = _one_pass(NvmlReader(FakeNvml(reasons=[bit | 0x1]), 0))
+        assert state["throttled"] is True and state["throttle_reasons"] == [name]
+    state = _one_pass(NvmlReader(FakeNvml(reasons=[0x800 | 0x1]), 0))  # a bit no driver here defines yet
+    assert state["gpu"]["clock_event_reasons"] == ["gpu_idle", "unknown_0x800"] and state["throttled"] is False
+    assert any("unknown_0x800" in w and "not judged" in w for w in state["warnings"])
+
+
+def test_a_raspberry_pi_that_throttled_inside_the_pass_is_throttled():
+    """vcgencmd is read through the pass: a flag of now in a middle reading, or an "occurred" flag that was clear
+    and then set (the kernel's hwmon driver clears those as it polls), throttled the pass; "occurred" from the
+    start on may be older than the pass: recorded, not counted."""
+    def sampler_reading(values):
+        values = iter(values)
+        sampler = _sampler(run=lambda *a, **k: SimpleNamespace(stdout=f"throttled={next(values)}\n", stderr=""))
+        return sampler
+
+    sampler = sampler_reading(["0x0", "0x40000"])  # only the start and the end read: the end's new flag counts
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["throttled"] is True and state["throttle_reasons"] == ["raspberry pi: throttling_occurred"]
+    assert state["rpi_throttled"] == {"start": "0x0", "end": "0x40000", "readings": 2,
+                                      "flags": ["throttling_occurred"], "during_pass": ["throttling_occurred"]}
+    original = hygiene.RPI_POLL_S
+    try:
+        hygiene.RPI_POLL_S = 0.0  # every sample reads it
+        sampler = sampler_reading(["0x0", "0x0", "0x4", "0x0", "0x0"])  # throttled in the middle, clear at both ends
+        sampler.begin_window("cell")
+        sampler._sample()
+        state = sampler.end_window()
+        assert state["throttled"] is True and state["throttle_reasons"] == ["raspberry pi: throttled"]
+        assert state["rpi_throttled"]["readings"] == 5  # the ends, and each sample
+        sampler = sampler_reading(["0x40000", "0x0", "0x0", "0x40000", "0x40000"])  # cleared by the driver, then again
+        sampler.begin_window("cell")
+        sampler._sample()
+        assert sampler.end_window()["throttle_reasons"] == ["raspberry pi: throttling_occurred"]
+    finally:
+        hygiene.RPI_POLL_S = original
+
+
+def test_vcgencmd_that_fails_says_why_not_no_signal():
+    failing = lambda *a, **k: SimpleNamespace(stdout="", stderr="VCHI initialization failed\n")  # noqa: E731
+    record = hygiene.rpi_throttled(run=failing)
+    assert "VCHI initialization failed" in record["error"] and "video group" in record["error"]
+    sampler = _sampler(run=failing)
+    sampler.begin_window("cell")
+    state = sampler.end_window()
+    assert state["throttled"] is None and "VCHI initialization failed" in state["throttle_signal"]
+    assert "usermod -aG video" in state["rpi_throttled"]["unavailable"]
+
+
+def test_a_jetson_pmic_zone_is_no_temperature_and_trips_count_on_every_device(tmp_path, monkeypatch):
+    """A Jetson Nano's PMIC-Die zone reads 100 °C always: not the board's temperature. A zone at its trip point
+    throttles a CPU cell too: on a Jetson (a signal there: cool is "no"), and on any machine (hot is "yes")."""
+    files = {"sys/class/thermal/thermal_zone0/type": "CPU-therm", "sys/class/thermal/thermal_zone0/temp": "41500",
+             "sys/class/thermal/thermal_zone0/trip_point_0_temp": "99000",
+             "sys/class/thermal/thermal_zone0/trip_point_0_type": "passive",
+             "sys/class/thermal/thermal_zone4/type": "PMIC-Die", "sys/class/thermal/thermal_zone4/temp": "100000",
+             "sys/class/thermal/thermal_zone4/trip_point_0_temp": "100000",
+             "sys/class/thermal/thermal_zone4/trip_point_0_type": "critical",
+             "proc/device-tree/model": "NVIDIA Jetson Nano Developer Kit"}
+    root = _tree(tmp_path, files)
+    monkeypatch.setattr(hygiene, "jetson_power", lambda r: {"nvpmodel": "unavailable (nvpmodel not found)"})
+    from harness.measure.device import Device
+
+    def one_cpu_pass(root):
+        sampler = DeviceSampler.for_device(Device("cpu"), root)
+        sampler.processes, sampler.boot_time, sampler.run = (lambda: []), 0.0, _no_vcgencmd
+        sampler.begin_window("cell")
+        return sampler.end_window()
+    state = one_cpu_pass(root)
+    assert state["cpu"]["temperature_c_max"] == 41.5 and state["thermal_trips"] == []
+    assert state["throttled"] is False
+    (root / "sys/class/thermal/thermal_zone0/temp").write_text("99500")
+    state = one_cpu_pass(root)
+    assert state["throttled"] is True and state["throttle_reasons"] == ["thermal trip: CPU-therm 100C >= passive 99C"]
+    (root / "proc/device-tree/model").unlink()  # not a board: a trip reached still says yes; none says nothing
+    assert one_cpu_pass(root)["throttled"] is True
+    (root / "sys/class/thermal/thermal_zone0/temp").write_text("50000")
+    assert one_cpu_pass(root)["throttled"] is None
+
+
+def test_graphics_and_mps_processes_are_other_processes_too(tmp_path):
+    class Desktop(FakeNvml):
+        def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+            return [SimpleNamespace(pid=1500, usedGpuMemory=None), SimpleNamespace(pid=4242, usedGpuMemory=None)]
+
+        def nvmlDeviceGetMPSComputeRunningProcesses(self, handle):
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nNSpid:\t{os.getpid()}\n"})
+    record = gpu_processes(0, True, Desktop(processes=[(4242, 3000)]), root)
+    assert record["other_processes"] == [{"pid": 4242, "used_gpu_memory_mib": 3000},
+                                         {"pid": 1500, "used_gpu_memory_mib": None}]
+
+
+def test_a_repeat_in_a_container_leaves_out_the_pids_nvml_gave_its_parent(tmp_path, monkeypatch):
+    """A container that mounts its own /proc gives no host PID (NSpid: one entry); NVML lists the host's. The run
+    passes its extra processes the PIDs NVML lists for its work: ours where NVML lists one of ours, else those new
+    since its plan-time check (an allowed neighbour found then is not the run's)."""
+    root = _tree(tmp_path, {"proc/self/status": f"Name:\tpython\nNSpid:\t{os.getpid()}\n"})
+    assert hygiene.run_gpu_pids(0, {4242}, FakeNvml(processes=[(4242, 1), (91200, 700)]), root) == {91200}
+    assert hygiene.run_gpu_pids(0, set(), FakeNvml(processes=[(os.getpid(), 700), (4243, 1)]), root) == {os.getpid()}
+    parent = os.getppid()
+    monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent))
+    monkeypatch.setenv("VA_BENCH_REPEAT_GPU_PIDS", "91200")
+    assert gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root)["other_processes"] == []
+    with pytest.raises(UsageError, match="pid 4242 "):
+        gpu_processes(0, False, FakeNvml(processes=[(91200, 700), (4242, 1)]), root)
+    monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent + 1))  # not this process's parent: its list is not ours
+    with pytest.raises(UsageError, match="pid 91200 "):
+        gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root)
+
+
+def test_a_reset_nvml_refuses_is_said_and_the_runs_own_error_stands():
+    class Lost(FakeNvml):
+        def nvmlDeviceResetGpuLockedClocks(self, handle):
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+    said = []
+    with pytest.raises(ValueError, match="the cell's own error"):
+        with locked_clocks(0, 1500, Lost(), warn=said.append):
+            raise ValueError("the cell's own error")
+    assert len(said) == 1 and "NVML_ERROR_GPU_IS_LOST" in said[0] and "nvidia-smi -i 0 -rgc" in said[0]
+
+
+@pytest.mark.parametrize(("load", "run_cores", "cores", "busy"), [
+    (2.03, 2.0, 2, False),  # a quiet 2-core box under a run on both cores: its own threads make the load
+    (3.1, 1.4, 2, True),    # another core's worth of work beside it
+    (2.4, 2.0, 2, False),   # 0.4 beyond the run: below half a core
+    (6.0, 1.5, 16, True), (4.0, 1.5, 16, False),  # a quarter of 16 cores
+    (3.0, None, 2, True), (2.0, None, 2, False)])  # the run's own use unknown: the load over the cores
+def test_a_machine_is_busy_by_the_load_beyond_the_runs_own_cpu(load, run_cores, cores, busy):
+    assert (hygiene.machine_busy(load, run_cores, cores) is not None) == busy
+
+
+def test_the_runs_own_cpu_in_a_window_counts_its_processes_only():
+    start = {1: (0.0, 10.0), 2: (0.0, 5.0), 3: (0.0, 1.0)}
+    end = {1: ("run", 0.0, 13.0), 2: ("host", 0.0, 6.0), 3: ("other", 0.0, 3.0), 4: ("forward", 101.0, 0.5)}
+    assert hygiene.run_cpu_cores(start, 100.0, end, 102.0, ours={1, 2, 4}) == 2.25  # (3 + 1 + 0.5) / 2 s
+    assert hygiene.run_cpu_cores(start, 100.0, end, 100.1, ours={1}) is None
+
+
+def test_all_core_turbo_above_base_is_not_capping(tmp_path):
+    """intel_pstate's cpuinfo_max_freq is one core's turbo (5.3 GHz); every core busy at 4.6 GHz, above the base
+    frequency (3.6 GHz), is a healthy machine; below its base it is capped."""
+    files = {"sys/devices/system/cpu/cpu0/cpufreq/scaling_governor": "performance",
+             "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq": "4600000",
+             "sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq": "5300000",
+             "sys/devices/system/cpu/cpufreq/policy0/base_frequency": "3600000"}
+    root = _tree(tmp_path, files)
+    state = _one_pass(None, root)
+    assert state["cpu"]["freq_share_of_max_min"] == round(4600 / 5300, 4)
+    assert not any("CPU frequency fell" in w for w in state["warnings"])
+    (root / "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq").write_text("2800000")
+    assert any("fell to 53% of its core's maximum (2800 of 5300 MHz)" in w for w in _one_pass(None, root)["warnings"])

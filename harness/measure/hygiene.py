@@ -28,16 +28,23 @@ from harness.errors import UsageError
 # nvmlDeviceGetCurrentClocksEventReasons bits (nvml.h, "clocks event reasons", formerly throttle reasons)
 CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
                        0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
-                       0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
-SLOWDOWNS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+                       0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+                       0x200: "board_limit", 0x400: "reliability"}
+SLOWDOWNS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+             "board_limit", "reliability")
 # `vcgencmd get_throttled` bits (Raspberry Pi firmware): now (0-3) and since boot (16-19)
 RPI_THROTTLED = {0: "under_voltage", 1: "arm_frequency_capped", 2: "throttled", 3: "soft_temperature_limit",
                  16: "under_voltage_occurred", 17: "arm_frequency_capped_occurred", 18: "throttling_occurred",
                  19: "soft_temperature_limit_occurred"}
+RPI_POLL_S = 2.0  # vcgencmd is a process started on the board being timed; the kernel's own hwmon driver reads the
+# flags (and clears the "occurred" ones) about this often, so a pass's flags are read through the pass, not at its ends
+# thermal zones that are no sensor: a Jetson Nano's, TX2's and Xavier's PMIC-Die reads 100 °C whatever the board does
+NOT_SENSORS = ("PMIC-Die",)
 JETSON_GPU_DEVFREQ = re.compile(r"gpu|gv11b|ga10b|gp10b|gb10b", re.IGNORECASE)
 BUSY_PROCESS_PERCENT = 50.0  # another process using half a core or more during a timed pass is worth naming
 NO_CPUFREQ = "no cpufreq interface (/sys/devices/system/cpu/*/cpufreq)"  # a VM's or a container's CPU, often
 MIN_BUSY_WINDOW_S = 0.2  # a process seen for less time than this has no share of the window worth judging
+BUSY_SHARE = 0.25  # a machine whose load, less the run's own CPU, is a quarter of its cores (half a core at least)
 FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass (not with powersave by choice)
 
 
@@ -91,13 +98,18 @@ def no_cuda_ipc(root: Path = Path("/")) -> str | None:
 
 def own_pids(root: Path = Path("/")) -> set[int]:
     """This process's PID in every PID namespace it is in (/proc/self/status NSpid): NVML reports the host's
-    PIDs, which differ from ours inside a container. An extra process of a run's --repeats also counts the run
-    that started it (its parent, named in VA_BENCH_REPEAT_OF): that run holds the GPU and is idle meanwhile."""
+    PIDs, which differ from ours inside a container (where the container mounts a /proc of its own, NSpid gives
+    only its PID). An extra process of a run's --repeats also counts the run that started it (its parent, named in
+    VA_BENCH_REPEAT_OF, with the PIDs NVML gave it in VA_BENCH_REPEAT_GPU_PIDS): that run holds the GPU and is idle
+    meanwhile."""
     pids = {os.getpid()}
     sources = ["self"]
     if os.environ.get("VA_BENCH_REPEAT_OF") == str(os.getppid()):
         pids.add(os.getppid())
         sources.append(str(os.getppid()))
+        # the PIDs NVML gave the parent's work, as the parent found them (run_gpu_pids): a container's /proc
+        # gives no host PID of its own
+        pids.update(int(p) for p in os.environ.get("VA_BENCH_REPEAT_GPU_PIDS", "").split(",") if p.isdigit())
     for source in sources:
         status = _read(root / "proc" / source / "status") or ""
         for line in status.splitlines():
@@ -140,6 +152,39 @@ def is_jetson(root: Path = Path("/")) -> bool:
     return "jetson" in model.lower() or (root / "etc" / "nv_tegra_release").is_file()
 
 
+def device_processes(nvml, handle) -> list:
+    """Every process NVML lists on the GPU, once each: its compute processes (the list NVML's process check is
+    about), and its graphics and MPS clients, whose work shares the GPU as much (a desktop's renderer, a game) where
+    this NVML lists them."""
+    found = {proc.pid: proc for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    for name in ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+        listing = getattr(nvml, name, None)
+        if listing is None:
+            continue
+        try:
+            more = listing(handle)
+        except Exception:  # NotSupported (a data-centre GPU without graphics, no MPS daemon): the compute list stands
+            continue
+        for proc in more:
+            found.setdefault(proc.pid, proc)
+    return list(found.values())
+
+
+def run_gpu_pids(index: int, accepted: set[int], nvml=None, root: Path = Path("/")) -> set[int]:
+    """The PIDs NVML lists for this process's own work on GPU `index` (it holds a context there now), for an extra
+    process of --repeats to leave out: ours where NVML lists one of them; inside a container whose PIDs NVML does
+    not translate, every PID new since the plan-time check (`accepted`: the other processes found then). Empty
+    where NVML cannot tell."""
+    nvml, _ = load_nvml(nvml)
+    if nvml is None or is_jetson(root):
+        return set()
+    try:
+        listed = {proc.pid for proc in device_processes(nvml, nvml_handle(nvml, index))}
+    except Exception:  # the extra process's own check says what NVML could not do
+        return set()
+    return (listed & own_pids(root)) or (listed - accepted)
+
+
 def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("/")) -> dict:
     """Compute processes on GPU `index` other than this one, checked before this process makes a CUDA context.
     Refuses (UsageError) when there are some, unless `allow_shared`; the record says what was found."""
@@ -149,7 +194,7 @@ def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("
     if nvml is None:
         return {"status": "unavailable", "reason": why}
     try:
-        processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml_handle(nvml, index))
+        processes = device_processes(nvml, nvml_handle(nvml, index))
     except Exception as exc:  # NoPermission (a MIG GPU for a non-root user), NotSupported (vGPU, WSL)
         return {"status": "unavailable", "reason": f"NVML's process list: {type(exc).__name__}: {exc}"}
     ours = own_pids(root)
@@ -173,9 +218,11 @@ def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("
 
 
 @contextmanager
-def locked_clocks(index: int, mhz: int | None, nvml=None):
+def locked_clocks(index: int, mhz: int | None, nvml=None, warn=None):
     """`--lock-clocks MHz`: the GPU's clocks locked at MHz for the block (NVML, needs root), reset afterwards
-    even when the block fails. Yields the record of what was done (None when not asked)."""
+    even when the block fails. Yields the record of what was done (None when not asked). A reset NVML refuses is
+    said through `warn` (default: stderr) with the command that undoes the lock; the block's own error, if any,
+    is the one raised."""
     if mhz is None:
         yield None
         return
@@ -191,14 +238,25 @@ def locked_clocks(index: int, mhz: int | None, nvml=None):
     try:
         yield {"locked_mhz": mhz, "reset": "nvmlDeviceResetGpuLockedClocks after the run"}
     finally:
-        nvml.nvmlDeviceResetGpuLockedClocks(handle)
+        try:
+            nvml.nvmlDeviceResetGpuLockedClocks(handle)
+        except Exception as exc:  # the machine is left locked: the user must hear it, the run's outcome stands
+            (warn or _stderr)(f"could not reset GPU {index}'s clocks ({type(exc).__name__}: {exc}): they may still "
+                              f"be locked at {mhz} MHz; run `nvidia-smi -i {index} -rgc` as root")
+
+
+def _stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------ sampling
 
 
 def _reasons(bits: int) -> list[str]:
-    return [name for bit, name in CLOCK_EVENT_REASONS.items() if bits & bit]
+    """The names of the bits set; a bit this table does not know (a newer driver's) is named by its value."""
+    known = [name for bit, name in CLOCK_EVENT_REASONS.items() if bits & bit]
+    rest = bits & ~sum(CLOCK_EVENT_REASONS)
+    return known + [f"unknown_{1 << b:#x}" for b in range(rest.bit_length()) if rest >> b & 1]
 
 
 class NvmlReader:
@@ -231,19 +289,17 @@ class NvmlReader:
 
 
 class JetsonReader:
-    """A Jetson's GPU devfreq (current vs maximum clock) and thermal zones against their trip points."""
+    """A Jetson's GPU devfreq: current vs maximum clock (its thermal zones' trips are read on every device)."""
 
     source = "jetson-sysfs"
 
     def __init__(self, root: Path):
-        self.root = root
         devfreq = sorted(p for p in (root / "sys" / "class" / "devfreq").glob("*") if JETSON_GPU_DEVFREQ.search(p.name))
         self.gpu = devfreq[0] if devfreq else None
         self.max_sm_mhz = _khz_or_hz_to_mhz(_int(self.gpu / "max_freq")) if self.gpu else None
 
     def sample(self) -> dict:
-        cur = _khz_or_hz_to_mhz(_int(self.gpu / "cur_freq")) if self.gpu else None
-        return {"sm_mhz": cur, "trips": thermal_trips(self.root)}
+        return {"sm_mhz": _khz_or_hz_to_mhz(_int(self.gpu / "cur_freq")) if self.gpu else None}
 
 
 def _khz_or_hz_to_mhz(value: int | None) -> float | None:
@@ -258,7 +314,7 @@ def thermal_trips(root: Path) -> list[str]:
     hit = []
     for zone in sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*")):
         temp = _int(zone / "temp")
-        if temp is None:
+        if temp is None or _read(zone / "type") in NOT_SENSORS:
             continue
         for trip in zone.glob("trip_point_*_temp"):
             kind = _read(zone / trip.name.replace("_temp", "_type")) or "?"
@@ -276,6 +332,9 @@ class CpuFiles:
 
     freqs: tuple[tuple[Path, float | None], ...]  # (scaling_cur_freq, its policy's cpuinfo_max_freq in MHz)
     temps: tuple[Path, ...]
+    # each policy's base frequency (MHz) where the driver gives one (intel_pstate): cpuinfo_max_freq there is one
+    # core's turbo, which every core busy at once does not reach on a healthy machine
+    bases: tuple[float | None, ...] = ()
 
     @classmethod
     def find(cls, root: Path) -> CpuFiles:
@@ -283,8 +342,10 @@ class CpuFiles:
         currents = sorted(cpufreq.glob("cpufreq/policy*/scaling_cur_freq")) or \
             sorted(cpufreq.glob("cpu[0-9]*/cpufreq/scaling_cur_freq"))
         freqs = tuple((cur, _khz_or_hz_to_mhz(_int(cur.with_name("cpuinfo_max_freq")))) for cur in currents)
-        temps = sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*/temp"))
-        return cls(freqs, tuple(temps))
+        bases = tuple(_khz_or_hz_to_mhz(_int(cur.with_name("base_frequency"))) for cur in currents)
+        temps = sorted(temp for temp in (root / "sys" / "class" / "thermal").glob("thermal_zone*/temp")
+                       if _read(temp.with_name("type")) not in NOT_SENSORS)
+        return cls(freqs, tuple(temps), bases)
 
     def unavailable(self) -> dict[str, str]:
         """What this machine's sysfs cannot tell, and why (a VM or container often has neither)."""
@@ -298,16 +359,20 @@ class CpuFiles:
 
 def cpu_sample(files: CpuFiles) -> dict:
     """Current frequency (MHz, the lowest policy's), the policy furthest below its own maximum (its share, current
-    and maximum MHz), and the hottest thermal zone."""
-    freqs, lowest = [], None
-    for path, maximum in files.freqs:
+    and maximum MHz), the same among the policies below their base frequency where the driver gives one
+    (`freq_capped`: what can be capping), and the hottest thermal zone."""
+    freqs, lowest, capped = [], None, None
+    bases = files.bases or (None,) * len(files.freqs)
+    for (path, maximum), base in zip(files.freqs, bases, strict=True):
         current = _khz_or_hz_to_mhz(_int(path))
         if current:
             freqs.append(current)
             if maximum and (lowest is None or current / maximum < lowest[0]):
                 lowest = (current / maximum, current, maximum)
+            if maximum and (base is None or current < base) and (capped is None or current / maximum < capped[0]):
+                capped = (current / maximum, current, maximum)
     temps = [t for t in (_int(p) for p in files.temps) if t is not None]
-    return {"freq_mhz": min(freqs) if freqs else None, "freq_share": lowest,
+    return {"freq_mhz": min(freqs) if freqs else None, "freq_share": lowest, "freq_capped": capped,
             "temp_c": max(temps) / 1000 if temps else None}
 
 
@@ -319,15 +384,41 @@ def cpu_static(root: Path) -> dict:
 
 
 def rpi_throttled(run=subprocess.run) -> dict | None:
-    """`vcgencmd get_throttled` (Raspberry Pi firmware), None where the command does not exist."""
+    """`vcgencmd get_throttled` (Raspberry Pi firmware): its value and flags; {"error": why} where the command is
+    there but gave no value; None where it does not exist."""
     if shutil.which("vcgencmd") is None and run is subprocess.run:
         return None
     try:
-        out = run(["vcgencmd", "get_throttled"], capture_output=True, text=True, timeout=5).stdout
-        value = int(out.strip().split("=")[1], 16)
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        done = run(["vcgencmd", "get_throttled"], capture_output=True, text=True, timeout=5)
+    except FileNotFoundError:
         return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"vcgencmd get_throttled failed ({exc})"}
+    try:
+        value = int(done.stdout.strip().split("=")[1], 16)
+    except (ValueError, IndexError):  # "VCHI initialization failed": a user outside the video group
+        said = ((getattr(done, "stderr", "") or "").strip() or done.stdout.strip()).splitlines()
+        return {"error": "vcgencmd get_throttled failed" + (f" ({said[0][:200]})" if said else "")
+                         + "; a user outside the video group cannot read it: sudo usermod -aG video $USER, then log "
+                           "in again"}
     return {"value": hex(value), "flags": [name for bit, name in RPI_THROTTLED.items() if value & (1 << bit)]}
+
+
+def rpi_during(readings: list[dict]) -> tuple[list[str], list[str]]:
+    """From the readings of one pass (its start first): every flag seen, and what throttled during it: a flag of
+    now (bits 0-3) in any reading, an "occurred" flag (16-19) that was clear in one reading and set in a later one.
+    An "occurred" flag set from the start on may be from before the pass: recorded, not counted."""
+    seen: set[str] = set()
+    during: set[str] = set()
+    clear: set[str] = set()
+    for reading in readings:
+        flags = set(reading["flags"])
+        seen |= flags
+        during |= {f for f in flags if not f.endswith("_occurred")}
+        during |= {f for f in flags if f.endswith("_occurred") and f in clear}
+        clear |= {name for name in RPI_THROTTLED.values() if name not in flags}
+    order = list(RPI_THROTTLED.values())
+    return sorted(seen, key=order.index), sorted(during, key=order.index)
 
 
 def jetson_power(root: Path, run=subprocess.run) -> dict:
@@ -356,7 +447,9 @@ class _Window:
     samples: list[dict] = field(default_factory=list)
     cpu: list[dict] = field(default_factory=list)
     load_start: tuple[float, ...] = ()
-    rpi_start: dict | None = None
+    rpi: list[dict] = field(default_factory=list)  # vcgencmd's readings, the start's first (a board that has it)
+    rpi_error: str | None = None
+    rpi_polled: float = 0.0  # when it was last read (time.monotonic)
     cpu_start: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> (created, CPU seconds)
 
 
@@ -430,7 +523,9 @@ class DeviceSampler:
         try:
             if self.gpu is not None:
                 window.samples.append(self.gpu.sample())
-            window.cpu.append(cpu_sample(self.cpu_files))
+            window.cpu.append({**cpu_sample(self.cpu_files), "trips": thermal_trips(self.root)})
+            if window.rpi and time.monotonic() - window.rpi_polled >= RPI_POLL_S:
+                self._read_rpi(window)
         except Exception as exc:  # a sysfs file that vanished, an NVML hiccup: the pass goes on, the record says so
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -462,10 +557,20 @@ class DeviceSampler:
                 pass
         return out
 
+    def _read_rpi(self, window: _Window) -> None:
+        """One `vcgencmd get_throttled` reading into the window (a board without the command: none, ever)."""
+        reading = rpi_throttled(self.run)
+        window.rpi_polled = time.monotonic()
+        if reading is not None and "error" in reading:
+            window.rpi_error = reading["error"]
+        elif reading is not None:
+            window.rpi.append(reading)
+
     def begin_window(self, tag: str) -> None:
         started = self.uptime()
         cpu = {pid: (created, seconds) for pid, (_, created, seconds) in self._cpu_seconds().items()}
-        window = _Window(tag, started, load_start=load_average(), rpi_start=rpi_throttled(self.run), cpu_start=cpu)
+        window = _Window(tag, started, load_start=load_average(), cpu_start=cpu)
+        self._read_rpi(window)
         with self._lock:
             self._window = window
         self._sample()
@@ -476,10 +581,13 @@ class DeviceSampler:
             window, self._window = self._window, None
         if window is None:
             return {"status": "unavailable", "reason": "no window was open", "throttled": None, "warnings": []}
-        busiest = busy_processes(window.cpu_start, window.started, self._cpu_seconds(), self.uptime(),
-                                 run_process_tree())
-        state = summarize_window(window, self.gpu, self.static, busiest[:3], load_average(), rpi_throttled(self.run),
-                                 self.cpu_files.unavailable())
+        if window.rpi:
+            self._read_rpi(window)
+        end, now, ours = self._cpu_seconds(), self.uptime(), run_process_tree()
+        busiest = busy_processes(window.cpu_start, window.started, end, now, ours)
+        state = summarize_window(window, self.gpu, self.static, busiest[:3], load_average(),
+                                 self.cpu_files.unavailable(), board=self.board is not None)
+        state["run_cpu_cores"] = run_cpu_cores(window.cpu_start, window.started, end, now, ours)
         if self.board is not None:
             state["jetson_power"] = self.board
         if self.errors:
@@ -521,15 +629,43 @@ def busy_processes(start: dict[int, tuple[float, float]], started: float,
     return sorted(busiest, key=lambda p: -p["cpu_percent"])
 
 
+def run_cpu_cores(start: dict[int, tuple[float, float]], started: float,
+                  end: dict[int, tuple[str | None, float, float]], now: float, ours: set[int]) -> float | None:
+    """The CPU the run's own processes (`ours`) used during the window, in cores: their CPU seconds over its
+    seconds (None for a window too short to judge)."""
+    if now - started < MIN_BUSY_WINDOW_S:
+        return None
+    used = 0.0
+    for pid in ours & end.keys():
+        _, created, seconds = end[pid]
+        before = start.get(pid)
+        used += seconds - before[1] if before is not None and abs(before[0] - created) < 1e-3 else seconds
+    return round(used / (now - started), 2)
+
+
+def machine_busy(load: float, run_cores: float | None, cores: int) -> str | None:
+    """What to say of a machine busy with other work during a pass, or None: the 1-min load average less the CPU the
+    run's own processes used then (its threads count in the load: a run on every core keeps it near the core count
+    on a quiet machine) at BUSY_SHARE of the cores or more. Without the run's own figure, the load over the cores."""
+    if run_cores is None:
+        return None if load <= cores else f"machine busy: 1-min load average {load:.1f} on {cores} cores"
+    others = load - run_cores
+    if others < max(0.5, BUSY_SHARE * cores):
+        return None
+    return (f"machine busy: 1-min load average {load:.1f} on {cores} cores, {others:.1f} beyond this run's own "
+            f"{run_cores:.1f}")
+
+
 def _span(values: list) -> list | None:
     values = [v for v in values if v is not None]
     return [min(values), max(values)] if values else None
 
 
 def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], load_end: tuple,
-                     rpi_end: dict | None, unavailable: dict[str, str] | None = None) -> dict:
+                     unavailable: dict[str, str] | None = None, board: bool = False) -> dict:
     """What one timed pass saw, whether the device throttled, and the warnings to show (`unavailable`: the CPU
-    figures this machine's sysfs cannot give, and why)."""
+    figures this machine's sysfs cannot give, and why; `board`: a Jetson, whose thermal trips are its throttle
+    signal whatever the device)."""
     unavailable = unavailable or {}
     out: dict[str, Any] = {"samples": len(window.cpu)}
     reasons: list[str] = []
@@ -538,6 +674,10 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     if gpu is not None and gpu.source == "nvml":
         seen = sorted({r for s in window.samples if s["reasons"] is not None for r in _reasons(s["reasons"])})
         reasons = [r for r in seen if r in SLOWDOWNS]
+        unknown = [r for r in seen if r.startswith("unknown_")]
+        if unknown:  # a newer driver's reason: recorded, and said, rather than read as nothing
+            warnings.append(f"NVML reported clock-event reasons this va-bench does not know ({', '.join(unknown)}; "
+                            "nvml.h names them): recorded under gpu.clock_event_reasons, not judged")
         out["gpu"] = {"source": "nvml", "clock_event_reasons": seen,
                       "sm_clock_mhz": _span([s["sm_mhz"] for s in window.samples]), "max_sm_clock_mhz": gpu.max_sm_mhz,
                       "mem_clock_mhz": _span([s["mem_mhz"] for s in window.samples]),
@@ -545,12 +685,9 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
                                                default=None),
                       "power_w_max": max((s["power_w"] for s in window.samples if s["power_w"] is not None),
                                          default=None)}
-    elif gpu is not None:  # Jetson: a GPU clock below its maximum, or a thermal trip, during the pass
-        trips = sorted({t for s in window.samples for t in s["trips"]})
+    elif gpu is not None:  # Jetson: a GPU clock below its maximum during the pass
         clocks = _span([s["sm_mhz"] for s in window.samples])
-        out["gpu"] = {"source": gpu.source, "sm_clock_mhz": clocks, "max_sm_clock_mhz": gpu.max_sm_mhz,
-                      "thermal_trips": trips}
-        reasons = [f"thermal trip: {t}" for t in trips]
+        out["gpu"] = {"source": gpu.source, "sm_clock_mhz": clocks, "max_sm_clock_mhz": gpu.max_sm_mhz}
         if clocks and gpu.max_sm_mhz and clocks[1] < FREQ_DROP * gpu.max_sm_mhz:  # never near its maximum
             warnings.append(f"GPU clock at most {clocks[1]:.0f} MHz of {gpu.max_sm_mhz:.0f} MHz during the pass "
                             "(jetson_clocks off, or capped)")
@@ -561,31 +698,43 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
                   "temperature_c_max": max((c["temp_c"] for c in window.cpu if c["temp_c"] is not None), default=None)}
     if unavailable:
         out["cpu"]["unavailable"] = unavailable
-    if rpi_end is not None:
-        out["rpi_throttled"] = {"start": (window.rpi_start or {}).get("value"), "end": rpi_end["value"],
-                                "flags": rpi_end["flags"]}
-        now = [f for f in rpi_end["flags"] if not f.endswith("_occurred")]
-        reasons += [f"raspberry pi: {f}" for f in now]
+    # a zone at a trip point during the pass: the kernel slows the chip there, whichever device the cell runs on
+    trips = sorted({t for c in window.cpu for t in c.get("trips", ())})
+    out["thermal_trips"] = trips
+    reasons += [f"thermal trip: {t}" for t in trips]
+    rpi = bool(window.rpi)
+    if rpi:
+        seen, during = rpi_during(window.rpi)
+        out["rpi_throttled"] = {"start": window.rpi[0]["value"], "end": window.rpi[-1]["value"],
+                                "readings": len(window.rpi), "flags": seen, "during_pass": during}
+        reasons += [f"raspberry pi: {f}" for f in during]
+    elif window.rpi_error:
+        out["rpi_throttled"] = {"unavailable": window.rpi_error}
     governors = static.get("governors") or []
-    if lowest is not None and lowest[0] < FREQ_DROP and governors == ["performance"]:  # below its own maximum
-        warnings.append(f"CPU frequency fell to {100 * lowest[0]:.0f}% of its core's maximum ({lowest[1]:.0f} of "
-                        f"{lowest[2]:.0f} MHz) with the performance governor: thermal or power capping")
+    capped = min((c["freq_capped"] for c in window.cpu if c.get("freq_capped") is not None), default=None)
+    if capped is not None and capped[0] < FREQ_DROP and governors == ["performance"]:  # below its own maximum
+        warnings.append(f"CPU frequency fell to {100 * capped[0]:.0f}% of its core's maximum ({capped[1]:.0f} of "
+                        f"{capped[2]:.0f} MHz) with the performance governor: thermal or power capping")
     out["load_average"] = {"start": [round(v, 2) for v in window.load_start], "end": [round(v, 2) for v in load_end]}
     out["busiest_other_processes"] = busiest
     if busiest:
         warnings.append("other processes busy during the timed pass: " + ", ".join(
             f"{p['name']} (pid {p['pid']}, {p['cpu_percent']}% CPU)" for p in busiest))
-    # a throttle flag needs a device that reports one (NVML, a Jetson's clocks and trips, vcgencmd); a CPU's own
-    # frequency and temperature are recorded above but flag nothing: there the answer is unknown, not "no"
-    if gpu is None and rpi_end is None:
+    # "no" needs a device that reports throttling (NVML, a Jetson's clocks and trips, vcgencmd); elsewhere a
+    # trip point reached says yes, but a CPU's own frequency and temperature flag nothing: unknown, not "no"
+    if reasons:
+        out["throttled"] = True
+    elif gpu is None and not rpi and not board:
         recorded = [what for what in ("frequency", "temperature") if what not in unavailable]
         out["throttled"], out["throttle_signal"] = None, (
             "unavailable: no throttle signal on this device" + (f" (CPU {' and '.join(recorded)} recorded under cpu)"
                                                                  if recorded else " (nor a CPU frequency or "
                                                                                   "temperature: see cpu.unavailable)"))
-    elif gpu is not None and not window.samples and rpi_end is None:
+        if window.rpi_error:
+            out["throttle_signal"] = f"unavailable: {window.rpi_error}"
+    elif gpu is not None and not window.samples and not rpi:
         out["throttled"], out["throttle_signal"] = None, "unavailable: no GPU sample was taken during the pass"
-    elif gpu is not None and gpu.source == "nvml" and not reasons_read and rpi_end is None:
+    elif gpu is not None and gpu.source == "nvml" and not reasons_read and not rpi:
         out["throttled"], out["throttle_signal"] = None, ("unavailable: NVML does not report clock-event reasons "
                                                           "for this GPU (clocks, temperature and power recorded)")
     else:

@@ -47,7 +47,7 @@ from harness.eval.matching import match_detections
 from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, same_file_as
 from harness.measure.device import Device
 from harness.measure.energy import EnergyProbe, energy_block
-from harness.measure.hygiene import DeviceSampler, load_average, process_start_time, spinning_openmp
+from harness.measure.hygiene import DeviceSampler, load_average, machine_busy, process_start_time, spinning_openmp
 from harness.measure.layers import hook_leaf_modules, per_batch_totals, summarize_by_type
 from harness.measure.memory import MemoryMonitor, with_other_processes
 from harness.measure.profiler import export_trace, op_rows, torch_profile
@@ -358,12 +358,15 @@ class GroupExecutor:
         )
         if ctx.config.scenario == "server":
             record.server = self._server_scenario(cell, timing)
-        busy = max(load_start[0], load_end[0])
-        cores = os.cpu_count() or 1
-        if busy > cores:
+        state = probes["device_state"] or {}
+        if "run_cpu_cores" in state:  # the pass's own window: the load at its end, less what the run used in it
+            busy = machine_busy(state["load_average"]["end"][0], state["run_cpu_cores"], os.cpu_count() or 1)
+        else:
+            busy = machine_busy(max(load_start[0], load_end[0]), None, os.cpu_count() or 1)
+        if busy:
             spinning = spinning_openmp(cell.load.backend, ctx.device.is_cuda, ctx.threads)
-            timing.warnings.append(f"machine busy: 1-min load average {busy:.1f} on {cores} cores during this cell; "
-                                   "timings are suspect" + (f"; {spinning}" if spinning else ""))
+            timing.warnings.append(f"{busy} during this cell; timings are suspect"
+                                   + (f"; {spinning}" if spinning else ""))
         if ctx.energy_probe is not None:
             ctx.artifacts.add_energy(cell.label, probes.get("energy_window"))
         return record

@@ -29,6 +29,7 @@ CHILD_OFF = {"repeats": 1, "accuracy": False, "draw_images": 0, "layers": False,
              "scenario": None, "qps": None, "latency_bound_ms": None, "find_max_qps": False,
              "run_id": None, "output_dir": None}  # what the extra processes do not do
 REPEAT_OF = "VA_BENCH_REPEAT_OF"  # set in an extra process: the pid of the run that started it (it holds the GPU)
+REPEAT_GPU_PIDS = "VA_BENCH_REPEAT_GPU_PIDS"  # and the PIDs NVML lists for that run's work (the host's, in a container)
 
 
 def cell_key(coords: dict) -> tuple:
@@ -80,10 +81,12 @@ def _storage_errno(why: str) -> int | None:
     return None
 
 
-def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str], progress) -> dict[str, dict]:
+def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str], progress,
+                              run_gpu_pids: set[int] = frozenset()) -> dict[str, dict]:
     """Time the run's cells in `config.repeats - 1` more processes; add `timing.repeats` to each ok cell's
     submission (`submissions`: cell label -> path relative to the run folder, every ok cell of the run, those an
-    earlier process of a resumed run finished too). Returns label -> that block."""
+    earlier process of a resumed run finished too; `run_gpu_pids`: the PIDs NVML lists for this run's work on its
+    GPU, which the extra processes' check of other processes leaves out). Returns label -> that block."""
     folder = run_dir / REPEATS_DIR
     preset = folder / "config.yaml"
     child = {k: v for k, v in {**config.model_dump(mode="json"), **CHILD_OFF}.items() if v is not None}
@@ -96,7 +99,8 @@ def repeat_in_fresh_processes(config, run_dir: Path, submissions: dict[str, str]
         with progress.task(f"repeat {k} of {config.repeats}: a fresh process", None):
             done = subprocess.run(harness_command("run", "--config", str(preset), "--run-id", run_id, "--output-dir",
                                                   str(folder), "--json"), capture_output=True, text=True,
-                                  env={**os.environ, REPEAT_OF: str(os.getpid())})
+                                  env={**os.environ, REPEAT_OF: str(os.getpid()),
+                                       REPEAT_GPU_PIDS: ",".join(str(pid) for pid in sorted(run_gpu_pids))})
         if done.returncode != 0:
             why = _failure(done)
             storage = _storage_errno(why)

@@ -33,7 +33,7 @@ from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
 from harness.measure.energy import EnergyProbe
 from harness.measure.env import RECOMMENDED_GLIBC_TUNABLES, apply_tf32, collect_environment, hardware_block
-from harness.measure.hygiene import DeviceSampler, locked_clocks
+from harness.measure.hygiene import DeviceSampler, locked_clocks, run_gpu_pids
 from harness.measure.memory import MemoryMonitor
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
 from harness.records import Cell, CellRecord, LoadKey, utc_now_iso
@@ -105,6 +105,15 @@ class RunOutcome:
                 for label, s in self.state.cells.items() if s.state != "ok"}
 
 
+def _run_gpu_pids(plan: RunPlan) -> set[int]:
+    """The PIDs NVML lists for this run's work on its GPU (none on a CPU run): the other processes found at plan
+    time (allowed with --allow-shared-gpu) are not the run's."""
+    if not plan.device.is_cuda:
+        return set()
+    accepted = {p["pid"] for p in (plan.gpu_hygiene or {}).get("other_processes", [])}
+    return run_gpu_pids(plan.device.index, accepted)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA / host allocation failures (torch's OutOfMemoryError, ORT's 'Failed to allocate memory')."""
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
@@ -135,8 +144,12 @@ class Scheduler:
         a lock NVML refuses leaves nothing behind)."""
         device = self.plan.device
         with pinned(self.config.cpu_affinity), \
-                locked_clocks(device.index, self.config.lock_clocks) if device.is_cuda else nullcontext() as clocks:
+                locked_clocks(device.index, self.config.lock_clocks, warn=self._warn) if device.is_cuda \
+                else nullcontext() as clocks:
             return self._run(clocks)
+
+    def _warn(self, message: str) -> None:
+        self.progress.log(f"warning: {message}")
 
     def _run(self, clocks: dict | None) -> RunOutcome:
         plan, config = self.plan, self.config
@@ -198,7 +211,7 @@ class Scheduler:
             if config.repeats > 1 and repeats_missing(plan.run_dir, self._ok_submissions(state)):
                 self._repeating = True
                 outcome.repeats = repeat_in_fresh_processes(config, plan.run_dir, self._ok_submissions(state),
-                                                            self.progress)
+                                                            self.progress, _run_gpu_pids(plan))
         except Interrupted as exc:
             if state is None:  # before the run folder exists: nothing to resume
                 raise
