@@ -388,12 +388,15 @@ def test_an_extra_process_does_not_take_its_run_for_another_gpu_tenant(monkeypat
     import os
 
     from harness.measure.hygiene import own_pids
+    from harness.run.repeats import repeat_parent
 
-    assert os.getppid() not in own_pids()
+    monkeypatch.delenv("VA_BENCH_REPEAT_OF", raising=False)
+    assert repeat_parent() is None and os.getppid() not in own_pids(parent=repeat_parent())
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(os.getppid()))
-    assert {os.getpid(), os.getppid()} <= own_pids()
+    monkeypatch.setenv("VA_BENCH_REPEAT_GPU_PIDS", "91200,x")
+    assert {os.getpid(), os.getppid(), 91200} <= own_pids(parent=repeat_parent())
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", "1")  # a stale or forged value names no parent
-    assert os.getppid() not in own_pids() or os.getppid() == 1
+    assert os.getppid() == 1 or repeat_parent() is None
 
 
 def test_compare_tests_significance_across_process_medians():

@@ -17,6 +17,7 @@ from conftest import requires_coco, requires_yolox, run_in_process
 from harness.errors import UsageError
 from harness.measure import hygiene
 from harness.measure.hygiene import DeviceSampler, JetsonReader, NvmlReader, gpu_processes, jetson_power, locked_clocks
+from harness.run.repeats import repeat_parent
 
 
 class FakeNvml:
@@ -550,10 +551,10 @@ def test_a_repeat_run_s_parent_is_ours_only_when_named(tmp_path, monkeypatch):
                             f"proc/{parent}/status": f"Name:\tva-bench\nNSpid:\t91200\t{parent}\n"})
     nvml = FakeNvml(processes=[(91200, 700)])
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent))
-    assert gpu_processes(0, False, nvml, root)["other_processes"] == []
+    assert gpu_processes(0, False, nvml, root, parent=repeat_parent())["other_processes"] == []
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent + 1))
     with pytest.raises(UsageError, match="pid 91200 "):
-        gpu_processes(0, False, nvml, root)
+        gpu_processes(0, False, nvml, root, parent=repeat_parent())
     monkeypatch.delenv("VA_BENCH_REPEAT_OF")
     assert hygiene.own_pids(root) == {os.getpid(), 91234}
 
@@ -856,12 +857,13 @@ def test_a_repeat_in_a_container_leaves_out_the_pids_nvml_gave_its_parent(tmp_pa
     parent = os.getppid()
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent))
     monkeypatch.setenv("VA_BENCH_REPEAT_GPU_PIDS", "91200")
-    assert gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root)["other_processes"] == []
+    assert gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root,
+                         parent=repeat_parent())["other_processes"] == []
     with pytest.raises(UsageError, match="pid 4242 "):
-        gpu_processes(0, False, FakeNvml(processes=[(91200, 700), (4242, 1)]), root)
+        gpu_processes(0, False, FakeNvml(processes=[(91200, 700), (4242, 1)]), root, parent=repeat_parent())
     monkeypatch.setenv("VA_BENCH_REPEAT_OF", str(parent + 1))  # not this process's parent: its list is not ours
     with pytest.raises(UsageError, match="pid 91200 "):
-        gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root)
+        gpu_processes(0, False, FakeNvml(processes=[(91200, 700)]), root, parent=repeat_parent())
 
 
 def test_a_reset_nvml_refuses_is_said_and_the_runs_own_error_stands():

@@ -96,20 +96,24 @@ def no_cuda_ipc(root: Path = Path("/")) -> str | None:
     return None
 
 
-def own_pids(root: Path = Path("/")) -> set[int]:
-    """This process's PID in every PID namespace it is in (/proc/self/status NSpid): NVML reports the host's
-    PIDs, which differ from ours inside a container (where the container mounts a /proc of its own, NSpid gives
-    only its PID). An extra process of a run's --repeats also counts the run that started it (its parent, named in
-    VA_BENCH_REPEAT_OF, with the PIDs NVML gave it in VA_BENCH_REPEAT_GPU_PIDS): that run holds the GPU and is idle
-    meanwhile."""
+@dataclass(frozen=True)
+class RunParent:
+    """The run that started this process (an extra process of --repeats): its PID, which holds the GPU and is idle
+    meanwhile, and the PIDs NVML listed for its work there (the host's: inside a container that mounts a /proc of its
+    own, no host PID can be read here)."""
+
+    pid: int
+    gpu_pids: frozenset[int] = frozenset()
+
+
+def own_pids(root: Path = Path("/"), parent: RunParent | None = None) -> set[int]:
+    """This process's PID in every PID namespace it is in (/proc/self/status NSpid: NVML reports the host's PIDs,
+    which differ from ours inside a container), and the run that started it (`parent`), likewise."""
     pids = {os.getpid()}
     sources = ["self"]
-    if os.environ.get("VA_BENCH_REPEAT_OF") == str(os.getppid()):
-        pids.add(os.getppid())
-        sources.append(str(os.getppid()))
-        # the PIDs NVML gave the parent's work, as the parent found them (run_gpu_pids): a container's /proc
-        # gives no host PID of its own
-        pids.update(int(p) for p in os.environ.get("VA_BENCH_REPEAT_GPU_PIDS", "").split(",") if p.isdigit())
+    if parent is not None:
+        pids |= {parent.pid, *parent.gpu_pids}
+        sources.append(str(parent.pid))
     for source in sources:
         status = _read(root / "proc" / source / "status") or ""
         for line in status.splitlines():
@@ -185,9 +189,11 @@ def run_gpu_pids(index: int, accepted: set[int], nvml=None, root: Path = Path("/
     return (listed & own_pids(root)) or (listed - accepted)
 
 
-def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("/")) -> dict:
-    """Compute processes on GPU `index` other than this one, checked before this process makes a CUDA context.
-    Refuses (UsageError) when there are some, unless `allow_shared`; the record says what was found."""
+def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("/"),
+                  parent: RunParent | None = None) -> dict:
+    """Compute processes on GPU `index` other than this one (and the run that started it: `parent`), checked before
+    this process makes a CUDA context. Refuses (UsageError) when there are some, unless `allow_shared`; the record
+    says what was found."""
     if is_jetson(root):
         return {"status": "unavailable", "reason": "Jetson: no NVML process list (nothing refused)"}
     nvml, why = load_nvml(nvml)
@@ -197,7 +203,7 @@ def gpu_processes(index: int, allow_shared: bool, nvml=None, root: Path = Path("
         processes = device_processes(nvml, nvml_handle(nvml, index))
     except Exception as exc:  # NoPermission (a MIG GPU for a non-root user), NotSupported (vGPU, WSL)
         return {"status": "unavailable", "reason": f"NVML's process list: {type(exc).__name__}: {exc}"}
-    ours = own_pids(root)
+    ours = own_pids(root, parent)
     others = []
     for proc in processes:
         if proc.pid in ours:

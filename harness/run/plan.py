@@ -130,8 +130,9 @@ def check_device(device: Device, config: RunConfig, fleet_node: bool = False) ->
         return {"status": "unavailable", "reason": "not checked on a fleet node (this job's Ray workers hold CUDA "
                                                    "contexts there)"}
     from harness.measure.hygiene import gpu_processes
+    from harness.run.repeats import repeat_parent
 
-    return gpu_processes(device.index, config.allow_shared_gpu)
+    return gpu_processes(device.index, config.allow_shared_gpu, parent=repeat_parent())
 
 
 def prepare(config: RunConfig, dry_run: bool = False, fleet_node: bool = False,

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from harness.files import DISK_FULL_ERRNOS, DiskFullError, atomic_write_bytes, atomic_write_json
+from harness.measure.hygiene import RunParent
 from harness.results.reader import read_json_object, read_run_json
 from harness.shell import harness_command
 from harness.storage import storage_fix
@@ -30,6 +31,15 @@ CHILD_OFF = {"repeats": 1, "accuracy": False, "draw_images": 0, "layers": False,
              "run_id": None, "output_dir": None}  # what the extra processes do not do
 REPEAT_OF = "VA_BENCH_REPEAT_OF"  # set in an extra process: the pid of the run that started it (it holds the GPU)
 REPEAT_GPU_PIDS = "VA_BENCH_REPEAT_GPU_PIDS"  # and the PIDs NVML lists for that run's work (the host's, in a container)
+
+
+def repeat_parent() -> RunParent | None:
+    """The run that started this process, where this is an extra process of its --repeats (the variable naming
+    another PID than this process's parent is stale or forged: no parent)."""
+    if os.environ.get(REPEAT_OF) != str(os.getppid()):
+        return None
+    listed = os.environ.get(REPEAT_GPU_PIDS, "").split(",")
+    return RunParent(os.getppid(), frozenset(int(p) for p in listed if p.isdigit()))
 
 
 def cell_key(coords: dict) -> tuple:
