@@ -4,6 +4,7 @@ against published figures, hand-computed formulas and models built with known co
 import csv
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -323,3 +324,14 @@ def test_cli_bad_input_is_one_line(tmp_path):
     assert result.returncode == 2
     assert [line for line in result.stderr.splitlines() if line.strip()] == [
         f"error: --weights {tmp_path / 'nope.onnx'}: no such file"]
+
+
+def test_a_plugin_whose_load_core_takes_every_argument_as_the_contract_says_is_inspected(tmp_path):
+    """The Detector contract's load_core(backend, device, precision, input_size, threads): a plugin that makes
+    threads required is loaded by inspect as by a run."""
+    source = (Path(__file__).parent / "plugins" / "synthetic_detector.py").read_text()
+    assert "input_size, threads=None):" in source
+    strict = tmp_path / "strict_plugin.py"
+    strict.write_text(source.replace("input_size, threads=None):", "input_size, threads):"))
+    report = inspect_model(f"{strict}:make_detector")
+    assert report.model == "synthetic-sleepy" and report.source == "pytorch" and len(report.layers) == 1

@@ -333,7 +333,8 @@ def _plugin_module(detector, size: tuple[int, int]) -> torch.nn.Module:
 
     if "pytorch" not in detector.backends:
         raise UsageError(f"{detector.model_id}: no core_source and no pytorch backend; nothing to inspect")
-    module = getattr(detector.load_core("pytorch", Device("cpu"), "fp32", size), "torch_module", None)
+    # the Detector contract's whole call: a plugin may take every argument as required
+    module = getattr(detector.load_core("pytorch", Device("cpu"), "fp32", size, None), "torch_module", None)
     if not isinstance(module, torch.nn.Module):
         raise UsageError(f"{detector.model_id}: its pytorch core exposes no torch_module; nothing to inspect")
     return module
