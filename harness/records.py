@@ -76,10 +76,12 @@ class CellStatus:
     submission: str | None = None  # relative to the run folder
     started_at: str | None = None
     finished_at: str | None = None
+    node: dict | None = None  # a fleet run's: the node that ran it (host, address, Ray's node id)
 
     def to_dict(self) -> dict[str, Any]:
         return {"cell": self.cell.label, **self.cell.coordinates(), "status": self.state, "reason": self.reason,
-                "submission": self.submission, "started_at": self.started_at, "finished_at": self.finished_at}
+                "submission": self.submission, "started_at": self.started_at, "finished_at": self.finished_at,
+                **({"node": self.node} if self.node is not None else {})}
 
 
 # ------------------------------------------------------------------------------------------ statistics

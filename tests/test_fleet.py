@@ -361,6 +361,11 @@ def test_every_cell_lands_valid_under_its_hardware_folder(two_hardware):
             assert len(mem_lines) == len(samples) and len({s[1] for s in samples}) >= 2
     fleet_doc = json.loads((run_dir / "fleet.json").read_text())
     assert fleet_doc["targets"] == ["alpha", "beta"] and all(n["refused"] is None for n in fleet_doc["nodes"])
+    # which machine ran each cell: a hardware id may name several
+    node_ids = {hw: n["node_id"] for n in fleet_doc["nodes"] for hw in n["hardware_ids"]}
+    for hw in ("alpha", "beta"):
+        for cell in json.loads((run_dir / hw / "run.json").read_text())["cells"]:
+            assert cell["node"]["node_id"] == node_ids[hw] and cell["node"]["address"] == "127.0.0.1", cell
     assert not list(run_dir.rglob("*.tmp"))
 
 
@@ -735,3 +740,63 @@ def test_the_resume_line_dials_the_head_the_run_was_given():
                                       "'/runs dir'")
     assert FleetPlan(plan, {}, [], [], {}, 0).resume_command() == "va-bench fleet run --resume fl3 --output-dir " \
                                                                   "'/runs dir'"
+
+
+@requires_coco
+@requires_yolox
+def test_shards_go_to_accepted_nodes_of_the_runs_hardware_only(cluster, tmp_path):
+    """A node the survey refused (another build, no dataset) failed every shard it took, and took the most (it
+    failed fastest); a node of hardware outside --hardware is not the run's to use either."""
+    from harness.config import RunConfig
+    from harness.fleet.driver import prepare_fleet, run_fleet
+
+    config = RunConfig(models=["yolox-nano"], backends=["pytorch"], batch_sizes=[1], subset="sample", limit=16,
+                       coco_dir=str(COCO_DIR), warmup_batches=1, warmup_seconds=0, min_timed_batches=2, threads=1,
+                       draw_images=0, energy=False, layers=False, profile=False, output_dir=str(tmp_path),
+                       run_id="s")
+    fplan = prepare_fleet(config, None, ["alpha"], 4)
+    alpha = next(n for n in fplan.nodes if "alpha" in n.hardware_ids)
+    outcome = run_fleet(fplan, ["fleet", "run"])
+    assert outcome.accuracy["yolox-nano__pytorch__fp32__416"]["status"] == "ok", outcome.accuracy
+    shards = [json.loads(p.read_text()) for p in (tmp_path / "s" / "accuracy").rglob("shard-*[0-9].json")]
+    assert len(shards) == 4 and {s["node"]["node_id"] for s in shards} == {alpha.node_id}
+    # a refused node of the run's hardware takes none either: each of its would-be shards is placed elsewhere
+    fplan = prepare_fleet(config.model_copy(update={"run_id": "t"}), None, None, 4)
+    beta = next(n for n in fplan.nodes if "beta" in n.hardware_ids)
+    beta.refused = "its build differs from the driver's (as a test says)"
+    fplan.targets = ["alpha"]
+    run_fleet(fplan, ["fleet", "run"])
+    shards = [json.loads(p.read_text()) for p in (tmp_path / "t" / "accuracy").rglob("shard-*[0-9].json")]
+    assert {s["node"]["node_id"] for s in shards} == {alpha.node_id}
+
+
+@requires_coco
+@requires_yolox
+def test_a_forced_resume_on_part_of_the_hardware_runs_there_and_refuses_another_run_id(two_hardware):
+    """A run that lost a node's hardware is finished on the rest with --force --hardware; --run-id or a path
+    beside --resume is refused, as `va-bench run --resume` refuses it."""
+    from harness.fleet.driver import prepare_fleet_resume
+
+    _, run_dir = two_hardware
+    out = str(run_dir.parent)
+    with pytest.raises(UsageError, match="hardware: alpha, beta -> alpha.*add --force"):
+        prepare_fleet_resume("two", out, {}, None, ["alpha"], None, False, False)
+    assert prepare_fleet_resume("two", out, {}, None, ["alpha"], None, True, False).targets == ["alpha"]
+    with pytest.raises(UsageError, match="drop --run-id other"):
+        prepare_fleet_resume("two", out, {"run_id": "other"}, None, None, None, False, False)
+    with pytest.raises(UsageError, match="not a run id"):
+        prepare_fleet_resume("../two", out, {}, None, None, None, False, False)
+
+
+def test_a_task_that_failed_before_its_first_update_names_where_it_ran():
+    ray = pytest.importorskip("ray")
+    from harness.fleet.driver import FleetDriver, FleetNode, _Task
+    from harness.records import LoadKey
+
+    key = LoadKey("m", "pytorch", "fp32", (64, 64))
+    error = ray.exceptions.RayTaskError("detect_shard", "Traceback ...", ValueError("no COCO here"), ip="10.0.0.7")
+    state, reason = FleetDriver._failure(None, error, _Task("group", "gamma", key))
+    assert state == "failed" and reason.startswith("the task on 10.0.0.7 raised ValueError: no COCO here"), reason
+    node = FleetNode("n1", "10.0.0.8", ["gamma"], probe={"node": {"host": "jetson-2"}})
+    state, reason = FleetDriver._failure(None, error, _Task("shard", None, key, placed_on=node))
+    assert "the task on node 10.0.0.8 (jetson-2) [gamma] raised" in reason, reason

@@ -34,8 +34,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from harness.catalogue import segment_ids
 from harness.config import SAFE_ID, RunConfig, reserved_name
+from harness.detector.protocol import task_of
 from harness.errors import RunInterrupted, UsageError
 from harness.eval.coco_eval import (
     defined_stats,
@@ -56,7 +56,7 @@ from harness.results.artifacts import load_slug
 from harness.results.reader import FLEET_FILE, read_fleet_json
 from harness.run.plan import RunPlan, prepare
 from harness.run.progress import SilentProgress
-from harness.run.resume import ground_truth_change, refuse_differences, resumed_config, runnable
+from harness.run.resume import check_resume_id, ground_truth_change, refuse_differences, resumed_config, runnable
 from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 from harness.shell import recordable
@@ -333,6 +333,7 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
                          retry_failed: bool) -> FleetPlan:
     """The plan of an existing fleet run, to finish it; refuses (UsageError) other options, another build
     or other hardware than the original run's, unless `force`."""
+    check_resume_id(run_id, overrides)
     fleet_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default).expanduser() / run_id
     doc = read_fleet_json(fleet_dir, run_id)
     config, problems = resumed_config(doc["config"], overrides, fleet_dir.parent, None)
@@ -353,7 +354,8 @@ def prepare_fleet_resume(run_id: str, output_dir: str | None, overrides: dict, a
     plan.run_id, plan.run_dir = run_id, fleet_dir
     connect(address)
     nodes = survey(build)
-    targets = choose_targets(nodes, doc["targets"])
+    # other hardware than the run's only with --force (refused above otherwise): a lost node's cells stay as they are
+    targets = choose_targets(nodes, hardware or doc["targets"])
     doc = {**doc, "forced_differences": problems} if problems else doc
     return FleetPlan(plan, _model_specs(config, plan), targets, nodes, build, doc.get("accuracy_shards", 0),
                      fleet_doc=doc, retry_failed=retry_failed, address=address)
@@ -372,6 +374,7 @@ class _Task:
     labels: list[str] = field(default_factory=list)
     shard: Shard | None = None
     node: dict | None = None  # set by its first update
+    placed_on: FleetNode | None = None  # a shard's node, chosen by the driver
     rows_seen: dict[str, int] = field(default_factory=dict)
 
 
@@ -480,9 +483,16 @@ class FleetDriver:
         if fp.shards:
             self._submit_shards(sha)
 
+    def _shard_nodes(self) -> list[FleetNode]:
+        """The nodes that take accuracy shards: those accepted, of the hardware the run is on (a node the survey
+        refused, for another build or no dataset, would fail each shard it took, and fail fastest)."""
+        targets = set(self.fplan.targets)
+        return [n for n in self.fplan.nodes if n.refused is None and targets & set(n.hardware_ids)]
+
     def _submit_shards(self, sha: str) -> None:
         plan, accuracy = self.plan, self.doc.setdefault("accuracy", {})
         batch_size = min(self.config.batch_sizes)
+        nodes, placed = self._shard_nodes(), 0
         for key, _ in plan.groups:
             slug = load_slug(key)
             if accuracy.get(slug, {}).get("status") == "ok":
@@ -499,8 +509,11 @@ class FleetDriver:
                 if self._shard_file_ok(slug, shard):
                     continue
                 job = ShardJob(self._job_config(None, key), key, batch_size, shard, self.fplan.build, sha)
-                self.pending[_shard_task.options(resources={SLOT: 1}).remote(job)] = _Task("shard", None, key,
-                                                                                            shard=shard)
+                node = nodes[placed % len(nodes)]  # in turn: each node one slot's worth at a time
+                placed += 1
+                strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+                ref = _shard_task.options(resources={SLOT: 1}, scheduling_strategy=strategy).remote(job)
+                self.pending[ref] = _Task("shard", None, key, shard=shard, placed_on=node)
         self._save()
 
     def _shard_path(self, slug: str, shard: Shard, what: str = "json") -> Path:
@@ -524,6 +537,9 @@ class FleetDriver:
         self._open()
         for line in fp.refusals:
             self.progress.log(line)
+        left = [hw for hw in (fp.fleet_doc or {}).get("targets", []) if hw not in fp.targets]
+        if left:
+            self.progress.log(f"hardware {', '.join(left)}: not in --hardware now; its cells are left as they are")
         self._log_threads()
         try:
             self._submit()
@@ -606,8 +622,14 @@ class FleetDriver:
             self._log_change(task, change.label, change.state, change.reason)
 
     def _failure(self, exc: BaseException, task: _Task) -> tuple[str, str]:
-        """A task that raised: `failed` with its error; one whose worker or node died: `interrupted`."""
-        where = f" on {task.node.get('host')} ({task.node.get('address')})" if task.node else ""
+        """A task that raised: `failed` with its error; one whose worker or node died: `interrupted`. Where it ran:
+        its first update's node, else the node a shard was placed on, else the address Ray's error carries."""
+        if task.node:
+            where = f" on {task.node.get('host')} ({task.node.get('address')})"
+        elif task.placed_on is not None:
+            where = f" on {task.placed_on.describe()}"
+        else:
+            where = f" on {exc.ip}" if getattr(exc, "ip", None) else ""
         if isinstance(exc, ray.exceptions.RayTaskError):
             return "failed", f"the task{where} raised {one_line(task_cause(exc))}"
         if isinstance(exc, ray.exceptions.TaskCancelledError):
@@ -628,15 +650,20 @@ class FleetDriver:
         """Tasks still queued for hardware that no alive node offers any more would wait forever: cancel them
         and say why (a task already running on a node that died is reported by Ray itself)."""
         alive: set[str] = set()
+        alive_nodes: set[str] = set()
         for n in ray.nodes():
             if n.get("Alive"):
                 alive |= set(n.get("Resources", {}))
+                alive_nodes.add(n.get("NodeID"))
         for obj, task in list(self.pending.items()):
-            need = hardware_resource(task.hardware_id) if task.kind == "group" else SLOT
-            if task.node is None and need not in alive:
+            if task.kind == "group":
+                gone = hardware_resource(task.hardware_id) not in alive
+            else:  # a shard waits for its own node
+                gone = task.placed_on is not None and task.placed_on.node_id not in alive_nodes
+            if task.node is None and gone:
                 ray.cancel(obj, force=True)
                 reason = (f"no node of hardware {task.hardware_id} is alive any more" if task.kind == "group"
-                          else "no node with a free va-bench slot is alive any more")
+                          else f"its {task.placed_on.describe()} is not alive any more")
                 if task.kind == "group":
                     self._end(obj, "interrupted", reason)
                 else:
@@ -702,7 +729,7 @@ class FleetDriver:
             rel_dets = f"{ACCURACY_DIR}/{slug}__detections.json"
             atomic_write_bytes(self.fplan.fleet_dir / rel_dets, merged)
             # the evaluation a cell's detections get (executor.py), on the merged file
-            task = "segment" if config.masks and key.model in segment_ids() else "detect"
+            task = "segment" if config.masks and task_of(plan.detectors[key.model]) == "segment" else "detect"
             evaluation = evaluate_cell_file(plan.dataset.coco, self.fplan.fleet_dir / rel_dets,
                                             list(plan.variant.image_ids), config.evaluator, config.eval_max_det, task,
                                             config.map_ci)

@@ -145,8 +145,11 @@ class HardwareFolder:
                 status = self.state.cells.get(entry.get("cell"))
                 if status is None:
                     continue  # not a cell of this plan: ignored (the driver's plan is the reference)
-                if (status.state, status.reason) != (entry.get("status"), entry.get("reason")):
+                changed = (status.state, status.reason) != (entry.get("status"), entry.get("reason"))
+                if changed:
                     changes.append(Change(status.cell.label, entry.get("status"), entry.get("reason")))
+                    if entry.get("status") != "pending":  # a hardware id may name several machines: which one
+                        status.node = {k: update.node.get(k) for k in ("host", "address", "node_id")}
                 status.state, status.reason = entry.get("status"), entry.get("reason")
                 status.submission = submission
                 status.started_at, status.finished_at = entry.get("started_at"), entry.get("finished_at")

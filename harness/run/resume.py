@@ -49,16 +49,22 @@ def refuse_differences(what: str, problems: list[str], force: bool, fix: str) ->
                          f"incomparable cells: {fix}")
 
 
-def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
-                   retry_failed: bool) -> RunPlan:
-    """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
-    harness commit or the hardware differ from the original run, unless `force`."""
+def check_resume_id(run_id: str, overrides: dict) -> None:
+    """`--resume RUN_ID` names a folder under --output-dir (a run's or a fleet run's), and only that run: refuses
+    (UsageError) a path, or another --run-id beside it."""
     if not re.fullmatch(SAFE_ID, run_id):
         raise UsageError(f"--resume {run_id!r}: not a run id (letters, digits, '.', '_' and '-'); give the name of a "
                          "folder under --output-dir")
     if overrides.get("run_id") not in (None, run_id):
         raise UsageError(f"--resume {run_id} continues that run in its own folder; drop --run-id "
                          f"{overrides['run_id']}")
+
+
+def prepare_resume(run_id: str, output_dir: str | None, overrides: dict, force: bool,
+                   retry_failed: bool) -> RunPlan:
+    """The plan of an existing run, to finish it. Refuses (UsageError) when the options given now, the
+    harness commit or the hardware differ from the original run, unless `force`."""
+    check_resume_id(run_id, overrides)
     # `~` as a new run's --output-dir takes it (`--output-dir=~/runs`, which the shell leaves alone): the same folder
     run_dir = Path(output_dir or RunConfig.model_fields["output_dir"].default).expanduser() / run_id
     doc = read_run_json(run_dir, run_id)

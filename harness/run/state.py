@@ -145,7 +145,8 @@ class RunState:
                 state = old.get("status", "pending")
 
                 status = CellStatus(cell, "interrupted" if state == "running" else state, old.get("reason"),
-                                    old.get("submission"), old.get("started_at"), old.get("finished_at"))
+                                    old.get("submission"), old.get("started_at"), old.get("finished_at"),
+                                    old.get("node") if isinstance(old.get("node"), dict) else None)
                 if status.state == "ok" and not (status.submission and (run_dir / status.submission).is_file()):
                     status.state, status.reason = "pending", "its submission file is missing"
                 statuses[cell.label] = status
