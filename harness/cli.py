@@ -928,9 +928,11 @@ def fleet_join(
 ) -> None:
     """Start Ray on this device with its hardware id as a resource (`ray start`, wrapped); stop with `ray stop`."""
     from harness import shell
-    from harness.fleet.join import join_command, start
+    from harness.fleet.join import check_reachable, join_command, start
 
     command = join_command(address, head, port, node_ip_address, hardware_id, extra or [])
+    if address is not None and not dry_run:  # `ray start` retries an unreachable head for minutes, line by line
+        check_reachable(address)
     env = " ".join(f"{k}={v}" for k, v in command.env_added.items())
     console.print(f"hardware id [bold]{escape(command.hardware_id)}[/]: {escape((env + ' ') if env else '')}"
                   f"{escape(shell.join(command.argv))}", highlight=False, soft_wrap=True)

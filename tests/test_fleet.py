@@ -131,12 +131,14 @@ def test_nodes_of_one_hardware_id_that_wait_differently_in_openmp_are_named():
     assert differing_openmp_waits([node("a", ["pi5"], "PASSIVE"), node("b", ["pi5"], " passive")]) == []
 
 
-def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch):
+def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch, tmp_path):
     """`fleet run --address 127.0.0.1:6379` reaches a head that `fleet join --node-ip-address 127.0.0.1` started:
     Ray's setting is made before ray is imported, and only for a loopback address."""
     from harness.fleet.join import LOOPBACK_ENV, loopback_driver
 
     (name,) = LOOPBACK_ENV
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # no cluster started on this machine
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for address, set_ in (("127.0.0.1:6379", True), ("[::1]:6379", True), ("localhost:6379", True),
                           ("10.0.0.5:6379", False), ("auto", False), (None, False)):
         monkeypatch.delenv(name, raising=False)
@@ -144,6 +146,14 @@ def test_a_driver_of_a_head_on_the_loopback_dials_the_loopback(monkeypatch):
         assert (os.environ.get(name) == "0") is set_, address
     monkeypatch.delenv(name, raising=False)  # no --address: what connect() dials, $RAY_ADDRESS
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    loopback_driver(None)
+    assert os.environ.get(name) == "0"
+    # neither: the cluster this machine started last, as Ray records it (the docs' own `fleet join --head` on the
+    # loopback, then `fleet run` with no --address)
+    monkeypatch.delenv(name)
+    monkeypatch.delenv("RAY_ADDRESS")
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6390\n")
     loopback_driver(None)
     assert os.environ.get(name) == "0"
 
@@ -245,7 +255,7 @@ def test_fleet_run_closes_its_ray_connection_before_the_json_document(monkeypatc
     monkeypatch.setattr(ray, "is_initialized", lambda: bool(connected))
     monkeypatch.setattr(ray, "init", lambda **kwargs: connected.append(True))
     monkeypatch.setattr(ray, "shutdown", lambda: (events.append("shutdown"), connected.clear()))
-    monkeypatch.setattr(driver, "_check_reachable", lambda *args, **kwargs: None)
+    monkeypatch.setattr(driver, "check_reachable", lambda *args, **kwargs: None)
     monkeypatch.setattr(driver, "prepare_fleet", lambda config, address, hardware, shards: driver.connect(address))
     monkeypatch.setattr(driver, "run_fleet", lambda *args: events.append("run") or SimpleNamespace(problems={}))
     monkeypatch.setattr(fleet_view, "fleet_summary_json", lambda outcome: events.append("document") or {"ok": 1})
@@ -800,3 +810,15 @@ def test_a_task_that_failed_before_its_first_update_names_where_it_ran():
     node = FleetNode("n1", "10.0.0.8", ["gamma"], probe={"node": {"host": "jetson-2"}})
     state, reason = FleetDriver._failure(None, error, _Task("shard", None, key, placed_on=node))
     assert "the task on node 10.0.0.8 (jetson-2) [gamma] raised" in reason, reason
+
+
+def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for address, words in (("foo", "'foo' is not HOST:PORT"), (f"127.0.0.1:{port}", "cannot reach the Ray head")):
+        result = run_in_process("fleet", "join", "--address", address, "--hardware-id", "zeta")
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr

@@ -48,7 +48,7 @@ from harness.eval.coco_eval import (
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import HardwareFolder
-from harness.fleet.join import ACCURACY_DIR, RESERVED_IDS, SLOT, hardware_resource, node_resources
+from harness.fleet.join import ACCURACY_DIR, RESERVED_IDS, SLOT, check_reachable, hardware_resource, node_resources
 from harness.fleet.node import GroupJob, ShardJob
 from harness.fleet.shards import Shard, merge_result_files, split_shards
 from harness.records import LoadKey, utc_now_iso
@@ -150,9 +150,9 @@ def connect(address: str | None) -> None:
         return
     target = address or os.environ.get("RAY_ADDRESS")
     if target and target != "auto":
-        _check_reachable(target)  # ray.init retries an unreachable head for minutes before it says so
+        check_reachable(target)  # ray.init retries an unreachable head for minutes before it says so
     elif looked_up := _auto_address():  # the cluster this machine started last, maybe long gone
-        _check_reachable(looked_up, given=False)
+        check_reachable(looked_up, given=False)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -187,21 +187,6 @@ def _auto_address() -> str | None:
         return canonicalize_bootstrap_address("auto")
     except Exception:  # noqa: BLE001 (its lookup's own errors: ray.init says them)
         return None
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0, given: bool = True) -> None:
-    """A TCP connection to the head's port, or a UsageError naming why not (`given`: the user named the address;
-    else Ray's lookup found it)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--address {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        fix = ("check the address and that `va-bench fleet join --head` runs there" if given else
-               "it is the cluster this machine started last (Ray's lookup, no --address given): start one with "
-               "`va-bench fleet join --head` or pass --address HOST:PORT")
-        raise UsageError(f"cannot reach the Ray head at {address} ({exc.strerror or exc}); {fix}") from None
 
 
 def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:

@@ -13,7 +13,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +86,9 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
     if head:
         argv += ["--head", f"--port={port}", "--include-dashboard=false"]
     else:
+        host, _, port_text = address.removeprefix("ray://").rpartition(":")
+        if not host or not port_text.isdigit():
+            raise UsageError(f"--address {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379)")
         argv += [f"--address={address}"]
     argv += [f"--resources={resources}", "--disable-usage-stats"]
     if node_ip_address:
@@ -93,6 +98,21 @@ def join_command(address: str | None, head: bool, port: int, node_ip_address: st
     if head and is_loopback(node_ip_address):  # a one-machine cluster: Ray then takes no node beside the head
         env_added.update(LOOPBACK_ENV)
     return JoinCommand(argv, env_added, hw)
+
+
+def check_reachable(address: str, timeout_s: float = 5.0, given: bool = True) -> None:
+    """A TCP connection to the head's port, or a UsageError naming why not (`given`: the user named the address;
+    else Ray's lookup found it)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        fix = ("check the address and that `va-bench fleet join --head` runs there" if given else
+               "it is the cluster this machine started last (Ray's lookup, no --address given): start one with "
+               "`va-bench fleet join --head` or pass --address HOST:PORT")
+        raise UsageError(f"cannot reach the Ray head at {address} ({exc.strerror or exc}); {fix}") from None
 
 
 def is_loopback(host: str | None) -> bool:
@@ -112,7 +132,8 @@ def loopback_driver(address: str | None) -> None:
     """Before ray is imported: a driver that joins a head on the loopback (`--address 127.0.0.1:6379`) reaches it
     there, as `fleet join --head --node-ip-address 127.0.0.1` started it (Ray would otherwise dial the machine's
     network address, where that head does not listen). A head started without it listens there too, and is reached."""
-    address = address or os.environ.get("RAY_ADDRESS")  # what connect() dials without --address
+    # what connect() dials without --address: $RAY_ADDRESS, else the cluster this machine started last
+    address = address or os.environ.get("RAY_ADDRESS") or last_cluster_address()
     if not address:
         return
     if address.startswith("["):  # [::1]:6379
@@ -122,6 +143,16 @@ def loopback_driver(address: str | None) -> None:
     if is_loopback(host):
         for name, value in LOOPBACK_ENV.items():
             os.environ.setdefault(name, value)
+
+
+def last_cluster_address() -> str | None:
+    """The head in Ray's record of the cluster this machine started last (ray_current_cluster in its temp folder:
+    $RAY_TMPDIR, else /tmp on Linux), read without importing ray; None where there is none."""
+    base = os.environ.get("RAY_TMPDIR") or ("/tmp" if sys.platform.startswith("linux") else tempfile.gettempdir())
+    try:
+        return (Path(base) / "ray" / "ray_current_cluster").read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def start(command: JoinCommand) -> int:
