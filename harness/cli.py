@@ -142,10 +142,14 @@ def repeated_options(command, argv: list[str]) -> list[str]:
     leaf, tokens = command, list(argv)
     while tokens and tokens[0] in getattr(leaf, "commands", {}):
         leaf, tokens = leaf.commands[tokens[0]], tokens[1:]
-    single = {opt: param for param in getattr(leaf, "params", ()) if getattr(param, "is_flag", True) is False
+    params = getattr(leaf, "params", ())
+    single = {opt: param for param in params if getattr(param, "is_flag", True) is False
               and not param.multiple for opt in param.opts}
+    switches = {opt: param for param in params if getattr(param, "is_flag", False) and param.secondary_opts
+                for opt in (*param.opts, *param.secondary_opts)}  # --x/--no-x
     given: dict[str, list[str]] = {}
     flags: dict[str, str] = {}
+    turned: dict[str, list[str]] = {}
     tokens = iter(tokens)
     for token in tokens:
         flag, equals, value = token.partition("=")
@@ -153,8 +157,12 @@ def repeated_options(command, argv: list[str]) -> list[str]:
         if param is not None:
             given.setdefault(param.name, []).append(value if equals else next(tokens, ""))
             flags[param.name] = flag
-    return [f"{flags[name]} is given {len(values)} times ({', '.join(values)}): it takes one value, and the last, "
-            f"{values[-1]}, is the one used" for name, values in given.items() if len(set(values)) > 1]
+        elif token in switches:
+            turned.setdefault(switches[token].name, []).append(token)
+    warnings = [f"{flags[name]} is given {len(values)} times ({', '.join(values)}): it takes one value, and the "
+                f"last, {values[-1]}, is the one used" for name, values in given.items() if len(set(values)) > 1]
+    return warnings + [f"{' and '.join(dict.fromkeys(used))} are both given: the last, {used[-1]}, is the one used"
+                       for used in turned.values() if len(set(used)) > 1]
 
 
 def _cli_type(annotation):
@@ -208,8 +216,9 @@ def _run_options() -> list[inspect.Parameter]:
 RUN_FLAGS = [
     inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
                       default=typer.Option(None, "--config", metavar="PATH|NAME",
-                                           help="YAML preset: a file, or a built-in preset's name (default: what "
-                                                "`make bench` runs); flags override it")),
+                                           help="YAML preset: a file, or a built-in preset's name (`default` is "
+                                                "what `make bench` runs; without --config, no preset); flags "
+                                                "override it")),
     inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
                       default=typer.Option(None, "--resume", metavar="RUN_ID",
                                            help="continue the run folder --output-dir/RUN_ID: run its pending and "
@@ -512,7 +521,8 @@ def data_fetch(
 
         given = [flag for flag, value in (("--base-url", base_url), ("--keep-archives", keep_archives)) if value]
         if given:  # Roboflow's client downloads them: neither applies
-            raise UsageError(f"{' and '.join(given)} apply to `data fetch coco`; RF100-VL comes through Roboflow's "
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(f"{' and '.join(given)} {verb} to `data fetch coco`; RF100-VL comes through Roboflow's "
                              "client: drop them")
 
         target = dest or Path("datasets") / "rf100vl"
@@ -721,7 +731,7 @@ def compare(
     reader went away (| head).
 
     --fail-on METRIC:THRESHOLD (repeatable) fails when B - A crosses THRESHOLD in any paired cell. \
-METRIC: map (mAP_50_95), map50, f1 (the operating point's), any accuracy name (AR100, mAP_small, op_recall, \
+METRIC: map (mAP_50_95), map50, map75, f1 (the operating point's), any accuracy name (AR100, mAP_small, op_recall, \
 ...), latency (p50 per image), latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall \
 larger than it, '+' on a rise larger than it; a trailing % makes it relative to A. Latency and throughput \
 gates skip changes the significance test calls noise; a gate with nothing to check fails.
@@ -975,6 +985,7 @@ def parity_preprocess(
     import torch
 
     from harness.backends import BackendOptions, load_detector_core
+    from harness.backends.support import check_batch_sizes
     from harness.config import RunConfig
     from harness.data.coco import CocoDataset
     from harness.detector.protocol import RANDOM_WEIGHTS
@@ -998,9 +1009,10 @@ def parity_preprocess(
                          "none: pass trained weights (--weights PATH, or the model's default)")
     pair_iou, diff_conf = _diff_thresholds(pair_iou, diff_conf, old_iou, old_conf)
     noise_batch_size = noise_batch_size or (2 if batch_size == 1 else 1)
-    if backend == "ncnn" and max(batch_size, noise_batch_size) > 1:  # before any pass, in parity's own flags
-        raise UsageError(f"--backend ncnn runs one image per call (no batch axis), so it cannot run parity's batch "
-                         f"{max(batch_size, noise_batch_size)}: use --batch-size 1 --noise-batch-size 1")
+    # before any pass, in parity's own flags
+    check_batch_sizes(backend, [batch_size, noise_batch_size], f"so not parity's batch "
+                                                               f"{max(batch_size, noise_batch_size)}: use "
+                                                               "--batch-size 1 --noise-batch-size 1")
     dev = parse_device(device)
     dataset = CocoDataset(coco_dir)
     records = dataset.records(dataset.variant(subset, limit))

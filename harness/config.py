@@ -34,11 +34,19 @@ def reserved_name(value: str) -> str | None:
     return None
 
 
+# a field's bounds (pydantic's constraint names), as --help and a refusal say them
+BOUND_WORDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+BOUND_ERRORS = {"greater_than_equal": "ge", "greater_than": "gt", "less_than_equal": "le", "less_than": "lt"}
+
+
 def option(default: Any, flags: str | list[str], help: str, **constraints: Any) -> Any:
     """A RunConfig field that is also a `va-bench run` option: flags[0] is the main flag; a bool field's
     flag pair is `--x/--no-x`; list fields take several values after one flag (`--batch-sizes 1 2 4`)."""
     flags = [flags] if isinstance(flags, str) else flags
     extra = {"flags": flags}
+    bounds = [f"{word} {constraints[key]}" for key, word in BOUND_WORDS.items() if key in constraints]
+    if bounds:  # the range the validation holds it to, in --help too
+        help = f"{help} ({', '.join(bounds)})"
     if callable(default):
         return Field(default_factory=default, description=help, json_schema_extra=extra, **constraints)
     return Field(default, description=help, json_schema_extra=extra, **constraints)
@@ -371,6 +379,9 @@ def _validation_message(exc: ValidationError) -> str:
         message = f"{brief(err['input'])} is not a finite number"
     elif err["type"].endswith("_parsing") or err["type"].endswith("_type"):  # name the value that is not one
         message = f"{message}, got {brief(err['input'])}"
+    elif err["type"] in BOUND_ERRORS and BOUND_ERRORS[err["type"]] in err.get("ctx", {}):
+        bound = BOUND_ERRORS[err["type"]]
+        message = f"{brief(err['input'])} is out of range: give a value {BOUND_WORDS[bound]} {err['ctx'][bound]}"
     return f"invalid run configuration: {where}{flag}: {message}" if where else f"invalid run configuration: {message}"
 
 

@@ -7,3 +7,8 @@ def shown_apart(value: float, mark: float, digits: int, most: int = 6) -> str:
     while digits < most and f"{value:.{digits}f}" == f"{mark:.{digits}f}" and value != mark:
         digits += 1
     return f"{value:.{digits}f}"
+
+
+def count_of(n: int, noun: str) -> str:
+    """`n` and `noun`, plural where n is not 1 ("1 cell", "2 cells")."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -201,7 +201,8 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
     first = _campaign(tmp_path)
     assert first.returncode == 1, first.stderr
     other = _campaign(tmp_path, "--backend", "onnxruntime")
-    assert other.returncode == 2 and "was started with other options" in other.stderr
+    assert other.returncode == 2 and "was started with other backends: " in other.stderr, other.stderr
+    assert "-> ['onnxruntime']" in other.stderr  # the option that changed, with its values
     empty = tmp_path / "empty.yaml"
     empty.write_text("model: yolox-nano\ndatasets: []\n")
     result = run_in_process("campaign", str(empty), "--output-dir", str(tmp_path / "o2"))

@@ -187,6 +187,11 @@ def test_an_option_of_one_value_given_twice_says_which_value_is_used(tmp_path):
                                      "is the one used")
     same = run_in_process("data", "check", "--limit", "2", "--limit", "2", "--json", cwd=tmp_path)
     assert same.returncode == 0 and "warning" not in same.stderr  # the same value twice says nothing new
+    # an on/off switch given both ways: the last wins, and is named
+    both = run_in_process("run", "--dry-run", "--json", "--limit", "2", "--overlap", "--no-overlap", cwd=tmp_path)
+    assert both.returncode == 0 and json.loads(both.stdout)["num_cells"] == 1, both.stderr
+    assert both.stderr.strip() == "warning: --overlap and --no-overlap are both given: the last, --no-overlap, is " \
+                                  "the one used"
 
 
 @requires_coco

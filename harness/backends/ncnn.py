@@ -45,6 +45,7 @@ import torch
 
 from harness.backends import BackendOptions
 from harness.backends.onnx_graph import check_against_source, has_onnx_graph, load_checked, onnx_graph
+from harness.backends.support import check_batch_sizes
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
@@ -471,8 +472,7 @@ class NcnnBackend:
 
     def load(self, source: CoreSource, device: Device, precision: str, input_size: tuple[int, int],
              threads: int | None, options: BackendOptions) -> NcnnCore:
-        if options.max_batch > 1:
-            raise UsageError("ncnn runs one image per call (no batch axis); use --batch-sizes 1 with --backend ncnn")
+        check_batch_sizes(self.name, [options.max_batch], "use --batch-sizes 1 with --backend ncnn")
         graph, module = onnx_graph(source, input_size)
 
         def make_core() -> NcnnCore:

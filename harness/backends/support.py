@@ -33,6 +33,7 @@ class BuiltinBackend:
     packages: tuple[str, ...] = ()
     extra: str | None = None  # the va-bench extra that installs the packages (pyproject.toml)
     converts: bool = False  # keeps the model it converts to its own format in the weights cache
+    max_batch: int | None = None  # the most images one call takes (a runtime without a batch axis: 1)
 
 
 # The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
@@ -44,12 +45,26 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf"),
                                "openvino", converts=True),
     "ncnn": BuiltinBackend("ncnn", "NcnnBackend", {"cpu": ("fp32", "fp16")}, ("ncnn", "pnnx"), "ncnn",
-                           converts=True),
+                           converts=True, max_batch=1),
     "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
                              ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert", converts=True),
     "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
                                   converts=True),
 }
+
+
+def builtin_names() -> str:
+    """The built-in backends' names, for a help text or a refusal."""
+    return ", ".join(BUILTINS)
+
+
+def check_batch_sizes(backend: str, sizes, fix: str) -> None:
+    """Refuse (UsageError) batch sizes a built-in runtime cannot run in one call (ncnn has no batch axis); `fix`:
+    how to, in the caller's own flags."""
+    entry = BUILTINS.get(backend)
+    if entry is not None and entry.max_batch is not None and max(sizes) > entry.max_batch:
+        images = "one image" if entry.max_batch == 1 else f"{entry.max_batch} images"
+        raise UsageError(f"--backend {backend} runs {images} per call (no batch axis); {fix}")
 
 
 def converting_backends(backends: list[str]) -> list[str]:

@@ -45,6 +45,7 @@ from harness.eval.coco_eval import (
     operating_point_summary,
     per_class_document,
 )
+from harness.figures import count_of
 from harness.files import atomic_write_bytes, atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import HardwareFolder
@@ -528,7 +529,7 @@ class FleetDriver:
         self._log_threads()
         try:
             self._submit()
-            tasks = f"{len(self.pending)} task{'s' if len(self.pending) != 1 else ''}"
+            tasks = count_of(len(self.pending), "task")
             self.progress.log(f"fleet {fp.run_id}: {len(self.plan.cells)} cells x {len(fp.targets)} hardware "
                               f"({', '.join(fp.targets)}), {tasks}"
                               + (f", accuracy in {fp.shards} shards per group" if fp.shards else ""))

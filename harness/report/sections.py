@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.figures import count_of
 from harness.results.reader import RunFolder, inside_run_folder, lookup, number, read_json_object
 
 COCO_METRICS = ("mAP_50_95", "mAP_50", "mAP_75", "mAP_small", "mAP_medium", "mAP_large",
@@ -57,7 +58,7 @@ def counted(values: list[Any]) -> list[tuple[str, int]]:
 
 
 def _counts(pairs: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{value} ({n} cell{'s' if n != 1 else ''})" for value, n in pairs)
+    return ", ".join(f"{value} ({count_of(n, 'cell')})" for value, n in pairs)
 
 
 def harness_builds(run: RunFolder) -> list[tuple[str, int]]:

@@ -893,7 +893,7 @@ def parse_gate(spec: str) -> DeltaGate:
     metric = GATE_ALIASES.get(name.lower()) or next((s for s in accuracy if s.lower() == name.lower()), None)
     metric = metric or (name.lower() if name.lower() in PERF_GATES else None)
     if metric is None:
-        raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use map, map50, f1, "
+        raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use {', '.join(GATE_ALIASES)}, "
                          f"{', '.join(accuracy)}, {', '.join(PERF_GATES)}")
     value = float(m["value"])
     relative = m["pct"] == "%"

@@ -310,6 +310,24 @@ def run_here(campaign: Campaign, entries: list[CampaignEntry], datasets_dir: Pat
         yield run_dataset(campaign, entry, datasets_dir, argv, progress)
 
 
+def recipe_changes(before: dict, now: dict) -> list[str]:
+    """What differs between two recipes, one phrase each: an option by name, with its two values (`backends:
+    ['onnxruntime'] -> ['pytorch']`); the datasets and weights by name alone (their lists are long)."""
+    changes = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if key == "options" and isinstance(old, dict) and isinstance(new, dict):
+            changes += [f"{name}: {old.get(name)!r} -> {new.get(name)!r}" for name in sorted(set(old) | set(new))
+                        if old.get(name) != new.get(name)]
+        elif key in ("model", "split"):
+            changes.append(f"{key}: {old!r} -> {new!r}")
+        else:
+            changes.append(key)
+    return changes
+
+
 def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: list[str], progress,
                  runner: DatasetRunner = run_here) -> tuple[Path, list[DatasetResult]]:
     """Every dataset's run (those finished by an earlier pass are read back), then the campaign's row
@@ -323,9 +341,9 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
         before = read_json_object(folder / CAMPAIGN_FILE).get("recipe")
         # nothing finished: nothing to mix, the corrected campaign starts over
         if before != recipe and any(d.is_dir() and finished_submission(d) for d in (folder / "datasets").glob("*")):
-            changed = sorted(k for k in recipe if (before or {}).get(k) != recipe[k])
-            raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other {', '.join(changed)}; "
-                             "its finished datasets would mix with these: use another --campaign-id")
+            raise UsageError(f"campaign {campaign_id} in {output_dir} was started with other "
+                             f"{'; '.join(recipe_changes(before or {}, recipe))}; its finished datasets would mix "
+                             "with these: use another --campaign-id")
     datasets_dir = folder / "datasets"
     datasets_dir.mkdir(parents=True, exist_ok=True)
     # one process per campaign folder: a second would replace the dataset run the first is writing

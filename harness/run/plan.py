@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
-from harness.backends.support import check_support, converting_backends, ort_provider_for
+from harness.backends.support import check_batch_sizes, check_support, converting_backends, ort_provider_for
 from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
 from harness.config import MIN_TIMED_BATCHES, RunConfig, device_spec
 from harness.data.images import find_corrupt_images_in_background
@@ -96,7 +96,9 @@ class RunPlan:
                 "dataset": {**self.dataset.describe(), **self.variant.describe()},
                 "warmup": {"batches": config.warmup_batches, "seconds": config.warmup_seconds},
                 "timing": {"min_seconds": config.min_seconds, "target_ci": config.target_ci},
-                "evaluation": config.evaluator if config.accuracy else None, "groups": groups,
+                # nothing is scored without accuracy, nor on synthetic input
+                "evaluation": config.evaluator if config.accuracy and config.input_source != "synthetic" else None,
+                "groups": groups,
                 "num_cells": len(self.cells)}
 
 
@@ -260,7 +262,7 @@ def check_engine_run(config: RunConfig, device_kind: str) -> None:
     if not engine:
         raise UsageError("--backend tensorrt runs a serialized TensorRT engine: pass --weights MODEL.engine (built "
                          "by trtexec, with its JSON sidecar); to build engines from ONNX use --backend onnxruntime "
-                         "--ort-provider tensorrt --tf32 on (or --precision fp16)")
+                         "--ort-provider tensorrt --device cuda --tf32 on (or --precision fp16)")
     name = Path(config.weights).name
     others = [b for b in config.backends if b != "tensorrt"]
     if others:
@@ -290,9 +292,9 @@ def check_runtimes(config: RunConfig) -> BackendOptions:
     execution modes, model ids, --weights; the run's backend options."""
     kind, index = device_spec(config.device)
     check_engine_run(config, kind)  # --backend tensorrt / --weights x.engine: the engine, its sidecar, precision
-    if "ncnn" in config.backends and max(config.batch_sizes) > 1:
-        raise UsageError("--backend ncnn runs one image per call (no batch axis); use --batch-sizes 1 for it, or "
-                         "run the other batch sizes on another backend")
+    for backend in config.backends:
+        check_batch_sizes(backend, config.batch_sizes, "use --batch-sizes 1 for it, or run the other batch sizes on "
+                                                       "another backend")
     for backend in config.backends:
         for precision in config.precisions:
             check_support(backend, kind, precision, config.ort_provider, index, machine=False)

@@ -6,6 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness.figures import count_of
 from harness.views.text import escape
 
 
@@ -15,8 +16,8 @@ def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, 
     described = plan.dataset.describe()
     named = "" if described["id"] in ("coco2017", "synthetic") else f"{described['id']} {described['split']} "
     console.print(f"{prefix}{'resuming' if resuming else 'run'} [bold]{escape(run_id)}[/]: "
-                  f"{escape(named + plan.variant.name)} ({plan.variant.num_images} images), {len(plan.cells)} cells "
-                  f"on {escape(where)}", highlight=False)
+                  f"{escape(named + plan.variant.name)} ({plan.variant.num_images} images), "
+                  f"{count_of(len(plan.cells), 'cell')} on {escape(where)}", highlight=False)
 
 
 def validation_json(validation) -> dict:

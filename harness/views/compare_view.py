@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harness.figures import shown_apart
+from harness.figures import count_of, shown_apart
 from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
 from harness.views.text import escape, printable
 
@@ -149,7 +149,7 @@ def _performance(c: Comparison) -> list[RenderableType]:
     g, n = c.geomean(), c.geomean_cells()
     means = []
     if g["p50"] is not None:
-        means.append(f"latency p50 ×{g['p50']:.3f} over {n['p50']} cell{'s' if n['p50'] != 1 else ''}")
+        means.append(f"latency p50 ×{g['p50']:.3f} over {count_of(n['p50'], 'cell')}")
     if g["ips"] is not None:
         means.append(f"images/s ×{g['ips']:.3f}" + (f" over {n['ips']}" if n["ips"] != n["p50"] else ""))
     if means:

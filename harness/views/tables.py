@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness import shell
+from harness.figures import count_of
 from harness.measure.stats import percent
 from harness.records import CellRecord, LoadKey
 from harness.views.text import escape
@@ -282,7 +283,7 @@ def print_plan(console: Console, plan: dict) -> None:
     """`run --dry-run`: the cells in the order they run, and what each group loads."""
     d = plan["dataset"]
     lines = [f"plan {escape(plan['run_id'])}: {escape(d['id'])} {escape(d['split'])} {escape(d['variant'])} "
-             f"({d['num_images']} images), {plan['num_cells']} cells on {escape(plan['device'])}",
+             f"({d['num_images']} images), {count_of(plan['num_cells'], 'cell')} on {escape(plan['device'])}",
              f"each cell's warm-up: >= {plan['warmup']['batches']} batches, then until the batch times settle",
              f"  or {plan['warmup']['seconds']} s since it began; evaluation: {plan['evaluation'] or 'off'}",
              f"nothing written (a run writes {escape(plan['run_dir'])})"]
