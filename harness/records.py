@@ -311,6 +311,7 @@ class CellRecord:
     profiler: dict[str, Any] | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
     server: dict[str, Any] | None = None  # --scenario server: the trial(s) at the target rate, or the search
+    detections_file: str | None = None  # the cell's detections (relative to the run folder), scored or not
 
 
 # ------------------------------------------------------------------------------------------- probes

@@ -224,6 +224,8 @@ def test_synthetic_input_times_a_model_with_no_dataset_anywhere(tmp_path):
         assert sub["dataset"]["variant"] == "synthetic8" and sub["runtime"]["preprocess"]["decode"] == "skipped"
         assert "preprocess.decode" not in sub["timing"]["stages_ms"] and "forward" in sub["timing"]["stages_ms"]
         assert sub["accuracy"]["status"] == "unavailable" and "synthetic input" in sub["accuracy"]["reason"]
+        # its detections are written, unscored, and the submission says where
+        assert (tmp_path / "synthetic" / sub["artifacts"]["detections"]).is_file() and sub["eval"]["detections"] is None
     b4 = next(s for s in subs if s["config"]["batch_size"] == 4)
     assert b4["batch_invariance"]["match_rate"] == 1.0 and b4["batch_invariance"]["detections_reference"] > 0
     checked = run_in_process("validate", str(tmp_path / "synthetic" / "submissions"))

@@ -355,6 +355,7 @@ class GroupExecutor:
             invariance=invariance,
             energy=probes["energy"],
             memory=probes["memory"],
+            detections_file=detections_file,
         )
         if ctx.config.scenario == "server":
             record.server = self._server_scenario(cell, timing)

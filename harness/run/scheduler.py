@@ -390,8 +390,8 @@ class Scheduler:
                             **ctx.artifacts.files}
         if ctx.monitor is not None:  # written once the cell is ok, with this cell's samples in it
             record.artifacts["memory"] = "memory.csv"
-        if record.accuracy is not None:
-            record.artifacts["detections"] = record.accuracy.detections_file
+        if record.detections_file is not None:  # an unscored cell's detections too (random weights, synthetic)
+            record.artifacts["detections"] = record.detections_file
         with protected():
             atomic_write_json(path, build_submission(record))
         return path
