@@ -335,3 +335,34 @@ def test_a_plugin_whose_load_core_takes_every_argument_as_the_contract_says_is_i
     strict.write_text(source.replace("input_size, threads=None):", "input_size, threads):"))
     report = inspect_model(f"{strict}:make_detector")
     assert report.model == "synthetic-sleepy" and report.source == "pytorch" and len(report.layers) == 1
+
+
+def test_parameters_of_a_branch_that_never_runs_are_not_counted_as_used():
+    """A re-parameterisable block before fusion holds its merged convolution unused (YOLO-NAS: 6.2 M of yolonas-s's
+    19.1 M): the parameters the forward reads are told apart, by a plain sum over what it reads here, a weight read
+    through a functional call and a tied weight included."""
+    from harness.detector.graph import count_flops
+    from harness.models.inspect import inspect_module
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.branch = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.merged = torch.nn.Conv2d(3, 8, 3, padding=1)  # built, never run
+            self.scale = torch.nn.Parameter(torch.ones(8))  # read by the block's own code
+            self.head = torch.nn.Linear(8, 4)
+            self.tied = torch.nn.Linear(8, 4)
+            self.tied.weight = self.head.weight  # counted once, read
+
+        def forward(self, x):
+            y = self.branch(x) * self.scale[None, :, None, None]
+            pooled = y.mean((2, 3))
+            return torch.nn.functional.linear(pooled, self.tied.weight) + self.head.bias
+
+    block = Block().eval()
+    total = sum(p.numel() for p in block.parameters())
+    read = (3 * 8 * 9 + 8) + 8 + (8 * 4 + 4)  # branch, scale, head's weight and bias (tied's bias is never read)
+    assert count_flops(block, (16, 16))[1] == read
+    report = inspect_module(block, (16, 16), "block")
+    assert (report.params_total, report.params_used) == (total, read)
+    assert any(f"{total - read:,} of the parameters are in modules the forward never runs" in n for n in report.notes)

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from harness.detector.protocol import ModelStats
 from harness.detector.weights import weights_dir
@@ -98,7 +100,7 @@ def onnx_model_stats(model: onnx.ModelProto, input_size: tuple[int, int]) -> Mod
     except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: count again
         pass
     try:
-        stats.gflops = round(count_flops(onnx_to_torch(model), input_size) / 1e9, 4)
+        stats.gflops = round(count_flops(onnx_to_torch(model), input_size)[0] / 1e9, 4)
     except Exception as exc:  # a converter gap must not sink the benchmark; say why
         stats.notes["gflops"] = f"FLOP count failed: {exc}"
         return stats
@@ -144,15 +146,34 @@ def flop_counting(module: torch.nn.Module):
             p.requires_grad_(flag)
 
 
-def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> int:
-    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul, attention included)."""
+class TensorsRead(TorchDispatchMode):
+    """The storages of every tensor an operation reads or writes while the mode is on: a parameter whose storage
+    is among them is one the forward uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for value in tree_leaves((args, kwargs)):
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                self.storages.add(value.untyped_storage().data_ptr())
+        return func(*args, **kwargs)
+
+
+def count_flops(module: torch.nn.Module, input_size: tuple[int, int]) -> tuple[int, int]:
+    """FLOPs of one batch-1 forward (FlopCounterMode: 2 x MACs of conv/linear/matmul, attention included), and how
+    many of the module's parameters that forward reads (a branch built but never run, such as a RepVGG block's
+    merged convolution before its branches are fused, or a training-only head, is not part of the model that runs)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     x = torch.zeros(1, 3, *input_size)
-    counter = FlopCounterMode(display=False)
-    with flop_counting(module), counter:
+    counter, read = FlopCounterMode(display=False), TensorsRead()
+    with flop_counting(module), counter, read:
         module(x)
-    return int(counter.get_total_flops())
+    used = sum(p.numel() for p in module.parameters() if p.untyped_storage().data_ptr() in read.storages)
+    return int(counter.get_total_flops()), used
 
 
 def output_list(out: Any) -> list[torch.Tensor]:

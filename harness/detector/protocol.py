@@ -288,9 +288,14 @@ class ModelStats:
     params_millions: float | None = None
     gflops: float | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    # of params_millions, those a batch-1 forward reads (a branch built but never run, such as a RepVGG block's
+    # merged convolution before fusion or a training-only head, is left out); None where not counted
+    params_used_millions: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"params_millions": self.params_millions, "gflops": self.gflops}
+        if self.params_used_millions is not None:
+            out["params_used_millions"] = self.params_used_millions
         if self.gflops is not None:
             out["flops_convention"] = "2 x multiply-accumulates of conv/linear/matmul (torch FlopCounterMode)"
         if self.notes:

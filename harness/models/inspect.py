@@ -86,6 +86,7 @@ class InspectReport:
     source: str  # pytorch | onnx
     input_size: tuple[int, int]
     params_total: int | None = None
+    params_used: int | None = None  # of params_total, those the batch-1 forward reads (a branch never run is not)
     params_trainable: int | None = None
     params_by_type: dict[str, int] = field(default_factory=dict)
     zeros_total: int | None = None
@@ -136,7 +137,7 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
     model's own input size, suggested when another one was asked for and the forward failed."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from harness.detector.graph import flop_counting
+    from harness.detector.graph import TensorsRead, flop_counting
 
     module = module.eval()
     report = InspectReport(name, source, tuple(input_size))
@@ -146,7 +147,7 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
     report.zeros_total = sum(int((p == 0).sum()) for p in params)
     layers = {n: m for n, m in module.named_modules()
               if not any(True for _ in m.children()) or any(True for _ in m.parameters(recurse=False))}
-    counter = FlopCounterMode(display=False)
+    counter, read = FlopCounterMode(display=False), TensorsRead()
     flops: dict[str, int] = dict.fromkeys(layers, 0)
     calls: dict[str, int] = dict.fromkeys(layers, 0)
     shapes: dict[str, str] = {}
@@ -172,7 +173,7 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
         handles.append(m.register_forward_pre_hook(lambda _m, _i, n=n: leaf_start(n)))
         handles.append(m.register_forward_hook(lambda _m, _i, out, n=n: leaf_done(n, out)))
     try:
-        with flop_counting(module), counter:
+        with flop_counting(module), counter, read:
             module(torch.zeros(1, 3, *input_size))
     except Exception as exc:
         hint = (f"; try its native --input-size {native[0]}" if native and tuple(native) != tuple(input_size)
@@ -183,6 +184,12 @@ def inspect_module(module: torch.nn.Module, input_size: tuple[int, int], name: s
         for h in handles:
             h.remove()
     report.flops_total = int(counter.get_total_flops())
+    report.params_used = sum(p.numel() for p in params if p.untyped_storage().data_ptr() in read.storages)
+    unused = report.params_total - report.params_used
+    if unused:  # a RepVGG block's merged convolution before fusion, a training-only head: built, never run
+        report.notes.append(f"{unused:,} of the parameters are in modules the forward never runs (e.g. a "
+                            "re-parameterisable block's merged convolution before fusion, or a training-only "
+                            "branch): the model as it runs has the parameters 'used'")
     by_type_params: Counter[str] = Counter()
     by_type_flops: Counter[str] = Counter()
     counted: set[int] = set()  # a tied parameter counts in the first row that holds it, as in the total

@@ -639,7 +639,8 @@ class LibreYoloDetector:
         if next(module.parameters()).device.type != "cpu":  # a core loaded on a GPU: count on a CPU copy
             module = copy.deepcopy(module).cpu()
         try:
-            stats.gflops = round(count_flops(module, input_size) / 1e9, 4)
+            flops, used = count_flops(module, input_size)
+            stats.gflops, stats.params_used_millions = round(flops / 1e9, 4), round(used / 1e6, 4)
         except Exception as exc:  # a model FlopCounterMode cannot trace must not sink the benchmark; say why
             stats.notes["gflops"] = f"FLOP count failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return stats

@@ -374,7 +374,7 @@ class TorchvisionDetector:
         module = self._core_module(self.model)
         stats = ModelStats(params_millions=round(sum(p.numel() for p in self.model.parameters()) / 1e6, 4))
         try:
-            stats.gflops = round(count_flops(module, input_size) / 1e9, 4)
+            stats.gflops = round(count_flops(module, input_size)[0] / 1e9, 4)
         except Exception as exc:  # a counter gap must not sink the benchmark; say why
             stats.notes["gflops"] = f"FLOP count failed: {exc}"
         if self.flops_note:

@@ -31,6 +31,8 @@ def _summary(r: dict) -> list[RenderableType]:
         sparsity = f"{r['sparsity']:.2%}" if r["sparsity"] is not None else "-"
         trainable = f", trainable {r['params_trainable']:,}" if r["params_trainable"] is not None else ""
         lines.append(Text(f"parameters {r['params_total']:,} ({r['params_total'] / 1e6:.3f} M){trainable}"))
+        if r.get("params_used") is not None and r["params_used"] != r["params_total"]:
+            lines.append(Text(f"used by the forward {r['params_used']:,} ({r['params_used'] / 1e6:.3f} M)"))
         lines.append(Text(f"weight sparsity {sparsity} ({r['zeros_total']:,} exact zeros)"))
     lines.append(Text(f"FLOPs {_si(r['flops_total'])} per image at {h}x{w}, batch 1"))
     lines.append(Text(f"convention: {r['flops_convention']}", style="dim"))
