@@ -676,8 +676,7 @@ def models_fetch(
         console.print(f"{model_id}: {path} (sha256 {sha256})")
         return
     if not entry.weights_url:
-        raise UsageError(f"{model_id} has no download of its own here ({entry.note}); run it with --weights FILE, "
-                         "or let its library fetch its weights at load")
+        raise UsageError(f"{model_id} has no download of its own here ({entry.note}): {entry.weights_hint}")
     target = weights_dir() / entry.weights_file
     problem = output_file_problem(target)
     if problem:  # before the download: a cache that cannot be written is not the network's fault

@@ -157,6 +157,13 @@ def output_file_problem(path: Path) -> str | None:
         return f"is under {ancestor}, a file"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"cannot be written ({ancestor} is not writable)"
+    if ancestor == path.parent:  # where the write makes its temp file: tried (root passes os.access on /proc)
+        try:
+            fd, probe = tempfile.mkstemp(dir=ancestor, prefix=f".{path.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            return f"cannot be written in {ancestor} ({exc.strerror or exc})"
     return None
 
 

@@ -441,12 +441,16 @@ def test_models_fetch_tells_a_bad_libreyolo_checkpoint_and_force_replaces_it(tmp
     assert present.returncode == 2 and "is there but is not its weights" in one_error_line(present), present.stderr
     assert "--force downloads them again" in present.stderr
 
-    def offline(path, size):
-        raise RuntimeError("no network")
+    def offline(path, size):  # as libreyolo fails offline: its lock file made, no byte of the partial file
+        Path(path).with_name(Path(path).name + ".download.lock").write_bytes(b"\0")
+        raise RuntimeError(f"Failed to download weights from https://x after 3 attempts: no network. Partial "
+                           f"download kept at {path}.part (0 bytes).")
 
     monkeypatch.setattr(download, "download_weights", offline)
     failed = run_in_process("models", "fetch", "yolov9t", "--force", env=env)
     assert failed.returncode == 1 and "could not download" in one_error_line(failed)
+    assert "no network" in failed.stderr and "Partial download kept" not in failed.stderr  # nothing was kept
+    assert not list(tmp_path.glob("*.download.lock"))
     assert (tmp_path / "LibreYOLO9t.pt").read_bytes().startswith(b"the first")  # what was there stays
     monkeypatch.setattr(download, "download_weights", lambda path, size: torch.save({"w": torch.ones(2)}, path))
     forced = run_in_process("models", "fetch", "yolov9t", "--force", env=env)

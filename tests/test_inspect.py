@@ -366,3 +366,9 @@ def test_parameters_of_a_branch_that_never_runs_are_not_counted_as_used():
     report = inspect_module(block, (16, 16), "block")
     assert (report.params_total, report.params_used) == (total, read)
     assert any(f"{total - read:,} of the parameters are in modules the forward never runs" in n for n in report.notes)
+
+
+def test_random_weights_say_their_zeros_are_not_the_trained_models():
+    report = inspect_model("yolox-nano", "random")
+    assert report.params_total > 800_000
+    assert any(n.startswith("--weights random: parameters and FLOPs are the architecture's") for n in report.notes)

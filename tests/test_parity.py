@@ -36,6 +36,9 @@ def test_report_deltas_noise_floor_and_verdict():
     assert tight.failures() == ["torch: mAP_50_95 +0.0015 exceeds the tolerance 0.001"]
     assert tight.exit_code == 1
     assert json.loads(json.dumps(tight.to_dict()))["exit_code"] == 1
+    # a verdict on a handful of images says how little they tell; on the whole sample, nothing
+    assert ParityReport("cv2", ref, [again], 0.002, setup={"images": 8}).notes()[0].startswith("8 images: ")
+    assert ParityReport("cv2", ref, [again], 0.002, setup={"images": 206}).notes() == []
 
 
 def test_a_reference_that_does_not_reproduce_itself_fails():
@@ -68,6 +71,8 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
     # ncnn runs batch 1 only: refused before any pass, with parity's flags (the noise floor's default at batch 1 is 2)
     (("--backend", "ncnn"), "use --batch-size 1 --noise-batch-size 1"),
     (("--backend", "ncnn", "--batch-size", "1"), "use --batch-size 1 --noise-batch-size 1"),
+    # a folder the permission bits allow but where no file can be made: said before the study, not after it
+    (("--json-out", "/proc/parity.json"), "--json-out"),
 ])
 def test_bad_parity_options_are_one_line_exit_2(args, expected):
     out = _parity(*args)

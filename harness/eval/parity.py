@@ -19,6 +19,8 @@ from harness.eval.detection_diff import DetectionDiff
 # not gated: on a 206-image sample a handful of small objects moves them by more than any preprocessing does.
 GATED = ("mAP_50_95", "mAP_50", "mAP_75")
 
+FEW_IMAGES = 100  # a parity study on fewer images than this says how little they can tell
+
 
 @dataclass
 class PixelStats:
@@ -88,6 +90,16 @@ class ParityReport:
     def exit_code(self) -> int:
         return 1 if self.failures() else 0
 
+    def notes(self) -> list[str]:
+        """What a reader should know before quoting the verdict: a sample too small to say how far its deltas
+        (exact for these images: the runs are paired) hold on others."""
+        images = self.setup.get("images")
+        if isinstance(images, int) and images < FEW_IMAGES:
+            return [f"{images} images: each delta is exact for them (every run scores the same images), but one "
+                    f"image moves a metric by a lot here; how far a change holds on other images needs more "
+                    f"(--limit {FEW_IMAGES} or more)"]
+        return []
+
     def to_dict(self) -> dict:
         return {"reference": self.reference, "tolerance": self.tolerance, "gated_metrics": list(GATED),
                 "setup": self.setup, "reference_metrics": self.reference_metrics,
@@ -95,4 +107,4 @@ class ParityReport:
                 "candidates": [{"name": c.name, "noise_floor": c.noise, "metrics": c.metrics,
                                 "deltas": self.deltas(c), "detections": c.detections.to_dict(),
                                 "pixels": c.pixels.to_dict() if c.pixels else None} for c in self.candidates],
-                "failures": self.failures(), "exit_code": self.exit_code}
+                "failures": self.failures(), "notes": self.notes(), "exit_code": self.exit_code}

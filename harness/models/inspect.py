@@ -361,6 +361,14 @@ def inspect_model(model: str | None, weights: str | Path | None = None,
     from harness.models.registry import get_detector
 
     detector = get_detector(model, str(weights) if weights else None, fetch=False)  # the architecture: no download
+    report = _inspect_detector(detector, model, size)
+    if getattr(detector.weights, "source", None) == "random":
+        report.notes.append("--weights random: parameters and FLOPs are the architecture's; zeros and sparsity are a "
+                            "seeded random build's, not the trained model's")
+    return report
+
+
+def _inspect_detector(detector, model: str, size: tuple[int, int] | None) -> InspectReport:
     size = size or tuple(detector.preprocess.input_size)
     source = getattr(detector, "core_source", None)
     native = tuple(detector.preprocess.input_size)

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import importlib
 import logging
+import re
 import typing
 import warnings
 from collections.abc import Callable
@@ -337,10 +338,16 @@ def _fetched(model_id: str, model: LibreModel, cls, dest: Path) -> str:
         from libreyolo.utils.download import logger as download_logger
 
         download_logger.addFilter(_no_retry_warnings)  # a failure is one line below; licence notices still show
+        lock = dest.with_name(dest.name + ".download.lock")  # libreyolo's, which it leaves behind
+        had_lock = lock.exists()
         try:
             download_weights(str(dest), model.size)
         except Exception as exc:  # network/HF errors, checksum refusals: exit 1 (not a usage error), one line
+            if not had_lock:
+                lock.unlink(missing_ok=True)
             first = (str(exc).splitlines() or [""])[0]
+            # "Partial download kept at X (0 bytes)." where no byte came, and nothing was kept
+            first = re.sub(r"\s*Partial download kept at (\S+) \(0 bytes\)\.", "", first)
             # its cause (a name not resolved, a refused connection) is at the end of urllib3's long first line
             said = first if len(first) <= 240 else f"{first[:100]} ... {first[-130:]}"
             raise DownloadError(f"could not download {model.weights_file} for {model_id} "

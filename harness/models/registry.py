@@ -40,6 +40,8 @@ class ModelEntry:
     # the detector without fetching its weights (a dry run, inspect, data check: no download); None where building
     # it fetches nothing
     describe: Callable[[str | None], Detector] | None = None
+    # where its weights come from when va-bench downloads none itself (`models fetch` says it)
+    weights_hint: str = "run it with --weights FILE"
 
 
 def _yolox_entry(variant: str) -> ModelEntry:
@@ -75,6 +77,8 @@ def _torchvision_entries() -> list[ModelEntry]:
         weights_url=None,  # torchvision downloads its own weights (torch.hub cache) when the model is built
         weights_file=None,
         note=f"torchvision, {config.input_size}px ({config.resize}); weights via torchvision's cache",
+        weights_hint="torchvision downloads its weights into its own cache when a run loads the model (or pass "
+                     "--weights FILE)",
         postprocess=config.postprocess.kind,
         local_weights=lambda n=name: torchvision_family.cached_weights(n),
         describe=lambda weights, n=name: torchvision_family.TorchvisionDetector(n, weights, fetch=False),
@@ -89,6 +93,8 @@ def _ultralytics_entries() -> list[ModelEntry]:
         weights_url=None,  # exported by the user (Ultralytics is AGPL: not imported, not downloaded here)
         weights_file=f"{model_id}.onnx",
         note="Ultralytics-format ONNX export (--weights FILE.onnx, or a TensorRT FILE.engine of one)",
+        weights_hint=f"export it with Ultralytics (`yolo export model={model_id}.pt format=onnx`) and pass --weights "
+                     f"{model_id}.onnx",
         postprocess=ultralytics_onnx.postprocess_kind(family),
         local_weights=lambda m=model_id: ultralytics_onnx.cached_weights(m),
         engines=model_id not in ultralytics_onnx.SEGMENT_IDS,

@@ -229,8 +229,8 @@ class YoloxDetector:
         raise UsageError(
             f"weights for {self.model_id} not found (looked in "
             f"{', '.join(str(c) for c in weight_candidates(self.variant))}); run "
-            f"`va-bench models fetch {self.model_id}`, pass --weights PATH, or set "
-            f"VA_BENCH_YOLOX_{self.variant.upper()} to the file"
+            f"`va-bench models fetch {self.model_id}`, pass --weights PATH (or --weights random to time and inspect "
+            f"the architecture), or set VA_BENCH_YOLOX_{self.variant.upper()} to the file"
         )
 
     def _check_variant(self) -> None:

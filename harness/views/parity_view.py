@@ -20,7 +20,8 @@ def _header(report: ParityReport) -> str:
 
 
 def _pixels(report: ParityReport) -> Table:
-    table = Table(title="model input tensor vs the reference (|Δ| in input units, after scale/mean/std)",
+    table = Table(title="model input tensor vs the reference (|Δ| in input units, after scale/mean/std; the mean "
+                        "over the whole letterboxed input, padding included)",
                   box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("implementation", "max |Δ|", "mean |Δ|", "decode", "resize"):
         table.add_column(col, justify="right" if "Δ" in col else "left")
@@ -45,7 +46,7 @@ def _detections(report: ParityReport) -> Table:
         d = c.detections
         stats = d.conf_delta_stats()
         cells = [f"{stats[k]:.4f}" for k in ("mean", "p95", "max")] if stats else ["-"] * 3
-        table.add_row(escape(c.name) + (" [dim](noise)[/]" if c.noise else ""),
+        table.add_row(escape(c.name) + (" [dim]· noise floor[/]" if c.noise else ""),
                       f"{d.matched}/{max(d.detections_a, d.detections_b)} ({d.matched_share:.1%})",
                       str(d.unmatched_a), str(d.unmatched_b), *cells)
     return table
@@ -77,4 +78,5 @@ def render_parity(report: ParityReport) -> RenderableType:
         lines += [f"[red]FAIL[/] {escape(f)}" for f in failures]
     else:
         lines.append(f"[green]OK[/] every gated delta is within ±{report.tolerance}")
+    lines += [f"[yellow]note[/]: {escape(n)}" for n in report.notes()]
     return Group(_header(report), _pixels(report), _detections(report), _metrics(report), *lines)
