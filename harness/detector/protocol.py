@@ -281,6 +281,11 @@ def postprocess_spec(detector: Any) -> PostprocessSpec:
     return PostprocessSpec(kind="nms", conf=d.conf, iou=d.iou, max_det=d.max_det)
 
 
+# what a FLOP count counts, in inspect's output and a submission's model_stats alike
+FLOP_CONVENTION = ("FLOP = 2 x MAC (torch FlopCounterMode: convolution, linear/matmul, attention; "
+                   "element-wise ops, activations and norms not counted)")
+
+
 @dataclass
 class ModelStats:
     """Static model statistics; None with a reason when a figure could not be computed."""
@@ -297,7 +302,7 @@ class ModelStats:
         if self.params_used_millions is not None:
             out["params_used_millions"] = self.params_used_millions
         if self.gflops is not None:
-            out["flops_convention"] = "2 x multiply-accumulates of conv/linear/matmul (torch FlopCounterMode)"
+            out["flops_convention"] = FLOP_CONVENTION
         if self.notes:
             out["unavailable"] = self.notes
         return out

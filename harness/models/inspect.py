@@ -23,10 +23,9 @@ import torch
 from onnx import numpy_helper
 
 from harness.detector.graph import onnx_problem
+from harness.detector.protocol import FLOP_CONVENTION
 from harness.errors import UsageError, path_problem
 
-FLOP_CONVENTION = ("FLOP = 2 x MAC (torch FlopCounterMode: convolution, linear/matmul, attention; "
-                   "element-wise ops, activations and norms not counted)")
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 OUTSIDE = "(outside leaf modules)"
 
