@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import os
@@ -38,7 +39,6 @@ app.add_typer(data_app, name="data")
 
 
 console, err_console = make_consoles()
-ORIGINAL_ARGV: list[str] = []  # set by main(): argv as the user typed it (before multi-value expansion)
 
 
 def _version(value: bool) -> None:
@@ -54,6 +54,21 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
                                           help="print the version and exit"),
              debug: bool = typer.Option(False, "--debug", help="show tracebacks of errors")) -> None:
     """Benchmark object detectors: latency, throughput, memory, energy and COCO mAP."""
+
+def click_context():
+    """click's current context (None outside a command), from the click typer runs on: typer vendors its own from
+    0.26 on."""
+    package = typer.BadParameter.__module__.rpartition(".")[0]  # "click", or "typer._click"
+    return importlib.import_module(f"{package}.globals").get_current_context(silent=True)
+
+
+def typed_argv() -> list[str]:
+    """The command as the user typed it (before multi-value expansion; for the record and the resume line): what
+    main() hands the command in click's context object, else this process's argv (a command invoked otherwise)."""
+    ctx = click_context()
+    obj = ctx.find_root().obj if ctx is not None else None
+    return list(obj["typed_argv"]) if isinstance(obj, dict) and "typed_argv" in obj else sys.argv[1:]
+
 
 def _progress():
     """Live bars on a terminal, plain progress lines when stderr is piped (with --json too: stdout is its
@@ -276,7 +291,7 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
     if not as_json:
         run_header(console, plan.run_id, plan, bool(plan.resume), str(plan.device))
     try:
-        outcome = run_with_interrupts(plan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+        outcome = run_with_interrupts(plan, typed_argv(), _progress())
     except RunInterrupted as exc:  # --json: a script still gets the cells' statuses, the finished ones' figures
         if as_json and exc.outcome is not None:
             try:
@@ -469,7 +484,7 @@ def campaign(
 
             loopback_driver(address)  # before ray is imported
             runner = _fleet_module("campaign").prepare_campaign_fleet(address, hardware)
-        path, results = run_campaign(plan, output_dir, campaign_id, ORIGINAL_ARGV or sys.argv[1:], _progress(),
+        path, results = run_campaign(plan, output_dir, campaign_id, typed_argv(), _progress(),
                                      runner)
     finally:  # before the document: Ray's late error messages would follow it on stdout
         if on_fleet:
@@ -897,7 +912,7 @@ def fleet_run_command(config: Path | None = None, resume: str | None = None, ret
         if not as_json:
             run_header(console, fplan.run_id, fplan.plan, bool(fplan.fleet_doc), ", ".join(fplan.targets),
                        prefix="fleet ")
-        outcome = fleet.run_fleet(fplan, ORIGINAL_ARGV or sys.argv[1:], _progress())
+        outcome = fleet.run_fleet(fplan, typed_argv(), _progress())
     finally:  # before the document: Ray's late error messages would follow it on stdout
         fleet.disconnect()
     if as_json:
@@ -1052,9 +1067,10 @@ def entry() -> None:
     leave(0)
 
 
-def _run_app(argv: list[str]) -> int:
-    """The typer app on `argv`, its exit code. Click's own usage errors (an unknown option, a value out of range)
-    become one UsageError line like every other refusal, instead of click's usage block."""
+def _run_app(argv: list[str], typed: list[str]) -> int:
+    """The typer app on `argv` (`typed`: as the user typed it, for the commands that record it), its exit code.
+    Click's own usage errors (an unknown option, a value out of range) become one UsageError line like every
+    other refusal, instead of click's usage block."""
     # click's exceptions where this typer keeps them (typer vendors its own click since 0.26)
     clicks = sys.modules[typer.BadParameter.__module__]
     no_args = getattr(clicks, "NoArgsIsHelpError", ())
@@ -1062,7 +1078,7 @@ def _run_app(argv: list[str]) -> int:
     for line in repeated_options(command, argv):
         err_console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     try:
-        code = command.main(args=argv, prog_name="va-bench", standalone_mode=False)
+        code = command.main(args=argv, prog_name="va-bench", standalone_mode=False, obj={"typed_argv": typed})
     except no_args as exc:  # `va-bench fleet`: its help, as click shows it
         exc.show()
         return exc.exit_code
@@ -1081,19 +1097,19 @@ def main() -> None:
     """The command line: one clear line per error, exit 2 for bad input, traceback only with --debug."""
     from harness.run.signals import Interrupted, interrupt_handling
 
-    global ORIGINAL_ARGV, console, err_console
+    global console, err_console
     tolerant_streams()  # a terminal that cannot show Δ or · gets a stand-in, not an error
     console, err_console = make_consoles()
-    ORIGINAL_ARGV = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
+    typed = [a for a in sys.argv[1:] if a != "--debug"]  # the command as typed, for the record
     debug = "--debug" in sys.argv[1:]
-    argv = expand_multi_value_options(renamed_file_options(ORIGINAL_ARGV))
+    argv = expand_multi_value_options(renamed_file_options(typed))
     sys.argv = [sys.argv[0], *argv]
     try:
         with interrupt_handling(), stdout_kept_for_the_document("--json" in argv) as document:
             if document is not None:
                 console = document_console(document)
             try:
-                sys.exit(_run_app(argv))
+                sys.exit(_run_app(argv, typed))
             finally:  # the document's stream is closed when the block ends: the next call (a test's) gets stdout's
                 console = make_consoles()[0]
     except VaBenchError as exc:

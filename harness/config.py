@@ -517,3 +517,12 @@ def add_run_argument(parser: Any, name: str, flag: str | None = None, default: A
     if choices:
         kwargs["choices"] = choices
     parser.add_argument(flag or field.json_schema_extra["flags"][0], **{**kwargs, **overrides})
+
+
+def timed_batches(config: RunConfig, full: int) -> int:
+    """How many batches a cell times: one pass over its `full` batches, at least --min-timed-batches and
+    MIN_TIMED_BATCHES (cycling the batches), at most --max-timed-batches; none without a full batch."""
+    if not full:
+        return 0
+    timed = max(full, config.min_timed_batches, MIN_TIMED_BATCHES)
+    return min(timed, config.max_timed_batches) if config.max_timed_batches else timed

@@ -423,6 +423,14 @@ def move_into_place(source: Path | str, dest: Path) -> Path:
     return Path(dest)
 
 
+def replace_folder(incoming: Path, dest: Path) -> Path:
+    """A finished folder `incoming` (beside `dest`) becomes `dest`, the old one removed first. Two steps: cut
+    short between them, `dest` is gone and `incoming` whole, which its caller finishes on its next pass."""
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(incoming, dest)
+    return Path(dest)
+
+
 def write_cache_file(path: Path, data: bytes) -> bool:
     """Best effort for caches: atomically, but a cache that cannot be written (read-only home) only costs the
     next run a recount. Returns whether it was written."""

@@ -126,10 +126,12 @@ def _calls(tree: ast.AST):
                 yield node, f"{func.value.id}.{func.attr}"
             elif isinstance(func, ast.Name):
                 yield node, func.id
+            if isinstance(func, ast.Attribute) and func.attr == "rename":  # a Path's too: `(dir / "x").rename(...)`
+                yield node, ".rename"
 
 
-ATOMIC_WRITE_CALLS = {"os.replace", "os.rename", "shutil.move", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
-                      "mkstemp", "NamedTemporaryFile"}
+ATOMIC_WRITE_CALLS = {"os.replace", "os.rename", ".rename", "shutil.move", "tempfile.mkstemp",
+                      "tempfile.NamedTemporaryFile", "mkstemp", "NamedTemporaryFile"}
 
 
 def test_renames_and_temporary_files_are_written_in_the_files_module_only():

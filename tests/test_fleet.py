@@ -259,11 +259,11 @@ def test_fleet_run_closes_its_ray_connection_before_the_json_document(monkeypatc
     monkeypatch.setattr(driver, "prepare_fleet", lambda config, address, hardware, shards: driver.connect(address))
     monkeypatch.setattr(driver, "run_fleet", lambda *args: events.append("run") or SimpleNamespace(problems={}))
     monkeypatch.setattr(fleet_view, "fleet_summary_json", lambda outcome: events.append("document") or {"ok": 1})
-    monkeypatch.setattr(cli, "ORIGINAL_ARGV", ["fleet", "run", "--json"])
     for already_connected in (False, True):
         events[:] = []
         connected[:] = [True] if already_connected else []
-        result = CliRunner().invoke(cli.app, ["fleet", "run", "--address", "127.0.0.1:6379", "--json"])
+        result = CliRunner().invoke(cli.app, ["fleet", "run", "--address", "127.0.0.1:6379", "--json"],
+                                    obj={"typed_argv": ["fleet", "run", "--json"]})
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout) == {"ok": 1}
         assert events == (["run", "document"] if already_connected else ["run", "shutdown", "document"])
@@ -310,9 +310,7 @@ def fleet(*args: str):
     from harness import cli
 
     argv = ["fleet", "run", *args]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "ORIGINAL_ARGV", argv)
-        return CliRunner().invoke(cli.app, argv)
+    return CliRunner().invoke(cli.app, argv, obj={"typed_argv": argv})  # as main() hands it over
 
 
 def submissions(run_dir: Path) -> list[dict]:
@@ -529,9 +527,7 @@ def campaign(*args: str):
     from harness import cli
 
     argv = ["campaign", *args]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "ORIGINAL_ARGV", argv)
-        return CliRunner().invoke(cli.app, argv)
+    return CliRunner().invoke(cli.app, argv, obj={"typed_argv": argv})  # as main() hands it over
 
 
 def _row(out: Path) -> dict:

@@ -202,7 +202,7 @@ def _spied_pipeline(pipeline, core, read_image, spy: _Spy, **kwargs) -> Detector
 
 
 def test_latency_mode_host_ops_run_on_one_thread_and_the_forward_keeps_its_team(pipeline, records):
-    """Issue 12, item 5: the harness's tensor ops (decode + collate, head decode, NMS, boxes) run on a host thread
+    """The harness's tensor ops (decode + collate, head decode, NMS, boxes) run on a host thread
     whose torch uses one thread, not through the forward's intra-op team; the forward keeps the configured count.
     Stage times are still taken on the calling thread, so they still add up to the batch time."""
     threads = torch.get_num_threads()

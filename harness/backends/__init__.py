@@ -5,7 +5,7 @@ into a loaded `Core` (harness/detector/protocol.py) on a device. Families never 
 name, and backends know nothing about families:
 
     source = CoreSource("yolox-nano", onnx_model=lambda: graph)
-    backend_names(source)                      # ("pytorch", "onnxruntime"): what can run it
+    backend_names(source)                      # ("pytorch", "onnxruntime", "openvino", ...): what can run it
     core = load_core(source, "onnxruntime", device, "fp32", (416, 416), options=options, threads=2)
 
 Built in: "pytorch" (eager; an ONNX-only source is converted with onnx2torch), "onnxruntime" (an

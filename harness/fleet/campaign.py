@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from harness.errors import RunInterrupted, UsageError
-from harness.files import DiskFullError, is_disk_full
+from harness.files import DiskFullError, is_disk_full, replace_folder
 from harness.fleet.driver import LIVENESS_EVERY_S, FleetNode, choose_targets, connect, node_info, survey, task_cause
 from harness.fleet.fingerprint import build_fingerprint
 from harness.fleet.gather import inside_folder
@@ -121,8 +121,7 @@ class CampaignFleet:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             with protected():  # a move cut short is finished by the next pass (run/campaign.py: settled)
-                shutil.rmtree(run_dir, ignore_errors=True)
-                incoming.rename(run_dir)
+                replace_folder(incoming, run_dir)
         except (ValueError, TypeError, OSError) as exc:
             shutil.rmtree(incoming, ignore_errors=True)
             if is_disk_full(exc):  # every later dataset's folder would not fit either: the campaign stops here

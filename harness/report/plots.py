@@ -66,7 +66,6 @@ class StageBar:
     batch_size: int
     mode: str
     ms_per_image: dict[str, float]  # stage -> ms, plus "other": batch time the stages do not cover
-    total_ms_per_image: float  # timing.batch_ms.mean / batch size
 
 
 def _png(fig: Figure) -> bytes:
@@ -180,7 +179,7 @@ def stage_breakdown(run: RunFolder) -> Plot:
         # holds its waits for a worker and for the forward, behind other batches (its stages run concurrently with
         # theirs, so the bar is one batch's latency, not the stream's time per image)
         ms["other" if cell.key.mode == "latency" else "queued"] = max(0.0, total / batch - sum(ms.values()))
-        bars.append(StageBar(cell.key.label, batch, cell.key.mode, ms, total / batch))
+        bars.append(StageBar(cell.key.label, batch, cell.key.mode, ms))
         if cell.key.mode != "latency":
             notes.append(f"{cell.key.label}: overlapped mode: one batch's end-to-end latency per image (stages "
                          "run concurrently with other batches'; queued = waiting behind them), not the stream's "

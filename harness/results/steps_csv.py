@@ -17,7 +17,7 @@ ORDER = ("total", "preprocess", "preprocess.decode", "transfer", "forward", "pos
 
 
 def steps_rows(record: CellRecord) -> list[list]:
-    """steps.csv's rows of one cell: the batch total and each stage (seconds, share of the total time)."""
+    """steps_timer.csv's rows of one cell: the batch total and each stage (seconds, share of the total time)."""
     timing = record.timing
     load = record.cell.load
     summaries = {"total": timing.batch_ms, **timing.stages_ms}
@@ -35,7 +35,7 @@ def steps_rows(record: CellRecord) -> list[list]:
 
 
 def write_steps_csv(path: Path, rows: list[list]) -> Path:
-    """steps.csv with its header, written atomically."""
+    """steps_timer.csv with its header, written atomically."""
     return atomic_write_csv(path, HEADER, rows)
 
 

@@ -27,7 +27,14 @@ from harness.config import RunConfig, build_config
 from harness.data.coco import check_custom_layout, takes_split
 from harness.data.fetch import version_number
 from harness.errors import RunInterrupted, UsageError, VaBenchError, brief, path_problem
-from harness.files import atomic_write_bytes, atomic_write_json, file_sha256, load_user_yaml, yaml_problem
+from harness.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    file_sha256,
+    load_user_yaml,
+    replace_folder,
+    yaml_problem,
+)
 from harness.report.plots import campaign_datasets
 from harness.results.campaign import PER_DATASET_KEYS, RF100VL_DATASETS, DatasetResult, campaign_submission
 from harness.results.reader import CAMPAIGN_FILE, finished_submission, read_json_object
@@ -238,8 +245,7 @@ def settled(campaign: Campaign, entry: CampaignEntry, datasets_dir: Path, progre
     run_dir, incoming = datasets_dir / run_folder_name(entry), incoming_folder(entry, datasets_dir)
     if incoming.exists():
         if finished_submission(run_dir) is None and finished_submission(incoming) is not None:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            incoming.rename(run_dir)
+            replace_folder(incoming, run_dir)
         else:
             shutil.rmtree(incoming, ignore_errors=True)
     finished = finished_submission(run_dir)

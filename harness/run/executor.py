@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from harness.backends import BackendOptions, load_detector_core
-from harness.config import MIN_TIMED_BATCHES, RunConfig
+from harness.config import RunConfig, timed_batches
 from harness.data.cache import ImageBytes
 from harness.data.calibration import CalibrationSet
 from harness.data.classes import model_class_names
@@ -438,9 +438,7 @@ class GroupExecutor:
                     advance()
                 chunk_ms.append((time.perf_counter() - chunk_start) * 1000)
         warm_seconds = time.perf_counter() - start
-        n_timed = max(len(batches), config.min_timed_batches, MIN_TIMED_BATCHES)
-        if config.max_timed_batches:
-            n_timed = min(n_timed, config.max_timed_batches)
+        n_timed = timed_batches(config, len(batches))
         timer = StageTimer(ctx.device, config.stage_sync)
         detections: list[ImageDetections] = []
         energy_window: dict = {}

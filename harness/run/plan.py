@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
 from harness.backends.support import check_batch_sizes, check_support, converting_backends, ort_provider_for
 from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
-from harness.config import MIN_TIMED_BATCHES, RunConfig, device_spec
+from harness.config import RunConfig, device_spec, timed_batches
 from harness.data.images import find_corrupt_images_in_background
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
 from harness.detector.protocol import RANDOM_WEIGHTS
@@ -85,9 +85,7 @@ class RunPlan:
             rows = []
             for cell in cells:
                 full, short = divmod(n, cell.batch_size)
-                timed = max(full, config.min_timed_batches, MIN_TIMED_BATCHES) if full else 0
-                if config.max_timed_batches:
-                    timed = min(timed, config.max_timed_batches)
+                timed = timed_batches(config, full)
                 rows.append({"cell": cell.label, "batch_size": cell.batch_size, "full_batches": full,
                              "short_batch": short or None, "timed_batches": timed, "scored_images": n})
             groups.append({"load": key.label, "loads": loads, "weights": self.detectors[key.model].weights.source,
