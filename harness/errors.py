@@ -48,3 +48,12 @@ def path_problem(flag: str, given: object, problem: str) -> str:
 
 class NonFiniteNumberError(VaBenchError, ValueError):
     """A NaN or infinity where a number belongs: a bug upstream (exit 1), never written as null."""
+
+
+def exception_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line, its type first and its message's whitespace collapsed, cut at a word past `limit`
+    characters (cell reasons, progress lines, a task's failure)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return f"{type(exc).__name__}: {text}"

@@ -395,3 +395,13 @@ def test_overlapped_throughput_is_bounded_by_the_forwards_it_waited_for(tmp_path
     assert t.images_per_s >= t.timed_images / wall_s
     assert t.timed_seconds >= sum(forwards_ms) / 1000 - 1e-3
     assert sum(i * size for i in t.interval_samples_ms) / 1000 == pytest.approx(t.timed_seconds, abs=2e-3)
+
+
+def test_an_exception_as_one_line_is_cut_at_a_word():
+    from harness.errors import exception_line
+
+    long = RuntimeError("the node died\n  while " + "running the forward " * 30 + "(use `ray status`)")
+    line = exception_line(long, 60)
+    assert "\n" not in line and line.startswith("RuntimeError: the node died while running")
+    assert line.endswith(" ...") and not line.endswith("forwa ...") and len(line) <= len("RuntimeError: ") + 64
+    assert exception_line(ValueError()) == "ValueError: (no message)"

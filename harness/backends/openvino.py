@@ -47,7 +47,7 @@ from harness.backends.onnx_graph import (
 )
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
-from harness.errors import UsageError
+from harness.errors import UsageError, exception_line
 from harness.files import atomic_folder, atomic_write_json
 from harness.measure.device import Device
 from harness.records import LayerCall
@@ -150,7 +150,7 @@ class OpenVinoCore:
                     model = ov.convert_model(str(onnx_file))
                 except Exception as exc:  # OpenVINO's frontend names the op it cannot convert
                     raise UsageError(f"{self.name}: OpenVINO cannot convert this graph "
-                                     f"({_first_line(exc)}); use --backend onnxruntime") from exc
+                                     f"({exception_line(exc, 240)}); use --backend onnxruntime") from exc
             self._save_ir(model, path, compress_to_fp16=variant == "fp16")
             model = self._read_ir(path)
         self.conversion = {"converter": "openvino.convert_model (ONNX frontend)", "openvino": version("openvino"),
@@ -208,7 +208,7 @@ class OpenVinoCore:
                 model = nncf.quantize(fp32, nncf.Dataset([b.numpy() for b in batches]),
                                       preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches))
             except Exception as exc:
-                raise UsageError(f"{self.name}: NNCF could not quantise this model ({_first_line(exc)}); "
+                raise UsageError(f"{self.name}: NNCF could not quantise this model ({exception_line(exc, 240)}); "
                                  "use --precision fp32 or fp16") from exc
             model.reshape({0: [-1, 3, *self.input_size]})
             if not any(op.get_type_name() == "FakeQuantize" for op in model.get_ops()):
@@ -237,7 +237,7 @@ class OpenVinoCore:
                 compiled = self._ov.compile_model(model, "CPU", self.properties)
             except Exception as exc:
                 raise UsageError(f"{self.name}: OpenVINO cannot compile this model for the CPU "
-                                 f"({_first_line(exc)})") from exc
+                                 f"({exception_line(exc, 240)})") from exc
             self._check_read_back(compiled)
             self._compiled[shape] = (compiled, compiled.create_infer_request())
             if self.throughput:
@@ -349,11 +349,6 @@ class OpenVinoCore:
                 "async_requests": {"x".join(map(str, shape)): len(r) for shape, r in self._requests.items()},
                 "compiled_shapes": [list(s) for s in self._compiled], "conversion": self.conversion,
                 **({"quantization": self.quantization} if self.quantization else {})}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:240] if text else ''}"
 
 
 class OpenVinoBackend:

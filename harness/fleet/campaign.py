@@ -20,7 +20,7 @@ from pathlib import Path
 
 import ray
 
-from harness.errors import RunInterrupted, UsageError
+from harness.errors import RunInterrupted, UsageError, exception_line
 from harness.files import DiskFullError, is_disk_full, replace_folder
 from harness.fleet.driver import LIVENESS_EVERY_S, FleetNode, choose_targets, connect, node_info, survey, task_cause
 from harness.fleet.fingerprint import build_fingerprint
@@ -30,7 +30,6 @@ from harness.fleet.node import CampaignJob
 from harness.results.campaign import DatasetResult
 from harness.results.reader import finished_submission
 from harness.run.campaign import Campaign, CampaignEntry, incoming_folder, run_folder_name
-from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 
 
@@ -107,9 +106,9 @@ class CampaignFleet:
         try:
             out = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            return _skipped(entry, f"its task raised {one_line(task_cause(exc))}")
+            return _skipped(entry, f"its task raised {exception_line(task_cause(exc))}")
         except ray.exceptions.RayError as exc:
-            return _skipped(entry, f"its task died ({one_line(exc)}); run the campaign again to run it")
+            return _skipped(entry, f"its task died ({exception_line(exc)}); run the campaign again to run it")
         where = f" on {out['node'].get('host')} ({out['node'].get('address')})"
         if "files" not in out:
             return _skipped(entry, out["reason"] + where)

@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from harness.config import SAFE_ID, RunConfig, reserved_name
 from harness.detector.protocol import task_of
-from harness.errors import RunInterrupted, UsageError
+from harness.errors import RunInterrupted, UsageError, exception_line
 from harness.eval.coco_eval import (
     defined_stats,
     evaluate_cell_file,
@@ -58,7 +58,6 @@ from harness.results.reader import FLEET_FILE, read_fleet_json
 from harness.run.plan import RunPlan, prepare
 from harness.run.progress import SilentProgress
 from harness.run.resume import check_resume_id, ground_truth_change, refuse_differences, resumed_config, runnable
-from harness.run.scheduler import one_line
 from harness.run.signals import Interrupted, protected
 from harness.shell import recordable
 
@@ -162,7 +161,7 @@ def connect(address: str | None) -> None:
         if main:  # ray.init installs a SIGTERM handler that exits on the spot; ours stops cleanly
             signal.signal(signal.SIGTERM, sigterm)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"cannot reach a Ray cluster at {address or 'auto'} ({one_line(exc)}); start one with "
+        raise UsageError(f"cannot reach a Ray cluster at {address or 'auto'} ({exception_line(exc)}); start one with "
                          "`va-bench fleet join --head` and pass --address HOST:PORT (a cluster with token "
                          "authentication also needs RAY_AUTH_MODE=token and its token here)") from exc
 
@@ -220,7 +219,7 @@ def survey(build: dict, timeout_s: float = PROBE_TIMEOUT_S) -> list[FleetNode]:
         try:
             node.probe = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            node.refused = f"its probe failed ({one_line(task_cause(exc))})"
+            node.refused = f"its probe failed ({exception_line(task_cause(exc))})"
             continue
         differences = build_differences(build, node.probe["build"])
         if differences:
@@ -617,10 +616,10 @@ class FleetDriver:
         else:
             where = f" on {exc.ip}" if getattr(exc, "ip", None) else ""
         if isinstance(exc, ray.exceptions.RayTaskError):
-            return "failed", f"the task{where} raised {one_line(task_cause(exc))}"
+            return "failed", f"the task{where} raised {exception_line(task_cause(exc))}"
         if isinstance(exc, ray.exceptions.TaskCancelledError):
             return "interrupted", f"the task{where} was cancelled"
-        return "interrupted", f"the task{where} died ({one_line(exc)})"
+        return "interrupted", f"the task{where} died ({exception_line(exc)})"
 
     def _end(self, obj, state: str, reason: str) -> None:
         task = self.pending.pop(obj)

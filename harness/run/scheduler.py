@@ -28,7 +28,7 @@ from harness.backends.support import converting_backends
 from harness.config import RunConfig
 from harness.data.images import find_corrupt_images, orientation_warning
 from harness.detector.weights import cache_problem
-from harness.errors import RunInterrupted, VaBenchError
+from harness.errors import RunInterrupted, VaBenchError, exception_line
 from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
 from harness.measure.energy import EnergyProbe
@@ -120,12 +120,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return "out of memory" in text or "failed to allocate memory" in text
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line of at most 300 characters, its type first (cell reasons, progress lines)."""
-    text = " ".join(str(exc).split()) or "(no message)"
-    return f"{type(exc).__name__}: {text[:300]}"
 
 
 class Scheduler:
@@ -302,7 +296,7 @@ class Scheduler:
         except Exception as exc:  # the group cannot run at all: each of its cells says why
             if stopping_problem(exc, state):
                 raise  # not this group's fault: the sweep stops (run)
-            reason = f"loading failed: {one_line(exc)}"
+            reason = f"loading failed: {exception_line(exc)}"
             state.log_error(key.label, traceback.format_exc())
             with protected():
                 for cell in todo:
@@ -317,7 +311,7 @@ class Scheduler:
                 executor.use_reference(reference.batch_size, path)
             except (OSError, ValueError, KeyError) as exc:  # deleted or edited: no reference, and say so
                 ctx.progress.log(f"{key.label}: batch invariance not measured on resume: {path.name} unreadable "
-                                 f"({one_line(exc)})")
+                                 f"({exception_line(exc)})")
         try:
             self._run_cells(ctx, executor, cells, todo, outcome)
         finally:
@@ -358,9 +352,9 @@ class Scheduler:
                     if ctx.device.is_cuda:
                         torch.cuda.empty_cache()
                 with protected():
-                    state.set(cell, "oom" if oom else "failed", one_line(exc), finished_at=utc_now_iso())
+                    state.set(cell, "oom" if oom else "failed", exception_line(exc), finished_at=utc_now_iso())
                     state.save()
-                ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {one_line(exc)}")
+                ctx.progress.log(f"{cell.label}: {state.cells[cell.label].state}: {exception_line(exc)}")
                 continue
             outcome.records.append(record)
 
@@ -373,13 +367,13 @@ class Scheduler:
             if stopping_problem(exc, state):
                 raise  # a full disk is not a probe's failure: the sweep stops, the cell is not ok
             state.log_error(f"{cell.label} (layer/profiler pass)", traceback.format_exc())
-            failure = {"status": "failed", "reason": one_line(exc)}
+            failure = {"status": "failed", "reason": exception_line(exc)}
             layers_failed = ctx.config.layers and record.layers is None  # the profiler pass, after it, never ran
             record.layers = record.layers or (failure if ctx.config.layers else None)
             if ctx.config.profile and record.profiler is None:
                 record.profiler = ({"status": "unavailable", "reason": "not run: the layer pass before it failed"}
                                    if layers_failed else failure)
-            record.timing.warnings.append(f"layer/profiler pass failed: {one_line(exc)} (see errors.log)")
+            record.timing.warnings.append(f"layer/profiler pass failed: {exception_line(exc)} (see errors.log)")
 
     @staticmethod
     def _write_submission(ctx: RunContext, record: CellRecord) -> Path:
