@@ -549,16 +549,19 @@ class FleetDriver:
                             fp.resume_command())
 
     def _log_threads(self) -> None:
-        for line in differing_openmp_waits(self.fplan.nodes):
+        """Warnings about the nodes that run this fleet's cells (those of other hardware are not its concern)."""
+        targets = set(self.fplan.targets)
+        nodes = [n for n in self.fplan.nodes if targets & set(n.hardware_ids)]
+        for line in differing_openmp_waits(nodes):
             self.progress.log(line)
         if self.config.threads:
             return
-        for n in self.fplan.nodes:
+        for n in nodes:
             p = n.probe or {}
             if n.refused is None and p.get("torch_threads") == 1 and (p.get("cpu_count") or 1) > 1:
                 self.progress.log(f"warning: {n.describe()}: its tasks see 1 torch thread of {p['cpu_count']} CPUs "
-                                  f"(OMP_NUM_THREADS={p.get('OMP_NUM_THREADS')}, Ray's default for tasks); join it "
-                                  "with `va-bench fleet join` or pass --threads")
+                                  f"(OMP_NUM_THREADS={p.get('OMP_NUM_THREADS')}: Ray sets 1 for tasks of a node "
+                                  "started without it); join it with `va-bench fleet join` or pass --threads")
 
     def _loop(self) -> None:
         checked = time.monotonic()
