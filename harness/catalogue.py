@@ -64,7 +64,6 @@ def size_ranks() -> dict[str, tuple[str, int]]:
     return ranks
 
 
-SEGMENT_BACKENDS = ("onnxruntime", "pytorch")  # the runtimes whose cores return a segment model's mask maps
 
 
 @cache

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import requires_coco, requires_yolox, run_in_process
 
+from harness.backends.support import on_torch_threads
 from harness.errors import UsageError
 from harness.measure import hygiene
 from harness.measure.hygiene import DeviceSampler, JetsonReader, NvmlReader, gpu_processes, jetson_power, locked_clocks
@@ -718,7 +719,7 @@ def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(mon
         monkeypatch.delenv(name, raising=False)
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
-    text = hygiene.spinning_openmp(backend, on_gpu, threads)
+    text = hygiene.spinning_openmp(on_torch_threads(backend), on_gpu, threads)
     assert (text is not None) == said
     if said:
         assert "OMP_WAIT_POLICY=PASSIVE" in text

@@ -34,13 +34,15 @@ class BuiltinBackend:
     extra: str | None = None  # the va-bench extra that installs the packages (pyproject.toml)
     converts: bool = False  # keeps the model it converts to its own format in the weights cache
     max_batch: int | None = None  # the most images one call takes (a runtime without a batch axis: 1)
+    mask_maps: bool = False  # its cores return a segment model's mask maps (masks are scored on it)
+    torch_threads: bool = False  # its CPU forward runs on torch's OpenMP threads (their wait policy matters)
 
 
 # The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
 # the names and rules are known without importing any runtime.
 BUILTINS: dict[str, BuiltinBackend] = {
-    "pytorch": BuiltinBackend("pytorch", "PyTorchBackend"),
-    "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend"),
+    "pytorch": BuiltinBackend("pytorch", "PyTorchBackend", mask_maps=True, torch_threads=True),
+    "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend", mask_maps=True),
     "tensorrt": BuiltinBackend("tensorrt", "TensorRTBackend"),
     "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf"),
                                "openvino", converts=True),
@@ -49,13 +51,19 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
                              ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert", converts=True),
     "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
-                                  converts=True),
+                                  converts=True, torch_threads=True),
 }
 
 
-def builtin_names() -> str:
-    """The built-in backends' names, for a help text or a refusal."""
-    return ", ".join(BUILTINS)
+def mask_backends() -> tuple[str, ...]:
+    """The built-in backends whose cores return a segment model's mask maps."""
+    return tuple(name for name, entry in BUILTINS.items() if entry.mask_maps)
+
+
+def on_torch_threads(backend: str) -> bool:
+    """Whether `backend`'s CPU forward runs on torch's OpenMP threads (a plugged-in backend: not known, no)."""
+    entry = BUILTINS.get(backend)
+    return entry is not None and entry.torch_threads
 
 
 def check_batch_sizes(backend: str, sizes, fix: str) -> None:

@@ -53,7 +53,6 @@ FREQ_DROP = 0.9  # a CPU below 90 % of its maximum frequency during a timed pass
 # two fifths of its throughput, and spinning halved it beside one busy process (docs/benchmarks.md, "OpenMP's wait
 # policy")
 OPENMP_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-OPENMP_BACKENDS = ("pytorch", "torchscript")  # the backends whose CPU forward is torch's, on its OpenMP threads
 
 
 def load_average() -> tuple[float, float, float]:
@@ -752,12 +751,13 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     return out
 
 
-def spinning_openmp(backend: str, on_gpu: bool, threads: int) -> str | None:
-    """What to say of a busy machine's timing of `backend` on `threads` threads when torch's OpenMP threads spin
-    while they wait (OMP_WAIT_POLICY not PASSIVE, and neither GOMP_SPINCOUNT nor KMP_BLOCKTIME 0): spinning threads
-    lose most to other busy processes. None where nothing spins (another backend, a GPU run, one thread, a
-    setting that stops the spinning). The settings as this process was started with them: OpenMP reads them once."""
-    if backend not in OPENMP_BACKENDS or on_gpu or threads <= 1:
+def spinning_openmp(torch_threads: bool, on_gpu: bool, threads: int) -> str | None:
+    """What to say of a busy machine's timing of a CPU forward on torch's OpenMP threads (`torch_threads`: the
+    backend's runs there) on `threads` threads when they spin while they wait (OMP_WAIT_POLICY not PASSIVE, and
+    neither GOMP_SPINCOUNT nor KMP_BLOCKTIME 0): spinning threads lose most to other busy processes. None where
+    nothing spins (another runtime's threads, a GPU run, one thread, a setting that stops the spinning). The
+    settings as this process was started with them: OpenMP reads them once."""
+    if not torch_threads or on_gpu or threads <= 1:
         return None
     if (os.environ.get("OMP_WAIT_POLICY") or "").strip().upper() == "PASSIVE":
         return None

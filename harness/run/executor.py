@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from harness.backends import BackendOptions, load_detector_core
+from harness.backends.support import on_torch_threads
 from harness.config import RunConfig, timed_batches
 from harness.data.cache import ImageBytes
 from harness.data.calibration import CalibrationSet
@@ -365,7 +366,7 @@ class GroupExecutor:
         else:
             busy = machine_busy(max(load_start[0], load_end[0]), None, os.cpu_count() or 1)
         if busy:
-            spinning = spinning_openmp(cell.load.backend, ctx.device.is_cuda, ctx.threads)
+            spinning = spinning_openmp(on_torch_threads(cell.load.backend), ctx.device.is_cuda, ctx.threads)
             timing.warnings.append(f"{busy} during this cell; timings are suspect"
                                    + (f"; {spinning}" if spinning else ""))
         if ctx.energy_probe is not None:

@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.backends import BUILTIN_BACKENDS, BackendOptions, detector_backends
-from harness.backends.support import check_batch_sizes, check_support, converting_backends, ort_provider_for
-from harness.catalogue import PLUGIN_PATTERN, SEGMENT_BACKENDS, check_model_id, segment_ids
+from harness.backends.support import (
+    check_batch_sizes,
+    check_support,
+    converting_backends,
+    mask_backends,
+    ort_provider_for,
+)
+from harness.catalogue import PLUGIN_PATTERN, check_model_id, segment_ids
 from harness.config import RunConfig, device_spec, timed_batches
 from harness.data.images import find_corrupt_images_in_background
 from harness.detector.engine import check_engine_weights, engine_build, is_engine_file
@@ -383,11 +389,12 @@ def _check_host_letterbox(config: RunConfig, detector: Detector, cuda: bool) -> 
 def _check_segment_backends(config: RunConfig) -> None:
     """Masks come from the runtimes whose cores return a segment model's mask maps; the others are refused."""
     segment = [m for m in config.models if m in segment_ids()]
-    others = [b for b in config.backends if b not in SEGMENT_BACKENDS]
+    runs = sorted(mask_backends())
+    others = [b for b in config.backends if b not in runs]
     if config.masks and segment and others:
-        raise UsageError(f"{segment[0]} is a segmentation model: its masks run on {' and '.join(SEGMENT_BACKENDS)}, "
-                         f"not {others[0]}; use --backend {SEGMENT_BACKENDS[0]} or pytorch, or --no-masks to time "
-                         "and score its boxes only")
+        raise UsageError(f"{segment[0]} is a segmentation model: its masks run on {' and '.join(runs)}, not "
+                         f"{others[0]}; use --backend {' or '.join(runs)}, or --no-masks to time and score its boxes "
+                         "only")
 
 
 def _check_models(config: RunConfig) -> None:
