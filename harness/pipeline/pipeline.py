@@ -53,6 +53,20 @@ from harness.pipeline.stage_timer import BatchTiming, ForwardThreadTime, StageTi
 from harness.process_exit import before_leave
 
 
+def importable_by_name(module: str) -> bool:
+    """Whether a spawned process finds `module` by its name (its import finders, not this process's sys.modules):
+    the harness's own modules and installed packages are; a plugin file loaded from its path is not."""
+    top = module.partition(".")[0]
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            if find is not None and find(top, None) is not None:
+                return True
+        except (ImportError, ValueError, AttributeError):  # a finder that cannot answer for this name
+            continue
+    return False
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """The post-processing thresholds a run applies: score, NMS IoU, detections kept per image."""
@@ -355,7 +369,8 @@ class DetectorPipeline:
         decoder = getattr(self.detector, "host_decoder", None)
         return (self.host_processes is not None and self.selection_runs_on_host
                 and task_of(self.detector) == "detect" and decoder is not None
-                and type(decoder).__module__.startswith("harness."))
+                # where its code lives: a class's module for an instance, a function's own for a (bound) function
+                and importable_by_name(getattr(decoder, "__module__", None) or type(decoder).__module__))
 
     @property
     def selection_on(self) -> str:
