@@ -521,7 +521,8 @@ def test_missing_yolox_weights_name_every_way_to_give_them(monkeypatch, tmp_path
     monkeypatch.delenv("VA_BENCH_YOLOX_NANO", raising=False)
     monkeypatch.setattr(yolox, "weight_candidates", lambda variant: [tmp_path / f"yolox_{variant}.onnx"])
     with pytest.raises(UsageError, match=r"weights for yolox-nano not found \(looked in .*yolox_nano.onnx\); run "
-                                         r"`va-bench models fetch yolox-nano`, pass --weights PATH, or set "
+                                         r"`va-bench models fetch yolox-nano`, pass --weights PATH \(or --weights "
+                                         r"random to time and inspect the architecture\), or set "
                                          r"VA_BENCH_YOLOX_NANO to the file$"):
         yolox.YoloxDetector("nano")
 

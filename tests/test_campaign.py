@@ -187,7 +187,7 @@ def test_data_fetch_rf100vl(tmp_path, monkeypatch):
     assert not (dest / "bees").exists() and (dest / "aquarium").is_dir()
     mirror = run_in_process("data", "fetch", "rf100vl", "--dest", str(dest), "--base-url", "file:///x",
                             env={"ROBOFLOW_API_KEY": "k"})
-    assert mirror.returncode == 2 and "--base-url apply to `data fetch coco`" in mirror.stderr, mirror.stderr
+    assert mirror.returncode == 2 and "--base-url applies to `data fetch coco`" in mirror.stderr, mirror.stderr
 
 
 @requires_coco

@@ -574,7 +574,7 @@ def test_compare_tells_two_splits_and_edited_labels_apart(tmp_path):
                               "--min-timed-batches", "1", "--no-energy", "--draw-images", "0", "--output-dir",
                               str(tmp_path / "out"), "--run-id", name)
         assert done.returncode == 0, done.stderr
-        assert re.search(rf"^run {name}: \S+ {'test' if split == 'test' else 'val'} sample \(8 images\), 1 cells",
+        assert re.search(rf"^run {name}: \S+ {'test' if split == 'test' else 'val'} sample \(8 images\), 1 cell ",
                          done.stdout, re.M), done.stdout  # the run's first line names the dataset and split
         return tmp_path / "out" / name
 
