@@ -94,6 +94,8 @@ def test_parity_command_exit_codes_and_tables(tmp_path):
     assert all("6/6 done" in p for p in passes)
     for text in ("noise floor", "mAP_50_95", "cv2 (again)", "cv2 (batch 1)", "matched", "max |Δ|", "OK"):
         assert text in loose.stdout
+    # the verdict is the last line (what tools/gpu_check reads), after the note that 6 images tell little
+    assert loose.stdout.strip().splitlines()[-1].startswith("OK every gated delta") and "6 images: " in loose.stdout
     report = json.loads((tmp_path / "p.json").read_text())
     assert report["exit_code"] == 0 and report["noise_floor"] == 0.0  # ORT on CPU reproduces itself exactly
     torch_row = next(c for c in report["candidates"] if c["name"] == "torch")

@@ -73,10 +73,10 @@ def render_parity(report: ParityReport) -> RenderableType:
     """Everything a reader needs to tell a real delta from noise."""
     floor = report.noise_floor()
     lines = [f"noise floor (the reference against itself, gated metrics): max |Δ| {floor:.4f}"]
-    failures = report.failures()
+    lines += [f"[yellow]note[/]: {escape(n)}" for n in report.notes()]
+    failures = report.failures()  # the verdict last: what a script reading the last line takes
     if failures:
         lines += [f"[red]FAIL[/] {escape(f)}" for f in failures]
     else:
         lines.append(f"[green]OK[/] every gated delta is within ±{report.tolerance}")
-    lines += [f"[yellow]note[/]: {escape(n)}" for n in report.notes()]
     return Group(_header(report), _pixels(report), _detections(report), _metrics(report), *lines)
