@@ -678,6 +678,9 @@ def test_the_hardware_block_gives_memory_in_gib_and_counts_logical_cores(monkeyp
     assert cpu["id"].startswith("cpu_") and cpu["id"].endswith("_96c") and cpu["gpu_memory_gb"] is None
     given = env.hardware_block(parse_device("cpu"), "my_box", nvml=NoNvml())
     assert (given["id"], given["id_source"]) == ("my_box", "--hardware-id")
+    # a fleet node joined without --hardware-id runs its cells under its own derived id: derived, as it was
+    joined = env.hardware_block(parse_device("cpu"), cpu["id"], nvml=NoNvml())
+    assert (joined["id"], joined["id_source"]) == (cpu["id"], "derived")
 
 
 def test_nvml_without_a_gpu_names_no_gpu(monkeypatch):

@@ -143,9 +143,11 @@ def hardware_block(device: Device, hardware_id: str | None, nvml=None) -> dict:
     elif any(name in board.lower() for name in ("raspberry pi", "jetson")):
         gpu_name = board  # the leaderboard's Raspberry Pi rows name the board there (and derive the id "rpi5" from it)
     logical = os.cpu_count()
+    derived = derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu, logical)
     return {
-        "id": hardware_id or derive_hardware_id(gpu_name if gpu_name != "none" else None, cpu, logical),
-        "id_source": "--hardware-id" if hardware_id else "derived",
+        "id": hardware_id or derived,
+        # an id given that is this machine's own derived one (a fleet node joined without --hardware-id) is derived
+        "id_source": "--hardware-id" if hardware_id and hardware_id != derived else "derived",
         "gpu": gpu_name,
         "gpu_memory_gb": gpu_mem,
         "driver_version": driver,
