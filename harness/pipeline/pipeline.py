@@ -13,6 +13,7 @@ Two ways to run batches:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -53,6 +54,7 @@ from harness.pipeline.stage_timer import BatchTiming, ForwardThreadTime, StageTi
 from harness.process_exit import before_leave
 
 
+@functools.cache  # asked each batch (the finishing's route): the finders are searched once per module
 def importable_by_name(module: str) -> bool:
     """Whether a spawned process finds `module` by its name (its import finders, not this process's sys.modules):
     the harness's own modules and installed packages are; a plugin file loaded from its path is not."""
