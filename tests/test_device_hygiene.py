@@ -588,7 +588,7 @@ def test_a_thermal_zone_at_its_trip_point_counts_and_only_throttling_trips_do(tm
         files |= {f"sys/class/thermal/thermal_zone{n}/type": kind, f"sys/class/thermal/thermal_zone{n}/temp": temp,
                   f"sys/class/thermal/thermal_zone{n}/trip_point_0_temp": trip,
                   f"sys/class/thermal/thermal_zone{n}/trip_point_0_type": trip_type}
-    assert sorted(hygiene.thermal_trips(_tree(tmp_path, files))) == [
+    assert sorted(hygiene.thermal_trips(hygiene.trip_points(_tree(tmp_path, files)))) == [
         "cpu-thermal 90C >= hot 89C", "gpu-thermal 95C >= passive 95C", "soc-thermal 104C >= critical 104C"]
 
 

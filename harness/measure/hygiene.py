@@ -314,18 +314,41 @@ def _khz_or_hz_to_mhz(value: int | None) -> float | None:
     return round(value / 1e6, 1) if value > 10_000_000 else round(value / 1e3, 1)
 
 
-def thermal_trips(root: Path) -> list[str]:
-    """Thermal zones at or above one of their passive/hot/critical trip points."""
-    hit = []
+@dataclass(frozen=True)
+class TripPoint:
+    """A thermal zone's passive, hot or critical trip point: where the kernel slows the chip."""
+
+    zone: str  # its type (cpu-thermal), else its folder's name
+    temp: Path  # the zone's temperature file (millidegrees)
+    kind: str
+    limit: int  # millidegrees
+
+
+def trip_points(root: Path) -> tuple[TripPoint, ...]:
+    """Every sensor zone's passive/hot/critical trip points, found once (an active trip is a fan's, not a
+    slowdown; a zero limit is none)."""
+    points = []
     for zone in sorted((root / "sys" / "class" / "thermal").glob("thermal_zone*")):
-        temp = _int(zone / "temp")
-        if temp is None or _read(zone / "type") in NOT_SENSORS:
+        name = _read(zone / "type")
+        if name in NOT_SENSORS:
             continue
-        for trip in zone.glob("trip_point_*_temp"):
-            kind = _read(zone / trip.name.replace("_temp", "_type")) or "?"
-            limit = _int(trip)
-            if kind in ("passive", "hot", "critical") and limit and temp >= limit:
-                hit.append(f"{_read(zone / 'type') or zone.name} {temp / 1000:.0f}C >= {kind} {limit / 1000:.0f}C")
+        for trip in sorted(zone.glob("trip_point_*_temp")):
+            kind, limit = _read(zone / trip.name.replace("_temp", "_type")) or "?", _int(trip)
+            if kind in ("passive", "hot", "critical") and limit:
+                points.append(TripPoint(name or zone.name, zone / "temp", kind, limit))
+    return tuple(points)
+
+
+def thermal_trips(points: tuple[TripPoint, ...]) -> list[str]:
+    """The trip points whose zone is at or above them now (each zone's temperature read once)."""
+    temps: dict[Path, int | None] = {}
+    hit = []
+    for point in points:
+        if point.temp not in temps:
+            temps[point.temp] = _int(point.temp)
+        temp = temps[point.temp]
+        if temp is not None and temp >= point.limit:
+            hit.append(f"{point.zone} {temp / 1000:.0f}C >= {point.kind} {point.limit / 1000:.0f}C")
     return hit
 
 
@@ -340,6 +363,7 @@ class CpuFiles:
     # each policy's base frequency (MHz) where the driver gives one (intel_pstate): cpuinfo_max_freq there is one
     # core's turbo, which every core busy at once does not reach on a healthy machine
     bases: tuple[float | None, ...] = ()
+    trips: tuple[TripPoint, ...] = ()
 
     @classmethod
     def find(cls, root: Path) -> CpuFiles:
@@ -350,7 +374,7 @@ class CpuFiles:
         bases = tuple(_khz_or_hz_to_mhz(_int(cur.with_name("base_frequency"))) for cur in currents)
         temps = sorted(temp for temp in (root / "sys" / "class" / "thermal").glob("thermal_zone*/temp")
                        if _read(temp.with_name("type")) not in NOT_SENSORS)
-        return cls(freqs, tuple(temps), bases)
+        return cls(freqs, tuple(temps), bases, trip_points(root))
 
     def unavailable(self) -> dict[str, str]:
         """What this machine's sysfs cannot tell, and why (a VM or container often has neither)."""
@@ -378,7 +402,7 @@ def cpu_sample(files: CpuFiles) -> dict:
                 capped = (current / maximum, current, maximum)
     temps = [t for t in (_int(p) for p in files.temps) if t is not None]
     return {"freq_mhz": min(freqs) if freqs else None, "freq_share": lowest, "freq_capped": capped,
-            "temp_c": max(temps) / 1000 if temps else None}
+            "temp_c": max(temps) / 1000 if temps else None, "trips": thermal_trips(files.trips)}
 
 
 def cpu_static(root: Path) -> dict:
@@ -484,7 +508,7 @@ class DeviceSampler:
 
     def __init__(self, gpu_reader=None, root: Path = Path("/"), interval_s: float = 0.5, run=subprocess.run,
                  processes=None, uptime=None, boot_time: float | None = None, board: dict | None = None):
-        self.gpu, self.root, self.interval_s, self.run = gpu_reader, root, interval_s, run
+        self.gpu, self.interval_s, self.run = gpu_reader, interval_s, run
         self.board = board  # a Jetson's power mode and jetson_clocks, read once (jetson_power)
         self.static = cpu_static(root)
         self.cpu_files = CpuFiles.find(root)
@@ -528,7 +552,7 @@ class DeviceSampler:
         try:
             if self.gpu is not None:
                 window.samples.append(self.gpu.sample())
-            window.cpu.append({**cpu_sample(self.cpu_files), "trips": thermal_trips(self.root)})
+            window.cpu.append(cpu_sample(self.cpu_files))
             if window.rpi and time.monotonic() - window.rpi_polled >= RPI_POLL_S:
                 self._read_rpi(window)
         except Exception as exc:  # a sysfs file that vanished, an NVML hiccup: the pass goes on, the record says so
