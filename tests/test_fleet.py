@@ -808,6 +808,41 @@ def test_a_task_that_failed_before_its_first_update_names_where_it_ran():
     assert "the task on node 10.0.0.8 (jetson-2) [gamma] raised" in reason, reason
 
 
+def test_a_node_sends_its_header_once_its_scheduler_has_written_the_environment(tmp_path, monkeypatch):
+    """The seeded run.json a group starts from holds no environment: a first update read from it must not be
+    the header the driver keeps for the hardware folder."""
+    import types
+
+    import harness.fleet.node as node_module
+    import harness.run.scheduler as scheduler_module
+
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    seeded = {"run_id": "r1", "config": {"models": ["m"]}, "cells": [{"cell": "a", "status": "pending"}]}
+    (run_dir / "run.json").write_text(json.dumps(seeded))
+
+    class SlowScheduler:  # the real one resolves models and measures first: the node polls the seed meanwhile
+        def __init__(self, plan, argv, stop):
+            self.plan = plan
+
+        def run(self):
+            time.sleep(0.3)
+            doc = {**seeded, "environment": {"harness_commit": "abc"}, "hardware": {"id": "alpha", "cpu": "x"},
+                   "cells": [{"cell": "a", "status": "running"}]}
+            (run_dir / "run.json").write_text(json.dumps(doc))
+            time.sleep(0.3)
+            doc["cells"] = [{"cell": "a", "status": "ok"}]
+            (run_dir / "run.json").write_text(json.dumps(doc, indent=1))
+
+    monkeypatch.setattr(node_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(scheduler_module, "Scheduler", SlowScheduler)
+    updates = list(node_module._stream(types.SimpleNamespace(run_dir=run_dir), [], {"host": "h"}))
+    headers = [u.header for u in updates if u.header]
+    assert len(updates) >= 3 and updates[0].cells == seeded["cells"]  # the seed was read: the case in question
+    assert len(headers) == 1 and headers[0]["environment"] == {"harness_commit": "abc"}, headers
+    assert headers[0]["hardware"]["cpu"] == "x" and updates[-1].cells == [{"cell": "a", "status": "ok"}]
+
+
 def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):
     import socket
 

@@ -198,8 +198,12 @@ def _stream(plan, argv: list[str], node: dict) -> Iterator[NodeUpdate]:
                 doc = read_run_json(run_dir, run_dir.name)
                 files = _changed_files(run_dir, sent)
                 errors, errors_at = _read_from(run_dir / ERROR_LOG, errors_at)
-                header = {} if header_sent else {k: v for k, v in doc.items() if k not in ("run_id", "cells")}
-                header_sent = True
+                header = {}
+                # the header once the scheduler has written its environment: the seeded run.json it replaces
+                # holds none, and the driver keeps the first header a hardware folder gets
+                if not header_sent and doc.get("environment"):
+                    header = {k: v for k, v in doc.items() if k not in ("run_id", "cells")}
+                    header_sent = True
                 yield NodeUpdate(node=node, header=header, cells=doc["cells"], files=files, errors_log=errors)
             if done:
                 break
