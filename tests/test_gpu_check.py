@@ -50,7 +50,7 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
     rows = ["overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes", "overhead.b2.per_image",
             "overhead.b2.finishes_2", "overhead.b2.cv2", "overhead.b2.combined",
-            "overhead.b2.forward_and_host_processes"]
+            "overhead.b2.forward_and_host_processes", "overhead.b2.yolox_s"]
     assert set(rows) | {"overhead.b2.lock_holders"} == set(checks), sorted(checks)
     judged = {"overhead.b2", "overhead.b2.forward_process", "overhead.b2.processes",
               "overhead.b2.combined"}  # failed when the ratio misses the goal
@@ -64,6 +64,9 @@ def test_gpu_check_overhead_step_gives_every_row_on_the_cpu(tmp_path):
     assert processes["preprocess"]["host_processes"] == 2 and processes["decode"].startswith("in the timed path")
     assert checks["overhead.b2.forward_process"]["data"]["forward_process"] is True
     assert "the forward stage" in checks["overhead.b2.forward_process"]["figure"]
+    larger = checks["overhead.b2.yolox_s"]["data"]  # a larger architecture's forward, its weights seeded random
+    assert (larger["model"], larger["weights"], checks["overhead.b2"]["data"]["weights"]) == (
+        "yolox-s", "random", "the model's own")
     both = checks["overhead.b2.forward_and_host_processes"]["data"]
     assert both["forward_process"] is True and both["host_processes"] == 2
     combined = checks["overhead.b2.combined"]["data"]

@@ -257,17 +257,18 @@ def check_autotune(r: Runner, state: dict) -> Check:
 
 
 OVERHEAD_STEP_SECONDS = 30  # an overhead row needs at least this much of the budget to measure anything
+LARGER_MODELS = ("yolox-s", "yolox-l")  # 26.8 and 155.6 GFLOPs at 640 px, against yolox-nano's 1.1 at 416
 
 
 def check_overhead(r: Runner, state: dict) -> list[Check]:
     """bench-overhead at b8 and b32 as a run does it (judged); both sizes with the core in a process of its own
     (`--forward-process`; judged); both sizes with the host stages in host processes (cv2, NMS on the host,
     `--host-processes 15`; judged); both sizes with the knobs together (two finishing, 15 workers beside auto, a
-    CUDA graph; judged). Then figures: b8 with the forward and the host stages each in processes of their own; both
-    sizes with the letterbox and NMS one image at a time (the way before: the A/B); at b32 with two batches
-    finishing at once and with the forward replayed from a CUDA graph; both sizes with cv2 letterboxing on the host;
-    then
-    b32's overlapped stream under py-spy: who holds the interpreter lock while the forward waits for it (a figure).
+    CUDA graph; judged). Then figures: the default at both sizes on YOLOX-S and -L with seeded random weights (S
+    only with --limit); b8 with the forward and the host stages each in processes of their own; both sizes with the
+    letterbox and NMS one image at a time (the way before: the A/B); at b32 with two batches finishing at once and
+    with the forward replayed from a CUDA graph; both sizes with cv2 letterboxing on the host; then b32's overlapped
+    stream under py-spy: who holds the interpreter lock while the forward waits for it (a figure).
     Each bench also says where the forward's thread spent its overlapped stream: the overhead split into contention
     and host work the forward could not hide.
     With --limit (the plumbing on a CPU) the batches are at most that size and the rounds short."""
@@ -291,9 +292,13 @@ def check_overhead(r: Runner, state: dict) -> list[Check]:
     judged += [(f"overhead.b{b}.forward_process", [*options, "--forward-process"], goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.processes", [*options, *processes], goal) for b, options, goal in sizes]
     judged += [(f"overhead.b{b}.combined", [*options, *combined], goal) for b, options, goal in sizes]
+    # the default at both sizes on larger models (seeded random weights, the forward's cost is the architecture's):
+    # whether the gap is the pipeline's or a tiny model's forward being too short to hide the host stages behind
+    figures = [(f"overhead.b{b}.{model.replace('-', '_')}", [*options, "--model", model, "--weights", "random"], None)
+               for model in LARGER_MODELS[:1 if r.limit else None] for b, options, _ in sizes]
     # nothing but the hand-overs left in the run's process: the forward in its own, the host stages in theirs (b8,
     # where the host's processors kept up with the decode)
-    figures = [(f"overhead.b{small}.forward_and_host_processes", ["--batch-size", str(small), "--forward-process",
+    figures += [(f"overhead.b{small}.forward_and_host_processes", ["--batch-size", str(small), "--forward-process",
                                                                  *processes], None)]
     # the torch letterbox and the NMS one image at a time, as before they were done for the whole batch: the A/B
     figures += [(f"overhead.b{b}.per_image", [*options, "--per-image"], None) for b, options, _ in sizes]

@@ -29,7 +29,8 @@ inside the timed path from the JPEG bytes in memory, as a run does (`auto`: in-p
 decode is what the device waits for, pre-decoded on CPU). `--preprocess` as `va-bench run --preprocess`
 (auto: torch on CUDA, the family's own library on CPU).
 
-    python -m harness.bench.overhead --batch-size 8 [--model yolox-nano] [--rounds 7] [--workers auto 2]
+    python -m harness.bench.overhead --batch-size 8 [--model yolox-nano [--weights random]] [--rounds 7]
+                                     [--workers auto 2]
                                      [--device cuda] [--decode auto|in-path|pre-decoded]
                                      [--preprocess auto|cv2|torch|pil] [--busy 2] [--calling-thread]
                                      [--finishes-in-flight 2] [--per-image] [--host-processes N]
@@ -100,7 +101,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
             workers: list[int] | None = None, calling_thread: bool = False, decode: str = "auto",
             preprocess: str = "auto", nms_on: str = "device", cuda_graphs: bool = False,
             finishes_in_flight: int = 1, per_image: bool = False, host_processes: int = 0,
-            forward_process: bool = False) -> dict:
+            forward_process: bool = False, weights: str | None = None) -> dict:
     """One backend's ratios; `workers`: the overlapped-mode worker counts to measure (default [1]);
     `calling_thread`: also latency mode with the host stages on the calling thread; `decode`: in-path,
     pre-decoded or auto (see the module docstring); `preprocess`: the resize implementation; `nms_on`: where a
@@ -110,13 +111,14 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
     time (default: as a run does, the whole batch at once where the tensors are on a GPU); `host_processes`: the host
     stages in that many processes (`va-bench run --host-processes`; the decode then runs in the timed path);
     `forward_process`: the pipelines' core loaded and run in a process of its own (`va-bench run --forward-process`),
-    the forward alone still this process's own core (the baseline)."""
+    the forward alone still this process's own core (the baseline); `weights`: as `va-bench run --weights` (a file,
+    or `random` for a family's seeded random weights: a larger model's forward without its trained weights)."""
     workers = workers or [1]
     device = parse_device(device_spec)
     if host_processes and decode == "pre-decoded":
         raise SystemExit("--host-processes read and decode the files in the timed path; drop --decode pre-decoded")
     in_path = decode == "in-path" or (decode == "auto" and (device.is_cuda or bool(host_processes)))
-    detector = get_detector(model)
+    detector = get_detector(model, weights)
     spec = resolve_implementation(detector.preprocess, preprocess, device.is_cuda)
     if host_processes and spec.library == "torch":
         raise SystemExit("--host-processes letterbox on the host: add --preprocess cv2 (or pil)")
@@ -124,7 +126,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
                                                    cuda_graphs=cuda_graphs))
     core = load_detector_core(detector, backend, device, "fp32", spec.input_size, options=options,
                               threads=torch.get_num_threads())
-    pipeline_core = ForwardProcessCore(CoreLoad(model, None, backend, device, "fp32", spec.input_size, options,
+    pipeline_core = ForwardProcessCore(CoreLoad(model, weights, backend, device, "fp32", spec.input_size, options,
                                                 torch.get_num_threads())) if forward_process else core
     d = detector.defaults
     thresholds = Thresholds(d.conf, d.iou, d.max_det)
@@ -222,7 +224,8 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         extra["latency_mode_calling_thread"] = {**_mode_summary(caller_ips, forward_ips),
                                                 "stages_ms_p50": _stage_medians(caller_timer)}
     return {
-        "model": model, "backend": backend, "batch_size": batch_size, "device": str(device), **extra,
+        "model": model, "weights": weights or "the model's own", "backend": backend, "batch_size": batch_size,
+        "device": str(device), **extra,
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
         "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "nms": pipeline.nms_calls,
         "cuda_graphs": cuda_graphs, "host_processes": host_processes, "forward_process": forward_process,
@@ -311,6 +314,7 @@ def _worker_counts(values: list[str], cuda: bool, host_processes: int = 0) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_argument(parser, "models", "--model", "yolox-nano")
+    add_run_argument(parser, "weights")
     add_run_argument(parser, "backends", None, None, nargs="+", help="default: all the model's backends")
     add_run_argument(parser, "batch_sizes", "--batch-size", 8)
     parser.add_argument("--rounds", type=int, default=7)
@@ -339,13 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.finishes_in_flight < 1:
         parser.error(f"--finishes-in-flight {args.finishes_in_flight}: use a positive number of batches")
-    backends = args.backend or [b for b in detector_backends(get_detector(args.model))
+    backends = args.backend or [b for b in detector_backends(get_detector(args.model, args.weights, fetch=False))
                                 if args.batch_size == 1 or b != "ncnn"]  # ncnn runs one image per call
     workers = _worker_counts(args.workers, parse_device(args.device).is_cuda, args.host_processes)
     with busy_processes(args.busy):
         results = [measure(args.model, b, args.batch_size, args.rounds, args.iterations, args.device, workers,
                            args.calling_thread, args.decode, args.preprocess, args.nms_on, args.cuda_graphs,
-                           args.finishes_in_flight, args.per_image, args.host_processes, args.forward_process)
+                           args.finishes_in_flight, args.per_image, args.host_processes, args.forward_process,
+                           args.weights)
                    for b in backends]
     for r in results:
         r["busy_processes"] = args.busy
