@@ -843,6 +843,30 @@ def test_a_node_sends_its_header_once_its_scheduler_has_written_the_environment(
     assert headers[0]["hardware"]["cpu"] == "x" and updates[-1].cells == [{"cell": "a", "status": "ok"}]
 
 
+def test_the_fleet_summary_keeps_a_long_hardware_id_whole_in_80_columns(tmp_path):
+    import io
+    import types
+
+    from rich.console import Console
+
+    from harness.views.fleet_view import print_fleet_summary
+
+    def status(label, state):
+        return types.SimpleNamespace(state=state, submission=None, to_dict=lambda: {
+            "cell": label, "status": state, "reason": "killed" if state != "ok" else None})
+
+    long_id = "cpu-amd-epyc-7b13-64-core-processor-x2-ubuntu-24.04"
+    folders = {hw: types.SimpleNamespace(run_dir=tmp_path / hw, state=types.SimpleNamespace(cells={
+        "a": status("yolox-nano/pytorch/fp32/416x416/b8", "failed")})) for hw in (long_id, "beta")}
+    outcome = types.SimpleNamespace(run_id="f1", fleet_dir=tmp_path, folders=folders, accuracy={}, refusals=[],
+                                    problems={}, resume_command="")
+    buffer = io.StringIO()
+    print_fleet_summary(Console(file=buffer, width=80, color_system=None), outcome)
+    out = buffer.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert long_id in out and "f1 on beta" in out and out.count("yolox-nano/pytorch/fp32/416x416/b8") == 2, out
+
+
 def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):
     import socket
 

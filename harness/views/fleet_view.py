@@ -1,4 +1,4 @@
-"""The end-of-fleet-run summary, from the gathered files (torch-free): one row per (hardware, cell) with
+"""The end-of-fleet-run summary, from the gathered files (torch-free): a table per hardware id, a row per cell with
 its status and headline numbers, the sharded accuracy per group, and a dict for --json."""
 
 from __future__ import annotations
@@ -31,17 +31,24 @@ def cell_rows(outcome) -> list[dict]:
     return rows
 
 
-def fleet_table(outcome) -> Table:
-    """One row per (hardware, cell): status, images/s, p50 per image, mAP (from its submission)."""
-    table = Table(title=f"fleet {escape(outcome.run_id)}", box=box.SIMPLE_HEAD)
-    for name, justify in (("hardware", "left"), ("cell", "left"), ("status", "left"), ("img/s", "right"),
-                          ("p50 ms/img", "right"), ("mAP", "right")):
-        table.add_column(name, justify=justify, overflow="fold")
+def fleet_tables(outcome) -> list[Table]:
+    """A table per hardware id, the id in its title (a derived id is long: a column would fold it mid-word), a row
+    per cell: status, images/s, p50 per image, mAP (from its submission)."""
+    rows: dict[str, list[dict]] = {}
     for r in cell_rows(outcome):
-        color = "green" if r["status"] == "ok" else "red"
-        table.add_row(escape(r["hardware_id"]), escape(r["cell"]), f"[{color}]{r['status']}[/]",
-                      _fmt(r["images_per_s"], ".1f"), _fmt(r["image_ms_p50"], ".2f"), _fmt(r["mAP_50_95"], ".4f"))
-    return table
+        rows.setdefault(r["hardware_id"], []).append(r)
+    tables = []
+    for hw, cells in rows.items():
+        table = Table(title=f"fleet {escape(outcome.run_id)} on {escape(hw)}", box=box.SIMPLE_HEAD)
+        for name, justify in (("cell", "left"), ("status", "left"), ("img/s", "right"), ("p50 ms/img", "right"),
+                              ("mAP", "right")):
+            table.add_column(name, justify=justify, overflow="fold")
+        for r in cells:
+            color = "green" if r["status"] == "ok" else "red"
+            table.add_row(escape(r["cell"]), f"[{color}]{r['status']}[/]", _fmt(r["images_per_s"], ".1f"),
+                          _fmt(r["image_ms_p50"], ".2f"), _fmt(r["mAP_50_95"], ".4f"))
+        tables.append(table)
+    return tables
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -50,7 +57,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_fleet_summary(console: Console, outcome) -> None:
     """Everything a person reads at the end of `va-bench fleet run`."""
-    console.print(fleet_table(outcome))
+    for table in fleet_tables(outcome):
+        console.print(table)
     for slug, entry in outcome.accuracy.items():
         if entry.get("status") == "ok":
             console.print(f"sharded accuracy {escape(slug)}: mAP {entry['mAP_50_95']:.4f} from "
