@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 
 from harness.files import atomic_text, atomic_write_bytes, atomic_write_csv
 from harness.records import Cell
-from harness.results.artifacts import cell_slug, write_mprofile
-from harness.results.reader import RUN_FILE, read_run_json
+from harness.results.artifacts import detections_file, write_mprofile
+from harness.results.reader import MEMORY_FILE, MPROF_FILE, RUN_FILE, read_run_json
 from harness.run.signals import protected
 from harness.run.state import ERROR_LOG, LOCK_FILE, RunState
 
@@ -54,7 +54,6 @@ def inside_folder(name: str) -> PurePosixPath:
     return path
 
 
-MEMORY_CSV, MPROF_FILE = PurePosixPath("memory.csv"), PurePosixPath("memory.mprof.dat")
 
 
 def safe_relative(name: str) -> PurePosixPath:
@@ -121,14 +120,14 @@ class HardwareFolder:
             for name, data in sorted(update.files.items()):
                 rel = safe_relative(name)
                 target = self.run_dir / rel
-                if rel == MPROF_FILE:  # derived from memory.csv, which gathers every task's samples: rebuilt below
-                    continue
+                if rel.as_posix() == MPROF_FILE:  # derived from memory.csv, which gathers every task's samples:
+                    continue  # rebuilt below
                 if rel.suffix == ".csv":
                     rows_seen[name] = append_csv_rows(target, data, rows_seen.get(name, 0))
                 else:
                     atomic_write_bytes(target, data)
-            memory = self.run_dir / MEMORY_CSV
-            if str(MEMORY_CSV) in update.files and memory.is_file():  # the same timeline as memory.csv, as a run's
+            memory = self.run_dir / MEMORY_FILE
+            if MEMORY_FILE in update.files and memory.is_file():  # the same timeline as memory.csv, as a run's
                 with memory.open(newline="", encoding="utf-8") as fh, atomic_text(self.run_dir / MPROF_FILE) as out:
                     rows = csv.reader(fh)
                     next(rows, None)  # the header
@@ -191,7 +190,7 @@ class HardwareFolder:
             if status.state != "ok" or not status.submission:
                 continue
             out[status.submission] = (self.run_dir / status.submission).read_bytes()
-            detections = f"detections/{cell_slug(status.cell)}.json"  # where the executor writes and reads them
+            detections = detections_file(status.cell)
             if (self.run_dir / detections).is_file():
                 out[detections] = (self.run_dir / detections).read_bytes()
         return out

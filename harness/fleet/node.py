@@ -32,7 +32,7 @@ from harness.fleet.fingerprint import build_differences, build_fingerprint
 from harness.fleet.gather import NodeUpdate
 from harness.fleet.shards import Shard
 from harness.records import LoadKey
-from harness.results.reader import RUN_FILE, read_run_json
+from harness.results.reader import RUN_FILE, TRACE_FILE, read_run_json
 from harness.run.state import ERROR_LOG, LOCK_FILE
 
 if TYPE_CHECKING:  # the node imports the campaign's run code only when it runs one
@@ -164,7 +164,7 @@ def _seed_folder(run_dir: Path, job: GroupJob, cells) -> dict:
     # ProbeArtifacts names the first profiled group's trace trace.json and later ones trace__<group>.json.
     # Every group runs in a folder of its own here, so this placeholder (never sent back) makes each trace
     # carry its group's name and no two groups collide in the gathered hardware folder.
-    (run_dir / "trace.json").write_text('{"note": "placeholder of a fleet node; not a trace"}\n')
+    (run_dir / TRACE_FILE).write_text('{"note": "placeholder of a fleet node; not a trace"}\n')
     (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     return doc
 

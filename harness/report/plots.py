@@ -20,7 +20,14 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from harness.results.reader import FinishedCell, RunFolder, number, short_labels  # noqa: E402
+from harness.results.reader import (  # noqa: E402
+    LAYER_TYPES_FILE,
+    MEMORY_FILE,
+    FinishedCell,
+    RunFolder,
+    number,
+    short_labels,
+)
 
 DPI = 100
 STAGES = ("preprocess", "transfer", "forward", "postprocess")
@@ -212,7 +219,7 @@ def stage_breakdown(run: RunFolder) -> Plot:
 def layer_types(run: RunFolder) -> Plot:
     """Time per layer type from layer_types.csv, one panel per cell that had a layer pass."""
     name, title = "layer_types.png", "Time per layer type (layer pass)"
-    rows = run.csv_rows("layer_types.csv")
+    rows = run.csv_rows(LAYER_TYPES_FILE)
     if not rows:
         return _unavailable(name, title, "no layer pass in this run (layer_types.csv absent; run with --layers)")
     finished = {f"{k.model} {k.backend} {k.precision} {k.input_size} b{k.batch_size}": c for c in run.cells
@@ -252,7 +259,7 @@ MEMORY_GAP_S = 5.0  # memory.csv samples every 50 ms while a process runs: a lon
 def memory_timeline(run: RunFolder) -> Plot:
     """Host RSS (and CUDA allocated memory when recorded) over the run, timing windows shaded (memory.csv)."""
     name, title = "memory.png", "Memory over time (memory.csv)"
-    rows = run.csv_rows("memory.csv")
+    rows = run.csv_rows(MEMORY_FILE)
     if not rows:
         return _unavailable(name, title, "memory.csv absent (run with --memory)")
     points = [(_float(r.get("timestamp")), _float(r.get("rss_mb")), _float(r.get("cuda_allocated_mb")),

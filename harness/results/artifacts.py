@@ -10,6 +10,16 @@ from pathlib import Path
 
 from harness.files import JsonArrayWriter, atomic_text, atomic_write_csv
 from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord, coco_json_texts
+from harness.results.reader import (
+    DETECTIONS_DIR,
+    ENERGY_FILE,
+    LAYER_TYPES_FILE,
+    LAYERS_FILE,
+    MEMORY_FILE,
+    MPROF_FILE,
+    PROFILER_OPS_FILE,
+    TRACE_FILE,
+)
 
 
 def _slug(text: str) -> str:
@@ -25,6 +35,12 @@ def load_slug(key: LoadKey) -> str:
 def cell_slug(cell: Cell) -> str:
     """A file-name-safe name of a cell: {model}__{backend}__{precision}__{size}__b{batch}."""
     return f"{load_slug(cell.load)}__b{cell.batch_size}"
+
+
+def detections_file(cell: Cell, suffix: str = "") -> str:
+    """Where a cell's detections (COCO results format) are, relative to the run folder: detections/<cell><suffix>.json
+    (`suffix`: another pass of the same cell, such as its fp32 reference)."""
+    return f"{DETECTIONS_DIR}/{cell_slug(cell)}{suffix}.json"
 
 
 def _cell_cols(cell: Cell) -> list:
@@ -52,13 +68,13 @@ class ProbeArtifacts:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.files: dict[str, str] = {}  # name -> path relative to the run folder
-        self._layer_rows = self._existing("layer_timer.csv", "layer_timer")
-        self._type_rows = self._existing("layer_types.csv", "layer_types")
-        self._op_header, self._op_rows = self._existing_with_header("profiler_ops.csv", "profiler_ops")
-        energy_header, energy_rows = self._existing_with_header("energy.csv", "energy")
+        self._layer_rows = self._existing(LAYERS_FILE, "layer_timer")
+        self._type_rows = self._existing(LAYER_TYPES_FILE, "layer_types")
+        self._op_header, self._op_rows = self._existing_with_header(PROFILER_OPS_FILE, "profiler_ops")
+        energy_header, energy_rows = self._existing_with_header(ENERGY_FILE, "energy")
         self._energy_rows = [{k: v for k, v in zip(energy_header, row, strict=False) if v != ""}
                              for row in energy_rows]
-        self._memory_rows = self._existing("memory.csv", "memory")
+        self._memory_rows = self._existing(MEMORY_FILE, "memory")
 
     def keep_cells(self, keys: set[tuple[str, ...]]) -> None:
         """Forget rows of cells that are not finished (a process killed between writing a cell's rows and
@@ -81,7 +97,7 @@ class ProbeArtifacts:
 
     def trace_path(self, key: LoadKey) -> Path:
         """trace.json for the first profiled group, trace__<model>__<backend>__<precision>__<size>.json after."""
-        first = self.run_dir / "trace.json"
+        first = self.run_dir / TRACE_FILE
         return self.run_dir / f"trace__{load_slug(key)}.json" if first.exists() else first
 
     def add_layers(self, cell: Cell, layers: LayerPassRecord) -> None:
@@ -90,10 +106,10 @@ class ProbeArtifacts:
                              for c in layers.calls]
         self._type_rows += [cols + [t["layer_type"], t["total_ms"], t["count"], t["share_pct"]]
                             for t in layers.by_type]
-        atomic_write_csv(self.run_dir / "layer_timer.csv", LAYER_HEADER, self._layer_rows)
-        atomic_write_csv(self.run_dir / "layer_types.csv", TYPE_HEADER, self._type_rows)
-        self.files["layer_timer"] = "layer_timer.csv"
-        self.files["layer_types"] = "layer_types.csv"
+        atomic_write_csv(self.run_dir / LAYERS_FILE, LAYER_HEADER, self._layer_rows)
+        atomic_write_csv(self.run_dir / LAYER_TYPES_FILE, TYPE_HEADER, self._type_rows)
+        self.files["layer_timer"] = LAYERS_FILE
+        self.files["layer_types"] = LAYER_TYPES_FILE
         if layers.ort_trace:
             self.files[Path(layers.ort_trace).stem] = layers.ort_trace  # the runtime's own profile
 
@@ -104,8 +120,8 @@ class ProbeArtifacts:
             keys = self._op_header[len(CELL_HEADER):]
         self._op_header = CELL_HEADER + keys
         self._op_rows += [cols + [op.get(k) for k in keys] for op in profile.ops]
-        atomic_write_csv(self.run_dir / "profiler_ops.csv", self._op_header, self._op_rows)
-        self.files["profiler_ops"] = "profiler_ops.csv"
+        atomic_write_csv(self.run_dir / PROFILER_OPS_FILE, self._op_header, self._op_rows)
+        self.files["profiler_ops"] = PROFILER_OPS_FILE
         self.files[Path(profile.trace_file).stem] = profile.trace_file
 
     def add_energy(self, tag: str, window: dict | None) -> None:
@@ -121,8 +137,8 @@ class ProbeArtifacts:
         domains = sorted({k for r in self._energy_rows for k in r} - {"timestamp", "tag", "duration", "note"})
         domains += ["note"] if any("note" in r for r in self._energy_rows) else []
         header = ["timestamp", "tag", "duration", *domains]
-        atomic_write_csv(self.run_dir / "energy.csv", header, [[r.get(h) for h in header] for r in self._energy_rows])
-        self.files["energy"] = "energy.csv"
+        atomic_write_csv(self.run_dir / ENERGY_FILE, header, [[r.get(h) for h in header] for r in self._energy_rows])
+        self.files["energy"] = ENERGY_FILE
 
     def write_memory(self, samples: Callable[[], Iterable[tuple]]) -> None:
         """memory.csv: the rows of earlier processes of this run, then this process's samples (`samples()` gives them
@@ -132,13 +148,13 @@ class ProbeArtifacts:
             yield from self._memory_rows
             yield from (["" if v is None else v for v in sample] for sample in samples())
 
-        with atomic_text(self.run_dir / "memory.csv") as fh:
+        with atomic_text(self.run_dir / MEMORY_FILE) as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(MEMORY_HEADER)
             writer.writerows(rows())
-        with atomic_text(self.run_dir / "memory.mprof.dat") as fh:
+        with atomic_text(self.run_dir / MPROF_FILE) as fh:
             write_mprofile(fh, rows())
-        self.files["memory"] = "memory.csv"
+        self.files["memory"] = MEMORY_FILE
 
 
 def write_mprofile(fh, rows: Iterable[list]) -> None:

@@ -40,6 +40,7 @@ from harness.measure.stats import autocorrelated, block_means, block_size, boots
 from harness.records import COCO_MAX_DETS
 from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import (
+    RUN_FILE,
     CellIdentity,
     inside_run_folder,
     latest_wins,
@@ -660,7 +661,7 @@ def _recorded_config(run_dir: Path) -> dict:
     """The run's own configuration (run.json's config), where the folder has one: where its dataset was. With it,
     `annotation_file`, the absolute path of the ground truth the run read (a YOLO dataset's YAML, read with the
     split it was: `annotation_split`; an annotation JSON, which is one split)."""
-    doc, problem = read_json(run_dir / "run.json") if (run_dir / "run.json").is_file() else (None, None)
+    doc, problem = read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else (None, None)
     config = doc.get("config") if isinstance(doc, dict) and problem is None else None
     if not isinstance(config, dict):
         return {}

@@ -28,6 +28,11 @@ from harness.results.model import Submission
 from harness.results.site_rules import Finding
 
 RUN_FILE, SUBMISSIONS_DIR, DETECTIONS_DIR = "run.json", "submissions", "detections"
+# the run-wide files beside run.json, a row (or sample) per cell: written by results/artifacts.py and the scheduler,
+# read by report, a resume and a fleet's gathering
+STEPS_FILE = "steps_timer.csv"
+LAYERS_FILE, LAYER_TYPES_FILE, PROFILER_OPS_FILE = "layer_timer.csv", "layer_types.csv", "profiler_ops.csv"
+ENERGY_FILE, MEMORY_FILE, MPROF_FILE, TRACE_FILE = "energy.csv", "memory.csv", "memory.mprof.dat", "trace.json"
 FLEET_FILE = "fleet.json"  # a fleet run folder: the plan over hardware ids, beside one run folder per id
 FLEET_ACCURACY_DIR = "accuracy"  # a fleet run's sharded accuracy (its groups' merged detections), beside fleet.json
 CAMPAIGN_FILE = "campaign.json"  # a campaign folder: its recipe, beside submissions/ (the row) and datasets/

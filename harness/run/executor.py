@@ -82,7 +82,7 @@ from harness.records import (
     utc_now_iso,
 )
 from harness.report.draw import draw_detections
-from harness.results.artifacts import ProbeArtifacts, cell_slug, load_slug, write_coco_detections
+from harness.results.artifacts import ProbeArtifacts, cell_slug, detections_file, load_slug, write_coco_detections
 from harness.run.state import LAYER_PROFILE_PREFIX
 
 # When this module's imports (torch, the pipeline, the backends...) were done: start-up is reported apart
@@ -625,7 +625,7 @@ class GroupExecutor:
         """detections/<cell>.json (COCO results format), written image by image: the cell holds its
         detections as arrays, never as one Python dict per box. Returns the path relative to the run
         folder and the number of detections."""
-        rel = f"detections/{cell_slug(cell)}.json"
+        rel = detections_file(cell)
         digest = detections_digest(detections)
         earlier = self.saved_detections.get(digest)
         if earlier is not None:  # an earlier batch size's very detections (a batch-invariant runtime): its file
@@ -702,7 +702,7 @@ class GroupExecutor:
         timer = StageTimer(ctx.device, ctx.config.stage_sync)
         with ctx.progress.task(f"fp32 reference {cell.label}", None):
             detections = [d for batch in ctx.batches(cell.batch_size) for d in pipeline.run_batch(batch, timer)]
-        rel = f"detections/{cell_slug(cell)}__fp32_reference.json"
+        rel = detections_file(cell, "__fp32_reference")
         write_coco_detections(ctx.run_dir / rel, detections, self.label_categories)
         stats, _ = evaluate_bbox_file_per_class(ctx.dataset.coco, ctx.run_dir / rel, list(ctx.variant.image_ids),
                                                 ctx.config.evaluator, cap=ctx.config.eval_max_det)

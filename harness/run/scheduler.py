@@ -37,7 +37,8 @@ from harness.measure.hygiene import DeviceSampler, locked_clocks, run_gpu_pids
 from harness.measure.memory import MemoryMonitor
 from harness.pipeline.pipeline import resolve_workers, stream_worker_priority
 from harness.records import Cell, CellRecord, LoadKey, utc_now_iso
-from harness.results.artifacts import ProbeArtifacts, cell_csv_key, cell_slug
+from harness.results.artifacts import ProbeArtifacts, cell_csv_key, detections_file
+from harness.results.reader import MEMORY_FILE, STEPS_FILE, SUBMISSIONS_DIR
 from harness.results.steps_csv import existing_rows, steps_rows, write_steps_csv
 from harness.results.submission import build_submission, submission_filename
 from harness.results.validate import commit_problem
@@ -192,7 +193,7 @@ class Scheduler:
                              label_categories=plan.label_categories,
                              sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
             ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
-            self._steps = [row for row in existing_rows(plan.run_dir / "steps_timer.csv") if tuple(row[:5]) in ok]
+            self._steps = [row for row in existing_rows(plan.run_dir / STEPS_FILE) if tuple(row[:5]) in ok]
             ctx.artifacts.keep_cells(ok)
             outcome = RunOutcome([], state)
             with ExitStack() as stack:
@@ -306,7 +307,7 @@ class Scheduler:
             return
         reference = next((c for c in cells if state.cells[c.label].state == "ok"), None)
         if reference is not None:  # resumed: invariance is measured against the cell finished earlier
-            path = ctx.run_dir / "detections" / f"{cell_slug(reference)}.json"
+            path = ctx.run_dir / detections_file(reference)
             try:
                 executor.use_reference(reference.batch_size, path)
             except (OSError, ValueError, KeyError) as exc:  # deleted or edited: no reference, and say so
@@ -379,11 +380,11 @@ class Scheduler:
     def _write_submission(ctx: RunContext, record: CellRecord) -> Path:
         """The cell's submission file, with the probes' files and summaries (a cell whose status never became ok has
         its file removed on resume)."""
-        path = ctx.run_dir / "submissions" / submission_filename(record)
-        record.artifacts = {"submission": path.relative_to(ctx.run_dir).as_posix(), "steps_timer": "steps_timer.csv",
+        path = ctx.run_dir / SUBMISSIONS_DIR / submission_filename(record)
+        record.artifacts = {"submission": path.relative_to(ctx.run_dir).as_posix(), "steps_timer": STEPS_FILE,
                             **ctx.artifacts.files}
         if ctx.monitor is not None:  # written once the cell is ok, with this cell's samples in it
-            record.artifacts["memory"] = "memory.csv"
+            record.artifacts["memory"] = MEMORY_FILE
         if record.detections_file is not None:  # an unscored cell's detections too (random weights, synthetic)
             record.artifacts["detections"] = record.detections_file
         with protected():
@@ -394,7 +395,7 @@ class Scheduler:
         """steps_timer.csv rows and the ok status, written together (a signal waits for this)."""
         with protected():
             self._steps += steps_rows(record)
-            write_steps_csv(ctx.run_dir / "steps_timer.csv", self._steps)
+            write_steps_csv(ctx.run_dir / STEPS_FILE, self._steps)
             state.set(cell, "ok", None, submission=path.relative_to(ctx.run_dir).as_posix(), finished_at=utc_now_iso())
             state.save()
 

@@ -16,12 +16,11 @@ from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json, is_disk_full
 from harness.locks import lock_file
 from harness.records import CELL_STATES, Cell, CellStatus
-from harness.results.reader import RUN_FILE, read_run_json, submission_files
+from harness.results.reader import ENERGY_FILE, RUN_FILE, read_run_json, submission_files
 from harness.storage import storage_fix
 
 LOCK_FILE = ".lock"
 ERROR_LOG = "errors.log"
-ENERGY_FILE = "energy.csv"  # written by results/artifacts.py; rows of unfinished cells dropped on resume
 
 
 def _lock(run_dir: Path, run_id: str) -> int:
