@@ -126,8 +126,10 @@ def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_
     quiet = dict(limit=16, batch_sizes=[1], min_timed_batches=5, accuracy=False, energy=False, memory=False,
                  draw_images=0)
     _, (met,) = run_benchmark(tmp_path_factory, "target-ci-met", target_ci=25.0, max_seconds=120, **quiet)
-    _, (short,) = run_benchmark(tmp_path_factory, "target-ci-short", target_ci=0.001, max_seconds=2, **quiet)
-    for record in (met, short):
+    # two images: past --min-timed-batches and through the images more than once within 2 s on a slow machine too
+    _, (short,) = run_benchmark(tmp_path_factory, "target-ci-short", target_ci=0.001, max_seconds=2,
+                                **{**quiet, "limit": 2})
+    for record, images in ((met, 16), (short, 2)):
         samples = np.asarray(record.timing.batch_samples_ms)
         if autocorrelated(samples):  # this box's batch times often drift together: judged on their block means
             samples = block_means(samples)
@@ -138,10 +140,10 @@ def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_
         # the recorded samples are rounded to 1e-4 ms: two such units of the median (in %) beside the record's own
         # rounding, which matter where a batch takes a fraction of a millisecond
         assert record.timing.target_ci["extent_pct"] == pytest.approx(truth, abs=1e-3 + 200 * 1e-4 / median)
-        assert record.timing.short_batch is None and record.timing.timed_images >= 16
+        assert record.timing.short_batch is None and record.timing.timed_images >= images
     assert met.timing.target_ci["met"] and met.timing.target_ci["extent_pct"] <= 25.0
     assert not short.timing.target_ci["met"] and short.timing.target_ci["stopped"] == "--max-seconds"
-    assert short.timing.timed_batches > 16 and any("--target-ci 0.001" in w for w in short.timing.warnings)
+    assert short.timing.timed_batches > 5 and any("--target-ci 0.001" in w for w in short.timing.warnings)
 
 
 @requires_coco
@@ -149,25 +151,26 @@ def test_target_ci_times_until_the_interval_is_reached_or_says_why_not(tmp_path_
 def test_min_seconds_times_each_cell_for_that_long_and_scores_each_image_once(tmp_path_factory):
     """--min-seconds: latency mode and an overlapped stream alike time batches until that long has passed (the
     variant cycled past one pass, the stream told to stop starting batches then); the detections file holds each
-    of the 8 images once."""
+    of the 2 images once."""
     import pytest
     from conftest import run_benchmark
 
-    quiet = dict(limit=8, batch_sizes=[1], min_timed_batches=2, energy=False, memory=False, draw_images=0)
+    # two images: cycled past one pass within 1.5 s on a slow machine too
+    quiet = dict(limit=2, batch_sizes=[1], min_timed_batches=2, energy=False, memory=False, draw_images=0)
     plan, (latency,) = run_benchmark(tmp_path_factory, "min-seconds", min_seconds=1.5, **quiet)
     overlapped_plan, (overlapped,) = run_benchmark(tmp_path_factory, "min-seconds-overlap", min_seconds=1.5,
                                                    overlap=True, **quiet)
-    assert latency.timing.timed_seconds >= 1.5 and latency.timing.timed_batches > 8
+    assert latency.timing.timed_seconds >= 1.5 and latency.timing.timed_batches > 2
     # the timed batches' own times add up to no more than the pass's wall time
     assert sum(latency.timing.batch_samples_ms) / 1000 <= latency.timing.timed_seconds + 1e-3
-    assert overlapped.timing.timed_seconds >= 1.5 and overlapped.timing.timed_batches > 8
+    assert overlapped.timing.timed_seconds >= 1.5 and overlapped.timing.timed_batches > 2
     assert sum(overlapped.timing.interval_samples_ms) / 1000 == pytest.approx(overlapped.timing.timed_seconds,
                                                                               abs=2e-3)
     for run_plan, record in ((plan, latency), (overlapped_plan, overlapped)):
         detections = json.loads((run_plan.run_dir / record.artifacts["detections"]).read_text())
         # scored once: a second pass over an image would repeat each of its detections exactly
         keys = [(d["image_id"], d["category_id"], tuple(d["bbox"]), d["score"]) for d in detections]
-        assert len(set(keys)) == len(keys) and len({k[0] for k in keys}) <= 8
+        assert len(set(keys)) == len(keys) and len({k[0] for k in keys}) <= 2
         assert record.timing.timed_images > 8
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -296,6 +297,7 @@ def cluster(tmp_path_factory):
         c = Cluster(initialize_head=True, head_node_args={
             **common, "resources": {"hw:alpha": 1, "va-bench-slot": 1},
             "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3}})
+        sigterm = signal.getsignal(signal.SIGTERM)  # ray.init sets its own, which outlives ray.shutdown
         try:
             c.add_node(**common, resources={"hw:beta": 1, "va-bench-slot": 1})
             ray.init(address=c.address, log_to_driver=False)
@@ -303,6 +305,7 @@ def cluster(tmp_path_factory):
         finally:
             ray.shutdown()
             c.shutdown()
+            signal.signal(signal.SIGTERM, sigterm)  # the test files after this one in the worker get theirs back
 
 
 def fleet(*args: str):
@@ -815,56 +818,40 @@ def test_a_node_sends_its_header_once_its_scheduler_has_written_the_environment(
 
     import harness.fleet.node as node_module
     import harness.run.scheduler as scheduler_module
+    from harness.files import atomic_write_json
 
     run_dir = tmp_path / "r1"
     run_dir.mkdir()
     seeded = {"run_id": "r1", "config": {"models": ["m"]}, "cells": [{"cell": "a", "status": "pending"}]}
-    (run_dir / "run.json").write_text(json.dumps(seeded))
+    atomic_write_json(run_dir / "run.json", seeded)
+    read = {status: threading.Event() for status in ("pending", "running")}
+    reader = node_module.read_run_json
+
+    def read_and_tell(*args):  # the node's poll, telling the fake scheduler what it has read
+        doc = reader(*args)
+        read.get(doc["cells"][0]["status"], threading.Event()).set()
+        return doc
 
     class SlowScheduler:  # the real one resolves models and measures first: the node polls the seed meanwhile
         def __init__(self, plan, argv, stop):
             self.plan = plan
 
-        def run(self):
-            time.sleep(0.3)
+        def run(self):  # as the real one writes run.json: atomically, the seed read before its first write
+            assert read["pending"].wait(60)
             doc = {**seeded, "environment": {"harness_commit": "abc"}, "hardware": {"id": "alpha", "cpu": "x"},
                    "cells": [{"cell": "a", "status": "running"}]}
-            (run_dir / "run.json").write_text(json.dumps(doc))
-            time.sleep(0.3)
-            doc["cells"] = [{"cell": "a", "status": "ok"}]
-            (run_dir / "run.json").write_text(json.dumps(doc, indent=1))
+            atomic_write_json(run_dir / "run.json", doc)
+            assert read["running"].wait(60)
+            atomic_write_json(run_dir / "run.json", {**doc, "cells": [{"cell": "a", "status": "ok"}]}, indent=1)
 
     monkeypatch.setattr(node_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(node_module, "read_run_json", read_and_tell)
     monkeypatch.setattr(scheduler_module, "Scheduler", SlowScheduler)
     updates = list(node_module._stream(types.SimpleNamespace(run_dir=run_dir), [], {"host": "h"}))
     headers = [u.header for u in updates if u.header]
-    assert len(updates) >= 3 and updates[0].cells == seeded["cells"]  # the seed was read: the case in question
+    assert updates[0].cells == seeded["cells"] and not updates[0].header  # the seed was read: the case in question
     assert len(headers) == 1 and headers[0]["environment"] == {"harness_commit": "abc"}, headers
     assert headers[0]["hardware"]["cpu"] == "x" and updates[-1].cells == [{"cell": "a", "status": "ok"}]
-
-
-def test_the_fleet_summary_keeps_a_long_hardware_id_whole_in_80_columns(tmp_path):
-    import io
-    import types
-
-    from rich.console import Console
-
-    from harness.views.fleet_view import print_fleet_summary
-
-    def status(label, state):
-        return types.SimpleNamespace(state=state, submission=None, to_dict=lambda: {
-            "cell": label, "status": state, "reason": "killed" if state != "ok" else None})
-
-    long_id = "cpu-amd-epyc-7b13-64-core-processor-x2-ubuntu-24.04"
-    folders = {hw: types.SimpleNamespace(run_dir=tmp_path / hw, state=types.SimpleNamespace(cells={
-        "a": status("yolox-nano/pytorch/fp32/416x416/b8", "failed")})) for hw in (long_id, "beta")}
-    outcome = types.SimpleNamespace(run_id="f1", fleet_dir=tmp_path, folders=folders, accuracy={}, refusals=[],
-                                    problems={}, resume_command="")
-    buffer = io.StringIO()
-    print_fleet_summary(Console(file=buffer, width=80, color_system=None), outcome)
-    out = buffer.getvalue()
-    assert max(len(line) for line in out.splitlines()) <= 80, out
-    assert long_id in out and "f1 on beta" in out and out.count("yolox-nano/pytorch/fp32/416x416/b8") == 2, out
 
 
 def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):

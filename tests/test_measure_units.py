@@ -67,14 +67,16 @@ def test_throughput_mode_syncs_once_per_batch(monkeypatch):
 def test_stage_timer_times_stages_and_substeps():
     timer = StageTimer(Device("cpu"))
     timer.begin_batch(4)
+    outer = time.perf_counter()
     with timer.stage("forward"):
         time.sleep(0.02)
+    outer_ms = (time.perf_counter() - outer) * 1e3  # the stage's own span, as long as a loaded machine makes it
     with timer.stage("postprocess"):
         for _ in range(2):
             with timer.substep("nms"):
                 time.sleep(0.005)
     batch = timer.end_batch()
-    assert 19 <= batch.ms("forward") <= 30
+    assert 19 <= batch.ms("forward") <= outer_ms
     assert 9.5 <= batch.ms("postprocess.nms") <= batch.ms("postprocess")
     assert batch.ms("forward") + batch.ms("postprocess") <= batch.ms("total")
 
