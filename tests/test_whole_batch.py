@@ -253,6 +253,39 @@ def test_the_scratch_budget_is_a_hundredth_of_the_devices_memory(monkeypatch):
 
 @requires_coco
 @requires_yolox
+def test_the_overhead_bench_sets_tf32_as_a_run_does_before_its_cores_load(monkeypatch):
+    """A forward process applies the run's TF32 (off by default) in its own process: the bench's forward alone must
+    run under the same setting, or the two forwards run different kernels on a GPU and their ratio says nothing."""
+    import torch
+
+    from harness.bench import overhead
+    from harness.config import RunConfig
+
+    class Loaded(Exception):
+        pass
+
+    seen = []
+
+    def load(*args, **kwargs):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, kwargs["options"].tf32))
+        raise Loaded
+
+    # torch's own defaults for cuDNN, as a fresh process has them (the switches are torch's, put back after)
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+              torch.get_float32_matmul_precision())
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    monkeypatch.setattr(overhead, "load_detector_core", load)
+    try:
+        with pytest.raises(Loaded):
+            overhead.measure("yolox-nano", "pytorch", 2, 1, 1, "cpu", forward_process=True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before[:2]
+        torch.set_float32_matmul_precision(before[2])
+    assert RunConfig().tf32 == "off" and seen == [(False, False, "off")]
+
+
+@requires_coco
+@requires_yolox
 def test_the_overhead_benchs_per_image_flag_reaches_its_pipelines(monkeypatch):
     """`--per-image` (gpu_check's A/B rows) builds every pipeline of the bench one image at a time; without it, as a
     run does (None: whole-batch on a GPU)."""
