@@ -42,6 +42,14 @@ def test_the_forward_process_gives_the_in_process_cores_detections(backend):
     load = _load(backend)
     ours = load_core_of(detector, backend, device, "fp32", load.input_size, threads=1)
     elsewhere = ForwardProcessCore(load)
+    clocks, collect = [], elsewhere.collect
+
+    def collect_and_keep_its_clock(ticket):
+        outputs, forward_ns = collect(ticket)
+        clocks.append(forward_ns)
+        return outputs, forward_ns
+
+    elsewhere.collect = collect_and_keep_its_clock
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a run of --threads 1 sets it, here and in the forward's process
     try:
@@ -62,6 +70,9 @@ def test_the_forward_process_gives_the_in_process_cores_detections(backend):
                                [x for out in pipeline.run_stream(batches, overlapped, overlap=True) for x in out])
             if core is elsewhere:
                 assert pipeline.async_slots == 2 and "forward" in pipeline.host_info(True)
+                # latency mode too: the forward stage is the other process's clock, the hand-over is transfer
+                assert [t.stages["forward"] for t in latency.batches] == clocks[:len(batches)]
+                assert all(t.stages["transfer"] > 0 for t in latency.batches)
                 for timing in overlapped.batches:  # the forward stage is the other process's own clock
                     assert 0 < timing.stages["forward"] and "forward_gpu" not in timing.stages
         for mode in (0, 1):
@@ -215,6 +226,72 @@ def test_an_answer_interrupted_mid_read_ends_the_process_and_the_next_forward_ge
         assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
     finally:
         core.close()
+
+
+class _FailsToLoad:
+    """Pickles as a call that raises where it is read (a CUDA slot whose handle cannot be opened there does too)."""
+
+    def __reduce__(self):
+        return int, ("not a slot",)
+
+
+class _FailsToSend:
+    def __reduce__(self):
+        raise RuntimeError("pidfd_getfd: Operation not permitted")
+
+
+def test_a_request_the_forward_process_cannot_read_is_the_cells_error_with_its_reason():
+    """A request that cannot be read there (an input slot whose CUDA handle does not open) is answered with its
+    reason, not an exit code; the process ends (its slots are no longer the run's) and the next forward gets a new
+    one."""
+    core = ForwardProcessCore(_load("onnxruntime"))
+    try:
+        batch = torch.rand(2, 3, *core.load.input_size)
+        expected = core(batch)
+        first = core._process
+        core._send(("forward", 0, 2, _FailsToLoad()))
+        core._started += 1
+        with pytest.raises(ValueError, match="not a slot"):
+            core.collect(core._started - 1)
+        first.join(timeout=30)
+        assert not first.is_alive()
+        again = core(batch)
+        assert core._process.pid != first.pid and all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
+    finally:
+        core.close()
+
+
+def test_an_answer_that_cannot_be_sent_gives_the_run_its_reason_and_says_whether_the_pipe_is_in_step():
+    from multiprocessing import Pipe
+
+    from harness.pipeline.forward_process import _reply
+
+    ours, theirs = Pipe()
+    # a forward's answer with new output slots that could not be shared: the run never gets them
+    assert _reply(theirs, ("ok", (0, 5, [_FailsToSend()]), "")) is False
+    status, error, where = ours.recv()
+    assert status == "error" and "could not be sent (RuntimeError: pidfd_getfd" in str(error) and where
+    # an error that does not pickle: its text crosses, and nothing else changed
+    assert _reply(theirs, ("error", _FailsToSend(), "Traceback ...")) is True
+    status, error, where = ours.recv()
+    assert (status, where) == ("error", "Traceback ...") and str(error).startswith("_FailsToSend")
+    assert _reply(theirs, ("ok", None, "")) is True and ours.recv() == ("ok", None, "")
+
+
+def test_closing_on_a_gpu_hands_back_the_slots_the_other_process_let_go_of(monkeypatch):
+    """A CUDA block shared with another process stays allocated after both let go of it until it is collected: a
+    closed forward process's input slots would count in the next cell's memory."""
+    import types
+
+    collected = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: collected.append(True))
+    core = object.__new__(ForwardProcessCore)
+    process = types.SimpleNamespace(join=lambda timeout=None: None, is_alive=lambda: False)
+    core.device, core._connection, core._process, core._started, core._collected = (
+        types.SimpleNamespace(is_cuda=True), None, process, 3, 3)
+    core.close()
+    assert collected == [True] and core._process is None
 
 
 def test_the_forward_process_runs_with_the_runs_threads_and_slots_the_size_of_the_batch():

@@ -17,14 +17,20 @@ its index does. The run copies a prepared batch into its slot and waits for the 
 sends the index; the forward's process runs the core on the slot, waits for its stream, copies the outputs into its
 output slot, waits again and answers with the forward's own time (the `forward` stage: the runtime's own clock for
 its call where it has one, as in the run's process, else the core's call and its stream's work; never the
-hand-over). The run copies the outputs out of the slot (the slot is written again two forwards later, while the
-batch may still be finishing) and waits for that copy. The process sets what the run sets process-wide (torch's
+hand-over, which latency mode counts as transfer). The run copies the outputs out of the slot (the slot is written
+again two forwards later, while the batch may still be finishing) and waits for that copy. The process sets what the run sets process-wide (torch's
 threads, TF32) before it loads the core, and loads it for one forward at a time (OpenVINO compiles for latency, not
 for requests in flight).
 
 Two forwards may be in flight (the core's `start`/`collect`): the next batch is in the slot while the forward of the
 one before runs, so the forward's process never waits for the run between batches. The process ignores the signals a
 terminal sends its whole process group, ends with the run (Linux: PR_SET_PDEATHSIG), and when its pipe is closed.
+
+A replaced CUDA slot stays allocated in the process that made it after both processes let go of it, until collected
+(`torch.cuda.ipc_collect`): each side collects once the other has taken the new slot, and when the process ends, so
+that the old size does not count in the next cell's memory. A request or an answer that cannot cross (a CUDA handle
+that does not open or share there) is answered with its reason; the process then ends, and the next forward gets a
+new one.
 
 What it cannot do, it says: no per-layer timing (the module is in the other process). Its own memory peaks come back
 for the record (`memory_peaks`), added to the run's.
@@ -34,7 +40,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import signal
 import time
 import traceback
@@ -112,6 +117,7 @@ class ForwardProcessCore:
         self._outputs: list[list[torch.Tensor] | None] = [None] * SLOTS
         self._started = 0  # forwards started, and collected: a ticket is its start's number
         self._collected = 0
+        self._released_by = None  # the ticket whose forward lets go of a replaced CUDA input slot (see collect)
         try:  # no deadline: a load may compile, capture or build an engine for minutes, as it would in the run
             return self._answer("loading the core")
         except BaseException:
@@ -151,6 +157,8 @@ class ForwardProcessCore:
         held, fresh = self._inputs[slot], None
         # a slot the batch's own size (a larger one would count in a smaller cell's memory): made anew when it changes
         if (held is None or held.shape != batch.shape or held.dtype != batch.dtype or held.device != batch.device):
+            if held is not None and held.is_cuda:  # the other process holds the old one until it takes this
+                self._released_by = ticket
             held = torch.empty(batch.shape, dtype=batch.dtype, device=batch.device)
             if not held.is_cuda:
                 held.share_memory_()
@@ -171,6 +179,11 @@ class ForwardProcessCore:
             raise RuntimeError(f"forward {ticket} collected out of order (next: {self._collected})")
         self._collected += 1
         slot, forward_ns, fresh = self._answer("running the forward")
+        if self._released_by is not None and ticket >= self._released_by:
+            # a CUDA block shared with another process stays allocated here after both let go of it, until
+            # collected: the replaced slot would count in this cell's memory
+            self._released_by = None
+            torch.cuda.ipc_collect()
         if fresh is not None:
             self._outputs[slot] = fresh
         outputs = [held.clone() for held in self._outputs[slot]]
@@ -210,6 +223,9 @@ class ForwardProcessCore:
                 self._process.terminate()
                 self._process.join()
             self._process = None
+            if self.device.is_cuda and torch.cuda.is_initialized():  # the slots it let go of, handed back
+                torch.cuda.ipc_collect()
+            self._released_by = None
 
     def _send(self, message: tuple) -> None:
         if self._connection is None:
@@ -277,18 +293,30 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
     except Exception as exc:
         _reply(connection, ("error", exc, traceback.format_exc()))
         return
-    _reply(connection, reply)
+    if not _reply(connection, reply):
+        return
     inputs: list[torch.Tensor | None] = [None] * SLOTS
     outputs: list[list[torch.Tensor] | None] = [None] * SLOTS
+    served, collect_at = 0, None  # forwards answered; the one by which the run has let go of replaced outputs
     while True:
         try:
             request = connection.recv()
         except (EOFError, OSError):  # the run closed it (or ended): done
             return
+        except Exception as exc:  # a slot that could not be opened here (CUDA IPC): the run hears why, then ends this
+            _reply(connection, ("error", exc, traceback.format_exc()))
+            return
         try:
             kind, *args = request
             if kind == "forward":
-                reply = ("ok", _forward(core, load, inputs, outputs, *args), "")
+                if collect_at is not None and served >= collect_at:
+                    collect_at = None  # the run answered for the replaced outputs two forwards ago: hand them back
+                    torch.cuda.ipc_collect()
+                answer = _forward(core, load, inputs, outputs, *args)
+                if answer[2] is not None and load.device.is_cuda:
+                    collect_at = served + SLOTS  # the run takes the new slot before it starts that forward
+                served += 1
+                reply = ("ok", answer, "")
             elif kind == "prepare_shape":
                 prepare = getattr(core, "prepare_shape", None)
                 if prepare is not None:
@@ -300,8 +328,10 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
         except Exception as exc:
             if load.device.is_cuda:  # out of memory: what the allocator caches goes back, as the run's own does
                 torch.cuda.empty_cache()
+            outputs[:] = [None] * SLOTS  # whether the run got the new output slots is unknown: the next forward's
             reply = ("error", exc, traceback.format_exc())
-        _reply(connection, reply)
+        if not _reply(connection, reply):  # the run and this process no longer agree on the slots: it starts anew
+            return
 
 
 def _forward(core, load: CoreLoad, inputs: list, outputs: list, slot: int, size: int,
@@ -338,6 +368,8 @@ def _forward(core, load: CoreLoad, inputs: list, outputs: list, slot: int, size:
 
 
 def _memory_peaks(core, device: Device, reset: bool) -> dict:
+    if device.is_cuda:  # output slots the run has let go of: not this process's memory any more
+        torch.cuda.ipc_collect()
     peaks = process_peaks(device, reset)
     if device.is_cuda and getattr(core, "torch_module", None) is None:
         peaks.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
@@ -345,11 +377,20 @@ def _memory_peaks(core, device: Device, reset: bool) -> dict:
     return peaks
 
 
-def _reply(connection: Connection, reply: tuple) -> None:
+def _reply(connection: Connection, reply: tuple) -> bool:
+    """Send `reply`. One that cannot cross (an error that does not pickle; new output slots that could not be shared
+    through CUDA IPC) is pickled whole before a byte is sent: the run gets the reason instead, and the pipe stays in
+    step. False when the answer lost was a forward's, whose new slots the run then never got."""
     try:
         try:
             connection.send(reply)
-        except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not cross: its text does
-            connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+            return True
+        except (EOFError, OSError):
+            raise
+        except Exception as exc:
+            what = f"{type(reply[1]).__name__}: {reply[1]}" if reply[0] == "error" else \
+                f"its answer could not be sent ({type(exc).__name__}: {exc})"
+            connection.send(("error", RuntimeError(what), reply[2] or traceback.format_exc()))
+            return reply[0] == "error"
     except (EOFError, OSError):  # the run is gone (stopped, killed): nobody to answer, and nothing to say about it
         os._exit(0)
