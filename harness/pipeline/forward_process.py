@@ -18,9 +18,9 @@ sends the index; the forward's process runs the core on the slot, waits for its 
 output slot, waits again and answers with the forward's own time (the `forward` stage: the runtime's own clock for
 its call where it has one, as in the run's process, else the core's call and its stream's work; never the
 hand-over, which latency mode counts as transfer). The run copies the outputs out of the slot (the slot is written
-again two forwards later, while the batch may still be finishing) and waits for that copy. The process sets what the run sets process-wide (torch's
-threads, TF32) before it loads the core, and loads it for one forward at a time (OpenVINO compiles for latency, not
-for requests in flight).
+again two forwards later, while the batch may still be finishing) and waits for that copy. The process sets what
+the run sets process-wide (torch's threads, TF32) before it loads the core, and loads it for one forward at a time
+(OpenVINO compiles for latency, not for requests in flight).
 
 Two forwards may be in flight (the core's `start`/`collect`): the next batch is in the slot while the forward of the
 one before runs, so the forward's process never waits for the run between batches. The process ignores the signals a
