@@ -9,6 +9,21 @@ from conftest import requires_coco, requires_yolox
 from harness.bench.gpu_check import main
 
 
+def test_the_environment_says_what_decides_whether_a_forward_process_can_share_the_device(monkeypatch):
+    import types
+
+    from harness.bench.gpu_check import check_env
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    state = {}
+    info = check_env(types.SimpleNamespace(device="cpu"), state).data
+    assert info["alloc_conf"] == "expandable_segments:True" and info["mps_daemon"] in ("running", "not running")
+    assert state["env"] is info and "compute_mode" not in info  # a CUDA device's, from NVML
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert check_env(types.SimpleNamespace(device="cpu"), state).data["alloc_conf"] == "unset"
+
+
 @pytest.mark.heavy  # six whole runs in subprocesses (20 s alone, minutes on a loaded box): make test-slow
 @requires_coco
 @requires_yolox

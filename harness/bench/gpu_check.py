@@ -124,6 +124,20 @@ def _submission(cell: dict) -> dict:
     return json.loads(Path(cell["submission"]).read_text(encoding="utf-8"))
 
 
+# NVML's compute modes (nvmlComputeMode_t): a second process's context is refused under exclusive_process
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+def _mps_daemon() -> str:
+    """Whether NVIDIA's MPS control daemon runs on this machine (by process name; psutil)."""
+    import psutil
+
+    names = set()
+    for process in psutil.process_iter(["name"]):
+        names.add(process.info["name"] or "")
+    return "running" if {"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"} & names else "not running"
+
+
 def check_env(r: Runner, state: dict) -> Check:
     import torch
 
@@ -133,6 +147,11 @@ def check_env(r: Runner, state: dict) -> Check:
         info["dev_shm_free_gib"] = round(shutil.disk_usage("/dev/shm").free / 2**30, 2)
     except OSError as exc:
         info["dev_shm_free_gib"] = f"unavailable ({exc.strerror})"
+    # what decides whether a forward process can share CUDA memory with the run (expandable segments share through
+    # pidfd_getfd, which a container may forbid) and whether two processes' kernels run side by side (MPS) or take
+    # turns on the device
+    info["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or "unset"
+    info["mps_daemon"] = _mps_daemon()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(r.device).index or 0)
         info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
@@ -142,8 +161,11 @@ def check_env(r: Runner, state: dict) -> Check:
 
             pynvml.nvmlInit()
             info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.device(r.device).index or 0)
+            info["compute_mode"] = COMPUTE_MODES.get(pynvml.nvmlDeviceGetComputeMode(handle), "unknown")
         except Exception as exc:  # NVML absent: the figure says so
-            info["driver"] = f"unavailable ({type(exc).__name__})"
+            info.setdefault("driver", f"unavailable ({type(exc).__name__})")
+            info["compute_mode"] = f"unavailable ({type(exc).__name__})"
     state["env"] = info
     return Check("env", ", ".join(f"{k} {v}" for k, v in info.items()), data=info)
 
