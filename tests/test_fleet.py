@@ -854,6 +854,50 @@ def test_a_node_sends_its_header_once_its_scheduler_has_written_the_environment(
     assert headers[0]["hardware"]["cpu"] == "x" and updates[-1].cells == [{"cell": "a", "status": "ok"}]
 
 
+def test_the_fleet_summary_keeps_a_long_hardware_id_whole_in_80_columns(tmp_path):
+    import io
+    import types
+
+    from rich.console import Console
+
+    from harness.views.fleet_view import print_fleet_summary
+
+    def status(label, state):
+        return types.SimpleNamespace(state=state, submission=None, to_dict=lambda: {
+            "cell": label, "status": state, "reason": "killed" if state != "ok" else None})
+
+    long_id = "cpu-amd-epyc-7b13-64-core-processor-x2-ubuntu-24.04"
+    folders = {hw: types.SimpleNamespace(run_dir=tmp_path / hw, state=types.SimpleNamespace(cells={
+        "a": status("yolox-nano/pytorch/fp32/416x416/b8", "failed")})) for hw in (long_id, "beta")}
+    outcome = types.SimpleNamespace(run_id="f1", fleet_dir=tmp_path, folders=folders, accuracy={}, refusals=[],
+                                    problems={}, resume_command="")
+    buffer = io.StringIO()
+    print_fleet_summary(Console(file=buffer, width=80, color_system=None), outcome)
+    out = buffer.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert long_id in out and "f1 on beta" in out and out.count("yolox-nano/pytorch/fp32/416x416/b8") == 2, out
+
+
+def test_a_continuing_group_takes_the_folders_environment_only_once_a_node_has_reported_one(tmp_path):
+    """The driver's folder starts with an empty environment and a placeholder hardware block: a group continued
+    before any node reported (its task died before its scheduler wrote run.json) must record its own, or the folder
+    keeps the empty one for good (the node sends a header only once one is written)."""
+    import types
+
+    from harness.fleet.node import GroupJob, _seed_folder
+    from harness.records import LoadKey
+
+    key = LoadKey("m", "pytorch", "fp32", (64, 64))
+    placeholder = {"environment": {}, "hardware": {"id": "alpha"}, "device": "cpu"}
+    job = GroupJob("r1", "alpha", {}, key, [], {}, "sha", cells=[{"cell": "a", "status": "failed"}], header=placeholder)
+    doc = _seed_folder(tmp_path / "first", job, [types.SimpleNamespace(label="a")])
+    assert not {"environment", "hardware", "device"} & set(doc) and doc["cells"][0]["status"] == "failed"
+    reported = {"environment": {"harness_commit": "abc"}, "hardware": {"id": "alpha", "cpu": "x"}, "device": "cpu"}
+    job.header = reported
+    doc = _seed_folder(tmp_path / "later", job, [types.SimpleNamespace(label="a")])
+    assert {k: doc[k] for k in reported} == reported
+
+
 def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):
     import socket
 

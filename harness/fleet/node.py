@@ -153,8 +153,12 @@ def _seed_folder(run_dir: Path, job: GroupJob, cells) -> dict:
     """The scratch run folder, made before the scheduler opens it as a run to continue: run.json with the
     group's statuses (all pending on a first run), and the finished cells' files. Returns its run.json."""
     recorded = {c.get("cell"): c for c in job.cells}
+    # the folder's environment, hardware and device once a node has reported them; before that (the driver's header
+    # holds an empty environment and a placeholder hardware block) this node's scheduler records its own, as a new run
+    # does, and sends them as the folder's header
+    known = job.header if job.header.get("environment") else {}
     doc = {"run_id": job.run_id, "config": job.config,
-           **{k: job.header[k] for k in ("environment", "hardware", "device") if k in job.header},
+           **{k: known[k] for k in ("environment", "hardware", "device") if k in known},
            "cells": [recorded.get(c.label) or {"cell": c.label, "status": "pending"} for c in cells]}
     run_dir.mkdir(parents=True)
     for name, data in job.files.items():
