@@ -249,7 +249,9 @@ class ForwardProcessCore:
         except BaseException:  # interrupted before the answer was read whole: a later one would be read as the next's
             self.close()
             raise
-        if status == "error":
+        if status == "ended":  # its last word: it is ending, and the next forward gets a new one
+            self.close()
+        if status in ("error", "ended"):
             raise value from HostProcessTraceback(where)
         return value
 
@@ -304,7 +306,7 @@ def _serve(connection: Connection, load: CoreLoad, parent: int) -> None:
         except (EOFError, OSError):  # the run closed it (or ended): done
             return
         except Exception as exc:  # a slot that could not be opened here (CUDA IPC): the run hears why, then ends this
-            _reply(connection, ("error", exc, traceback.format_exc()))
+            _reply(connection, ("ended", exc, traceback.format_exc()))
             return
         try:
             kind, *args = request
@@ -368,7 +370,7 @@ def _forward(core, load: CoreLoad, inputs: list, outputs: list, slot: int, size:
 
 
 def _memory_peaks(core, device: Device, reset: bool) -> dict:
-    if device.is_cuda:  # output slots the run has let go of: not this process's memory any more
+    if device.is_cuda and torch.cuda.is_initialized():  # output slots the run has let go of: no longer this process's
         torch.cuda.ipc_collect()
     peaks = process_peaks(device, reset)
     if device.is_cuda and getattr(core, "torch_module", None) is None:
@@ -378,9 +380,10 @@ def _memory_peaks(core, device: Device, reset: bool) -> dict:
 
 
 def _reply(connection: Connection, reply: tuple) -> bool:
-    """Send `reply`. One that cannot cross (an error that does not pickle; new output slots that could not be shared
-    through CUDA IPC) is pickled whole before a byte is sent: the run gets the reason instead, and the pipe stays in
-    step. False when the answer lost was a forward's, whose new slots the run then never got."""
+    """Send `reply`. One that cannot cross is pickled whole before a byte is sent, so the run gets the reason
+    instead: an error that does not pickle as its text (the pipe in step, True); an answer (a forward's new output
+    slots that could not be shared) as "ended" (False: this process then ends, and the run, told so, starts a new one
+    for its next forward)."""
     try:
         try:
             connection.send(reply)
@@ -388,9 +391,11 @@ def _reply(connection: Connection, reply: tuple) -> bool:
         except (EOFError, OSError):
             raise
         except Exception as exc:
-            what = f"{type(reply[1]).__name__}: {reply[1]}" if reply[0] == "error" else \
-                f"its answer could not be sent ({type(exc).__name__}: {exc})"
-            connection.send(("error", RuntimeError(what), reply[2] or traceback.format_exc()))
-            return reply[0] == "error"
+            if reply[0] == "error":
+                connection.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"), reply[2]))
+                return True
+            connection.send(("ended", RuntimeError(f"its answer could not be sent ({type(exc).__name__}: {exc})"),
+                             traceback.format_exc()))
+            return False
     except (EOFError, OSError):  # the run is gone (stopped, killed): nobody to answer, and nothing to say about it
         os._exit(0)
