@@ -9,8 +9,10 @@ from conftest import requires_coco, requires_yolox
 from harness.bench.gpu_check import main
 
 
-def test_the_environment_says_what_decides_whether_a_forward_process_can_share_the_device(monkeypatch):
+def test_the_environment_says_what_decides_whether_a_forward_process_can_share_the_device(monkeypatch, tmp_path):
     import types
+
+    import torch
 
     from harness.bench.gpu_check import check_env
 
@@ -18,10 +20,16 @@ def test_the_environment_says_what_decides_whether_a_forward_process_can_share_t
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     state = {}
     info = check_env(types.SimpleNamespace(device="cpu"), state).data
-    assert info["alloc_conf"] == "expandable_segments:True" and info["mps_daemon"] in ("running", "not running")
-    assert state["env"] is info and "compute_mode" not in info  # a CUDA device's, from NVML
+    assert info["alloc_conf"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert info["mps_daemon"].startswith(("running", "not running"))
+    assert state["env"] is info and ("compute_mode" in info) == torch.cuda.is_available()  # NVML's, on a GPU
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     assert check_env(types.SimpleNamespace(device="cpu"), state).data["alloc_conf"] == "unset"
+    pipes = tmp_path / "mps"  # a host's daemon, seen from a container through its pipe
+    pipes.mkdir()
+    (pipes / "control").touch()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    assert check_env(types.SimpleNamespace(device="cpu"), state).data["mps_daemon"] == f"running (its pipe in {pipes})"
 
 
 @pytest.mark.heavy  # six whole runs in subprocesses (20 s alone, minutes on a loaded box): make test-slow

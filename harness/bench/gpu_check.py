@@ -129,12 +129,14 @@ COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclu
 
 
 def _mps_daemon() -> str:
-    """Whether NVIDIA's MPS control daemon runs on this machine (by process name; psutil)."""
+    """Whether NVIDIA's MPS control daemon serves this machine: its pipe (a host's daemon seen from a container too)
+    or its processes (psutil)."""
     import psutil
 
-    names = set()
-    for process in psutil.process_iter(["name"]):
-        names.add(process.info["name"] or "")
+    pipes = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    if (pipes / "control").exists():
+        return f"running (its pipe in {pipes})"
+    names = {process.info["name"] or "" for process in psutil.process_iter(["name"])}
     return "running" if {"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"} & names else "not running"
 
 
@@ -150,7 +152,9 @@ def check_env(r: Runner, state: dict) -> Check:
     # what decides whether a forward process can share CUDA memory with the run (expandable segments share through
     # pidfd_getfd, which a container may forbid) and whether two processes' kernels run side by side (MPS) or take
     # turns on the device
-    info["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or "unset"
+    info["alloc_conf"] = "; ".join(f"{name}={os.environ[name]}" for name in ("PYTORCH_CUDA_ALLOC_CONF",
+                                                                           "PYTORCH_ALLOC_CONF")
+                                   if os.environ.get(name)) or "unset"
     info["mps_daemon"] = _mps_daemon()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(r.device).index or 0)
@@ -159,9 +163,11 @@ def check_env(r: Runner, state: dict) -> Check:
         try:
             import pynvml
 
+            from harness.measure.hygiene import nvml_handle
+
             pynvml.nvmlInit()
             info["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.device(r.device).index or 0)
+            handle = nvml_handle(pynvml, torch.device(r.device).index or 0)
             info["compute_mode"] = COMPUTE_MODES.get(pynvml.nvmlDeviceGetComputeMode(handle), "unknown")
         except Exception as exc:  # NVML absent: the figure says so
             info.setdefault("driver", f"unavailable ({type(exc).__name__})")
