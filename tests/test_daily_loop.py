@@ -171,7 +171,7 @@ def test_min_seconds_times_each_cell_for_that_long_and_scores_each_image_once(tm
         # scored once: a second pass over an image would repeat each of its detections exactly
         keys = [(d["image_id"], d["category_id"], tuple(d["bbox"]), d["score"]) for d in detections]
         assert len(set(keys)) == len(keys) and len({k[0] for k in keys}) <= 2
-        assert record.timing.timed_images > 8
+        assert record.timing.timed_images > 2
 
 
 def test_min_seconds_refuses_a_batch_cap_and_a_longer_minimum_than_the_target_cis_maximum():

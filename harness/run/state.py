@@ -133,7 +133,7 @@ class RunState:
                    not in CELL_STATES]
         if unknown:  # a hand-edited or foreign run.json: what became of those cells is not known
             label, state = unknown[0]
-            raise UsageError(f"{run_dir / 'run.json'}: cell {label} has status {str(state)[:30]!r}, not one of "
+            raise UsageError(f"{run_dir / RUN_FILE}: cell {label} has status {str(state)[:30]!r}, not one of "
                              f"{', '.join(CELL_STATES)}; the run cannot be resumed: start a new one")
         fd = _lock(run_dir, run_id)
         try:
