@@ -56,7 +56,7 @@ from harness.config import RunConfig, add_run_argument
 from harness.data.cache import ImageBytes
 from harness.data.coco import CocoDataset
 from harness.measure.device import parse_device
-from harness.measure.env import apply_tf32
+from harness.measure.env import apply_tf32, tf32_state
 from harness.models.registry import get_detector
 from harness.pipeline.forward_process import CoreLoad, ForwardProcessCore
 from harness.pipeline.pipeline import DetectorPipeline, Thresholds, resolve_workers
@@ -233,7 +233,7 @@ def measure(model: str, backend: str, batch_size: int, rounds: int, iterations: 
         "decode": "in the timed path (JPEG bytes in memory)" if in_path else "pre-decoded (not timed)",
         "preprocess": pipeline.preprocess_info(), "selection_on": pipeline.selection_on, "nms": pipeline.nms_calls,
         "cuda_graphs": cuda_graphs, "host_processes": host_processes, "forward_process": forward_process,
-        "tf32": options.tf32,
+        "tf32": tf32_state(options.tf32),
         "forward_images_per_s": round(statistics.median(forward_ips), 2),
         "runtime_own_loop": {"images_per_s": round(statistics.median(own_ips), 2),
                              "forward_time_vs_own": round(statistics.median(

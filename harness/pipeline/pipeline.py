@@ -314,7 +314,10 @@ class DetectorPipeline:
                                                                        self.in_flight)),
                     "finishes_in_flight": self.finishes_in_flight, "forward_thread": self.forward_thread.record(),
                     "nms": self.nms_calls}
-        return {"mode": "latency", "host_thread": self.host_thread is not None,
+        elsewhere = {"forward": "in a process of its own (spawned), one forward at a time; the forward stage is that "
+                                "process's own time, the hand-over transfer"} \
+            if getattr(self.core, "forward_elsewhere", False) else {}
+        return {"mode": "latency", **elsewhere, "host_thread": self.host_thread is not None,
                 "torch_intra_op": 1 if self.host_thread is not None else torch.get_num_threads(),
                 "opencv_threads": cv2.getNumThreads(),
                 "nms_threads": self.nms_threads, "selection_on": self.selection_on, "nms": self.nms_calls}
