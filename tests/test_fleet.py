@@ -503,8 +503,10 @@ def test_a_node_that_dies_marks_its_cells_and_the_queued_ones(cluster, tmp_path,
     monkeypatch.setattr(fleet_module, "LIVENESS_EVERY_S", 0.5)  # the driver looks for dead nodes every 0.5 s, not 5
     c = cluster["cluster"]
     gamma = c.add_node(**cluster["common"], resources={"hw:gamma": 1, "va-bench-slot": 1})
+    # a warm-up of 40 s at 2 ms a batch: the running cell is still running however late this test sees it running
+    # (the node's poll, Ray's stream, this loop's), and the node's removal ends it long before
     config = RunConfig(models=[SYNTHETIC], backends=["pytorch"], input_sizes=[64, 96], batch_sizes=[1, 2],
-                       subset="sample", limit=16, coco_dir=str(COCO_DIR), warmup_batches=1200, warmup_seconds=0,
+                       subset="sample", limit=16, coco_dir=str(COCO_DIR), warmup_batches=20000, warmup_seconds=0,
                        min_timed_batches=2, threads=1, draw_images=0, energy=False, output_dir=str(tmp_path),
                        run_id="d")
     fplan = prepare_fleet(config, None, ["gamma"], 0)
