@@ -22,6 +22,10 @@ SWEEP = ["--backend", "pytorch", "--subset", "sample", "--limit", "16", "--batch
          "--draw-images", "0", "--no-energy"]
 
 
+# the batch-2 cell's forward waits for the signal: it lands inside that cell however late it is sent
+HELD_AT_2 = {"VA_BENCH_TEST_FORWARD_MS": "5", "VA_BENCH_TEST_HOLD_AT": "2"}
+
+
 def va_bench(*args, env=None):
     return run_in_process(*args, env=env)
 
@@ -175,7 +179,7 @@ def test_sigkill_then_resume_finishes_the_sweep_and_keeps_finished_files(tmp_pat
 def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "int",
-                 env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+                 env=HELD_AT_2)
     wait_for_ok_cells(out / "int", 1, proc, then_running=True)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -195,7 +199,7 @@ def test_sigterm_and_sighup_stop_cleanly(tmp_path, sent, code):
     stopped."""
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "t",
-                 "--json", env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+                 "--json", env=HELD_AT_2)
     wait_for_ok_cells(out / "t", 1, proc, then_running=True)
     proc.send_signal(sent)
     stdout, _ = proc.communicate(timeout=120)
@@ -686,7 +690,7 @@ def test_an_interrupted_json_run_whose_reader_left_still_says_how_to_resume(tmp_
     signal's and the resume line still comes (it was 141 and no line)."""
     out = tmp_path / "o"
     proc = start("run", "--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out), "--run-id", "g",
-                 "--json", env={"VA_BENCH_TEST_FORWARD_MS": "60"})
+                 "--json", env=HELD_AT_2)
     wait_for_ok_cells(out / "g", 1, proc, then_running=True)
     proc.stdout.close()  # the reader is gone
     proc.send_signal(signal.SIGINT)

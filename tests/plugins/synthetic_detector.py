@@ -6,6 +6,8 @@
   ("4:error" raises RuntimeError, "4:oom" raises torch's OutOfMemoryError; "4:error:6" from its 6th forward at
   that size on, inside the timed pass) - a cell that breaks mid-sweep.
 - $VA_BENCH_TEST_OUTPUT=nan-scores|nan-boxes|inf-boxes: a broken model's output.
+- $VA_BENCH_TEST_HOLD_AT=2: a forward at that batch size waits (up to a minute) for a signal to end it, so a test's
+  signal lands inside that cell however late it is sent.
 - make_detector_not_in_extra_processes: make_detector, failing to load in an extra process of --repeats.
 """
 
@@ -21,6 +23,8 @@ from harness.detector.protocol import Candidates, ModelStats, PreprocessSpec, Pr
 
 FORWARD_MS = float(os.environ.get("VA_BENCH_TEST_FORWARD_MS", "40"))
 MEASURED_MS: list[float] = []  # the core's own clock around each sleep
+HOLD_AT = int(os.environ.get("VA_BENCH_TEST_HOLD_AT", "0"))
+HOLD_S = 60.0
 
 
 class SleepyCore:
@@ -43,6 +47,8 @@ class SleepyCore:
         start = time.perf_counter()
         self.torch_module(batch)  # what a layer pass times (its one leaf, called once)
         time.sleep(FORWARD_MS / 1000.0)
+        while b == HOLD_AT and time.perf_counter() - start < HOLD_S:  # the signal's handler raises out of the sleep
+            time.sleep(0.05)
         MEASURED_MS.append((time.perf_counter() - start) * 1000.0)
         # one box per image covering the centre quarter of the input, class 0, score 0.9
         h, w = batch.shape[2:]
