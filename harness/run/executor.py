@@ -182,6 +182,31 @@ class CycledBatches(Sequence):
         return self.batches[k % len(self.batches)]
 
 
+@dataclass
+class WarmUp:
+    """What a cell's warm-up did: its batches, seconds, why it ended, and each batch's total (ms)."""
+
+    batches: int
+    seconds: float
+    ended: str
+    samples_ms: list[float]
+
+
+@dataclass
+class TimedStream:
+    """A cell's timed stream: its stage timer, the scored pass's detections, its wall time and start, and what the
+    probes saw while it ran (--target-ci's outcome, the energy window, the device's state, peak memory)."""
+
+    timer: StageTimer
+    detections: list[ImageDetections]
+    seconds: float
+    start_ns: int
+    target: dict | None
+    energy_window: dict
+    device_state: dict | None
+    memory: dict
+
+
 class GroupExecutor:
     """One loaded (model, backend, precision, input size) and the passes run on it."""
 
@@ -407,39 +432,65 @@ class GroupExecutor:
     # ------------------------------------------------------------------------------------- passes
 
     def _timing_pass(self, cell: Cell) -> tuple[TimingRecord, list[ImageDetections], dict]:
-        """Warm-up (untimed, unscored: at least --warmup-batches, then until the batch times settle or
-        --warmup-seconds have passed), then timed full batches: the first pass over
-        the variant's batches is also scored. The short last batch is run, timed on its own and scored,
-        never mixed into the batch statistics; with --max-timed-batches below the variant's batch count,
-        the remaining batches are run untimed so every image is still scored."""
-        ctx, config, pipeline = self.ctx, self.ctx.config, self.pipeline
-        size = cell.batch_size
-        batches = ctx.batches(size)
-        short = batches.pop() if len(batches[-1]) < size else None
-        scratch = StageTimer(ctx.device, config.stage_sync)
-        warm_count, start = 0, time.perf_counter()
-        # Warm up in the mode that is timed: overlapped mode's workers, queue and (on CUDA) streams are first
-        # used here, not inside the first timed batches. An overlapped chunk keeps every worker busy.
+        """Warm-up (untimed, unscored), then timed full batches: the first pass over the variant's batches is also
+        scored. The short last batch is run, timed on its own and scored, never mixed into the batch statistics;
+        with --max-timed-batches below the variant's batch count, the remaining batches are run untimed so every
+        image is still scored."""
+        ctx = self.ctx
+        batches = ctx.batches(cell.batch_size)
+        short = batches.pop() if len(batches[-1]) < cell.batch_size else None
+        warm = self._warm_up(cell, batches)
+        n_timed = timed_batches(ctx.config, len(batches))
+        stream = self._timed_stream(cell, batches, n_timed)
+        detections = stream.detections
+        untimed = StageTimer(ctx.device, ctx.config.stage_sync)
+        for batch in batches[n_timed:]:  # only with --max-timed-batches: scored, not timed
+            detections += self.pipeline.run_batch(batch, untimed)
+        short_record = None
+        if short is not None:
+            short_detections, short_record = self._short_batch(short)
+            detections += short_detections
+        record = self._timing_record(cell, warm, stream, short_record, untimed=len(batches) - n_timed)
+        probes = {"memory": stream.memory, "energy_window": stream.energy_window or None,
+                  "device_state": stream.device_state,
+                  "energy": energy_block(stream.energy_window, ctx.energy_probe, record.timed_images)
+                  if ctx.energy_probe else {"status": "unavailable", "reason": "--no-energy"}}
+        return record, detections, probes
+
+    def _warm_up(self, cell: Cell, batches: list[list[ImageRecord]]) -> WarmUp:
+        """At least --warmup-batches, then until the batch times settle or --warmup-seconds have passed, in the mode
+        that is timed: overlapped mode's workers, queue and (on CUDA) streams are first used here, not inside the
+        first timed batches."""
+        config, pipeline = self.ctx.config, self.pipeline
+        scratch = StageTimer(self.ctx.device, config.stage_sync)
+        count, start = 0, time.perf_counter()
+        # An overlapped chunk keeps every worker busy. Settled when the last few batch times agree; in overlapped
+        # mode, the last few chunks' wall times (a chunk's own batches differ by design: the first has no queue
+        # ahead of it, the last none behind)
         chunk = pipeline.stream_workers + pipeline.async_slots if config.overlap else 1
-        # Settled when the last few batch times agree; in overlapped mode, the last few chunks' wall times (a
-        # chunk's own batches differ by design: the first has no queue ahead of it, the last none behind)
         chunk_ms: list[float] = []
         minimum = math.ceil(config.warmup_batches / chunk) if config.overlap else config.warmup_batches
         ended = None
-        with ctx.progress.task(f"warm-up {cell.label}", None) as advance:
+        with self.ctx.progress.task(f"warm-up {cell.label}", None) as advance:
             while ended is None:
                 times = chunk_ms if config.overlap else [b.ms("total") for b in scratch.batches]
                 ended = warmup_end(times, time.perf_counter() - start, minimum, config.warmup_seconds)
                 if ended is not None:
                     break
-                warm = [batches[(warm_count + j) % len(batches)] for j in range(chunk)]
+                warm = [batches[(count + j) % len(batches)] for j in range(chunk)]
                 chunk_start = time.perf_counter()
                 for _ in pipeline.run_stream(warm, scratch, overlap=config.overlap):
-                    warm_count += 1
+                    count += 1
                     advance()
                 chunk_ms.append((time.perf_counter() - chunk_start) * 1000)
-        warm_seconds = time.perf_counter() - start
-        n_timed = timed_batches(config, len(batches))
+        why = (WARMUP_ENDS_OVERLAPPED if config.overlap else WARMUP_ENDS)[ended]
+        return WarmUp(count, time.perf_counter() - start, why, [b.ms("total") for b in scratch.batches])
+
+    def _timed_stream(self, cell: Cell, batches: list[list[ImageRecord]], n_timed: int) -> TimedStream:
+        """The timed batches as one stream (n_timed of them; with --min-seconds until that long has passed; with
+        --target-ci until the median is known well enough), inside the memory, device-state and energy windows. The
+        first pass over the variant's batches is the scored one."""
+        ctx, config, pipeline = self.ctx, self.ctx.config, self.pipeline
         timer = StageTimer(ctx.device, config.stage_sync)
         detections: list[ImageDetections] = []
         energy_window: dict = {}
@@ -490,19 +541,27 @@ class GroupExecutor:
                 "forward_process" not in others:
             memory.update(peak_vram_mb=None, peak_vram_reserved_mb=None,
                           vram_reason=f"the {pipeline.core.backend} core allocates outside torch's allocator")
-        untimed = StageTimer(ctx.device, config.stage_sync)
-        for batch in batches[n_timed:]:  # only with --max-timed-batches: scored, not timed
-            detections += pipeline.run_batch(batch, untimed)
-        short_record = None
-        if short is not None:
-            prepare_shape = getattr(pipeline.core, "prepare_shape", None)  # compile/capture it untimed first
-            if prepare_shape is not None:
-                prepare_shape((len(short), 3, *pipeline.spec.input_size))
-            short_timer = StageTimer(ctx.device, config.stage_sync)
-            detections += pipeline.run_batch(short, short_timer)
-            short_record = {"size": len(short), "total_ms": round(short_timer.batches[0].ms("total"), 4),
-                            "note": "the last batch of the variant is short; run once, scored, excluded from "
-                                    "the timing statistics"}
+        return TimedStream(timer, detections, stream_seconds, stream_start_ns, target, energy_window, device_state,
+                           memory)
+
+    def _short_batch(self, short: list[ImageRecord]) -> tuple[list[ImageDetections], dict]:
+        """The variant's short last batch: compiled or captured for its shape first (untimed), then run once,
+        scored, and timed on its own."""
+        prepare_shape = getattr(self.pipeline.core, "prepare_shape", None)
+        if prepare_shape is not None:
+            prepare_shape((len(short), 3, *self.pipeline.spec.input_size))
+        timer = StageTimer(self.ctx.device, self.ctx.config.stage_sync)
+        detections = self.pipeline.run_batch(short, timer)
+        return detections, {"size": len(short), "total_ms": round(timer.batches[0].ms("total"), 4),
+                            "note": "the last batch of the variant is short; run once, scored, excluded from the "
+                                    "timing statistics"}
+
+    def _timing_record(self, cell: Cell, warm: WarmUp, stream: TimedStream, short_record: dict | None,
+                       untimed: int) -> TimingRecord:
+        """The cell's timing: each stage's and the batch's statistics, throughput, and the warnings a reader of
+        the figures needs (stability, the device's state, --target-ci not met, batches not timed, a host-bound
+        stream)."""
+        config, pipeline, timer, size = self.ctx.config, self.pipeline, stream.timer, cell.batch_size
         totals = [b.ms("total") for b in timer.batches]
         names = sorted({n for b in timer.batches for n in b.stages})
         stages = {n: summarize([b.ms(n) for b in timer.batches]) for n in names}
@@ -510,28 +569,27 @@ class GroupExecutor:
         if config.overlap:  # the record's batch summary says what the cell's warnings say
             depth = pipeline.stream_workers + pipeline.async_slots
             batch_ms = replace(batch_ms, warnings=stream_warnings(totals, depth))
-        stability = batch_ms.warnings
         timed_images = size * len(timer.batches)
         # Latency mode: batches back to back, so throughput is images over the summed batch times. Overlapped:
         # batches are in flight together, so images over the wall time of the stream.
-        intervals = completion_intervals_ms(timer.batches, stream_start_ns) if config.overlap else []
+        intervals = completion_intervals_ms(timer.batches, stream.start_ns) if config.overlap else []
         image_samples = intervals if config.overlap else [t / size for t in totals]
-        ended_why = (WARMUP_ENDS_OVERLAPPED if config.overlap else WARMUP_ENDS)[ended]
+        device_state, target = stream.device_state, stream.target
         record = TimingRecord(
             batch_size=size, timed_batches=len(timer.batches), timed_images=timed_images,
-            warmup_batches=warm_count, warmup_seconds=round(warm_seconds, 3), warmup_ended=ended_why,
+            warmup_batches=warm.batches, warmup_seconds=round(warm.seconds, 3), warmup_ended=warm.ended,
             stage_sync=config.stage_sync,
             mode="overlapped" if config.overlap else "latency",
             batch_ms=batch_ms, stages_ms=stages,
             # overlapped: per-image *interval* (1000 / it is the throughput), not end-to-end latency / size
             image_ms=summarize(image_samples),
-            images_per_s=timed_images / (stream_seconds if config.overlap else sum(totals) / 1000.0),
+            images_per_s=timed_images / (stream.seconds if config.overlap else sum(totals) / 1000.0),
             short_batch=short_record, batch_samples_ms=[round(t, 4) for t in totals],
             interval_samples_ms=[round(t, 4) for t in intervals] if config.overlap else None,
-            warnings=list(stability) + (device_state["warnings"] if device_state else []),
+            warnings=list(batch_ms.warnings) + (device_state["warnings"] if device_state else []),
             throttled=device_state["throttled"] if device_state else None,
-            target_ci=target, timed_seconds=round(stream_seconds, 3),
-            warmup_samples_ms=[round(b.ms("total"), 4) for b in scratch.batches],
+            target_ci=target, timed_seconds=round(stream.seconds, 3),
+            warmup_samples_ms=[round(t, 4) for t in warm.samples_ms],
             tail=tail_bounds(image_samples),
         )
         if target is not None and not target["met"]:
@@ -541,16 +599,13 @@ class GroupExecutor:
             record.warnings.append(f"--target-ci {target['target_pct']:g}: the median's 95 % CI is {reached} after "
                                    f"{target['seconds']:.0f} s; stopped at --max-seconds {config.max_seconds:g} (raise "
                                    "it, or accept a wider interval)")
-        if n_timed < len(batches):
-            record.warnings.append(f"--max-timed-batches {n_timed}: {len(batches) - n_timed} batches were scored "
-                                   "but not timed")
+        if untimed:
+            record.warnings.append(f"--max-timed-batches {config.max_timed_batches}: {untimed} batches were scored but "
+                                   "not timed")
         host_bound = pipeline.forward_thread.host_bound_warning() if config.overlap else None
         if host_bound is not None:
             record.warnings.append(host_bound)
-        probes = {"memory": memory, "energy_window": energy_window or None, "device_state": device_state,
-                  "energy": energy_block(energy_window, ctx.energy_probe, timed_images) if ctx.energy_probe
-                  else {"status": "unavailable", "reason": "--no-energy"}}
-        return record, detections, probes
+        return record
 
     def _server_scenario(self, cell: Cell, timing: TimingRecord) -> dict:
         """--scenario server, after the cell's timed and scored pass: seeded Poisson arrivals at --qps, one image a
