@@ -952,3 +952,23 @@ def test_thresholds_that_are_each_familys_own_still_pair_its_cells(tmp_path):
     assert len(comparison.cells) == 2 and not comparison.only_a and not comparison.only_b
     changed = [n for n in comparison.notes if "scored at another protocol" in n]
     assert len(changed) == 2 and all("max_det 300" in n and "max_det 100" in n for n in changed), comparison.notes
+
+
+def test_report_gate_names_are_the_same_figures_in_compare(ort_run):
+    """`--fail-on images_per_s:-5%` gates the figure `report --gates` calls images_per_s (and so for the per-image
+    latencies), read from a real run's submission."""
+    from harness.report.gates import METRICS
+    from harness.results.compare import PERF_ALIASES, PERF_GATES
+
+    plan, _ = ort_run
+    path = next((plan.run_dir / "submissions").glob("*.json"))
+    doc = json.loads(path.read_text())
+    (cell,) = compare_paths(path, [path])[0].cells
+    for name, metric in PERF_ALIASES.items():
+        assert parse_gate(f"{name}:+5%").metric == metric
+        value = doc
+        for part in METRICS[name][0].split("."):
+            value = value[part]
+        assert getattr(cell, PERF_GATES[metric][0]) == value, name
+    with pytest.raises(UsageError, match="image_p50_ms"):
+        parse_gate("fps:-5%")

@@ -65,6 +65,8 @@ OPERATING_POINT_KEYS = (("op_confidence", "confidence"), ("op_precision", "preci
 GATE_ALIASES = {"map": "mAP_50_95", "map50": "mAP_50", "map75": "mAP_75", "f1": "op_F1"}
 PERF_GATES = {"latency": ("p50_a", "p50_b"), "latency_p95": ("p95_a", "p95_b"),
               "throughput": ("ips_a", "ips_b")}
+# the same figures under the names `report --gates` gives them, so that one name means one figure in both
+PERF_ALIASES = {"image_p50_ms": "latency", "image_p95_ms": "latency_p95", "images_per_s": "throughput"}
 
 
 # ----------------------------------------------------------------------------------- inputs --
@@ -892,10 +894,10 @@ def parse_gate(spec: str) -> DeltaGate:
     name = m["metric"]
     accuracy = (*STAT_NAMES, *(n for n, _ in OPERATING_POINT_KEYS))
     metric = GATE_ALIASES.get(name.lower()) or next((s for s in accuracy if s.lower() == name.lower()), None)
-    metric = metric or (name.lower() if name.lower() in PERF_GATES else None)
+    metric = metric or (name.lower() if name.lower() in PERF_GATES else PERF_ALIASES.get(name.lower()))
     if metric is None:
         raise UsageError(f"--fail-on {spec!r}: unknown metric {name!r}; use {', '.join(GATE_ALIASES)}, "
-                         f"{', '.join(accuracy)}, {', '.join(PERF_GATES)}")
+                         f"{', '.join(accuracy)}, {', '.join(PERF_GATES)} ({', '.join(PERF_ALIASES)})")
     value = float(m["value"])
     relative = m["pct"] == "%"
     if value == 0:
