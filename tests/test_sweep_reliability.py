@@ -712,3 +712,25 @@ def test_resume_finds_a_run_whose_output_dir_was_given_with_a_tilde(tmp_path):
                        env={**env, "VA_BENCH_TEST_FAIL": "999:error"})
     assert resumed.returncode == 0, resumed.stderr
     assert set(statuses(tmp_path / "runs" / "r").values()) == {"ok"}
+
+
+@requires_coco
+def test_max_timed_batches_scores_every_image_and_says_what_was_not_timed(tmp_path):
+    """16 batches of 1 with --max-timed-batches 4: 4 timed, the other 12 scored untimed, and a warning says so; a
+    pass that times more batches than the variant has (cycling them) has none to say."""
+    out = tmp_path / "o"
+    common = ["--model", f"{PLUGIN}:make_detector", "--backend", "pytorch", "--subset", "sample", "--coco-dir",
+              str(COCO_DIR), "--batch-sizes", "1", "--warmup-batches", "1", "--warmup-seconds", "0", "--draw-images",
+              "0", "--no-energy", "--output-dir", str(out)]
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    capped = va_bench("run", *common, "--limit", "16", "--min-timed-batches", "2", "--max-timed-batches", "4",
+                      "--run-id", "capped", env=env)
+    cycled = va_bench("run", *common, "--limit", "4", "--min-timed-batches", "12", "--run-id", "cycled", env=env)
+    assert capped.returncode == 0 and cycled.returncode == 0, capped.stderr + cycled.stderr
+    (capped_doc,), (cycled_doc,) = ([json.loads(p.read_text()) for p in (out / run / "submissions").glob("*.json")]
+                                    for run in ("capped", "cycled"))
+    assert capped_doc["timing"]["timed_batches"] == 4 and capped_doc["dataset"]["num_images"] == 16
+    assert len(json.loads((out / "capped" / capped_doc["artifacts"]["detections"]).read_text())) == 16  # one box each
+    assert "--max-timed-batches 4: 12 batches were scored but not timed" in capped_doc["timing"]["warnings"]
+    assert cycled_doc["timing"]["timed_batches"] == 12
+    assert not [w for w in cycled_doc["timing"]["warnings"] if "not timed" in w], cycled_doc["timing"]["warnings"]
