@@ -204,3 +204,42 @@ def test_the_run_folder_goes_when_the_call_is_terminated(tmp_path):
         if process.poll() is None:
             process.kill()
     assert list(temp.iterdir()) == []
+
+
+def _server_run(tmp_path, latencies: list[list[float]], fastest_image: float, max_qps: float | None):
+    """A batch-1 submission's server block and its samples file, as a run writes them."""
+    (tmp_path / "server").mkdir()
+    trials = [{"qps": 10.0 * (i + 1), "bound_held": max(t) < 50, "achieved_qps": 9.5 * (i + 1),
+               "latency_ms": {"p99": max(t)}} for i, t in enumerate(latencies)]
+    (tmp_path / "server" / "c.json").write_text(json.dumps(
+        {"trials": [{"qps": t["qps"], "latency_samples_ms": s} for t, s in zip(trials, latencies, strict=True)]}))
+    return {"timing": {"per_image_ms": {"min": fastest_image}},
+            "server": {"samples": "server/c.json", "latency_bound_ms": 50.0, "max_qps": max_qps,
+                       "search": {"trials": trials, "why_none": None if trials else "the fastest timed query took "
+                                                                                   "60.00 ms, more than the bound"}}}
+
+
+def test_the_server_row_holds_its_fastest_query_against_the_timed_pass(tmp_path):
+    from harness.bench.gpu_check import server_check
+
+    for folder, fastest_image, passed in (("ok", 4.0, True), ("early", 9.0, False)):
+        (tmp_path / folder).mkdir()
+        doc = _server_run(tmp_path / folder, [[80.0, 70.0], [3.8, 12.0, 6.0]], fastest_image, 20.0)
+        check = server_check(doc, tmp_path / folder)
+        # the fastest of every query of every trial (3.8 ms), and the highest rate that held (the second trial's)
+        assert check.data["fastest_query_ms"] == 3.8 and check.passed is passed, check
+        assert "max 20.0 qps at p99 <= 50 ms (p99 12.00 ms, achieved 19.0 qps)" in check.figure
+        assert f"({3.8 / fastest_image:.2f}x)" in check.figure
+    (tmp_path / "none").mkdir()
+    none = server_check(_server_run(tmp_path / "none", [], 60.0, None), tmp_path / "none")
+    assert none.status == "not run" and "no rate held p99 <= 50 ms: the fastest timed query took 60.00" in none.figure
+
+
+@pytest.mark.heavy
+@requires_coco
+@requires_yolox
+def test_gpu_check_server_step_runs_on_the_cpu(tmp_path):
+    main(["--device", "cpu", "--limit", "2", "--out", str(tmp_path), "--checks", "server"])
+    (check,) = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
+    assert check["name"] == "server" and check["status"] in ("ok", "failed") and check["data"]["trials"], check
+    assert check["data"]["fastest_query_ms"] > 0 and "qps" in check["figure"]

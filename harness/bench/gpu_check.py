@@ -39,7 +39,7 @@ DEFAULT_NMS_ON = RunConfig.model_fields["nms_on"].default
 # The measurements first; then the CPU suite's CUDA-path tests (84 s on the H100's host, and they run in CI too), and
 # max-autotune, whose compile time is the least predictable, last.
 CHECKS = ("env", "reference", "fp32", "overhead", "postprocess", "nms_on", "precisions", "compile", "runtimes",
-          "parity", "segment", "preprocess", "repeats", "fakes", "autotune")
+          "parity", "segment", "preprocess", "repeats", "server", "fakes", "autotune")
 
 
 @dataclass
@@ -540,15 +540,60 @@ def check_repeats(r: Runner, state: dict) -> Check:
                  len(values) == 3, data=block)
 
 
+# Loose for a batch-1 query of the sample's model on a GPU (a few ms): the rate found is near the pipeline's capacity,
+# where queueing decides; a trial near it takes about 2 s on an H200. A rehearsal on a CPU (--device cpu: an eager
+# query takes 20-350 ms on cpu-box) gets a bound it can hold, and with --limit 5 queries a sample image.
+SERVER_BOUND_MS = {"cuda": 50.0, "cpu": 2000.0}
+SERVER_QUERIES = 300
+
+
+def check_server(r: Runner, state: dict) -> Check:
+    """`--scenario server --find-max-qps` at batch 1 on the device: the highest Poisson rate whose p99 holds the bound.
+    A query's latency runs until its detections are on the host, so it holds the device's work: the fastest query
+    cannot beat the timed pass's fastest image by much, where a clock stopped before the device finished would."""
+    try:
+        cell = _cells(r.run("--backend", "pytorch", "--device", r.device, "--batch-sizes", "1", "--no-energy",
+                            "--scenario", "server", "--find-max-qps", "--latency-bound",
+                            f"{SERVER_BOUND_MS['cuda' if r.device.startswith('cuda') else 'cpu']:g}",
+                            "--server-queries", str(min(SERVER_QUERIES, 5 * r.limit) if r.limit else SERVER_QUERIES),
+                            timeout=240))[1]
+    except RuntimeError as exc:
+        return Check("server", status="failed", reason=str(exc))
+    return server_check(_submission(cell), Path(cell["submission"]).parent.parent)
+
+
+def server_check(doc: dict, run_dir: Path) -> Check:
+    """The server row from a run's batch-1 submission and its samples file: the rate found, and the fastest query
+    against the timed pass's fastest image (goal: at least 0.9 of it)."""
+    block = doc["server"]
+    fastest_image = doc["timing"]["per_image_ms"]["min"]
+    trials = json.loads((run_dir / block["samples"]).read_text(encoding="utf-8"))["trials"]
+    bound = f"p99 <= {block['latency_bound_ms']:g} ms"
+    if block["max_qps"] is None:
+        found = f"no rate held {bound}: {block['search']['why_none']}"
+    else:  # the rate found is a trial's that held
+        at = max((t for t in block["search"]["trials"] if t["bound_held"]), key=lambda t: t["qps"])
+        found = (f"max {block['max_qps']} qps at {bound} (p99 {at['latency_ms']['p99']:.2f} ms, achieved "
+                 f"{at['achieved_qps']:.1f} qps)")
+    data = {"max_qps": block["max_qps"], "trials": block["search"]["trials"], "fastest_image_ms": fastest_image}
+    goal = ">= 0.9x the timed pass's fastest"
+    if not trials:  # the timed pass's fastest image already missed the bound: no query was served
+        return Check("server", found, goal, status="not run", reason="no query served", data=data)
+    fastest_query = data["fastest_query_ms"] = min(min(t["latency_samples_ms"]) for t in trials)
+    ratio = fastest_query / fastest_image
+    return Check("server", f"{found}; {len(trials)} trials; fastest query {fastest_query:.2f} ms, the timed pass's "
+                           f"fastest image {fastest_image:.2f} ms ({ratio:.2f}x)", goal, ratio >= 0.9, data=data)
+
+
 STEPS = {"env": check_env, "fakes": check_fakes, "reference": check_reference, "fp32": check_fp32,
          "precisions": check_precisions, "overhead": check_overhead, "postprocess": check_postprocess,
          "nms_on": check_nms_on, "compile": check_compile, "runtimes": check_runtimes, "parity": check_parity,
          "segment": check_segment, "preprocess": check_preprocess, "repeats": check_repeats,
-         "autotune": check_autotune}
+         "server": check_server, "autotune": check_autotune}
 CUDA_ONLY = {"precisions", "compile", "autotune"}
 MIN_SECONDS = {"fakes": 20, "reference": 30, "fp32": 60, "precisions": 60, "overhead": 120, "postprocess": 30,
                "nms_on": 45, "compile": 90, "runtimes": 30, "parity": 30, "segment": 45, "preprocess": 40,
-               "repeats": 45, "autotune": 90}
+               "repeats": 45, "server": 45, "autotune": 90}
 
 
 def run_checks(device: str, out: Path, budget_s: float, limit: int | None, names: tuple[str, ...]) -> list[Check]:
