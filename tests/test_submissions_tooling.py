@@ -1430,3 +1430,72 @@ def test_an_rf100vl_row_of_other_datasets_is_no_valid_row(tmp_path):
     assert "2 of its datasets are not RF100-VL's (my-dataset-0, my-dataset-1)" in finding.message
     (clean,) = _write(tmp_path / "own", [rows[0]])
     assert not [f for f in clean.errors if f.path == "rf100vl.valid_submission"]
+
+
+def test_an_rf100vl_row_is_checked_for_repeated_datasets_its_count_and_its_flags_type(tmp_path):
+    """A dataset listed twice (another of the 100 missing), a num_datasets that is not the list's length, and a
+    valid_submission that is not a boolean were all accepted, and aggregate listed the first as a valid row."""
+    if not SUBMISSIONS.is_dir():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    doc = json.loads(next(SUBMISSIONS.glob("yolov9t__*rtx_5060_ti__*.json")).read_text())
+    doc["memory"]["peak_ram_mb"] = None  # the corpus row's own error (a 0): the row is otherwise clean
+    repeated, counted, flagged = (copy.deepcopy(doc) for _ in range(3))
+    repeated["rf100vl"]["datasets"][1]["dataset"] = first = doc["rf100vl"]["datasets"][0]["dataset"]
+    counted["dataset"]["num_datasets"] = 90
+    flagged["rf100vl"]["valid_submission"] = "yes"
+    reports = _write(tmp_path / "rf", [doc, repeated, counted, flagged])
+    found = [[(f.path, f.message) for f in r.errors] for r in reports]
+    assert found[0] == []
+    assert found[1] == [("rf100vl.datasets", f"listed more than once: {first} (each dataset counts once in the "
+                                             "row's mean)")]
+    assert found[2] == [("dataset.num_datasets", "dataset.num_datasets 90 disagrees with the 100 datasets listed in "
+                                                 "rf100vl.datasets")]
+    assert found[3] == [("rf100vl.valid_submission", "rf100vl.valid_submission must be true or false, got str "
+                                                     "'yes'")]
+    board = aggregate(reports)
+    assert [r["file"] for r in board["rf100vl"]] == [str(reports[0].path)]
+
+
+def test_a_segmentation_rows_box_figures_and_its_task_are_checked(tmp_path):
+    """The bbox_* keys escaped the checks the mask keys get (a string, below mAP_50_95), and model.task was never
+    read: a task the site has no board for, or mask figures under the detection task, went to the detection board."""
+    if not SUBMISSIONS.is_dir():
+        pytest.skip(f"vision-analysis corpus not found at {CORPUS}")
+    seg = json.loads(next(SUBMISSIONS.glob("rfdetr-seg-n__*.json")).read_text())
+    a = seg["accuracy"]
+    docs = [seg, _variant(seg, accuracy__bbox_mAP_50="0.68"), _variant(seg, accuracy__bbox_mAP_50=0.1),
+            _variant(seg, accuracy__bbox_mAP_50_95=None), _variant(seg, model__task="keypoints"),
+            _variant(seg, model__task="detect"), _variant(seg, model__task=None)]
+    reports = _write(tmp_path / "seg", docs)
+    errors = [[(f.rule, f.path) for f in r.errors] for r in reports]
+    assert errors[0] == [] and not [f for f in reports[0].findings if f.rule == "task"]
+    assert errors[1] == [("type.number", "accuracy.bbox_mAP_50")]
+    assert errors[2] == [("inconsistent", "accuracy.bbox_mAP_50")]
+    assert "bbox_mAP_50 0.1 is below bbox_mAP_50_95 " + f"{a['bbox_mAP_50_95']:g}" in reports[2].errors[0].message
+    assert errors[3] == [("type.number", "accuracy.bbox_mAP_50_95")]
+    assert errors[4] == [("task", "model.task")] and "'keypoints' is not a task" in reports[4].errors[0].message
+    assert errors[5] == errors[6] == [("task", "model.task")]
+    assert "model.task is missing but the row's figures are of masks (accuracy.bbox_mAP_50_95)" in \
+        reports[6].errors[0].message
+    assert [r["file"] for r in aggregate(reports)["cube"]] == [str(reports[0].path)]
+    boxless = copy.deepcopy(seg)
+    boxless["accuracy"] = {k: v for k, v in a.items() if not k.startswith("bbox_")}
+    (report,) = _write(tmp_path / "boxless", [boxless])
+    assert [(f.rule, f.severity) for f in report.findings if f.rule == "task"] == [("task", "warning")]
+
+
+def test_two_datasets_of_one_folder_name_stay_two_rows(tmp_path, base_doc):
+    """A user's dataset is named by its folder: two runs on different ground truth in folders of one name were one
+    row, the later replacing the earlier. Their annotations' fingerprints keep them apart; the same dataset run twice
+    is still one row, latest wins."""
+    docs = []
+    for sha, when in (("a" * 64, "2026-11-01T00:00:00Z"), ("b" * 64, "2026-11-02T00:00:00Z"),
+                      ("a" * 64, "2026-11-03T00:00:00Z")):
+        doc = _variant(base_doc, dataset__id="mydata")
+        doc["created_at"] = when
+        doc["repro"] = {"dataset": {"annotations_sha256": sha}}
+        docs.append(doc)
+    board = aggregate(_write(tmp_path / "own", docs))
+    rows = sorted((r["dataset"], len(r["superseded"])) for r in board["cube"])
+    assert rows == [(f"mydata/{base_doc['dataset'].get('split') or 'val2017'}@{'a' * 12}", 1),
+                    (f"mydata/{base_doc['dataset'].get('split') or 'val2017'}@{'b' * 12}", 0)]

@@ -62,7 +62,7 @@ KNOWN_VARIANTS = ("full", "mini500")
 BOARDS = ("detection", "segmentation")  # the site's COCO boards (model.task segment: mask mAP)
 # Our rules that keep a file out of the leaderboard altogether (the site's own rules always do): timing only,
 # figures that contradict each other (which one is right is not known), or COCO scored through a class map
-UNPUBLISHABLE = {"random-weights", "synthetic-input", "inconsistent", "class-map"}
+UNPUBLISHABLE = {"random-weights", "synthetic-input", "inconsistent", "class-map", "task", "rf100vl"}
 SIZE_ORDER_MARGIN = 0.10  # a larger variant this much faster than a smaller one is a finding
 # Our rules that keep a file's accuracy out of the canonical numbers (its timing still counts).
 DISTRUST_ACCURACY = {"commit_guard", "degenerate", "detections"}
@@ -164,6 +164,10 @@ def row_from(report: FileReport) -> PerfRow:
     memory = sub.memory or {}
     ours = [f for f in report.findings if not is_site_rule(f)]
     conf, _, max_det = sub.protocol  # a top-k model's as the site's rows state it (Submission.protocol)
+    section = "rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other"
+    dataset = f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}"
+    if section == "other" and sub.annotations_sha256:  # a user's dataset is named by its folder: two of one name
+        dataset += f"@{sub.annotations_sha256[:12]}"  # are two datasets when their ground truth differs
     return PerfRow(
         model=sub.model.id or "unknown", hardware=sub.hardware_id, format=sub.runtime.format or "unknown",
         provider=sub.runtime.provider or "unknown", precision=sub.runtime.precision or "unknown",
@@ -182,8 +186,8 @@ def row_from(report: FileReport) -> PerfRow:
             f"{f.message})" for f in report.errors if is_site_rule(f) and derivable_hardware_id(report, f)][:1],
         accuracy_trusted=not any(f.severity == "error" and f.rule in DISTRUST_ACCURACY and
                                  (f.rule != "degenerate" or f.path.startswith("accuracy")) for f in ours),
-        section="rf100vl" if sub.is_rf100vl else "coco" if sub.dataset_id == "coco2017" else "other",
-        dataset=f"{sub.dataset_id}/{(sub.dataset.split if sub.dataset else None) or 'val2017'}",
+        section=section,
+        dataset=dataset,
         board=sub.board,
     )
 

@@ -30,6 +30,10 @@ SITE_NUMBERS: dict[str, str] = {
     "hardware.ram_gb": "number", "hardware.gpu_memory_gb": "number?", "hardware.cpu_cores": "int?",
     # pycocotools gives -1 for an area range without ground truth (small subsets): recorded as null + reason
     **{f"accuracy.{k}": "number" if k in ("mAP_50_95", "mAP_50", "mAP_75") else "number?" for k in ACCURACY_STATS},
+    # a segmentation row's box figures beside its mask ones (the site's segmentation board shows both)
+    **{f"accuracy.bbox_{k}": "number" if k in ("mAP_50_95", "mAP_50", "mAP_75") else "number?"
+       for k in ACCURACY_STATS if k.startswith("mAP")},
+    "dataset.num_datasets": "int",  # an RF100-VL row's
     "timing.batch_size": "int", "timing.num_images": "int",
     **{f"timing.total_ms.{k}": "number" for k in ("mean", "std", "p50", "p95", "p99")},
     **{f"timing.total_ms.{k}": "number?" for k in ("preprocess_ms", "inference_ms", "postprocess_ms")},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from harness.errors import UsageError, path_problem
 from harness.files import file_identity, file_sha256
 from harness.json_stream import NotAJsonArray
 from harness.results.campaign import PROTOCOL_VERSION, RF100VL_DATASETS, not_rf100vl, protocol_problems
-from harness.results.model import Submission
+from harness.results.model import SEGMENT_TASKS, Submission
 from harness.results.reader import collect_files, detections_file, other_document, read_detections, read_json
 from harness.results.site_rules import (
     RF100VL_PROTOCOL,
@@ -104,6 +105,7 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
                 kind = "an RF100-VL run" if sub.is_rf100vl else "a subset run"
                 out.append(Finding(where, f"unpinned commit on {kind}: {problem}", "commit_guard", "warning"))
     out += rf100vl_findings(doc, sub)
+    out += task_findings(doc, sub)
     out += text_findings(doc)
     samples = (doc.get("timing") or {}).get("batch_samples_ms") if isinstance(doc.get("timing"), dict) else None
     if samples is not None and not (isinstance(samples, list) and all(
@@ -231,11 +233,42 @@ def consistency_findings(sub: Submission) -> list[Finding]:
         if _is_number(stated) and _is_number(coordinate) and stated != coordinate:
             out.append(Finding(path, f"{path} {stated:g} disagrees with config.{path.split('.')[1]} {coordinate:g}",
                                "inconsistent"))
-    m50, m5095 = sub.accuracy.get("mAP_50"), sub.accuracy.get("mAP_50_95")
-    if _finite_number(m50) and _finite_number(m5095) and m50 < m5095 - 1e-6:
-        out.append(Finding("accuracy.mAP_50", f"mAP_50 {m50:g} is below mAP_50_95 {m5095:g}, which averages it "
-                           "with stricter IoU thresholds", "inconsistent"))
+    for prefix in ("", "bbox_"):  # a segmentation row's box figures too
+        m50, m5095 = sub.accuracy.get(f"{prefix}mAP_50"), sub.accuracy.get(f"{prefix}mAP_50_95")
+        if _finite_number(m50) and _finite_number(m5095) and m50 < m5095 - 1e-6:
+            out.append(Finding(f"accuracy.{prefix}mAP_50", f"{prefix}mAP_50 {m50:g} is below {prefix}mAP_50_95 "
+                               f"{m5095:g}, which averages it with stricter IoU thresholds", "inconsistent"))
     return out
+
+
+TASKS = ("detect", "detection", *SEGMENT_TASKS)  # what model.task may say: the site's boards
+
+
+def task_findings(doc: dict, sub: Submission) -> list[Finding]:
+    """model.task decides the site's board (segment or segmentation: the segmentation board, whose mAP is of masks;
+    anything else: detection). A task the site has no board for, or a row whose figures are of masks under another
+    task, would be ranked against box mAP: an error."""
+    model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+    task = model.get("task")
+    if task is not None and task not in TASKS:
+        return [Finding("model.task", f"model.task {str(task)[:40]!r} is not a task the site has a board for (one "
+                        f"of {', '.join(TASKS)})", "task")]
+    if task in SEGMENT_TASKS:
+        if not any(key.startswith("bbox_") for key in sub.accuracy) and "mAP_50_95" in sub.accuracy:
+            return [Finding("accuracy", "a segmentation row without its box figures (bbox_mAP_50_95, ...): the "
+                            "site's segmentation board shows both", "task", "warning")]
+        return []
+    ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    iou_types = ev.get("iouType") if isinstance(ev.get("iouType"), list) else [ev.get("iouType")]
+    evidence = ([f"accuracy.{k}" for k in sub.accuracy if k.startswith("bbox_")][:1]
+                + (["eval.iouType segm"] if "segm" in iou_types else []) + (["config.masks"] if config.get("masks")
+                                                                           else []))
+    if evidence:
+        return [Finding("model.task", f"model.task is {task or 'missing'} but the row's figures are of masks "
+                        f"({', '.join(evidence)}): the site would rank its mask mAP on the detection board; set "
+                        "model.task to segment", "task")]
+    return []
 
 
 def int8_findings(doc: dict, sub: Submission, has_accuracy: bool) -> list[Finding]:
@@ -297,12 +330,24 @@ def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
         if values and _finite_number(stated) and abs(sum(values) / len(values) - stated) > 1e-6:
             out.append(Finding(f"accuracy.{key}", f"accuracy.{key} {stated:.6f} is not the mean of the "
                                f"{len(values)} datasets' {key} ({sum(values) / len(values):.6f})", "rf100vl"))
+    valid = block.get("valid_submission")
+    if valid is not None and not isinstance(valid, bool):
+        out.append(Finding("rf100vl.valid_submission", f"rf100vl.valid_submission must be true or false, got "
+                           f"{type(valid).__name__} {str(valid)[:20]!r}", "rf100vl"))
+    names = [str(d.get("dataset")) for d in datasets if isinstance(d, dict)]
+    if repeated := sorted(name for name, n in Counter(names).items() if n > 1):
+        out.append(Finding("rf100vl.datasets", f"listed more than once: {', '.join(repeated[:3])}"
+                           f"{' ...' if len(repeated) > 3 else ''} (each dataset counts once in the row's mean)",
+                           "rf100vl"))
+    counted = (doc.get("dataset") or {}).get("num_datasets") if isinstance(doc.get("dataset"), dict) else None
+    if _is_number(counted) and counted != len(datasets):
+        out.append(Finding("dataset.num_datasets", f"dataset.num_datasets {counted} disagrees with the "
+                           f"{len(datasets)} datasets listed in rf100vl.datasets", "rf100vl"))
     protocol = block.get("protocol") if isinstance(block.get("protocol"), dict) else {}
     expected = protocol.get("expected_datasets", RF100VL_DATASETS)
     if block.get("valid_submission") is True and len(datasets) != expected:
         out.append(Finding("rf100vl.valid_submission", f"valid_submission is true with {len(datasets)} of "
                            f"{expected} datasets (a partial{len(datasets)} row)", "rf100vl"))
-    names = [str(d.get("dataset")) for d in datasets if isinstance(d, dict)]
     if block.get("valid_submission") is True and (foreign := not_rf100vl(names)) is not None:
         out.append(Finding("rf100vl.valid_submission", f"valid_submission is true but {foreign}", "rf100vl"))
     if protocol.get("version") == PROTOCOL_VERSION:  # the version fixes the protocol: the row must be measured so
