@@ -3,6 +3,7 @@ an overlapped group says what its latencies are, and a group without mAP says wh
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,9 +13,10 @@ from rich.console import Console
 from harness.views.tables import group_table, int8_failing, run_warnings
 
 
-def _record(label, mode="latency", m=0.3034, reference=None, reason=None):
+def _record(label, mode="latency", m=0.3034, reference=None, reason=None, iou_types=("bbox",)):
     stat = SimpleNamespace(mean=10.0, p50=10.0, p95=12.0)
-    accuracy = None if m is None else SimpleNamespace(stats={"mAP_50_95": m}, reference=reference)
+    accuracy = None if m is None else SimpleNamespace(stats={"mAP_50_95": m}, reference=reference,
+                                                      iou_types=list(iou_types))
     return SimpleNamespace(
         cell=SimpleNamespace(label=label, batch_size=1),
         timing=SimpleNamespace(images_per_s=100.0, batch_ms=stat, stages_ms={"forward": stat}, mode=mode, warnings=[]),
@@ -50,6 +52,12 @@ def test_an_int8_verdict_just_below_the_rule_never_reads_as_on_it():
     verdict = GroupExecutor._int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3606}))
     assert verdict["passed"] is False and verdict["kept"] == 0.9898
     assert verdict["failing"].startswith("int8 keeps 98.9% of the fp32 mAP (0.3606 vs 0.3643); below 99 %")
+
+
+def test_a_segmentation_cells_map_is_said_to_be_of_the_masks():
+    assert "mAP: of the masks (--json: bbox_mAP_50_95 for the boxes)" in _caption([_record("b1", iou_types=("segm",
+                                                                                                          "bbox"))])
+    assert "of the masks" not in _caption([_record("b1")])
 
 
 def test_overlapped_latency_and_a_missing_map_are_explained():
@@ -198,6 +206,29 @@ def test_the_run_json_summary_gives_each_cells_measured_figures(tmp_path):
         assert cell["batch_ms"]["count"] == len(t["doc"]["timing"]["batch_samples_ms"])
         assert cell["image_ms_p50"] == pytest.approx(t["image_p50"], abs=2e-4), size
         assert cell["mAP_50_95"] == pytest.approx(t["mAP"], abs=1e-12), size
+        assert cell["scored"] == "boxes" and "bbox_mAP_50_95" not in cell
         stages = t["doc"]["timing"]["stages_ms"]
         assert cell["stages_ms_mean"] == pytest.approx({k: v["mean"] for k, v in stages.items()}, abs=2e-4), size
         assert cell["memory"] == t["doc"]["memory"]
+
+
+def test_the_json_summary_says_what_a_cells_map_scored():
+    """A segmentation cell's mAP_50_95 is of its masks: `--json` says so and gives the boxes' beside it."""
+    from harness.views.tables import summary_json
+
+    stat = SimpleNamespace(mean=10.0, p50=10.0, p95=12.0, to_dict=lambda: {"p50": 10.0})
+    records = []
+    for label, iou_types, stats in (("seg b1", ["segm", "bbox"], {"mAP_50_95": 0.25, "bbox_mAP_50_95": 0.31}),
+                                    ("det b1", ["bbox"], {"mAP_50_95": 0.3})):
+        records.append(SimpleNamespace(
+            cell=SimpleNamespace(label=label), runtime={}, invariance=None, memory={}, energy={}, layers=None,
+            profiler=None, server=None,
+            timing=SimpleNamespace(mode="latency", images_per_s=100.0, batch_ms=stat, image_ms=stat,
+                                   stages_ms={}, warnings=[]),
+            accuracy=SimpleNamespace(stats=stats, iou_types=iou_types, map_interval=None, reference=None)))
+    status = SimpleNamespace(submission=None, to_dict=lambda: {})
+    outcome = SimpleNamespace(records=records, state=SimpleNamespace(
+        run_id="r", cells={"seg b1": status, "det b1": status}, counts=lambda: {}))
+    seg, det = summary_json(Path("r"), outcome)["cells"]
+    assert (seg["scored"], seg["mAP_50_95"], seg["bbox_mAP_50_95"]) == ("masks", 0.25, 0.31)
+    assert (det["scored"], det["mAP_50_95"]) == ("boxes", 0.3) and "bbox_mAP_50_95" not in det

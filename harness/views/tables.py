@@ -118,6 +118,8 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
     if any(r.timing.mode == "overlapped" for r in mine):
         table.caption = ("overlapped: p50/p95 ms per batch from its start to its result, queueing included; img/s "
                          "over the stream; split %: each stage's share of the batch time (stages overlap)")
+    if any(r.accuracy is not None and "segm" in r.accuracy.iou_types for r in mine):
+        table.caption += "; mAP: of the masks (--json: bbox_mAP_50_95 for the boxes)"
     if any(row.get("mAP", "").endswith("!") for row in rows):
         table.caption += "; mAP!: int8 keeps < 99 % of fp32's mAP (failing)"
     if mine and all(r.accuracy is None for r in mine):
@@ -260,6 +262,10 @@ def summary_json(run_dir: Path, outcome) -> dict:
                 "image_ms_p50": round(t.image_ms.p50, 4),
                 "stages_ms_mean": {k: round(v.mean, 4) for k, v in t.stages_ms.items()},
                 "mAP_50_95": r.accuracy.stats["mAP_50_95"] if r.accuracy else None,
+                # what mAP_50_95 scores: a segmentation cell's is of masks, its boxes' beside it
+                "scored": ("masks" if "segm" in r.accuracy.iou_types else "boxes") if r.accuracy else None,
+                **({"bbox_mAP_50_95": r.accuracy.stats.get("bbox_mAP_50_95")}
+                   if r.accuracy and "segm" in r.accuracy.iou_types else {}),
                 **({"map_ci": r.accuracy.map_interval} if r.accuracy and r.accuracy.map_interval else {}),
                 "batch_invariance": r.invariance.to_dict() if r.invariance else None,
                 "warnings": t.warnings,
