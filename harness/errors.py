@@ -37,6 +37,16 @@ def brief(value: object) -> str:
     return _BRIEF.repr(value)
 
 
+def json_problem(exc: ValueError | RecursionError) -> str:
+    """Why a text is not JSON, whole and in one line: json's message with where it stopped (line, column), which a
+    message cut at a length would lose; other decoding errors as exception_line gives them."""
+    import json
+
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    return exception_line(exc, 100)
+
+
 def path_problem(flag: str, given: object, problem: str) -> str:
     """`FLAG GIVEN: PROBLEM (ABSOLUTE)`: a path named as the user typed it, then the absolute path it stands
     for from this working directory (left out when the same), so a relative path is never a guess. An empty

@@ -186,6 +186,10 @@ def test_invalid_json_annotations(tmp_path):
     path.write_bytes(b'{"images": [')
     with pytest.raises(UsageError, match="is not valid JSON"):
         load_instances(path)
+    # where it stops, whole however far into the file (a message cut at a length said "column 38200 (char 381)")
+    path.write_bytes(b'{"images": [' + b'{"id": 1}, ' * 4000 + b'{"id": ')
+    with pytest.raises(UsageError, match=r"is not valid JSON \(Expecting value at line 1 column 44020\);"):
+        load_instances(path)
 
 
 @requires_coco

@@ -24,7 +24,7 @@ from harness.data.classes import ClassMap, match_classes
 from harness.data.images import check_image_files, check_image_sizes
 from harness.data.variants import VAL2017_NUM_IMAGES, DatasetVariant, mini500_ids
 from harness.data.yolo import YoloSplit, dataset_yaml, locate_split, read_split
-from harness.errors import UsageError, path_problem
+from harness.errors import UsageError, json_problem, path_problem
 from harness.files import file_sha256
 
 ENV_COCO_DIR = "VA_BENCH_COCO"
@@ -181,7 +181,7 @@ def load_instances(path: Path, name: str | None = None, how_to_fix: str = HOW_TO
     try:
         data = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise problem(f"is not valid JSON ({str(exc)[:80]})") from exc
+        raise problem(f"is not valid JSON ({json_problem(exc)})") from exc
     except OSError as exc:
         raise problem(f"cannot be read ({exc.strerror})", "check its permissions") from exc
     except RecursionError as exc:

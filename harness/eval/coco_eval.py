@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
+from harness.errors import json_problem
 from harness.eval.bootstrap import COCO_IOUS, ImageBootstrap
 from harness.eval.confusion import ConfusionMatrix, confusion_matrix
 from harness.eval.precision_recall import IOU, MatchCollector, OperatingPoint, operating_point, pr_curves
@@ -392,7 +393,7 @@ def read_results(path: Path, masks: bool = False) -> ResultColumns:
     except NotAJsonArray as exc:
         raise ValueError(f"{path} is not a COCO results array") from exc
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+        raise ValueError(f"{path} is not valid JSON ({json_problem(exc)})") from exc
     return ResultColumns(np.frombuffer(ids, dtype=np.int64), np.frombuffer(cats, dtype=np.int64),
                          np.frombuffer(boxes, dtype=np.float64).reshape(-1, 4),
                          np.frombuffer(scores, dtype=np.float64), rles if masks else None)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from harness.errors import json_problem
 from harness.json_stream import NotAJsonArray, iter_json_array, read_json_text
 
 
@@ -119,7 +120,7 @@ def load_coco_detections(path: Path) -> DetectionSet:
     except OSError as exc:
         raise DetectionFileError(f"cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
-        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+        raise DetectionFileError(f"{path} is not valid JSON ({json_problem(exc)})") from exc
     decoder = json.JSONDecoder(parse_constant=_reject_constant)
     columns = _Columns()
     try:
@@ -130,9 +131,9 @@ def load_coco_detections(path: Path) -> DetectionSet:
     except NotAJsonArray:  # whatever it is, said as the whole-document reading says it
         return parse_coco_detections(_whole(text, path, decoder))
     except ValueError as exc:
-        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+        raise DetectionFileError(f"{path} is not valid JSON ({json_problem(exc)})") from exc
     except RecursionError as exc:
-        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+        raise DetectionFileError(f"{path} is not valid JSON ({json_problem(exc)})") from exc
     return columns.finish()
 
 
@@ -141,7 +142,7 @@ def _whole(text: str, path: Path, decoder: json.JSONDecoder):
     try:
         return decoder.decode(text)
     except (ValueError, RecursionError) as exc:
-        raise DetectionFileError(f"{path} is not valid JSON ({str(exc)[:100]})") from exc
+        raise DetectionFileError(f"{path} is not valid JSON ({json_problem(exc)})") from exc
 
 
 @dataclass(frozen=True)
