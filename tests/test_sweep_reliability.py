@@ -1,5 +1,6 @@
 """Sweeps that survive: per-cell isolation, OOM, SIGKILL + --resume, SIGINT, refusals, locks, torch-free records."""
 
+import copy
 import csv
 import errno
 import json
@@ -734,3 +735,28 @@ def test_max_timed_batches_scores_every_image_and_says_what_was_not_timed(tmp_pa
     assert "--max-timed-batches 4: 12 batches were scored but not timed" in capped_doc["timing"]["warnings"]
     assert cycled_doc["timing"]["timed_batches"] == 12
     assert not [w for w in cycled_doc["timing"]["warnings"] if "not timed" in w], cycled_doc["timing"]["warnings"]
+
+
+@requires_coco
+def test_a_resume_of_a_run_json_that_lost_its_cells_is_refused_and_deletes_nothing(tmp_path):
+    """A run.json without its cells (or without one finished cell) resumed as if those cells were pending: their
+    finished submissions were deleted as a dead process's and the cells run again."""
+    out = tmp_path / "o"
+    env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
+    args = ["--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out)]
+    assert va_bench("run", *args, "--run-id", "r", env=env).returncode == 0
+    run_json = out / "r" / "run.json"
+    whole = json.loads(run_json.read_text())
+    before = snapshot(out / "r")
+    for damage, says in ((lambda d: d.pop("cells"), "has no list of cells"),
+                         (lambda d: d["cells"].pop(1), "does not record 1 submission(s) in submissions/ as finished")):
+        doc = copy.deepcopy(whole)
+        damage(doc)
+        run_json.write_text(json.dumps(doc))
+        refused = va_bench("run", "--resume", "r", "--output-dir", str(out), env=env)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+        assert len([line for line in refused.stderr.splitlines() if "error" in line]) == 1
+        assert snapshot(out / "r") == before
+    run_json.write_text(json.dumps(whole))  # restored: nothing left to do, nothing touched
+    assert va_bench("run", "--resume", "r", "--output-dir", str(out), env=env).returncode == 0
+    assert snapshot(out / "r") == before

@@ -16,7 +16,7 @@ from harness.errors import UsageError, path_problem
 from harness.files import DiskFullError, atomic_write_csv, atomic_write_json, is_disk_full
 from harness.locks import lock_file
 from harness.records import CELL_STATES, Cell, CellStatus
-from harness.results.reader import ENERGY_FILE, RUN_FILE, read_run_json, submission_files
+from harness.results.reader import ENERGY_FILE, RUN_FILE, SUBMISSIONS_DIR, read_run_json, submission_files
 from harness.storage import storage_fix
 
 LOCK_FILE = ".lock"
@@ -128,7 +128,10 @@ class RunState:
         """An existing run folder for --resume: statuses as recorded; a cell that was `running` when the
         process died is `interrupted`."""
         doc = read_run_json(run_dir, run_id)
-        recorded = {c.get("cell"): c for c in doc.get("cells", []) if isinstance(c, dict)}
+        if not isinstance(doc.get("cells"), list) or not all(isinstance(c, dict) for c in doc["cells"]):
+            raise UsageError(f"{run_dir / RUN_FILE} has no list of cells: it was edited or damaged, and what its "
+                             "cells did is not known; the run cannot be resumed: start a new one")
+        recorded = {c.get("cell"): c for c in doc["cells"]}
         unknown = [(label, c.get("status")) for label, c in recorded.items() if c.get("status", "pending")
                    not in CELL_STATES]
         if unknown:  # a hand-edited or foreign run.json: what became of those cells is not known
@@ -156,9 +159,16 @@ class RunState:
                       for label, c in recorded.items() if label not in planned]
             owned = {s.submission for s in statuses.values() if s.state == "ok"}
             owned |= {c.get("submission") for c in others if c.get("status") == "ok"}
-            for path in submission_files(run_dir):  # written by a process killed before "ok"
-                if path.relative_to(run_dir).as_posix() not in owned:
-                    path.unlink()
+            unowned = [p for p in submission_files(run_dir) if p.relative_to(run_dir).as_posix() not in owned]
+            # a process killed before "ok" leaves at most its running cell's: more is a run.json that lost cells
+            # (edited or damaged), whose finished submissions must not be taken for a dead process's
+            died = sum(c.get("status") in ("running", "interrupted") for c in recorded.values())
+            if len(unowned) > died:
+                raise UsageError(f"{run_dir / RUN_FILE} does not record {len(unowned)} submission(s) in "
+                                 f"{SUBMISSIONS_DIR}/ as finished (first: {unowned[0].name}): it was edited or "
+                                 "damaged; restore it, or move the run folder away and start a new run")
+            for path in unowned:  # written by a process killed before "ok"
+                path.unlink()
             remove_unowned_traces(run_dir, [run_dir / s for s in owned if s])
             drop_energy_rows(run_dir, keep={label for label, s in statuses.items() if s.state == "ok"}
                              | {c.get("cell") for c in others if c.get("status") == "ok"})
