@@ -308,6 +308,27 @@ def test_accuracy_table_says_what_each_cell_scored(run_a, tmp_path):
     assert masks[col["bbox_mAP_50_95"]] == "0.5000"
 
 
+def test_a_failing_int8_row_is_marked_in_the_report_as_in_the_runs_summary(run_a, tmp_path):
+    """An int8 row keeping < 99 % of its fp32 mAP was marked by the run's summary (and made it exit 1), but the
+    report showed its mAP plainly and said nothing."""
+    from harness.report.sections import accuracy_table, notes
+
+    run = _copy(run_a, tmp_path)
+    path = sorted((run / "submissions").glob("*.json"))[0]
+    doc = json.loads(path.read_text())
+    why = "int8 keeps 36.7% of the fp32 mAP (0.1192 vs 0.3245); below 99 %: this row is marked failing"
+    doc["eval"]["int8_vs_fp32"] = {"passed": False, "kept": 0.367, "failing": why}
+    path.write_text(json.dumps(doc))
+    folder = load_run(run)
+    table = accuracy_table(folder)
+    shown = sorted(row[table.header.index("mAP_50_95")] for row in table.rows)
+    assert [m.endswith("!") for m in shown].count(True) == 1 and f"{doc['accuracy']['mAP_50_95']:.4f}!" in shown
+    assert len([n for n in notes(folder) if why in n]) == 1
+    done = va_bench("report", str(run))
+    assert done.returncode == 0, done.stderr
+    assert why in (run / "report.html").read_text()
+
+
 def test_per_category_ap_is_in_the_report_as_the_run_wrote_it(run_a, tmp_path):
     from harness.report.sections import per_class_table
 

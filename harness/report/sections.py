@@ -235,7 +235,8 @@ def accuracy_table(run: RunFolder) -> Table | None:
                fmt(c.get("dataset.num_images") or c.get("eval.numImages"), 0)]
         if segment:
             row.append("masks" if c.get("model.task") == "segment" else "boxes")
-        rows.append(row + [fmt(acc.get(m), 4) for m in COCO_METRICS]
+        failing = _int8_failing(c) is not None  # marked as the run's summary marks it
+        rows.append(row + [fmt(acc.get(m), 4) + ("!" if failing and m == "mAP_50_95" else "") for m in COCO_METRICS]
                     + ([fmt(acc.get("bbox_mAP_50_95"), 4)] if segment else [])
                     + ([_interval(c.get("eval.map_ci"))] if intervals else []))
     header = ["model", "backend", "precision", "size", "batch", "images", *(["scored"] if segment else []),
@@ -244,6 +245,14 @@ def accuracy_table(run: RunFolder) -> Table | None:
     numeric = [False, False, False, True, True, True, *([False] if segment else []), *[True] * len(COCO_METRICS),
                *([True] if segment else []), *([False] if intervals else [])]
     return Table(header, rows, numeric)
+
+
+def _int8_failing(cell) -> str | None:
+    """Why an int8 cell's row fails (it keeps < 99 % of the same model's fp32 mAP: eval.int8_vs_fp32), or None."""
+    verdict = cell.get("eval.int8_vs_fp32")
+    if not isinstance(verdict, dict) or verdict.get("passed") is not False:
+        return None
+    return str(verdict.get("failing") or f"int8 keeps {verdict.get('kept')} of the fp32 mAP: below 99 %")
 
 
 def operating_point_table(run: RunFolder) -> Table | None:
@@ -317,6 +326,8 @@ def notes(run: RunFolder) -> list[str]:
             why = c.get("reason") or c.get("error")
             out.append(f"cell {c.get('cell')}: {c.get('status')}" + (f" ({why})" if why else ""))
     for c in run.cells:
+        if (failing := _int8_failing(c)) is not None:
+            out.append(f"{c.key.label}: {failing} (mAP_50_95!)")
         for w in c.get("timing.warnings") or []:
             out.append(f"{c.key.label}: {w}")
         rate = number(c.get("batch_invariance.match_rate"))
