@@ -196,8 +196,10 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
     datasets, or with two names that make one folder, is refused in one line."""
     fake_rf100vl(tmp_path / "rf", tmp_path / "w")
     # a split no dataset has: nothing is scored, and the corrected command is not refused as another campaign
+    # (each dataset refused before it ran: bad input, exit 2, and no campaign folder holding only its recipe)
     nothing = _campaign(tmp_path, "--split", "valid")
-    assert nothing.returncode == 1 and "could be scored" in nothing.stderr, nothing.stderr
+    assert nothing.returncode == 2 and "could be scored" in nothing.stderr, nothing.stderr
+    assert "none ran: fix the datasets named above" in nothing.stderr and not (tmp_path / "out").exists()
     first = _campaign(tmp_path)
     assert first.returncode == 1, first.stderr
     other = _campaign(tmp_path, "--backend", "onnxruntime")

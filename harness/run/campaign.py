@@ -9,6 +9,7 @@ campaign id again keeps every finished dataset and runs the rest; an unfinished 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -351,12 +352,20 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                              f"{'; '.join(recipe_changes(before or {}, recipe))}; its finished datasets would mix "
                              "with these: use another --campaign-id")
     datasets_dir = folder / "datasets"
+    created = [p for p in (folder, output_dir) if not p.exists()]  # what this call makes, innermost first
     datasets_dir.mkdir(parents=True, exist_ok=True)
     # one process per campaign folder: a second would replace the dataset run the first is writing
     lock = lock_folder(folder, f"campaign {campaign_id} in {output_dir} is being run by another va-bench process; "
                                "wait for it to finish or pick another --campaign-id")
     try:
         return _run_locked(campaign, folder, campaign_id, recipe, argv, progress, runner)
+    except UsageError:  # refused before any dataset ran: a folder made now would hold only the recipe
+        if folder in created and not any(datasets_dir.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # --output-dir too, when made now and still empty
+                if output_dir in created:
+                    output_dir.rmdir()
+        raise
     finally:
         os.close(lock)
 
@@ -379,8 +388,11 @@ def _run_locked(campaign: Campaign, folder: Path, campaign_id: str, recipe: dict
         _log_result(progress, result)
     results = [by_name[e.name] for e in campaign.entries]
     if not any(r.submission for r in results):
-        raise VaBenchError(f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason}); "
-                           f"each dataset's run is in {datasets_dir}")
+        ran = any(d.is_dir() for d in datasets_dir.iterdir())
+        # none ran (each refused: its data, its weights): bad input; else the runs say what failed
+        raise (VaBenchError if ran else UsageError)(
+            f"no dataset of campaign {campaign_id} could be scored (first reason: {results[0].reason}); "
+            + (f"each dataset's run is in {datasets_dir}" if ran else "none ran: fix the datasets named above"))
     doc = campaign_submission(results, campaign.expected, campaign.recipe())
     runtime, hardware = doc["runtime"], doc["hardware"]
     path = folder / "submissions" / f"{campaign.model}__rf100vl__{runtime['format']}__{runtime['provider']}__" \
