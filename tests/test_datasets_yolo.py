@@ -203,6 +203,23 @@ def test_labels_nowhere_are_refused_and_an_image_without_labels_is_background(tm
 
 
 @requires_coco
+def test_a_label_file_whose_image_is_gone_is_refused_not_dropped(tmp_path):
+    """Labels are read through the images (Ultralytics' way): a label file whose image was deleted was never read,
+    and its objects silently left out of the ground truth."""
+    yaml_path = yolo_dataset(tmp_path / "d", images=4)
+    images = sorted((tmp_path / "d" / "images" / "val").iterdir())
+    labelled = next(p for p in images if label_path(p).is_file())
+    (tmp_path / "d" / "labels" / "val" / "classes.txt").write_text("person\n")  # LabelImg's, not a label file
+    assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 4
+    labelled.unlink()
+    with pytest.raises(UsageError, match=rf"label file .*/labels/val/{labelled.stem}\.txt has no image in "
+                                         r".*/images/val; put its image back, or remove the label file"):
+        CocoDataset.from_path(str(yaml_path))
+    done = run_in_process("data", "check", "--dataset", str(yaml_path))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@requires_coco
 def test_a_box_only_dataset_is_refused_for_masks_by_its_first_box_row(tmp_path):
     yaml_path = one_image(tmp_path, "1 0.1 0.1 0.5 0.1 0.5 0.5\n0 0.5 0.5 0.2 0.2\n")
     dataset = CocoDataset.from_path(str(yaml_path))

@@ -237,7 +237,9 @@ def _split_images(value, root: Path, key: str, named: str) -> list[Path]:
                 path = root / entry[3:]
         if path.is_dir():  # as Ultralytics lists it: through symlinked folders, without hidden files and folders
             found = glob.glob(os.path.join(glob.escape(str(path)), "**", "*.*"), recursive=True)
-            images += [p for p in map(Path, found) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+            in_folder = [p for p in map(Path, found) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+            _check_no_orphan_labels(path, in_folder, named)
+            images += in_folder
         elif path.is_file() and path.suffix.lower() == ".txt":
             images += _listed_images(path, named)
         elif path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
@@ -258,6 +260,22 @@ def _split_images(value, root: Path, key: str, named: str) -> list[Path]:
                              + "; list each image once (its labels would count twice)")
         seen[real] = image
     return sorted(images, key=str)
+
+
+def _check_no_orphan_labels(folder: Path, images: list[Path], named: str) -> None:
+    """A label file in the folder's labels/ twin that no image of the folder has: its image is gone, and its objects
+    would silently not be scored (Ultralytics reads labels through images and never sees it). A UsageError naming
+    it; a folder without an images/ twin (labels beside the images) is not checked."""
+    labels = label_path(folder / "x.jpg").parent
+    if labels == folder or not labels.is_dir():
+        return
+    expected = {label_path(p) for p in images}
+    orphans = sorted(p for p in labels.rglob("*.txt") if p not in expected and p.name != "classes.txt"
+                     and not p.name.startswith("."))
+    if orphans:
+        more = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
+        raise UsageError(path_problem("--dataset", named, f"label file {orphans[0]}{more} has no image in {folder}")
+                         + "; put its image back, or remove the label file (its objects would not be scored)")
 
 
 def _listed_images(listing: Path, named: str) -> list[Path]:
