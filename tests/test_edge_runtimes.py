@@ -651,9 +651,14 @@ def test_calibration_images_are_never_evaluated_ones(tmp_path):
     (folder / "renamed.jpg").unlink()
     given = calibration_set(dataset, evaluated, str(folder), 300)
     assert len(given.records) == 1 and given.describe()["calibration_source"].startswith("--calibration")
-    assert f"there are no more image files in {folder}" in given.shortfall
+    assert f"there are no more image files in {folder}; put more images in {folder}" in given.shortfall
     with pytest.raises(UsageError, match="--calibration .* not a folder"):
         calibration_set(dataset, evaluated, str(tmp_path / "absent"), 300)
+    # a broken file is refused when the run is planned (it failed the first int8 cell, inside a run folder)
+    (folder / "broken.jpg").write_bytes(b"garbage\n")
+    with pytest.raises(UsageError, match=r"--calibration .*: broken.jpg is not a .* image \(starts with .*; replace "
+                                         r"or remove the broken files"):
+        calibration_set(dataset, evaluated, str(folder), 300)
 
 
 @requires_coco

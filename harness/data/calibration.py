@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.data.coco import CocoDataset, ImageRecord
+from harness.data.images import image_file_problem
 from harness.data.variants import image_id_sha256
 from harness.errors import UsageError, path_problem
 from harness.files import file_sha256
@@ -38,9 +39,10 @@ class CalibrationSet:
             return None
         where = ("images of the dataset that the run does not evaluate" if self.source == "dataset"
                  else f"image files in {self.source}")
+        fix = ("evaluate fewer (--limit N) or give --calibration DIR with more" if self.source == "dataset"
+               else f"put more images in {self.source}")
         return (f"int8 calibrated on {len(self.records)} images, not the {self.requested} asked for "
-                f"(--calibration-images): there are no more {where}; evaluate fewer (--limit N) or give "
-                "--calibration DIR with more")
+                f"(--calibration-images): there are no more {where}; {fix}")
 
     def describe(self) -> dict[str, Any]:
         how = ("the dataset's images the run does not evaluate (first by sorted id)" if self.source == "dataset"
@@ -77,6 +79,11 @@ def calibration_set(dataset: CocoDataset, evaluated: list[ImageRecord], folder: 
     if not files:
         raise UsageError(path_problem("--calibration", folder, "has no image files") +
                          f" ({', '.join(IMAGE_SUFFIXES)}); put calibration images in it")
+    broken = [(p, why) for p in files if (why := image_file_problem(p)) is not None]
+    if broken:  # found now, not when the first int8 core is built inside the run
+        (first, why), more = broken[0], f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise UsageError(path_problem("--calibration", folder, f"{first.name} {why}{more}")
+                         + "; replace or remove the broken files")
     evaluated_sha = {file_sha256(Path(r.path)): r for r in evaluated}
     digests = [file_sha256(p) for p in files]
     overlap = [(p, evaluated_sha[d]) for p, d in zip(files, digests, strict=True) if d in evaluated_sha]
