@@ -728,6 +728,19 @@ def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(mon
         assert "OMP_WAIT_POLICY=PASSIVE" in text
 
 
+def test_a_busy_machine_names_a_runtimes_own_spinning_openmp_threads():
+    """ncnn's OpenMP threads spin openmp_blocktime (20 ms by default) after each parallel region: the busy machine's
+    warning said nothing of it, though a loaded 2-core box ran its 2-thread forward 3-5x slower than 1 thread's."""
+    import ncnn
+
+    blocktime = ncnn.Option().openmp_blocktime
+    text = hygiene.spinning_openmp(False, False, 2, blocktime)
+    assert blocktime > 0 and f"spin {blocktime} ms after each parallel region (its openmp_blocktime)" in text
+    assert "--threads 1" in text
+    assert hygiene.spinning_openmp(False, False, 1, blocktime) is None  # one thread: none waits for another
+    assert hygiene.spinning_openmp(False, False, 2, 0) is None
+
+
 @requires_coco
 def test_a_pytorch_cell_on_a_busy_cpu_warns_of_spinning_openmp_threads(tmp_path_factory, monkeypatch):
     from conftest import run_benchmark

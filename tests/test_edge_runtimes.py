@@ -148,11 +148,14 @@ def test_openvino_and_litert_fp16_keep_accuracy_and_say_what_they_compute(first_
 def test_ncnn_fp16_stores_fp16_weights_and_reports_its_accuracy(first_106):
     """ncnn fp16 stores fp16 weights (rounded to nearest, subnormals kept) and keeps fp32's mAP within 0.005;
     never silently fp32."""
+    import ncnn
+
     _, fp32 = first_106[("ncnn", "fp32", 1)]
     _, fp16 = first_106[("ncnn", "fp16", 1)]
     assert fp16.runtime["conversion"]["weights"] == "fp16" and fp16.runtime["options"]["use_bf16_storage"] is False
     assert fp32.runtime["options"]["use_fp16_storage"] is False and fp32.runtime["options"]["use_fp16_arithmetic"] \
         is False
+    assert fp32.runtime["options"]["openmp_blocktime"] == ncnn.Option().openmp_blocktime  # ncnn's own default
     assert fp16.runtime["conversion"]["fp16_writer"] == "va-bench: round to nearest, subnormals kept"
     assert abs(fp16.accuracy.stats["mAP_50_95"] - fp32.accuracy.stats["mAP_50_95"]) <= 0.005
 

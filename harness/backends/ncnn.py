@@ -421,7 +421,10 @@ class NcnnCore:
         self.options = {"use_fp16_storage": bool(opt.use_fp16_storage), "use_fp16_packed": bool(opt.use_fp16_packed),
                         "use_fp16_arithmetic": bool(opt.use_fp16_arithmetic),
                         "use_bf16_storage": bool(opt.use_bf16_storage), "num_threads": int(opt.num_threads),
-                        "use_vulkan_compute": bool(opt.use_vulkan_compute)}
+                        "use_vulkan_compute": bool(opt.use_vulkan_compute),
+                        # ms its OpenMP threads spin after each parallel region: its default, recorded (a busy
+                        # machine's warning names it)
+                        "openmp_blocktime": int(opt.openmp_blocktime)}
         loaded = (self.net.load_param(str(folder / "model.ncnn.param")) == 0
                   and self.net.load_model(str(folder / "model.ncnn.bin")) == 0)
         if not loaded and required:

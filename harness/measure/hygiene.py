@@ -775,13 +775,20 @@ def summarize_window(window: _Window, gpu, static: dict, busiest: list[dict], lo
     return out
 
 
-def spinning_openmp(torch_threads: bool, on_gpu: bool, threads: int) -> str | None:
+def spinning_openmp(torch_threads: bool, on_gpu: bool, threads: int, blocktime_ms: int | None = None) -> str | None:
     """What to say of a busy machine's timing of a CPU forward on torch's OpenMP threads (`torch_threads`: the
     backend's runs there) on `threads` threads when they spin while they wait (OMP_WAIT_POLICY not PASSIVE, and
-    neither GOMP_SPINCOUNT nor KMP_BLOCKTIME 0): spinning threads lose most to other busy processes. None where
-    nothing spins (another runtime's threads, a GPU run, one thread, a setting that stops the spinning). The
+    neither GOMP_SPINCOUNT nor KMP_BLOCKTIME 0), or on a runtime's own OpenMP threads that spin `blocktime_ms`
+    after each parallel region (ncnn's openmp_blocktime): spinning threads lose most to other busy processes. None
+    where nothing spins (another runtime's threads, a GPU run, one thread, a setting that stops the spinning). The
     settings as this process was started with them: OpenMP reads them once."""
-    if not torch_threads or on_gpu or threads <= 1:
+    if on_gpu or threads <= 1:
+        return None
+    if blocktime_ms:
+        return (f"the runtime's OpenMP threads spin {blocktime_ms} ms after each parallel region (its "
+                "openmp_blocktime), which other busy processes slow most: rerun on a quiet machine, or with "
+                "--threads 1")
+    if not torch_threads:
         return None
     if (os.environ.get("OMP_WAIT_POLICY") or "").strip().upper() == "PASSIVE":
         return None

@@ -391,7 +391,9 @@ class GroupExecutor:
         else:
             busy = machine_busy(max(load_start[0], load_end[0]), None, os.cpu_count() or 1)
         if busy:
-            spinning = spinning_openmp(on_torch_threads(cell.load.backend), ctx.device.is_cuda, ctx.threads)
+            options = self.core.info().get("options")
+            spinning = spinning_openmp(on_torch_threads(cell.load.backend), ctx.device.is_cuda, ctx.threads,
+                                       options.get("openmp_blocktime") if isinstance(options, dict) else None)
             timing.warnings.append(f"{busy} during this cell; timings are suspect"
                                    + (f"; {spinning}" if spinning else ""))
         if ctx.energy_probe is not None:
