@@ -972,3 +972,27 @@ def test_report_gate_names_are_the_same_figures_in_compare(ort_run):
         assert getattr(cell, PERF_GATES[metric][0]) == value, name
     with pytest.raises(UsageError, match="image_p50_ms"):
         parse_gate("fps:-5%")
+
+
+def test_a_run_compared_with_itself_says_a_gate_cannot_fail(tmp_path):
+    a = write_submission(tmp_path / "a", lognormal(1, 50))
+    same = compare_paths(a, [a])[0]
+    assert any("A and B are the same submission files" in n for n in same.notes)
+    other = compare_paths(a, [write_submission(tmp_path / "b", lognormal(2, 50))])[0]
+    assert not any("same submission files" in n for n in other.notes)
+
+
+def test_a_gate_with_no_paired_cell_says_so(tmp_path):
+    """Cells that do not pair (another batch size) left the gate saying no mAP was measured on both sides, though
+    both had one."""
+    from harness.results.compare import check_gate
+
+    accuracy = dict.fromkeys(STAT_NAMES, 0.3)
+    for backend in ("onnx", "pytorch"):  # two runtimes in A, two others in B: no cell has a counterpart
+        write_submission(tmp_path / "a", lognormal(1, 50), backend=backend, accuracy=accuracy)
+    for backend in ("openvino", "tflite"):
+        write_submission(tmp_path / "b", lognormal(2, 50), backend=backend, accuracy=accuracy)
+    c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
+    result = check_gate(parse_gate("map:-0.01"), c)
+    assert result.status == "unchecked" and result.detail == "no cell of A pairs with one of B (see only in A / only " \
+                                                             "in B)", (result, c.only_a, c.only_b, c.cells)

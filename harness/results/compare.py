@@ -836,6 +836,10 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
             out.notes.append("--map-ci needs run folders or submission files (their images and mAP): no interval "
                              "for bare detections files")
         return out
+    same_files = {e.path.resolve() for e in a.entries} == {e.path.resolve() for e in b.entries}
+    if a.entries and same_files:  # a gate pointed at one run twice passes whatever the run measured
+        out.notes.append("A and B are the same submission files: every delta is 0 by construction, and a gate "
+                         "cannot fail; give the run to compare against as A")
     for side in (a, b):
         if side.superseded:
             out.notes.append(f"{side.label}: {side.superseded} older submission(s) of a repeated cell ignored "
@@ -954,6 +958,8 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
             elif gate.crossed(delta):
                 crossings.append(f"{acc.label} {_fmt_delta(delta, gate.relative)}"
                                  + (f" ({interval})" if bounds else ""))
+    if not comparison.cells and not comparison.accuracy and not comparison.detections:
+        return DeltaGateResult(gate, "unchecked", "no cell of A pairs with one of B (see only in A / only in B)")
     if not checked:
         why = next((acc.unavailable for acc in comparison.accuracy if acc.unavailable), None)
         return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides"
