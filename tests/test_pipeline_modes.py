@@ -389,6 +389,7 @@ def test_a_stream_that_waits_for_host_work_is_flagged():
     finishing = ForwardThreadTime(batches=10, forward_ns=600_000_000, waiting_for_preparation_ns=100_000_000,
                                   waiting_for_finishing_ns=300_000_000, wall_ns=1_000_000_000)
     assert "--nms-on" in finishing.host_bound_warning()  # the advice follows the longer wait
+    assert "--nms-on" not in finishing.host_bound_warning(on_gpu=False)  # and the device: one place on a CPU
     hidden = ForwardThreadTime(batches=10, forward_ns=950_000_000, waiting_for_preparation_ns=50_000_000,
                                waiting_for_finishing_ns=49_000_000, wall_ns=1_000_000_000)
     assert hidden.host_bound_warning() is None and ForwardThreadTime().host_bound_warning() is None

@@ -163,10 +163,10 @@ class ForwardThreadTime:
         return {"batches": self.batches, "ms_per_batch": per_batch,
                 "wall_ms_per_batch": round(self.wall_ns / 1e6 / self.batches, 3)}
 
-    def host_bound_warning(self, share: float = HOST_BOUND_SHARE) -> str | None:
+    def host_bound_warning(self, share: float = HOST_BOUND_SHARE, on_gpu: bool = True) -> str | None:
         """A warning when, between filling and draining, the forward's thread spent at least `share` of the stream
         waiting for the host stages: the throughput is then the harness's host work's, not the model's; None
-        otherwise. The advice follows the larger wait."""
+        otherwise. The advice follows the larger wait (and the device: on a CPU the selection has one place)."""
         waited = self.waiting_for_preparation_ns + self.waiting_for_finishing_ns
         steady = self.wall_ns - self.filling_ns - self.draining_ns
         if not self.batches or steady <= 0 or waited < share * steady:
@@ -175,7 +175,8 @@ class ForwardThreadTime:
         waited_ms = ms["waiting_for_preparation"] + ms["waiting_for_finishing"]
         advice = ("more --workers or another --preprocess may raise it"
                   if self.waiting_for_preparation_ns >= self.waiting_for_finishing_ns
-                  else "its post-processing is the longer wait (--nms-on moves the selection)")
+                  else "its post-processing is the longer wait (--nms-on moves the selection)" if on_gpu
+                  else "its post-processing is the longer wait (on a CPU the selection has no other place)")
         return (f"overlapped: the forward waited {waited_ms:.1f} ms per batch ({100 * waited / steady:.0f} % of the "
                 f"stream) for host work (preparation {ms['waiting_for_preparation']:.1f}, finishing "
                 f"{ms['waiting_for_finishing']:.1f}): the harness's host stages, not the model, bound this "

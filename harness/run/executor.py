@@ -604,7 +604,8 @@ class GroupExecutor:
         if untimed > 0:  # fewer timed than the variant's batches (a pass cycles them when it times more)
             record.warnings.append(f"--max-timed-batches {config.max_timed_batches}: {untimed} batches were scored but "
                                    "not timed")
-        host_bound = pipeline.forward_thread.host_bound_warning() if config.overlap else None
+        host_bound = pipeline.forward_thread.host_bound_warning(on_gpu=self.ctx.device.is_cuda) if config.overlap \
+            else None
         if host_bound is not None:
             record.warnings.append(host_bound)
         return record
