@@ -1013,11 +1013,15 @@ def parity_preprocess(
     _check_output("--json-out", json_out)
     if any("," in n for n in impls):
         err_console.print("[yellow]deprecated[/]: --impls a,b is now --impls a b", highlight=False)
-    names = tuple(dict.fromkeys(n.strip() for item in impls for n in item.split(",") if n.strip()))
+    given = [n.strip() for item in impls for n in item.split(",") if n.strip()]
+    names = tuple(dict.fromkeys(given))
     unknown = [n for n in names if n not in IMPLEMENTATIONS]
     if unknown or len(names) < 2:  # one implementation alone compares nothing, and would pass every gate
-        raise UsageError(f"--impls {' '.join(impls)}: give the reference and at least one other implementation from "
-                         f"{', '.join(IMPLEMENTATIONS)}, the reference first (e.g. --impls cv2 torch pil)")
+        why = (f"{unknown[0]!r} is not an implementation" if unknown
+               else f"{next(n for n in given if given.count(n) > 1)} given twice" if len(given) > len(names)
+               else "one implementation compares nothing")
+        raise UsageError(f"--impls {' '.join(impls)}: {why}; give the reference and at least one other implementation "
+                         f"from {', '.join(IMPLEMENTATIONS)}, the reference first (e.g. --impls cv2 torch pil)")
     if weights == RANDOM_WEIGHTS:  # its gate is on COCO accuracy, which random weights do not have (0 = 0 passes)
         raise UsageError("parity preprocess compares implementations by their COCO accuracy; random weights have "
                          "none: pass trained weights (--weights PATH, or the model's default)")

@@ -535,8 +535,9 @@ def test_pickled_objects_are_refused_unread(tmp_path):
         ly.LibreYoloDetector("yolox-nano", str(path))
     assert not marker.exists()
     garbage = tmp_path / "garbage.pt"
-    garbage.write_bytes(b"not a checkpoint")
-    with pytest.raises(UsageError, match="not a plain weights checkpoint"):
+    garbage.write_bytes(b"not a checkpoint")  # not even a zip or a pickle: said so, with what to pass
+    with pytest.raises(UsageError, match=r"is not a PyTorch checkpoint \(neither a zip nor a pickle file\); pass the "
+                                         r"LibreYOLOXn.pt checkpoint of yolox-nano or its ONNX export \(.onnx\)"):
         ly.LibreYoloDetector("yolox-nano", str(garbage))
 
 

@@ -65,8 +65,8 @@ def _parity(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (("--impls", "cv2", "opencv"), "--impls"),
-    (("--impls", "cv2", "cv2"), "at least one other implementation"),  # the reference against nothing
+    (("--impls", "cv2", "opencv"), "--impls cv2 opencv: 'opencv' is not an implementation"),
+    (("--impls", "cv2", "cv2"), "--impls cv2 cv2: cv2 given twice"),  # the reference against nothing
     (("--weights", "random"), "random weights have none"),  # mAP 0 against 0 would pass every gate
     # ncnn runs batch 1 only: refused before any pass, with parity's flags (the noise floor's default at batch 1 is 2)
     (("--backend", "ncnn"), "use --batch-size 1 --noise-batch-size 1"),

@@ -55,6 +55,12 @@ BUILTINS: dict[str, BuiltinBackend] = {
 }
 
 
+def int8_hint() -> str:
+    """Where int8 runs: the built-in runtimes that quantise on calibration images, by their entries."""
+    names = [name for name, entry in BUILTINS.items() if entry.devices and "int8" in entry.devices.get("cpu", ())]
+    return f"use --backend {' or '.join(names)} (post-training quantisation on calibration images)"
+
+
 def mask_backends() -> tuple[str, ...]:
     """The built-in backends whose cores return a segment model's mask maps."""
     return tuple(name for name, entry in BUILTINS.items() if entry.mask_maps)
@@ -153,8 +159,7 @@ def _check_runtime(backend: str, device_kind: str, precision: str) -> None:
 
 def _check_pytorch(device_kind: str, precision: str, device_index: int, machine: bool) -> None:
     if precision == "int8":
-        raise UsageError("precision int8 is not supported by the pytorch backend; use --backend openvino "
-                         "(post-training quantisation on calibration images)")
+        raise UsageError(f"precision int8 is not supported by the pytorch backend; {int8_hint()}")
     if device_kind == "cpu":
         if precision == "fp16":
             raise UsageError("precision fp16 on the CPU is not supported by the pytorch backend (no fast fp16 "
@@ -186,8 +191,7 @@ def _check_onnxruntime(device_kind: str, precision: str, provider: str, machine:
         raise UsageError(f"--backend onnxruntime --device cuda needs ONNX Runtime's {wanted}, which this "
                          f"onnxruntime does not have; {GPU_EXTRA}")
     if precision == "int8":
-        raise UsageError("precision int8 is not supported by the onnxruntime backend; use --backend openvino "
-                         "(post-training quantisation on calibration images)")
+        raise UsageError(f"precision int8 is not supported by the onnxruntime backend; {int8_hint()}")
     if precision == "bf16":
         raise UsageError("precision bf16 is not supported by the onnxruntime backend; use fp16 (GPU) or fp32, "
                          "or --backend pytorch")

@@ -218,6 +218,12 @@ def build_libreyolo(model: LibreModel, weights: str | Path | None):
         info = LibreWeightsInfo(file=RANDOM_WEIGHTS, sha256=None, source=RANDOM_WEIGHTS, libreyolo_version=version)
     else:
         path, source = _weights_path(model, weights)
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save writes a zip (or, before 1.6, a pickle)
+            raise UsageError(f"{path} is not a PyTorch checkpoint (neither a zip nor a pickle file); pass the "
+                             f"{model.weights_file} checkpoint of {model.model_id}"
+                             + (" or its ONNX export (.onnx)" if model.family.family == "yolox" else ""))
         sha = file_sha256(path)
         if not _trusted(cls, path, sha):
             raise UsageError(f"{path} is not a plain weights checkpoint (torch.load(weights_only=True) refuses it) "
