@@ -738,9 +738,10 @@ def test_max_timed_batches_scores_every_image_and_says_what_was_not_timed(tmp_pa
 
 
 @requires_coco
-def test_a_resume_of_a_run_json_that_lost_its_cells_is_refused_and_deletes_nothing(tmp_path):
+def test_a_resume_of_a_damaged_run_json_is_refused_and_deletes_nothing(tmp_path):
     """A run.json without its cells (or without one finished cell) resumed as if those cells were pending: their
-    finished submissions were deleted as a dead process's and the cells run again."""
+    finished submissions were deleted as a dead process's and the cells run again. A bad value in its recorded
+    configuration is named as the file's, not as an option given now."""
     out = tmp_path / "o"
     env = {"VA_BENCH_TEST_FORWARD_MS": "1"}
     args = ["--model", f"{PLUGIN}:make_detector", *SWEEP, "--output-dir", str(out)]
@@ -749,7 +750,8 @@ def test_a_resume_of_a_run_json_that_lost_its_cells_is_refused_and_deletes_nothi
     whole = json.loads(run_json.read_text())
     before = snapshot(out / "r")
     for damage, says in ((lambda d: d.pop("cells"), "has no list of cells"),
-                         (lambda d: d["cells"].pop(1), "does not record 1 submission(s) in submissions/ as finished")):
+                         (lambda d: d["cells"].pop(1), "does not record 1 submission(s) in submissions/ as finished"),
+                         (lambda d: d["config"].update(batch_sizes=["x"]), "run.json: its recorded batch_sizes.0")):
         doc = copy.deepcopy(whole)
         damage(doc)
         run_json.write_text(json.dumps(doc))

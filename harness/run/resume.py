@@ -10,7 +10,7 @@ from harness.config import SAFE_ID, RunConfig, build_config, refuse_given_option
 from harness.errors import UsageError
 from harness.measure.env import hardware_block
 from harness.records import RETRYABLE_STATES
-from harness.results.reader import read_run_json
+from harness.results.reader import RUN_FILE, read_run_json
 from harness.run.plan import RunPlan, prepare
 
 
@@ -24,7 +24,12 @@ def resumed_config(recorded: dict, overrides: dict, output_dir: Path,
                    run_id: str | None) -> tuple[RunConfig, list[str]]:
     """The configuration a resumed run (local or fleet) runs with: the recorded one with the options given now,
     and what those options change (each a reason to refuse unless --force)."""
-    original = build_config(recorded, recorded=True)
+    try:
+        original = build_config(recorded, recorded=True)
+    except UsageError as exc:  # the file's own values, not an option given now
+        raise UsageError(f"{output_dir / str(run_id) / RUN_FILE if run_id else RUN_FILE}: its recorded "
+                         f"{str(exc).removeprefix('invalid run configuration: ')}; the run cannot be resumed as "
+                         "recorded: restore the file, or start a new run") from exc
     config = build_config({**recorded, **overrides, "run_id": run_id, "output_dir": str(output_dir)}, recorded=True)
     refuse_given_options(config, overrides)  # as a new run's command line would be
     problems = [f"{k}: {original.identity()[k]!r} -> {v!r}" for k, v in config.identity().items()
