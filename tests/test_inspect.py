@@ -372,3 +372,14 @@ def test_random_weights_say_their_zeros_are_not_the_trained_models():
     report = inspect_model("yolox-nano", "random")
     assert report.params_total > 800_000
     assert any(n.startswith("--weights random: parameters and FLOPs are the architecture's") for n in report.notes)
+
+
+@requires_yolox
+def test_layer_types_the_convention_does_not_count_show_no_zero(tmp_path):
+    """Sigmoid, Concat and the like printed FLOPs 0, which reads as measured; they are not counted."""
+    result = run_in_process("inspect", "yolox-nano", env={"COLUMNS": "120"})
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()
+            and line.split()[0] in ("Conv2d", "Sigmoid", "OnnxConcat")}
+    assert rows["Conv2d"][3:5] == ["1.045", "G"] and rows["Sigmoid"][-2:] == ["-", "-"], rows
+    assert "-: not counted (see the convention above)" in result.stdout

@@ -46,9 +46,11 @@ def _by_type(r: dict) -> Table:
     counts: dict[str, int] = {}
     for layer in r["layers"]:
         counts[layer["type"]] = counts.get(layer["type"], 0) + 1
-    for kind, flops in r["flops_by_type"].items():
-        table.add_row(escape(kind), str(counts.get(kind, 0)), f"{r['params_by_type'].get(kind, 0):,}", _si(flops),
-                      _share(flops, r["flops_total"]))
+    for kind, flops in r["flops_by_type"].items():  # 0: none of its ops is of a kind the convention counts
+        table.add_row(escape(kind), str(counts.get(kind, 0)), f"{r['params_by_type'].get(kind, 0):,}",
+                      _si(flops) if flops else "-", _share(flops, r["flops_total"]) if flops else "-")
+    if any(not flops for flops in r["flops_by_type"].values()):
+        table.caption, table.caption_justify = "-: not counted (see the convention above)", "left"
     return table
 
 
@@ -65,7 +67,7 @@ def _layers(r: dict, top: int) -> Table:
     for x in shown:
         zeros = f"{x['sparsity']:.1%}" if x["sparsity"] is not None else "-"
         table.add_row(escape(x["name"]), escape(x["type"]), escape(x["output_shape"]), f"{x['params']:,}",
-                      _si(x["flops"]), zeros)
+                      _si(x["flops"]) if x["flops"] else "-", zeros)
     return table
 
 
