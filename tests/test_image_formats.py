@@ -130,7 +130,8 @@ def _convert(yaml_path, kinds) -> None:
     for i, link in enumerate(images):
         rgb = Image.fromarray(cv2.imread(str(link))[..., ::-1].copy())
         kind = kinds[i % len(kinds)]
-        link.with_suffix("." + kind).write_bytes(_encoded(rgb, kind))
+        # x.tif, not x.lzw.tif: a label file is the image's name less its last suffix (x.lzw.txt is not x.txt)
+        link.with_suffix("." + kind.rsplit(".", 1)[-1]).write_bytes(_encoded(rgb, kind))
         os.unlink(link)
 
 
@@ -162,6 +163,8 @@ def test_converted_images_score_as_their_sources(tmp_path):
     summary = json.loads(checked.stdout)
     assert summary["image_formats"] == {"BMP": 2, "PNG": 2, "TIFF": 2, "WebP": 2}  # two of each, by their bytes
     assert summary["image_dir"] == str((mixed.parent / "images" / "val").resolve())
+    sources = json.loads(run_in_process("data", "check", "--dataset", str(jpeg), "--json").stdout)
+    assert (summary["objects"], summary["images_with_objects"]) == (sources["objects"], sources["images_with_objects"])
     from_jpeg, decode = _detections(tmp_path, "jpeg-cv2", jpeg, "cv2")
     assert from_jpeg and decode.startswith("cv2.imdecode")
     assert _detections(tmp_path, "mixed-cv2", mixed, "cv2")[0] == from_jpeg

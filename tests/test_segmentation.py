@@ -79,8 +79,10 @@ def test_drawn_images_show_the_masks(tmp_path):
 
 @requires_corpus
 def test_aggregate_keeps_the_segmentation_board_apart(tmp_path):
-    """The corpus's rfdetr-seg-n file (model.task segment) and the same file without its task (the site puts that
-    on the detection board): two rows on two boards, never one."""
+    """The corpus's rfdetr-seg-n file (model.task segment) and a detection row of the same model (no task, box
+    figures only; the site puts a file without a task on the detection board): two rows on two boards, never one.
+    The segmentation file with its task removed keeps its mask figures: it is refused (mask mAP would be ranked as
+    box mAP), on neither board."""
     from harness.results.aggregate import aggregate
     from harness.results.validate import load_support_matrix, validate_paths
 
@@ -88,6 +90,10 @@ def test_aggregate_keeps_the_segmentation_board_apart(tmp_path):
     shutil.copy(source, tmp_path / source.name)
     doc = json.loads(source.read_text())
     del doc["model"]["task"]
+    masks_as_boxes = json.loads(json.dumps(doc))
+    masks_as_boxes["submission_id"] += "-masks-as-boxes"
+    (tmp_path / ("masks-as-boxes-" + source.name)).write_text(json.dumps(masks_as_boxes))
+    doc["accuracy"] = {k.removeprefix("bbox_"): v for k, v in doc["accuracy"].items() if k.startswith("bbox_")}
     doc["submission_id"] += "-boxes"
     (tmp_path / ("boxes-" + source.name)).write_text(json.dumps(doc))
     report = validate_paths([tmp_path], load_support_matrix(CORPUS / "support-matrix.json"))
@@ -95,6 +101,9 @@ def test_aggregate_keeps_the_segmentation_board_apart(tmp_path):
     (seg,), (det,) = board["segmentation_leaderboard"], board["leaderboard"]
     assert seg["model"] == det["model"] == "rfdetr-seg-n" and seg["board"] == "segmentation"
     assert det["board"] == "detection" and board["counts"]["segmentation_rows"] == 1
+    assert det["file"].endswith("/boxes-" + source.name)
+    (refused,) = [e for e in board["excluded"] if "masks-as-boxes" in e["file"]]
+    assert refused["rules"] == ["task"]
 
 
 @requires_corpus
