@@ -24,8 +24,10 @@ Every core compiles through the process's one `ov.Core` (`openvino_runtime`): se
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
+import sys
 import tempfile
 import time
 from functools import cache
@@ -204,9 +206,10 @@ class OpenVinoCore:
             finally:
                 self.precision = saved
             fp32.reshape({0: [1, 3, *self.input_size]})  # the calibration batches' shape; batch made dynamic again
-            try:
-                model = nncf.quantize(fp32, nncf.Dataset([b.numpy() for b in batches]),
-                                      preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches))
+            try:  # NNCF's progress bars go to stdout, where a run's summary and --json go: sent to stderr
+                with contextlib.redirect_stdout(sys.stderr):
+                    model = nncf.quantize(fp32, nncf.Dataset([b.numpy() for b in batches]),
+                                          preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches))
             except Exception as exc:
                 raise UsageError(f"{self.name}: NNCF could not quantise this model ({exception_line(exc, 240)}); "
                                  "use --precision fp32 or fp16") from exc
