@@ -465,3 +465,32 @@ def test_a_roboflow_splits_annotation_file_is_named_as_its_folder_is(tmp_path):
     export = _three_class_dataset(tmp_path / "rf", layout="roboflow")
     by_file = CocoDataset.from_path(str(export / "valid" / "_annotations.coco.json"))
     assert by_file.identity == CocoDataset.from_path(str(export / "valid")).identity == ("my-export", "valid")
+
+
+@requires_coco
+def test_a_file_outside_an_annotations_folder_is_its_own_folders_dataset(tmp_path):
+    """COCO's layout is root/annotations/<file>: a file in any other folder (P/myexport/annotations.json) took the
+    images of P/images/ and the id "p"; it is now myexport's, whose images are beside it or in its images/."""
+    from harness.data.coco import CocoDataset
+
+    root = _three_class_dataset(tmp_path / "mine", layout="coco")
+    export = tmp_path / "P" / "myexport"
+    export.mkdir(parents=True)
+    shutil.copy(root / "annotations" / "instances_val2017.json", export / "annotations.json")
+    shutil.copytree(root / "val2017", tmp_path / "P" / "images")
+    dataset = CocoDataset.from_path(str(export / "annotations.json"))
+    with pytest.raises(UsageError, match=r"image files absent.*; put the image files in .*/P/myexport"):
+        dataset.variant("sample")
+    (tmp_path / "P" / "images").rename(export / "images")
+    dataset = CocoDataset.from_path(str(export / "annotations.json"))
+    assert dataset.variant("sample").num_images == IMAGES and dataset.identity == ("myexport", "annotations")
+
+
+def test_dataset_ids_keep_letters_of_any_script():
+    """Two folders named in another script were both "dataset", and so one row in aggregate."""
+    from harness.data.coco import _slug
+
+    assert (_slug("日本"), _slug("中国"), _slug("c_données_日本"), _slug("MyData")) == \
+        ("日本", "中国", "c_données_日本", "mydata")
+    assert _slug("cafe\u0301") == _slug("caf\u00e9") == "café"  # one name, however the file system composed it
+    assert (_slug("a b/c"), _slug("..."), _slug("***")) == ("a-b-c", "dataset", "dataset")

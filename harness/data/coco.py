@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -611,8 +612,9 @@ ROBOFLOW_SPLITS = ("valid", "test", "train")
 
 
 def _slug(name: str) -> str:
-    """A dataset id from a folder or file name: lower-case letters, digits, '_', '.' and '-'."""
-    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "dataset"
+    """A dataset id from a folder or file name: lower-case letters and digits of any script, '_', '.' and '-' (a
+    name in another script stays itself: two such folders were both "dataset")."""
+    return re.sub(r"[^\w.-]+", "-", unicodedata.normalize("NFC", name).lower()).strip("-.") or "dataset"
 
 
 def categories_sha256(categories: dict[int, str]) -> str:
@@ -692,11 +694,13 @@ def _custom_layout(given: str, split: str | None) -> tuple[Path, tuple[tuple[Pat
         folders = [((here / name).resolve(), identity) for name in ("images", "data") if (here / name).is_dir()]
         folders.append((here.resolve(), identity))
         # COCO's own layout (and detectron2's, YOLOX's, Datumaro's and so CVAT's): root/annotations/
-        # instances_<split>.json, root/<split>/ or root/images/<split>/ (or root/images/)
-        stem = path.stem.removeprefix("instances_")
-        root = here.parent
-        coco_identity = (_slug(root.resolve().name), _slug(stem))
-        folders += [((root / sub).resolve(), coco_identity) for sub in (stem, f"images/{stem}", "images")]
+        # instances_<split>.json, root/<split>/ or root/images/<split>/ (or root/images/); only there: a file in
+        # another folder is that folder's dataset, whatever lies beside the folder
+        if here.name == "annotations":
+            stem = path.stem.removeprefix("instances_")
+            root = here.parent
+            coco_identity = (_slug(root.resolve().name), _slug(stem))
+            folders += [((root / sub).resolve(), coco_identity) for sub in (stem, f"images/{stem}", "images")]
         return file, tuple(folders)  # a link kept: run.json's path finds the same folders again
     if (path / ROBOFLOW_ANNOTATIONS).is_file():
         if split is not None and split != path.name:
