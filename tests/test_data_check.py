@@ -139,3 +139,17 @@ def test_a_jpeg_that_decodes_only_with_errors_is_named_as_a_run_names_it(tmp_pat
     assert done.returncode == 0, done.stderr
     assert f"warning: {image} decodes only with errors (Corrupt JPEG" in "".join(done.stdout.split("\n"))
     assert _checked("--limit", "4")["corrupt_images"] == []
+    # the run's submissions say it too (it was only in run.json), by the image's name in the dataset, and validate
+    # warns of it
+    out = tmp_path / "runs"
+    ran = run_in_process("run", "--dataset", str(yaml_path), "--batch-sizes", "4", "--warmup-batches", "0",
+                         "--warmup-seconds", "0", "--min-timed-batches", "1", "--no-energy", "--draw-images", "0",
+                         "--output-dir", str(out), "--run-id", "r")
+    assert ran.returncode == 0, ran.stderr
+    (submission,) = (out / "r" / "submissions").glob("*.json")
+    doc = json.loads(submission.read_text())
+    assert doc["repro"]["dataset"]["decoded_with_errors"] == [image.name]
+    checked = run_in_process("validate", str(submission), "--json")
+    (finding,) = [f for r in json.loads(checked.stdout)["reports"] for f in r["findings"]
+                  if f["path"] == "repro.dataset.decoded_with_errors"]
+    assert finding["severity"] == "warning" and "1 image(s) decode only with errors" in finding["message"]

@@ -170,7 +170,9 @@ def build_submission(record: CellRecord) -> dict:
                                  if dataset.get("categories_sha256") else {}),
                               **({"annotations_sha256": dataset["annotations_sha256"]}
                                  if dataset.get("annotations_sha256") else {}),
-                              **({"class_map": dataset["class_map"]} if "class_map" in dataset else {})},
+                              **({"class_map": dataset["class_map"]} if "class_map" in dataset else {}),
+                              **({"decoded_with_errors": dataset["decoded_with_errors"]}
+                                 if dataset.get("decoded_with_errors") else {})},
                   "weights": model["weights"],
                   # a converting runtime: which converter made the model it ran, its version, from which graph
                   **({"conversion": {k: v for k, v in record.runtime["conversion"].items() if k != "checked"}}

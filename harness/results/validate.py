@@ -135,6 +135,12 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
     elif sub.dataset_id != "coco2017" and not sub.is_rf100vl:
         out.append(Finding("dataset.id", f"dataset {sub.dataset_id!r} is not COCO val2017: the site would list this "
                            "file on its COCO board; keep it for your own comparisons", "dataset"))
+    recorded = (sub.repro or {}).get("dataset")
+    garbled = recorded.get("decoded_with_errors") if isinstance(recorded, dict) else None
+    if isinstance(garbled, list) and garbled:
+        out.append(Finding("repro.dataset.decoded_with_errors", f"{len(garbled)} image(s) decode only with errors "
+                           f"(first: {str(garbled[0])[-60:]}): the accuracy scores what the decoder made of them; "
+                           "replace the files to publish", "dataset", "warning"))
     # the device it was measured on
     if sub.timing.get("throttled") is True:
         out.append(Finding("timing.throttled", "the device throttled during the timed pass (environment.device_state"

@@ -128,12 +128,22 @@ class RunContext:
     sampler: DeviceSampler | None = None  # the device's state (throttling, clocks, load) during each timed pass
     images: ImageBytes | None = None  # the variant's encoded images (memory or disk): set by the first group
     calibration: CalibrationSet | None = None  # int8 groups: images disjoint from the evaluated ones
+    corrupt_images: list[dict] = field(default_factory=list)  # JPEGs that decode only with errors (run.json's)
     # (detections sha256, evaluator, cap, task) -> (stats, per-class AP, iouTypes, the cell first scored with it)
     scored: dict[tuple, tuple[dict, dict, list[str], str]] = field(default_factory=dict)
 
     def batches(self, size: int) -> list[list[ImageRecord]]:
         """The variant's images in order, `size` at a time (the last batch may be short)."""
         return [self.records[i:i + size] for i in range(0, len(self.records), size)]
+
+
+def _under(path: str, folder: Path | None) -> str:
+    """`path` as the dataset names it (relative to its image folder, `/`-separated), else its file name alone: a
+    submission carries no path of the machine it was made on."""
+    try:
+        return Path(path).resolve().relative_to(folder.resolve()).as_posix() if folder else Path(path).name
+    except ValueError:
+        return Path(path).name
 
 
 @contextmanager
@@ -365,7 +375,10 @@ class GroupExecutor:
                      "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
                      "preprocess": self.pipeline.preprocess_info(),  # --preprocess: implementation, decoder
                      "host": self.pipeline.host_info(ctx.config.overlap)},  # --workers; where host ops run
-            dataset={**ctx.dataset.describe(), **ctx.variant.describe()},
+            dataset={**ctx.dataset.describe(), **ctx.variant.describe(),
+                     # scored as the decoder made them: the submission says so, and how many
+                     **({"decoded_with_errors": [_under(c["path"], ctx.dataset.image_dir)
+                                                 for c in ctx.corrupt_images]} if ctx.corrupt_images else {})},
             thresholds={**self.thresholds.__dict__, "postprocess": self.postprocess,
                         "preprocess": self.spec.to_dict(),
                         **({"masks": self.masks_record} if self.masks_record is not None else {})},

@@ -191,7 +191,8 @@ class Scheduler:
                              monitor=MemoryMonitor(plan.device) if config.memory else None,
                              progress=self.progress, threads=threads, backend_options=plan.backend_options,
                              label_categories=plan.label_categories,
-                             sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration)
+                             sampler=DeviceSampler.for_device(plan.device), calibration=plan.calibration,
+                             corrupt_images=state.header["dataset"]["corrupt_images"])
             ok = {cell_csv_key(s.cell) for s in state.cells.values() if s.state == "ok"}
             self._steps = [row for row in existing_rows(plan.run_dir / STEPS_FILE) if tuple(row[:5]) in ok]
             ctx.artifacts.keep_cells(ok)
