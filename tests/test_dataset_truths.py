@@ -245,7 +245,7 @@ def test_classes_a_category_cannot_be_told_apart_by_are_refused():
     assert match_classes("m", ("person", "car", "Person"), {1: "person", 3: "car"},
                          ClassMap("f", {"person": "2"})) == (-1, 3, 1)
     # an index that is no class of the model (torchvision's background, an unused id) is not a class to map to
-    with pytest.raises(UsageError, match="map to no class"):
+    with pytest.raises(UsageError, match="'pedestrian' \\(id 1\\) -> '0': no class of m"):
         match_classes("m", (None, "person", "car"), {1: "pedestrian", 3: "car"}, ClassMap("f", {"pedestrian": "0"}))
 
 

@@ -96,7 +96,7 @@ def test_class_map_renames_and_its_mistakes_are_named(tmp_path):
     good.write_text("widget: car\n")
     bad.write_text("widget: spaceship\n")
     assert match_classes("m", ("person", "car"), {1: "person", 2: "widget"}, ClassMap.read(str(good))) == (1, 2)
-    with pytest.raises(UsageError, match=r"--class-map .*bad.yaml: 'widget' \(id 2\) map to no class"):
+    with pytest.raises(UsageError, match=r"--class-map .*bad.yaml: 'widget' \(id 2\) -> 'spaceship': no class of m "):
         match_classes("m", ("person", "car"), {1: "person", 2: "widget"}, ClassMap.read(str(bad)))
     with pytest.raises(UsageError, match="both map to"):
         match_classes("m", ("person", "car"), {1: "person", 2: "human"}, ClassMap("f", {"human": "person"}))

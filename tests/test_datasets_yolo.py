@@ -144,7 +144,8 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     ("1 0.1 0.5 0.5 0.5 0.9 0.5\n", None, r"is a polygon of no area \(its points on one line\)"),
     ("1 0.1 0.1 0.2 0.2 0.3 0.3\n", None, r"is a polygon of no area \(its points on one line\)"),
     ("0 0.5 0.5 1e-9 0.2\n", None, r"is a box .* px, of no width or height \(a rounded 0\?\)"),
-    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnc: 3\nnames: [person, car]\n", r"nc is 3 but names holds 2 classes"),
+    ("0 0.5 0.5 0.2 0.2\n", "val: images\nnc: 3\nnames: [person, car]\n",
+     r"nc is 3 but names holds 2 classes.*; set nc: 2 \(or drop nc\)"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\n", r"has neither names nor nc"),
     ("0 0.5 0.5 0.2 0.2\n", "train: images\nnames: [person]\n", r"names no val or test split; score the training "
                                                                 r"images with --split train"),
@@ -154,6 +155,7 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     ("0 0.5 0.5 0.2 0.2\n", "val: images\nnames: {a: person}\n", r"names has the key 'a'"),
     ("0 0.5 0.5 0.2 0.2\n", "val: images\nnames: [person]\nval: again\n", r"is not a readable YAML file at line 3"),
     ("0 0.5 0.5 0.2 0.2\n", "- val\n", r"is not a YOLO dataset YAML \(not a mapping\)"),
+    ("0 0.5 0.5 0.2 0.2\n", "", r"data.yaml: is empty"),
 ])
 def test_what_the_format_does_not_say_is_refused_by_file_and_line(tmp_path, rows, yaml_text, message):
     args = (rows,) if yaml_text is None else (rows, yaml_text)

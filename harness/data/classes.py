@@ -105,8 +105,8 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                 and class_names[int(wanted)] is not None):
             label = int(wanted)  # a class map may name the model's class by its index (not a label that is no class)
         if label is None:
-            if _norm(name) in renames:
-                unknown_targets.append(f"{name!r} (id {category})")
+            if _norm(name) in renames:  # the target the map gives, which the model has no class of
+                unknown_targets.append(f"{name!r} (id {category}) -> {renames[_norm(name)]!r}")
             elif annotated is None or category in annotated:
                 unmatched.append(f"{name!r} (id {category})")
         elif label in labels and _norm(categories[labels[label]]) == _norm(name):
@@ -132,8 +132,9 @@ def match_classes(model_id: str, class_names: tuple[str | None, ...], categories
                          f"categories: {_some(tuple(categories[c] for c in sorted(categories)))}); a class map's "
                          "keys are the dataset's category names; fix the file")
     if unknown_targets:
-        raise UsageError(f"--class-map {class_map.path}: {', '.join(unknown_targets)} map to no class of "
-                         f"{model_id} (its classes: {_some(class_names)}); fix the file")
+        raise UsageError(f"--class-map {class_map.path}: {', '.join(unknown_targets)}: "
+                         f"{'no class' if len(unknown_targets) == 1 else 'no classes'} of {model_id} (its classes: "
+                         f"{_some(class_names)}); fix the file")
     if unmatched:
         more = f" and {len(unmatched) - 3} more" if len(unmatched) > 3 else ""
         counts = f"the dataset has {len(categories)} classes, {model_id} {sum(n is not None for n in class_names)}"

@@ -151,7 +151,8 @@ def _read_yaml(yaml_path: Path, named: str) -> dict:
         raise UsageError(path_problem("--dataset", named, f"is not a readable YAML file{yaml_problem(exc)}")
                          + "; give a YOLO dataset YAML (path, train/val/test, names)") from exc
     if not isinstance(config, dict):
-        raise UsageError(path_problem("--dataset", named, "is not a YOLO dataset YAML (not a mapping)")
+        raise UsageError(path_problem("--dataset", named, "is empty" if config is None else
+                                      "is not a YOLO dataset YAML (not a mapping)")
                          + "; give one with path, val (or test) and names")
     if config.get("kpt_shape") is not None:
         raise UsageError(path_problem("--dataset", named, "is a pose (keypoint) dataset (it sets kpt_shape)")
@@ -186,8 +187,9 @@ def _class_names(config: dict, named: str) -> dict[int, str]:
             raise refuse(f"names has the key {index!r}, not a class index (0, 1, ...)")
         if not isinstance(name, (str, int, float)) or isinstance(name, bool) or str(name) == "":
             raise refuse(f"names[{index}] is {name!r}, not a class name")
-    if nc is not None and nc != len(names):
-        raise refuse(f"nc is {nc} but names holds {len(names)} classes")
+    if nc is not None and nc != len(names):  # names are what rows index: nc is the one usually left stale
+        raise UsageError(path_problem("--dataset", named, f"nc is {nc} but names holds {len(names)} classes")
+                         + f"; set nc: {len(names)} (or drop nc), or give names every class")
     return {index: str(name) for index, name in names.items()}
 
 
