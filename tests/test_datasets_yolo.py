@@ -138,6 +138,8 @@ def test_roboflow_layout_text_lists_and_folder_lists(tmp_path):
     ("0 0.1 0.1 0.5 0.5 0.9 0.1 0.2\n", None, r"has 8 values"),
     ("person 0.5 0.5 0.2 0.2\n", None, r"holds a value that is not a number"),
     ("0 0.5 0.5 nan 0.2\n", None, r"holds a value that is not finite"),
+    ("\ufeff0 0.5 0.5 0.2 0.2\n", None, r"line 1 .* starts with a byte order mark .*; save the label file as UTF-8 "
+                                      r"without a BOM"),
     ("0 0.5 0.5 0 0.2\n", None, r"is a box of no area"),
     ("1.5 0.5 0.5 0.2 0.2\n", None, r"has the class 1.5, which the dataset YAML does not name"),
     ("0 -0.005 0.5 0.01 0.2\n", None, r"is a box off its image"),

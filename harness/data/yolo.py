@@ -330,6 +330,9 @@ def _label_rows(path: Path, names: dict[int, str]) -> list[_Row]:
             class_value = float(fields[0])
             values = tuple(float(v) for v in fields[1:])
         except ValueError as exc:
+            if number == 1 and line.startswith("\ufeff"):  # Ultralytics reads the mark as part of the class too
+                raise refuse("starts with a byte order mark (the file was saved as UTF-8 with BOM)",
+                             "save the label file as UTF-8 without a BOM") from exc
             raise refuse("holds a value that is not a number") from exc
         if not class_value.is_integer() or int(class_value) not in names:
             raise refuse(f"has the class {fields[0]}, which the dataset YAML does not name "
