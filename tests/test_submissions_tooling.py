@@ -1265,7 +1265,11 @@ def test_a_file_on_another_dataset_is_told_the_site_would_list_it_as_coco(tmp_pa
     reports = _write(tmp_path / "datasets", [base_doc, other])
     assert [[(f.path, f.severity) for f in r.findings if f.rule == "dataset"] for r in reports] == [
         [], [("dataset.id", "error")]]
+    assert "on its COCO detection board" in reports[1].errors[0].message
     if SUBMISSIONS.is_dir():
+        seg = json.loads(next(SUBMISSIONS.glob("rfdetr-seg-n__*.json")).read_text())
+        (own,) = _write(tmp_path / "seg", [_variant(seg, dataset__id="my-data")])
+        assert [f.message for f in own.errors if f.rule == "dataset"][0].count("COCO segmentation board") == 1
         rf = json.loads(next(SUBMISSIONS.glob("yolov9t__*rtx_5060_ti__*.json")).read_text())
         (rf_report,) = _write(tmp_path / "rf", [rf])
         assert not [f for f in rf_report.findings if f.rule == "dataset"]

@@ -134,7 +134,7 @@ def our_findings(doc: dict, sub: Submission) -> list[Finding]:
                            "without the map to publish", "class-map"))
     elif sub.dataset_id != "coco2017" and not sub.is_rf100vl:
         out.append(Finding("dataset.id", f"dataset {sub.dataset_id!r} is not COCO val2017: the site would list this "
-                           "file on its COCO board; keep it for your own comparisons", "dataset"))
+                           f"file on its COCO {sub.board} board; keep it for your own comparisons", "dataset"))
     recorded = (sub.repro or {}).get("dataset")
     garbled = recorded.get("decoded_with_errors") if isinstance(recorded, dict) else None
     if isinstance(garbled, list) and garbled:
