@@ -996,3 +996,23 @@ def test_a_gate_with_no_paired_cell_says_so(tmp_path):
     result = check_gate(parse_gate("map:-0.01"), c)
     assert result.status == "unchecked" and result.detail == "no cell of A pairs with one of B (see only in A / only " \
                                                              "in B)", (result, c.only_a, c.only_b, c.cells)
+
+
+def test_long_cell_labels_of_the_detections_table_fold_and_are_never_cut():
+    """At 80 columns the detections table cut its labels ("openvin…", "torchsc…")."""
+    from types import SimpleNamespace
+
+    from harness.results.compare import Comparison, DetectionRow
+
+    diff = SimpleNamespace(images=32, conf=0.4, iou=0.5, iou_type="bbox", detections_a=144, detections_b=144,
+                           matched_share=1.0, unmatched_a=0, unmatched_b=0,
+                           conf_delta_stats=lambda: {"mean": 5.7e-7, "p95": 2.4e-3, "max": 6.8e-3})
+    labels = ["openvino/cpu fp16 b1", "torchscript/cpu fp32 b1", "tflite/cpu int8 b2"]
+    c = Comparison("A", "B", detections=[DetectionRow(label, diff, None) for label in labels])
+    console = Console(record=True, width=80)
+    console.print(render_comparison(c))
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    assert all(f"{v:.1e}" in text for v in (5.7e-7, 2.4e-3, 6.8e-3))
+    words = text.split()
+    assert all(word in words for label in labels for word in label.split())  # whole, on one line or folded

@@ -121,9 +121,13 @@ def _detections(c: Comparison) -> list[RenderableType]:
         where = f" ({images.pop()} images)" if len(images) == 1 else ""
         iou = "mask IoU" if d0.iou_type == "segm" else "IoU"
         table = Table(title=f"detections{where}: score >= {d0.conf:g}, same class, {iou} >= {d0.iou:g}, greedy",
-                      box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-        for col in ("cells", "A", "B", "matched", "only A", "only B", "Δconf mean", "p95", "max"):
-            table.add_column(col, justify="left" if col == "cells" else "right")
+                      box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, collapse_padding=True)
+        widest = max(len(r.label) for r in rows)
+        table.caption, table.caption_justify = "Δconf: mean |score A - score B| of the matched pairs", "left"
+        for col in ("cells", "A", "B", "matched", "only A", "only B", "Δconf", "p95", "max"):  # a long label
+            table.add_column(col, justify="left" if col == "cells" else "right",  # folds, never cut ("openvin…")
+                             overflow="fold" if col == "cells" else "ellipsis", no_wrap=col != "cells",
+                             min_width=min(widest, 16) if col == "cells" else None)
         for r in rows:
             d, s = r.diff, r.diff.conf_delta_stats()
             stats = [f"{s[k]:.1e}" for k in ("mean", "p95", "max")] if s else ["-"] * 3
@@ -141,7 +145,9 @@ def _performance(c: Comparison) -> list[RenderableType]:
     table = Table(title="performance: ms per image; Δ = B/A − 1", box=box.SIMPLE_HEAD, title_justify="left",
                   pad_edge=False)
     for col in ("cell", "p50 A", "p50 B", "Δp50", "Δp95", "Δimg/s", "verdict (samples)"):
-        table.add_column(col, justify="left" if col in ("cell", "verdict (samples)") else "right")
+        table.add_column(col, justify="left" if col in ("cell", "verdict (samples)") else "right",
+                         overflow="fold" if col in ("cell", "verdict (samples)") else "ellipsis",
+                         no_wrap=col not in ("cell", "verdict (samples)"))
     for cell in c.cells:
         table.add_row(escape(cell.label), _ms(cell.p50_a), _ms(cell.p50_b), _pct(cell.change("p50")),
                       _pct(cell.change("p95")), _pct(cell.change("ips")), _verdict(cell))
