@@ -74,7 +74,9 @@ def test_rf100vl_campaign_row(tmp_path, quick_runs):
     assert "its datasets were scored on different splits (test, valid); one row is one split" in \
         row["rf100vl"]["invalid_reasons"]
     assert doc["eval"]["maxDets"] == [1, 10, 100, 500] and doc["config"]["iou"] == 0.65
-    assert doc["dataset"] == {"id": "rf100_vl", "split": "test", "num_images": 3 * IMAGES, "num_datasets": 4}
+    # counted as the site's rows count: the 3 scored datasets, the campaign's 4 as selected
+    assert doc["dataset"] == {"id": "rf100_vl", "split": "test", "num_images": 3 * IMAGES, "num_datasets": 3,
+                              "num_datasets_selected": 4}
     assert is_rf100vl(doc)
     (report,) = validate_paths([path], json.loads((COCO_DIR.parents[1] / "corpus" / "vision-analysis" /
                                                   "support-matrix.json").read_text())).reports
@@ -200,6 +202,10 @@ def test_campaign_refuses_mixed_setups_and_bad_files(tmp_path, quick_runs):
     nothing = _campaign(tmp_path, "--split", "valid")
     assert nothing.returncode == 2 and "could be scored" in nothing.stderr, nothing.stderr
     assert "none ran: fix the datasets named above" in nothing.stderr and not (tmp_path / "out").exists()
+    deep = run_in_process("campaign", "--rf100vl", str(tmp_path / "rf"), "--weights-root", str(tmp_path / "w"),
+                          "--model", "yolox-nano", "--output-dir", str(tmp_path / "a" / "b" / "out"), "--split",
+                          "valid")
+    assert deep.returncode == 2 and not (tmp_path / "a").exists()  # nor the folders above --output-dir it made
     first = _campaign(tmp_path)
     assert first.returncode == 1, first.stderr
     other = _campaign(tmp_path, "--backend", "onnxruntime")

@@ -1447,6 +1447,17 @@ def test_an_rf100vl_row_is_checked_for_repeated_datasets_its_count_and_its_flags
     repeated["rf100vl"]["datasets"][1]["dataset"] = first = doc["rf100vl"]["datasets"][0]["dataset"]
     counted["dataset"]["num_datasets"] = 90
     flagged["rf100vl"]["valid_submission"] = "yes"
+    # a partial row as the site's harness writes it: its num_datasets the scored ones, the skipped listed apart
+    partial = copy.deepcopy(doc)
+    skipped = [partial["rf100vl"]["datasets"].pop()["dataset"] for _ in range(3)]
+    partial["rf100vl"].update(skipped_datasets=skipped, valid_submission=False)
+    partial["dataset"].update(num_datasets=97, num_datasets_selected=100)
+    for key in ("mAP_50_95", "mAP_50", "mAP_75", "AR100", "AR_max_det"):
+        values = [d[key] for d in partial["rf100vl"]["datasets"]]
+        if key in partial["accuracy"]:
+            partial["accuracy"][key] = sum(values) / len(values)
+    (partial_report,) = _write(tmp_path / "partial", [partial])
+    assert [(f.path, f.message) for f in partial_report.errors] == []
     reports = _write(tmp_path / "rf", [doc, repeated, counted, flagged])
     found = [[(f.path, f.message) for f in r.errors] for r in reports]
     assert found[0] == []

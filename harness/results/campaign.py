@@ -136,7 +136,9 @@ def campaign_submission(results: list[DatasetResult], expected: int, recipe: dic
         "created_at": created_at,
         "benchmark": template["benchmark"],
         "model": {**model, "weights": "fine-tuned per dataset (rf100vl.datasets[].weights)"},
-        "dataset": {"id": RF100VL_ID, "split": split, "num_images": num_images, "num_datasets": len(results)},
+        # as the site's rows count: num_datasets the scored ones (rf100vl.datasets), the campaign's own as selected
+        "dataset": {"id": RF100VL_ID, "split": split, "num_images": num_images, "num_datasets": len(scored),
+                    "num_datasets_selected": len(results)},
         "config": {k: template["config"][k] for k in ("batch_size", "input_size", "conf", "iou", "max_det")},
         "hardware": hardware,
         "software": template.get("software"),

@@ -346,11 +346,9 @@ def rf100vl_findings(doc: dict, sub: Submission) -> list[Finding]:
                            f"{' ...' if len(repeated) > 3 else ''} (each dataset counts once in the row's mean)",
                            "rf100vl"))
     counted = (doc.get("dataset") or {}).get("num_datasets") if isinstance(doc.get("dataset"), dict) else None
-    skipped = block.get("skipped_datasets") if isinstance(block.get("skipped_datasets"), list) else []
-    if _is_number(counted) and counted != len(datasets) + len(skipped):  # the datasets the campaign took up
+    if _is_number(counted) and counted != len(datasets):  # the scored ones, as the site's rows count them
         out.append(Finding("dataset.num_datasets", f"dataset.num_datasets {counted} disagrees with the "
-                           f"{len(datasets)} datasets listed in rf100vl.datasets"
-                           + (f" and the {len(skipped)} in rf100vl.skipped_datasets" if skipped else ""), "rf100vl"))
+                           f"{len(datasets)} datasets listed in rf100vl.datasets", "rf100vl"))
     protocol = block.get("protocol") if isinstance(block.get("protocol"), dict) else {}
     expected = protocol.get("expected_datasets", RF100VL_DATASETS)
     if block.get("valid_submission") is True and len(datasets) != expected:
