@@ -214,9 +214,17 @@ def test_a_label_file_whose_image_is_gone_is_refused_not_dropped(tmp_path):
     images = sorted((tmp_path / "d" / "images" / "val").iterdir())
     labelled = next(p for p in images if label_path(p).is_file())
     (tmp_path / "d" / "labels" / "val" / "classes.txt").write_text("person\n")  # LabelImg's, not a label file
+    hidden = tmp_path / "d" / "labels" / "val" / ".ipynb_checkpoints"  # a hidden folder's, as images skip them
+    hidden.mkdir()
+    (hidden / "x-checkpoint.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    # one file under two names (what a case-insensitive disk makes of IMG_1.txt and img_1.txt): read, no orphan
+    some_label = label_path(images[0])
+    if some_label.is_file():
+        os.link(some_label, some_label.with_name("IMG-" + some_label.name))
     assert len(CocoDataset.from_path(str(yaml_path)).coco.imgs) == 4
     labelled.unlink()
-    with pytest.raises(UsageError, match=rf"label file .*/labels/val/{labelled.stem}\.txt has no image in "
+    with pytest.raises(UsageError, match=rf"label file .*/labels/val/(IMG-)?{labelled.stem}\.txt( and 1 more)? has no "
+                                         r"image in "
                                          r".*/images/val; put its image back, or remove the label file"):
         CocoDataset.from_path(str(yaml_path))
     done = run_in_process("data", "check", "--dataset", str(yaml_path))

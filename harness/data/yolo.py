@@ -271,13 +271,22 @@ def _check_no_orphan_labels(folder: Path, images: list[Path], named: str) -> Non
     labels = label_path(folder / "x.jpg").parent
     if labels == folder or not labels.is_dir():
         return
-    expected = {label_path(p) for p in images}
-    orphans = sorted(p for p in labels.rglob("*.txt") if p not in expected and p.name != "classes.txt"
-                     and not p.name.startswith("."))
+    # the files the images' labels are, by identity: a case-insensitive disk finds IMG_1.JPG's label as img_1.txt
+    expected = {(st.st_dev, st.st_ino) for p in images if (st := _stat(label_path(p))) is not None}
+    orphans = sorted(p for p in labels.rglob("*.txt") if p.name != "classes.txt"
+                     and not any(part.startswith(".") for part in p.relative_to(labels).parts)  # as images are listed
+                     and (st := _stat(p)) is not None and (st.st_dev, st.st_ino) not in expected)
     if orphans:
         more = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
         raise UsageError(path_problem("--dataset", named, f"label file {orphans[0]}{more} has no image in {folder}")
                          + "; put its image back, or remove the label file (its objects would not be scored)")
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
 
 
 def _listed_images(listing: Path, named: str) -> list[Path]:
