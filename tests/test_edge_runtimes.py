@@ -658,8 +658,11 @@ def test_calibration_images_are_never_evaluated_ones(tmp_path):
     with pytest.raises(UsageError, match="--calibration .* not a folder"):
         calibration_set(dataset, evaluated, str(tmp_path / "absent"), 300)
     # a broken file is refused when the run is planned (it failed the first int8 cell, inside a run folder)
+    # a photo with data after its JPEG (a phone's motion photo) decodes: it is no broken file
+    (folder / "motion.jpg").write_bytes((folder / "other.jpg").read_bytes() + b"\x00appended video" * 200)
+    assert len(calibration_set(dataset, evaluated, str(folder), 300).records) == 2
     (folder / "broken.jpg").write_bytes(b"garbage\n")
-    with pytest.raises(UsageError, match=r"--calibration .*: broken.jpg is not a .* image \(starts with .*; replace "
+    with pytest.raises(UsageError, match=r"--calibration .*: broken.jpg cannot be decoded as an image.*; replace "
                                          r"or remove the broken files"):
         calibration_set(dataset, evaluated, str(folder), 300)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.data.coco import CocoDataset, ImageRecord
-from harness.data.images import image_file_problem
 from harness.data.variants import image_id_sha256
 from harness.errors import UsageError, path_problem
 from harness.files import file_sha256
@@ -79,10 +78,14 @@ def calibration_set(dataset: CocoDataset, evaluated: list[ImageRecord], folder: 
     if not files:
         raise UsageError(path_problem("--calibration", folder, "has no image files") +
                          f" ({', '.join(IMAGE_SUFFIXES)}); put calibration images in it")
-    broken = [(p, why) for p in files if (why := image_file_problem(p)) is not None]
-    if broken:  # found now, not when the first int8 core is built inside the run
-        (first, why), more = broken[0], f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-        raise UsageError(path_problem("--calibration", folder, f"{first.name} {why}{more}")
+    # decoded as calibration decodes them, now rather than when the first int8 core is built inside the run (a
+    # header-and-tail check would refuse photos with data after the JPEG, which decode fine)
+    import cv2
+
+    broken = [p for p in files if cv2.imread(str(p), cv2.IMREAD_COLOR) is None]
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise UsageError(path_problem("--calibration", folder, f"{broken[0].name} cannot be decoded as an image{more}")
                          + "; replace or remove the broken files")
     evaluated_sha = {file_sha256(Path(r.path)): r for r in evaluated}
     digests = [file_sha256(p) for p in files]
