@@ -494,3 +494,5 @@ def test_dataset_ids_keep_letters_of_any_script():
         ("日本", "中国", "c_données_日本", "mydata")
     assert _slug("cafe\u0301") == _slug("caf\u00e9") == "café"  # one name, however the file system composed it
     assert (_slug("a b/c"), _slug("..."), _slug("***")) == ("a-b-c", "dataset", "dataset")
+    # scripts whose letters carry combining signs keep them: three Hindi words were all "क-ल"
+    assert len({_slug("किला"), _slug("कुला"), _slug("केला")}) == 3 and _slug("தமிழ்") == "தமிழ்"

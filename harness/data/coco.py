@@ -612,9 +612,12 @@ ROBOFLOW_SPLITS = ("valid", "test", "train")
 
 
 def _slug(name: str) -> str:
-    """A dataset id from a folder or file name: lower-case letters and digits of any script, '_', '.' and '-' (a
-    name in another script stays itself: two such folders were both "dataset")."""
-    return re.sub(r"[^\w.-]+", "-", unicodedata.normalize("NFC", name).lower()).strip("-.") or "dataset"
+    """A dataset id from a folder or file name: lower-case letters and digits of any script with their marks (a
+    Devanagari vowel sign, a Tamil virama), '_', '.' and '-'; a name in another script stays itself (two such
+    folders were both "dataset")."""
+    kept = "".join(c if c.isalnum() or c in "_.-" or unicodedata.category(c) in ("Mn", "Mc") else " "
+                   for c in unicodedata.normalize("NFC", name).lower())
+    return re.sub(r" +", "-", kept).strip("-.") or "dataset"
 
 
 def categories_sha256(categories: dict[int, str]) -> str:
