@@ -762,3 +762,10 @@ def test_a_resume_of_a_damaged_run_json_is_refused_and_deletes_nothing(tmp_path)
     run_json.write_text(json.dumps(whole))  # restored: nothing left to do, nothing touched
     assert va_bench("run", "--resume", "r", "--output-dir", str(out), env=env).returncode == 0
     assert snapshot(out / "r") == before
+    # every cell listed, one failed after its submission was written: that file is its dead attempt's, as before
+    failed = copy.deepcopy(whole)
+    failed["cells"][1].update(status="failed", reason="after its file", submission=None)
+    run_json.write_text(json.dumps(failed))
+    again = va_bench("run", "--resume", "r", "--output-dir", str(out), "--retry-failed", env=env)
+    assert again.returncode == 0, again.stderr
+    assert set(statuses(out / "r").values()) == {"ok"} and len(list((out / "r" / "submissions").glob("*.json"))) == 4

@@ -160,10 +160,11 @@ class RunState:
             owned = {s.submission for s in statuses.values() if s.state == "ok"}
             owned |= {c.get("submission") for c in others if c.get("status") == "ok"}
             unowned = [p for p in submission_files(run_dir) if p.relative_to(run_dir).as_posix() not in owned]
-            # a process killed before "ok" leaves at most its running cell's: more is a run.json that lost cells
-            # (edited or damaged), whose finished submissions must not be taken for a dead process's
+            # a process killed before "ok" leaves at most its running cell's: more, with planned cells run.json does
+            # not list, is a run.json that lost cells (edited or damaged), whose finished submissions must not be
+            # taken for a dead process's (every cell listed: what is not ok is to be run again, as before)
             died = sum(c.get("status") in ("running", "interrupted") for c in recorded.values())
-            if len(unowned) > died:
+            if len(unowned) > died and any(cell.label not in recorded for cell in cells):
                 raise UsageError(f"{run_dir / RUN_FILE} does not record {len(unowned)} submission(s) in "
                                  f"{SUBMISSIONS_DIR}/ as finished (first: {unowned[0].name}): it was edited or "
                                  "damaged; restore it, or move the run folder away and start a new run")
