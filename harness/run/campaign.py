@@ -352,7 +352,7 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
                              f"{'; '.join(recipe_changes(before or {}, recipe))}; its finished datasets would mix "
                              "with these: use another --campaign-id")
     datasets_dir = folder / "datasets"
-    created = [p for p in (folder, output_dir) if not p.exists()]  # what this call makes, innermost first
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # what this call makes, innermost first
     datasets_dir.mkdir(parents=True, exist_ok=True)
     # one process per campaign folder: a second would replace the dataset run the first is writing
     lock = lock_folder(folder, f"campaign {campaign_id} in {output_dir} is being run by another va-bench process; "
@@ -362,9 +362,9 @@ def run_campaign(campaign: Campaign, output_dir: Path, campaign_id: str, argv: l
     except UsageError:  # refused before any dataset ran: a folder made now would hold only the recipe
         if folder in created and not any(datasets_dir.iterdir()):
             shutil.rmtree(folder, ignore_errors=True)
-            with contextlib.suppress(OSError):  # --output-dir too, when made now and still empty
-                if output_dir in created:
-                    output_dir.rmdir()
+            with contextlib.suppress(OSError):  # --output-dir and the folders above it made now, while empty
+                for made in created[1:]:
+                    made.rmdir()
         raise
     finally:
         os.close(lock)
