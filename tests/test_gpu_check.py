@@ -243,3 +243,22 @@ def test_gpu_check_server_step_runs_on_the_cpu(tmp_path):
     (check,) = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert check["name"] == "server" and check["status"] in ("ok", "failed") and check["data"]["trials"], check
     assert check["data"]["fastest_query_ms"] > 0 and "qps" in check["figure"]
+
+
+def test_the_server_step_asks_a_run_for_queries_it_takes():
+    """--limit 1 asked for 5 queries a trial, which a run refuses (10 at least)."""
+    from types import SimpleNamespace
+
+    from harness.bench.gpu_check import SERVER_QUERIES, check_server
+    from harness.config import RunConfig
+
+    least = RunConfig.model_fields["server_queries"].metadata[0].ge
+    for limit, want in ((1, max(10, least)), (2, 10), (None, SERVER_QUERIES)):
+        asked = []
+
+        def run(*options, timeout, asked=asked):
+            asked.append(int(options[options.index("--server-queries") + 1]))
+            raise RuntimeError("not run here")
+
+        check = check_server(SimpleNamespace(device="cpu", limit=limit, run=run), {})
+        assert check.status == "failed" and asked == [want] and want >= least, (limit, asked)

@@ -542,7 +542,8 @@ def check_repeats(r: Runner, state: dict) -> Check:
 
 # Loose for a batch-1 query of the sample's model on a GPU (a few ms): the rate found is near the pipeline's capacity,
 # where queueing decides; a trial near it takes about 2 s on an H200. A rehearsal on a CPU (--device cpu: an eager
-# query takes 20-350 ms on cpu-box) gets a bound it can hold, and with --limit 5 queries a sample image.
+# query takes 20-350 ms on cpu-box) gets a bound it can hold, and with --limit 5 queries a sample image (10
+# at least, a run's least).
 SERVER_BOUND_MS = {"cuda": 50.0, "cpu": 2000.0}
 SERVER_QUERIES = 300
 
@@ -551,12 +552,12 @@ def check_server(r: Runner, state: dict) -> Check:
     """`--scenario server --find-max-qps` at batch 1 on the device: the highest Poisson rate whose p99 holds the bound.
     A query's latency runs until its detections are on the host, so it holds the device's work: the fastest query
     cannot beat the timed pass's fastest image by much, where a clock stopped before the device finished would."""
+    bound = SERVER_BOUND_MS["cuda" if r.device.startswith("cuda") else "cpu"]
+    queries = min(SERVER_QUERIES, max(10, 5 * r.limit)) if r.limit else SERVER_QUERIES
     try:
         cell = _cells(r.run("--backend", "pytorch", "--device", r.device, "--batch-sizes", "1", "--no-energy",
-                            "--scenario", "server", "--find-max-qps", "--latency-bound",
-                            f"{SERVER_BOUND_MS['cuda' if r.device.startswith('cuda') else 'cpu']:g}",
-                            "--server-queries", str(min(SERVER_QUERIES, 5 * r.limit) if r.limit else SERVER_QUERIES),
-                            timeout=240))[1]
+                            "--scenario", "server", "--find-max-qps", "--latency-bound", f"{bound:g}",
+                            "--server-queries", str(queries), timeout=240))[1]
     except RuntimeError as exc:
         return Check("server", status="failed", reason=str(exc))
     return server_check(_submission(cell), Path(cell["submission"]).parent.parent)
