@@ -731,8 +731,7 @@ def test_a_busy_machine_names_torchs_spinning_openmp_threads_where_they_spin(mon
 def test_a_busy_machine_names_a_runtimes_own_spinning_openmp_threads():
     """ncnn's OpenMP threads spin openmp_blocktime (20 ms by default) after each parallel region: the busy machine's
     warning said nothing of it, though a loaded 2-core box ran its 2-thread forward 3-5x slower than 1 thread's."""
-    import ncnn
-
+    ncnn = pytest.importorskip("ncnn")  # the edge extra's
     blocktime = ncnn.Option().openmp_blocktime
     text = hygiene.spinning_openmp(False, False, 2, blocktime)
     assert blocktime > 0 and f"spin {blocktime} ms after each parallel region (its openmp_blocktime)" in text

@@ -55,6 +55,23 @@ from harness.measure.device import Device
 from harness.records import LayerCall
 from harness.storage import cache_writes
 
+
+@contextlib.contextmanager
+def _nncf_log_to_stderr():
+    """NNCF's logger writes to the stdout it found when imported (a redirect does not reach it): its handlers point
+    at stderr for the quantisation, and back after."""
+    import logging
+
+    moved = [h for h in logging.getLogger("nncf").handlers
+             if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__)]
+    previous = [h.setStream(sys.stderr) for h in moved]
+    try:
+        yield
+    finally:
+        for handler, stream in zip(moved, previous, strict=True):
+            handler.setStream(stream)
+
+
 # compiled-model precision type name -> the record's vocabulary
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 # compute precisions an N row may run at (never lower than asked)
@@ -206,8 +223,8 @@ class OpenVinoCore:
             finally:
                 self.precision = saved
             fp32.reshape({0: [1, 3, *self.input_size]})  # the calibration batches' shape; batch made dynamic again
-            try:  # NNCF's progress bars go to stdout, where a run's summary and --json go: sent to stderr
-                with contextlib.redirect_stdout(sys.stderr):
+            try:  # NNCF's progress bars and log lines go to stdout, where a run's summary and --json go: to stderr
+                with contextlib.redirect_stdout(sys.stderr), _nncf_log_to_stderr():
                     model = nncf.quantize(fp32, nncf.Dataset([b.numpy() for b in batches]),
                                           preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches))
             except Exception as exc:
