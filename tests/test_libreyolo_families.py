@@ -27,7 +27,7 @@ from http.server import HTTPServer, SimpleHTTPRequestHandler
 import numpy as np
 import pytest
 import torch
-from conftest import COCO_DIR, CORPUS, load_core_of, requires_coco, requires_corpus, requires_yolox
+from conftest import COCO_DIR, CORPUS, load_core_of, requires_coco, requires_corpus, requires_yolox, run_in_process
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from harness.detector.protocol import RANDOM_WEIGHTS
@@ -782,3 +782,31 @@ def test_a_checkpoint_libreyolo_pins_is_trusted_unread(tmp_path, monkeypatch):
     assert not ly._trusted(libreyolo.LibrePPYOLOE, path, sha)
     monkeypatch.setattr(libreyolo.LibrePPYOLOE, "_CHECKPOINT_SHA256", {path.name: sha})
     assert ly._trusted(libreyolo.LibrePPYOLOE, path, sha) and not marker.exists()
+
+
+RFDETR_IDS = ("rfdetr-n", "rfdetr-s", "rfdetr-m", "rfdetr-l", "rfdetr-seg-n", "rfdetr-seg-s", "rfdetr-seg-m",
+              "rfdetr-seg-l")
+
+
+@pytest.mark.skipif(not HAS_RFDETR, reason="libreyolo without RF-DETR")
+@pytest.mark.catalogue
+@pytest.mark.parametrize("model_id", RFDETR_IDS)
+def test_an_rfdetr_models_size_rule_is_its_backbones_block(model_id):
+    """RF-DETR's backbone takes sizes that are multiples of its patch x windows (libreyolo asserts it in the
+    forward): the catalogue's rule for each id is that block, read from libreyolo's own model."""
+    from libreyolo.models.rfdetr.imgsz import resolve_patch_window
+
+    model = ly.catalogue()[model_id]
+    wrapper = ly.libreyolo_class(model)._from_scratch(size=model.size, device="cpu", task=model.family.task, seed=0)
+    patch, windows = resolve_patch_window(wrapper.model)
+    assert model.size_multiple == patch * windows and model.input_size % model.size_multiple == 0
+
+
+@pytest.mark.skipif(not HAS_RFDETR, reason="libreyolo without RF-DETR")
+def test_an_input_size_the_rfdetr_seg_backbone_refuses_is_refused_when_planned(tmp_path):
+    """rfdetr-seg-n at 320 passed the family's multiple-of-32 rule and failed inside the run ("Backbone requires
+    input shape to be divisible by 12"); 336 (a multiple of 24, not of 32) was refused though seg-s takes it."""
+    common = ("run", "--weights", "random", "--batch-sizes", "1", "--limit", "2", "--dry-run")
+    refused = run_in_process(*common, "--model", "rfdetr-seg-n", "--input-size", "320")
+    assert refused.returncode == 2 and "input size 320 is not a multiple of 12 (rfdetr-seg-n's" in refused.stderr
+    assert run_in_process(*common, "--model", "rfdetr-seg-s", "--input-size", "336").returncode == 0

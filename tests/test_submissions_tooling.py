@@ -1493,6 +1493,16 @@ def test_a_segmentation_rows_box_figures_and_its_task_are_checked(tmp_path):
     assert "model.task is missing but the row's figures are of masks (accuracy.bbox_mAP_50_95)" in \
         reports[6].errors[0].message
     assert [r["file"] for r in aggregate(reports)["cube"]] == [str(reports[0].path)]
+    # a segmentation model run with --no-masks: a detection row, its config saying why it has no masks
+    no_masks = copy.deepcopy(seg)
+    no_masks["model"]["task"] = "detect"
+    no_masks["accuracy"] = {k: v for k, v in a.items() if not k.startswith("bbox_")}
+    no_masks["config"]["masks"] = "off (--no-masks): boxes only"
+    (report,) = _write(tmp_path / "no-masks", [no_masks])
+    assert not [f for f in report.findings if f.rule == "task"]
+    no_masks["config"]["masks"] = {"maps": "prototypes"}  # a mask spec: masks were made
+    (report,) = _write(tmp_path / "masks-spec", [no_masks])
+    assert [(f.rule, f.severity) for f in report.findings if f.rule == "task"] == [("task", "error")]
     boxless = copy.deepcopy(seg)
     boxless["accuracy"] = {k: v for k, v in a.items() if not k.startswith("bbox_")}
     (report,) = _write(tmp_path / "boxless", [boxless])

@@ -87,6 +87,12 @@ class LibreModel:
     input_size: int
     preprocess_fields: dict[str, Any] = field(default_factory=dict)  # per-model overrides of the family's
     postprocess_fields: dict[str, Any] = field(default_factory=dict)
+    own_size_multiple: int | None = None  # where the model's differs from its family's (a backbone's windows)
+
+    @property
+    def size_multiple(self) -> int:
+        """What an input size other than the native one must be a multiple of."""
+        return self.own_size_multiple or self.family.size_multiple
 
     @property
     def weights_file(self) -> str:
@@ -123,7 +129,8 @@ def catalogue() -> dict[str, LibreModel]:
             for model_id, entry in block["models"].items():
                 model = LibreModel(model_id, fam, str(entry["size"]), str(entry.get("variant", entry["size"])),
                                    int(entry["input_size"]), dict(entry.get("preprocess", {})),
-                                   dict(entry.get("postprocess", {})))
+                                   dict(entry.get("postprocess", {})),
+                                   int(entry["size_multiple"]) if "size_multiple" in entry else None)
                 _ = _preprocess_spec(model, model.input_size), model.postprocess  # valid now, not at a run
                 models[model_id] = model
         except (KeyError, TypeError, ValueError) as exc:
@@ -604,7 +611,7 @@ class LibreYoloDetector:
         self.entry = entry
         self.model_id, self.family, self.variant = model_id, entry.family.family, entry.variant
         self.licence = entry.family.licence
-        self.size_multiple = entry.family.size_multiple
+        self.size_multiple = entry.size_multiple
         self.wrapper, self.weights = build_libreyolo(entry, weights)
         # the model's classes as libreyolo loaded them: COCO's 80, or a fine-tuned checkpoint's own (its `nc` and
         # `names`; libreyolo names them class_0... when the checkpoint does not)

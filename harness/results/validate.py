@@ -267,9 +267,10 @@ def task_findings(doc: dict, sub: Submission) -> list[Finding]:
     ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
     config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     iou_types = ev.get("iouType") if isinstance(ev.get("iouType"), list) else [ev.get("iouType")]
+    # config.masks is the mask spec the masks were made with (a dict); --no-masks records why there are none (text)
     evidence = ([f"accuracy.{k}" for k in sub.accuracy if k.startswith("bbox_")][:1]
-                + (["eval.iouType segm"] if "segm" in iou_types else []) + (["config.masks"] if config.get("masks")
-                                                                           else []))
+                + (["eval.iouType segm"] if "segm" in iou_types else [])
+                + (["config.masks"] if isinstance(config.get("masks"), dict) else []))
     if evidence:
         return [Finding("model.task", f"model.task is {task or 'missing'} but the row's figures are of masks "
                         f"({', '.join(evidence)}): the site would rank its mask mAP on the detection board; set "
