@@ -70,6 +70,11 @@ def test_dry_run_writes_nothing_and_plans_what_the_run_does(tmp_path):
     text = run_in_process("run", "--dry-run", "--output-dir", str(out), *args[:-1])  # the seconds are a cap
     assert "warm-up: >= 1 batches, then until the batch times settle\n  or 0.0 s since it began" in text.stdout, \
         text.stdout
+    assert plan["warnings"] == [] and "warning" not in text.stdout
+    # a --limit above the variant's size: all of it is scored, under its own name, and the plan says so
+    above = run_in_process("run", "--dry-run", "--output-dir", str(out), *args[:-1], "--limit", "5000")
+    assert "sample (206 images)" in above.stdout, above.stdout
+    assert "warning: --limit 5000: the sample variant has 206 images; all of them are scored" in above.stdout
     ran = run_in_process("run", "--output-dir", str(out), *args)
     assert ran.returncode == 0, ran.stderr
     for path in out.glob("*/submissions/*.json"):

@@ -103,7 +103,17 @@ class RunPlan:
                 # nothing is scored without accuracy, nor on synthetic input
                 "evaluation": config.evaluator if config.accuracy and config.input_source != "synthetic" else None,
                 "groups": groups,
-                "num_cells": len(self.cells)}
+                "num_cells": len(self.cells),
+                "warnings": [w for w in (self.limit_warning(),) if w]}
+
+    def limit_warning(self) -> str | None:
+        """--limit above the variant's size: every image of it is scored, under the variant's own name (said, not
+        silently fewer than asked)."""
+        limit = self.config.limit
+        if limit is None or self.config.input_source == "synthetic" or self.variant.num_images >= limit:
+            return None
+        return (f"warning: --limit {limit}: the {self.variant.name} variant has {self.variant.num_images} images; "
+                "all of them are scored")
 
 
 def new_run_id() -> str:

@@ -175,6 +175,8 @@ class Scheduler:
             self.progress.log(warning)
         if warning := orientation_warning(plan.dataset.orientations, plan.dataset.annotation_format != "yolo"):
             self.progress.log(warning)
+        if warning := plan.limit_warning():
+            self.progress.log(warning)
         hardware = hardware_block(plan.device, config.hardware_id)
         state: RunState | None = None
         ctx: RunContext | None = None

@@ -298,6 +298,7 @@ def print_plan(console: Console, plan: dict) -> None:
         lines.insert(3, f"each cell's timed pass: >= {timing['min_seconds']:g} s (timed below: at least)")
     if timing.get("target_ci") is not None:
         lines.insert(3, f"each cell's timing goes on until the median's 95 % CI is within +-{timing['target_ci']:g} %")
+    lines += [escape(w) for w in plan.get("warnings", [])]
     for line in lines:  # short lines: the plan reads in 80 columns (a long run folder path may still wrap)
         console.print(line, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
