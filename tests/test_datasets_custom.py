@@ -496,3 +496,24 @@ def test_dataset_ids_keep_letters_of_any_script():
     assert (_slug("a b/c"), _slug("..."), _slug("***")) == ("a-b-c", "dataset", "dataset")
     # scripts whose letters carry combining signs keep them: three Hindi words were all "क-ल"
     assert len({_slug("किला"), _slug("कुला"), _slug("केला")}) == 3 and _slug("தமிழ்") == "தமிழ்"
+
+
+@requires_coco
+def test_an_image_named_in_another_unicode_composition_is_told_apart(tmp_path):
+    """An annotation's file name in NFC and the file in NFD (as a macOS folder writes it) look alike: the refusal
+    shows both, escaped, and says what differs."""
+    import unicodedata
+
+    from harness.data.coco import CocoDataset
+
+    annotation = _three_class_dataset(tmp_path / "d")
+    images = annotation.parent / "images"
+    data = json.loads(annotation.read_text())
+    first = data["images"][0]
+    composed = "caf\u00e9-" + first["file_name"]
+    (images / first["file_name"]).rename(images / unicodedata.normalize("NFD", composed))
+    first["file_name"] = composed
+    annotation.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"'caf\\xe9-.*' is there as 'cafe\\u0301-.*', the same name composed "
+                                         r"otherwise \(Unicode NFC/NFD\): rename the files"):
+        CocoDataset.from_path(str(annotation)).variant("sample")

@@ -427,6 +427,17 @@ class CocoDataset:
                 present.append(image_id)
         return present, not_annotated, absent
 
+    def _composed_twin(self, file_name: str, listings: dict[Path, dict[str, str]]) -> tuple[str, str] | None:
+        """(the annotation's name, the file's) when the image is there under the same name composed otherwise (a
+        macOS folder's NFD for an annotation's NFC): they look alike, and a message must show them apart. `listings`:
+        each folder's names by their NFC form, read once."""
+        wanted = self.image_dir / file_name
+        if wanted.parent not in listings:
+            names = [p.name for p in wanted.parent.iterdir()] if wanted.parent.is_dir() else []
+            listings[wanted.parent] = {unicodedata.normalize("NFC", n): n for n in names}
+        found = listings[wanted.parent].get(unicodedata.normalize("NFC", wanted.name))
+        return (wanted.name, found) if found is not None and found != wanted.name else None
+
     def variant(self, name: str, limit: int | None = None) -> DatasetVariant:
         """Resolve a variant; every image it names must be present, look whole (size, first and last
         bytes: `check_image_files`) and have the size its annotations give (`check_image_sizes`), or this is a
@@ -462,10 +473,14 @@ class CocoDataset:
         if missing:
             label = name if limit is None else f"the first {len(wanted)} images of {name}"
             named = f": {', '.join(absent[:2])}{', ...' if len(absent) > 2 else ''}" if absent else ""
+            listings: dict[Path, dict[str, str]] = {}
+            twin = next((t for t in (self._composed_twin(f, listings) for f in absent[:64]) if t), None)
+            fix = (f"{twin[0]!a} is there as {twin[1]!a}, the same name composed otherwise (Unicode NFC/NFD): "
+                   "rename the files as the annotation file spells them" if twin else self._missing_fix(name))
             raise UsageError(
                 f"dataset variant {label!r} needs {len(wanted)} images but {missing} are missing under "
                 f"{self._shown_root} ({not_annotated} not in {self.annotation_file.name}, {len(absent)} image files "
-                f"absent{named}); {self._missing_fix(name)}"
+                f"absent{named}); {fix}"
             )
         if not present:
             split = self.annotation_file.parent
