@@ -751,7 +751,8 @@ larger than it, '+' on a rise larger than it; a trailing % makes it relative to 
 gates skip changes the significance test calls noise; a gate with nothing to check fails.
     """
     from harness.config import MIN_RESAMPLES
-    from harness.results.compare import ImageSets, check_gate, compare_paths, parse_gate
+    from harness.results.compare import ImageSets, compare_paths
+    from harness.results.compare_gates import check_gate, parse_gate
     from harness.views.compare_view import comparisons_json, print_comparisons
 
     gates = [parse_gate(spec) for spec in fail_on or []]

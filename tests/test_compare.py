@@ -21,14 +21,8 @@ from harness.errors import UsageError
 from harness.eval.coco_eval import STAT_NAMES
 from harness.eval.detection_diff import DetectionFileError, diff_detections, parse_coco_detections
 from harness.measure.stats import autocorrelated, block_means
-from harness.results.compare import (
-    check_gate,
-    compare_paths,
-    compare_sides,
-    latency_significance,
-    load_side,
-    parse_gate,
-)
+from harness.results.compare import compare_paths, compare_sides, latency_significance, load_side
+from harness.results.compare_gates import check_gate, parse_gate
 from harness.views.compare_view import render_comparison
 
 SHA = "0" * 64
@@ -350,7 +344,7 @@ def test_gates(tmp_path):
     b = write_submission(tmp_path / "b", lognormal(2, 60), accuracy=acc_b)
     noise = write_submission(tmp_path / "n", lognormal(3, 50), accuracy=acc_a)
     c = compare_paths(a, [b])[0]
-    from harness.results.compare import check_gate
+    from harness.results.compare_gates import check_gate
 
     status = {spec: check_gate(parse_gate(spec), c).status for spec in
               ("map:-0.005", "map:-0.02", "map:-5%", "ar100:-0.001", "latency:+10%", "latency:+30%",
@@ -443,7 +437,7 @@ def test_operating_points_are_compared_beside_the_statistics(tmp_path):
 def test_relative_gates_are_the_change_over_a(tmp_path):
     """latency:+10% is crossed by 50 -> 55.5 ms (+11.0 % of A, though only 9.9 % of B); map:-10% by 0.30 -> 0.20
     (-33.3 % of A)."""
-    from harness.results.compare import check_gate
+    from harness.results.compare_gates import check_gate
 
     factors = np.random.default_rng(5).permutation(np.exp(np.linspace(-0.02, 0.02, 31)))  # median exactly 1
     a = write_submission(tmp_path / "a", 50.0 * factors, accuracy=dict.fromkeys(STAT_NAMES, 0.30))
@@ -958,7 +952,7 @@ def test_report_gate_names_are_the_same_figures_in_compare(ort_run):
     """`--fail-on images_per_s:-5%` gates the figure `report --gates` calls images_per_s (and so for the per-image
     latencies), read from a real run's submission."""
     from harness.report.gates import METRICS
-    from harness.results.compare import PERF_ALIASES, PERF_GATES
+    from harness.results.compare_gates import PERF_ALIASES, PERF_GATES
 
     plan, _ = ort_run
     path = next((plan.run_dir / "submissions").glob("*.json"))
@@ -985,7 +979,7 @@ def test_a_run_compared_with_itself_says_a_gate_cannot_fail(tmp_path):
 def test_a_gate_with_no_paired_cell_says_so(tmp_path):
     """Cells that do not pair (another batch size) left the gate saying no mAP was measured on both sides, though
     both had one."""
-    from harness.results.compare import check_gate
+    from harness.results.compare_gates import check_gate
 
     accuracy = dict.fromkeys(STAT_NAMES, 0.3)
     for backend in ("onnx", "pytorch"):  # two runtimes in A, two others in B: no cell has a counterpart

@@ -272,7 +272,8 @@ def test_one_detections_file_of_two_image_sets_is_evaluated_on_each(runs):
 def test_an_accuracy_gate_does_not_fail_on_a_fall_the_interval_calls_chance():
     """With --map-ci, a mAP gate is crossed only by a fall whose paired interval excludes 0 (as the latency gates
     ignore what the verdict calls noise); without an interval, or beyond it, the fall fails."""
-    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+    from harness.results.compare import AccuracyDelta, Comparison
+    from harness.results.compare_gates import check_gate, parse_gate
 
     def comparison(interval: dict | None) -> Comparison:
         return Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.30, "mAP_50": 0.45},
@@ -300,7 +301,8 @@ def test_a_gate_on_a_real_fall_that_is_not_chance_fails(runs):
 
 def test_the_chance_rule_is_for_falls_only():
     """A '+' gate on a rise of mAP fails as without an interval: the rule lets a fall pass that may be chance."""
-    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+    from harness.results.compare import AccuracyDelta, Comparison
+    from harness.results.compare_gates import check_gate, parse_gate
 
     comparison = Comparison("A", "B", accuracy=[AccuracyDelta("b1", {"mAP_50_95": 0.28, "mAP_50": 0.44},
                                                               {"mAP_50_95": 0.30, "mAP_50": 0.45},
@@ -336,7 +338,8 @@ def test_a_detections_file_replaced_since_its_cell_was_scored_is_found(runs):
 def test_an_accuracy_gate_on_other_images_fails_as_not_comparable():
     """48 images against 96: the delta is as much the images' as the model's. It failed the gate as a fall, or,
     the runs the other way round, passed it, both as if the model had been judged."""
-    from harness.results.compare import AccuracyDelta, Comparison, check_gate, parse_gate
+    from harness.results.compare import AccuracyDelta, Comparison
+    from harness.results.compare_gates import check_gate, parse_gate
 
     other = "A and B scored different image sets (coco2017 subset48 vs coco2017 subset96, ...)"
     for a, b in ((0.36, 0.27), (0.27, 0.36)):

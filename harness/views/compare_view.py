@@ -8,7 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.figures import count_of, shown_apart
-from harness.results.compare import COORDS, CellDelta, Comparison, DeltaGateResult
+from harness.results.compare import COORDS, CellDelta, Comparison
+from harness.results.compare_gates import DeltaGateResult
 from harness.views.text import escape, printable
 
 LABELS = dict(COORDS)
