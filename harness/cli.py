@@ -837,18 +837,19 @@ def report(
                                                        "log, e.g. BENCHMARKS.md (never rewrites earlier sections)"),
     gates: Path | None = typer.Option(None, "--gates", help="YAML file of targets (none by default; an example to "
                                                             f"copy: {EXAMPLE_GATES})"),
-    fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET"),
+    fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET or selects no "
+                                                                      "cell of the run"),
 ) -> None:
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends
-    the run to the benchmark log with its gates. Exit 0; 1 with --fail-on-gates when a gate is NOT MET; 2 on
-    bad input."""
+    the run to the benchmark log with its gates. Exit 0; 1 with --fail-on-gates when a gate is NOT MET or selects no
+    cell of the run; 2 on bad input."""
     from harness.report.run_report import make_report
     from harness.views.commands import print_report_outcome
 
     _check_output("--log", log)
     outcome = make_report(run_dir, gates, log, require_gates=fail_on_gates)
     print_report_outcome(console, outcome, log)
-    raise typer.Exit(1 if fail_on_gates and outcome.gates_not_met else 0)
+    raise typer.Exit(1 if fail_on_gates and outcome.gates_failing else 0)
 
 
 # ------------------------------------------------------------------------------------------ fleet (Ray)

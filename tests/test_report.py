@@ -509,10 +509,17 @@ def test_failing_gate_shows_not_met_and_fails_only_when_asked(run_a, tmp_path):
     assert va_bench("report", str(run), "--gates", str(gates)).returncode == 0
     failing = va_bench("report", str(run), "--gates", str(gates), "--fail-on-gates")
     assert failing.returncode == 1 and "NOT MET" in failing.stdout
+    # a gate that selects no cell checked nothing: it fails too (a misspelt selector passed every run); `onnx` is
+    # run's own name for onnxruntime, and selects its cells
+    only = tmp_path / "only.yaml"
+    for selector, code in (("{batch_size: 64}", 1), ("{precision: FP32}", 1), ("{backend: onnx}", 0)):
+        only.write_text(f"gates:\n  - {{metric: mAP_50_95, comparison: '>=', target: 0.0, cell: {selector}}}\n")
+        assert va_bench("report", str(run), "--gates", str(only), "--fail-on-gates").returncode == code, selector
 
 
 @pytest.mark.parametrize("content, expect", [
     ("gates: [a, b\n", "not valid YAML"),
+    ("gates: []\n", "lists no gate"),
     ("- metric: mAP_50_95\n", "expected a mapping"),
     ("gates:\n  - {metric: mAP, comparison: '>=', target: 0.2}\n", "unknown metric 'mAP'"),
     ("gates:\n  - {metric: mAP_50_95, comparison: '=>', target: 0.2}\n", "gates[0].comparison"),

@@ -15,8 +15,9 @@ File format (validated; one clear line on any problem)::
 
 A gate is evaluated on every cell it selects (one row each). A cell that has no value for the metric
 (energy unavailable on this machine, no accuracy pass) is `not measured` with the reason, never a pass
-or a 0; a gate that selects no cell of the run is `not measured` too. Only NOT MET fails
-`--fail-on-gates`.
+or a 0; a gate that selects no cell of the run is `not measured` too. NOT MET fails `--fail-on-gates`, and so does
+a gate that selects no cell (it checked nothing: a misspelt selector would pass every run); a file of no gate is
+refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from harness.errors import UsageError, brief
 from harness.figures import shown_apart
@@ -58,6 +59,7 @@ COMPARE = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator
 SHOWN = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
 
 MET, NOT_MET, NOT_MEASURED = "met", "NOT MET", "not measured"
+NO_SUCH_CELL = "no such cell in this run"  # a gate that selects nothing: a typo, or another run's gate
 
 
 class Selector(BaseModel):
@@ -72,6 +74,11 @@ class Selector(BaseModel):
     hardware: str | None = None
     variant: str | None = None
     mode: Literal["latency", "overlapped"] | None = None
+
+    @field_validator("backend")
+    @classmethod
+    def _runs_name(cls, value: str | None) -> str | None:
+        return "onnxruntime" if value == "onnx" else value  # `run`'s own alias, as a run records the backend
 
     def matches(self, cell: FinishedCell) -> bool:
         k = cell.key
@@ -143,7 +150,7 @@ def load_gates(path: Path) -> list[Gate]:
     if not isinstance(doc, dict):
         raise UsageError(f"gates file {path}: expected a mapping with a `gates:` list at the top; {fix}")
     try:
-        return GatesFile.model_validate(doc).gates
+        gates = GatesFile.model_validate(doc).gates
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
@@ -154,6 +161,9 @@ def load_gates(path: Path) -> list[Gate]:
             owner = Selector if "cell" in err["loc"] else Gate if len(err["loc"]) > 1 else GatesFile
             msg = f"unknown key; known: {', '.join(owner.model_fields)}"
         raise UsageError(f"gates file {path}: {loc}: {msg}; {fix}") from None
+    if not gates:  # a file that checks nothing would pass every run
+        raise UsageError(f"gates file {path} lists no gate; {fix}")
+    return gates
 
 
 def _value(cell: FinishedCell, metric: str) -> tuple[float | None, str]:
@@ -177,7 +187,7 @@ def evaluate(gates: list[Gate], run: RunFolder) -> list[GateResult]:
     for gate in gates:
         cells = [c for c in run.cells if gate.cell.matches(c)]
         if not cells:
-            results.append(GateResult(gate, gate.cell.describe(), None, NOT_MEASURED, "no such cell in this run"))
+            results.append(GateResult(gate, gate.cell.describe(), None, NOT_MEASURED, NO_SUCH_CELL))
         for c in cells:
             value, reason = _value(c, gate.metric)
             if value is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.files import atomic_write_bytes
 from harness.report import EXAMPLE_GATES
-from harness.report.gates import NOT_MET, GateResult, evaluate, gate_notes, load_gates
+from harness.report.gates import NO_SUCH_CELL, NOT_MET, GateResult, evaluate, gate_notes, load_gates
 from harness.report.html import render_html
 from harness.report.log import append_section, check_log, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
@@ -33,6 +33,11 @@ class ReportOutcome:
     @property
     def gates_not_met(self) -> list[GateResult]:
         return [g for g in self.gates or [] if g.status == NOT_MET]
+
+    @property
+    def gates_failing(self) -> list[GateResult]:
+        """What fails --fail-on-gates: a gate NOT MET, or one that selected no cell of the run (it checked nothing)."""
+        return [g for g in self.gates or [] if g.status == NOT_MET or g.reason == NO_SUCH_CELL]
 
 
 def _gate_source(path: Path) -> str:
