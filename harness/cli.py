@@ -381,6 +381,8 @@ def aggregate(
         raise UsageError(f"--tolerance {tolerance}: must be a number >= 0 (mAP points)")
     _check_output("--output", output)
     _check_output("--plot", plot)
+    if plot is not None and plot.suffix.lower() != ".png":  # one format: a name that says another would lie
+        raise UsageError(f"--plot {plot}: the figure is a PNG; give a file name ending in .png")
     support = load_support_matrix(support_matrix)
     validation = validate_paths(paths, support, _progress(), pending_site_ids())
     board = build(validation.reports, reference_hardware, tolerance, fallback_hardware, leaderboard_variant,
@@ -659,7 +661,7 @@ def models_fetch(
     from harness.catalogue import check_model_id
     from harness.detector.graph import onnx_problem
     from harness.detector.weights import ENV_WEIGHTS_DIR, weights_dir
-    from harness.files import download, file_sha256, output_file_problem
+    from harness.files import check_base_url, download, file_sha256, output_file_problem
     from harness.models.registry import REGISTRY
 
     entry = REGISTRY.get(model_id)
@@ -684,6 +686,8 @@ def models_fetch(
     if base_url is not None and not entry.weights_url:
         raise UsageError(f"--base-url applies to a model whose release file va-bench downloads itself; {model_id}'s "
                          "weights come through its library: drop it")
+    if base_url is not None:
+        check_base_url(base_url, "the release's own")
     if not entry.weights_url and model_id in _libreyolo_ids():
         from harness.models.libreyolo import fetch_weights
 

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from types import TracebackType
 
 import yaml
 
-from harness.errors import NonFiniteNumberError, VaBenchError
+from harness.errors import NonFiniteNumberError, UsageError, VaBenchError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -465,13 +466,22 @@ class DownloadError(VaBenchError):
     """A download that failed (network, server): exit 1, not a usage error."""
 
 
+def check_base_url(base_url: str, default: str) -> None:
+    """A UsageError unless `base_url` is an http(s):// or file:// URL (urllib would try an ftp:// one for a minute,
+    and take a bare host for a scheme)."""
+    url = urllib.parse.urlsplit(base_url)
+    if not (url.scheme in ("http", "https") and url.netloc or url.scheme == "file" and url.path):
+        raise UsageError(f"--base-url {base_url!r} is not an http(s):// or file:// URL; give the mirror's URL "
+                         f"(default: {default})")
+
+
 def download(url: str, dest: Path, timeout: float = 60.0,
              check: Callable[[Path], str | None] | None = None) -> Path:
     """Download `url` to `dest` atomically; never a partial file under the final name. A body shorter than the
     Content-Length the server announced (http.client returns a cut connection's bytes without an error), a web
     page where a file was asked for, or a file `check` finds a problem in (its reason), is a DownloadError and
     leaves nothing."""
-    fix = "check the URL and the network, or pass --weights PATH"
+    fix = "check the URL and the network, or give a mirror with --base-url"
     try:
         with atomic_file(dest) as tmp:
             with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:

@@ -308,3 +308,9 @@ def test_models_fetch_refuses_a_release_file_other_than_the_pinned_one_and_takes
     assert (cache / "yolox_nano.onnx").read_bytes() == YOLOX_NANO.read_bytes()
     library = run_in_process("models", "fetch", "rtdetr-r18", "--base-url", base)
     assert library.returncode == 2 and "--base-url applies to a model whose release file" in library.stderr
+    # a mirror that is no http(s):// or file:// URL is refused at once, as `data fetch` refuses it (a bare host was
+    # taken for a scheme, and ftp:// tried for a minute)
+    for bad in ("127.0.0.1:8701/good", "ftp://127.0.0.1:8701/good"):
+        refused = run_in_process("models", "fetch", "yolox-nano", "--force", "--base-url", bad,
+                                 env={"VA_BENCH_WEIGHTS": str(cache)})
+        assert refused.returncode == 2 and "is not an http(s):// or file:// URL" in refused.stderr, refused.stderr

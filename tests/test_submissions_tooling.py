@@ -1380,6 +1380,9 @@ def test_the_speed_accuracy_plot_draws_the_boards_fronts(corpus_reports, tmp_pat
     empty = va_bench("aggregate", tmp_path / "few", "--plot", tmp_path / "none.png", "-o", tmp_path / "none.json")
     assert empty.returncode == 2 and "--plot" in empty.stderr and "nothing to draw" in empty.stderr
     assert not (tmp_path / "none.png").exists() and not (tmp_path / "none.json").exists()
+    # a name that says another format is refused, not written as a PNG under it
+    svg = va_bench("aggregate", SUBMISSIONS, "--plot", tmp_path / "fronts.svg")
+    assert svg.returncode == 2 and "the figure is a PNG" in svg.stderr and not (tmp_path / "fronts.svg").exists()
 
 
 def test_a_repro_dataset_that_is_no_object_is_a_finding_not_a_crash(tmp_path, base_doc):

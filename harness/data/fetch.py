@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.data.variants import VAL2017_NUM_IMAGES
 from harness.errors import UsageError, VaBenchError
-from harness.files import atomic_write_json, is_disk_full, move_into_place
+from harness.files import atomic_write_json, check_base_url, is_disk_full, move_into_place
 from harness.storage import storage_fix
 
 COCO_BASE_URL = "http://images.cocodataset.org"
@@ -163,10 +163,7 @@ def fetch_archives(dest: Path, archives: tuple[Archive, ...] = COCO_VAL2017, bas
                    progress: Callable[[str, int, int | None], None] | None = None, keep_archives: bool = False,
                    ) -> list[str]:
     """Download, verify and extract each archive into `dest`; returns one line per archive for the user."""
-    url = urllib.parse.urlsplit(base_url)
-    if not (url.scheme in ("http", "https") and url.netloc or url.scheme == "file" and url.path):
-        raise UsageError(f"--base-url {base_url!r} is not an http(s):// or file:// URL; give the mirror's URL "
-                         "(default: COCO's own)")
+    check_base_url(base_url, "COCO's own")
     created = not dest.exists()
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"--dest {dest} is not a folder (a file is there); pick another --dest")
