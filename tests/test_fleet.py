@@ -880,6 +880,33 @@ def test_the_fleet_summary_keeps_a_long_hardware_id_whole_in_80_columns(tmp_path
     assert long_id in out and "f1 on beta" in out and out.count("yolox-nano/pytorch/fp32/416x416/b8") == 2, out
 
 
+def test_the_fleet_summary_says_each_server_cells_trial_as_a_run_does(tmp_path):
+    """`fleet run --scenario server` printed no trial and --json had no `server`, though each submission has it."""
+    import io
+    import types
+
+    from rich.console import Console
+
+    from harness.views.fleet_view import fleet_summary_json, print_fleet_summary
+
+    server = {"latency_bound_ms": 200, "at_qps": {"qps": 5, "bound_held": False, "achieved_qps": 4.8,
+                                                  "latency_ms": {"p50": 120.0, "p99": 251.5}}}
+    run_dir = tmp_path / "box"
+    (run_dir / "submissions").mkdir(parents=True)
+    (run_dir / "submissions" / "c.json").write_text(json.dumps({"server": server, "throughput": {}}))
+    status = types.SimpleNamespace(state="ok", submission="submissions/c.json", to_dict=lambda: {
+        "cell": "yolox-nano onnxruntime fp32 416 b1", "status": "ok", "reason": None})
+    outcome = types.SimpleNamespace(run_id="f1", fleet_dir=tmp_path, accuracy={}, refusals=[], problems={},
+                                    resume_command="", folders={"box": types.SimpleNamespace(
+                                        run_dir=run_dir, state=types.SimpleNamespace(cells={"a": status}))})
+    buffer = io.StringIO()
+    print_fleet_summary(Console(file=buffer, width=200, color_system=None), outcome)
+    assert "box: yolox-nano onnxruntime fp32 416 b1: server at 5 qps: p99 251.5 ms against 200 ms, NOT held" in \
+        buffer.getvalue(), buffer.getvalue()
+    (cell,) = fleet_summary_json(outcome)["cells"]
+    assert cell["server"] == server
+
+
 def test_a_continuing_group_takes_the_folders_environment_only_once_a_node_has_reported_one(tmp_path):
     """The driver's folder starts with an empty environment and a placeholder hardware block: a group continued
     before any node reported (its task died before its scheduler wrote run.json) must record its own, or the folder

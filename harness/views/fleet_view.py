@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.results.reader import submission_of_cell
+from harness.views.tables import server_lines
 from harness.views.text import escape
 
 
@@ -27,7 +28,8 @@ def cell_rows(outcome) -> list[dict]:
                          "submission": str(folder.run_dir / status.submission) if status.submission else None,
                          "images_per_s": _number(doc, "throughput", "images_per_s"),
                          "image_ms_p50": _number(doc, "timing", "total_ms", "p50"),
-                         "mAP_50_95": _number(doc, "accuracy", "mAP_50_95")})
+                         "mAP_50_95": _number(doc, "accuracy", "mAP_50_95"),
+                         **({"server": doc["server"]} if isinstance(doc.get("server"), dict) else {})})
     return rows
 
 
@@ -59,6 +61,8 @@ def print_fleet_summary(console: Console, outcome) -> None:
     """Everything a person reads at the end of `va-bench fleet run`."""
     for table in fleet_tables(outcome):
         console.print(table)
+    for line in server_lines([(f"{r['hardware_id']}: {r['cell']}", r.get("server")) for r in cell_rows(outcome)]):
+        console.print(escape(line), highlight=False)  # --scenario server: each cell's trial, as a run prints it
     for slug, entry in outcome.accuracy.items():
         if entry.get("status") == "ok":
             console.print(f"sharded accuracy {escape(slug)}: mAP {entry['mAP_50_95']:.4f} from "

@@ -199,7 +199,7 @@ def print_summary(console: Console, outcome) -> None:
         console.print(f"[red]--repeats[/]: {escape(failure)}: its samples are missing", highlight=False)
     for line in interval_lines(outcome.records) + probe_lines(outcome.records):
         console.print(escape(line), highlight=False)
-    for line in server_lines(outcome.records):
+    for line in server_lines([(r.cell.label, r.server) for r in outcome.records]):
         console.print(escape(line), highlight=False)
     for label, block in getattr(outcome, "repeats", {}).items():
         console.print(escape(repeats_line(label, block)), highlight=False)
@@ -223,21 +223,22 @@ def repeats_line(label: str, block: dict) -> str:
     return f"{label}: p50 ms/batch in {block['processes']} processes: {medians} ({spread})"
 
 
-def server_lines(records: list[CellRecord]) -> list[str]:
-    """--scenario server: each cell's trial at --qps and the rate --find-max-qps found."""
+def server_lines(cells: list[tuple[str, dict | None]]) -> list[str]:
+    """--scenario server: each cell's (label, its submission's `server` block) trial at --qps and the rate
+    --find-max-qps found."""
     lines = []
-    for r in records:
-        server = r.server or {}
+    for label, block in cells:
+        server = block or {}
         bound = server.get("latency_bound_ms")
         if server.get("at_qps"):
             t = server["at_qps"]
             verdict = "held" if t["bound_held"] else "NOT held"
-            lines.append(f"{r.cell.label}: server at {t['qps']:g} qps: p99 {t['latency_ms']['p99']:.1f} ms against "
+            lines.append(f"{label}: server at {t['qps']:g} qps: p99 {t['latency_ms']['p99']:.1f} ms against "
                          f"{bound:g} ms, {verdict} (p50 {t['latency_ms']['p50']:.1f} ms"
                          + (f", {t['achieved_qps']:.2f} qps achieved)" if t.get("achieved_qps") is not None else ")"))
         if "max_qps" in server:
             found = server["max_qps"]
-            lines.append(f"{r.cell.label}: highest rate holding p99 <= {bound:g} ms: "
+            lines.append(f"{label}: highest rate holding p99 <= {bound:g} ms: "
                          + (f"{found:g} qps" if found is not None else server["search"]["why_none"])
                          + f" ({len(server['search']['trials'])} trials)")
     return lines
