@@ -99,8 +99,12 @@ def test_the_server_scenario_runs_and_is_recorded(tmp_path):
     trials = [server["at_qps"], *server["search"]["trials"]]
     assert [r[3] for r in table.rows] == ["at --qps", *(f"search {n}" for n in range(1, len(trials)))]
     assert [(r[4], r[7]) for r in table.rows] == [(f"{t['qps']:.2f}", f"{t['latency_ms']['p99']:.1f}") for t in trials]
-    assert run_in_process("report", str(tmp_path / "server")).returncode == 0
+    log = tmp_path / "BENCHMARKS.md"
+    assert run_in_process("report", str(tmp_path / "server"), "--log", str(log)).returncode == 0
     assert "<h2 id='server'>Server scenario</h2>" in (tmp_path / "server" / "report.html").read_text()
+    logged = log.read_text()  # the benchmark log has the trials too (it had only the reproduce command's qps)
+    assert "Server scenario (each trial's" in logged
+    assert all(f"| {t['qps']:.2f} |" in logged for t in trials), logged
     assert server["search"]["trials"] and all(t["queries"] == 10 for t in server["search"]["trials"])
     samples = json.loads((tmp_path / "server" / server["samples"]).read_text())["trials"]
     trials = [server["at_qps"], *server["search"]["trials"]]

@@ -26,6 +26,7 @@ from harness.report.sections import (
     performance_table,
     repro_commands,
     run_date,
+    server_table,
     setup_table,
 )
 from harness.results.reader import RunFolder
@@ -95,6 +96,10 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
         out += ["Operating point (the confidence with the highest mean F1 over the classes, IoU 0.50):", "",
                 markdown_table(point), ""]
     out += ["### Performance", "", markdown_table(performance_table(run)), ""]
+    served = server_table(run)
+    if served is not None:  # --scenario server: each trial, as report.html shows them
+        out += ["Server scenario (each trial's rate asked and achieved, latency from arrival to result):", "",
+                markdown_table(served), ""]
     out += [f"### Gates ({gate_source})", ""]
     if gates is None:
         out += ["no gates file", ""]
