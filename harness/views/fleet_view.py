@@ -33,15 +33,15 @@ def cell_rows(outcome) -> list[dict]:
     return rows
 
 
-def fleet_tables(outcome) -> list[Table]:
+def fleet_tables(run_id: str, cells: list[dict]) -> list[Table]:
     """A table per hardware id, the id in its title (a derived id is long: a column would fold it mid-word), a row
-    per cell: status, images/s, p50 per image, mAP (from its submission)."""
+    per cell (`cell_rows`): status, images/s, p50 per image, mAP (from its submission)."""
     rows: dict[str, list[dict]] = {}
-    for r in cell_rows(outcome):
+    for r in cells:
         rows.setdefault(r["hardware_id"], []).append(r)
     tables = []
     for hw, cells in rows.items():
-        table = Table(title=f"fleet {escape(outcome.run_id)} on {escape(hw)}", box=box.SIMPLE_HEAD)
+        table = Table(title=f"fleet {escape(run_id)} on {escape(hw)}", box=box.SIMPLE_HEAD)
         for name, justify in (("cell", "left"), ("status", "left"), ("img/s", "right"), ("p50 ms/img", "right"),
                               ("mAP", "right")):
             table.add_column(name, justify=justify, overflow="fold")
@@ -59,9 +59,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_fleet_summary(console: Console, outcome) -> None:
     """Everything a person reads at the end of `va-bench fleet run`."""
-    for table in fleet_tables(outcome):
+    rows = cell_rows(outcome)  # each submission read once
+    for table in fleet_tables(outcome.run_id, rows):
         console.print(table)
-    for line in server_lines([(f"{r['hardware_id']}: {r['cell']}", r.get("server")) for r in cell_rows(outcome)]):
+    for line in server_lines([(f"{r['hardware_id']}: {r['cell']}", r.get("server")) for r in rows]):
         console.print(escape(line), highlight=False)  # --scenario server: each cell's trial, as a run prints it
     for slug, entry in outcome.accuracy.items():
         if entry.get("status") == "ok":
@@ -76,7 +77,7 @@ def print_fleet_summary(console: Console, outcome) -> None:
     for label, problem in outcome.problems.items():
         console.print(f"[red]{escape(label)}[/]: {escape(problem)}", highlight=False)
     counts: dict[str, int] = {}
-    for r in cell_rows(outcome):
+    for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     console.print(f"cells: {', '.join(f'{n} {s}' for s, n in counts.items())}; gathered in "
                   f"{escape(str(outcome.fleet_dir))}", highlight=False)
