@@ -127,8 +127,10 @@ def test_a_corrupt_download_is_refused_and_deleted(server, tmp_path):
     root, url = server
     _publish(root, "zips/val2017.zip", _zip({"val2017/1.jpg": b"x"}))
     archive = Archive("zips/val2017.zip", "0" * 40, "val2017")
-    with pytest.raises(FetchError, match="SHA-1"):
+    with pytest.raises(FetchError, match="SHA-1") as refused:
         fetch_archives(tmp_path / "coco", (archive,), base_url=url)
+    # a mirror that serves another file fails the same way on every try: the user is sent to the mirror
+    assert f"check that {url} serves COCO's own zips/val2017.zip" in str(refused.value)
     assert not (tmp_path / "coco" / "val2017").exists()
     assert not list((tmp_path / "coco").rglob("*.part"))
 

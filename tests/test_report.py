@@ -712,3 +712,26 @@ def test_two_reports_at_once_log_a_run_once_and_a_full_disk_leaves_the_log_as_it
     assert log.read_bytes() == before
     append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2")  # a retry
     assert log.read_text().count("<!-- va-bench run r2 -->") == 1
+
+
+def test_repeats_are_in_the_page_and_the_log(run_b, tmp_path):
+    """--repeats: each process's median, their median and spread are in report.html and the benchmark log (they were
+    only in the run's summary and the submission); one process left gives the reason, not a spread of 0."""
+    run = _copy(run_b, tmp_path)
+    (path,) = sorted((run / "submissions").glob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["timing"]["repeats"] = {"processes": 3, "requested": 3, "batch_ms_p50": [41.5, 44.25, 40.0],
+                                "median_of_processes_ms": 41.5, "spread_pct": 10.241, "note": "x"}
+    path.write_text(json.dumps(doc))
+    log = tmp_path / "BENCHMARKS.md"
+    assert va_bench("report", str(run), "--log", str(log)).returncode == 0
+    row = "| 41.50 / 44.25 / 40.00 | 41.50 | 10.2 % |"
+    assert row in log.read_text() and "3 of 3" in log.read_text()
+    page = (run / "report.html").read_text()
+    assert "Repeated in fresh processes (--repeats)" in page and "41.50 / 44.25 / 40.00" in page
+    doc["timing"]["repeats"] = {"processes": 1, "requested": 2, "batch_ms_p50": [41.5], "median_of_processes_ms": 41.5,
+                                "spread_pct": None, "spread_reason": "one process measured the cell"}
+    path.write_text(json.dumps(doc))
+    again = tmp_path / "AGAIN.md"  # a log takes a run once
+    assert va_bench("report", str(run), "--log", str(again)).returncode == 0
+    assert "| 1 of 2 | 41.50 | 41.50 | unavailable: one process measured the cell |" in again.read_text()

@@ -197,8 +197,11 @@ def _fetch_into(dest: Path, archives: tuple[Archive, ...], base_url: str,
         actual = _sha1(part)
         if actual != archive.sha1:
             part.unlink()
+            fix = ("run the command again" if base_url == COCO_BASE_URL else
+                   f"check that {base_url} serves COCO's own {archive.path} (a mirror's other build or a page "
+                   "does not verify), then run the command again")
             raise FetchError(f"{archive.name}: SHA-1 {actual} is not the published {archive.sha1}; the corrupt "
-                             "download was deleted, run the command again")
+                             f"download was deleted; {fix}")
         _extract(part, archive, dest)
         if keep_archives:
             move_into_place(part, dest / ".downloads" / archive.name)

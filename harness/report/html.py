@@ -14,6 +14,7 @@ from harness import __version__
 from harness.report.gates import NOT_MEASURED, NOT_MET, GateResult, gate_table
 from harness.report.plots import PLOT_NAMES, Plot
 from harness.report.sections import (
+    REPEATS_NOTE,
     REPORT_PAGE,
     Table,
     accuracy_table,
@@ -24,6 +25,7 @@ from harness.report.sections import (
     operating_point_table,
     per_class_table,
     performance_table,
+    repeats_table,
     repro_commands,
     run_date,
     server_table,
@@ -168,6 +170,9 @@ def render_html(run: RunFolder, plots: list[Plot], gates: list[GateResult] | Non
                  "wall time (overlapped); ms/batch percentiles over the timed batches; J/img over the timing "
                  "window.</p>")
     accuracy_plots = [p for p in plots if p.name in ACCURACY_PLOTS]
+    repeated = repeats_table(run)
+    if repeated is not None:
+        parts.append(_noted("<h3>Repeated in fresh processes (--repeats)</h3>", repeated, REPEATS_NOTE))
     served = server_table(run)
     if served is not None:
         parts.append(_noted("<h2 id='server'>Server scenario</h2>", served,

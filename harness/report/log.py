@@ -14,6 +14,7 @@ from harness.files import DiskFullError, is_disk_full, output_file_problem
 from harness.locks import lock_file
 from harness.report.gates import NOT_MET, GateResult, gate_table
 from harness.report.sections import (
+    REPEATS_NOTE,
     Table,
     accuracy_table,
     accuracy_unavailable,
@@ -24,6 +25,7 @@ from harness.report.sections import (
     notes,
     operating_point_table,
     performance_table,
+    repeats_table,
     repro_commands,
     run_date,
     server_table,
@@ -96,6 +98,9 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
         out += ["Operating point (the confidence with the highest mean F1 over the classes, IoU 0.50):", "",
                 markdown_table(point), ""]
     out += ["### Performance", "", markdown_table(performance_table(run)), ""]
+    repeated = repeats_table(run)
+    if repeated is not None:  # --repeats: how far apart the processes were, as report.html shows it
+        out += [f"Repeated in fresh processes (--repeats): {REPEATS_NOTE}", "", markdown_table(repeated), ""]
     served = server_table(run)
     if served is not None:  # --scenario server: each trial, as report.html shows them
         out += ["Server scenario (each trial's rate asked and achieved, latency from arrival to result):", "",

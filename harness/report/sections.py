@@ -220,6 +220,32 @@ def server_table(run: RunFolder) -> Table | None:
     return Table(header, rows, [False, False, True, False, True, True, True, True, True, True, False, False])
 
 
+REPEATS_NOTE = ("the median batch time of every process that timed the cell, the run's own (timed and scored) first, "
+                "the others fresh processes timing the same cell; the spread is their range over their median")
+
+
+def repeats_table(run: RunFolder) -> Table | None:
+    """--repeats: each cell's median batch time in every process that timed it (the run's own first), their median and
+    spread; None when no cell was repeated."""
+    rows = []
+    for c in run.cells:
+        block = c.get("timing.repeats")
+        if not isinstance(block, dict):
+            continue
+        k = c.key
+        medians = " / ".join(fmt(v) for v in block.get("batch_ms_p50") or [])
+        spread = (f"{fmt(block['spread_pct'], 1)} %" if number(block.get("spread_pct")) is not None
+                  else f"unavailable: {block.get('spread_reason') or 'no reason recorded'}")
+        rows.append([k.model, k.backend, k.precision, str(k.input_size), str(k.batch_size),
+                     f"{fmt(block.get('processes'), 0)} of {fmt(block.get('requested'), 0)}", medians,
+                     fmt(block.get("median_of_processes_ms")), spread])
+    if not rows:
+        return None
+    header = ["model", "backend", "precision", "size", "batch", "processes", "p50 ms/batch in each",
+              "median ms/batch", "spread"]
+    return Table(header, rows, [False, False, False, True, True, True, False, True, False])
+
+
 def accuracy_table(run: RunFolder) -> Table | None:
     """The 12 COCO metrics per cell (of the masks for a segmentation cell, with its box mAP beside them); None when
     no cell has accuracy."""
