@@ -2,7 +2,7 @@
 overrides.
 
 Every run option is declared once, here: its type, default, validation, help text and command-line
-flags. The CLI builds `va-bench run`'s options from these fields (harness/cli.py: run_options).
+flags. The CLI builds `va-bench run`'s options from these fields (harness/cli/options.py: run_options).
 """
 
 from __future__ import annotations
