@@ -193,15 +193,20 @@ def performance_table(run: RunFolder) -> Table:
     return Table(header, rows, numeric)
 
 
+def _cells_with(run: RunFolder, block: str):
+    """Each cell that has the figures block `block` (a dotted path), with the block."""
+    for c in run.cells:
+        found = c.get(block)
+        if isinstance(found, dict):
+            yield c, found
+
+
 def server_table(run: RunFolder) -> Table | None:
     """--scenario server: each trial of each cell (the one at --qps, then --find-max-qps's search in its order): the
     rate asked and achieved, the latency percentiles from arrival to result, the queueing p99 and whether the p99
     held the bound; None when no cell served."""
     rows = []
-    for c in run.cells:
-        server = c.get("server")
-        if not isinstance(server, dict):
-            continue
+    for c, server in _cells_with(run, "server"):
         k = c.key
         trials = ([("at --qps", server["at_qps"])] if isinstance(server.get("at_qps"), dict) else []) + [
             (f"search {n}", t) for n, t in enumerate((server.get("search") or {}).get("trials") or [], 1)]
@@ -228,10 +233,7 @@ def repeats_table(run: RunFolder) -> Table | None:
     """--repeats: each cell's median batch time in every process that timed it (the run's own first), their median and
     spread; None when no cell was repeated."""
     rows = []
-    for c in run.cells:
-        block = c.get("timing.repeats")
-        if not isinstance(block, dict):
-            continue
+    for c, block in _cells_with(run, "timing.repeats"):
         k = c.key
         medians = " / ".join(fmt(v) for v in block.get("batch_ms_p50") or [])
         spread = (f"{fmt(block['spread_pct'], 1)} %" if number(block.get("spread_pct")) is not None
