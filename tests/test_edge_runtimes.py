@@ -205,12 +205,18 @@ def test_validate_marks_a_failing_or_unchecked_int8_row(first_106, tmp_path):
     doc = json.loads(next((plan.run_dir / "submissions").glob("*.json")).read_text())
     doc["eval"]["int8_vs_fp32"].update(kept=0.9, passed=False)
     (tmp_path / "failing.json").write_text(json.dumps(doc))
+    doc["eval"]["int8_vs_fp32"] = {"status": "unavailable", "reason": "the fp32 reference could not be scored",
+                                   "passed": None}
+    (tmp_path / "not_compared.json").write_text(json.dumps(doc))
     del doc["eval"]["int8_vs_fp32"]
     (tmp_path / "unchecked.json").write_text(json.dumps(doc))
     report = validate_paths([tmp_path], None)
     found = {Path(r.path).name: [(f.rule, f.severity) for f in r.findings if f.rule == "int8-accuracy"]
              for r in report.reports}
-    assert found == {"failing.json": [("int8-accuracy", "error")], "unchecked.json": [("int8-accuracy", "warning")]}
+    # a row the run could not compare was marked failing by it; a row with no comparison at all (another
+    # harness's) is a warning
+    assert found == {"failing.json": [("int8-accuracy", "error")], "not_compared.json": [("int8-accuracy", "error")],
+                     "unchecked.json": [("int8-accuracy", "warning")]}
 
 
 @requires_coco

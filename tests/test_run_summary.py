@@ -38,10 +38,29 @@ def test_a_failing_int8_row_is_marked_and_warned_about():
     assert int8_failing(bad) and not int8_failing(good)
     assert run_warnings([bad, good]) == [f"int8 b1: {failing['failing']}"]
     text = _caption([bad, good])
-    assert "0.3034!" in text and "mAP!: int8 keeps < 99 % of fp32's mAP (failing)" in text
+    assert "0.3034!" in text and "mAP!: int8 keeps < 99 % of fp32's mAP, or was not compared (failing)" in text
     from harness.views.tables import failing_rows
 
     assert failing_rows([bad, good]) == ["int8 b1"]  # status ok (it ran), its row failing: --json's failing_rows
+
+
+def test_an_int8_row_whose_fp32_reference_failed_is_failing_not_passed_in_silence():
+    """The fp32 reference pass raised (a load that failed, a bug): the row's loss is unknown, so it is marked failing
+    (the run exits 1, the summary says why) instead of a verdict of None the summary, exit code and report passed."""
+    from harness.run.executor import GroupExecutor
+
+    def broken(cell):
+        raise RuntimeError("the fp32 core could not be loaded")
+
+    judge = SimpleNamespace(fp32_reference=None, _fp32_reference=broken)
+    verdict = GroupExecutor._int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3}))
+    assert verdict["status"] == "unavailable" and verdict["passed"] is None
+    assert "RuntimeError: the fp32 core could not be loaded" in verdict["failing"]
+    record = _record("int8 b1", reference=verdict)
+    assert int8_failing(record) and run_warnings([record]) == [f"int8 b1: {verdict['failing']}"]
+    from harness.report.sections import _int8_failing
+
+    assert _int8_failing(SimpleNamespace(get=lambda path: verdict)) == verdict["failing"]
 
 
 def test_an_int8_verdict_just_below_the_rule_never_reads_as_on_it():

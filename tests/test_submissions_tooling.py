@@ -267,6 +267,29 @@ def test_latest_timestamp_wins_within_one_identity(tmp_path, base_doc):
     assert row["fps_mean"] == new["throughput"]["fps_mean"] and row["superseded"] == [str(tmp_path / "dup" / "s0.json")]
 
 
+def test_two_runtimes_of_one_format_and_provider_stay_separate_rows(tmp_path, base_doc):
+    """ONNX Runtime's TensorRT provider and a native TensorRT engine both record format tensorrt on provider cuda:
+    their rows never replace each other (the newer took the other's place, said only as "superseded"), the tables
+    name the runtime that ran each, and a site file (no runtime.backend) keeps its format as its runtime."""
+    from rich.console import Console
+
+    from harness.views.leaderboard import leaderboard_table
+
+    native = _timed(_variant(base_doc, runtime__format="tensorrt", runtime__backend="tensorrt"), 1.0)
+    native["created_at"] = "2026-01-01T00:00:00Z"
+    provider = _timed(_variant(base_doc, runtime__format="tensorrt", runtime__backend="onnxruntime"), 1.5)
+    provider["created_at"] = "2026-02-01T00:00:00Z"  # newer: it replaced the native engine's row
+    board = aggregate(_write(tmp_path / "trt", [native, provider]))
+    assert board["counts"]["superseded"] == 0 and len(board["cube"]) == 2
+    assert sorted(r["backend"] for r in board["leaderboard"]) == ["onnxruntime", "tensorrt"]
+    console = Console(width=80, record=True)
+    console.print(leaderboard_table(board))
+    text = console.export_text()
+    assert "tensorrt/cuda (onnxruntime)" in text and text.count("tensorrt/cuda") == 2, text
+    site = aggregate(_write(tmp_path / "site", [base_doc]))
+    assert [r["backend"] for r in site["cube"]] == [base_doc["runtime"]["format"]]
+
+
 def test_overlapped_and_latency_runs_stay_separate_rows(tmp_path, base_doc):
     latency = _timed(base_doc, 1.5)
     latency["created_at"] = "2026-01-01T00:00:00Z"

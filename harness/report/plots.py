@@ -592,6 +592,8 @@ def speed_accuracy(board: dict, which: str = "detection") -> Plot:
     """An aggregated board's speed-accuracy fronts: one panel per hardware id (the most rows first), each runtime's
     rows as points (latency p50 per image, log scale, against the accuracy shown) and its front as a line through
     them, fastest first: the figure detector papers publish, from the leaderboard's own rows."""
+    from harness.results.aggregate import runtime_label
+
     name, title = "speed_accuracy.png", f"Speed and accuracy ({which} board, batch 1)"
     rows = board["leaderboard"] if which == "detection" else board.get("segmentation_leaderboard", [])
     placed = [r for r in rows if r.get("speed_accuracy_front") is not None]
@@ -611,8 +613,7 @@ def speed_accuracy(board: dict, which: str = "detection") -> Plot:
     for ax, hw in zip(axes, drawn, strict=False):
         runtimes: dict[str, list[dict]] = defaultdict(list)
         for r in by_hardware[hw]:
-            runtimes[f"{r['format']}/{r['provider']} {r['precision']}" + ("+tf32" if r["tf32"] == "on" else "")] \
-                .append(r)
+            runtimes[f"{runtime_label(r)} {r['precision']}" + ("+tf32" if r["tf32"] == "on" else "")].append(r)
         data[hw] = {}
         for index, (runtime, group) in enumerate(sorted(runtimes.items())):
             color = f"C{index % 10}"

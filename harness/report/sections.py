@@ -276,9 +276,10 @@ def accuracy_table(run: RunFolder) -> Table | None:
 
 
 def _int8_failing(cell) -> str | None:
-    """Why an int8 cell's row fails (it keeps < 99 % of the same model's fp32 mAP: eval.int8_vs_fp32), or None."""
+    """Why an int8 cell's row fails (it keeps < 99 % of the same model's fp32 mAP, or the fp32 reference could not be
+    scored: eval.int8_vs_fp32), or None."""
     verdict = cell.get("eval.int8_vs_fp32")
-    if not isinstance(verdict, dict) or verdict.get("passed") is not False:
+    if not isinstance(verdict, dict) or (verdict.get("passed") is not False and verdict.get("status") != "unavailable"):
         return None
     return str(verdict.get("failing") or f"int8 keeps {verdict.get('kept')} of the fp32 mAP: below 99 %")
 

@@ -108,6 +108,7 @@ class PerfRow:
     section: str = "coco"  # "rf100vl": the site's RF100-VL section; "other": another dataset; both off the COCO boards
     dataset: str = "coco2017"  # dataset id and split
     board: str = "detection"  # the site's COCO board: "detection", or "segmentation" (model.task segment; mask mAP)
+    backend: str = "?"  # the runtime that ran it (Submission.backend): rows of two runtimes never replace each other
     # on a board: no other row of its runtime on its hardware (format, provider, precision, tf32) is at least as fast
     # and as accurate, and better in one; None: not on a board, or no latency or accuracy to place it by
     speed_accuracy_front: bool | None = None
@@ -116,8 +117,8 @@ class PerfRow:
     def coordinate(self) -> tuple:
         """What was measured, whatever the timing mode and dataset variant (a model's segmentation and detection
         rows are two coordinates: their accuracy is of masks and of boxes)."""
-        return (self.model, self.weights, self.hardware, self.format, self.provider, self.precision, self.tf32,
-                self.input_size, self.batch_size, self.board)
+        return (self.model, self.weights, self.hardware, self.backend, self.format, self.provider, self.precision,
+                self.tf32, self.input_size, self.batch_size, self.board)
 
     @property
     def protocol(self) -> str:
@@ -189,6 +190,7 @@ def row_from(report: FileReport) -> PerfRow:
         section=section,
         dataset=dataset,
         board=sub.board,
+        backend=sub.backend,
     )
 
 
@@ -300,7 +302,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                                                             leaderboard_variant)]
         for row in rows_shown:  # pinned: the leaderboard variant's canonical number or nothing
             show(row, canonical_of(row, leaderboard_variant), leaderboard_variant)
-        rows_shown.sort(key=lambda r: (r.hardware, r.format, r.provider, -(r.accuracy_shown or -1), r.model))
+        rows_shown.sort(key=lambda r: (r.hardware, r.format, r.provider, r.backend, -(r.accuracy_shown or -1),
+                                       r.model))
         mark_speed_accuracy_fronts(rows_shown)
         boards[board] = rows_shown
     leaderboard = boards["detection"]
@@ -308,8 +311,8 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
         "schema_version": "va-bench.leaderboard.v1",
         "policy": {"reference_hardware": reference_hardware, "fallback_order": order,
                    "tolerance_points": tolerance_points, "leaderboard_variant": leaderboard_variant,
-                   "performance_identity": ["model", "weights", "hardware", "format", "provider", "precision", "tf32",
-                                            "input_size", "batch_size", "board",
+                   "performance_identity": ["model", "weights", "hardware", "backend", "format", "provider",
+                                            "precision", "tf32", "input_size", "batch_size", "board",
                                             "protocol (conf, iou, max_det, eval cap)", "dataset_variant",
                                             "timing_mode"],
                    "accuracy_identity": ["model", "weights", "dataset_variant",
@@ -357,7 +360,21 @@ def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
 
 def runtime_on_hardware(row: PerfRow) -> tuple:
     """What a speed-accuracy front is drawn within: one runtime at one precision on one device."""
-    return row.hardware, row.format, row.provider, row.precision, row.tf32
+    return row.hardware, row.format, row.provider, row.precision, row.tf32, row.backend
+
+
+# the runtime a format names when a file does not say which ran it (the site's files name none)
+FORMAT_RUNTIME = {"onnx": "onnxruntime"}
+
+
+def runtime_label(row: dict) -> str:
+    """A row's runtime as the tables and plots name it: format/provider, and the runtime that ran it where that is not
+    the format's own (ONNX Runtime's TensorRT provider: "tensorrt/cuda (onnxruntime)", beside a native engine's
+    "tensorrt/cuda")."""
+    label = f"{row['format']}/{row['provider']}"
+    backend = row.get("backend")
+    own = FORMAT_RUNTIME.get(row["format"], row["format"])
+    return label if backend in (None, "?", row["format"], own) else f"{label} ({backend})"
 
 
 def mark_speed_accuracy_fronts(rows: list[PerfRow]) -> None:
@@ -387,7 +404,7 @@ def fronts(rows: list[PerfRow]) -> list[dict]:
         if row.speed_accuracy_front is not None:
             groups.setdefault(runtime_on_hardware(row), []).append(row)
     return [{"hardware": key[0], "format": key[1], "provider": key[2], "precision": key[3], "tf32": key[4],
-             "rows_compared": len(group),
+             "backend": key[5], "rows_compared": len(group),
              "front": [{"model": r.model, "weights": r.weights, "latency_ms_p50": r.latency_ms_p50,
                         "accuracy_shown": r.accuracy_shown, "file": r.file}
                        for r in sorted(group, key=lambda r: r.latency_ms_p50) if r.speed_accuracy_front]}
@@ -415,7 +432,7 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
     for r in rows:
         if r.model in ranks and r.latency_ms_p50:
             key = (ranks[r.model][0], r.hardware, r.format, r.provider, r.precision, r.tf32, r.input_size,
-                   r.batch_size, r.timing_mode, r.dataset, r.dataset_variant, r.protocol)
+                   r.batch_size, r.timing_mode, r.dataset, r.dataset_variant, r.protocol, r.backend)
             groups.setdefault(key, []).append(r)
     findings = []
     for key, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
@@ -428,7 +445,7 @@ def size_order_findings(rows: list[PerfRow], ranks: dict[str, tuple[str, int]],
                 if faster > margin:
                     findings.append({
                         "family": key[0], "hardware": key[1], "format": key[2], "provider": key[3],
-                        "precision": key[4], "input_size": key[6], "batch_size": key[7],
+                        "precision": key[4], "input_size": key[6], "batch_size": key[7], "backend": key[12],
                         "smaller": {"model": small.model, "latency_ms_p50": small.latency_ms_p50, "file": small.file},
                         "larger": {"model": large.model, "latency_ms_p50": large.latency_ms_p50, "file": large.file},
                         "faster_pct": 100 * faster})

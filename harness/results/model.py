@@ -119,6 +119,14 @@ class Submission(Block):
         return value if isinstance(value, str) else None
 
     @property
+    def backend(self) -> str:
+        """The runtime that ran the core: runtime.backend where recorded (va-bench's files), else the format (the
+        site's name none). Two runtimes can share a format and provider (ONNX Runtime's TensorRT provider and a
+        native TensorRT engine are both tensorrt/cuda)."""
+        backend = getattr(self.runtime, "backend", None)
+        return str(backend) if isinstance(backend, str) and backend else (self.runtime.format or "?")
+
+    @property
     def dataset_id(self) -> str:
         return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
 

@@ -76,9 +76,8 @@ class CellIdentity:
     @classmethod
     def of(cls, sub: Submission) -> CellIdentity:
         mode = sub.timing.get("mode")
-        backend = getattr(sub.runtime, "backend", None)
         return cls(model=sub.model.id or "unknown", weights=sub.weights_identity, hardware=sub.hardware_id,
-                   backend=str(backend or sub.runtime.format or "?"), format=sub.runtime.format or "?",
+                   backend=sub.backend, format=sub.runtime.format or "?",
                    provider=sub.runtime.provider or "?", precision=sub.runtime.precision or "?", tf32=sub.tf32,
                    input_size=sub.input_size, batch_size=sub.batch_size,
                    protocol=sub.protocol,

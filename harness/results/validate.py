@@ -288,9 +288,10 @@ def int8_findings(doc: dict, sub: Submission, has_accuracy: bool) -> list[Findin
     if not isinstance(verdict, dict):
         return [Finding("eval.int8_vs_fp32", "an int8 row without the same model's fp32 mAP on the same images: "
                         "its accuracy loss is unknown", "int8-accuracy", "warning")]
-    if verdict.get("status") == "unavailable":
+    if verdict.get("status") == "unavailable":  # the run marked it failing: a loss nobody checked is not passed
         return [Finding("eval.int8_vs_fp32", f"the fp32 reference of this int8 row is unavailable "
-                        f"({verdict.get('reason')}): its accuracy loss is unknown", "int8-accuracy", "warning")]
+                        f"({verdict.get('reason')}): its accuracy loss is unknown, a failing int8 row",
+                        "int8-accuracy")]
     if verdict.get("passed") is not True:
         return [Finding("eval.int8_vs_fp32", f"int8 keeps {verdict.get('kept')} of the fp32 mAP "
                         f"({verdict.get('int8_mAP_50_95')} vs {verdict.get('mAP_50_95')}): below 0.99, a failing "

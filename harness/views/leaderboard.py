@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.figures import shown_apart
-from harness.results.aggregate import SIZE_ORDER_MARGIN
+from harness.results.aggregate import SIZE_ORDER_MARGIN, runtime_label
 from harness.views.text import escape, printable
 
 MAX_ROWS = 40
@@ -82,7 +82,7 @@ def _cells(r: dict, several: set[str]) -> tuple:
     timed_on = r["dataset_variant"] + (f" ({r['timing_mode']})" if r["timing_mode"] != "latency" else "")
     precision = r["precision"] + ("+tf32" if r["tf32"] == "on" else "")
     front = {True: "+", False: "", None: ""}[r.get("speed_accuracy_front")]
-    return (_model_label(r, several), f"{r['format']}/{r['provider']}", precision, r["input_size"], shown, front,
+    return (_model_label(r, several), runtime_label(r), precision, r["input_size"], shown, front,
             _figure(r["latency_ms_p50"]), _figure(r["fps_mean"]), timed_on, len(r["flags"]) or "")
 
 
@@ -129,7 +129,7 @@ def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Group:
     worst = sorted(board["size_order"], key=lambda f: -f["faster_pct"])[:max_rows]  # the largest, then by hardware
     found = sorted(worst, key=lambda f: (f["hardware"], -f["faster_pct"]))
     cells = [(f["hardware"], tuple(escape(str(v)) for v in (
-        f"{f['format']}/{f['provider']}", f["precision"], f["input_size"], f["batch_size"], f["smaller"]["model"],
+        runtime_label(f), f["precision"], f["input_size"], f["batch_size"], f["smaller"]["model"],
         _figure(f["smaller"]["latency_ms_p50"]), f["larger"]["model"], _figure(f["larger"]["latency_ms_p50"]),
         f"{shown_apart(f['faster_pct'], 100 * SIZE_ORDER_MARGIN, 0)}%"))) for f in found]
     widths = fit_widths(SIZE_ORDER_COLUMNS, [c for _, c in cells], SIZE_ORDER_NUMERIC)

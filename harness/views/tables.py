@@ -121,7 +121,7 @@ def group_table(key: LoadKey, statuses: list, records: dict[str, CellRecord], wi
     if any(r.accuracy is not None and "segm" in r.accuracy.iou_types for r in mine):
         table.caption += "; mAP: of the masks (--json: bbox_mAP_50_95 for the boxes)"
     if any(row.get("mAP", "").endswith("!") for row in rows):
-        table.caption += "; mAP!: int8 keeps < 99 % of fp32's mAP (failing)"
+        table.caption += "; mAP!: int8 keeps < 99 % of fp32's mAP, or was not compared (failing)"
     if mine and all(r.accuracy is None for r in mine):
         reasons = sorted({str(r.accuracy_reason) for r in mine if r.accuracy_reason})
         table.caption += f"; mAP -: {'; '.join(reasons) or 'not scored'}"
