@@ -102,6 +102,30 @@ def test_tf32_default_is_off_and_pinned():
         torch.set_float32_matmul_precision(saved[2])
 
 
+def test_tf32_default_goes_back_to_what_the_process_found(monkeypatch):
+    """A fleet node runs job after job in one process: a job of --tf32 default after one of --tf32 on gets torch's
+    defaults as the process found them, not the last job's TF32."""
+    from harness.measure import env
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    monkeypatch.setattr(env, "_TF32_AS_FOUND", None)
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True  # torch's own defaults
+        torch.set_float32_matmul_precision("highest")
+        env.apply_tf32("on")
+        env.apply_tf32("default")
+        state = env.tf32_state("default")
+        assert (state["matmul_allow_tf32"], state["cudnn_allow_tf32"], state["float32_matmul_precision"]) == \
+            (False, True, "highest")
+        env.apply_tf32("off")
+        env.apply_tf32("default")
+        assert env.tf32_state("default")["cudnn_allow_tf32"] is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
 @requires_yolox
 @pytest.mark.skipif(not fp16_converter_installed(), reason="onnxconverter-common not installed (va-bench[gpu])")
 def test_onnx_fp16_conversion_keeps_fp32_io():

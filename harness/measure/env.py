@@ -104,14 +104,26 @@ def allocator(maps: Path = Path("/proc/self/maps")) -> dict[str, str | None]:
     return {"allocator": kind, "GLIBC_TUNABLES": tunables, "LD_PRELOAD": preload}
 
 
+# TF32 as this process found it (torch's defaults and the environment's overrides), taken before the first change:
+# 'default' goes back to it, so that a process running several jobs (a fleet node) never hands one job's 'on' or
+# 'off' to the next
+_TF32_AS_FOUND: tuple[bool, bool, str] | None = None
+
+
 def apply_tf32(mode: str) -> None:
-    """Pin TF32 for CUDA matmul/cuDNN: 'on', 'off', or 'default' (leave torch's defaults)."""
+    """Pin TF32 for CUDA matmul/cuDNN: 'on', 'off', or 'default' (torch's defaults, as this process found them)."""
+    global _TF32_AS_FOUND
+    if _TF32_AS_FOUND is None:
+        _TF32_AS_FOUND = (bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32),
+                          torch.get_float32_matmul_precision())
     if mode == "default":
-        return
-    enabled = mode == "on"
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
+        matmul, cudnn, precision = _TF32_AS_FOUND
+    else:
+        matmul = cudnn = mode == "on"
+        precision = "high" if matmul else "highest"
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+    torch.set_float32_matmul_precision(precision)
 
 
 def tf32_state(mode: str) -> dict:
