@@ -925,6 +925,11 @@ def test_a_continuing_group_takes_the_folders_environment_only_once_a_node_has_r
     job.header = reported
     doc = _seed_folder(tmp_path / "later", job, [types.SimpleNamespace(label="a")])
     assert {k: doc[k] for k in reported} == reported
+    # the finished cells' files the driver sends land inside the scratch folder, or nowhere
+    job.files = {"submissions/a.json": b"{}", "../escaped.json": b"{}"}
+    with pytest.raises(ValueError, match="the driver sent a file outside its run folder: '../escaped.json'"):
+        _seed_folder(tmp_path / "sent" / "run", job, [types.SimpleNamespace(label="a")])
+    assert not (tmp_path / "sent" / "escaped.json").exists()
 
 
 def test_joining_a_head_that_is_not_there_or_no_address_at_all_is_one_line(tmp_path):

@@ -46,11 +46,12 @@ class Change:
     reason: str | None
 
 
-def inside_folder(name: str) -> PurePosixPath:
-    """A path a node sent, accepted only if it stays inside the folder it is written to."""
+def inside_folder(name: str, sender: str = "a node") -> PurePosixPath:
+    """A path another process of the fleet sent (`sender`), accepted only if it stays inside the folder it is
+    written to."""
     path = PurePosixPath(name)
     if path.is_absolute() or not path.parts or any(p in ("", ".", "..") for p in path.parts) or "\\" in name:
-        raise ValueError(f"a node sent a file outside its run folder: {name!r}")
+        raise ValueError(f"{sender} sent a file outside its run folder: {name!r}")
     return path
 
 

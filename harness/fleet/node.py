@@ -15,7 +15,6 @@ the job carries only the configuration and the driver's fingerprints to check ag
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -28,8 +27,9 @@ from typing import TYPE_CHECKING
 
 from harness.config import build_config
 from harness.errors import UsageError, VaBenchError
+from harness.files import atomic_write_json
 from harness.fleet.fingerprint import build_differences, build_fingerprint
-from harness.fleet.gather import NodeUpdate
+from harness.fleet.gather import NodeUpdate, inside_folder
 from harness.fleet.shards import Shard
 from harness.records import LoadKey
 from harness.results.reader import RUN_FILE, TRACE_FILE, read_run_json
@@ -162,14 +162,14 @@ def _seed_folder(run_dir: Path, job: GroupJob, cells) -> dict:
            "cells": [recorded.get(c.label) or {"cell": c.label, "status": "pending"} for c in cells]}
     run_dir.mkdir(parents=True)
     for name, data in job.files.items():
-        path = run_dir / name
+        path = run_dir / inside_folder(name, "the driver")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     # ProbeArtifacts names the first profiled group's trace trace.json and later ones trace__<group>.json.
     # Every group runs in a folder of its own here, so this placeholder (never sent back) makes each trace
     # carry its group's name and no two groups collide in the gathered hardware folder.
     (run_dir / TRACE_FILE).write_text('{"note": "placeholder of a fleet node; not a trace"}\n')
-    (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    atomic_write_json(run_dir / RUN_FILE, doc)  # the scheduler polls it: never half a file
     return doc
 
 
