@@ -491,3 +491,12 @@ def test_json_files_hold_arrays_of_numbers_on_one_line_and_read_back_the_same():
     samples = [round(rng.uniform(0.5, 3.0), 4) for _ in range(600_000)]  # 600 s of 1 ms batches
     text = json_text({"timing": {"batch_samples_ms": samples, "interval_samples_ms": samples}}, "test")
     assert text.count("\n") == 5 and len(text) < MAX_FILE_BYTES
+
+
+def test_a_name_made_safe_is_one_part_of_a_path_and_never_hidden():
+    """Every file name the harness builds from a model id, a runtime or a provider goes through one rule."""
+    from harness.files import safe_name
+
+    assert safe_name("rtdetr-r18/../../etc") == "rtdetr-r18-..-..-etc"  # no separator left, so no way out
+    assert safe_name("..") == "x" and safe_name(".hidden") == "hidden" and safe_name("/", "core") == "core"
+    assert safe_name("yolo11n.onnx") == "yolo11n.onnx" and safe_name("a b\u00e9c") == "a-b-c"

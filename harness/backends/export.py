@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs, shape_mismatch
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import DiskFullError, atomic_file
+from harness.files import DiskFullError, atomic_file, safe_name
 from harness.storage import cache_writes
 
 OPSET = 17
@@ -65,7 +64,7 @@ def module_code_sha256(module: torch.nn.Module) -> str:
 
 def export_path(name: str, weights_hash: str, input_size: tuple[int, int]) -> Path:
     """Where the export of these weights at this input size is cached (under the weights cache)."""
-    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    safe = safe_name(name, "core")
     h, w = input_size
     return weights_dir() / "onnx-exports" / f"{safe}__{weights_hash[:16]}__opset{OPSET}__{h}x{w}.onnx"
 

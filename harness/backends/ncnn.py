@@ -49,7 +49,7 @@ from harness.backends.support import check_batch_sizes
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_folder
+from harness.files import atomic_folder, safe_name
 from harness.measure.device import Device
 from harness.storage import cache_writes
 
@@ -80,7 +80,7 @@ PROBE_MEMORY_BYTES = 6 << 30  # the child's address space: a mis-converted broad
 
 
 def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], weights: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    safe = safe_name(name, "core")
     h, w = input_size
     return weights_dir() / "ncnn" / f"{safe}__{graph_sha[:16]}__pnnx{version('pnnx')}__{h}x{w}__{weights}"
 

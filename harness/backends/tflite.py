@@ -43,7 +43,7 @@ from harness.backends.onnx_graph import (
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import move_into_place
+from harness.files import move_into_place, safe_name
 from harness.measure.device import Device
 from harness.storage import cache_writes
 
@@ -62,7 +62,7 @@ onnx2tf.convert(input_onnx_file_path="model.onnx", output_folder_path="out", non
 
 
 def _cache_dir(name: str, graph_sha: str, input_size: tuple[int, int], variant: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    safe = safe_name(name, "core")
     h, w = input_size
     return weights_dir() / "tflite" / f"{safe}__{graph_sha[:16]}__onnx2tf{version('onnx2tf')}__{h}x{w}__{variant}"
 

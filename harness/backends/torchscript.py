@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 import time
 import warnings
 from pathlib import Path
@@ -28,13 +27,13 @@ from harness.detector.graph import check_batch_rows, onnx_to_torch
 from harness.detector.source import CoreSource
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
-from harness.files import atomic_file
+from harness.files import atomic_file, safe_name
 from harness.measure.device import Device
 from harness.storage import cache_writes
 
 
 def _trace_path(name: str, identity_sha: str, place: str, precision: str, input_size: tuple[int, int]) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-.") or "core"
+    safe = safe_name(name, "core")
     h, w = input_size
     return (weights_dir() / "torchscript" /
             f"{safe}__{identity_sha[:16]}__torch{torch.__version__.split('+')[0]}__{place}__{precision}__{h}x{w}.pt")

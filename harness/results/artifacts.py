@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from harness.files import JsonArrayWriter, atomic_text, atomic_write_csv
+from harness.files import JsonArrayWriter, atomic_text, atomic_write_csv, safe_name
 from harness.records import Cell, LayerPassRecord, LoadKey, ProfilePassRecord, coco_json_texts
 from harness.results.reader import (
     DETECTIONS_DIR,
@@ -22,14 +22,10 @@ from harness.results.reader import (
 )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-.") or "x"
-
-
 def load_slug(key: LoadKey) -> str:
     """A file-name-safe name of a group: {model}__{backend}__{precision}__{size}."""
     h, w = key.input_size
-    return "__".join(_slug(p) for p in (key.model, key.backend, key.precision, str(h) if h == w else f"{h}x{w}"))
+    return "__".join(safe_name(p) for p in (key.model, key.backend, key.precision, str(h) if h == w else f"{h}x{w}"))
 
 
 def cell_slug(cell: Cell) -> str:

@@ -12,9 +12,8 @@ so the site's fps = 1000 / total_ms.mean reads the throughput). The total_ms spl
 
 from __future__ import annotations
 
-import re
-
 from harness import HARNESS_NAME, __version__
+from harness.files import safe_name
 from harness.hardware import slugify
 from harness.records import CellRecord
 
@@ -29,7 +28,7 @@ def _ts(created_at: str) -> str:
 def submission_filename(record: CellRecord) -> str:
     """{model}__{format}__{provider}__{hardware_id}__b{batch}__{timestamp}.json, every part sanitised."""
     parts = [record.model["id"], record.runtime["format"], record.runtime["provider"]]
-    safe = [re.sub(r"[^A-Za-z0-9.-]+", "-", p).strip("-.") or "x" for p in parts]
+    safe = [safe_name(p) for p in parts]
     safe.append(slugify(record.hardware["id"]) or "unknown")
     return "__".join(safe) + f"__b{record.cell.batch_size}__{_ts(record.created_at)}.json"
 
