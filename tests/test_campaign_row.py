@@ -26,6 +26,9 @@ def test_pooled_timing_of_overlapped_cells_is_their_intervals_and_std_the_sample
     timing = pooled_timing(subs)
     assert timing["total_ms"]["mean"] == pytest.approx(per_image.mean(), abs=1e-4)
     assert timing["total_ms"]["std"] == pytest.approx(per_image.std(ddof=1), abs=1e-4)
+    # one timed batch in all: no spread to speak of (null, as a cell's own total_ms says it), not a spread of 0
+    one = pooled_timing([{"timing": {"batch_size": 1, "num_images": 1, "batch_samples_ms": [10.0]}}])
+    assert one["total_ms"]["std"] is None
 
 
 def test_pooled_stage_split_adds_up_to_the_pooled_mean_and_is_null_where_a_dataset_lacks_it():

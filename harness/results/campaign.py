@@ -178,8 +178,9 @@ def pooled_timing(subs: list[dict]) -> dict:
     per_dataset = [per_image_samples(s["timing"]) for s in subs]
     x = np.asarray([t for samples in per_dataset for t in samples])
     p50, p95, p99 = np.percentile(x, [50, 95, 99])
-    std = float(x.std(ddof=1)) if len(x) > 1 else 0.0  # the sample standard deviation, as every cell's
-    total = {"mean": round(float(x.mean()), 4), "std": round(std, 4),
+    # the sample standard deviation, as every cell's: one sample has no spread to speak of, not a spread of 0
+    std = round(float(x.std(ddof=1)), 4) if len(x) > 1 else None
+    total = {"mean": round(float(x.mean()), 4), "std": std,
              "p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)}
     for stage in ("preprocess_ms", "inference_ms", "postprocess_ms"):  # each dataset's mean, weighted by its samples
         means = [((s["timing"].get("total_ms") or {}).get(stage), len(samples))
