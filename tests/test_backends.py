@@ -318,3 +318,27 @@ def test_batch_row_check_feeds_a_device_core_on_its_device_and_fails_in_one_line
 
     with pytest.raises(UsageError, match=r"^m: the graph does not run at batch 1 \(RuntimeError: Input type"):
         check_batch_rows("m", broken, (32, 32), (1, 2))
+
+
+def test_the_dry_run_says_what_each_runtime_loads_of_a_torch_only_core():
+    """A torch-only family (the libreyolo ones) on OpenVINO is an ONNX export of its torch core, converted: the
+    plan said "its torch core" for every runtime but ONNX Runtime."""
+    from harness.backends.support import BUILTINS, what_loads
+
+    assert what_loads("openvino", True, False) == ("an ONNX export of its torch core (cached by content), converted "
+                                                   "for openvino")
+    assert what_loads("onnxruntime", True, False) == "an ONNX export of its torch core (cached by content)"
+    assert what_loads("pytorch", True, False) == what_loads("torchscript", True, True) == "its torch core"
+    assert what_loads("pytorch", False, True) == "onnx2torch of its ONNX graph"
+    assert what_loads("tflite", False, True) == "its ONNX graph, converted for tflite"
+    assert {e.reads for e in BUILTINS.values()} == {"torch", "onnx", "converted"}
+    assert what_loads("mine", True, True) == "what the mine backend makes of its core"  # a plugged-in runtime
+
+
+def test_the_backend_option_names_every_built_in_runtime():
+    """`--backend`'s help is written in config.py, which sits below the backends: this holds it to BUILTINS."""
+    from harness.backends.support import BUILTINS
+    from harness.config import RunConfig
+
+    described = RunConfig.model_fields["backends"].description
+    assert [name for name in BUILTINS if name not in described] == []

@@ -36,13 +36,16 @@ class BuiltinBackend:
     max_batch: int | None = None  # the most images one call takes (a runtime without a batch axis: 1)
     mask_maps: bool = False  # its cores return a segment model's mask maps (masks are scored on it)
     torch_threads: bool = False  # its CPU forward runs on torch's OpenMP threads (their wait policy matters)
+    # what it runs of a family's core: "torch" (the torch module, else onnx2torch of the ONNX graph), "onnx" (the ONNX
+    # graph, else an export of the torch module) or "converted" (the same ONNX, converted to its own format)
+    reads: str = "converted"
 
 
 # The built-in backends, in registration order, by `--backend` name. A new runtime is its file and one entry here;
 # the names and rules are known without importing any runtime.
 BUILTINS: dict[str, BuiltinBackend] = {
-    "pytorch": BuiltinBackend("pytorch", "PyTorchBackend", mask_maps=True, torch_threads=True),
-    "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend", mask_maps=True),
+    "pytorch": BuiltinBackend("pytorch", "PyTorchBackend", mask_maps=True, torch_threads=True, reads="torch"),
+    "onnxruntime": BuiltinBackend("onnxruntime", "OnnxRuntimeBackend", mask_maps=True, reads="onnx"),
     "tensorrt": BuiltinBackend("tensorrt", "TensorRTBackend"),
     "openvino": BuiltinBackend("openvino", "OpenVinoBackend", {"cpu": ("fp32", "fp16", "int8")}, ("openvino", "nncf"),
                                "openvino", converts=True),
@@ -51,7 +54,7 @@ BUILTINS: dict[str, BuiltinBackend] = {
     "tflite": BuiltinBackend("tflite", "TfliteBackend", {"cpu": ("fp32", "fp16", "int8")},
                              ("ai_edge_litert", "onnx2tf", "tensorflow"), "litert", converts=True),
     "torchscript": BuiltinBackend("torchscript", "TorchScriptBackend", {"cpu": ("fp32",), "cuda": ("fp32", "fp16")},
-                                  converts=True, torch_threads=True),
+                                  converts=True, torch_threads=True, reads="torch"),
 }
 
 
@@ -64,6 +67,17 @@ def int8_hint() -> str:
 def mask_backends() -> tuple[str, ...]:
     """The built-in backends whose cores return a segment model's mask maps."""
     return tuple(name for name, entry in BUILTINS.items() if entry.mask_maps)
+
+
+def what_loads(backend: str, torch_module: bool, onnx_model: bool) -> str:
+    """What `backend` loads of a core that has a torch module and/or an ONNX graph (`--dry-run`'s line per group)."""
+    entry = BUILTINS.get(backend)
+    if entry is None:
+        return f"what the {backend} backend makes of its core"
+    if entry.reads == "torch":
+        return "its torch core" if torch_module else "onnx2torch of its ONNX graph"
+    graph = "its ONNX graph" if onnx_model else "an ONNX export of its torch core (cached by content)"
+    return graph if entry.reads == "onnx" else f"{graph}, converted for {backend}"
 
 
 def on_torch_threads(backend: str) -> bool:

@@ -19,6 +19,7 @@ from harness.backends.support import (
     converting_backends,
     mask_backends,
     ort_provider_for,
+    what_loads,
 )
 from harness.catalogue import PLUGIN_PATTERN, check_model_id, segment_ids
 from harness.config import RunConfig, device_spec, timed_batches
@@ -79,15 +80,8 @@ class RunPlan:
                 loads = "the plugin's own core"
             elif source.engine_file is not None:
                 loads = "a TensorRT engine"
-            elif key.backend == "onnxruntime":
-                loads = "its ONNX graph" if source.onnx_model is not None else "an ONNX export of its torch core " \
-                                                                                  "(cached by content)"
-            elif source.torch_module is not None:
-                loads = "its torch core"
-            elif key.backend in ("pytorch", "torchscript"):
-                loads = "onnx2torch of its ONNX graph"
-            else:  # the converting runtimes read the graph itself (OpenVINO's frontend, pnnx, onnx2tf)
-                loads = f"its ONNX graph, converted for {key.backend}"
+            else:
+                loads = what_loads(key.backend, source.torch_module is not None, source.onnx_model is not None)
             rows = []
             for cell in cells:
                 full, short = divmod(n, cell.batch_size)
