@@ -27,8 +27,22 @@ import yaml
 
 from harness.errors import NonFiniteNumberError, UsageError, VaBenchError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+
+def _process_umask() -> int:
+    """The process's umask, read where the system shows it (Linux's /proc): setting it to learn it leaves a moment
+    in which another thread's new file gets mode 0666."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
 
 
 # the storage takes no more bytes: no space left, the quota used up, or the process's file-size limit (ulimit -f)

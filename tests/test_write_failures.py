@@ -500,3 +500,15 @@ def test_a_name_made_safe_is_one_part_of_a_path_and_never_hidden():
     assert safe_name("rtdetr-r18/../../etc") == "rtdetr-r18-..-..-etc"  # no separator left, so no way out
     assert safe_name("..") == "x" and safe_name(".hidden") == "hidden" and safe_name("/", "core") == "core"
     assert safe_name("yolo11n.onnx") == "yolo11n.onnx" and safe_name("a b\u00e9c") == "a-b-c"
+
+
+def test_the_umask_is_read_without_being_changed():
+    """A result file is made 0666 less the process's umask; learning the umask never sets it (a moment in which
+    another thread's new file would be world-writable)."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.umask(0o027); from harness import files; print(oct(files._UMASK)); "
+            "m = os.umask(0); print(oct(m))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0o27", "0o27"], done.stderr
