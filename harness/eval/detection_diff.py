@@ -3,8 +3,10 @@
 Greedy pairing per image and class: A's detections in descending score order each take the
 unpaired B detection of the same class with the highest IoU >= the threshold. Greedy pairing keeps a
 shifted detection count from cascading into false mismatches. Torch-free (numpy + pycocotools'
-box IoU), so `va-bench compare` can run where torch is not installed; harness/eval/matching.py is
-the torch twin used inside a run (batch invariance) and the tests check both agree.
+box IoU), so `va-bench compare` can run where torch is not installed. harness/eval/matching.py pairs
+the same way for a run's batch invariance, where a pair also needs its scores within a tolerance and
+every candidate pair is listed at once (thousands of images a cell); it reads ImageDetections, this
+module COCO result files.
 """
 
 from __future__ import annotations
