@@ -338,7 +338,7 @@ class LayerPassRecord:
     by_type: list[dict]
     forward_ms: list[float]  # forward stage per batch, hooks included
     layer_sum_ms: list[float]  # layer times summed per batch
-    ort_trace: str | None = None
+    runtime_trace: str | None = None  # the runtime's own profile of the layer pass (ONNX Runtime, OpenVINO, ...)
 
     @property
     def coverage(self) -> list[float | None]:

@@ -106,8 +106,8 @@ class ProbeArtifacts:
         atomic_write_csv(self.run_dir / LAYER_TYPES_FILE, TYPE_HEADER, self._type_rows)
         self.files["layer_timer"] = LAYERS_FILE
         self.files["layer_types"] = LAYER_TYPES_FILE
-        if layers.ort_trace:
-            self.files[Path(layers.ort_trace).stem] = layers.ort_trace  # the runtime's own profile
+        if layers.runtime_trace:
+            self.files[Path(layers.runtime_trace).stem] = layers.runtime_trace  # the runtime's own profile
 
     def add_profile(self, cell: Cell, profile: ProfilePassRecord) -> None:
         cols = _cell_cols(cell)

@@ -427,14 +427,14 @@ class GroupExecutor:
                 runtime = "ort" if self.key.backend == "onnxruntime" else self.key.backend
                 layers = layer_pass(self.pipeline, batches, ctx.run_dir,
                                     ctx.run_dir / f"{runtime}_profile__{load_slug(self.key)}.json")
-            if layers.ort_trace:
-                layers.ort_trace = Path(layers.ort_trace).relative_to(ctx.run_dir).as_posix()
+            if layers.runtime_trace:
+                layers.runtime_trace = Path(layers.runtime_trace).relative_to(ctx.run_dir).as_posix()
             if layers.calls:
                 ctx.artifacts.add_layers(cell, layers)
                 record.layers = layers.summary()
             else:  # sums of 0 would read as layers that took no time: the pass measured nothing
                 record.layers = {"status": "unavailable", "reason": "no layer was timed: no leaf module of the core's "
-                                 "torch_module ran in its forward" if layers.ort_trace is None else
+                                 "torch_module ran in its forward" if layers.runtime_trace is None else
                                  "no layer was timed: the runtime's profiler recorded no node"}
         if config.profile:
             batches = [full[i % len(full)] for i in range(config.profile_batches)]
@@ -832,7 +832,7 @@ def layer_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], wor
     totals = per_batch_totals(calls)
     return LayerPassRecord(method=method, calls=calls, by_type=summarize_by_type(calls),
                            forward_ms=[b.ms("forward") for b in timer.batches],
-                           layer_sum_ms=[totals.get(i, 0.0) for i in range(len(timer.batches))], ort_trace=trace)
+                           layer_sum_ms=[totals.get(i, 0.0) for i in range(len(timer.batches))], runtime_trace=trace)
 
 
 def profile_pass(pipeline: DetectorPipeline, batches: list[list[ImageRecord]], trace_path: Path) -> ProfilePassRecord:
