@@ -453,6 +453,7 @@ def decode_yolo9(raw: list[torch.Tensor], input_size: tuple[int, int], conf: flo
 
 
 def decode_yolonas(raw: list[torch.Tensor], input_size: tuple[int, int], conf: float) -> DenseCandidates:
+    """YOLO-NAS's head gives decoded boxes (xyxy, input pixels) and per-class scores: the candidates as they are."""
     return DenseCandidates(boxes=raw[0], scores=raw[1])
 
 

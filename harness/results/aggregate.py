@@ -211,6 +211,8 @@ def dedup(rows: list[PerfRow]) -> list[PerfRow]:
 
 
 def hardware_order(reference: str, fallback: list[str] | None) -> list[str]:
+    """The hardware ids whose full-val runs give a model's canonical accuracy, in the order tried: the reference,
+    then the fallback order given (else the hardware catalogue's)."""
     order = [reference] + list(fallback or [e["id"] for e in catalogue()])
     return list(dict.fromkeys(order))
 

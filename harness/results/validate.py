@@ -556,6 +556,8 @@ def validate_paths(paths: list[str | Path], support: dict | None, progress=None,
 
 
 def load_support_matrix(path: str | Path | None) -> dict | None:
+    """The site's support-matrix.json (its allow-lists of models and runtimes), checked for its shape; None without
+    a path (the allow-lists are then not checked). One UsageError line for a file that is not one."""
     if path is None:
         return None
     path = Path(path)
