@@ -1010,3 +1010,23 @@ def test_long_cell_labels_of_the_detections_table_fold_and_are_never_cut():
     assert all(f"{v:.1e}" in text for v in (5.7e-7, 2.4e-3, 6.8e-3))
     words = text.split()
     assert all(word in words for label in labels for word in label.split())  # whole, on one line or folded
+
+
+def test_a_cell_b_lost_fails_every_gate_and_its_status_is_named(tmp_path):
+    """Tonight's run lost a cell (out of memory): yesterday's b8 had no counterpart, and the gates checked the
+    cells that were left and passed; B's run.json said why and compare never read it."""
+    from harness.results.compare_gates import check_gate
+
+    accuracy = dict.fromkeys(STAT_NAMES, 0.3)
+    for batch in (1, 8):
+        write_submission(tmp_path / "a", lognormal(batch, 50), batch, accuracy=accuracy)
+    write_submission(tmp_path / "b", lognormal(3, 50), 1, accuracy=accuracy)
+    (tmp_path / "b" / "run.json").write_text(json.dumps({"cells": [
+        {"cell": "m onnxruntime fp32 640 b1", "status": "ok"}, {"cell": "m onnxruntime fp32 640 b8", "status": "oom"}]}))
+    c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
+    assert c.only_a == ["b8"]
+    assert f"{tmp_path / 'b'}: 1 cell(s) of its run did not end ok: m onnxruntime fp32 640 b8 (oom)" in c.notes
+    for spec in ("latency:+50%", "map:-0.01"):
+        result = check_gate(parse_gate(spec), c)
+        assert result.status == "failed" and "1 cell(s) of A have no counterpart in B" in result.detail, result
+        assert result.detail.endswith(": b8")

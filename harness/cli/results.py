@@ -136,7 +136,8 @@ def compare(
 METRIC: map (mAP_50_95), map50, map75, f1 (the operating point's), any accuracy name (AR100, mAP_small, op_recall, \
 ...), latency (p50 per image), latency_p95, throughput (images/s). THRESHOLD is signed: '-' fails on a fall \
 larger than it, '+' on a rise larger than it; a trailing % makes it relative to A. Latency and throughput \
-gates skip changes the significance test calls noise; a gate with nothing to check fails.
+gates skip changes the significance test calls noise; a cell of A that B lacks (failed, out of memory, \
+interrupted) fails every gate; a gate with nothing to check fails.
     """
     from harness.config import MIN_RESAMPLES
     from harness.results.compare import ImageSets, compare_paths

@@ -118,6 +118,7 @@ class Side:
     detections: Path | None = None
     superseded: int = 0  # older submissions of a cell that appears twice (latest wins)
     clashes: list[str] = field(default_factory=list)  # other cells with the same compare coordinates, not compared
+    unfinished: list[str] = field(default_factory=list)  # a run folder's cells that did not end ok, with their status
 
 
 def _coords(sub: Submission) -> dict[str, Any]:
@@ -192,7 +193,17 @@ def load_side(path: str | Path) -> Side:
     paired, clashes = latest_wins(kept, key=lambda e: tuple(e.coords[k] for k, _ in COORDS), when=lambda e: e.timestamp,
                                   name=lambda e: str(e.path))
     return Side(str(path), paired, superseded=len(superseded),
-                clashes=[f"{old.path.name} (kept {new.path.name})" for old, new in clashes])
+                clashes=[f"{old.path.name} (kept {new.path.name})" for old, new in clashes],
+                unfinished=_unfinished_cells(path) if path.is_dir() else [])
+
+
+def _unfinished_cells(run_dir: Path) -> list[str]:
+    """The cells a run folder's run.json lists as not ok (failed, oom, skipped, interrupted, pending), each with its
+    status: a side that lost cells has no submission to say so."""
+    doc, problem = read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else (None, None)
+    cells = doc.get("cells") if isinstance(doc, dict) and problem is None else None
+    return [f"{c.get('cell')} ({c.get('status')})" for c in cells or []
+            if isinstance(c, dict) and c.get("status") != "ok"]
 
 
 # --------------------------------------------------------------------------------- statistics --
@@ -835,6 +846,9 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
         out.notes.append("A and B are the same submission files: every delta is 0 by construction, and a gate "
                          "cannot fail; give the run to compare against as A")
     for side in (a, b):
+        if side.unfinished:
+            out.notes.append(f"{side.label}: {len(side.unfinished)} cell(s) of its run did not end ok: "
+                             f"{', '.join(side.unfinished)}")
         if side.superseded:
             out.notes.append(f"{side.label}: {side.superseded} older submission(s) of a repeated cell ignored "
                              "(latest timestamp wins)")

@@ -1,6 +1,7 @@
 """`va-bench compare --fail-on METRIC:±X[%]`: thresholds on the deltas of a comparison (harness/results/compare.py),
 each checked over every paired cell: a performance change the verdict calls noise, or an accuracy fall whose paired
-interval over the images holds 0 (`--map-ci`), never fails one; a gate with nothing to check is `unchecked`."""
+interval over the images holds 0 (`--map-ci`), never fails one; a cell of A that B lacks fails every gate (B lost it:
+failed, out of memory, interrupted); a gate with nothing to check is `unchecked`."""
 
 from __future__ import annotations
 
@@ -110,6 +111,9 @@ def check_gate(gate: DeltaGate, comparison: Comparison) -> DeltaGateResult:
         why = next((acc.unavailable for acc in comparison.accuracy if acc.unavailable), None)
         return DeltaGateResult(gate, "unchecked", f"no {gate.metric} measured on both sides"
                                + (f" that compares ({why})" if why and gate.metric not in PERF_GATES else ""))
+    if comparison.only_a:  # a cell B lost (failed, out of memory, interrupted) is the largest regression of all
+        crossings.append(f"{len(comparison.only_a)} cell(s) of A have no counterpart in B, so nothing was checked for "
+                         f"them: {', '.join(comparison.only_a)}")
     if crossings:
         return DeltaGateResult(gate, "failed", "; ".join(crossings))
     return DeltaGateResult(gate, "ok", f"{checked} checked, none beyond {gate.spec.split(':', 1)[1]}"
