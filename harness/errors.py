@@ -27,6 +27,15 @@ class RunInterrupted(VaBenchError):
         self.outcome = outcome  # a local run's RunOutcome so far: what `run --json` still prints
 
 
+class RunStopped(VaBenchError):
+    """A run its storage stopped (a full disk, a run folder gone): exit 1, the message says what was kept and how to
+    resume."""
+
+    def __init__(self, message: str, outcome: object = None):
+        super().__init__(message)
+        self.outcome = outcome  # a local run's RunOutcome so far: what `run --json` still prints
+
+
 _BRIEF = reprlib.Repr()  # its limits set one by one: Repr's keyword arguments are Python 3.12's
 _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxlevel = 60, 60, 6, 6, 2
 

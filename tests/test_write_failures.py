@@ -210,9 +210,14 @@ def test_a_full_disk_at_memory_csv_loses_no_finished_cells_samples(tmp_path, mon
 
     monkeypatch.setattr(ProbeArtifacts, "write_memory", full_once)
     out = tmp_path / "o"
-    result = run_in_process("run", *_args(out, "m"), env=ENV)
+    result = run_in_process("run", *_args(out, "m"), "--json", env=ENV)
     assert result.returncode == 1 and "no space left on device" in result.stderr, result.stderr
+    # a script still gets the cells' statuses and why the run stopped (stdout was empty: a script could not tell a
+    # run to resume from a cell that failed)
+    summary = json.loads(result.stdout)
+    assert "no space left on device" in summary["stopped"] and "--resume m" in summary["stopped"]
     cells = _cells(out / "m")
+    assert [c["status"] for c in summary["cells"]] == [c["status"] for c in cells]
     first = json.loads((out / "m" / cells[0]["submission"]).read_text()) if cells[0]["status"] == "ok" else None
     resumed = run_in_process("run", "--resume", "m", "--output-dir", str(out), env=ENV)
     assert resumed.returncode == 0, resumed.stderr

@@ -9,7 +9,7 @@ import typer
 from harness.cli.app import app, fleet_module, progress, terminal, typed_argv
 from harness.cli.options import DRY_RUN_FLAG, RUN_FLAGS, as_command, run_options
 from harness.collector import imports_done, quiet_start
-from harness.errors import RunInterrupted, UsageError, path_problem
+from harness.errors import RunInterrupted, RunStopped, UsageError, path_problem
 from harness.views.output import StdoutGone, print_json
 
 
@@ -51,10 +51,11 @@ def run_command(config: Path | None = None, resume: str | None = None, retry_fai
         run_header(terminal.out, plan.run_id, plan, bool(plan.resume), str(plan.device))
     try:
         outcome = run_with_interrupts(plan, typed_argv(), progress())
-    except RunInterrupted as exc:  # --json: a script still gets the cells' statuses, the finished ones' figures
-        if as_json and exc.outcome is not None:
+    except (RunInterrupted, RunStopped) as exc:  # --json: a script still gets the cells' statuses, the finished
+        if as_json and exc.outcome is not None:  # ones' figures, and what stopped the run (a signal, the storage)
+            why = "interrupted" if isinstance(exc, RunInterrupted) else "stopped"
             try:
-                print_json(terminal.out, summary_json(plan.run_dir, exc.outcome) | {"interrupted": str(exc)})
+                print_json(terminal.out, summary_json(plan.run_dir, exc.outcome) | {why: str(exc)})
             except StdoutGone:  # Ctrl-C reached `| jq` too: the resume line and the signal's exit code still come
                 pass
         raise

@@ -28,7 +28,7 @@ from harness.backends.support import converting_backends
 from harness.config import RunConfig
 from harness.data.images import find_corrupt_images, orientation_warning
 from harness.detector.weights import cache_problem
-from harness.errors import RunInterrupted, VaBenchError, exception_line
+from harness.errors import RunInterrupted, RunStopped, exception_line
 from harness.files import StorageProblem, atomic_write_json, storage_problem
 from harness.measure.affinity import affinity_record, inherited_affinity, pinned
 from harness.measure.energy import EnergyProbe
@@ -231,7 +231,7 @@ class Scheduler:
             problem = None if state is None else stopping_problem(exc, state)
             if problem is None:
                 raise
-            raise self._stopped_by_storage(problem, state) from exc
+            raise self._stopped_by_storage(problem, state, outcome) from exc
         finally:
             if state is not None:
                 state.close()
@@ -242,7 +242,8 @@ class Scheduler:
         """Every ok cell's submission (cell label -> path relative to the run folder), this process's or not."""
         return {label: s.submission for label, s in state.cells.items() if s.state == "ok" and s.submission}
 
-    def _stopped_by_storage(self, problem: StorageProblem, state: RunState) -> VaBenchError:
+    def _stopped_by_storage(self, problem: StorageProblem, state: RunState,
+                            outcome: RunOutcome | None) -> RunStopped:
         """A full disk or a run folder that can no longer be written stops the sweep: the running cell is
         `interrupted`, the rest stay `pending` (recorded if run.json can still be written), and one line says how
         to go on."""
@@ -250,10 +251,11 @@ class Scheduler:
             recorded = state.stop(problem.reason)
         plan = self.plan
         kept = "" if recorded else "; run.json keeps its last complete version"
-        return VaBenchError(
+        return RunStopped(
             f"{problem.message}; the run stopped after {state.counts().get('ok', 0)} of {len(state.cells)} cells "
             f"(finished cells are kept in {plan.run_dir}{kept}); {problem.fix}, then resume with: va-bench run "
-            f"--resume {plan.run_id} --output-dir {shell.quote(str(plan.run_dir.parent))}")
+            f"--resume {plan.run_id} --output-dir {shell.quote(str(plan.run_dir.parent))}",
+            outcome if outcome is not None else RunOutcome([], state))
 
     def _open_state(self, environment: dict, hardware: dict) -> RunState:
         plan = self.plan
