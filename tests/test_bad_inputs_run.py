@@ -591,3 +591,14 @@ def test_an_evaluation_cap_beyond_the_evaluator_is_refused_before_the_run(tmp_pa
     for evaluator in ("faster-coco-eval", "pycocotools"):
         cell = evaluate_cell_file(coco, results, [image_id], evaluator, MAX_EVAL_DET)
         assert cell.stats["AR_max_det"] > 0, evaluator
+
+
+def test_a_mistyped_weights_variable_is_refused_not_passed_over(tmp_path, monkeypatch):
+    """$VA_BENCH_YOLOX_NANO naming no file ran the cached weights in silence (exit 0); $VA_BENCH_COCO is refused."""
+    missing = tmp_path / "yolox_nano_typo.onnx"
+    result = run_in_process("run", "--limit", "2", "--output-dir", str(tmp_path / "o"),
+                            env={"VA_BENCH_YOLOX_NANO": str(missing)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"error: $VA_BENCH_YOLOX_NANO {missing}: no such file; point it at yolox-nano's "
+                                     "ONNX file, or unset it to use the weights cache")
+    assert not (tmp_path / "o").exists()

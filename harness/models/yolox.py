@@ -223,6 +223,10 @@ class YoloxDetector:
             if not path.is_file():
                 raise UsageError(f"--weights {path}: no such file")
             return path
+        named = os.environ.get(f"VA_BENCH_YOLOX_{self.variant.upper()}")
+        if named and not Path(named).is_file():  # a mistyped path would have run the cached weights in silence
+            raise UsageError(path_problem(f"${'VA_BENCH_YOLOX_' + self.variant.upper()}", named, "no such file")
+                             + f"; point it at {self.model_id}'s ONNX file, or unset it to use the weights cache")
         for candidate in weight_candidates(self.variant):
             if candidate.is_file():
                 return candidate
