@@ -769,3 +769,26 @@ def test_a_resume_of_a_damaged_run_json_is_refused_and_deletes_nothing(tmp_path)
     again = va_bench("run", "--resume", "r", "--output-dir", str(out), "--retry-failed", env=env)
     assert again.returncode == 0, again.stderr
     assert set(statuses(out / "r").values()) == {"ok"} and len(list((out / "r" / "submissions").glob("*.json"))) == 4
+
+
+def test_a_resumed_runs_json_gives_the_earlier_cells_figures_from_their_submissions(tmp_path):
+    """`run --resume ... --json`: a cell an earlier process finished had its status only (no mAP, no latency, no
+    mark), where the text summary marks it ok* and its submission has every figure."""
+    out = tmp_path / "o"
+    first = run_in_process("run", *_args(out, "rs"), env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert first.returncode == 0, first.stderr
+    doc = json.loads((out / "rs" / "run.json").read_text())
+    b1, b2 = doc["cells"]
+    (out / "rs" / b2["submission"]).unlink()  # killed while b2 ran: its submission not written yet
+    b2.update(status="interrupted", submission=None)
+    (out / "rs" / "run.json").write_text(json.dumps(doc))
+    resumed = run_in_process("run", "--resume", "rs", "--output-dir", str(out), "--json",
+                             env={"VA_BENCH_TEST_FORWARD_MS": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    earlier, now = json.loads(resumed.stdout)["cells"]
+    sub = json.loads((out / "rs" / b1["submission"]).read_text())
+    assert earlier["finished_earlier"] is True and "finished_earlier" not in now
+    assert earlier["image_ms_p50"] == sub["timing"]["per_image_ms"]["p50"]
+    assert earlier["images_per_s"] == sub["throughput"]["images_per_s"]
+    assert earlier["mAP_50_95"] == sub["accuracy"]["mAP_50_95"] and earlier["scored"] == "boxes"
+    assert set(now) <= set(earlier)  # the same keys, one meaning

@@ -244,8 +244,39 @@ def server_lines(cells: list[tuple[str, dict | None]]) -> list[str]:
     return lines
 
 
+def earlier_figures(path: Path) -> dict:
+    """A cell an earlier process of the run finished (`ok*`): the figures `summary_json` gives a cell run now, read
+    from its submission, and `finished_earlier`; `unavailable` with why where the file cannot be read."""
+    from harness.results.reader import lookup, read_json
+
+    doc, problem = read_json(path)
+    if problem is not None or not isinstance(doc, dict):
+        why = problem.message if problem is not None else "not an object"
+        return {"finished_earlier": True, "unavailable": f"its submission cannot be read ({why})"}
+    iou_types = lookup(doc, "eval.iouType") or []
+    scored = lookup(doc, "eval.status") == "ok"
+    stages = lookup(doc, "timing.stages_ms") or {}
+    return {"finished_earlier": True,
+            "mode": lookup(doc, "timing.mode"),
+            "preprocess": lookup(doc, "runtime.preprocess"),
+            "images_per_s": lookup(doc, "throughput.images_per_s"),
+            "batch_ms": lookup(doc, "timing.batch_ms"),
+            "image_ms_p50": lookup(doc, "timing.per_image_ms.p50"),
+            "stages_ms_mean": {k: v.get("mean") for k, v in stages.items() if isinstance(v, dict)},
+            "mAP_50_95": lookup(doc, "accuracy.mAP_50_95") if scored else None,
+            "scored": ("masks" if "segm" in iou_types else "boxes") if scored else None,
+            **({"bbox_mAP_50_95": lookup(doc, "accuracy.bbox_mAP_50_95")} if scored and "segm" in iou_types else {}),
+            **({"map_ci": lookup(doc, "eval.map_ci")} if lookup(doc, "eval.map_ci") else {}),
+            "batch_invariance": doc.get("batch_invariance"),
+            "warnings": lookup(doc, "timing.warnings") or [],
+            **{k: doc.get(k) for k in ("memory", "energy", "layers", "profiler")},
+            **({"server": doc["server"]} if doc.get("server") is not None else {}),
+            **({"repeats": lookup(doc, "timing.repeats")} if lookup(doc, "timing.repeats") else {})}
+
+
 def summary_json(run_dir: Path, outcome) -> dict:
-    """The run summary for scripts: every cell's status, and the measurements of those run now."""
+    """The run summary for scripts: every cell's status and its figures (a cell an earlier process of the run
+    finished: read from its submission, `finished_earlier`)."""
     records = {r.cell.label: r for r in outcome.records}
     cells = []
     for label, status in outcome.state.cells.items():
@@ -275,6 +306,8 @@ def summary_json(run_dir: Path, outcome) -> dict:
                 "layers": r.layers,
                 "profiler": r.profiler,
             })
+        elif status.state == "ok" and status.submission:  # finished by an earlier process: its submission's figures
+            entry.update(earlier_figures(run_dir / status.submission))
         if r is not None and r.server is not None:
             entry["server"] = r.server
         if label in getattr(outcome, "repeats", {}):
