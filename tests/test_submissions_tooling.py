@@ -290,6 +290,28 @@ def test_two_runtimes_of_one_format_and_provider_stay_separate_rows(tmp_path, ba
     assert [r["backend"] for r in site["cube"]] == [base_doc["runtime"]["format"]]
 
 
+def test_a_run_of_another_preprocessing_is_another_row_and_its_accuracy_is_gated(tmp_path, base_doc):
+    """A later run with --preprocess pil replaced the cv2 run's row and became the canonical mAP in silence (no
+    agreement-gate finding), though its pixels and so its mAP differ; compare named no difference."""
+    from harness.results.compare import compare_paths
+
+    cv2 = _variant(base_doc, runtime__preprocess={"implementation": "cv2"})
+    cv2["created_at"] = "2026-01-01T00:00:00Z"
+    pil = _variant(base_doc, runtime__preprocess={"implementation": "pil"})
+    pil["accuracy"] = {**pil["accuracy"], "mAP_50_95": pil["accuracy"]["mAP_50_95"] - 0.0147}
+    pil["created_at"] = "2026-02-01T00:00:00Z"
+    board = aggregate(_write(tmp_path / "both", [cv2, pil]), reference_hardware=base_doc["hardware"]["id"],
+                      leaderboard_variant=_write(tmp_path / "one", [cv2])[0].submission.dataset_variant)
+    assert board["counts"]["superseded"] == 0 and sorted(r["preprocess"] for r in board["cube"]) == ["cv2", "pil"]
+    (gate,) = board["agreement_gate"]
+    assert {gate["canonical_preprocess"], gate["other_preprocess"]} == {"cv2", "pil"}
+    assert abs(gate["delta_points"]) == pytest.approx(1.47)
+    site = aggregate(_write(tmp_path / "site", [base_doc]))  # the site's files say nothing of it
+    assert [r["preprocess"] for r in site["cube"]] == ["?"]
+    (comparison,) = compare_paths(tmp_path / "one", [tmp_path / "both" / "s1.json"])
+    assert comparison.differ["preprocess"] == ("cv2", "pil")
+
+
 def test_overlapped_and_latency_runs_stay_separate_rows(tmp_path, base_doc):
     latency = _timed(base_doc, 1.5)
     latency["created_at"] = "2026-01-01T00:00:00Z"

@@ -109,6 +109,8 @@ class PerfRow:
     dataset: str = "coco2017"  # dataset id and split
     board: str = "detection"  # the site's COCO board: "detection", or "segmentation" (model.task segment; mask mAP)
     backend: str = "?"  # the runtime that ran it (Submission.backend): rows of two runtimes never replace each other
+    preprocess: str = "?"  # the implementation that made its input (Submission.preprocess): pil's row never replaces
+    # cv2's (their mAP differs); both stay in the cube, the agreement gate compares their accuracy
     # on a board: no other row of its runtime on its hardware (format, provider, precision, tf32) is at least as fast
     # and as accurate, and better in one; None: not on a board, or no latency or accuracy to place it by
     speed_accuracy_front: bool | None = None
@@ -130,7 +132,7 @@ class PerfRow:
 
     @property
     def perf_key(self) -> tuple:
-        return (*self.coordinate, self.protocol, self.dataset, self.dataset_variant, self.timing_mode)
+        return (*self.coordinate, self.protocol, self.dataset, self.dataset_variant, self.timing_mode, self.preprocess)
 
     @property
     def accuracy_precision(self) -> str:
@@ -191,6 +193,7 @@ def row_from(report: FileReport) -> PerfRow:
         dataset=dataset,
         board=sub.board,
         backend=sub.backend,
+        preprocess=sub.preprocess,
     )
 
 
@@ -269,16 +272,18 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                     "precision": key[4], "input_size": key[5] or None, "conf": best.conf, "iou": best.iou,
                     "max_det": best.max_det, "eval_cap": best.eval_cap, "board": best.board}
         canonical[key] = {**identity, "mAP_50_95": best.mAP_50_95, "mAP_50": best.mAP_50, "hardware": best.hardware,
-                          "format": best.format, "tf32": best.tf32, "file": best.file, "policy": policy}
+                          "format": best.format, "tf32": best.tf32, "preprocess": best.preprocess, "file": best.file,
+                          "policy": policy}
         for other in group:
             if other is best:
                 continue
             delta = 100 * (other.mAP_50_95 - best.mAP_50_95)
             if abs(delta) > tolerance_points:
                 gate.append({**identity, "canonical": best.mAP_50_95, "canonical_file": best.file,
-                             "canonical_hardware": best.hardware, "other": other.mAP_50_95,
-                             "other_file": other.file, "other_hardware": other.hardware,
-                             "other_format": other.format, "delta_points": delta})
+                             "canonical_hardware": best.hardware, "canonical_preprocess": best.preprocess,
+                             "other": other.mAP_50_95, "other_file": other.file, "other_hardware": other.hardware,
+                             "other_format": other.format, "other_preprocess": other.preprocess,
+                             "other_batch_size": other.batch_size, "delta_points": delta})
 
     def canonical_of(row: PerfRow, variant: str) -> dict | None:
         return canonical.get((row.model, row.weights, row.dataset, variant, row.accuracy_precision,
@@ -316,7 +321,7 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
                    "performance_identity": ["model", "weights", "hardware", "backend", "format", "provider",
                                             "precision", "tf32", "input_size", "batch_size", "board",
                                             "protocol (conf, iou, max_det, eval cap)", "dataset_variant",
-                                            "timing_mode"],
+                                            "timing_mode", "preprocess"],
                    "accuracy_identity": ["model", "weights", "dataset_variant",
                                          "precision (fp32+tf32: TF32 on; int8: per format)", "input_size",
                                          "protocol (conf, iou, max_det, eval cap)",

@@ -55,7 +55,7 @@ from harness.results.reader import (
 # (key, label) of a cell's coordinates, in display order
 COORDS = (("model", "model"), ("hardware", "hardware"), ("backend", "backend"), ("precision", "precision"),
           ("input_size", "input size"), ("batch_size", "batch"), ("variant", "dataset"), ("mode", "timing mode"),
-          ("protocol", "protocol"))
+          ("protocol", "protocol"), ("preprocess", "preprocessing"))
 ACCURACY_FREE = ("batch_size", "mode")  # accuracy does not depend on these
 ALPHA = 0.05
 # eval.operating_point's figures, as compare names them beside the COCO statistics
@@ -127,7 +127,8 @@ def _coords(sub: Submission) -> dict[str, Any]:
             "backend": f"{sub.runtime.format or '?'}/{sub.runtime.provider or '?'}",
             "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
             "variant": f"{sub.dataset_id}{_split(sub)} {sub.dataset_variant or '?'}",
-            "mode": mode if isinstance(mode, str) else "latency", "protocol": _protocol(sub)}
+            "mode": mode if isinstance(mode, str) else "latency", "protocol": _protocol(sub),
+            "preprocess": sub.preprocess}
 
 
 def _protocol(sub: Submission) -> str:

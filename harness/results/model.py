@@ -127,6 +127,17 @@ class Submission(Block):
         return str(backend) if isinstance(backend, str) and backend else (self.runtime.format or "?")
 
     @property
+    def preprocess(self) -> str:
+        """The preprocessing implementation that made the model's input (cv2, torch, pil: its pixels, so its mAP,
+        differ; docs/parity.md); "?" where the file does not say (the site's files)."""
+        block = getattr(self.runtime, "preprocess", None)
+        name = block.get("implementation") if isinstance(block, dict) else None
+        if not isinstance(name, str):
+            spec = self.config.preprocess if isinstance(getattr(self.config, "preprocess", None), dict) else {}
+            name = spec.get("library")
+        return name if isinstance(name, str) and name else "?"
+
+    @property
     def dataset_id(self) -> str:
         return (self.dataset.id if self.dataset and self.dataset.id else None) or "coco2017"
 

@@ -105,17 +105,28 @@ def _compact(title: str, columns: tuple[str, ...], numeric: set[str], rows: list
     return table
 
 
+def _how(gate: dict) -> str:
+    """How a gate's other run was made, where the table shows it: its format, its preprocessing where that is not the
+    canonical run's, its batch size."""
+    made = [gate["other_format"]]
+    if gate.get("other_preprocess", "?") != gate.get("canonical_preprocess", "?"):
+        made.append(f"{gate['other_preprocess']} preprocessing")
+    if gate.get("other_batch_size") is not None:
+        made.append(f"b{gate['other_batch_size']}")
+    return ", ".join(made)
+
+
 def gate_table(board: dict, max_rows: int = MAX_ROWS) -> Table:
     gate = board["agreement_gate"]
     tol = board["policy"]["tolerance_points"]
     rows = [tuple(escape(str(v)) for v in (
         g["model"], g["dataset_variant"], g["precision"], f"{g['canonical']:.4f}", g["canonical_hardware"],
         f"{g['other']:.4f}",
-        f"{g['other_hardware']} ({g['other_format']})",
+        f"{g['other_hardware']} ({_how(g)})",
         ("+" if g["delta_points"] >= 0 else "-") + shown_apart(abs(g["delta_points"]), tol, 2)))
         for g in sorted(gate, key=lambda g: -abs(g["delta_points"]))[:max_rows]]
     return _compact(f"agreement gate: {len(gate)} runs differ from the canonical mAP by > {tol} points",
-                    ("model", "variant", "prec.", "canonical", "on", "other", "on (format)", "Δ points"),
+                    ("model", "variant", "prec.", "canonical", "on", "other", "on (how)", "Δ points"),
                     {"canonical", "other", "Δ points"}, rows)
 
 
