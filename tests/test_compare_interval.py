@@ -282,12 +282,16 @@ def test_an_accuracy_gate_does_not_fail_on_a_fall_the_interval_calls_chance():
     chance = {"mAP_50_95": [-0.05, 0.01], "mAP_50": [-0.03, -0.002]}
     result = check_gate(parse_gate("map:-0.01"), comparison(chance))
     assert result.status == "ok"
-    assert "but by chance: b1 -0.02 (95 % interval of B - A -0.0500 to +0.0100: may be chance)" in result.detail
+    # a pass past the threshold says so, and --json tells it apart from a clean pass ("none beyond" read as one)
+    assert "past -0.01 only where the 95 % interval of B - A holds 0, so not called a fall" in result.detail
+    assert result.to_dict()["by_chance"] == ["b1 -0.02 (95 % interval of B - A -0.0500 to +0.0100)"]
+    assert "none beyond" not in result.detail
     assert check_gate(parse_gate("map:-1%"), comparison(chance)).status == "ok"
     not_chance = check_gate(parse_gate("map50:-0.005"), comparison(chance))  # its interval excludes 0
     assert not_chance.status == "failed" and "(95 % interval of B - A -0.0300 to -0.0020)" in not_chance.detail
     assert check_gate(parse_gate("map:-0.01"), comparison(None)).status == "failed"
-    assert check_gate(parse_gate("map:-0.03"), comparison(chance)).detail == "1 checked, none beyond -0.03"
+    clean = check_gate(parse_gate("map:-0.03"), comparison(chance))
+    assert clean.detail == "1 checked, none beyond -0.03" and clean.to_dict()["by_chance"] == []
 
 
 @requires_coco
