@@ -453,7 +453,7 @@ def test_names_from_the_files_are_text_in_the_log(run_a, run_b, tmp_path):
     assert "<script>" not in text and "&lt;script>" in text and "&gt;" not in text  # `>` opens nothing: kept
     assert not re.search(r"^<!-- va-bench run report-a -->", text, flags=re.M)
     make_report(a, log_path=log)  # not refused as a duplicate
-    assert re.search(r"^<!-- va-bench run report-a -->$", log.read_text(), flags=re.M)
+    assert re.search(r"^<!-- va-bench run report-a cells [0-9a-f]{12} -->$", log.read_text(), flags=re.M)
 
 
 def test_log_appends_and_never_rewrites(run_a, run_b, tmp_path):
@@ -684,7 +684,7 @@ def test_two_reports_at_once_log_a_run_once_and_a_full_disk_leaves_the_log_as_it
     def report():
         start.wait()
         try:
-            append_section(log, "<!-- va-bench run r1 -->\n## section\n", "r1")
+            append_section(log, "<!-- va-bench run r1 -->\n## section\n", "r1", "s1")
             outcomes.append("written")
         except UsageError as exc:
             outcomes.append(str(exc))
@@ -707,10 +707,10 @@ def test_two_reports_at_once_log_a_run_once_and_a_full_disk_leaves_the_log_as_it
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(DiskFullError, match="the log is as it was"):
-        append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2")
+        append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2", "s2")
     monkeypatch.undo()
     assert log.read_bytes() == before
-    append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2")  # a retry
+    append_section(log, "<!-- va-bench run r2 -->\n## a longer section than twenty bytes\n", "r2", "s2")  # a retry
     assert log.read_text().count("<!-- va-bench run r2 -->") == 1
 
 
@@ -735,3 +735,27 @@ def test_repeats_are_in_the_page_and_the_log(run_b, tmp_path):
     again = tmp_path / "AGAIN.md"  # a log takes a run once
     assert va_bench("report", str(run), "--log", str(again)).returncode == 0
     assert "| 1 of 2 | 41.50 | 41.50 | unavailable: one process measured the cell |" in again.read_text()
+
+
+def test_a_run_resumed_after_it_was_logged_is_logged_again_once(run_a, tmp_path):
+    """A run logged while partial, then resumed: `report --log` was refused ("already has a section") for good,
+    so the log kept the partial run and report.html was not made again."""
+    run = _copy(run_a, tmp_path)
+    doc = json.loads((run / "run.json").read_text())
+    full = json.loads(json.dumps(doc))
+    last = doc["cells"][-1]
+    aside = tmp_path / "aside.json"
+    (run / last["submission"]).rename(aside)  # stopped before its last cell
+    last.update(status="interrupted", submission=None)
+    (run / "run.json").write_text(json.dumps(doc))
+    log = tmp_path / "BENCHMARKS.md"
+    assert va_bench("report", str(run), "--log", str(log)).returncode == 0
+    aside.rename(run / full["cells"][-1]["submission"])  # resumed: the last cell finished
+    (run / "run.json").write_text(json.dumps(full))
+    again = va_bench("report", str(run), "--log", str(log))
+    assert again.returncode == 0, again.stderr
+    text = log.read_text()
+    assert len(re.findall(r"^<!-- va-bench run report-a cells [0-9a-f]{12} -->$", text, flags=re.M)) == 2
+    assert text.count("this section is its state now and supersedes that one") == 1
+    refused = va_bench("report", str(run), "--log", str(log))  # unchanged since: once
+    assert refused.returncode == 2 and "already has a section" in refused.stderr

@@ -83,7 +83,7 @@ def test_files_a_teammate_needs_follow_the_umask(tmp_path):
     old = os.umask(0o002)
     try:
         RunState.create(tmp_path / "r", "r", {"config": {}}, [Cell(LoadKey("m", "pytorch", "fp32", (64, 64)), 1)])
-        append_section(tmp_path / "log.md", "<!-- va-bench run r -->\n## r\n", "r")
+        append_section(tmp_path / "log.md", "<!-- va-bench run r -->\n## r\n", "r", "s")
     finally:
         os.umask(old)
     for path in (tmp_path / "r" / LOCK_FILE, tmp_path / "log.md"):  # (atomic writes read the umask at import)

@@ -4,6 +4,7 @@ and the artefact list. The file is opened in append mode only, so earlier sectio
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections import defaultdict
@@ -37,9 +38,17 @@ LOG_HEADER = ("# Benchmark log\n\nAppend-only: `va-bench report RUN_DIR --log FI
               "and never rewrites earlier ones.\n")
 
 
-def marker(run_id: str) -> str:
-    """The HTML comment that opens a run's section (invisible when rendered; finds duplicates)."""
-    return f"<!-- va-bench run {run_id} -->"
+def marker(run_id: str, state: str) -> str:
+    """The HTML comment that opens a run's section (invisible when rendered; finds duplicates): the run and the
+    state of its cells (`run_state`), so a run resumed after it was logged is logged again, once."""
+    return f"<!-- va-bench run {run_id} cells {state} -->"
+
+
+def run_state(run: RunFolder) -> str:
+    """The run's cells as logged: a digest of each cell's status and submission (12 hex digits)."""
+    statuses = sorted(f"{c.get('cell')}={c.get('status')}" for c in run.cell_status)
+    files = sorted(c.path.name for c in run.cells)
+    return hashlib.sha256("\n".join(statuses + files).encode("utf-8")).hexdigest()[:12]
 
 
 def _inline(value: object) -> str:
@@ -82,13 +91,19 @@ def _artefact_lines(run: RunFolder) -> list[str]:
     return lines
 
 
-def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, gate_notes: list[str]) -> str:
-    """The Markdown section of one run (starts with its marker, ends with a newline)."""
+def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, gate_notes: list[str],
+            again: bool = False) -> str:
+    """The Markdown section of one run (starts with its marker, ends with a newline); `again`: the log holds a
+    section of the run before it was resumed, which this one supersedes."""
     first = run.cells[0]
     models = ", ".join(sorted({c.key.model for c in run.cells}))
     hardware = ", ".join(sorted({str(c.get("hardware.id") or "?") for c in run.cells}))
-    out = [marker(run.run_id), f"## {run_date(run)} — run {run.run_id}: {_inline(models)} on {_inline(hardware)}", "",
+    out = [marker(run.run_id, run_state(run)),
+           f"## {run_date(run)} — run {run.run_id}: {_inline(models)} on {_inline(hardware)}", "",
            "### Setup", "", markdown_table(setup_table(run)), ""]
+    if again:
+        out[-1:-1] = ["", "This run was logged above before it was resumed; this section is its state now and "
+                          "supersedes that one."]
     acc = accuracy_table(run)
     out += [f"### Accuracy ({_inline(first.dataset_variant or '?')}, {_inline(first.get('dataset.num_images') or '?')} "
             "images)",
@@ -128,8 +143,9 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     return "\n".join(out)
 
 
-def check_log(path: Path, run_id: str) -> None:
-    """Refuse before anything is written: a folder, a missing parent, or a run already logged."""
+def check_log(path: Path, run_id: str, state: str) -> None:
+    """Refuse before anything is written: a folder, a missing parent, or a run already logged in this state (a run
+    resumed since its section was written is logged again)."""
     path = Path(path)
     problem = output_file_problem(path)
     if problem:  # a folder, a FIFO (appending would block), a path under a file or in a folder we cannot write
@@ -141,16 +157,28 @@ def check_log(path: Path, run_id: str) -> None:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise UsageError(f"--log {path} is not UTF-8 text; pass a Markdown benchmark log") from None
-        if _logged(text, run_id):
-            raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
+        if _logged(text, run_id, state):
+            raise UsageError(f"run {run_id} already has a section in {path} for its cells as they are; the log is "
+                             "append-only, nothing written")
 
 
-def _logged(text: str, run_id: str) -> bool:
-    """Whether the log holds the run's section: its marker on a line of its own, as the log writes it."""
-    return re.search(f"^{re.escape(marker(run_id))}$", text, re.M) is not None
+def _logged(text: str, run_id: str, state: str) -> bool:
+    """Whether the log holds the run's section for this state of its cells: its marker on a line of its own, as the
+    log writes it (a log written before states were marked: any section of the run)."""
+    return re.search(f"^({re.escape(marker(run_id, state))}|{re.escape(f'<!-- va-bench run {run_id} -->')})$",
+                     text, re.M) is not None
 
 
-def append_section(path: Path, text: str, run_id: str) -> None:
+def logged_before(path: Path, run_id: str) -> bool:
+    """Whether the log holds a section of the run in another state (before it was resumed)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return False
+    return re.search(f"^<!-- va-bench run {re.escape(run_id)} cells [0-9a-f]+ -->$", text, re.M) is not None
+
+
+def append_section(path: Path, text: str, run_id: str, state: str) -> None:
     """Append one section in a single write, under an exclusive lock on the file (two reports at once log a run
     once: the section is looked for again under the lock); a new file gets the log's header first. Earlier bytes
     are never touched: the file is opened for appending, and a write cut short (a full disk) is cut back to the
@@ -165,8 +193,9 @@ def append_section(path: Path, text: str, run_id: str) -> None:
         lock_file(fd, wait=True)
         existing = _read_from_start(fd)
         size = len(existing)
-        if _logged(existing.decode("utf-8", errors="replace"), run_id):
-            raise UsageError(f"run {run_id} already has a section in {path}; the log is append-only, nothing written")
+        if _logged(existing.decode("utf-8", errors="replace"), run_id, state):
+            raise UsageError(f"run {run_id} already has a section in {path} for its cells as they are; the log is "
+                             "append-only, nothing written")
         prefix = LOG_HEADER + "\n" if not size else "\n" if existing.endswith(b"\n") else "\n\n"
         data = (prefix + text).encode("utf-8", "backslashreplace")
         try:
