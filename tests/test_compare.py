@@ -1030,3 +1030,21 @@ def test_a_cell_b_lost_fails_every_gate_and_its_status_is_named(tmp_path):
         result = check_gate(parse_gate(spec), c)
         assert result.status == "failed" and "1 cell(s) of A have no counterpart in B" in result.detail, result
         assert result.detail.endswith(": b8")
+
+
+def test_a_latency_verdict_carries_the_timing_warnings_of_each_sides_run(tmp_path):
+    """Two nights of the same code: "slower x2.34, p=0.002", while both runs had warned that other processes were
+    busy; compare said nothing of it."""
+    write_submission(tmp_path / "a", lognormal(1, 50), 4)
+    path = write_submission(tmp_path / "b", lognormal(2, 110), 4)
+    doc = json.loads(path.read_text())
+    doc["timing"]["warnings"] = ["other processes busy during the timed pass: python (pid 7, 55% CPU)",
+                                 "high variation: CV 19.8% > 10%"]
+    path.write_text(json.dumps(doc))
+    (c,) = compare_paths(tmp_path / "a", [tmp_path / "b"])
+    (cell,) = c.cells
+    assert cell.significance.verdict == "slower" and cell.to_dict()["timing_warnings"]["a"] == []
+    assert cell.to_dict()["timing_warnings"]["b"] == doc["timing"]["warnings"]
+    assert (f"{tmp_path / 'b'}: its run warned of its timing, so a latency verdict there may be the machine's, not the "
+            "change's: other processes busy during the timed pass (b4); high variation (b4)") in c.notes
+    assert not any(n.startswith(f"{tmp_path / 'a'}: its run warned") for n in c.notes)

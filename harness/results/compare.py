@@ -332,6 +332,9 @@ class CellDelta:
     ips_a: float | None  # images/s
     ips_b: float | None
     significance: Significance
+    # the timing warnings each side's run gave this cell (a busy machine, high variation): a verdict may be theirs
+    warnings_a: tuple[str, ...] = ()
+    warnings_b: tuple[str, ...] = ()
 
     def change(self, metric: str) -> float | None:
         """B/A - 1 of p50, p95 or ips."""
@@ -343,7 +346,8 @@ class CellDelta:
                 "latency_ms_per_image": {"p50": [self.p50_a, self.p50_b], "p95": [self.p95_a, self.p95_b]},
                 "images_per_s": [self.ips_a, self.ips_b],
                 "change": {"p50": self.change("p50"), "p95": self.change("p95"), "images_per_s": self.change("ips")},
-                "significance": self.significance.to_dict()}
+                "significance": self.significance.to_dict(),
+                "timing_warnings": {"a": list(self.warnings_a), "b": list(self.warnings_b)}}
 
 
 @dataclass(frozen=True)
@@ -493,18 +497,41 @@ def _cell_delta(label: str, key: dict, ea: Entry, eb: Entry, alpha: float) -> Ce
         return _num(total.get("p50")), _num(total.get("p95")), ips if ips is not None else _num(thr.get("fps_mean"))
 
     (p50a, p95a, ipsa), (p50b, p95b, ipsb) = figures(ea), figures(eb)
+    warned = _timing_warnings(ea), _timing_warnings(eb)
     pa, pb = _process_samples(ea), _process_samples(eb)
     if pa is not None and pb is not None:  # both measured in several processes: the spread that matters
         across = replace(latency_significance(pa, pb, alpha), basis="processes")
         if across.verdict != "too few samples":
-            return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, across)
+            return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, across, *warned)
     sa, why_a = _per_image_samples(ea)
     sb, why_b = _per_image_samples(eb)
     if sa is None or sb is None:
         sig = Significance("unavailable", reason="; ".join(w for w in (why_a, why_b) if w))
     else:
         sig = batch_significance(sa, sb, alpha)
-    return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, sig)
+    return CellDelta(label, key, p50a, p50b, p95a, p95b, ipsa, ipsb, sig, *warned)
+
+
+def _timing_warnings(e: Entry) -> tuple[str, ...]:
+    timing = e.doc.get("timing") if isinstance(e.doc.get("timing"), dict) else {}
+    found = timing.get("warnings") if isinstance(timing.get("warnings"), list) else []
+    return tuple(str(w) for w in found)
+
+
+def timing_warning_notes(comparison: Comparison) -> list[str]:
+    """One note per side whose cells were timed with warnings, by kind (the text before its first ':') and cell: a
+    latency verdict of such a cell may be the machine's, not the change's."""
+    notes = []
+    for side, label in (("a", comparison.a), ("b", comparison.b)):
+        kinds: dict[str, list[str]] = {}
+        for cell in comparison.cells:
+            for warning in getattr(cell, f"warnings_{side}"):
+                kinds.setdefault(warning.split(":", 1)[0], []).append(cell.label)
+        if kinds:
+            found = "; ".join(f"{kind} ({', '.join(dict.fromkeys(cells))})" for kind, cells in kinds.items())
+            notes.append(f"{label}: its run warned of its timing, so a latency verdict there may be the machine's, "
+                         f"not the change's: {found}")
+    return notes
 
 
 class _DetectionCache:
@@ -867,6 +894,7 @@ def compare_sides(a: Side, b: Side, iou: float = 0.5, conf: float = 0.4, alpha: 
     label_keys = vary if "batch_size" in vary else [*vary, "batch_size"]
     treatment = "b{} vs b{}".format(*out.differ["batch_size"]) if "batch_size" in out.differ else ""
     out.cells = [_cell_delta(_label(key, label_keys) or treatment, key, ea, eb, alpha) for key, ea, eb in pairs]
+    out.notes += timing_warning_notes(out)
     out.accuracy = _accuracy_deltas(pairs, vary, intervals)
     out.detections, notes = _detection_rows(pairs, vary, iou, conf)
     out.notes += notes
