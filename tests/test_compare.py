@@ -1021,8 +1021,9 @@ def test_a_cell_b_lost_fails_every_gate_and_its_status_is_named(tmp_path):
     for batch in (1, 8):
         write_submission(tmp_path / "a", lognormal(batch, 50), batch, accuracy=accuracy)
     write_submission(tmp_path / "b", lognormal(3, 50), 1, accuracy=accuracy)
-    (tmp_path / "b" / "run.json").write_text(json.dumps({"cells": [
-        {"cell": "m onnxruntime fp32 640 b1", "status": "ok"}, {"cell": "m onnxruntime fp32 640 b8", "status": "oom"}]}))
+    cells = [{"cell": "m onnxruntime fp32 640 b1", "status": "ok"},
+             {"cell": "m onnxruntime fp32 640 b8", "status": "oom"}]
+    (tmp_path / "b" / "run.json").write_text(json.dumps({"cells": cells}))
     c = compare_paths(tmp_path / "a", [tmp_path / "b"])[0]
     assert c.only_a == ["b8"]
     assert f"{tmp_path / 'b'}: 1 cell(s) of its run did not end ok: m onnxruntime fp32 640 b8 (oom)" in c.notes

@@ -759,3 +759,21 @@ def test_a_run_resumed_after_it_was_logged_is_logged_again_once(run_a, tmp_path)
     assert text.count("this section is its state now and supersedes that one") == 1
     refused = va_bench("report", str(run), "--log", str(log))  # unchanged since: once
     assert refused.returncode == 2 and "already has a section" in refused.stderr
+
+
+def test_a_gate_on_the_batchs_time_is_named_so_and_its_first_name_still_works(tmp_path):
+    """`latency_p50_ms` was the batch's p50 where aggregate's `latency_ms_p50` is an image's: a gate written from
+    one read the other, off by the batch size. The batch's figures are batch_*_ms; a file of the first names loads
+    and its note says what they are."""
+    from harness.report.gates import METRICS
+
+    path = tmp_path / "gates.yaml"
+    path.write_text("gates:\n  - {metric: latency_p50_ms, comparison: '<=', target: 30}\n"
+                    "  - {metric: latency_p95_ms, comparison: '<=', target: 40, note: the box's}\n")
+    first, second = load_gates(path)
+    assert (first.metric, second.metric) == ("batch_p50_ms", "batch_p95_ms")
+    assert first.note == "this file's latency_p50_ms is the batch's time (ms per batch), named batch_p50_ms now"
+    assert second.note == "the box's (this file's latency_p95_ms is the batch's time (ms per batch), named " \
+                          "batch_p95_ms now)"
+    assert METRICS["batch_p50_ms"][0] == "timing.batch_ms.p50"
+    assert METRICS["image_p50_ms"][0] == "timing.per_image_ms.p50"
