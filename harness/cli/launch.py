@@ -97,8 +97,9 @@ def main() -> None:
         _stdout_to_devnull()
         sys.exit(STDOUT_GONE_EXIT)
     except Interrupted as exc:  # outside a run's cells (a run stopped mid-sweep says more: RunInterrupted)
-        terminal.err.print(f"interrupted ({exc}); run the same command again to continue (a dataset download "
-                           "resumes where it stopped)", highlight=False, soft_wrap=True)
+        again = ("run the same command again to continue (a download resumes where it stopped)"
+                 if argv[:2] in (["data", "fetch"], ["models", "fetch"]) else "run the same command again")
+        terminal.err.print(f"interrupted ({exc}); {again}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except Exception as exc:  # anything unexpected: still one line unless --debug
         if debug:
