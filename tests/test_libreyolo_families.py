@@ -810,3 +810,32 @@ def test_an_input_size_the_rfdetr_seg_backbone_refuses_is_refused_when_planned(t
     refused = run_in_process(*common, "--model", "rfdetr-seg-n", "--input-size", "320")
     assert refused.returncode == 2 and "input size 320 is not a multiple of 12 (rfdetr-seg-n's" in refused.stderr
     assert run_in_process(*common, "--model", "rfdetr-seg-s", "--input-size", "336").returncode == 0
+
+
+@pytest.mark.heavy
+def test_rfdetr_away_from_its_native_size_exports_and_is_refused_for_what_differs(monkeypatch, tmp_path):
+    """rfdetr-n at 416 (its native 384): the export failed inside the tracer ("Cannot insert a Tensor that requires
+    grad as a constant": its library binds the position embedding's interpolation to the module it built, which the
+    copy the export traces still calls). It exports now, and the check refuses it for a real difference: libreyolo
+    interpolates the embedding with antialiasing in eager mode and without it under an ONNX export; with eager's
+    antialiasing off the two agree (the independent reading of why)."""
+    import onnxruntime
+
+    from harness.backends.export import check_export, export_core
+    from harness.detector.graph import max_relative_diff, module_outputs
+    from harness.models.registry import get_detector
+
+    module = get_detector("rfdetr-n", RANDOM_WEIGHTS).core_source.torch_module().eval()
+    monkeypatch.setenv("VA_BENCH_WEIGHTS", str(tmp_path))
+    _, path = export_core("rfdetr-n", module, (416, 416))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def core(x):
+        return [torch.from_numpy(o) for o in session.run(None, {"images": x.numpy()})]
+
+    with pytest.raises(UsageError, match="disagrees with PyTorch at batch 1"):
+        check_export("rfdetr-n", module, core, (416, 416), None, batches=(1,))
+    torch.manual_seed(0)
+    x = torch.rand(1, 3, 416, 416)
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)  # eager without the antialiasing
+    assert max_relative_diff(core(x), module_outputs(module, x)) < 1e-5

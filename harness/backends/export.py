@@ -80,6 +80,11 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
             path.unlink(missing_ok=True)
     # a copy: a module that caches tensors made in its forward (an anchor grid) holds inference tensors once
     # PyTorch rows ran it under inference mode, and the tracer cannot use those (deepcopy clones them)
+    # the graph is for inference: a weight the forward reads outside the module's own parameters is a constant of it,
+    # which the tracer refuses while it requires grad. RF-DETR's backbone, away from its native size, interpolates a
+    # position embedding through a method its library bound to the module it built, which a copy still calls: the
+    # module given is set so too (a harness never trains it)
+    module.requires_grad_(False)
     module = copy.deepcopy(module)
     example = torch.rand(EXPORT_BATCH, 3, *input_size)
     n_out = len(module_outputs(module, example))
