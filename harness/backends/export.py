@@ -18,7 +18,13 @@ from typing import Any
 import onnx
 import torch
 
-from harness.detector.graph import RELATIVE_TOLERANCE, max_relative_diff, module_outputs, shape_mismatch
+from harness.detector.graph import (
+    RELATIVE_TOLERANCE,
+    asking_no_gradient,
+    max_relative_diff,
+    module_outputs,
+    shape_mismatch,
+)
 from harness.detector.weights import weights_dir
 from harness.errors import UsageError
 from harness.files import DiskFullError, atomic_file, safe_name
@@ -78,14 +84,18 @@ def export_core(name: str, module: torch.nn.Module, input_size: tuple[int, int])
             return onnx.load(str(path)), path
         except Exception:  # a damaged cache file: export again
             path.unlink(missing_ok=True)
-    # a copy: a module that caches tensors made in its forward (an anchor grid) holds inference tensors once
-    # PyTorch rows ran it under inference mode, and the tracer cannot use those (deepcopy clones them)
     # the graph is for inference: a weight the forward reads outside the module's own parameters is a constant of it,
     # which the tracer refuses while it requires grad. RF-DETR's backbone, away from its native size, interpolates a
     # position embedding through a method its library bound to the module it built, which a copy still calls: the
-    # module given is set so too (a harness never trains it)
-    module.requires_grad_(False)
-    module = copy.deepcopy(module)
+    # module given asks for no gradient while it is exported, and its flags are put back after
+    with asking_no_gradient(module):
+        # a copy: a module that caches tensors made in its forward (an anchor grid) holds inference tensors once
+        # PyTorch rows ran it under inference mode, and the tracer cannot use those (deepcopy clones them)
+        return _export(name, copy.deepcopy(module), input_size, path)
+
+
+def _export(name: str, module: torch.nn.Module, input_size: tuple[int, int],
+            path: Path) -> tuple[onnx.ModelProto, Path]:
     example = torch.rand(EXPORT_BATCH, 3, *input_size)
     n_out = len(module_outputs(module, example))
     names = [f"out{i}" for i in range(n_out)]

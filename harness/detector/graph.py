@@ -132,16 +132,23 @@ def flop_counting(module: torch.nn.Module):
     parameters' flags are restored after; no inference tensors are left in a module that caches one."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    wanted = [(p, p.requires_grad) for p in module.parameters()]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     try:
-        for p, _ in wanted:
-            p.requires_grad_(False)
         torch.backends.mha.set_fastpath_enabled(False)
-        with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+        with asking_no_gradient(module), sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fast_path)
+
+
+@contextmanager
+def asking_no_gradient(module: torch.nn.Module):
+    """The module's parameters ask for no gradient inside the block, and their flags are as they were after."""
+    wanted = [(p, p.requires_grad) for p in module.parameters()]
+    try:
+        module.requires_grad_(False)
+        yield
+    finally:
         for p, flag in wanted:
             p.requires_grad_(flag)
 
