@@ -1572,3 +1572,21 @@ def test_two_datasets_of_one_folder_name_stay_two_rows(tmp_path, base_doc):
     rows = sorted((r["dataset"], len(r["superseded"])) for r in board["cube"])
     assert rows == [(f"mydata/{base_doc['dataset'].get('split') or 'val2017'}@{'a' * 12}", 1),
                     (f"mydata/{base_doc['dataset'].get('split') or 'val2017'}@{'b' * 12}", 0)]
+
+
+def test_validate_says_when_the_sites_allow_lists_were_not_checked(tmp_path, base_doc):
+    """Without --support-matrix a pytorch bf16 row (the site allows fp32 only there) got "0 errors, 0 warnings",
+    and aggregate put it on the board: the run of the check said nothing of what it left out."""
+    from harness.results.validate import is_site_rule
+    from harness.views.commands import validation_json
+
+    bf16 = _variant(base_doc, runtime__format="pytorch", runtime__precision="bf16")
+    _write(tmp_path / "bf16", [bf16])
+    plain = validate_paths([tmp_path / "bf16"], None)
+    assert any("allow-lists of models and runtimes were not checked" in n for n in plain.notes)
+    assert not any(is_site_rule(f) for f in plain.reports[0].errors)
+    checked = validate_paths([tmp_path / "bf16"], json.loads(SUPPORT.read_text()))
+    assert any(is_site_rule(f) for f in checked.reports[0].errors)
+    assert not any("allow-lists" in n for n in checked.notes)
+    summary = validation_json(checked)
+    assert summary["warnings"] == sum(f.severity == "warning" for f in checked.reports[0].findings)

@@ -23,7 +23,8 @@ def run_header(console: Console, run_id: str, plan, resuming: bool, where: str, 
 def validation_json(validation) -> dict:
     reports = validation.reports
     return {"files": len(reports), "files_with_errors": sum(1 for r in reports if r.errors),
-            "errors": sum(len(r.errors) for r in reports), "notes": validation.notes,
+            "errors": sum(len(r.errors) for r in reports),
+            "warnings": sum(f.severity == "warning" for r in reports for f in r.findings), "notes": validation.notes,
             "reports": [r.to_dict() for r in reports]}
 
 
