@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import COCO_DIR, load_core_of, requires_coco, run_in_process
+from conftest import COCO_DIR, YOLOX_NANO, load_core_of, requires_coco, requires_yolox, run_in_process
 from reference_resize import bilinear
 from torch import nn
 from torchvision.ops import batched_nms
@@ -475,3 +475,13 @@ def test_a_fine_tuned_export_brings_its_own_classes(tmp_path):
     assert result.returncode == 0, result.stderr
     detections = json.loads(next(out.glob("*/detections/*.json")).read_text())
     assert detections and {d["category_id"] for d in detections} <= set(RENUMBERED.values())
+
+
+@requires_yolox
+@pytest.mark.parametrize("model_id", ["yolov8n", "yolov8n-seg"])
+def test_another_familys_export_given_as_an_ultralytics_id_is_named_so(model_id):
+    """YOLOX-Nano's ONNX ([1, 3549, 85]) run as yolov8n read as an export of 3545 classes (and advised a class
+    map), and as yolov8n-seg as "an Ultralytics detection export": its rows are anchors, not a box's values."""
+    with pytest.raises(UsageError, match=r"its output \[1, 3549, 85\] holds 3549 rows of 85 values, one row per "
+                                         r"anchor, which is not an Ultralytics export"):
+        get_detector(model_id, str(YOLOX_NANO))

@@ -221,6 +221,12 @@ class UltralyticsOnnxDetector:
             return "segment", dims[1] - 4 - shapes[1][1], shapes[1][1]
         if len(shapes) == 1 and len(dims) == 3 and dims[2] == 6:
             return "end2end", None, 0
+        if len(shapes) == 1 and len(dims) == 3 and dims[1] and dims[2] and dims[2] < dims[1]:
+            # Ultralytics puts a box's values along axis 1 and its anchors (thousands) along axis 2; fewer "anchors"
+            # than values is another family's export read the wrong way round (it read as 3545 classes)
+            raise UsageError(f"{self.path}: its output {dims} holds {dims[1]} rows of {dims[2]} values, one row per "
+                             "anchor, which is not an Ultralytics export's [B, 4+C, N] (another family's, as YOLOX's "
+                             "[B, anchors, 5+C]); run it with its own family's id (`va-bench models list`)")
         if len(shapes) == 1 and len(dims) == 3 and dims[1] and dims[1] > 4:
             return "dense", dims[1] - 4, 0
         raise UsageError(f"{self.path} does not look like an Ultralytics-format export: want one output "
