@@ -36,6 +36,12 @@ def test_refusals_say_what_exists():
 def test_models_list_offers_fetch_only_where_models_fetch_can():
     rows = {r["id"]: r for r in json.loads(run_in_process("models", "list", "--json").stdout)}
     assert rows["yolov8n"]["fetch"] is False and rows["yolox-s"]["fetch"] is True and rows["dfine-n"]["fetch"] is True
+    # what aggregate reads of each id, for a script that plans a sweep: its published size and its size order
+    from harness.catalogue import size_ranks
+
+    assert rows["yolox-nano"]["input_size"] == 416 and rows["yolov8s"]["size_order"] == {"family": "yolov8", "rank": 1}
+    assert all(r["size_order"] == ({"family": size_ranks()[i][0], "rank": size_ranks()[i][1]} if i in size_ranks()
+                                   else None) for i, r in rows.items())
     table = run_in_process("models", "list", "--family", "yolov8").stdout
     assert "(va-bench models fetch)" not in table
     refused = run_in_process("models", "fetch", "yolov8n")

@@ -19,7 +19,7 @@ def models_list(
 ) -> None:
     """Registered models, their task and whether their weights are present locally; the families the
     leaderboard names that cannot be built here are listed as not available, with why."""
-    from harness.catalogue import unavailable_families
+    from harness.catalogue import native_input_sizes, size_ranks, unavailable_families
     from harness.models.registry import REGISTRY
     from harness.views.commands import models_table
 
@@ -30,16 +30,22 @@ def models_list(
         raise UsageError(f"--family {family!r} is not a family here; families: {', '.join(sorted(families))}")
     rows = []
     libreyolo_ids = _libreyolo_ids()  # fetched through libreyolo's own download
+    sizes, ranks = native_input_sizes(), size_ranks()
     for entry in REGISTRY.values():
         if family in (None, entry.family) and task in (None, entry.task):
             found = entry.local_weights()
+            rank = ranks.get(entry.model_id)
             rows.append({"id": entry.model_id, "family": entry.family, "task": entry.task, "available": True,
                          "weights": str(found) if found else None, "url": entry.weights_url, "note": entry.note,
-                         "fetch": bool(entry.weights_url) or entry.model_id in libreyolo_ids})
+                         "fetch": bool(entry.weights_url) or entry.model_id in libreyolo_ids,
+                         # what aggregate reads: the size it is published at, its place in its family's size order
+                         "input_size": sizes.get(entry.model_id),
+                         "size_order": {"family": rank[0], "rank": rank[1]} if rank else None})
     for missing in unavailable_families():
         if family in (None, missing.family) and task in (None, "detect"):
             rows += [{"id": model_id, "family": missing.family, "task": "detect", "available": False, "weights": None,
-                      "url": None, "note": f"not available: {missing.why}", "fetch": False} for model_id in missing.ids]
+                      "url": None, "note": f"not available: {missing.why}", "fetch": False, "input_size": None,
+                      "size_order": None} for model_id in missing.ids]
     if not rows and not as_json:  # a family and a task that do not meet: say so, not an empty table
         terminal.out.print(f"no {task} model in the {family} family; `va-bench models list --task {task}` lists them",
                            highlight=False)

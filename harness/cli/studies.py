@@ -15,7 +15,9 @@ from harness.views.output import print_json
 @app.command("inspect")
 def inspect_command(
     model: str | None = typer.Argument(None, help="registry id (yolox-nano) or path/to/file.py:factory"),
-    weights: Path | None = typer.Option(None, "--weights", help="an ONNX file (alone, or the weights of MODEL)"),
+    weights: Path | None = typer.Option(None, "--weights", help="an ONNX file (alone, or the weights of MODEL), or "
+                                                               "random (seeded random weights: a model whose trained "
+                                                               "ones are not here)"),
     input_size: list[int] | None = typer.Option(None, "--input-size", help="square input size (default: native)"),
     top: int = typer.Option(15, "--top", min=0, help="rows of the per-layer table, by FLOPs (0: all)"),
     csv_path: Path | None = typer.Option(None, "--csv", help="write the full per-layer table here"),

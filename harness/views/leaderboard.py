@@ -70,7 +70,8 @@ def leaderboard_table(board: dict, max_rows: int = MAX_ROWS, which: str = "detec
         parts.append(table)
         first = False
     notes = ["F +: on the speed-accuracy front of its runtime on its hardware (no row there both as fast and as "
-             "accurate, and better in one)", "timed: the images timed; ! = flags (see -o)"]
+             "accurate, and better in one)",
+             "fps: images/s from the mean latency; timed: the images timed; ! = flags (see -o)"]
     if any(r["accuracy_shown"] is not None and r["subset"] for r in shown_rows):
         notes.append(f"* mAP of the {variant} subset, not full-val")
     parts.append(Text("; ".join(notes), style="dim"))
@@ -146,7 +147,8 @@ def size_order_table(board: dict, max_rows: int = MAX_ROWS) -> Group:
     widths = fit_widths(SIZE_ORDER_COLUMNS, [c for _, c in cells], SIZE_ORDER_NUMERIC)
     total = len(board["size_order"])
     parts: list[RenderableType] = [Text(
-        f"size order: {total} larger variants measured >10% faster than a smaller one (busy or throttled device?)"
+        f"size order: {total} larger variants measured >10% faster than a smaller one (a busy or throttled device, "
+        "or a real trait of the two architectures: check before trusting either row)"
         + (f"; first {max_rows} shown (-o for all)" if total > max_rows else ""), style="italic")]
     first = True
     for hardware, group in groupby(cells, key=lambda hc: hc[0]):
