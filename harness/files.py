@@ -74,6 +74,8 @@ def file_size_limit(exc: BaseException | None) -> bool:
 
 
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+# a file where the run folder has a folder (submissions/), or a folder where it has a file: every later cell fails too
+IN_THE_WAY_ERRNOS = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,14 @@ def storage_problem(exc: BaseException | None, folder: Path) -> StorageProblem |
                    else f"{reason} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
         return StorageProblem(message, reason, FILE_SIZE_FIX if limit else "free some space")
     for link in exception_chain(exc):
-        if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS and link.filename is not None
+        if (isinstance(link, OSError) and link.errno in UNWRITABLE_ERRNOS + IN_THE_WAY_ERRNOS
+                and link.filename is not None
                 and Path(os.path.abspath(link.filename)).is_relative_to(os.path.abspath(folder))):
             why = link.strerror.lower() if link.strerror else "not permitted"
+            fix = ("move what is in the way out of the run folder" if link.errno in IN_THE_WAY_ERRNOS
+                   else "make the folder writable")
             return StorageProblem(f"cannot write {link.filename} ({why})", f"the run folder cannot be written ({why})",
-                                  "make the folder writable")
+                                  fix)
     return None
 
 

@@ -517,3 +517,16 @@ def test_the_umask_is_read_without_being_changed():
             "m = os.umask(0); print(oct(m))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["0o27", "0o27"], done.stderr
+
+
+def test_a_file_in_the_way_of_the_run_folders_own_stops_the_sweep(tmp_path):
+    """A file where the run keeps its submissions/ folder: every cell was timed and scored, then failed the same way
+    (FileExistsError); like an unwritable folder, it stops the sweep at the first, saying what is in the way."""
+    folder = tmp_path / "run"
+    for exc in (FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(folder / "submissions")),
+                NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder / "submissions" / "a.json"))):
+        problem = storage_problem(exc, folder)
+        assert problem is not None and problem.fix == "move what is in the way out of the run folder", exc
+        assert str(folder / "submissions") in problem.message
+    elsewhere = FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(tmp_path / "other"))
+    assert storage_problem(elsewhere, folder) is None  # a model's or dataset's file: that cell's problem alone
