@@ -449,6 +449,10 @@ def read_preset(given: str | Path) -> dict:
     return data
 
 
+# `va-bench run`'s flags that are no RunConfig field (cli/options.py: RUN_FLAGS, DRY_RUN_FLAG)
+COMMAND_LINE_ONLY = ("config", "resume", "retry_failed", "force", "json", "dry_run")
+
+
 def _key_hint(key: str) -> str:
     """How to write a preset key that is no RunConfig field: the field its flag sets (`backend` is --backend,
     whose key is `backends`), else the nearest names."""
@@ -462,6 +466,8 @@ def _key_hint(key: str) -> str:
         flags = {f.lstrip("-").replace("-", "_") for flag in field.json_schema_extra["flags"] for f in flag.split("/")}
         if wanted in flags or wanted == name:
             return f"the key of {first} is `{name}`"
+    if wanted in COMMAND_LINE_ONLY:  # what a run does with its options, not one of them
+        return f"--{wanted.replace('_', '-')} is a flag of the command line only: give it there, not in a preset"
     near = difflib.get_close_matches(wanted, list(RunConfig.model_fields), n=3, cutoff=0.6)
     return (f"did you mean {' or '.join(f'`{n}`' for n in near)}? " if near else "") + \
         "a preset's keys are the run options' field names (`models`, `backends`, `batch_sizes`, ...: docs/running.md)"

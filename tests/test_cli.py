@@ -405,3 +405,19 @@ def test_an_exception_as_one_line_is_cut_at_a_word():
     assert "\n" not in line and line.startswith("RuntimeError: the node died while running")
     assert line.endswith(" ...") and not line.endswith("forwa ...") and len(line) <= len("RuntimeError: ") + 64
     assert exception_line(ValueError()) == "ValueError: (no message)"
+
+
+def test_a_command_line_flag_in_a_preset_is_named_so(tmp_path):
+    """`json: true` in a preset suggested `nms_on`, `config:` suggested `conf`: those are flags of the command line,
+    no run option; the list the hint reads is the command's own."""
+    from harness.cli.options import DRY_RUN_FLAG, RUN_FLAGS
+    from harness.config import COMMAND_LINE_ONLY, load_config
+    from harness.errors import UsageError
+
+    flags = {p.default.param_decls[0].lstrip("-").replace("-", "_") for p in [*RUN_FLAGS, DRY_RUN_FLAG]}
+    assert flags == set(COMMAND_LINE_ONLY)
+    for key in ("json", "config", "dry_run"):
+        preset = tmp_path / f"{key}.yaml"
+        preset.write_text(f"{key}: true\n")
+        with pytest.raises(UsageError, match=f"--{key.replace('_', '-')} is a flag of the command line only"):
+            load_config(preset, {})
