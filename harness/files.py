@@ -62,11 +62,11 @@ class DiskFullError(VaBenchError):
 FILE_SIZE_FIX = "raise the file-size limit (ulimit -f), or write to a file system that takes larger files"
 
 
-
 def safe_name(text: str, empty: str = "x") -> str:
     """`text` as a part of a file name: runs of anything but ASCII letters, digits, '.' and '-' become one '-', with
     no '-' or '.' at either end (so never '..' or a hidden file); `empty` where nothing is left."""
     return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-.") or empty
+
 
 def file_size_limit(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from, is the process's file-size limit (EFBIG: `ulimit -f`)."""

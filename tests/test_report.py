@@ -759,6 +759,10 @@ def test_a_run_resumed_after_it_was_logged_is_logged_again_once(run_a, tmp_path)
     assert text.count("this section is its state now and supersedes that one") == 1
     refused = va_bench("report", str(run), "--log", str(log))  # unchanged since: once
     assert refused.returncode == 2 and "already has a section" in refused.stderr
+    old = tmp_path / "OLD.md"  # a log written before sections recorded their cells' state: any state is logged
+    old.write_text("# Benchmark log\n\n<!-- va-bench run report-a -->\n## an earlier section\n")
+    refused = va_bench("report", str(run), "--log", str(old))
+    assert refused.returncode == 2 and "(written before sections recorded the state of a run's cells)" in refused.stderr
 
 
 def test_a_gate_on_the_batchs_time_is_named_so_and_its_first_name_still_works(tmp_path):

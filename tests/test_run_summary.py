@@ -61,6 +61,9 @@ def test_an_int8_row_whose_fp32_reference_failed_is_failing_not_passed_in_silenc
     from harness.report.sections import _int8_failing
 
     assert _int8_failing(SimpleNamespace(get=lambda path: verdict)) == verdict["failing"]
+    older = {k: v for k, v in verdict.items() if k != "failing"}  # a file written before the run marked it
+    assert _int8_failing(SimpleNamespace(get=lambda path: older)) == ("the int8 accuracy rule could not be checked: "
+                                                                     + verdict["reason"])
 
 
 def test_an_int8_verdict_just_below_the_rule_never_reads_as_on_it():

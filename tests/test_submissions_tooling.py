@@ -288,6 +288,12 @@ def test_two_runtimes_of_one_format_and_provider_stay_separate_rows(tmp_path, ba
     assert "tensorrt/cuda (onnxruntime)" in text and text.count("tensorrt/cuda") == 2, text
     site = aggregate(_write(tmp_path / "site", [base_doc]))
     assert [r["backend"] for r in site["cube"]] == [base_doc["runtime"]["format"]]
+    # a site onnx row names no runtime: ONNX Runtime's, so va-bench's run of that cell replaces it (latest wins)
+    site_onnx = _variant(base_doc, runtime__format="onnx", runtime__provider="cpu")
+    ours = _variant(site_onnx, runtime__backend="onnxruntime")
+    ours["created_at"] = "2099-01-01T00:00:00Z"
+    merged = aggregate(_write(tmp_path / "onnx", [site_onnx, ours]))
+    assert merged["counts"]["superseded"] == 1 and [r["backend"] for r in merged["cube"]] == ["onnxruntime"]
 
 
 def test_a_run_of_another_preprocessing_is_another_row_and_its_accuracy_is_gated(tmp_path, base_doc):
@@ -295,19 +301,22 @@ def test_a_run_of_another_preprocessing_is_another_row_and_its_accuracy_is_gated
     agreement-gate finding), though its pixels and so its mAP differ; compare named no difference."""
     from harness.results.compare import compare_paths
 
-    cv2 = _variant(base_doc, runtime__preprocess={"implementation": "cv2"})
+    cv2 = _variant(base_doc, runtime__preprocess={"implementation": "cv2", "default": "cv2"})
     cv2["created_at"] = "2026-01-01T00:00:00Z"
-    pil = _variant(base_doc, runtime__preprocess={"implementation": "pil"})
+    pil = _variant(base_doc, runtime__preprocess={"implementation": "pil", "default": "cv2"})
     pil["accuracy"] = {**pil["accuracy"], "mAP_50_95": pil["accuracy"]["mAP_50_95"] - 0.0147}
     pil["created_at"] = "2026-02-01T00:00:00Z"
     board = aggregate(_write(tmp_path / "both", [cv2, pil]), reference_hardware=base_doc["hardware"]["id"],
                       leaderboard_variant=_write(tmp_path / "one", [cv2])[0].submission.dataset_variant)
-    assert board["counts"]["superseded"] == 0 and sorted(r["preprocess"] for r in board["cube"]) == ["cv2", "pil"]
-    (gate,) = board["agreement_gate"]
-    assert {gate["canonical_preprocess"], gate["other_preprocess"]} == {"cv2", "pil"}
-    assert abs(gate["delta_points"]) == pytest.approx(1.47)
-    site = aggregate(_write(tmp_path / "site", [base_doc]))  # the site's files say nothing of it
-    assert [r["preprocess"] for r in site["cube"]] == ["?"]
+    assert board["counts"]["superseded"] == 0 and sorted(r["preprocess"] for r in board["cube"]) == ["default", "pil"]
+    (gate,) = board["agreement_gate"]  # the family's own run is the canonical number, the newer pil one compared
+    assert (gate["canonical_preprocess"], gate["other_preprocess"]) == ("default", "pil")
+    assert gate["delta_points"] == pytest.approx(-1.47)
+    (row,) = board["leaderboard"]
+    assert row["preprocess"] == "default" and row["file"].endswith("s0.json")
+    # a site file (no preprocessing recorded) and the family's own va-bench run are one coordinate: latest wins
+    both = aggregate(_write(tmp_path / "site", [base_doc, {**cv2, "created_at": "2099-01-01T00:00:00Z"}]))
+    assert both["counts"]["superseded"] == 1 and [r["preprocess"] for r in both["cube"]] == ["default"]
     (comparison,) = compare_paths(tmp_path / "one", [tmp_path / "both" / "s1.json"])
     assert comparison.differ["preprocess"] == ("cv2", "pil")
 

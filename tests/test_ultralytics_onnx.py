@@ -485,3 +485,24 @@ def test_another_familys_export_given_as_an_ultralytics_id_is_named_so(model_id)
     with pytest.raises(UsageError, match=r"its output \[1, 3549, 85\] holds 3549 rows of 85 values, one row per "
                                          r"anchor, which is not an Ultralytics export"):
         get_detector(model_id, str(YOLOX_NANO))
+
+
+def test_an_export_of_few_anchors_is_still_read_as_ultralytics(tmp_path):
+    """A genuine [1, 84, 21] export (imgsz 32: 16 + 4 + 1 anchors, fewer than its 84 values) is Ultralytics'
+    layout: only a graph whose rows are its input size's anchors is another family's."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def export(size: int, shape: list[int], name: str):
+        out = helper.make_node("Constant", [], ["output0"],
+                               value=numpy_helper.from_array(np.zeros(shape, dtype=np.float32)))
+        graph = helper.make_graph([out], "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                            [1, 3, size, size])],
+                                  [helper.make_tensor_value_info("output0", TensorProto.FLOAT, shape)])
+        path = tmp_path / name
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        return path
+
+    few = get_detector("yolov8n", str(export(32, [1, 84, 21], "few.onnx")))
+    assert few.layout == "dense" and few.fixed_size == (32, 32)
+    with pytest.raises(UsageError, match=r"holds 21 rows of 84 values, one row per anchor"):
+        get_detector("yolov8n", str(export(32, [1, 21, 84], "rows.onnx")))

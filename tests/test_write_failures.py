@@ -513,8 +513,10 @@ def test_the_umask_is_read_without_being_changed():
     import subprocess
     import sys
 
-    code = ("import os; os.umask(0o027); from harness import files; print(oct(files._UMASK)); "
-            "m = os.umask(0); print(oct(m))")
+    code = ("import os; os.umask(0o027); real = os.umask\n"
+            "def never(mask): raise AssertionError('the umask was set to learn it')\n"
+            "os.umask = never\nfrom harness import files\nos.umask = real\n"
+            "print(oct(files._UMASK)); print(oct(os.umask(0)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["0o27", "0o27"], done.stderr
 

@@ -34,6 +34,7 @@ family's default export's (end2end for yolo26, dense otherwise) unless its sidec
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -221,9 +222,9 @@ class UltralyticsOnnxDetector:
             return "segment", dims[1] - 4 - shapes[1][1], shapes[1][1]
         if len(shapes) == 1 and len(dims) == 3 and dims[2] == 6:
             return "end2end", None, 0
-        if len(shapes) == 1 and len(dims) == 3 and dims[1] and dims[2] and dims[2] < dims[1]:
-            # Ultralytics puts a box's values along axis 1 and its anchors (thousands) along axis 2; fewer "anchors"
-            # than values is another family's export read the wrong way round (it read as 3545 classes)
+        if len(shapes) == 1 and len(dims) == 3 and dims[1] and dims[1] != dims[2] and dims[1] == self._anchors():
+            # Ultralytics puts a box's values along axis 1 and its anchors along axis 2: one row per anchor is
+            # another family's export read the wrong way round (YOLOX-Nano's read as 3545 classes)
             raise UsageError(f"{self.path}: its output {dims} holds {dims[1]} rows of {dims[2]} values, one row per "
                              "anchor, which is not an Ultralytics export's [B, 4+C, N] (another family's, as YOLOX's "
                              "[B, anchors, 5+C]); run it with its own family's id (`va-bench models list`)")
@@ -232,6 +233,13 @@ class UltralyticsOnnxDetector:
         raise UsageError(f"{self.path} does not look like an Ultralytics-format export: want one output "
                          f"[B, 4+C, N] or [B, K, 6], or a segmentation export's [B, 4+C+P, N] and [B, P, h, w]; "
                          f"found {shapes}")
+
+    def _anchors(self) -> int | None:
+        """The anchor points of a stride-8/16/32 head at the graph's input size (None where it is not fixed)."""
+        dims = _dims(self._raw_model.graph.input[0]) if self._raw_model.graph.input else []
+        if len(dims) != 4 or not dims[2] or not dims[3]:
+            return None
+        return sum(math.ceil(dims[2] / s) * math.ceil(dims[3] / s) for s in (8, 16, 32))
 
     def _engine_layout(self) -> str:
         """An engine's layout: its sidecar's "layout", else the family's default export's."""

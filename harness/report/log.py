@@ -158,7 +158,7 @@ def check_log(path: Path, run_id: str, state: str) -> None:
         except UnicodeDecodeError:
             raise UsageError(f"--log {path} is not UTF-8 text; pass a Markdown benchmark log") from None
         if _logged(text, run_id, state):
-            raise UsageError(f"run {run_id} already has a section in {path} for its cells as they are; the log is "
+            raise UsageError(f"run {run_id} already has a section in {path}{_as_they_are(text, run_id)}; the log is "
                              "append-only, nothing written")
 
 
@@ -167,6 +167,13 @@ def _logged(text: str, run_id: str, state: str) -> bool:
     log writes it (a log written before states were marked: any section of the run)."""
     return re.search(f"^({re.escape(marker(run_id, state))}|{re.escape(f'<!-- va-bench run {run_id} -->')})$",
                      text, re.M) is not None
+
+
+def _as_they_are(text: str, run_id: str) -> str:
+    """How the log holds the run: for its cells as they are, or in a section written before sections recorded their
+    cells' state (which stands for any state of the run)."""
+    old = re.search(f"^{re.escape(f'<!-- va-bench run {run_id} -->')}$", text, re.M) is not None
+    return " (written before sections recorded the state of a run's cells)" if old else " for its cells as they are"
 
 
 def logged_before(path: Path, run_id: str) -> bool:
@@ -193,8 +200,9 @@ def append_section(path: Path, text: str, run_id: str, state: str) -> None:
         lock_file(fd, wait=True)
         existing = _read_from_start(fd)
         size = len(existing)
-        if _logged(existing.decode("utf-8", errors="replace"), run_id, state):
-            raise UsageError(f"run {run_id} already has a section in {path} for its cells as they are; the log is "
+        logged = existing.decode("utf-8", errors="replace")
+        if _logged(logged, run_id, state):
+            raise UsageError(f"run {run_id} already has a section in {path}{_as_they_are(logged, run_id)}; the log is "
                              "append-only, nothing written")
         prefix = LOG_HEADER + "\n" if not size else "\n" if existing.endswith(b"\n") else "\n\n"
         data = (prefix + text).encode("utf-8", "backslashreplace")

@@ -281,7 +281,11 @@ def _int8_failing(cell) -> str | None:
     verdict = cell.get("eval.int8_vs_fp32")
     if not isinstance(verdict, dict) or (verdict.get("passed") is not False and verdict.get("status") != "unavailable"):
         return None
-    return str(verdict.get("failing") or f"int8 keeps {verdict.get('kept')} of the fp32 mAP: below 99 %")
+    if verdict.get("failing"):
+        return str(verdict["failing"])
+    if verdict.get("status") == "unavailable":  # a file written before the run said so itself
+        return f"the int8 accuracy rule could not be checked: {verdict.get('reason') or 'no reason recorded'}"
+    return f"int8 keeps {verdict.get('kept')} of the fp32 mAP: below 99 %"
 
 
 def operating_point_table(run: RunFolder) -> Table | None:

@@ -54,6 +54,7 @@ from harness.catalogue import native_input_sizes
 from harness.errors import UsageError
 from harness.hardware import catalogue
 from harness.records import COCO_MAX_DETS
+from harness.results.model import FORMAT_RUNTIME
 from harness.results.reader import latest_wins
 from harness.results.validate import FileReport, derivable_hardware_id, is_site_rule
 
@@ -109,8 +110,10 @@ class PerfRow:
     dataset: str = "coco2017"  # dataset id and split
     board: str = "detection"  # the site's COCO board: "detection", or "segmentation" (model.task segment; mask mAP)
     backend: str = "?"  # the runtime that ran it (Submission.backend): rows of two runtimes never replace each other
-    preprocess: str = "?"  # the implementation that made its input (Submission.preprocess): pil's row never replaces
-    # cv2's (their mAP differs); both stay in the cube, the agreement gate compares their accuracy
+    # "default" (what --preprocess auto takes for the family on its device, or not recorded), else the implementation
+    # (Submission.preprocess_choice): a pil row never replaces the family's own cv2 one (their mAP differs); both stay
+    # in the cube, the default one is shown and canonical, and the agreement gate compares their accuracy
+    preprocess: str = "default"
     # on a board: no other row of its runtime on its hardware (format, provider, precision, tf32) is at least as fast
     # and as accurate, and better in one; None: not on a board, or no latency or accuracy to place it by
     speed_accuracy_front: bool | None = None
@@ -193,7 +196,7 @@ def row_from(report: FileReport) -> PerfRow:
         dataset=dataset,
         board=sub.board,
         backend=sub.backend,
-        preprocess=sub.preprocess,
+        preprocess=sub.preprocess_choice,
     )
 
 
@@ -221,11 +224,12 @@ def hardware_order(reference: str, fallback: list[str] | None) -> list[str]:
 
 
 def pick_canonical(rows: list[PerfRow], order: list[str]) -> PerfRow:
-    """The reference hardware first, then the fallback order, then any; PyTorch first; newest."""
+    """The reference hardware first, then the fallback order, then any; the family's own preprocessing first (a
+    `--preprocess pil` run is not its number); PyTorch first; newest."""
     def preference(r: PerfRow) -> tuple:
         hw = order.index(r.hardware) if r.hardware in order else len(order)
         be = BACKEND_PREFERENCE.index(r.format) if r.format in BACKEND_PREFERENCE else len(BACKEND_PREFERENCE)
-        return hw, be, r.batch_size != 1
+        return hw, r.preprocess != "default", be, r.batch_size != 1
 
     best = min(preference(r) for r in rows)
     return max((r for r in rows if preference(r) == best), key=lambda r: (r.created_at, r.file))
@@ -349,11 +353,11 @@ def aggregate(reports: list[FileReport], reference_hardware: str = "a100", toler
 
 def _leaderboard_rows(cube: list[PerfRow], variant: str) -> list[PerfRow]:
     """Batch 1 at the model's default input size, one row per coordinate: the standard-protocol run over one
-    at other thresholds, then the latency-mode run over an overlapped one, then a run on `variant`, then the
-    most images, then the newest."""
+    at other thresholds, then the family's own preprocessing over another, then the latency-mode run over an
+    overlapped one, then a run on `variant`, then the most images, then the newest."""
     def rank(r: PerfRow) -> tuple:
-        return (r.standard_protocol, r.timing_mode == "latency", r.dataset_variant == variant, r.num_images or 0,
-                r.created_at, r.file)
+        return (r.standard_protocol, r.preprocess == "default", r.timing_mode == "latency",
+                r.dataset_variant == variant, r.num_images or 0, r.created_at, r.file)
 
     default_size = _default_input_sizes(cube)
     best: dict[tuple, PerfRow] = {}
@@ -369,9 +373,6 @@ def runtime_on_hardware(row: PerfRow) -> tuple:
     """What a speed-accuracy front is drawn within: one runtime at one precision on one device."""
     return row.hardware, row.format, row.provider, row.precision, row.tf32, row.backend
 
-
-# the runtime a format names when a file does not say which ran it (the site's files name none)
-FORMAT_RUNTIME = {"onnx": "onnxruntime"}
 
 
 def runtime_label(row: dict) -> str:

@@ -13,6 +13,9 @@ from harness.data.variants import KNOWN_FINGERPRINTS, VAL2017_NUM_IMAGES
 from harness.hardware import derive_hardware_id
 from harness.results.site_rules import as_stated_by_site, parse_iso8601
 
+# the runtime a format names when a file does not say which ran it (the site's files name none)
+FORMAT_RUNTIME = {"onnx": "onnxruntime"}
+
 
 class Block(BaseModel):
     # protected_namespaces: pydantic < 2.10 warns of the `model_stats` field (a `model_` prefix) on every import
@@ -120,11 +123,13 @@ class Submission(Block):
 
     @property
     def backend(self) -> str:
-        """The runtime that ran the core: runtime.backend where recorded (va-bench's files), else the format (the
-        site's name none). Two runtimes can share a format and provider (ONNX Runtime's TensorRT provider and a
-        native TensorRT engine are both tensorrt/cuda)."""
+        """The runtime that ran the core: runtime.backend where recorded (va-bench's files), else the runtime the
+        format names (the site's files name none: onnx is ONNX Runtime's). Two runtimes can share a format and
+        provider (ONNX Runtime's TensorRT provider and a native TensorRT engine are both tensorrt/cuda)."""
         backend = getattr(self.runtime, "backend", None)
-        return str(backend) if isinstance(backend, str) and backend else (self.runtime.format or "?")
+        if isinstance(backend, str) and backend:
+            return backend
+        return FORMAT_RUNTIME.get(self.runtime.format or "", self.runtime.format or "?")
 
     @property
     def preprocess(self) -> str:
@@ -136,6 +141,15 @@ class Submission(Block):
             spec = self.config.preprocess if isinstance(getattr(self.config, "preprocess", None), dict) else {}
             name = spec.get("library")
         return name if isinstance(name, str) and name else "?"
+
+    @property
+    def preprocess_choice(self) -> str:
+        """The preprocessing as a row's identity: "default" where it is what `--preprocess auto` takes for the family
+        on its device (and where a file does not say: the site's, va-bench's before it was recorded), else the
+        implementation (a `--preprocess pil` row is another measurement than the family's own cv2 one)."""
+        block = getattr(self.runtime, "preprocess", None)
+        default = block.get("default") if isinstance(block, dict) else None
+        return "default" if not isinstance(default, str) or self.preprocess in ("?", default) else self.preprocess
 
     @property
     def dataset_id(self) -> str:

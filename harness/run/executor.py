@@ -373,7 +373,9 @@ class GroupExecutor:
             runtime={**{("torch_device" if k == "device" else k): v for k, v in self.core.info().items()},
                      "format": self.core.format, "provider": self.core.provider, "precision": cell.load.precision,
                      "device": "gpu" if ctx.device.is_cuda else "cpu",  # the site's vocabulary: cpu|gpu|npu
-                     "preprocess": self.pipeline.preprocess_info(),  # --preprocess: implementation, decoder
+                     # --preprocess: implementation, decoder; and what `auto` takes for this family on this device
+                     "preprocess": {**self.pipeline.preprocess_info(), "default": resolve_implementation(
+                         self.detector.preprocess, "auto", ctx.device.is_cuda).library},
                      "host": self.pipeline.host_info(ctx.config.overlap)},  # --workers; where host ops run
             dataset={**ctx.dataset.describe(), **ctx.variant.describe(),
                      # scored as the decoder made them: the submission says so, and how many
