@@ -128,7 +128,7 @@ def _coords(sub: Submission) -> dict[str, Any]:
             "precision": sub.runtime.precision or "?", "input_size": sub.input_size, "batch_size": sub.batch_size,
             "variant": f"{sub.dataset_id}{_split(sub)} {sub.dataset_variant or '?'}",
             "mode": mode if isinstance(mode, str) else "latency", "protocol": _protocol(sub),
-            "preprocess": sub.preprocess}
+            "preprocess": sub.preprocess_choice}
 
 
 def _protocol(sub: Submission) -> str:

@@ -62,7 +62,7 @@ class CellIdentity:
     weights: str
     hardware: str
     backend: str  # runtime.backend (ONNX Runtime's TensorRT provider and a native engine share format/provider)
-    preprocess: str  # the implementation that made the input (its pixels differ: another measurement)
+    preprocess: str  # Submission.preprocess_choice: the family's own ("default") or another implementation asked for
     format: str
     provider: str
     precision: str
@@ -78,7 +78,7 @@ class CellIdentity:
     def of(cls, sub: Submission) -> CellIdentity:
         mode = sub.timing.get("mode")
         return cls(model=sub.model.id or "unknown", weights=sub.weights_identity, hardware=sub.hardware_id,
-                   backend=sub.backend, preprocess=sub.preprocess, format=sub.runtime.format or "?",
+                   backend=sub.backend, preprocess=sub.preprocess_choice, format=sub.runtime.format or "?",
                    provider=sub.runtime.provider or "?", precision=sub.runtime.precision or "?", tf32=sub.tf32,
                    input_size=sub.input_size, batch_size=sub.batch_size,
                    protocol=sub.protocol,
