@@ -763,8 +763,9 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     validation = validate_paths([run], None)
     assert [r.path.name for r in validation.reports] == ["s.json"]
     assert not _findings(validation.reports, "detections")
-    (note,) = validation.notes
+    note, unchecked = validation.notes  # the second: no --support-matrix was given
     assert "run folder" in note and "3 other JSON files skipped: detections/, run.json, trace.json" in note
+    assert "allow-lists of models and runtimes were not checked" in unchecked
     # pointed at outputs/ with several runs: each run folder is read the same way
     broken = [dict(DETS[0], bbox=[None, None, None, None]), DETS[1], dict(DETS[1], score=None)]
     other = _variant(base_doc, hardware__id="box2")
@@ -774,7 +775,7 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
     child.mkdir(parents=True)
     (child / "run.json").write_text("{}")
     validation = validate_paths([tmp_path / "outputs"], None)
-    assert len(validation.reports) == 2 and len(validation.notes) == 2  # the nested run is part of r2's
+    assert len(validation.reports) == 2 and len(validation.notes) == 3  # the nested run is part of r2's
     ((name, finding),) = _findings(validation.reports, "detections")
     assert finding.severity == "error" and "2 of 3 detections are unusable" in finding.message
     assert "[0] bbox [None, None, None, None]" in finding.message
@@ -789,7 +790,7 @@ def test_validate_a_run_folder_reads_only_its_submissions_and_checks_detections(
         _run_folder(tmp_path / "outputs" / f"r{k}", copy_of, DETS)
     validation = validate_paths([tmp_path / "outputs"], None)
     assert len(validation.reports) == 6 and all(r.path.parent.name == "submissions" for r in validation.reports)
-    (note,) = validation.notes
+    note, _ = validation.notes
     assert note.startswith("6 run folders: reading their submissions/*.json only (6 files; ")
     assert "skipped: detections/, repeats/, run.json, trace.json" in note
 
