@@ -509,6 +509,18 @@ def test_failing_gate_shows_not_met_and_fails_only_when_asked(run_a, tmp_path):
     assert va_bench("report", str(run), "--gates", str(gates)).returncode == 0
     failing = va_bench("report", str(run), "--gates", str(gates), "--fail-on-gates")
     assert failing.returncode == 1 and "NOT MET" in failing.stdout
+    # a script reads every gate's result, not only the exit code (report had no --json)
+    scripted = va_bench("report", str(run), "--gates", str(gates), "--fail-on-gates", "--json")
+    assert scripted.returncode == 1
+    doc = json.loads(scripted.stdout)
+    assert [(g["metric"], g["status"]) for g in doc["gates"]] == statuses
+    impossible = next(g for g in doc["gates"] if g["gate"] == "impossible speed (images_per_s)")
+    assert impossible["target"] == 1000000 and impossible["comparison"] == ">="
+    if ips is not None:
+        assert impossible["today"] == ips
+    assert doc["gates"][-1]["reason"] == "no such cell in this run"
+    assert set(doc["gates_failing"]) == {"impossible speed (images_per_s)", "images_per_s"}
+    assert doc["report"].endswith("report.html") and doc["log"] is None and doc["run_id"] == run.name
     # a gate that selects no cell checked nothing: it fails too (a misspelt selector passed every run); `onnx` is
     # run's own name for onnxruntime, and selects its cells
     only = tmp_path / "only.yaml"

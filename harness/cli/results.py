@@ -178,16 +178,20 @@ def report(
                                                             f"copy: {EXAMPLE_GATES})"),
     fail_on_gates: bool = typer.Option(False, "--fail-on-gates", help="exit 1 when a gate is NOT MET or selects no "
                                                                       "cell of the run"),
+    as_json: bool = typer.Option(False, "--json", help="print what was written and every gate's result as JSON"),
 ) -> None:
     """Plots and a self-contained report.html of a run, from its records (nothing is re-run); --log appends
     the run to the benchmark log with its gates. Exit 0; 1 with --fail-on-gates when a gate is NOT MET or selects no
     cell of the run; 2 on bad input."""
     from harness.report.run_report import make_report
-    from harness.views.commands import print_report_outcome
+    from harness.views.commands import print_report_outcome, report_json
 
     check_output("--log", log)
     outcome = make_report(run_dir, gates, log, require_gates=fail_on_gates)
-    print_report_outcome(terminal.out, outcome, log)
+    if as_json:
+        print_json(terminal.out, report_json(outcome, log))
+    else:
+        print_report_outcome(terminal.out, outcome, log)
     raise typer.Exit(1 if fail_on_gates and outcome.gates_failing else 0)
 
 

@@ -177,6 +177,19 @@ def print_report_outcome(console: Console, outcome, log) -> None:
         console.print(f"log: appended run {escape(outcome.run_id)} to {escape(str(log))}", highlight=False)
 
 
+def report_json(outcome, log) -> dict:
+    """`va-bench report --json`: the files written, the plots not drawn and why, every gate result (a gate is the
+    figure of one cell against its target: the same names as report.html and the log), the log appended to."""
+    gates = None if outcome.gates is None else [
+        {"gate": r.gate.title, "metric": r.gate.metric, "cell": r.cell, "comparison": r.gate.comparison,
+         "target": r.gate.target, "today": r.today, "status": r.status, **({"reason": r.reason} if r.reason else {})}
+        for r in outcome.gates]
+    return {"run_id": outcome.run_id, "report": str(outcome.html), "plots": [str(p) for p in outcome.pngs],
+            "plots_unavailable": {p.name: p.unavailable for p in outcome.plots if p.png is None},
+            "gates_file": outcome.gate_source if outcome.gates is not None else None, "gates": gates,
+            "gates_failing": [r.gate.title for r in outcome.gates_failing], "log": str(log) if log else None}
+
+
 MAX_SUMMARY_CATEGORIES = 30  # categories listed on the terminal (--json has them all)
 
 
