@@ -47,13 +47,13 @@ def test_a_failing_int8_row_is_marked_and_warned_about():
 def test_an_int8_row_whose_fp32_reference_failed_is_failing_not_passed_in_silence():
     """The fp32 reference pass raised (a load that failed, a bug): the row's loss is unknown, so it is marked failing
     (the run exits 1, the summary says why) instead of a verdict of None the summary, exit code and report passed."""
-    from harness.run.executor import GroupExecutor
+    from harness.run.scoring import CellScorer
 
-    def broken(cell):
+    def broken(cell, pipeline):
         raise RuntimeError("the fp32 core could not be loaded")
 
     judge = SimpleNamespace(fp32_reference=None, _fp32_reference=broken)
-    verdict = GroupExecutor._int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3}))
+    verdict = CellScorer.int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3}), None)
     assert verdict["status"] == "unavailable" and verdict["passed"] is None
     assert "RuntimeError: the fp32 core could not be loaded" in verdict["failing"]
     record = _record("int8 b1", reference=verdict)
@@ -68,10 +68,10 @@ def test_an_int8_row_whose_fp32_reference_failed_is_failing_not_passed_in_silenc
 
 def test_an_int8_verdict_just_below_the_rule_never_reads_as_on_it():
     """0.3606 of 0.3643 keeps 98.98 %: it read "keeps 99.0 % ...; below 99 %"."""
-    from harness.run.executor import GroupExecutor
+    from harness.run.scoring import CellScorer
 
     judge = SimpleNamespace(fp32_reference={"mAP_50_95": 0.3643})
-    verdict = GroupExecutor._int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3606}))
+    verdict = CellScorer.int8_verdict(judge, None, SimpleNamespace(stats={"mAP_50_95": 0.3606}), None)
     assert verdict["passed"] is False and verdict["kept"] == 0.9898
     assert verdict["failing"].startswith("int8 keeps 98.9% of the fp32 mAP (0.3606 vs 0.3643); below 99 %")
 
