@@ -25,7 +25,7 @@ app.add_typer(models_app, name="models")
 data_app = typer.Typer(no_args_is_help=True, help="Fetch datasets (COCO val2017, RF100-VL) and check your own.")
 app.add_typer(data_app, name="data")
 fleet_app = typer.Typer(no_args_is_help=True, help="One plan over a Ray cluster: each device benchmarks its own "
-                                                     "cells, accuracy sharded over any nodes, results gathered here.")
+                                                     "cells, accuracy sharded over its nodes, results gathered here.")
 app.add_typer(fleet_app, name="fleet")
 parity_app = typer.Typer(no_args_is_help=True, help="Correctness studies: is an implementation choice a real change?")
 app.add_typer(parity_app, name="parity")

@@ -23,8 +23,9 @@ FLEET_FLAGS = [
                                                 "id of the cluster's accepted nodes)")),
     inspect.Parameter("accuracy_shards", inspect.Parameter.KEYWORD_ONLY, annotation=int | None,
                       default=typer.Option(None, "--accuracy-shards", metavar="N", min=1,
-                                           help="also split each group's accuracy pass into N shards over any nodes "
-                                                "and evaluate their merged detections once (<run_id>/accuracy/)")),
+                                           help="also split each group's accuracy pass into N shards over the "
+                                                "accepted nodes of its hardware and evaluate their merged detections "
+                                                "once (<run_id>/accuracy/)")),
 ]
 
 
