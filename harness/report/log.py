@@ -143,9 +143,10 @@ def section(run: RunFolder, gates: list[GateResult] | None, gate_source: str, ga
     return "\n".join(out)
 
 
-def check_log(path: Path, run_id: str, state: str) -> None:
+def check_log(path: Path, run_id: str, state: str) -> bool:
     """Refuse before anything is written: a folder, a missing parent, or a run already logged in this state (a run
-    resumed since its section was written is logged again)."""
+    resumed since its section was written is logged again). Whether the log holds a section of the run in another
+    state (before it was resumed), which the new one supersedes."""
     path = Path(path)
     problem = output_file_problem(path)
     if problem:  # a folder, a FIFO (appending would block), a path under a file or in a folder we cannot write
@@ -160,6 +161,8 @@ def check_log(path: Path, run_id: str, state: str) -> None:
         if _logged(text, run_id, state):
             raise UsageError(f"run {run_id} already has a section in {path}{_as_they_are(text, run_id)}; the log is "
                              "append-only, nothing written")
+        return re.search(f"^<!-- va-bench run {re.escape(run_id)} cells [0-9a-f]+ -->$", text, re.M) is not None
+    return False
 
 
 def _logged(text: str, run_id: str, state: str) -> bool:
@@ -174,15 +177,6 @@ def _as_they_are(text: str, run_id: str) -> str:
     cells' state (which stands for any state of the run)."""
     old = re.search(f"^{re.escape(f'<!-- va-bench run {run_id} -->')}$", text, re.M) is not None
     return " (written before sections recorded the state of a run's cells)" if old else " for its cells as they are"
-
-
-def logged_before(path: Path, run_id: str) -> bool:
-    """Whether the log holds a section of the run in another state (before it was resumed)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
-    except (OSError, UnicodeDecodeError):
-        return False
-    return re.search(f"^<!-- va-bench run {re.escape(run_id)} cells [0-9a-f]+ -->$", text, re.M) is not None
 
 
 def append_section(path: Path, text: str, run_id: str, state: str) -> None:

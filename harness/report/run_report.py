@@ -14,7 +14,7 @@ from harness.files import atomic_write_bytes
 from harness.report import EXAMPLE_GATES
 from harness.report.gates import NO_SUCH_CELL, NOT_MET, GateResult, evaluate, gate_notes, load_gates
 from harness.report.html import render_html
-from harness.report.log import append_section, check_log, logged_before, run_state, section
+from harness.report.log import append_section, check_log, run_state, section
 from harness.report.plots import PLOT_NAMES, Plot, all_plots
 from harness.report.sections import REPORT_PAGE
 from harness.results.reader import load_run
@@ -57,9 +57,9 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
     if path is None and require_gates:
         raise UsageError(f"--fail-on-gates needs --gates PATH, a YAML file of targets (an example: {EXAMPLE_GATES})")
     gates = load_gates(path) if path is not None else None
-    state = run_state(run)
-    if log_path is not None:
-        check_log(log_path, run.run_id, state)
+    state = run_state(run) if log_path is not None else ""
+    # a section of this run already in the log, from before it was resumed: the new one supersedes it
+    again = check_log(log_path, run.run_id, state) if log_path is not None else False
     if not os.access(run.path, os.W_OK):
         raise UsageError(f"cannot write the report into {run.path} (not writable); copy the run folder somewhere "
                          "writable and report that")
@@ -77,7 +77,7 @@ def make_report(run_dir: Path, gates_path: Path | None = None, log_path: Path | 
     html = atomic_write_bytes(run.path / REPORT_PAGE, page)
     if log_path is not None:  # the log's section lists the run folder's files: the report's among them
         with _readable(run.path):
-            text = section(run, results, source, notes, again=logged_before(log_path, run.run_id))
+            text = section(run, results, source, notes, again=again)
         append_section(log_path, text, run.run_id, state)
     return ReportOutcome(run.run_id, html, pngs, plots, results, source, log_path)
 
